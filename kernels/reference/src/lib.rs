@@ -1,0 +1,1 @@
+//! CPU references for the kernels in `kernels/`.
