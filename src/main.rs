@@ -1,1 +1,215 @@
-fn main() {}
+//! The `kwheel` command line: argument parsing and one library call per command.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+
+/// Ship prebuilt CUDA kernels in Python wheels.
+#[derive(Parser)]
+#[command(name = "kwheel", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Kernel-library development: bundling, key inspection.
+    #[command(subcommand)]
+    Dev(DevCommand),
+    /// Inspect a built bundle.
+    #[command(subcommand)]
+    Bundle(BundleCommand),
+    /// List the CUDA toolchains found for the manifest's CUDA builds.
+    Toolchains(ManifestArg),
+}
+
+#[derive(Subcommand)]
+enum DevCommand {
+    /// Compile every kernel × arch × CUDA build that the cache lacks and write the bundle.
+    BundleKernels(BundleKernelsArgs),
+    /// Print a kernel's include tree and every input of its key.
+    Explain(ExplainArgs),
+}
+
+#[derive(Subcommand)]
+enum BundleCommand {
+    /// Print one row per variant and per skip.
+    List {
+        /// The bundle directory.
+        bundle: PathBuf,
+    },
+    /// Write the cubins as plain files: DIR/<kernel>/<build>/<arch>.cubin.
+    Extract {
+        /// The bundle directory.
+        bundle: PathBuf,
+        /// Where to write.
+        #[arg(long)]
+        out: PathBuf,
+    },
+}
+
+#[derive(Args)]
+struct ManifestArg {
+    /// The kernel manifest [default: the embedded library, kernels/kernels.toml].
+    #[arg(long)]
+    manifest: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct BundleKernelsArgs {
+    #[command(flatten)]
+    manifest: ManifestArg,
+    /// The bundle directory to write.
+    #[arg(long, default_value = "target/kwheel/_prebuilt")]
+    out: PathBuf,
+    /// Parallel compile jobs [default: the number of cores].
+    #[arg(long)]
+    jobs: Option<usize>,
+    /// Build only these kernels (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// Make every skipped target an error.
+    #[arg(long)]
+    require: bool,
+    /// Override the manifest's torch pin (for example `2.11.*`).
+    #[arg(long)]
+    torch: Option<String>,
+    /// The build cache directory [default: ${XDG_CACHE_HOME:-~/.cache}/kwheel/build].
+    #[arg(long)]
+    cache_dir: Option<PathBuf>,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+}
+
+#[derive(Args)]
+struct ExplainArgs {
+    /// The kernel.
+    kernel: String,
+    #[command(flatten)]
+    manifest: ManifestArg,
+    /// Compare with this index (a bundle directory or its index.json).
+    #[arg(long)]
+    against: Option<PathBuf>,
+    /// Override the manifest's torch pin.
+    #[arg(long)]
+    torch: Option<String>,
+}
+
+impl ManifestArg {
+    /// The manifest given, else `kernels/kernels.toml` under the current directory, else the
+    /// embedded library of this checkout.
+    fn resolve(&self) -> PathBuf {
+        if let Some(path) = &self.manifest {
+            return path.clone();
+        }
+        let local = Path::new("kernels/kernels.toml");
+        if local.is_file() {
+            return local.to_owned();
+        }
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels/kernels.toml")
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Dev(DevCommand::BundleKernels(args)) => bundle_kernels(args),
+        Command::Dev(DevCommand::Explain(args)) => {
+            let explanation = bundler::explain::explain(
+                &args.manifest.resolve(),
+                &args.kernel,
+                args.torch.as_deref(),
+                args.against.as_deref(),
+            )?;
+            print!("{explanation}");
+            Ok(())
+        }
+        Command::Bundle(BundleCommand::List { bundle }) => {
+            let bundle = prebuilt::Bundle::open(&bundle)?;
+            print!("{}", bundler::explain::list_bundle(bundle.index()));
+            Ok(())
+        }
+        Command::Bundle(BundleCommand::Extract { bundle, out }) => {
+            let bundle = prebuilt::Bundle::open(&bundle)?;
+            let written = bundler::writer::extract_bundle(&bundle, &out)?;
+            println!("wrote {} cubins under {}", written.len(), out.display());
+            Ok(())
+        }
+        Command::Toolchains(args) => toolchains(&args.resolve()),
+    }
+}
+
+fn bundle_kernels(args: BundleKernelsArgs) -> Result<()> {
+    let jobs = args
+        .jobs
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let options = bundler::BundleOptions {
+        manifest: args.manifest.resolve(),
+        out: args.out,
+        cache_dir: args.cache_dir.unwrap_or_else(bundler::cache::default_cache_dir),
+        jobs,
+        only: args.only,
+        require: args.require,
+        torch: args.torch,
+        progress: !args.quiet,
+        toolchains: None,
+    };
+    let summary = bundler::bundle_kernels(&options)
+        .with_context(|| format!("bundle-kernels for `{}` failed", options.manifest.display()))?;
+    let variants: usize = summary.index.kernels.values().map(|k| k.variants.len()).sum();
+    let skipped: usize = summary.index.kernels.values().map(|k| k.skipped.len()).sum();
+    println!(
+        "{} kernels, {variants} variants ({} compiled, {} from cache), {skipped} skipped; bundle {} {} in {:.2}s",
+        summary.index.kernels.len(),
+        summary.compiled.len(),
+        summary.cached,
+        summary.out.display(),
+        match summary.written {
+            bundler::writer::WriteOutcome::Written => "written",
+            bundler::writer::WriteOutcome::Unchanged => "unchanged",
+        },
+        summary.elapsed.as_secs_f64(),
+    );
+    Ok(())
+}
+
+fn toolchains(manifest: &Path) -> Result<()> {
+    let manifest = bundler::Manifest::load(manifest)?;
+    let mut missing = 0;
+    for &build in &manifest.library.cuda_builds {
+        match bundler::toolchain::discover(build) {
+            Ok(toolchain) => {
+                let sms: Vec<String> =
+                    toolchain.supported_archs.iter().map(|sm| format!("sm_{sm}")).collect();
+                println!(
+                    "{build}  {}  {}  (targets {})",
+                    toolchain.compiler,
+                    toolchain.root.display(),
+                    sms.join(" ")
+                );
+            }
+            Err(error) => {
+                missing += 1;
+                println!("{build}  missing: {error}");
+            }
+        }
+    }
+    if missing > 0 {
+        anyhow::bail!("{missing} CUDA build(s) have no toolchain");
+    }
+    Ok(())
+}

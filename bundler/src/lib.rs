@@ -1,6 +1,158 @@
-//! Builds prebuilt-kernel bundles.
+//! Builds prebuilt-kernel bundles from a kernel manifest.
+//!
+//! ```text
+//! manifest ─► include graph ─► key ─► build cache ─► compile (nvcc / NVRTC) ─► validate ─► bundle
+//! ```
+//!
+//! | module | owns |
+//! | --- | --- |
+//! | [`manifest`] | `kernels.toml`: library defaults, kernel tables, checks with line numbers |
+//! | [`include`] | the include-graph scanner |
+//! | [`toolchain`] | finding each CUDA build's toolkit, its compiler and exact version |
+//! | [`compiler`] | nvcc and NVRTC behind one trait |
+//! | [`cache`] | the local content-addressed build cache |
+//! | [`build`] | planning the matrix and running compile jobs in parallel |
+//! | [`writer`] | writing the bundle directory atomically |
+//! | [`explain`] | what goes into a kernel's key, and what changed since an index |
+//!
+//! The bundle format itself belongs to `prebuilt`; this crate only writes it.
 #![deny(missing_docs)]
 
 pub mod compiler;
+pub mod nvrtc;
 pub mod include;
 pub mod toolchain;
+
+pub mod build;
+pub mod cache;
+pub mod explain;
+pub mod manifest;
+pub mod writer;
+
+use std::path::PathBuf;
+
+use prebuilt::{Arch, CudaBuild};
+
+pub use build::{bundle_kernels, BundleOptions, BundleSummary, BuildToolchain};
+pub use manifest::Manifest;
+
+/// A failure of the bundler.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A file could not be read.
+    #[error("cannot read `{}`", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file could not be written.
+    #[error("cannot write `{}`", path.display())]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The manifest is not valid TOML, or has an unknown or mistyped key.
+    #[error("{}:{line}:{column}: invalid manifest: {message}", path.display())]
+    ManifestSyntax {
+        /// The manifest.
+        path: PathBuf,
+        /// 1-based line of the problem.
+        line: usize,
+        /// 1-based column of the problem.
+        column: usize,
+        /// What is wrong.
+        message: String,
+    },
+    /// The manifest parses but says something impossible.
+    #[error(
+        "{}:{line}: invalid manifest{}: {message}",
+        path.display(),
+        kernel.as_ref().map(|k| format!(" (kernel `{k}`)")).unwrap_or_default()
+    )]
+    ManifestInvalid {
+        /// The manifest.
+        path: PathBuf,
+        /// 1-based line of the table at fault.
+        line: usize,
+        /// The kernel at fault, if any.
+        kernel: Option<String>,
+        /// What is wrong.
+        message: String,
+    },
+    /// `--only` or `explain` named a kernel the manifest does not have.
+    #[error("no kernel `{name}` in `{}` (it has: {})", manifest.display(), known.join(", "))]
+    UnknownKernel {
+        /// The name asked for.
+        name: String,
+        /// The manifest.
+        manifest: PathBuf,
+        /// The kernels it has.
+        known: Vec<String>,
+    },
+    /// A kernel's include graph could not be scanned.
+    #[error("cannot scan the includes of `{kernel}`")]
+    Scan {
+        /// The kernel.
+        kernel: String,
+        /// The cause.
+        #[source]
+        source: include::ScanError,
+    },
+    /// A CUDA build's toolchain is missing or unusable.
+    #[error(transparent)]
+    Toolchain(#[from] toolchain::ToolchainError),
+    /// A compiler failed.
+    #[error(transparent)]
+    Compile(#[from] Box<compiler::CompileError>),
+    /// A cubin failed validation.
+    #[error("cubin of `{kernel}` for {arch} ({build}) is invalid")]
+    InvalidCubin {
+        /// The kernel.
+        kernel: String,
+        /// The target architecture.
+        arch: Arch,
+        /// The CUDA build.
+        build: CudaBuild,
+        /// What is wrong with it.
+        #[source]
+        source: prebuilt::cubin::CubinError,
+    },
+    /// A declared entry point is not in the cubin.
+    #[error(
+        "cubin of `{kernel}` for {arch} ({build}) has no entry `{entry}` (entries found: {})",
+        if found.is_empty() { "none".to_owned() } else { found.join(", ") }
+    )]
+    MissingEntry {
+        /// The kernel.
+        kernel: String,
+        /// The target architecture.
+        arch: Arch,
+        /// The CUDA build.
+        build: CudaBuild,
+        /// The declared entry.
+        entry: String,
+        /// The entry symbols the cubin has.
+        found: Vec<String>,
+    },
+    /// A target was skipped while `--require` was given.
+    #[error("`{kernel}` cannot be built for {arch} ({build}): {reason} (--require makes every skip an error)")]
+    Skipped {
+        /// The kernel.
+        kernel: String,
+        /// The target architecture.
+        arch: Arch,
+        /// The CUDA build.
+        build: CudaBuild,
+        /// Why it was skipped.
+        reason: String,
+    },
+    /// A bundle could not be read.
+    #[error(transparent)]
+    Bundle(#[from] prebuilt::BundleError),
+}

@@ -1,1 +1,744 @@
-//! toolchain.
+//! CUDA toolchains: where each CUDA build's toolkit lives, and what it can compile.
+//!
+//! `ci/setup` installs each build's toolkit from pip wheels into its own folder. Discovery
+//! looks there (or wherever the environment points), finds nvcc, libnvrtc and the toolkit
+//! headers, and settles which compiler the build uses and its exact version, because both are
+//! part of every kernel key.
+//!
+//! Where a build's toolchain is looked up, first match wins:
+//!
+//! | source | example |
+//! | --- | --- |
+//! | `KWHEEL_CUDA_<BUILD>` | `KWHEEL_CUDA_CU129=/usr/local/cuda-12.9` |
+//! | `$KWHEEL_TOOLCHAINS/<build>` | `$KWHEEL_TOOLCHAINS/cu129` |
+//! | the user cache | `${XDG_CACHE_HOME:-$HOME/.cache}/kwheel/toolchains/cu129` |
+//!
+//! Layouts understood inside that folder:
+//!
+//! ```text
+//! cu130/                                   cu129/
+//! ├── nvidia/cu13/                         ├── nvidia/cuda_nvrtc/lib/libnvrtc.so.12
+//! │   ├── bin/nvcc                         ├── nvidia/cuda_runtime/include/
+//! │   ├── lib/libnvrtc.so.13               ├── nvidia/cuda_cccl/include/
+//! │   └── include/ (+ include/cccl/)       ├── nvidia/cuda_nvcc/bin/ptxas (no nvcc)
+//! └── nvidia_cuda_nvcc-13.0.88.dist-info   └── nvidia_cuda_nvrtc_cu12-12.9.86.dist-info
+//!
+//! a toolkit root (CUDA_HOME): bin/nvcc, lib64/ or lib/libnvrtc.so.N, include/, version.json
+//! ```
+//!
+//! The compiler is nvcc where the build has it and NVRTC otherwise. Its exact version comes from
+//! `nvcc --version`, or for NVRTC from the wheel's metadata (a toolkit's `version.json`, and
+//! last `nvrtcVersion`). Probing an NVRTC toolchain loads its libnvrtc into this process (see
+//! [`crate::nvrtc`] for why a process holds only one).
+
+use std::collections::BTreeSet;
+use std::ffi::OsString;
+use std::fmt;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use prebuilt::target::{Arch, CudaBuild};
+use serde::{Deserialize, Serialize};
+
+use crate::nvrtc;
+
+/// The environment variable that points every build at `$KWHEEL_TOOLCHAINS/<build>`.
+pub const TOOLCHAINS_ENV: &str = "KWHEEL_TOOLCHAINS";
+
+/// Which compiler a CUDA build uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CompilerKind {
+    /// The `nvcc` driver, run as a process.
+    Nvcc,
+    /// NVRTC, the runtime compiler library, loaded into this process.
+    Nvrtc,
+}
+
+impl fmt::Display for CompilerKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            CompilerKind::Nvcc => "nvcc",
+            CompilerKind::Nvrtc => "nvrtc",
+        })
+    }
+}
+
+/// A compiler and its exact version, as it enters kernel keys: `nvcc 13.0.88`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct CompilerId {
+    /// nvcc or NVRTC.
+    pub kind: CompilerKind,
+    /// The exact version, `13.0.88` (for NVRTC without package metadata, `12.9`).
+    pub version: String,
+}
+
+impl fmt::Display for CompilerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.kind, self.version)
+    }
+}
+
+/// One CUDA build's toolkit, as discovered on disk.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Toolchain {
+    /// The CUDA build this toolkit serves.
+    pub build: CudaBuild,
+    /// The folder it was discovered in.
+    pub root: PathBuf,
+    /// The nvcc driver, where the build has one.
+    pub nvcc: Option<PathBuf>,
+    /// `libnvrtc.so.N`, where the build has one.
+    pub nvrtc: Option<PathBuf>,
+    /// The toolkit's own headers: the runtime headers, then CCCL (`cub/`, `cuda/std/`).
+    pub include_dirs: Vec<PathBuf>,
+    /// The compiler this build uses: nvcc where it has one, NVRTC otherwise.
+    pub compiler: CompilerId,
+    /// The SM numbers that compiler can target (`90`, `100`, …).
+    pub supported_archs: BTreeSet<u32>,
+}
+
+impl Toolchain {
+    /// Whether this toolchain's compiler can build for `arch`.
+    ///
+    /// Architecture-specific targets (`sm_90a`, `sm_100a`) exist from SM 90 on, and a
+    /// compiler that targets the base SM targets its `a` variant too.
+    pub fn supports(&self, arch: Arch) -> bool {
+        self.supported_archs.contains(&arch.sm) && (!arch.specific || arch.sm >= 90)
+    }
+}
+
+/// A toolchain that is missing, incomplete, of the wrong version, or cannot be probed.
+#[derive(Debug, thiserror::Error)]
+pub enum ToolchainError {
+    /// Nothing at the place the build's toolchain is looked up.
+    #[error(
+        "no CUDA {} toolchain ({build}) at {dir}: run `ci/setup` to install it, or set {} to a \
+         CUDA toolkit",
+        .build.version(),
+        toolchain_env_var(*.build)
+    )]
+    Missing {
+        /// The build asked for.
+        build: CudaBuild,
+        /// Where it was looked for.
+        dir: PathBuf,
+    },
+    /// The folder holds a toolkit of another CUDA version.
+    #[error(
+        "the toolchain at {dir} is CUDA {found}, not CUDA {} ({build}): run `ci/setup`, or set \
+         {} to a CUDA {} toolkit",
+        .build.version(),
+        toolchain_env_var(*.build),
+        .build.version()
+    )]
+    VersionMismatch {
+        /// The build asked for.
+        build: CudaBuild,
+        /// The version found there (`13.0.88`).
+        found: String,
+        /// The folder.
+        dir: PathBuf,
+    },
+    /// The folder exists but holds neither nvcc nor libnvrtc.
+    #[error(
+        "the CUDA {} toolchain ({build}) at {dir} has neither nvcc nor libnvrtc: run `ci/setup` \
+         to reinstall it, or set {} to a CUDA toolkit",
+        .build.version(),
+        toolchain_env_var(*.build)
+    )]
+    NoCompiler {
+        /// The build asked for.
+        build: CudaBuild,
+        /// The folder.
+        dir: PathBuf,
+    },
+    /// Asking the compiler about itself failed.
+    #[error("could not probe the CUDA {} toolchain ({build}) at {dir}: {what}", .build.version())]
+    Probe {
+        /// The build asked for.
+        build: CudaBuild,
+        /// The folder.
+        dir: PathBuf,
+        /// What was being done: "run `…/nvcc --version`".
+        what: String,
+        /// Why it failed.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+/// The variable that points one build at a toolkit: `KWHEEL_CUDA_CU129`.
+pub fn toolchain_env_var(build: CudaBuild) -> String {
+    format!("KWHEEL_CUDA_{}", build.to_string().to_uppercase())
+}
+
+/// Where `build`'s toolchain is looked up (see the module docs for the order).
+pub fn toolchain_dir(build: CudaBuild) -> PathBuf {
+    toolchain_dir_from(build, |name| std::env::var_os(name))
+}
+
+fn toolchain_dir_from(build: CudaBuild, env: impl Fn(&str) -> Option<OsString>) -> PathBuf {
+    let env = |name: &str| env(name).filter(|value| !value.is_empty());
+    if let Some(dir) = env(&toolchain_env_var(build)) {
+        return PathBuf::from(dir);
+    }
+    if let Some(root) = env(TOOLCHAINS_ENV) {
+        return PathBuf::from(root).join(build.to_string());
+    }
+    let cache = env("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| env("HOME").map(|home| PathBuf::from(home).join(".cache")))
+        .unwrap_or_else(|| PathBuf::from(".cache"));
+    cache
+        .join("kwheel")
+        .join("toolchains")
+        .join(build.to_string())
+}
+
+/// Discovers `build`'s toolchain where [`toolchain_dir`] says it lives.
+pub fn discover(build: CudaBuild) -> Result<Toolchain, ToolchainError> {
+    discover_at(build, &toolchain_dir(build))
+}
+
+/// Discovers `build`'s toolchain in `dir`: a pip `--target` folder or a toolkit root.
+pub fn discover_at(build: CudaBuild, dir: &Path) -> Result<Toolchain, ToolchainError> {
+    if !dir.is_dir() {
+        return Err(ToolchainError::Missing {
+            build,
+            dir: dir.to_path_buf(),
+        });
+    }
+    let layout = Layout::scan(dir);
+    let probe_error =
+        |what: String, source: Box<dyn std::error::Error + Send + Sync>| ToolchainError::Probe {
+            build,
+            dir: dir.to_path_buf(),
+            what,
+            source,
+        };
+    let check_version = |found: &str| {
+        if CudaBuild::from_version(found).ok() == Some(build) {
+            Ok(())
+        } else {
+            Err(ToolchainError::VersionMismatch {
+                build,
+                found: found.to_owned(),
+                dir: dir.to_path_buf(),
+            })
+        }
+    };
+
+    let (compiler, supported_archs) = if let Some(nvcc) = &layout.nvcc {
+        let version_text =
+            run_probe(nvcc, "--version").map_err(|(what, e)| probe_error(what, e))?;
+        let version = parse_nvcc_version(&version_text).ok_or_else(|| {
+            probe_error(
+                format!("read the version from `{} --version`", nvcc.display()),
+                format!("no `release X.Y, VX.Y.Z` in its output:\n{version_text}").into(),
+            )
+        })?;
+        check_version(&version)?;
+        let codes = run_probe(nvcc, "--list-gpu-code").map_err(|(what, e)| probe_error(what, e))?;
+        let compiler = CompilerId {
+            kind: CompilerKind::Nvcc,
+            version,
+        };
+        (compiler, parse_gpu_codes(&codes))
+    } else if let Some(library_path) = &layout.nvrtc {
+        // Settle the version before loading, so that a wrong toolkit is reported as such
+        // rather than taking this process's one libnvrtc.
+        let packaged = nvrtc_package_version(dir);
+        if let Some(version) = &packaged {
+            check_version(version)?;
+        }
+        let library = nvrtc::load(library_path).map_err(|error| {
+            probe_error(format!("load {}", library_path.display()), Box::new(error))
+        })?;
+        let version = match packaged {
+            Some(version) => version,
+            None => {
+                let (major, minor) = library.version();
+                let version = format!("{major}.{minor}");
+                check_version(&version)?;
+                version
+            }
+        };
+        let archs = library.supported_archs().map_err(|error| {
+            probe_error(
+                format!("list the architectures of {}", library_path.display()),
+                Box::new(error),
+            )
+        })?;
+        let compiler = CompilerId {
+            kind: CompilerKind::Nvrtc,
+            version,
+        };
+        (compiler, archs.into_iter().collect())
+    } else {
+        return Err(ToolchainError::NoCompiler {
+            build,
+            dir: dir.to_path_buf(),
+        });
+    };
+
+    Ok(Toolchain {
+        build,
+        root: dir.to_path_buf(),
+        nvcc: layout.nvcc,
+        nvrtc: layout.nvrtc,
+        include_dirs: layout.include_dirs,
+        compiler,
+        supported_archs,
+    })
+}
+
+/// A `Command` for nvcc that does not depend on the caller's environment: `NVCC_PREPEND_FLAGS`,
+/// `NVCC_APPEND_FLAGS` and the like would change what gets built without changing the key.
+/// Only `PATH` is kept, because nvcc runs the system's host compiler to preprocess.
+pub(crate) fn nvcc_command(nvcc: &Path) -> Command {
+    let mut command = Command::new(nvcc);
+    command.env_clear();
+    if let Some(path) = std::env::var_os("PATH") {
+        command.env("PATH", path);
+    }
+    command
+}
+
+type ProbeFailure = (String, Box<dyn std::error::Error + Send + Sync>);
+
+/// Runs `nvcc <flag>` and returns its standard output.
+fn run_probe(nvcc: &Path, flag: &str) -> Result<String, ProbeFailure> {
+    let what = || format!("run `{} {flag}`", nvcc.display());
+    let output = nvcc_command(nvcc)
+        .arg(flag)
+        .output()
+        .map_err(|error| (what(), Box::new(error) as _))?;
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        return Err((
+            what(),
+            format!("{}: {}", output.status, stderr.trim()).into(),
+        ));
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// `13.0.88` from `Cuda compilation tools, release 13.0, V13.0.88`.
+fn parse_nvcc_version(text: &str) -> Option<String> {
+    let line = text.lines().find(|line| line.contains("release "))?;
+    let exact = line
+        .split([',', ' '])
+        .filter_map(|word| word.strip_prefix('V'))
+        .find(|version| version.starts_with(|c: char| c.is_ascii_digit()));
+    match exact {
+        Some(version) => Some(version.to_owned()),
+        None => {
+            let release = line.split("release ").nth(1)?;
+            Some(release.split(',').next()?.trim().to_owned())
+        }
+    }
+}
+
+/// The SM numbers in `nvcc --list-gpu-code` output (`sm_90`, `sm_100`; `compute_*` ignored).
+fn parse_gpu_codes(text: &str) -> BTreeSet<u32> {
+    text.split_whitespace()
+        .filter_map(|code| code.strip_prefix("sm_"))
+        .filter_map(|sm| sm.trim_end_matches(['a', 'f']).parse().ok())
+        .collect()
+}
+
+/// NVRTC's exact version from package metadata: a wheel's `nvidia_cuda_nvrtc*-X.Y.Z.dist-info`
+/// (its `METADATA`, else its name), else a toolkit root's `version.json`.
+fn nvrtc_package_version(dir: &Path) -> Option<String> {
+    let mut dist_infos: Vec<(PathBuf, String)> = fs::read_dir(dir)
+        .ok()?
+        .filter_map(|entry| {
+            let entry = entry.ok()?;
+            let name = entry.file_name().into_string().ok()?;
+            let (package, version) = name.strip_suffix(".dist-info")?.rsplit_once('-')?;
+            let is_nvrtc = package == "nvidia_cuda_nvrtc"
+                || package
+                    .strip_prefix("nvidia_cuda_nvrtc_cu")
+                    .is_some_and(|major| major.bytes().all(|b| b.is_ascii_digit()));
+            is_nvrtc.then(|| (entry.path(), version.to_owned()))
+        })
+        .collect();
+    dist_infos.sort();
+    if let Some((path, name_version)) = dist_infos.into_iter().next() {
+        let metadata = fs::read_to_string(path.join("METADATA")).unwrap_or_default();
+        let version = metadata
+            .lines()
+            .take_while(|line| !line.is_empty())
+            .find_map(|line| line.strip_prefix("Version:"))
+            .map(|version| version.trim().to_owned());
+        return Some(version.unwrap_or(name_version));
+    }
+    let manifest = fs::read_to_string(dir.join("version.json")).ok()?;
+    let manifest: serde_json::Value = serde_json::from_str(&manifest).ok()?;
+    manifest["cuda_nvrtc"]["version"]
+        .as_str()
+        .map(str::to_owned)
+}
+
+/// What a toolchain folder holds, before anything is run.
+#[derive(Debug, Default)]
+struct Layout {
+    nvcc: Option<PathBuf>,
+    nvrtc: Option<PathBuf>,
+    include_dirs: Vec<PathBuf>,
+}
+
+impl Layout {
+    fn scan(dir: &Path) -> Layout {
+        // A toolkit root is its own component; a pip target spreads the toolkit over
+        // `nvidia/cu13/` (CUDA 13) or `nvidia/cuda_nvrtc/`, `nvidia/cuda_runtime/`, … (CUDA 12).
+        let mut components = vec![dir.to_path_buf()];
+        if let Ok(entries) = fs::read_dir(dir.join("nvidia")) {
+            let mut nested: Vec<PathBuf> = entries
+                .filter_map(|entry| entry.ok())
+                .filter(|entry| entry.path().is_dir())
+                .filter(|entry| entry.file_name().to_string_lossy().starts_with("cu"))
+                .map(|entry| entry.path())
+                .collect();
+            nested.sort();
+            components.extend(nested);
+        }
+
+        let mut layout = Layout::default();
+        let mut runtime_include = None;
+        let mut cccl_include = None;
+        for component in &components {
+            let nvcc = component.join("bin").join("nvcc");
+            if layout.nvcc.is_none() && nvcc.is_file() {
+                layout.nvcc = Some(nvcc);
+            }
+            if layout.nvrtc.is_none() {
+                layout.nvrtc = ["lib64", "lib"]
+                    .iter()
+                    .find_map(|lib| find_libnvrtc(&component.join(lib)));
+            }
+            let include = component.join("include");
+            if runtime_include.is_none() && include.join("cuda_runtime.h").is_file() {
+                runtime_include = Some(include.clone());
+            }
+            if cccl_include.is_none() {
+                if include.join("cccl").join("cub").is_dir() {
+                    cccl_include = Some(include.join("cccl"));
+                } else if include.join("cub").is_dir() {
+                    cccl_include = Some(include);
+                }
+            }
+        }
+        for include in [runtime_include, cccl_include].into_iter().flatten() {
+            if !layout.include_dirs.contains(&include) {
+                layout.include_dirs.push(include);
+            }
+        }
+        layout
+    }
+}
+
+/// `libnvrtc.so.N` in `lib` (the soname, not the `.alt` variant or a fully versioned file).
+fn find_libnvrtc(lib: &Path) -> Option<PathBuf> {
+    let mut found: Vec<(u32, PathBuf)> = fs::read_dir(lib)
+        .ok()?
+        .filter_map(|entry| {
+            let entry = entry.ok()?;
+            let name = entry.file_name().into_string().ok()?;
+            let major = name.strip_prefix("libnvrtc.so.")?.parse().ok()?;
+            Some((major, entry.path()))
+        })
+        .collect();
+    found.sort();
+    found.pop().map(|(_, path)| path)
+}
+
+#[cfg(test)]
+pub(crate) const CUDA_12_9: CudaBuild = CudaBuild {
+    major: 12,
+    minor: 9,
+};
+#[cfg(test)]
+pub(crate) const CUDA_13_0: CudaBuild = CudaBuild {
+    major: 13,
+    minor: 0,
+};
+
+/// The real toolchain for `build`, or `None` (with the reason printed) when it is not
+/// installed. With `KWHEEL_REQUIRE_TOOLCHAINS=1`, as CI sets it, a missing toolchain fails.
+#[cfg(test)]
+pub(crate) fn toolchain_for_tests(build: CudaBuild) -> Option<Toolchain> {
+    let required = std::env::var_os("KWHEEL_REQUIRE_TOOLCHAINS").is_some_and(|value| value == "1");
+    match discover(build) {
+        Ok(toolchain) => Some(toolchain),
+        Err(error @ (ToolchainError::Missing { .. } | ToolchainError::NoCompiler { .. }))
+            if !required =>
+        {
+            eprintln!("skipped: {error}");
+            None
+        }
+        Err(error) => panic!("{build} toolchain: {}", error_chain(&error)),
+    }
+}
+
+/// An error and its causes on one line each, for test failures.
+#[cfg(test)]
+pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(error) = cause {
+        text.push_str(&format!("\n  caused by: {error}"));
+        cause = error.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<OsString> + 'a {
+        move |name| {
+            pairs
+                .iter()
+                .find(|(key, _)| *key == name)
+                .map(|(_, value)| OsString::from(value))
+        }
+    }
+
+    #[test]
+    fn toolchain_dir_prefers_the_per_build_variable() {
+        let pairs = [
+            ("KWHEEL_CUDA_CU129", "/opt/cuda-12.9"),
+            ("KWHEEL_TOOLCHAINS", "/toolchains"),
+            ("HOME", "/home/me"),
+        ];
+        assert_eq!(
+            toolchain_dir_from(CUDA_12_9, env(&pairs)),
+            PathBuf::from("/opt/cuda-12.9")
+        );
+        assert_eq!(
+            toolchain_dir_from(CUDA_13_0, env(&pairs)),
+            PathBuf::from("/toolchains/cu130")
+        );
+    }
+
+    #[test]
+    fn toolchain_dir_falls_back_to_the_user_cache() {
+        let pairs = [("HOME", "/home/me"), ("KWHEEL_TOOLCHAINS", "")];
+        assert_eq!(
+            toolchain_dir_from(CUDA_12_9, env(&pairs)),
+            PathBuf::from("/home/me/.cache/kwheel/toolchains/cu129")
+        );
+        let pairs = [("HOME", "/home/me"), ("XDG_CACHE_HOME", "/cache")];
+        assert_eq!(
+            toolchain_dir_from(CUDA_13_0, env(&pairs)),
+            PathBuf::from("/cache/kwheel/toolchains/cu130")
+        );
+    }
+
+    #[test]
+    fn missing_toolchain_says_how_to_install_it() {
+        let error = discover_at(CUDA_12_9, Path::new("/nonexistent/cu129")).unwrap_err();
+        assert!(matches!(error, ToolchainError::Missing { .. }));
+        assert_eq!(
+            error.to_string(),
+            "no CUDA 12.9 toolchain (cu129) at /nonexistent/cu129: run `ci/setup` to install it, \
+             or set KWHEEL_CUDA_CU129 to a CUDA toolkit"
+        );
+    }
+
+    #[test]
+    fn empty_toolchain_has_no_compiler() {
+        let dir = tempfile::tempdir().unwrap();
+        let error = discover_at(CUDA_13_0, dir.path()).unwrap_err();
+        assert!(
+            matches!(error, ToolchainError::NoCompiler { .. }),
+            "{error}"
+        );
+        assert!(error.to_string().contains("KWHEEL_CUDA_CU130"), "{error}");
+    }
+
+    #[test]
+    fn nvcc_version_is_exact() {
+        let text = "nvcc: NVIDIA (R) Cuda compiler driver\n\
+                    Cuda compilation tools, release 13.0, V13.0.88\n\
+                    Build cuda_13.0.r13.0/compiler.36424714_0\n";
+        assert_eq!(parse_nvcc_version(text).as_deref(), Some("13.0.88"));
+        let old = "Cuda compilation tools, release 12.9\n";
+        assert_eq!(parse_nvcc_version(old).as_deref(), Some("12.9"));
+        assert_eq!(parse_nvcc_version("nvcc: hello"), None);
+    }
+
+    #[test]
+    fn gpu_codes_are_sm_numbers() {
+        let text = "sm_75\nsm_90\nsm_100\nsm_100a\ncompute_90\n";
+        assert_eq!(parse_gpu_codes(text), BTreeSet::from([75, 90, 100]));
+    }
+
+    #[test]
+    fn nvrtc_version_comes_from_the_wheel_metadata() {
+        let dir = tempfile::tempdir().unwrap();
+        let info = dir.path().join("nvidia_cuda_nvrtc_cu12-12.9.86.dist-info");
+        fs::create_dir(&info).unwrap();
+        assert_eq!(
+            nvrtc_package_version(dir.path()).as_deref(),
+            Some("12.9.86")
+        );
+        fs::write(
+            info.join("METADATA"),
+            "Metadata-Version: 2.4\nName: nvidia-cuda-nvrtc-cu12\nVersion: 12.9.86.post1\n\nbody\n",
+        )
+        .unwrap();
+        assert_eq!(
+            nvrtc_package_version(dir.path()).as_deref(),
+            Some("12.9.86.post1")
+        );
+    }
+
+    #[test]
+    fn nvrtc_version_comes_from_a_toolkit_version_json() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(
+            dir.path().join("version.json"),
+            r#"{"cuda": {"version": "12.9.1"}, "cuda_nvrtc": {"name": "CUDA NVRTC", "version": "12.9.86"}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            nvrtc_package_version(dir.path()).as_deref(),
+            Some("12.9.86")
+        );
+    }
+
+    #[test]
+    fn toolkit_root_layout_is_understood() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        for folder in ["bin", "lib64", "include/cub", "nvidia"] {
+            fs::create_dir_all(root.join(folder)).unwrap();
+        }
+        for file in [
+            "bin/nvcc",
+            "lib64/libnvrtc.so",
+            "lib64/libnvrtc.so.12",
+            "lib64/libnvrtc.so.12.9.86",
+            "include/cuda_runtime.h",
+        ] {
+            fs::write(root.join(file), b"").unwrap();
+        }
+        let layout = Layout::scan(root);
+        assert_eq!(layout.nvcc, Some(root.join("bin/nvcc")));
+        assert_eq!(layout.nvrtc, Some(root.join("lib64/libnvrtc.so.12")));
+        assert_eq!(layout.include_dirs, vec![root.join("include")]);
+    }
+
+    #[test]
+    fn a_architectures_need_sm_90_or_newer() {
+        let toolchain = Toolchain {
+            build: CUDA_13_0,
+            root: PathBuf::new(),
+            nvcc: None,
+            nvrtc: None,
+            include_dirs: Vec::new(),
+            compiler: CompilerId {
+                kind: CompilerKind::Nvcc,
+                version: "13.0.88".into(),
+            },
+            supported_archs: BTreeSet::from([80, 90, 100]),
+        };
+        let arch = |text: &str| text.parse::<Arch>().unwrap();
+        assert!(toolchain.supports(arch("sm_90a")));
+        assert!(toolchain.supports(arch("sm_100a")));
+        assert!(toolchain.supports(arch("sm_80")));
+        assert!(!toolchain.supports(arch("sm_80a")));
+        assert!(!toolchain.supports(arch("sm_120a")));
+    }
+
+    #[test]
+    fn compiler_id_reads_like_the_command() {
+        let id = CompilerId {
+            kind: CompilerKind::Nvrtc,
+            version: "12.9.86".into(),
+        };
+        assert_eq!(id.to_string(), "nvrtc 12.9.86");
+        assert_eq!(
+            serde_json::to_string(&id).unwrap(),
+            r#"{"kind":"nvrtc","version":"12.9.86"}"#
+        );
+    }
+
+    #[test]
+    fn cu130_toolchain_uses_nvcc() {
+        let Some(toolchain) = toolchain_for_tests(CUDA_13_0) else {
+            return;
+        };
+        assert_eq!(toolchain.compiler.to_string(), "nvcc 13.0.88");
+        assert!(toolchain.nvcc.is_some());
+        assert!(toolchain.supports("sm_90a".parse().unwrap()));
+        assert!(toolchain.supports("sm_100a".parse().unwrap()));
+        let names: Vec<_> = toolchain
+            .include_dirs
+            .iter()
+            .map(|dir| dir.strip_prefix(&toolchain.root).unwrap().to_owned())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                PathBuf::from("nvidia/cu13/include"),
+                PathBuf::from("nvidia/cu13/include/cccl")
+            ]
+        );
+    }
+
+    #[test]
+    fn cu129_toolchain_uses_nvrtc() {
+        let Some(toolchain) = toolchain_for_tests(CUDA_12_9) else {
+            return;
+        };
+        assert_eq!(toolchain.compiler.to_string(), "nvrtc 12.9.86");
+        assert!(toolchain.nvcc.is_none());
+        assert!(toolchain
+            .nvrtc
+            .as_ref()
+            .unwrap()
+            .ends_with("nvidia/cuda_nvrtc/lib/libnvrtc.so.12"));
+        assert!(toolchain.supports("sm_90a".parse().unwrap()));
+        assert!(toolchain.supports("sm_100a".parse().unwrap()));
+        let names: Vec<_> = toolchain
+            .include_dirs
+            .iter()
+            .map(|dir| dir.strip_prefix(&toolchain.root).unwrap().to_owned())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                PathBuf::from("nvidia/cuda_runtime/include"),
+                PathBuf::from("nvidia/cuda_cccl/include")
+            ]
+        );
+    }
+
+    #[test]
+    fn cu130_toolkit_given_for_cu129_is_a_version_mismatch() {
+        let Some(cu130) = toolchain_for_tests(CUDA_13_0) else {
+            return;
+        };
+        let pairs = [("KWHEEL_CUDA_CU129", cu130.root.to_str().unwrap())];
+        let dir = toolchain_dir_from(CUDA_12_9, env(&pairs));
+        let error = discover_at(CUDA_12_9, &dir).unwrap_err();
+        let ToolchainError::VersionMismatch { found, .. } = &error else {
+            panic!("expected a version mismatch, got {error}");
+        };
+        assert_eq!(found, "13.0.88");
+        assert_eq!(
+            error.to_string(),
+            format!(
+                "the toolchain at {} is CUDA 13.0.88, not CUDA 12.9 (cu129): run `ci/setup`, or \
+                 set KWHEEL_CUDA_CU129 to a CUDA 12.9 toolkit",
+                cu130.root.display()
+            )
+        );
+    }
+}

@@ -1,1 +1,974 @@
-//! Cubin inspection.
+//! Cubin inspection and validation: which GPU a cubin is for, its kernel entries, and the sizes
+//! of their parameters.
+//!
+//! A cubin is a 64-bit little-endian ELF file with `e_machine` [`EM_CUDA`] (190). Three facts
+//! about it matter here, each checked against NVIDIA's `cuobjdump` on the fixtures in
+//! `tests/fixtures/cubin/`:
+//!
+//! - **The SM number is in `e_flags`, at a place that depends on the ELF ABI version**
+//!   (`e_ident[EI_ABIVERSION]`). ABI 7 keeps it in the low byte; ABI 8 keeps it in bits 8–15.
+//!   Both are current: CUDA 13 writes ABI 8 for every SM, while NVRTC 12.9 writes ABI 7 for
+//!   `sm_90a` and ABI 8 for `sm_100a`. The `a` (architecture-specific) marker is not one stable
+//!   bit across toolkits, so it is never read from the flags: the target's suffix is trusted and
+//!   only the SM number is checked.
+//!
+//!   | compiler   | target    | ABI | `e_flags`   |
+//!   |------------|-----------|-----|-------------|
+//!   | NVRTC 12.9 | `sm_90a`  | 7   | `0x5a0d5a`  |
+//!   | NVRTC 12.9 | `sm_100a` | 8   | `0x600640a` |
+//!   | nvcc 13.0  | `sm_90a`  | 8   | `0x6005a04` |
+//!   | nvcc 13.0  | `sm_100a` | 8   | `0x6006402` |
+//!
+//! - **Kernel entries are the `STT_FUNC` symbols with `STO_CUDA_ENTRY` (0x10) in `st_other`.**
+//!   Device functions are `STT_FUNC` symbols too (a whole-program build clones them into each
+//!   caller as local `$kernel$function` symbols), so the symbol type alone would list functions
+//!   that cannot be launched.
+//!
+//! - **Parameter sizes come from the entry's `.nv.info.<symbol>` section**, a run of attribute
+//!   records, each 4-byte aligned: a format byte, an attribute byte, then by format
+//!   `EIFMT_NVAL` (1) two padding bytes, `EIFMT_BVAL` (2) a byte and a padding byte,
+//!   `EIFMT_HVAL` (3) a `u16`, or `EIFMT_SVAL` (4) a `u16` size and that many payload bytes.
+//!   Each parameter has one 12-byte SVAL record, in no particular order:
+//!
+//!   | attribute                      | bytes 0–3 | 4–5     | 6–7    | 8–11                      |
+//!   |--------------------------------|-----------|---------|--------|---------------------------|
+//!   | `EIATTR_KPARAM_INFO` (0x17)    | index     | ordinal | offset | flags; size in bits 18–31 |
+//!   | `EIATTR_KPARAM_INFO_V2` (0x45) | index     | ordinal | offset | size in bits 0–15; flags  |
+//!
+//!   Compilers switch a whole kernel to V2 records once its parameters pass about 4 KiB.
+//!   `EIATTR_CBANK_PARAM_SIZE` (0x19, HVAL) gives the size of the whole parameter block, which
+//!   every parameter must fit in. A kernel without parameters has no parameter records at all.
+
+use std::collections::BTreeMap;
+
+use object::elf::{
+    FileHeader64, ELFCLASS64, ELFDATA2LSB, ELFDATA2MSB, ELFMAG, SHT_SYMTAB, STT_FUNC,
+};
+use object::read::elf::{FileHeader, SectionHeader, Sym};
+use object::LittleEndian;
+
+use crate::Arch;
+
+/// ELF machine number of CUDA cubins.
+pub const EM_CUDA: u16 = 190;
+
+/// The `st_other` bit that marks a function symbol as a kernel entry (`__global__`).
+const STO_CUDA_ENTRY: u8 = 0x10;
+
+/// Prefix of the per-function attribute sections.
+const NV_INFO_PREFIX: &[u8] = b".nv.info.";
+
+const EIFMT_NVAL: u8 = 0x01;
+const EIFMT_BVAL: u8 = 0x02;
+const EIFMT_HVAL: u8 = 0x03;
+const EIFMT_SVAL: u8 = 0x04;
+
+const EIATTR_KPARAM_INFO: u8 = 0x17;
+const EIATTR_CBANK_PARAM_SIZE: u8 = 0x19;
+const EIATTR_KPARAM_INFO_V2: u8 = 0x45;
+
+/// What a cubin says about itself: the SM it was compiled for and its kernel entries.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CubinInfo {
+    /// The ELF ABI version (`e_ident[EI_ABIVERSION]`), which decides where `e_flags` keeps the
+    /// SM number.
+    pub abi_version: u8,
+    /// The raw ELF header flags.
+    pub elf_flags: u32,
+    /// The SM number (90 for `sm_90a`). Says nothing about the `a` suffix.
+    pub sm: u32,
+    /// The kernel entries, sorted by symbol.
+    pub functions: Vec<CubinFunction>,
+}
+
+/// A kernel entry of a cubin.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CubinFunction {
+    /// The symbol: the kernel's name for `extern "C"` kernels, the mangled name otherwise.
+    pub symbol: String,
+    /// The size in bytes of each parameter, in declaration order.
+    pub param_sizes: Vec<u32>,
+}
+
+impl CubinInfo {
+    /// The entry with this symbol, if the cubin has one.
+    pub fn function(&self, symbol: &str) -> Option<&CubinFunction> {
+        self.functions
+            .iter()
+            .find(|function| function.symbol == symbol)
+    }
+
+    /// The symbols of all entries, sorted.
+    pub fn symbols(&self) -> Vec<String> {
+        self.functions
+            .iter()
+            .map(|function| function.symbol.clone())
+            .collect()
+    }
+}
+
+/// Why bytes are not a usable cubin, or not the cubin that was expected.
+#[derive(Debug, thiserror::Error)]
+pub enum CubinError {
+    /// The bytes are not an ELF file at all.
+    #[error("not a cubin: the data is {found} ({size} bytes), not an ELF file")]
+    NotElf {
+        /// What the bytes look like instead: "PTX assembly", "a CUDA fatbinary", ...
+        found: &'static str,
+        /// Length of the data.
+        size: usize,
+    },
+    /// An ELF file for another machine, such as a host shared library.
+    #[error(
+        "not a cubin: the ELF file is for machine {machine} ({}), not {EM_CUDA} (CUDA)",
+        machine_name(*.machine)
+    )]
+    WrongMachine {
+        /// The ELF `e_machine` found.
+        machine: u16,
+    },
+    /// A cubin whose ELF ABI version does not say where the SM number is.
+    #[error(
+        "cubin has ELF ABI version {abi_version} (e_flags {elf_flags:#x}); only versions 7 and 8 \
+         are understood, so its SM number cannot be read"
+    )]
+    UnknownAbiVersion {
+        /// `e_ident[EI_ABIVERSION]`.
+        abi_version: u8,
+        /// The raw ELF header flags.
+        elf_flags: u32,
+    },
+    /// A cubin for another SM than the target.
+    #[error(
+        "cubin is for sm_{found} but the target is {expected} (ELF ABI {abi_version}, e_flags \
+         {elf_flags:#x})"
+    )]
+    SmMismatch {
+        /// The target the cubin was expected to be built for.
+        expected: Arch,
+        /// The SM number in the cubin.
+        found: u32,
+        /// `e_ident[EI_ABIVERSION]`.
+        abi_version: u8,
+        /// The raw ELF header flags.
+        elf_flags: u32,
+    },
+    /// An expected kernel entry is not in the cubin.
+    #[error("cubin has no kernel entry `{symbol}`; {}", describe_entries(.symbol, .found))]
+    MissingEntry {
+        /// The symbol looked for.
+        symbol: String,
+        /// The entry symbols the cubin does have, sorted.
+        found: Vec<String>,
+    },
+    /// An expected kernel entry is in the cubin as a device function, which cannot be launched.
+    #[error(
+        "`{symbol}` is a device function in the cubin, not a kernel entry; declare it \
+         `__global__` to launch it"
+    )]
+    NotEntry {
+        /// The symbol looked for.
+        symbol: String,
+    },
+    /// The bytes start like a cubin but cannot be read as one.
+    #[error("malformed cubin: {what}")]
+    Malformed {
+        /// What is wrong, and where.
+        what: String,
+    },
+}
+
+fn malformed(what: impl Into<String>) -> CubinError {
+    CubinError::Malformed { what: what.into() }
+}
+
+fn machine_name(machine: u16) -> &'static str {
+    match machine {
+        0 => "no machine",
+        3 => "x86",
+        20 => "PowerPC",
+        21 => "PowerPC64",
+        40 => "ARM",
+        62 => "x86-64",
+        183 => "AArch64",
+        243 => "RISC-V",
+        _ => "an unknown machine",
+    }
+}
+
+fn describe_entries(symbol: &str, found: &[String]) -> String {
+    if found.is_empty() {
+        return "it has no kernel entries".to_owned();
+    }
+    let list = found
+        .iter()
+        .map(|entry| format!("`{entry}`"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    // Itanium mangling writes a name as its length then the name: `_Z9kw_squareIfEvPT_i`.
+    let mangled = format!("{}{symbol}", symbol.len());
+    match found
+        .iter()
+        .find(|entry| entry.starts_with("_Z") && entry.contains(&mangled))
+    {
+        Some(entry) => format!(
+            "its entries are {list}. C++ kernel names are mangled: list `{entry}`, or declare \
+             the kernel `extern \"C\"`"
+        ),
+        None => format!("its entries are {list}"),
+    }
+}
+
+/// Whether `bytes` is an ELF file for machine 190 (CUDA). Reads only the ELF header, so it is
+/// cheap enough to run on every file of a wheel.
+pub fn is_cubin(bytes: &[u8]) -> bool {
+    matches!(elf_machine(bytes), Ok(EM_CUDA))
+}
+
+/// Reads a cubin's target SM and its kernel entries with their parameter sizes.
+pub fn inspect_cubin(bytes: &[u8]) -> Result<CubinInfo, CubinError> {
+    inspect(bytes).map(|inspection| inspection.info)
+}
+
+/// Validates a cubin against an expected target: ELF machine 190, SM equal to `arch.sm`, and
+/// every symbol in `entries` present as a kernel entry. Returns what the cubin holds.
+///
+/// The `a` suffix of `arch` is not checked: cubins do not record it in one stable place.
+pub fn validate_cubin(bytes: &[u8], arch: Arch, entries: &[&str]) -> Result<CubinInfo, CubinError> {
+    let Inspection {
+        info,
+        device_functions,
+    } = inspect(bytes)?;
+    if info.sm != arch.sm {
+        return Err(CubinError::SmMismatch {
+            expected: arch,
+            found: info.sm,
+            abi_version: info.abi_version,
+            elf_flags: info.elf_flags,
+        });
+    }
+    for &symbol in entries {
+        if info.function(symbol).is_some() {
+            continue;
+        }
+        if device_functions.iter().any(|function| function == symbol) {
+            return Err(CubinError::NotEntry {
+                symbol: symbol.to_owned(),
+            });
+        }
+        return Err(CubinError::MissingEntry {
+            symbol: symbol.to_owned(),
+            found: info.symbols(),
+        });
+    }
+    Ok(info)
+}
+
+/// The SM number in `e_flags`, for the ELF ABI versions whose layout is known.
+fn sm_from_flags(abi_version: u8, elf_flags: u32) -> Option<u32> {
+    match abi_version {
+        7 => Some(elf_flags & 0xff),
+        8 => Some((elf_flags >> 8) & 0xff),
+        _ => None,
+    }
+}
+
+/// The ELF `e_machine` of `bytes`, read in the file's own byte order.
+fn elf_machine(bytes: &[u8]) -> Result<u16, CubinError> {
+    if bytes.get(..4) != Some(&ELFMAG[..]) {
+        return Err(CubinError::NotElf {
+            found: describe_non_elf(bytes),
+            size: bytes.len(),
+        });
+    }
+    let (Some(&data), Some(&[low, high])) = (bytes.get(5), bytes.get(18..20)) else {
+        return Err(malformed(format!(
+            "the file is {} bytes long, too short for an ELF header",
+            bytes.len()
+        )));
+    };
+    Ok(if data == ELFDATA2MSB {
+        u16::from_be_bytes([low, high])
+    } else {
+        u16::from_le_bytes([low, high])
+    })
+}
+
+/// A guess at what non-ELF bytes are, for the error message.
+fn describe_non_elf(bytes: &[u8]) -> &'static str {
+    // The fatbinary container that `nvcc -fatbin` writes and host objects embed.
+    const FATBIN_MAGIC: [u8; 4] = 0xba55_ed50_u32.to_le_bytes();
+    if bytes.is_empty() {
+        return "empty";
+    }
+    if bytes.starts_with(&FATBIN_MAGIC) {
+        return "a CUDA fatbinary";
+    }
+    let text = String::from_utf8_lossy(&bytes[..bytes.len().min(4096)]);
+    if text
+        .lines()
+        .any(|line| line.trim_start().starts_with(".version"))
+    {
+        return "PTX assembly";
+    }
+    "unrecognized"
+}
+
+/// A cubin's header and entries, plus the device functions, which only validation needs.
+struct Inspection {
+    info: CubinInfo,
+    device_functions: Vec<String>,
+}
+
+fn inspect(bytes: &[u8]) -> Result<Inspection, CubinError> {
+    let machine = elf_machine(bytes)?;
+    if machine != EM_CUDA {
+        return Err(CubinError::WrongMachine { machine });
+    }
+    let header = FileHeader64::<LittleEndian>::parse(bytes)
+        .map_err(|error| malformed(format!("cannot read the ELF header: {error}")))?;
+    let ident = header.e_ident();
+    if ident.class != ELFCLASS64 || ident.data != ELFDATA2LSB {
+        return Err(malformed(
+            "the ELF file is not 64-bit little-endian, as every cubin is",
+        ));
+    }
+    let endian = LittleEndian;
+    let abi_version = ident.abi_version;
+    let elf_flags = header.e_flags(endian);
+    let sm = sm_from_flags(abi_version, elf_flags).ok_or(CubinError::UnknownAbiVersion {
+        abi_version,
+        elf_flags,
+    })?;
+
+    let sections = header
+        .sections(endian, bytes)
+        .map_err(|error| malformed(format!("cannot read the section headers: {error}")))?;
+    let mut nv_info = BTreeMap::new();
+    for section in sections.iter() {
+        let name = sections
+            .section_name(endian, section)
+            .map_err(|error| malformed(format!("cannot read a section name: {error}")))?;
+        if let Some(function) = name.strip_prefix(NV_INFO_PREFIX) {
+            let data = section.data(endian, bytes).map_err(|error| {
+                malformed(format!(
+                    "cannot read section `{}`: {error}",
+                    String::from_utf8_lossy(name)
+                ))
+            })?;
+            nv_info.insert(function, data);
+        }
+    }
+
+    let symbols = sections
+        .symbols(endian, bytes, SHT_SYMTAB)
+        .map_err(|error| malformed(format!("cannot read the symbol table: {error}")))?;
+    let mut functions = Vec::new();
+    let mut device_functions = Vec::new();
+    for symbol in symbols.iter() {
+        if symbol.st_type() != STT_FUNC {
+            continue;
+        }
+        let name = symbol
+            .name(endian, symbols.strings())
+            .map_err(|error| malformed(format!("cannot read a symbol name: {error}")))?;
+        let name = std::str::from_utf8(name).map_err(|_| {
+            malformed(format!(
+                "function symbol `{}` is not UTF-8",
+                String::from_utf8_lossy(name)
+            ))
+        })?;
+        if symbol.st_other() & STO_CUDA_ENTRY == 0 {
+            device_functions.push(name.to_owned());
+            continue;
+        }
+        let info = nv_info.get(name.as_bytes()).ok_or_else(|| {
+            malformed(format!(
+                "kernel entry `{name}` has no `.nv.info.{name}` section, so its parameters are \
+                 unknown"
+            ))
+        })?;
+        functions.push(CubinFunction {
+            symbol: name.to_owned(),
+            param_sizes: parameter_sizes(name, info)?,
+        });
+    }
+    functions.sort_by(|a, b| a.symbol.cmp(&b.symbol));
+    if let Some(pair) = functions
+        .windows(2)
+        .find(|pair| pair[0].symbol == pair[1].symbol)
+    {
+        return Err(malformed(format!(
+            "kernel entry `{}` is defined twice",
+            pair[0].symbol
+        )));
+    }
+    device_functions.sort();
+
+    Ok(Inspection {
+        info: CubinInfo {
+            abi_version,
+            elf_flags,
+            sm,
+            functions,
+        },
+        device_functions,
+    })
+}
+
+/// One record of an `.nv.info` section.
+#[derive(Debug)]
+struct Attribute<'data> {
+    format: u8,
+    attribute: u8,
+    /// The value: nothing for NVAL, one byte for BVAL, two for HVAL, the payload for SVAL.
+    value: &'data [u8],
+}
+
+/// Splits an `.nv.info` section into its records.
+fn attributes(section: &[u8]) -> Result<Vec<Attribute<'_>>, String> {
+    let mut records = Vec::new();
+    let mut rest = section;
+    while !rest.is_empty() {
+        let at = section.len() - rest.len();
+        let Some(&[format, attribute, low, high]) = rest.get(..4) else {
+            return Err(format!(
+                "attribute record at byte {at} is cut short ({} bytes left)",
+                rest.len()
+            ));
+        };
+        let (value, length) = match format {
+            EIFMT_NVAL => (&rest[..0], 4),
+            EIFMT_BVAL => (&rest[2..3], 4),
+            EIFMT_HVAL => (&rest[2..4], 4),
+            EIFMT_SVAL => {
+                let size = usize::from(u16::from_le_bytes([low, high]));
+                let Some(value) = rest.get(4..4 + size) else {
+                    return Err(format!(
+                        "attribute {attribute:#04x} at byte {at} claims {size} bytes but only {} \
+                         remain",
+                        rest.len() - 4
+                    ));
+                };
+                (value, 4 + size)
+            }
+            _ => {
+                return Err(format!(
+                    "attribute {attribute:#04x} at byte {at} has unknown format {format:#04x}"
+                ))
+            }
+        };
+        records.push(Attribute {
+            format,
+            attribute,
+            value,
+        });
+        rest = rest.get(length..).unwrap_or_default();
+    }
+    Ok(records)
+}
+
+/// One parameter as an `EIATTR_KPARAM_INFO(_V2)` record describes it.
+#[derive(Debug)]
+struct KernelParameter {
+    ordinal: u16,
+    offset: u16,
+    size: u32,
+}
+
+impl KernelParameter {
+    fn parse(attribute: u8, value: &[u8]) -> Option<Self> {
+        let value: &[u8; 12] = value.try_into().ok()?;
+        let [_, _, _, _, o0, o1, f0, f1, s0, s1, s2, s3] = *value;
+        let word = u32::from_le_bytes([s0, s1, s2, s3]);
+        let size = match attribute {
+            EIATTR_KPARAM_INFO => word >> 18,
+            EIATTR_KPARAM_INFO_V2 => word & 0xffff,
+            _ => return None,
+        };
+        Some(KernelParameter {
+            ordinal: u16::from_le_bytes([o0, o1]),
+            offset: u16::from_le_bytes([f0, f1]),
+            size,
+        })
+    }
+}
+
+/// The parameter sizes, in ordinal order, from a kernel's `.nv.info.<symbol>` section.
+fn parameter_sizes(symbol: &str, section: &[u8]) -> Result<Vec<u32>, CubinError> {
+    let in_section = |what: String| malformed(format!("in `.nv.info.{symbol}`: {what}"));
+    let mut parameters = Vec::new();
+    let mut block_size = None;
+    for record in attributes(section).map_err(in_section)? {
+        match (record.format, record.attribute) {
+            (EIFMT_SVAL, EIATTR_KPARAM_INFO | EIATTR_KPARAM_INFO_V2) => {
+                let parameter =
+                    KernelParameter::parse(record.attribute, record.value).ok_or_else(|| {
+                        in_section(format!(
+                            "parameter record {:#04x} is {} bytes, not 12",
+                            record.attribute,
+                            record.value.len()
+                        ))
+                    })?;
+                parameters.push(parameter);
+            }
+            (EIFMT_HVAL, EIATTR_CBANK_PARAM_SIZE) => {
+                if let &[low, high] = record.value {
+                    block_size = Some(u32::from(u16::from_le_bytes([low, high])));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    parameters.sort_by_key(|parameter| parameter.ordinal);
+    let ordinals_ok = parameters
+        .iter()
+        .enumerate()
+        .all(|(index, parameter)| usize::from(parameter.ordinal) == index);
+    if !ordinals_ok {
+        let ordinals: Vec<u16> = parameters
+            .iter()
+            .map(|parameter| parameter.ordinal)
+            .collect();
+        return Err(in_section(format!(
+            "parameter ordinals are {ordinals:?}, not 0 to {}",
+            parameters.len().saturating_sub(1)
+        )));
+    }
+    if let Some(block_size) = block_size {
+        let end = parameters
+            .iter()
+            .map(|parameter| u32::from(parameter.offset) + parameter.size)
+            .max()
+            .unwrap_or(0);
+        if parameters.is_empty() && block_size > 0 {
+            return Err(in_section(format!(
+                "a {block_size}-byte parameter block but no parameter records"
+            )));
+        }
+        if end > block_size {
+            return Err(in_section(format!(
+                "parameters end at byte {end} of a {block_size}-byte parameter block"
+            )));
+        }
+    }
+    Ok(parameters.iter().map(|parameter| parameter.size).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/cubin");
+
+    const SM_90A: Arch = Arch {
+        sm: 90,
+        specific: true,
+    };
+    const SM_100A: Arch = Arch {
+        sm: 100,
+        specific: true,
+    };
+
+    /// (file, target, ELF ABI version, e_flags), as `cuobjdump -elf` reports them.
+    const CUBINS: [(&str, Arch, u8, u32); 4] = [
+        ("nvrtc129_sm_90a.cubin", SM_90A, 7, 0x5a0d5a),
+        ("nvrtc129_sm_100a.cubin", SM_100A, 8, 0x600640a),
+        ("nvcc130_sm_90a.cubin", SM_90A, 8, 0x6005a04),
+        ("nvcc130_sm_100a.cubin", SM_100A, 8, 0x6006402),
+    ];
+
+    /// The kernels of `kernels.cu` and their parameter sizes, sorted by symbol.
+    const KERNELS: [(&str, &[u32]); 6] = [
+        ("_Z9kw_squareIfEvPT_i", &[8, 4]),
+        ("kw_axpy", &[8, 4, 8]),
+        ("kw_empty", &[]),
+        ("kw_large", &[4608, 8]),
+        ("kw_scalars", &[8, 1, 2, 4, 8]),
+        ("kw_structs", &[8, 12, 16]),
+    ];
+
+    fn fixture(name: &str) -> Vec<u8> {
+        let path = format!("{FIXTURES}/{name}");
+        std::fs::read(&path).unwrap_or_else(|error| panic!("cannot read {path}: {error}"))
+    }
+
+    fn nv_info_section(bytes: &[u8], symbol: &str) -> Vec<u8> {
+        let header = FileHeader64::<LittleEndian>::parse(bytes).unwrap();
+        let sections = header.sections(LittleEndian, bytes).unwrap();
+        let name = format!(".nv.info.{symbol}");
+        let (_, section) = sections
+            .section_by_name(LittleEndian, name.as_bytes())
+            .unwrap();
+        section.data(LittleEndian, bytes).unwrap().to_vec()
+    }
+
+    /// An `.nv.info` SVAL record.
+    fn sval(attribute: u8, payload: &[u8]) -> Vec<u8> {
+        let size = u16::try_from(payload.len()).unwrap().to_le_bytes();
+        [&[EIFMT_SVAL, attribute, size[0], size[1]], payload].concat()
+    }
+
+    /// An `EIATTR_KPARAM_INFO` record laid out as the compilers write it.
+    fn kparam(ordinal: u16, offset: u16, size: u32) -> Vec<u8> {
+        let mut payload = vec![0; 4];
+        payload.extend(ordinal.to_le_bytes());
+        payload.extend(offset.to_le_bytes());
+        payload.extend((size << 18 | 0x1f000).to_le_bytes());
+        sval(EIATTR_KPARAM_INFO, &payload)
+    }
+
+    fn cbank_param_size(size: u16) -> Vec<u8> {
+        let size = size.to_le_bytes();
+        vec![EIFMT_HVAL, EIATTR_CBANK_PARAM_SIZE, size[0], size[1]]
+    }
+
+    #[test]
+    fn header_matches_the_compiler_output() {
+        for (name, arch, abi_version, elf_flags) in CUBINS {
+            let bytes = fixture(name);
+            assert!(is_cubin(&bytes), "{name}");
+            let info = inspect_cubin(&bytes).unwrap();
+            assert_eq!(info.abi_version, abi_version, "{name}");
+            assert_eq!(info.elf_flags, elf_flags, "{name}");
+            assert_eq!(info.sm, arch.sm, "{name}");
+        }
+    }
+
+    #[test]
+    fn sm_is_read_from_the_byte_the_abi_version_names() {
+        assert_eq!(sm_from_flags(7, 0x5a0d5a), Some(90));
+        assert_eq!(sm_from_flags(8, 0x600640a), Some(100));
+        assert_eq!(sm_from_flags(8, 0x6005a04), Some(90));
+        assert_eq!(sm_from_flags(8, 0x6006402), Some(100));
+        assert_eq!(sm_from_flags(6, 0x5a0d5a), None);
+    }
+
+    #[test]
+    fn entries_and_parameter_sizes_are_exact() {
+        for (name, _, _, _) in CUBINS {
+            let info = inspect_cubin(&fixture(name)).unwrap();
+            let found: Vec<(&str, &[u32])> = info
+                .functions
+                .iter()
+                .map(|function| (function.symbol.as_str(), function.param_sizes.as_slice()))
+                .collect();
+            assert_eq!(found, KERNELS, "{name}");
+            assert_eq!(
+                info.function("kw_scalars").unwrap().param_sizes,
+                [8, 1, 2, 4, 8]
+            );
+            assert!(info.function("kw_missing").is_none());
+        }
+    }
+
+    #[test]
+    fn device_functions_are_not_entries() {
+        for (name, _, _, _) in CUBINS {
+            let inspection = inspect(&fixture(name)).unwrap();
+            // `kw_scale` is cloned into its callers as local `$kw_axpy$kw_scale` and so on.
+            assert!(
+                inspection
+                    .device_functions
+                    .iter()
+                    .any(|function| function.contains("kw_scale")),
+                "{name}: {:?}",
+                inspection.device_functions
+            );
+            assert!(
+                inspection
+                    .info
+                    .functions
+                    .iter()
+                    .all(|function| !function.symbol.contains("kw_scale")),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn large_parameter_lists_use_kparam_info_v2() {
+        for (name, _, _, _) in CUBINS {
+            let bytes = fixture(name);
+            let large = nv_info_section(&bytes, "kw_large");
+            let small = nv_info_section(&bytes, "kw_axpy");
+            let kinds = |section: &[u8]| -> Vec<u8> {
+                attributes(section)
+                    .unwrap()
+                    .iter()
+                    .map(|record| record.attribute)
+                    .filter(|&attribute| {
+                        attribute == EIATTR_KPARAM_INFO || attribute == EIATTR_KPARAM_INFO_V2
+                    })
+                    .collect()
+            };
+            assert_eq!(kinds(&large), [EIATTR_KPARAM_INFO_V2; 2], "{name}");
+            assert_eq!(kinds(&small), [EIATTR_KPARAM_INFO; 3], "{name}");
+        }
+    }
+
+    #[test]
+    fn validate_accepts_the_target_it_was_built_for() {
+        let entries: Vec<&str> = KERNELS.iter().map(|(symbol, _)| *symbol).collect();
+        for (name, arch, _, _) in CUBINS {
+            let info = validate_cubin(&fixture(name), arch, &entries).unwrap();
+            assert_eq!(info.functions.len(), KERNELS.len());
+            // The `a` suffix is the target's to state; the cubin only carries the SM number.
+            let plain = Arch {
+                specific: false,
+                ..arch
+            };
+            validate_cubin(&fixture(name), plain, &["kw_axpy"]).unwrap();
+        }
+    }
+
+    #[test]
+    fn validate_rejects_another_sm() {
+        let error = validate_cubin(&fixture("nvcc130_sm_100a.cubin"), SM_90A, &[]).unwrap_err();
+        assert!(matches!(
+            error,
+            CubinError::SmMismatch {
+                expected: SM_90A,
+                found: 100,
+                abi_version: 8,
+                elf_flags: 0x6006402,
+            }
+        ));
+        assert_eq!(
+            error.to_string(),
+            "cubin is for sm_100 but the target is sm_90a (ELF ABI 8, e_flags 0x6006402)"
+        );
+
+        let error = validate_cubin(&fixture("nvrtc129_sm_90a.cubin"), SM_100A, &[]).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "cubin is for sm_90 but the target is sm_100a (ELF ABI 7, e_flags 0x5a0d5a)"
+        );
+    }
+
+    #[test]
+    fn validate_names_the_entries_it_found() {
+        let bytes = fixture("nvcc130_sm_90a.cubin");
+        let error = validate_cubin(&bytes, SM_90A, &["kw_axpy", "kw_missing"]).unwrap_err();
+        let CubinError::MissingEntry { symbol, found } = &error else {
+            panic!("expected MissingEntry, got {error:?}");
+        };
+        assert_eq!(symbol, "kw_missing");
+        assert_eq!(*found, KERNELS.map(|(symbol, _)| symbol.to_owned()));
+        assert_eq!(
+            error.to_string(),
+            "cubin has no kernel entry `kw_missing`; its entries are `_Z9kw_squareIfEvPT_i`, \
+             `kw_axpy`, `kw_empty`, `kw_large`, `kw_scalars`, `kw_structs`"
+        );
+    }
+
+    #[test]
+    fn validate_points_at_the_mangled_name_of_a_template() {
+        let bytes = fixture("nvrtc129_sm_100a.cubin");
+        let error = validate_cubin(&bytes, SM_100A, &["kw_square"]).unwrap_err();
+        assert!(
+            error.to_string().ends_with(
+                "C++ kernel names are mangled: list `_Z9kw_squareIfEvPT_i`, or declare the \
+                 kernel `extern \"C\"`"
+            ),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn validate_rejects_a_device_function() {
+        let bytes = fixture("nvcc130_sm_90a.cubin");
+        let error = validate_cubin(&bytes, SM_90A, &["$kw_axpy$kw_scale"]).unwrap_err();
+        assert!(
+            matches!(&error, CubinError::NotEntry { symbol } if symbol == "$kw_axpy$kw_scale"),
+            "{error:?}"
+        );
+    }
+
+    #[test]
+    fn rejects_what_is_not_an_elf_file() {
+        // Deterministic noise (xorshift), which cannot start with the ELF magic.
+        let mut state = 0x2545_f491_4f6c_dd1d_u64;
+        let noise: Vec<u8> = (0..4096)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state.to_le_bytes()[0]
+            })
+            .collect();
+        let error = inspect_cubin(&noise).unwrap_err();
+        assert!(
+            matches!(
+                error,
+                CubinError::NotElf {
+                    found: "unrecognized",
+                    size: 4096
+                }
+            ),
+            "{error:?}"
+        );
+        assert!(!is_cubin(&noise));
+
+        let ptx = b"//\n// Generated by NVIDIA NVVM Compiler\n.version 8.8\n.target sm_90a\n";
+        assert_eq!(
+            inspect_cubin(ptx).unwrap_err().to_string(),
+            "not a cubin: the data is PTX assembly (68 bytes), not an ELF file"
+        );
+        let fatbin = [0x50, 0xed, 0x55, 0xba, 1, 0, 0x10, 0];
+        assert!(matches!(
+            inspect_cubin(&fatbin),
+            Err(CubinError::NotElf {
+                found: "a CUDA fatbinary",
+                ..
+            })
+        ));
+        assert!(matches!(
+            inspect_cubin(&[]),
+            Err(CubinError::NotElf { found: "empty", .. })
+        ));
+    }
+
+    #[test]
+    fn rejects_a_truncated_cubin() {
+        let bytes = fixture("nvcc130_sm_90a.cubin");
+        let error = inspect_cubin(&bytes[..100]).unwrap_err();
+        assert!(matches!(error, CubinError::Malformed { .. }), "{error:?}");
+        // The ELF header is whole, so this is still recognisably a cubin.
+        assert!(is_cubin(&bytes[..100]));
+        let error = inspect_cubin(&bytes[..10]).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "malformed cubin: the file is 10 bytes long, too short for an ELF header"
+        );
+    }
+
+    #[test]
+    fn rejects_a_host_elf_file() {
+        let exe = std::env::current_exe().unwrap();
+        let bytes = std::fs::read(&exe).unwrap();
+        assert!(!is_cubin(&bytes));
+        let error = inspect_cubin(&bytes).unwrap_err();
+        let CubinError::WrongMachine { machine } = error else {
+            panic!("expected WrongMachine, got {error:?}");
+        };
+        if cfg!(target_arch = "x86_64") {
+            assert_eq!(machine, 62);
+            assert_eq!(
+                error.to_string(),
+                "not a cubin: the ELF file is for machine 62 (x86-64), not 190 (CUDA)"
+            );
+        }
+        let error = validate_cubin(&bytes, SM_90A, &["kw_axpy"]).unwrap_err();
+        assert!(matches!(error, CubinError::WrongMachine { .. }));
+    }
+
+    #[test]
+    fn rejects_an_unknown_abi_version() {
+        let mut bytes = fixture("nvrtc129_sm_90a.cubin");
+        bytes[8] = 9;
+        let error = inspect_cubin(&bytes).unwrap_err();
+        assert!(matches!(
+            error,
+            CubinError::UnknownAbiVersion {
+                abi_version: 9,
+                elf_flags: 0x5a0d5a
+            }
+        ));
+    }
+
+    #[test]
+    fn damaged_cubins_never_panic() {
+        for (name, _, _, _) in CUBINS {
+            let bytes = fixture(name);
+            for length in (0..bytes.len()).step_by(7) {
+                let _ = inspect_cubin(&bytes[..length]);
+            }
+        }
+        // Every byte of one cubin, overwritten in turn.
+        let bytes = fixture("nvcc130_sm_90a.cubin");
+        for position in 0..bytes.len() {
+            for value in [0x00, 0x7f, 0xff] {
+                let mut damaged = bytes.clone();
+                damaged[position] = value;
+                let _ = inspect_cubin(&damaged);
+            }
+        }
+    }
+
+    #[test]
+    fn damaged_nv_info_sections_never_panic() {
+        let bytes = fixture("nvrtc129_sm_100a.cubin");
+        for (symbol, _) in KERNELS {
+            let section = nv_info_section(&bytes, symbol);
+            for length in 0..section.len() {
+                let _ = parameter_sizes(symbol, &section[..length]);
+            }
+            for position in 0..section.len() {
+                let mut damaged = section.clone();
+                damaged[position] ^= 0xff;
+                let _ = parameter_sizes(symbol, &damaged);
+            }
+        }
+    }
+
+    #[test]
+    fn parameter_sizes_come_in_ordinal_order() {
+        let section = [
+            sval(0x37, &[0x82, 0, 0, 0]),
+            kparam(1, 8, 4),
+            kparam(0, 0, 8),
+            vec![EIFMT_NVAL, 0x3e, 0, 0],
+            vec![EIFMT_BVAL, 0x4a, 0, 0],
+            cbank_param_size(12),
+        ]
+        .concat();
+        assert_eq!(parameter_sizes("k", &section).unwrap(), [8, 4]);
+        assert_eq!(parameter_sizes("k", &[]).unwrap(), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn parameter_records_must_be_consistent() {
+        let message = |section: Vec<Vec<u8>>| {
+            parameter_sizes("k", &section.concat())
+                .unwrap_err()
+                .to_string()
+        };
+        assert_eq!(
+            message(vec![kparam(0, 0, 8), kparam(2, 8, 4)]),
+            "malformed cubin: in `.nv.info.k`: parameter ordinals are [0, 2], not 0 to 1"
+        );
+        assert_eq!(
+            message(vec![kparam(0, 0, 8), kparam(0, 8, 4)]),
+            "malformed cubin: in `.nv.info.k`: parameter ordinals are [0, 0], not 0 to 1"
+        );
+        assert_eq!(
+            message(vec![kparam(0, 0, 8), kparam(1, 8, 8), cbank_param_size(12)]),
+            "malformed cubin: in `.nv.info.k`: parameters end at byte 16 of a 12-byte parameter \
+             block"
+        );
+        assert_eq!(
+            message(vec![cbank_param_size(8)]),
+            "malformed cubin: in `.nv.info.k`: a 8-byte parameter block but no parameter records"
+        );
+        assert_eq!(
+            message(vec![sval(EIATTR_KPARAM_INFO, &[0; 8])]),
+            "malformed cubin: in `.nv.info.k`: parameter record 0x17 is 8 bytes, not 12"
+        );
+        assert_eq!(
+            message(vec![vec![0x07, 0x17, 0, 0]]),
+            "malformed cubin: in `.nv.info.k`: attribute 0x17 at byte 0 has unknown format 0x07"
+        );
+        assert_eq!(
+            message(vec![kparam(0, 0, 8), vec![EIFMT_SVAL, 0x17, 12, 0, 0]]),
+            "malformed cubin: in `.nv.info.k`: attribute 0x17 at byte 16 claims 12 bytes but \
+             only 1 remain"
+        );
+        assert_eq!(
+            message(vec![kparam(0, 0, 8), vec![EIFMT_HVAL, 0x19]]),
+            "malformed cubin: in `.nv.info.k`: attribute record at byte 16 is cut short (2 bytes \
+             left)"
+        );
+    }
+}

@@ -1,0 +1,95 @@
+//! The local build cache: validated cubins by kernel key.
+//!
+//! ```text
+//! <cache dir>/                       default: ${XDG_CACHE_HOME:-~/.cache}/kwheel/build
+//! └── kernels-v1/                    bump the suffix when the entry format changes
+//!     └── 3f/                        first two hex digits of the key
+//!         └── 3f9c…a2.cubin          the cubin, exactly as the compiler produced it
+//! ```
+//!
+//! An entry appears only once complete: it is written to a temporary file in its shard
+//! directory and renamed into place, so a killed build leaves at worst an unnamed temporary
+//! file, never a torn entry. Entries are validated again when read, so a damaged entry is
+//! recompiled rather than bundled.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use crate::Error;
+
+/// Name of the versioned layout directory.
+pub const LAYOUT: &str = "kernels-v1";
+
+/// The default cache directory: `${XDG_CACHE_HOME:-~/.cache}/kwheel/build`.
+pub fn default_cache_dir() -> PathBuf {
+    user_cache_dir().join("kwheel").join("build")
+}
+
+/// `$XDG_CACHE_HOME`, else `~/.cache`.
+pub fn user_cache_dir() -> PathBuf {
+    match std::env::var_os("XDG_CACHE_HOME") {
+        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
+        _ => std::env::var_os("HOME")
+            .map(PathBuf::from)
+            .unwrap_or_else(std::env::temp_dir)
+            .join(".cache"),
+    }
+}
+
+/// A content-addressed store of cubins by key.
+#[derive(Clone, Debug)]
+pub struct BuildCache {
+    root: PathBuf,
+}
+
+impl BuildCache {
+    /// The cache rooted at `dir` (created on first write).
+    pub fn new(dir: impl Into<PathBuf>) -> BuildCache {
+        BuildCache { root: dir.into().join(LAYOUT) }
+    }
+
+    /// Where the entry for `key` lives.
+    pub fn entry_path(&self, key: &str) -> PathBuf {
+        self.root.join(&key[..2]).join(format!("{key}.cubin"))
+    }
+
+    /// The cached cubin for `key`, if there is one.
+    pub fn get(&self, key: &str) -> Result<Option<Vec<u8>>, Error> {
+        let path = self.entry_path(key);
+        match std::fs::read(&path) {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(source) => Err(Error::Read { path, source }),
+        }
+    }
+
+    /// Stores `cubin` under `key`, atomically.
+    pub fn put(&self, key: &str, cubin: &[u8]) -> Result<(), Error> {
+        write_atomically(&self.entry_path(key), cubin)
+    }
+
+    /// Removes the entry for `key` (a damaged entry found on read).
+    pub fn remove(&self, key: &str) -> Result<(), Error> {
+        let path = self.entry_path(key);
+        match std::fs::remove_file(&path) {
+            Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
+                Err(Error::Write { path, source: error })
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Writes `bytes` to `path` through a temporary file in the same directory and a rename.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), Error> {
+    let write_error = |source| Error::Write { path: path.to_owned(), source };
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(write_error)?;
+    let mut file = tempfile::Builder::new()
+        .prefix(".tmp-")
+        .tempfile_in(dir)
+        .map_err(write_error)?;
+    file.write_all(bytes).map_err(write_error)?;
+    file.persist(path).map_err(|error| write_error(error.error))?;
+    Ok(())
+}

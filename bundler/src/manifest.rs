@@ -1,0 +1,292 @@
+//! The kernel manifest (`kernels.toml`): the library's defaults and one table per kernel.
+//!
+//! ```toml
+//! [library]
+//! package = "af3-kernels"
+//! archs = ["sm_90a", "sm_100a"]
+//! cuda-builds = ["cu129", "cu130"]
+//! torch = "2.13.*"
+//! cxx-std = "c++17"
+//! include-dirs = ["include"]
+//!
+//! [kernels.layernorm_bf16]
+//! sources = ["layernorm/layernorm.cu"]
+//! entries = ["layernorm_bf16"]
+//! constants = { BLOCK_SIZE = 256 }
+//! ```
+//!
+//! Paths are relative to the manifest's directory. The field reference is in
+//! `docs/manifest.md`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use prebuilt::index::Constant;
+use prebuilt::{Arch, CudaBuild};
+use serde::Deserialize;
+
+use crate::Error;
+
+/// A parsed and checked manifest.
+#[derive(Clone, Debug)]
+pub struct Manifest {
+    /// The manifest file.
+    pub path: PathBuf,
+    /// The directory paths are relative to.
+    pub root: PathBuf,
+    /// Library-wide settings and defaults.
+    pub library: Library,
+    /// The kernels, by name.
+    pub kernels: BTreeMap<String, KernelSpec>,
+}
+
+/// The `[library]` table.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct Library {
+    /// The Python package name (`af3-kernels`); also names the `<PACKAGE>_JIT_FALLBACK` switch.
+    pub package: String,
+    /// Architectures every kernel is built for unless it narrows them.
+    pub archs: Vec<Arch>,
+    /// CUDA builds every kernel is built with.
+    pub cuda_builds: Vec<CudaBuild>,
+    /// The torch version pin (`2.13.*`).
+    pub torch: String,
+    /// Default C++ standard.
+    #[serde(default = "default_cxx_std")]
+    pub cxx_std: String,
+    /// Default include directories.
+    #[serde(default)]
+    pub include_dirs: Vec<String>,
+    /// Default extra compiler flags.
+    #[serde(default)]
+    pub flags: Vec<String>,
+}
+
+fn default_cxx_std() -> String {
+    "c++17".to_owned()
+}
+
+/// One `[kernels.<name>]` table.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct KernelSpec {
+    /// The translation unit to compile (exactly one), unless `cubins` is given.
+    #[serde(default)]
+    pub sources: Vec<String>,
+    /// Precompiled cubins to take instead of compiling.
+    #[serde(default)]
+    pub cubins: Vec<PrecompiledCubin>,
+    /// Entry points: `extern "C"` names or name expressions (`scale<float>`).
+    pub entries: Vec<String>,
+    /// Exported constants, also passed as defines.
+    #[serde(default)]
+    pub constants: BTreeMap<String, Constant>,
+    /// Extra preprocessor defines.
+    #[serde(default)]
+    pub defines: BTreeMap<String, String>,
+    /// Extra compiler flags (after the library's).
+    #[serde(default)]
+    pub flags: Vec<String>,
+    /// Narrows the library's architectures: the others are declared skips.
+    pub arch: Option<Vec<Arch>>,
+    /// Overrides the library's include directories.
+    pub include_dirs: Option<Vec<String>>,
+    /// Overrides the library's C++ standard.
+    pub cxx_std: Option<String>,
+}
+
+/// A precompiled cubin listed in a manifest.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct PrecompiledCubin {
+    /// The architecture it was built for.
+    pub arch: Arch,
+    /// The CUDA build it was built with.
+    pub cuda: CudaBuild,
+    /// Its path, relative to the manifest's directory.
+    pub path: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ManifestFile {
+    library: Library,
+    #[serde(default)]
+    kernels: BTreeMap<String, KernelSpec>,
+}
+
+impl Manifest {
+    /// Reads and checks the manifest at `path`.
+    pub fn load(path: &Path) -> Result<Manifest, Error> {
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse(path, &text)
+    }
+
+    /// Parses and checks manifest text that was read from `path`.
+    pub fn parse(path: &Path, text: &str) -> Result<Manifest, Error> {
+        let file: ManifestFile = toml::from_str(text).map_err(|source| {
+            let (line, column) = source
+                .span()
+                .map(|span| line_column(text, span.start))
+                .unwrap_or((1, 1));
+            Error::ManifestSyntax {
+                path: path.to_owned(),
+                line,
+                column,
+                message: source.message().to_owned(),
+            }
+        })?;
+        let root = path
+            .parent()
+            .map(Path::to_owned)
+            .unwrap_or_else(|| PathBuf::from("."));
+        let root = if root.as_os_str().is_empty() { PathBuf::from(".") } else { root };
+        let manifest = Manifest {
+            path: path.to_owned(),
+            root,
+            library: file.library,
+            kernels: file.kernels,
+        };
+        manifest.check(text)?;
+        Ok(manifest)
+    }
+
+    fn check(&self, text: &str) -> Result<(), Error> {
+        let invalid = |kernel: Option<&str>, message: String| {
+            let needle = kernel.map_or("[library]".to_owned(), |k| format!("[kernels.{k}]"));
+            let line = text
+                .lines()
+                .position(|l| l.trim_start().starts_with(&needle))
+                .map_or(1, |n| n + 1);
+            Error::ManifestInvalid {
+                path: self.path.clone(),
+                line,
+                kernel: kernel.map(str::to_owned),
+                message,
+            }
+        };
+        let library = &self.library;
+        if !is_package_name(&library.package) {
+            return Err(invalid(
+                None,
+                format!("package `{}` is not a valid Python package name", library.package),
+            ));
+        }
+        if library.archs.is_empty() || library.cuda_builds.is_empty() {
+            return Err(invalid(None, "`archs` and `cuda-builds` must not be empty".into()));
+        }
+        for (name, kernel) in &self.kernels {
+            if !is_identifier(name) {
+                return Err(invalid(
+                    Some(name),
+                    format!("kernel name `{name}` must be a C identifier"),
+                ));
+            }
+            if kernel.entries.is_empty() {
+                return Err(invalid(Some(name), "`entries` must list at least one entry point".into()));
+            }
+            match (kernel.sources.len(), kernel.cubins.is_empty()) {
+                (1, true) => {
+                    if !kernel.sources[0].ends_with(".cu") {
+                        return Err(invalid(
+                            Some(name),
+                            format!("source `{}` is not a `.cu` translation unit", kernel.sources[0]),
+                        ));
+                    }
+                }
+                (0, false) => {}
+                (0, true) => {
+                    return Err(invalid(Some(name), "give either `sources` or `cubins`".into()))
+                }
+                (_, true) => {
+                    return Err(invalid(
+                        Some(name),
+                        "`sources` takes exactly one translation unit; include the others from it".into(),
+                    ))
+                }
+                (_, false) => {
+                    return Err(invalid(Some(name), "give either `sources` or `cubins`, not both".into()))
+                }
+            }
+            for constant in kernel.constants.keys().chain(kernel.defines.keys()) {
+                if !is_identifier(constant) {
+                    return Err(invalid(
+                        Some(name),
+                        format!("constant or define `{constant}` must be a C identifier"),
+                    ));
+                }
+            }
+            if let Some(duplicate) =
+                kernel.constants.keys().find(|c| kernel.defines.contains_key(*c))
+            {
+                return Err(invalid(
+                    Some(name),
+                    format!("`{duplicate}` is both a constant and a define"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Absolute include directories of a kernel, in `-I` order.
+    pub fn include_dirs_of(&self, kernel: &KernelSpec) -> Vec<PathBuf> {
+        kernel
+            .include_dirs
+            .as_ref()
+            .unwrap_or(&self.library.include_dirs)
+            .iter()
+            .map(|dir| self.root.join(dir))
+            .collect()
+    }
+
+    /// A kernel's preprocessor defines: its constants, then its defines.
+    pub fn defines_of(&self, kernel: &KernelSpec) -> BTreeMap<String, String> {
+        let mut defines: BTreeMap<String, String> = kernel
+            .constants
+            .iter()
+            .map(|(name, value)| (name.clone(), value.to_string()))
+            .collect();
+        defines.extend(kernel.defines.clone());
+        defines
+    }
+
+    /// A kernel's compiler flags: the library's, then its own.
+    pub fn flags_of(&self, kernel: &KernelSpec) -> Vec<String> {
+        let mut flags = self.library.flags.clone();
+        flags.extend(kernel.flags.iter().cloned());
+        flags
+    }
+
+    /// A kernel's C++ standard.
+    pub fn cxx_std_of(&self, kernel: &KernelSpec) -> String {
+        kernel.cxx_std.clone().unwrap_or_else(|| self.library.cxx_std.clone())
+    }
+
+    /// The package name as an environment-variable prefix: `af3-kernels` → `AF3_KERNELS`.
+    pub fn env_prefix(&self) -> String {
+        self.library.package.to_ascii_uppercase().replace(['-', '.'], "_")
+    }
+}
+
+fn line_column(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.len() - before.rfind('\n').map_or(0, |n| n + 1) + 1;
+    (line, column)
+}
+
+fn is_identifier(text: &str) -> bool {
+    let mut chars = text.chars();
+    matches!(chars.next(), Some(c) if c == '_' || c.is_ascii_alphabetic())
+        && chars.all(|c| c == '_' || c.is_ascii_alphanumeric())
+}
+
+fn is_package_name(text: &str) -> bool {
+    !text.is_empty()
+        && text.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        && text.starts_with(|c: char| c.is_ascii_alphanumeric())
+}

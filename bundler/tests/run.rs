@@ -1,0 +1,625 @@
+//! The bundler end to end, on the embedded default library and on small broken ones, with
+//! the real CUDA toolchains that `ci/setup` installs.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use bundler::compiler::{CompileError, CompileOutput, CompileRequest, Compiler};
+use bundler::toolchain::{CompilerId, CompilerKind};
+use bundler::{bundle_kernels, BuildToolchain, BundleOptions, BundleSummary, Error};
+use prebuilt::cubin::validate_cubin;
+use prebuilt::{Arch, Bundle, CudaBuild};
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_owned()
+}
+
+fn default_manifest() -> PathBuf {
+    workspace().join("kernels/kernels.toml")
+}
+
+/// The real toolchains, or `None` (with the reason printed) where they are not installed.
+/// With `KWHEEL_REQUIRE_TOOLCHAINS=1` (CI) a missing toolchain fails the test instead.
+fn toolchains() -> Option<Vec<BuildToolchain>> {
+    static TOOLCHAINS: OnceLock<Result<Vec<BuildToolchain>, String>> = OnceLock::new();
+    let found = TOOLCHAINS.get_or_init(|| {
+        ["cu129", "cu130"]
+            .iter()
+            .map(|b| BuildToolchain::discover(b.parse().unwrap()).map_err(|e| format!("{e}")))
+            .collect()
+    });
+    match found {
+        Ok(toolchains) => Some(toolchains.clone()),
+        Err(reason) if std::env::var("KWHEEL_REQUIRE_TOOLCHAINS").as_deref() == Ok("1") => {
+            panic!("toolchains required but missing: {reason}")
+        }
+        Err(reason) => {
+            eprintln!("skipped: {reason}");
+            None
+        }
+    }
+}
+
+fn options(manifest: &Path, out: &Path, cache: &Path, toolchains: Vec<BuildToolchain>) -> BundleOptions {
+    BundleOptions {
+        manifest: manifest.to_owned(),
+        out: out.to_owned(),
+        cache_dir: cache.to_owned(),
+        jobs: 2,
+        only: Vec::new(),
+        require: false,
+        torch: None,
+        progress: false,
+        toolchains: Some(toolchains),
+    }
+}
+
+/// Copies the embedded library (sources and manifest, not the Rust references) to `dir`.
+fn copy_library(dir: &Path) -> PathBuf {
+    fn copy(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for entry in std::fs::read_dir(from).unwrap() {
+            let entry = entry.unwrap();
+            let name = entry.file_name();
+            if name == "reference" || name == "target" {
+                continue;
+            }
+            if entry.file_type().unwrap().is_dir() {
+                copy(&entry.path(), &to.join(&name));
+            } else {
+                std::fs::copy(entry.path(), to.join(&name)).unwrap();
+            }
+        }
+    }
+    let to = dir.join("kernels");
+    copy(&workspace().join("kernels"), &to);
+    to.join("kernels.toml")
+}
+
+/// One cold build of the default library, shared by the tests that only read it.
+struct DefaultBuild {
+    _dir: tempfile::TempDir,
+    cache: PathBuf,
+    out: PathBuf,
+    summary: BundleSummary,
+}
+
+fn default_build() -> Option<&'static DefaultBuild> {
+    static BUILD: OnceLock<Option<DefaultBuild>> = OnceLock::new();
+    BUILD
+        .get_or_init(|| {
+            let toolchains = toolchains()?;
+            let dir = tempfile::tempdir().unwrap();
+            let cache = dir.path().join("cache");
+            let out = dir.path().join("bundle");
+            let summary = bundle_kernels(&options(&default_manifest(), &out, &cache, toolchains))
+                .expect("the default library bundles");
+            Some(DefaultBuild { _dir: dir, cache, out, summary })
+        })
+        .as_ref()
+}
+
+fn tree_bytes(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    fn walk(root: &Path, dir: &Path, files: &mut BTreeMap<String, Vec<u8>>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(root, &path, files);
+            } else {
+                let relative = path.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+                files.insert(relative, std::fs::read(&path).unwrap());
+            }
+        }
+    }
+    let mut files = BTreeMap::new();
+    walk(dir, dir, &mut files);
+    files
+}
+
+#[test]
+fn default_library_bundles_every_target_minus_declared_skips() {
+    let Some(build) = default_build() else { return };
+    let bundle = Bundle::open(&build.out).unwrap();
+    let index = bundle.index();
+    assert_eq!(index.package, "af3-kernels");
+    assert_eq!(index.torch, "2.13.*");
+    assert!(index.kernels.len() >= 6, "{:?}", index.kernels.keys());
+    for (name, record) in &index.kernels {
+        let mut cells = BTreeSet::new();
+        for variant in &record.variants {
+            cells.insert((variant.cuda.to_string(), variant.arch.to_string()));
+            let cubin = bundle.read_artifact(name, variant).unwrap();
+            let symbols: Vec<&str> = variant.functions.iter().map(|f| f.symbol.as_str()).collect();
+            validate_cubin(&cubin, variant.arch, &symbols).unwrap();
+            assert_eq!(variant.functions.len(), record.inputs.entries.len());
+            for function in &variant.functions {
+                assert!(!function.param_sizes.is_empty(), "{name}: {function:?}");
+            }
+            let expected = match variant.cuda.to_string().as_str() {
+                "cu129" => "nvrtc",
+                _ => "nvcc",
+            };
+            assert_eq!(variant.compiler.kind, expected, "{name} {}", variant.label());
+        }
+        for skip in &record.skipped {
+            assert!(skip.reason.starts_with("declared"), "{name}: {skip:?}");
+            cells.insert((skip.cuda.to_string(), skip.arch.to_string()));
+        }
+        assert_eq!(cells.len(), 4, "{name}: every cell is a variant or a skip");
+    }
+    let wgmma = &index.kernels["wgmma_matmul_bf16"];
+    assert_eq!(wgmma.variants.len(), 2);
+    assert!(wgmma.variants.iter().all(|v| v.arch.to_string() == "sm_90a"));
+    assert_eq!(wgmma.skipped.len(), 2);
+    assert!(wgmma.skipped.iter().all(|s| s.arch.to_string() == "sm_100a"));
+    let layernorm = &index.kernels["layernorm_bf16"];
+    assert_eq!(layernorm.variants.len(), 4);
+    // Constants reach the index for callers.
+    assert_eq!(layernorm.constants["BLOCK_SIZE"].to_string(), "256");
+    // The layernorm entry takes (out, in, gamma, beta, rows, cols, eps).
+    assert_eq!(layernorm.variants[0].functions[0].param_sizes, vec![8, 8, 8, 8, 4, 4, 4]);
+    // Templated entries map to mangled symbols.
+    let scale = &index.kernels["scale_rows"].variants[0].functions;
+    assert_eq!(scale[0].name, "scale_rows<float>");
+    assert!(scale[0].symbol.starts_with("_Z"), "{scale:?}");
+    assert_ne!(scale[0].symbol, scale[1].symbol);
+}
+
+#[test]
+fn second_run_compiles_nothing_and_rewrites_nothing() {
+    let Some(build) = default_build() else { return };
+    assert!(!build.summary.compiled.is_empty());
+    let before = tree_bytes(&build.out);
+    let again = bundle_kernels(&options(&default_manifest(), &build.out, &build.cache, toolchains().unwrap()))
+        .unwrap();
+    assert!(again.compiled.is_empty(), "recompiled {:?}", again.compiled);
+    assert_eq!(again.written, bundler::writer::WriteOutcome::Unchanged);
+    assert_eq!(tree_bytes(&build.out), before);
+}
+
+#[test]
+fn identical_inputs_give_identical_bundles() {
+    let Some(build) = default_build() else { return };
+    // A second bundle from the warm cache, and a third from a cold cache (so the compilers'
+    // own output is deterministic too), byte for byte equal to the first.
+    let dir = tempfile::tempdir().unwrap();
+    let warm = dir.path().join("warm");
+    bundle_kernels(&options(&default_manifest(), &warm, &build.cache, toolchains().unwrap())).unwrap();
+    assert_eq!(tree_bytes(&warm), tree_bytes(&build.out));
+    let cold = dir.path().join("cold");
+    let summary = bundle_kernels(&options(
+        &default_manifest(),
+        &cold,
+        &dir.path().join("cold-cache"),
+        toolchains().unwrap(),
+    ))
+    .unwrap();
+    assert_eq!(summary.cached, 0);
+    assert_eq!(tree_bytes(&cold), tree_bytes(&build.out));
+}
+
+#[test]
+fn editing_a_shared_header_recompiles_exactly_its_includers() {
+    let Some(toolchains) = toolchains() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = copy_library(dir.path());
+    let cache = dir.path().join("cache");
+    let out = dir.path().join("bundle");
+    let first = bundle_kernels(&options(&manifest, &out, &cache, toolchains.clone())).unwrap();
+    let header = "include/af3/activations.cuh";
+    let includers: BTreeSet<String> = first
+        .index
+        .kernels
+        .iter()
+        .filter(|(_, record)| record.inputs.files.contains_key(header))
+        .map(|(name, _)| name.clone())
+        .collect();
+    assert_eq!(
+        includers,
+        BTreeSet::from(["sigmoid_gate".to_owned(), "swiglu".to_owned()]),
+        "the library's include structure changed; update this test"
+    );
+    let path = manifest.parent().unwrap().join(header);
+    let mut text = std::fs::read_to_string(&path).unwrap();
+    text.push_str("\n// an edit that changes no code, but changes the key\n");
+    std::fs::write(&path, text).unwrap();
+
+    let second = bundle_kernels(&options(&manifest, &out, &cache, toolchains)).unwrap();
+    let recompiled: BTreeSet<String> = second.compiled.iter().map(|(k, _, _)| k.clone()).collect();
+    assert_eq!(recompiled, includers);
+    // Each includer is rebuilt for all four targets; nothing else is.
+    assert_eq!(second.compiled.len(), 4 * includers.len());
+}
+
+#[test]
+fn scanned_includes_are_a_superset_of_nvcc_dependencies() {
+    let Some(toolchains) = toolchains() else { return };
+    let Some(build) = default_build() else { return };
+    let nvcc = bundler::toolchain::discover("cu130".parse().unwrap()).unwrap().nvcc.unwrap();
+    drop(toolchains);
+    let kernels_dir = workspace().join("kernels").canonicalize().unwrap();
+    let manifest = bundler::Manifest::load(&default_manifest()).unwrap();
+    for (name, spec) in &manifest.kernels {
+        let mut command = std::process::Command::new(&nvcc);
+        command.arg("-M").arg("-arch=sm_90a").arg("-std=c++17");
+        for dir in manifest.include_dirs_of(spec) {
+            command.arg(format!("-I{}", dir.display()));
+        }
+        for (define, value) in manifest.defines_of(spec) {
+            command.arg(format!("-D{define}={value}"));
+        }
+        command.arg(manifest.root.join(&spec.sources[0]));
+        let output = command.output().unwrap();
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        let text = String::from_utf8(output.stdout).unwrap().replace("\\\n", " ");
+        let nvcc_files: BTreeSet<String> = text
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|path| Path::new(path).canonicalize().ok())
+            .filter_map(|path| {
+                path.strip_prefix(&kernels_dir).ok().map(|p| p.to_string_lossy().into_owned())
+            })
+            .collect();
+        assert!(!nvcc_files.is_empty(), "{name}: nvcc -M listed no library file");
+        let ours: BTreeSet<String> =
+            build.summary.index.kernels[name].inputs.files.keys().cloned().collect();
+        let missing: Vec<&String> = nvcc_files.difference(&ours).collect();
+        assert!(missing.is_empty(), "{name}: nvcc -M lists {missing:?} that the scanner missed");
+    }
+}
+
+#[test]
+fn only_builds_a_subset_and_unknown_names_are_errors() {
+    let Some(toolchains) = toolchains() else { return };
+    let Some(build) = default_build() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("bundle");
+    let mut opts = options(&default_manifest(), &out, &build.cache, toolchains);
+    opts.only = vec!["swiglu".into(), "sigmoid_gate".into()];
+    let summary = bundle_kernels(&opts).unwrap();
+    let names: Vec<&String> = summary.index.kernels.keys().collect();
+    assert_eq!(names, ["sigmoid_gate", "swiglu"]);
+    assert!(summary.compiled.is_empty(), "served by the shared cache");
+
+    opts.only = vec!["no_such_kernel".into()];
+    let error = bundle_kernels(&opts).unwrap_err().to_string();
+    assert!(error.contains("no kernel `no_such_kernel`"), "{error}");
+    assert!(error.contains("layernorm_bf16"), "lists the known kernels: {error}");
+}
+
+#[test]
+fn require_turns_a_declared_skip_into_an_error() {
+    let Some(toolchains) = toolchains() else { return };
+    let Some(build) = default_build() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = options(&default_manifest(), &dir.path().join("bundle"), &build.cache, toolchains);
+    opts.require = true;
+    opts.only = vec!["wgmma_matmul_bf16".into()];
+    let error = bundle_kernels(&opts).unwrap_err().to_string();
+    assert!(error.contains("`wgmma_matmul_bf16` cannot be built for sm_100a"), "{error}");
+    assert!(error.contains("--require"), "{error}");
+    assert!(!dir.path().join("bundle").exists(), "nothing is written on error");
+}
+
+#[test]
+fn torch_pin_override_changes_keys_and_the_index() {
+    let Some(toolchains) = toolchains() else { return };
+    let Some(build) = default_build() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = options(&default_manifest(), &dir.path().join("bundle"), &build.cache, toolchains);
+    opts.torch = Some("2.11.*".into());
+    opts.only = vec!["swiglu".into()];
+    let summary = bundle_kernels(&opts).unwrap();
+    assert_eq!(summary.index.torch, "2.11.*");
+    let old = &build.summary.index.kernels["swiglu"].variants[0];
+    let new = &summary.index.kernels["swiglu"].variants[0];
+    assert_eq!(new.torch, "2.11.*");
+    assert_ne!(old.key, new.key);
+    // Same code: the cubin itself is identical, so it is stored once either way.
+    assert_eq!(old.artifact.digest, new.artifact.digest);
+}
+
+// ---- bad input -------------------------------------------------------------------------
+
+fn write_library(dir: &Path, manifest: &str, files: &[(&str, &str)]) -> PathBuf {
+    for (path, text) in files {
+        let path = dir.join(path);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    }
+    let path = dir.join("kernels.toml");
+    std::fs::write(&path, manifest).unwrap();
+    path
+}
+
+const SMALL_LIBRARY: &str = r#"
+[library]
+package = "tiny"
+archs = ["sm_90a", "sm_100a"]
+cuda-builds = ["cu129", "cu130"]
+torch = "2.13.*"
+include-dirs = ["include"]
+
+[kernels.add]
+sources = ["add.cu"]
+entries = ["add"]
+"#;
+
+const ADD_KERNEL: &str = r#"#include "tiny/common.cuh"
+extern "C" __global__ void add(float* out, const float* in, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = twice(in[i]);
+}
+"#;
+
+const COMMON_HEADER: &str = "#pragma once\n__device__ inline float twice(float x) { return 2.0f * x; }\n";
+
+#[test]
+fn manifest_syntax_error_names_file_line_and_column() {
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = write_library(dir.path(), "[library]\npackage = \"tiny\"\narchs = [\"sm_90a\"\n", &[]);
+    let error = bundler::Manifest::load(&manifest).unwrap_err().to_string();
+    let expected_prefix = format!("{}:", manifest.display());
+    assert!(error.starts_with(&expected_prefix), "{error}");
+    assert!(error.contains(":4:") || error.contains(":3:"), "line in {error}");
+}
+
+#[test]
+fn unknown_manifest_key_names_line_and_column() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = SMALL_LIBRARY.replace("entries = [\"add\"]", "entries = [\"add\"]\nentry-points = [\"x\"]");
+    let manifest = write_library(dir.path(), &text, &[]);
+    let error = bundler::Manifest::load(&manifest).unwrap_err().to_string();
+    assert!(error.contains("entry-points"), "{error}");
+    assert!(error.contains(&format!("{}:", manifest.display())), "{error}");
+    let line = text.lines().position(|l| l.starts_with("entry-points")).unwrap() + 1;
+    assert!(error.contains(&format!(":{line}:")), "line {line} in {error}");
+}
+
+#[test]
+fn invalid_arch_in_manifest_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = SMALL_LIBRARY.replace("\"sm_100a\"]", "\"sm100a\"]");
+    let manifest = write_library(dir.path(), &text, &[]);
+    let error = bundler::Manifest::load(&manifest).unwrap_err().to_string();
+    assert!(error.contains("`sm100a` is not a valid architecture"), "{error}");
+}
+
+#[test]
+fn missing_header_names_the_include_chain() {
+    let Some(toolchains) = toolchains() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = write_library(
+        dir.path(),
+        SMALL_LIBRARY,
+        &[
+            ("add.cu", ADD_KERNEL),
+            ("include/tiny/common.cuh", "#pragma once\n#include \"tiny/helpers.cuh\"\n"),
+        ],
+    );
+    let error = bundle_kernels(&options(&manifest, &dir.path().join("out"), &dir.path().join("c"), toolchains))
+        .unwrap_err();
+    let text = format!("{:#}", anyhow_like(&error));
+    assert!(text.contains("`add`"), "{text}");
+    assert!(text.contains("tiny/helpers.cuh"), "{text}");
+    assert!(text.contains("add.cu"), "{text}");
+    assert!(text.contains("include/tiny/common.cuh"), "{text}");
+    assert!(!dir.path().join("out").exists());
+}
+
+#[test]
+fn computed_include_is_refused_with_its_location() {
+    let Some(toolchains) = toolchains() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = write_library(
+        dir.path(),
+        SMALL_LIBRARY,
+        &[
+            ("add.cu", &format!("#define HEADER \"tiny/common.cuh\"\n#include HEADER\n{ADD_KERNEL}")),
+            ("include/tiny/common.cuh", COMMON_HEADER),
+        ],
+    );
+    let error = bundle_kernels(&options(&manifest, &dir.path().join("out"), &dir.path().join("c"), toolchains))
+        .unwrap_err();
+    let text = anyhow_like(&error);
+    assert!(text.contains("add.cu:2"), "{text}");
+    assert!(text.contains("HEADER"), "{text}");
+}
+
+#[test]
+fn compile_error_shows_the_log_with_kernel_arch_and_build() {
+    let Some(toolchains) = toolchains() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = write_library(
+        dir.path(),
+        SMALL_LIBRARY,
+        &[
+            ("add.cu", &ADD_KERNEL.replace("twice(in[i])", "undeclared_function(in[i])")),
+            ("include/tiny/common.cuh", COMMON_HEADER),
+        ],
+    );
+    for toolchain in toolchains {
+        let build = toolchain.build;
+        let mut opts = options(&manifest, &dir.path().join("out"), &dir.path().join("c"), vec![toolchain]);
+        let text = std::fs::read_to_string(&manifest)
+            .unwrap()
+            .replace("[\"cu129\", \"cu130\"]", &format!("[\"{build}\"]"));
+        std::fs::write(&manifest, text).unwrap();
+        opts.jobs = 1;
+        let error = bundle_kernels(&opts).unwrap_err();
+        let text = anyhow_like(&error);
+        assert!(text.contains("`add`"), "{text}");
+        assert!(text.contains("sm_90a") || text.contains("sm_100a"), "{text}");
+        assert!(text.contains(&build.to_string()), "{text}");
+        assert!(text.contains("undeclared_function"), "the compiler's log: {text}");
+        assert!(!dir.path().join("out").exists());
+        let text = std::fs::read_to_string(&manifest)
+            .unwrap()
+            .replace(&format!("[\"{build}\"]"), "[\"cu129\", \"cu130\"]");
+        std::fs::write(&manifest, text).unwrap();
+    }
+}
+
+#[test]
+fn missing_toolchain_names_the_build_and_the_install_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let error = bundler::toolchain::discover_at("cu129".parse().unwrap(), &dir.path().join("nothing"))
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("cu129"), "{error}");
+    assert!(error.contains("ci/setup"), "{error}");
+}
+
+#[test]
+fn precompiled_cubins_are_validated_keyed_by_content_and_bundled() {
+    let fixtures = workspace().join("prebuilt/tests/fixtures/cubin");
+    let dir = tempfile::tempdir().unwrap();
+    let mut cubins = Vec::new();
+    for entry in std::fs::read_dir(&fixtures).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "cubin") {
+            cubins.push(path);
+        }
+    }
+    cubins.sort();
+    let pick = |needle: &str| {
+        cubins
+            .iter()
+            .find(|p| p.file_name().unwrap().to_string_lossy().contains(needle))
+            .unwrap_or_else(|| panic!("no fixture matching {needle} in {cubins:?}"))
+            .clone()
+    };
+    let sm90 = pick("sm_90a");
+    std::fs::copy(&sm90, dir.path().join("vendor.cubin")).unwrap();
+    let info = prebuilt::cubin::inspect_cubin(&std::fs::read(&sm90).unwrap()).unwrap();
+    let entry = info.functions[0].symbol.clone();
+    let manifest = write_library(
+        dir.path(),
+        &format!(
+            r#"
+[library]
+package = "vendor"
+archs = ["sm_90a", "sm_100a"]
+cuda-builds = ["cu130"]
+torch = "2.13.*"
+
+[kernels.vendor]
+entries = ["{entry}"]
+cubins = [{{ arch = "sm_90a", cuda = "cu130", path = "vendor.cubin" }}]
+"#
+        ),
+        &[],
+    );
+    let out = dir.path().join("out");
+    let summary = bundle_kernels(&options(&manifest, &out, &dir.path().join("c"), Vec::new())).unwrap();
+    let record = &summary.index.kernels["vendor"];
+    assert_eq!(record.variants.len(), 1);
+    assert_eq!(record.variants[0].compiler.kind, "cubin");
+    assert_eq!(record.skipped.len(), 1, "sm_100a has no cubin listed");
+    let bundle = Bundle::open(&out).unwrap();
+    assert_eq!(
+        bundle.read_artifact("vendor", &record.variants[0]).unwrap(),
+        std::fs::read(&sm90).unwrap()
+    );
+
+    // A cubin listed for the wrong arch fails validation, naming kernel, arch and build.
+    let wrong = manifest.parent().unwrap().join("kernels.toml");
+    let text = std::fs::read_to_string(&wrong).unwrap().replace(
+        "arch = \"sm_90a\", cuda",
+        "arch = \"sm_100a\", cuda",
+    );
+    std::fs::write(&wrong, text).unwrap();
+    let error = bundle_kernels(&options(&manifest, &dir.path().join("out2"), &dir.path().join("c"), Vec::new()))
+        .unwrap_err();
+    let text = anyhow_like(&error);
+    assert!(text.contains("`vendor`") && text.contains("sm_100a") && text.contains("cu130"), "{text}");
+}
+
+/// An error with its whole source chain, as the CLI prints it.
+fn anyhow_like(error: &Error) -> String {
+    let mut text = error.to_string();
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+// ---- the scheduler, with a fake compiler -----------------------------------------------
+
+/// Compiles by copying a real cubin, counting calls and the largest number in flight.
+struct FakeCompiler {
+    id: CompilerId,
+    cubin: Vec<u8>,
+    calls: Mutex<Vec<String>>,
+    in_flight: std::sync::atomic::AtomicUsize,
+    max_in_flight: std::sync::atomic::AtomicUsize,
+}
+
+impl Compiler for FakeCompiler {
+    fn id(&self) -> &CompilerId {
+        &self.id
+    }
+
+    fn compile(&self, request: &CompileRequest<'_>) -> Result<CompileOutput, CompileError> {
+        use std::sync::atomic::Ordering;
+        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.max_in_flight.fetch_max(now, Ordering::SeqCst);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        self.calls.lock().unwrap().push(format!("{} {}", request.kernel, request.arch));
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        Ok(CompileOutput { cubin: self.cubin.clone(), log: String::new(), lowered_names: BTreeMap::new() })
+    }
+}
+
+#[test]
+fn jobs_run_in_parallel_up_to_the_limit_and_hit_the_cache_after() {
+    let fixtures = workspace().join("prebuilt/tests/fixtures/cubin");
+    let cubin_path = std::fs::read_dir(&fixtures)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().contains("sm_90a") && p.extension().is_some_and(|e| e == "cubin"))
+        .min()
+        .unwrap();
+    let cubin = std::fs::read(&cubin_path).unwrap();
+    let entry = prebuilt::cubin::inspect_cubin(&cubin).unwrap().functions[0].symbol.clone();
+    let dir = tempfile::tempdir().unwrap();
+    let mut manifest_text = "[library]\npackage = \"fake\"\narchs = [\"sm_90a\"]\ncuda-builds = [\"cu130\"]\ntorch = \"2.13.*\"\n".to_owned();
+    let mut files = Vec::new();
+    for n in 0..8 {
+        manifest_text.push_str(&format!("[kernels.k{n}]\nsources = [\"k{n}.cu\"]\nentries = [\"{entry}\"]\n"));
+        files.push((format!("k{n}.cu"), format!("// kernel {n}\n")));
+    }
+    let file_refs: Vec<(&str, &str)> = files.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+    let manifest = write_library(dir.path(), &manifest_text, &file_refs);
+    let fake = Arc::new(FakeCompiler {
+        id: CompilerId { kind: CompilerKind::Nvcc, version: "13.0.88".into() },
+        cubin,
+        calls: Mutex::new(Vec::new()),
+        in_flight: 0.into(),
+        max_in_flight: 0.into(),
+    });
+    let toolchain = BuildToolchain {
+        build: CudaBuild { major: 13, minor: 0 },
+        compiler: fake.clone(),
+        supported_sms: BTreeSet::from([90, 100]),
+        include_dirs: Vec::new(),
+    };
+    let mut opts = options(&manifest, &dir.path().join("out"), &dir.path().join("c"), vec![toolchain]);
+    opts.jobs = 3;
+    let summary = bundle_kernels(&opts).unwrap();
+    assert_eq!(summary.compiled.len(), 8);
+    assert_eq!(fake.calls.lock().unwrap().len(), 8);
+    assert_eq!(fake.max_in_flight.load(std::sync::atomic::Ordering::SeqCst), 3);
+    // Eight kernels with one identical cubin: stored once.
+    let bundle = tree_bytes(&dir.path().join("out"));
+    assert_eq!(bundle.keys().filter(|k| k.starts_with("artifacts/")).count(), 1);
+
+    let again = bundle_kernels(&opts).unwrap();
+    assert!(again.compiled.is_empty());
+    assert_eq!(fake.calls.lock().unwrap().len(), 8, "the second run compiled nothing");
+    let _ = Arch { sm: 90, specific: true };
+}

@@ -1,0 +1,247 @@
+//! The on-disk bundle (`_prebuilt/`) and its read side.
+//!
+//! ```text
+//! _prebuilt/                         layout version: index `format` (see index::INDEX_FORMAT)
+//! ├── index.json                     kernels, variants, skips, constants (sorted JSON)
+//! ├── dictionary.zdict               zstd dictionary trained on this bundle's cubins (optional)
+//! ├── artifacts/
+//! │   └── 5a/                        first two hex digits of the digest
+//! │       └── 5a0d…e1.cubin.zst      one zstd frame per cubin, named by the cubin's sha256
+//! └── sources/                       the kernels' include graphs, for the JIT fallback
+//!     └── layernorm/layernorm.cu     by stable path
+//! ```
+//!
+//! Every artifact is its own zstd frame (no solid archive), so a loader decompresses only
+//! the cubin it picked. Identical cubins share one file. Nothing read from an artifact is
+//! handed out before its sha256 matches the index.
+
+use std::path::{Path, PathBuf};
+
+use crate::index::{Index, StoredFile, Variant, INDEX_FORMAT};
+use crate::key::sha256_hex;
+
+/// File name of the index inside a bundle.
+pub const INDEX_FILE: &str = "index.json";
+/// File name of the zstd dictionary inside a bundle.
+pub const DICTIONARY_FILE: &str = "dictionary.zdict";
+/// Directory of the compressed cubins.
+pub const ARTIFACTS_DIR: &str = "artifacts";
+/// Directory of the shipped kernel sources.
+pub const SOURCES_DIR: &str = "sources";
+
+/// The stored path of an artifact with this digest, relative to the bundle root.
+pub fn artifact_path(digest: &str) -> String {
+    format!(
+        "{ARTIFACTS_DIR}/{}/{digest}.cubin.zst",
+        &digest[..2.min(digest.len())]
+    )
+}
+
+/// A failure reading a bundle.
+#[derive(Debug, thiserror::Error)]
+pub enum BundleError {
+    /// A file of the bundle could not be read.
+    #[error("cannot read `{}`", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The index is not valid JSON of the expected shape.
+    #[error("invalid bundle index `{}`", path.display())]
+    InvalidIndex {
+        /// The index file.
+        path: PathBuf,
+        /// The cause, with line and column.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The index was written by a newer or older format.
+    #[error(
+        "bundle index `{}` has format {found}, this kwheel reads format {INDEX_FORMAT}: rebuild the bundle with this version",
+        path.display()
+    )]
+    UnsupportedFormat {
+        /// The index file.
+        path: PathBuf,
+        /// The format found.
+        found: u32,
+    },
+    /// An artifact's stored bytes do not decompress.
+    #[error("artifact of `{kernel}` ({variant}) at `{}` is corrupt", path.display())]
+    Corrupt {
+        /// The kernel.
+        kernel: String,
+        /// The variant label (`cu129/sm_90a`).
+        variant: String,
+        /// The stored file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// An artifact's content does not match the digest the index records.
+    #[error(
+        "artifact of `{kernel}` ({variant}) failed verification: expected sha256 {expected}, got {actual} (`{}`)",
+        path.display()
+    )]
+    DigestMismatch {
+        /// The kernel.
+        kernel: String,
+        /// The variant label (`cu129/sm_90a`).
+        variant: String,
+        /// The stored file.
+        path: PathBuf,
+        /// The digest the index records.
+        expected: String,
+        /// The digest of the bytes found.
+        actual: String,
+    },
+}
+
+/// An opened bundle: its index, and access to its verified artifacts.
+#[derive(Debug)]
+pub struct Bundle {
+    root: PathBuf,
+    index: Index,
+}
+
+impl Bundle {
+    /// Opens the bundle at `root`, reading and checking its index.
+    pub fn open(root: impl Into<PathBuf>) -> Result<Bundle, BundleError> {
+        let root = root.into();
+        let path = root.join(INDEX_FILE);
+        let text = std::fs::read(&path).map_err(|source| BundleError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        let index = parse_index(&path, &text)?;
+        Ok(Bundle { root, index })
+    }
+
+    /// The bundle's root directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The bundle's index.
+    pub fn index(&self) -> &Index {
+        &self.index
+    }
+
+    /// Reads, decompresses and verifies the cubin of one variant of `kernel`.
+    pub fn read_artifact(&self, kernel: &str, variant: &Variant) -> Result<Vec<u8>, BundleError> {
+        let dictionary = self.read_dictionary(kernel, variant)?;
+        read_stored(
+            &self.root,
+            &variant.artifact,
+            dictionary.as_deref(),
+            kernel,
+            &variant.label(),
+        )
+    }
+
+    fn read_dictionary(
+        &self,
+        kernel: &str,
+        variant: &Variant,
+    ) -> Result<Option<Vec<u8>>, BundleError> {
+        let Some(dictionary) = &self.index.dictionary else {
+            return Ok(None);
+        };
+        let path = self.root.join(&dictionary.path);
+        let bytes = std::fs::read(&path).map_err(|source| BundleError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        verify(
+            &bytes,
+            dictionary,
+            &path,
+            kernel,
+            &format!("{} dictionary", variant.label()),
+        )?;
+        Ok(Some(bytes))
+    }
+}
+
+/// Parses an index, refusing formats this reader does not know.
+pub fn parse_index(path: &Path, bytes: &[u8]) -> Result<Index, BundleError> {
+    #[derive(serde::Deserialize)]
+    struct FormatOnly {
+        format: u32,
+    }
+    let format: FormatOnly =
+        serde_json::from_slice(bytes).map_err(|source| BundleError::InvalidIndex {
+            path: path.to_owned(),
+            source,
+        })?;
+    if format.format != INDEX_FORMAT {
+        return Err(BundleError::UnsupportedFormat {
+            path: path.to_owned(),
+            found: format.format,
+        });
+    }
+    serde_json::from_slice(bytes).map_err(|source| BundleError::InvalidIndex {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// Reads a stored artifact under `root`, decompresses it and verifies it against `stored`.
+pub fn read_stored(
+    root: &Path,
+    stored: &StoredFile,
+    dictionary: Option<&[u8]>,
+    kernel: &str,
+    variant: &str,
+) -> Result<Vec<u8>, BundleError> {
+    let path = root.join(&stored.path);
+    let compressed = std::fs::read(&path).map_err(|source| BundleError::Read {
+        path: path.clone(),
+        source,
+    })?;
+    let corrupt = |source| BundleError::Corrupt {
+        kernel: kernel.to_owned(),
+        variant: variant.to_owned(),
+        path: path.clone(),
+        source,
+    };
+    let mut decompressor = match dictionary {
+        Some(dictionary) => zstd::bulk::Decompressor::with_dictionary(dictionary),
+        None => zstd::bulk::Decompressor::new(),
+    }
+    .map_err(corrupt)?;
+    // One byte of slack past the recorded size turns "longer than recorded" into a
+    // mismatch below instead of a decompression error.
+    let capacity = usize::try_from(stored.size)
+        .unwrap_or(usize::MAX)
+        .saturating_add(1);
+    let bytes = decompressor
+        .decompress(&compressed, capacity)
+        .map_err(corrupt)?;
+    verify(&bytes, stored, &path, kernel, variant)?;
+    Ok(bytes)
+}
+
+fn verify(
+    bytes: &[u8],
+    stored: &StoredFile,
+    path: &Path,
+    kernel: &str,
+    variant: &str,
+) -> Result<(), BundleError> {
+    let actual = sha256_hex(bytes);
+    if actual != stored.digest || bytes.len() as u64 != stored.size {
+        return Err(BundleError::DigestMismatch {
+            kernel: kernel.to_owned(),
+            variant: variant.to_owned(),
+            path: path.to_owned(),
+            expected: stored.digest.clone(),
+            actual,
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,193 @@
+//! The bundle index: what every kernel is, which variants were built, and what they hold.
+//!
+//! The index is the contract between the bundler and the loader. It is JSON, written with
+//! sorted keys (`BTreeMap`) so that identical inputs give identical bytes. See
+//! `docs/bundle-format.md` for the field reference.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Arch, CudaBuild};
+
+/// Version of the index layout. Bump it when a field changes meaning or a required field is
+/// added; readers refuse an index whose format they do not know.
+pub const INDEX_FORMAT: u32 = 1;
+
+/// The whole index of a bundle (`index.json`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Index {
+    /// [`INDEX_FORMAT`] of the writer.
+    pub format: u32,
+    /// The kernel library's Python package name, as in its manifest (`af3-kernels`).
+    pub package: String,
+    /// The torch version pin the variants were built against (`2.13.*`).
+    pub torch: String,
+    /// The zstd dictionary every artifact was compressed with, if one was trained.
+    pub dictionary: Option<StoredFile>,
+    /// Every kernel of the manifest, by name.
+    pub kernels: BTreeMap<String, KernelRecord>,
+}
+
+/// One kernel: its key inputs that do not depend on the target, its constants, its variants.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KernelRecord {
+    /// The target-independent inputs of the kernel's key.
+    pub inputs: KernelInputs,
+    /// How to compile the kernel from the shipped sources; absent for precompiled cubins.
+    pub recipe: Option<SourceRecipe>,
+    /// The manifest's exported constants, so callers never hard-code a block size.
+    pub constants: BTreeMap<String, Constant>,
+    /// Built variants, sorted by (CUDA build, arch).
+    pub variants: Vec<Variant>,
+    /// Targets of the matrix that were not built, and why.
+    pub skipped: Vec<Skip>,
+}
+
+/// The inputs of a kernel's key that are the same for every target.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KernelInputs {
+    /// Entry points as declared: `extern "C"` names or name expressions (`scale<float>`).
+    pub entries: Vec<String>,
+    /// Every file of the include graph, by stable path, with the sha256 of its content.
+    /// For a precompiled cubin, the cubin files themselves.
+    pub files: BTreeMap<String, String>,
+    /// Preprocessor defines, constants included (`-DNAME=value`).
+    pub defines: BTreeMap<String, String>,
+    /// Extra compiler flags, in order.
+    pub flags: Vec<String>,
+    /// The C++ standard (`c++17`).
+    pub cxx_std: String,
+}
+
+/// What the JIT fallback needs beyond [`KernelInputs`] to compile shipped sources.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceRecipe {
+    /// The translation unit, by stable path (a key of [`KernelInputs::files`]).
+    pub source: String,
+    /// Include directories in `-I` order, as stable paths relative to the bundle's `sources/`.
+    pub include_dirs: Vec<String>,
+}
+
+/// A constant exported by the manifest.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Constant {
+    /// An integer, such as a block size.
+    Integer(i64),
+    /// A floating-point number.
+    Float(f64),
+    /// A boolean.
+    Bool(bool),
+    /// A string.
+    String(String),
+}
+
+impl std::fmt::Display for Constant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Constant::Integer(value) => write!(f, "{value}"),
+            Constant::Float(value) => write!(f, "{value:?}"),
+            Constant::Bool(value) => write!(f, "{}", u8::from(*value)),
+            Constant::String(value) => write!(f, "{value}"),
+        }
+    }
+}
+
+/// What produced a variant's cubin.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CompilerRecord {
+    /// `nvcc`, `nvrtc`, or `cubin` for a precompiled cubin taken as it is.
+    pub kind: String,
+    /// The compiler's exact version (`13.0.88`); empty for a precompiled cubin.
+    pub version: String,
+}
+
+impl std::fmt::Display for CompilerRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.version.is_empty() {
+            f.write_str(&self.kind)
+        } else {
+            write!(f, "{} {}", self.kind, self.version)
+        }
+    }
+}
+
+/// One built cubin of a kernel: a (CUDA build, arch) cell of the matrix.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Variant {
+    /// The architecture the cubin targets.
+    pub arch: Arch,
+    /// The CUDA build whose toolkit compiled it.
+    pub cuda: CudaBuild,
+    /// The torch pin of the build.
+    pub torch: String,
+    /// The compiler and its exact version.
+    pub compiler: CompilerRecord,
+    /// The variant's key (hex sha256), see [`crate::key`].
+    pub key: String,
+    /// The cubin, as stored in the bundle.
+    pub artifact: StoredFile,
+    /// The entry functions in the cubin, in the order of the kernel's entries.
+    pub functions: Vec<Function>,
+}
+
+impl Variant {
+    /// `cu129/sm_90a`, how messages name a variant.
+    pub fn label(&self) -> String {
+        format!("{}/{}", self.cuda, self.arch)
+    }
+}
+
+/// A file stored content-addressed in the bundle.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoredFile {
+    /// sha256 of the uncompressed bytes: what is verified before use.
+    pub digest: String,
+    /// Size of the uncompressed bytes.
+    pub size: u64,
+    /// Path of the stored (compressed) file, relative to the bundle root.
+    pub path: String,
+    /// Size of the stored file.
+    pub stored_size: u64,
+}
+
+/// An entry function of a cubin.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Function {
+    /// The entry as the manifest declares it (`scale<float>`).
+    pub name: String,
+    /// The symbol in the cubin (mangled for templates).
+    pub symbol: String,
+    /// Each parameter's size in bytes, in order, from the cubin's `.nv.info`.
+    pub param_sizes: Vec<u32>,
+}
+
+/// A target of the matrix that has no variant.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Skip {
+    /// The architecture.
+    pub arch: Arch,
+    /// The CUDA build.
+    pub cuda: CudaBuild,
+    /// Why it was not built.
+    pub reason: String,
+}
+
+impl Index {
+    /// Serializes the index as the bundle stores it: pretty JSON with a final newline.
+    pub fn to_json(&self) -> String {
+        let mut text = serde_json::to_string_pretty(self).expect("index serializes");
+        text.push('\n');
+        text
+    }
+}

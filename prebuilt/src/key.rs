@@ -1,0 +1,278 @@
+//! The kernel key: one sha256 naming everything that can change a cubin.
+//!
+//! The bundler keys its build cache with it, the index records it, and the loader's JIT
+//! fallback recomputes it from the shipped sources, so all three agree by construction.
+//!
+//! The key is sha256 over length-prefixed fields (an 8-byte little-endian length before
+//! every byte string, a count before every list), in this order:
+//!
+//! | input | why it is in the key |
+//! | --- | --- |
+//! | [`KEY_FORMAT`] | bumping it invalidates every cache entry when the key's definition changes |
+//! | kernel name | two kernels with the same sources are still two cache entries |
+//! | entry points | name expressions instantiate templates, and every entry is validated |
+//! | include graph: (stable path, sha256) per file | any edit to a source or header changes the code |
+//! | defines (constants included) | they change the preprocessed source |
+//! | flags | they change code generation |
+//! | C++ standard | it changes parsing and overloads |
+//! | arch | the cubin's machine code |
+//! | CUDA build | the toolkit's headers and the driver it needs |
+//! | torch build | the torch pin the variant is released for |
+//! | compiler and its exact version | nvcc and NVRTC, or two patch releases, emit different code |
+//!
+//! Paths are stable paths (relative to the manifest's directory or to an include dir), never
+//! absolute, and no timestamp is hashed: moving a checkout or touching a file keeps the key.
+
+use sha2::{Digest, Sha256};
+
+use crate::index::{CompilerRecord, KernelInputs};
+use crate::{Arch, CudaBuild};
+
+/// Version of the key's definition. Bump it whenever an input is added, removed or encoded
+/// differently.
+pub const KEY_FORMAT: u64 = 1;
+
+/// Everything a variant's key is computed from.
+#[derive(Clone, Copy, Debug)]
+pub struct KeyInputs<'a> {
+    /// The kernel's name in the manifest.
+    pub kernel: &'a str,
+    /// The target-independent inputs (entries, include graph, defines, flags, C++ standard).
+    pub inputs: &'a KernelInputs,
+    /// The target architecture.
+    pub arch: Arch,
+    /// The CUDA build.
+    pub cuda: CudaBuild,
+    /// The torch pin.
+    pub torch: &'a str,
+    /// The compiler and its exact version.
+    pub compiler: &'a CompilerRecord,
+}
+
+/// A variant's key: lowercase hex sha256.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct KernelKey(pub String);
+
+impl std::fmt::Display for KernelKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+struct KeyHasher(Sha256);
+
+impl KeyHasher {
+    fn bytes(&mut self, bytes: &[u8]) {
+        self.0.update((bytes.len() as u64).to_le_bytes());
+        self.0.update(bytes);
+    }
+
+    fn count(&mut self, count: usize) {
+        self.0.update((count as u64).to_le_bytes());
+    }
+}
+
+impl KernelKey {
+    /// Computes the key of one variant.
+    pub fn compute(key: &KeyInputs<'_>) -> KernelKey {
+        let mut hasher = KeyHasher(Sha256::new());
+        hasher.0.update(KEY_FORMAT.to_le_bytes());
+        hasher.bytes(key.kernel.as_bytes());
+        hasher.count(key.inputs.entries.len());
+        for entry in &key.inputs.entries {
+            hasher.bytes(entry.as_bytes());
+        }
+        hasher.count(key.inputs.files.len());
+        for (path, digest) in &key.inputs.files {
+            hasher.bytes(path.as_bytes());
+            hasher.bytes(digest.as_bytes());
+        }
+        hasher.count(key.inputs.defines.len());
+        for (name, value) in &key.inputs.defines {
+            hasher.bytes(name.as_bytes());
+            hasher.bytes(value.as_bytes());
+        }
+        hasher.count(key.inputs.flags.len());
+        for flag in &key.inputs.flags {
+            hasher.bytes(flag.as_bytes());
+        }
+        hasher.bytes(key.inputs.cxx_std.as_bytes());
+        hasher.bytes(key.arch.to_string().as_bytes());
+        hasher.bytes(key.cuda.to_string().as_bytes());
+        hasher.bytes(key.torch.as_bytes());
+        hasher.bytes(key.compiler.kind.as_bytes());
+        hasher.bytes(key.compiler.version.as_bytes());
+        KernelKey(hex::encode(hasher.0.finalize()))
+    }
+}
+
+/// Lowercase hex sha256 of some bytes.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn inputs() -> KernelInputs {
+        KernelInputs {
+            entries: vec!["layernorm_bf16".into()],
+            files: BTreeMap::from([
+                ("include/af3/common.cuh".into(), sha256_hex(b"common")),
+                ("layernorm/layernorm.cu".into(), sha256_hex(b"layernorm")),
+            ]),
+            defines: BTreeMap::from([("BLOCK_SIZE".into(), "256".into())]),
+            flags: vec![],
+            cxx_std: "c++17".into(),
+        }
+    }
+
+    fn compiler() -> CompilerRecord {
+        CompilerRecord {
+            kind: "nvcc".into(),
+            version: "13.0.88".into(),
+        }
+    }
+
+    fn key_with(edit: impl FnOnce(&mut KernelInputs, &mut KeyParts)) -> KernelKey {
+        let mut inputs = inputs();
+        let mut parts = KeyParts {
+            kernel: "layernorm_bf16".into(),
+            arch: "sm_90a".parse().unwrap(),
+            cuda: "cu130".parse().unwrap(),
+            torch: "2.13.*".into(),
+            compiler: compiler(),
+        };
+        edit(&mut inputs, &mut parts);
+        KernelKey::compute(&KeyInputs {
+            kernel: &parts.kernel,
+            inputs: &inputs,
+            arch: parts.arch,
+            cuda: parts.cuda,
+            torch: &parts.torch,
+            compiler: &parts.compiler,
+        })
+    }
+
+    struct KeyParts {
+        kernel: String,
+        arch: Arch,
+        cuda: CudaBuild,
+        torch: String,
+        compiler: CompilerRecord,
+    }
+
+    fn assert_changes(what: &str, edit: impl FnOnce(&mut KernelInputs, &mut KeyParts)) {
+        let base = key_with(|_, _| {});
+        assert_ne!(
+            base,
+            key_with(edit),
+            "changing the {what} must change the key"
+        );
+    }
+
+    #[test]
+    fn key_is_stable_for_identical_inputs() {
+        assert_eq!(key_with(|_, _| {}), key_with(|_, _| {}));
+        assert_eq!(key_with(|_, _| {}).0.len(), 64);
+    }
+
+    #[test]
+    fn kernel_name_is_in_the_key() {
+        assert_changes("kernel name", |_, parts| parts.kernel = "swiglu".into());
+    }
+
+    #[test]
+    fn entry_points_are_in_the_key() {
+        assert_changes("entries", |inputs, _| inputs.entries.push("other".into()));
+    }
+
+    #[test]
+    fn file_content_is_in_the_key() {
+        assert_changes("header content", |inputs, _| {
+            inputs
+                .files
+                .insert("include/af3/common.cuh".into(), sha256_hex(b"edited"));
+        });
+    }
+
+    #[test]
+    fn file_path_is_in_the_key() {
+        assert_changes("header path", |inputs, _| {
+            let digest = inputs.files.remove("include/af3/common.cuh").unwrap();
+            inputs
+                .files
+                .insert("include/af3/renamed.cuh".into(), digest);
+        });
+    }
+
+    #[test]
+    fn added_header_is_in_the_key() {
+        assert_changes("include set", |inputs, _| {
+            inputs
+                .files
+                .insert("include/af3/new.cuh".into(), sha256_hex(b""));
+        });
+    }
+
+    #[test]
+    fn defines_are_in_the_key() {
+        assert_changes("define value", |inputs, _| {
+            inputs.defines.insert("BLOCK_SIZE".into(), "128".into());
+        });
+        assert_changes("define set", |inputs, _| {
+            inputs.defines.insert("AF3_FAST".into(), "1".into());
+        });
+    }
+
+    #[test]
+    fn flags_are_in_the_key() {
+        assert_changes("flags", |inputs, _| {
+            inputs.flags.push("--use_fast_math".into())
+        });
+    }
+
+    #[test]
+    fn cxx_standard_is_in_the_key() {
+        assert_changes("C++ standard", |inputs, _| inputs.cxx_std = "c++20".into());
+    }
+
+    #[test]
+    fn arch_is_in_the_key() {
+        assert_changes("arch", |_, parts| parts.arch = "sm_100a".parse().unwrap());
+        assert_changes("arch suffix", |_, parts| {
+            parts.arch = "sm_90".parse().unwrap()
+        });
+    }
+
+    #[test]
+    fn cuda_build_is_in_the_key() {
+        assert_changes("CUDA build", |_, parts| {
+            parts.cuda = "cu129".parse().unwrap()
+        });
+    }
+
+    #[test]
+    fn torch_build_is_in_the_key() {
+        assert_changes("torch pin", |_, parts| parts.torch = "2.11.*".into());
+    }
+
+    #[test]
+    fn compiler_and_version_are_in_the_key() {
+        assert_changes("compiler", |_, parts| parts.compiler.kind = "nvrtc".into());
+        assert_changes("compiler version", |_, parts| {
+            parts.compiler.version = "13.0.48".into()
+        });
+    }
+
+    #[test]
+    fn field_boundaries_cannot_be_shifted() {
+        // Length prefixes keep ("ab", "c") and ("a", "bc") apart.
+        let first = key_with(|inputs, _| inputs.flags = vec!["ab".into(), "c".into()]);
+        let second = key_with(|inputs, _| inputs.flags = vec!["a".into(), "bc".into()]);
+        assert_ne!(first, second);
+    }
+}
