@@ -160,7 +160,9 @@ fn bundle_kernels(args: BundleKernelsArgs) -> Result<()> {
     let options = bundler::BundleOptions {
         manifest: args.manifest.resolve(),
         out: args.out,
-        cache_dir: args.cache_dir.unwrap_or_else(bundler::cache::default_cache_dir),
+        cache_dir: args
+            .cache_dir
+            .unwrap_or_else(bundler::cache::default_cache_dir),
         jobs,
         only: args.only,
         require: args.require,
@@ -170,8 +172,18 @@ fn bundle_kernels(args: BundleKernelsArgs) -> Result<()> {
     };
     let summary = bundler::bundle_kernels(&options)
         .with_context(|| format!("bundle-kernels for `{}` failed", options.manifest.display()))?;
-    let variants: usize = summary.index.kernels.values().map(|k| k.variants.len()).sum();
-    let skipped: usize = summary.index.kernels.values().map(|k| k.skipped.len()).sum();
+    let variants: usize = summary
+        .index
+        .kernels
+        .values()
+        .map(|k| k.variants.len())
+        .sum();
+    let skipped: usize = summary
+        .index
+        .kernels
+        .values()
+        .map(|k| k.skipped.len())
+        .sum();
     println!(
         "{} kernels, {variants} variants ({} compiled, {} from cache), {skipped} skipped; bundle {} {} in {:.2}s",
         summary.index.kernels.len(),
@@ -193,8 +205,11 @@ fn toolchains(manifest: &Path) -> Result<()> {
     for &build in &manifest.library.cuda_builds {
         match bundler::toolchain::discover(build) {
             Ok(toolchain) => {
-                let sms: Vec<String> =
-                    toolchain.supported_archs.iter().map(|sm| format!("sm_{sm}")).collect();
+                let sms: Vec<String> = toolchain
+                    .supported_archs
+                    .iter()
+                    .map(|sm| format!("sm_{sm}"))
+                    .collect();
                 println!(
                     "{build}  {}  {}  (targets {})",
                     toolchain.compiler,

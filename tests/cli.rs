@@ -30,7 +30,11 @@ fn have_toolchains() -> bool {
         return true;
     }
     if std::env::var("KWHEEL_REQUIRE_TOOLCHAINS").as_deref() == Ok("1") {
-        panic!("toolchains required but missing:\n{}{}", stdout(&output), stderr(&output));
+        panic!(
+            "toolchains required but missing:\n{}{}",
+            stdout(&output),
+            stderr(&output)
+        );
     }
     eprintln!("skipped: no toolchains ({})", stdout(&output).trim());
     false
@@ -67,9 +71,15 @@ fn readme_has_exactly_two_setup_commands_and_ci_runs_the_test_one() {
     let ci_commands: Vec<&str> = ci
         .lines()
         .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with('#') && !l.starts_with("set ") && !l.starts_with("cd "))
+        .filter(|l| {
+            !l.is_empty() && !l.starts_with('#') && !l.starts_with("set ") && !l.starts_with("cd ")
+        })
         .collect();
-    assert_eq!(ci_commands.join(" && "), commands[1], ".ci/run must run the README's test command");
+    assert_eq!(
+        ci_commands.join(" && "),
+        commands[1],
+        ".ci/run must run the README's test command"
+    );
 }
 
 #[test]
@@ -84,7 +94,12 @@ fn readme_main_command_bundles_the_embedded_library() {
         .current_dir(workspace())
         .output()
         .unwrap();
-    assert!(output.status.success(), "{command}\n{}{}", stdout(&output), stderr(&output));
+    assert!(
+        output.status.success(),
+        "{command}\n{}{}",
+        stdout(&output),
+        stderr(&output)
+    );
     let bundle = prebuilt::Bundle::open(workspace().join("target/kwheel/_prebuilt")).unwrap();
     let index = bundle.index();
     assert!(index.kernels.len() >= 6);
@@ -105,7 +120,10 @@ fn help_lists_every_command() {
     }
     let output = kwheel().args(["dev", "--help"]).output().unwrap();
     let text = stdout(&output);
-    assert!(text.contains("bundle-kernels") && text.contains("explain"), "{text}");
+    assert!(
+        text.contains("bundle-kernels") && text.contains("explain"),
+        "{text}"
+    );
 }
 
 fn build_into(dir: &Path, extra: &[&str]) -> Output {
@@ -141,7 +159,10 @@ fn missing_toolchain_names_the_build_and_how_to_install_it() {
         .unwrap();
     assert_eq!(output.status.code(), Some(1));
     let text = stderr(&output);
-    assert!(text.contains("cu129") && text.contains("ci/setup"), "{text}");
+    assert!(
+        text.contains("cu129") && text.contains("ci/setup"),
+        "{text}"
+    );
     assert!(!dir.path().join("out").exists());
 }
 
@@ -155,11 +176,26 @@ fn list_extract_and_explain_work_on_a_bundle() {
     assert!(output.status.success(), "{}", stderr(&output));
     assert!(stdout(&output).contains("compiled"), "{}", stdout(&output));
 
-    let output = kwheel().args(["bundle", "list"]).arg(dir.path().join("bundle")).output().unwrap();
+    let output = kwheel()
+        .args(["bundle", "list"])
+        .arg(dir.path().join("bundle"))
+        .output()
+        .unwrap();
     let text = stdout(&output);
     assert!(text.starts_with("kernel"), "{text}");
-    assert!(text.contains("layernorm_bf16  cu129  sm_90a   nvrtc 12.9."), "{text}");
-    assert!(text.contains("wgmma_matmul_bf16  cu130  sm_100a") && text.contains("declared"), "{text}");
+    let rows: Vec<String> = text
+        .lines()
+        .map(|line| line.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect();
+    assert_eq!(rows.len(), 1 + 22 + 2, "{text}");
+    assert!(
+        rows.iter().any(|r| r.starts_with("layernorm_bf16 cu129 sm_90a nvrtc 12.9.")),
+        "{text}"
+    );
+    assert!(
+        rows.iter().any(|r| r.starts_with("wgmma_matmul_bf16 cu130 sm_100a - - - - declared:")),
+        "{text}"
+    );
 
     let extracted = dir.path().join("cubins");
     let output = kwheel()
@@ -173,7 +209,9 @@ fn list_extract_and_explain_work_on_a_bundle() {
     let cubin = std::fs::read(extracted.join("swiglu/cu130/sm_100a.cubin")).unwrap();
     let info = prebuilt::cubin::inspect_cubin(&cubin).unwrap();
     assert_eq!(info.sm, 100);
-    assert!(!extracted.join("wgmma_matmul_bf16/cu130/sm_100a.cubin").exists());
+    assert!(!extracted
+        .join("wgmma_matmul_bf16/cu130/sm_100a.cubin")
+        .exists());
 
     let output = kwheel()
         .args(["dev", "explain", "swiglu", "--against"])
@@ -197,20 +235,36 @@ fn explain_against_names_the_edited_header() {
     let dir = tempfile::tempdir().unwrap();
     let library = copy_library(dir.path());
     let manifest = library.join("kernels.toml");
-    let output = build_into(dir.path(), &["--manifest", manifest.to_str().unwrap(), "--only", "swiglu"]);
+    let output = build_into(
+        dir.path(),
+        &["--manifest", manifest.to_str().unwrap(), "--only", "swiglu"],
+    );
     assert!(output.status.success(), "{}", stderr(&output));
     let header = library.join("include/af3/activations.cuh");
     let text = std::fs::read_to_string(&header).unwrap() + "\n// edited\n";
     std::fs::write(&header, text).unwrap();
     let output = kwheel()
-        .args(["dev", "explain", "swiglu", "--manifest", manifest.to_str().unwrap(), "--against"])
+        .args([
+            "dev",
+            "explain",
+            "swiglu",
+            "--manifest",
+            manifest.to_str().unwrap(),
+            "--against",
+        ])
         .arg(dir.path().join("bundle"))
         .output()
         .unwrap();
     let text = stdout(&output);
     assert!(text.contains("changed since the index:"), "{text}");
-    assert!(text.contains("file include/af3/activations.cuh: content changed"), "{text}");
-    assert!(!text.contains("swiglu/swiglu.cu: content changed"), "{text}");
+    assert!(
+        text.contains("file include/af3/activations.cuh: content changed"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("swiglu/swiglu.cu: content changed"),
+        "{text}"
+    );
 }
 
 fn copy_library(dir: &Path) -> PathBuf {
@@ -253,14 +307,23 @@ fn killed_build_leaves_nothing_half_written_and_the_next_run_continues() {
     // Wait for a few entries, then kill it in the middle of the next compile.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
     while cache_entries(&cache).len() < 3 {
-        assert!(std::time::Instant::now() < deadline, "no cache entries appeared");
-        assert!(child.try_wait().unwrap().is_none(), "the build finished before it could be killed");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no cache entries appeared"
+        );
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the build finished before it could be killed"
+        );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     child.kill().unwrap();
     child.wait().unwrap();
 
-    assert!(!dir.path().join("bundle").exists(), "no bundle from a killed run");
+    assert!(
+        !dir.path().join("bundle").exists(),
+        "no bundle from a killed run"
+    );
     let entries = cache_entries(&cache);
     for entry in &entries {
         let bytes = std::fs::read(entry).unwrap();
@@ -272,14 +335,23 @@ fn killed_build_leaves_nothing_half_written_and_the_next_run_continues() {
     assert!(output.status.success(), "{}", stderr(&output));
     let summary = stdout(&output);
     let from_cache = format!("{} from cache", entries.len());
-    assert!(summary.contains(&from_cache), "expected `{from_cache}` in: {summary}");
+    assert!(
+        summary.contains(&from_cache),
+        "expected `{from_cache}` in: {summary}"
+    );
 }
 
 fn cache_entries(cache: &Path) -> Vec<PathBuf> {
     let mut entries = Vec::new();
-    let Ok(shards) = std::fs::read_dir(cache.join("kernels-v1")) else { return entries };
+    let Ok(shards) = std::fs::read_dir(cache.join("kernels-v1")) else {
+        return entries;
+    };
     for shard in shards.flatten() {
-        for entry in std::fs::read_dir(shard.path()).into_iter().flatten().flatten() {
+        for entry in std::fs::read_dir(shard.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
             let path = entry.path();
             if path.extension().is_some_and(|e| e == "cubin") {
                 entries.push(path);

@@ -189,12 +189,11 @@ pub fn plan_kernel(
         include_dirs: include_dirs.clone(),
         external_dirs: external_dirs.to_vec(),
     };
-    let graph = scan_includes(std::slice::from_ref(&source), &roots).map_err(|source| {
-        Error::Scan {
+    let graph =
+        scan_includes(std::slice::from_ref(&source), &roots).map_err(|source| Error::Scan {
             kernel: name.to_owned(),
             source,
-        }
-    })?;
+        })?;
     inputs.files = graph.files().clone();
     let stable_dirs = include_dirs
         .iter()
@@ -237,8 +236,11 @@ pub fn bundle_kernels(options: &BundleOptions) -> Result<BundleSummary, Error> {
     let toolchains = match &options.toolchains {
         Some(toolchains) => toolchains.clone(),
         None => {
-            let builds: BTreeSet<CudaBuild> = manifest.library.cuda_builds.iter().copied().collect();
-            let needs_compiler = selected.iter().any(|name| manifest.kernels[*name].cubins.is_empty());
+            let builds: BTreeSet<CudaBuild> =
+                manifest.library.cuda_builds.iter().copied().collect();
+            let needs_compiler = selected
+                .iter()
+                .any(|name| manifest.kernels[*name].cubins.is_empty());
             if needs_compiler {
                 builds
                     .into_iter()
@@ -256,7 +258,12 @@ pub fn bundle_kernels(options: &BundleOptions) -> Result<BundleSummary, Error> {
 
     let mut kernels = Vec::new();
     for name in &selected {
-        kernels.push(plan_kernel(&manifest, name, &manifest.kernels[*name], &external_dirs)?);
+        kernels.push(plan_kernel(
+            &manifest,
+            name,
+            &manifest.kernels[*name],
+            &external_dirs,
+        )?);
     }
 
     let mut jobs = Vec::new();
@@ -265,7 +272,16 @@ pub fn bundle_kernels(options: &BundleOptions) -> Result<BundleSummary, Error> {
         let spec = &manifest.kernels[&kernel.name];
         for &build in &manifest.library.cuda_builds {
             for &arch in &manifest.library.archs {
-                match plan_job(&manifest, spec, index, kernel, build, arch, &torch, &toolchains) {
+                match plan_job(
+                    &manifest,
+                    spec,
+                    index,
+                    kernel,
+                    build,
+                    arch,
+                    &torch,
+                    &toolchains,
+                ) {
                     Ok(job) => jobs.push(job),
                     Err(reason) => {
                         if options.require {
@@ -304,7 +320,11 @@ pub fn bundle_kernels(options: &BundleOptions) -> Result<BundleSummary, Error> {
     for (position, kernel) in kernels.iter().enumerate() {
         let spec = &manifest.kernels[&kernel.name];
         let mut variants = Vec::new();
-        for (job, built) in jobs.iter().zip(&results).filter(|(job, _)| job.kernel == position) {
+        for (job, built) in jobs
+            .iter()
+            .zip(&results)
+            .filter(|(job, _)| job.kernel == position)
+        {
             let digest = sha256_hex(&built.cubin);
             if built.compiled {
                 compiled.push((kernel.name.clone(), job.build, job.arch));
@@ -327,9 +347,9 @@ pub fn bundle_kernels(options: &BundleOptions) -> Result<BundleSummary, Error> {
             });
             cubins.insert(digest, built.cubin.clone());
         }
-        variants.sort_by(|a, b| (a.cuda, a.arch).cmp(&(b.cuda, b.arch)));
+        variants.sort_by_key(|v| (v.cuda, v.arch));
         let mut skips = skipped.remove(&position).unwrap_or_default();
-        skips.sort_by(|a, b| (a.cuda, a.arch).cmp(&(b.cuda, b.arch)));
+        skips.sort_by_key(|s| (s.cuda, s.arch));
         index.kernels.insert(
             kernel.name.clone(),
             KernelRecord {
@@ -401,7 +421,10 @@ fn plan_job(
     if let Some(narrowed) = &spec.arch {
         if !narrowed.contains(&arch) {
             let list: Vec<String> = narrowed.iter().map(ToString::to_string).collect();
-            return Err(format!("declared: the kernel targets only {}", list.join(", ")));
+            return Err(format!(
+                "declared: the kernel targets only {}",
+                list.join(", ")
+            ));
         }
     }
     let (compiler, work) = if spec.cubins.is_empty() {
@@ -410,12 +433,12 @@ fn plan_job(
             .find(|t| t.build == build)
             .ok_or_else(|| format!("no toolchain for {build}"))?;
         if !toolchain.supported_sms.contains(&arch.sm) {
-            return Err(format!(
-                "{} cannot target {arch}",
-                toolchain.compiler.id()
-            ));
+            return Err(format!("{} cannot target {arch}", toolchain.compiler.id()));
         }
-        let recipe = kernel.recipe.as_ref().expect("source kernels have a recipe");
+        let recipe = kernel
+            .recipe
+            .as_ref()
+            .expect("source kernels have a recipe");
         (
             toolchain.record(),
             Work::Compile {
@@ -485,7 +508,9 @@ fn run_jobs(
                 if result.is_err() {
                     failed.store(true, Ordering::Relaxed);
                 }
-                results.lock().expect("no job panics while holding the lock")[n] = Some(result);
+                results
+                    .lock()
+                    .expect("no job panics while holding the lock")[n] = Some(result);
                 bar.inc(1);
             });
         }
@@ -563,7 +588,11 @@ fn run_job(
                 arch: job.arch,
                 name_expressions: &name_expressions,
             };
-            toolchain.compiler.compile(&request).map_err(Box::new)?.cubin
+            toolchain
+                .compiler
+                .compile(&request)
+                .map_err(Box::new)?
+                .cubin
         }
     };
     let functions = check_cubin(&cubin, job, kernel)?;
@@ -622,7 +651,9 @@ pub fn resolve_entry(entry: &str, info: &CubinInfo) -> Option<String> {
     let wanted = normalize_name(entry);
     info.functions.iter().find_map(|function| {
         let symbol = cpp_demangle::Symbol::new(function.symbol.as_bytes()).ok()?;
-        let options = cpp_demangle::DemangleOptions::new().no_return_type().no_params();
+        let options = cpp_demangle::DemangleOptions::new()
+            .no_return_type()
+            .no_params();
         let demangled = symbol.demangle(&options).ok()?;
         (normalize_name(&demangled) == wanted).then(|| function.symbol.clone())
     })

@@ -45,7 +45,9 @@ pub struct BuildCache {
 impl BuildCache {
     /// The cache rooted at `dir` (created on first write).
     pub fn new(dir: impl Into<PathBuf>) -> BuildCache {
-        BuildCache { root: dir.into().join(LAYOUT) }
+        BuildCache {
+            root: dir.into().join(LAYOUT),
+        }
     }
 
     /// Where the entry for `key` lives.
@@ -72,9 +74,10 @@ impl BuildCache {
     pub fn remove(&self, key: &str) -> Result<(), Error> {
         let path = self.entry_path(key);
         match std::fs::remove_file(&path) {
-            Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
-                Err(Error::Write { path, source: error })
-            }
+            Err(error) if error.kind() != std::io::ErrorKind::NotFound => Err(Error::Write {
+                path,
+                source: error,
+            }),
             _ => Ok(()),
         }
     }
@@ -82,7 +85,10 @@ impl BuildCache {
 
 /// Writes `bytes` to `path` through a temporary file in the same directory and a rename.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), Error> {
-    let write_error = |source| Error::Write { path: path.to_owned(), source };
+    let write_error = |source| Error::Write {
+        path: path.to_owned(),
+        source,
+    };
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).map_err(write_error)?;
     let mut file = tempfile::Builder::new()
@@ -90,6 +96,7 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), Error> {
         .tempfile_in(dir)
         .map_err(write_error)?;
     file.write_all(bytes).map_err(write_error)?;
-    file.persist(path).map_err(|error| write_error(error.error))?;
+    file.persist(path)
+        .map_err(|error| write_error(error.error))?;
     Ok(())
 }

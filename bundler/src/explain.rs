@@ -85,9 +85,15 @@ pub fn explain(
     for (build, toolchain) in &toolchains {
         for &arch in &manifest.library.archs {
             let compiler = if spec.cubins.is_empty() {
-                toolchain.as_ref().map(|t| compiler_record(t.compiler.id())).map_err(Clone::clone)
+                toolchain
+                    .as_ref()
+                    .map(|t| compiler_record(t.compiler.id()))
+                    .map_err(Clone::clone)
             } else {
-                Ok(CompilerRecord { kind: "cubin".into(), version: String::new() })
+                Ok(CompilerRecord {
+                    kind: "cubin".into(),
+                    version: String::new(),
+                })
             };
             let key = compiler.map(|compiler| {
                 let key = KernelKey::compute(&KeyInputs {
@@ -100,21 +106,39 @@ pub fn explain(
                 });
                 (compiler, key)
             });
-            targets.push(TargetKey { build: *build, arch, key });
+            targets.push(TargetKey {
+                build: *build,
+                arch,
+                key,
+            });
         }
     }
 
     let changes = match against {
         Some(path) => {
             let index = read_index(path)?;
-            Some(changes_since(&index, kernel, &planned.inputs, &torch, &targets))
+            Some(changes_since(
+                &index,
+                kernel,
+                &planned.inputs,
+                &torch,
+                &targets,
+            ))
         }
         None => None,
     };
     Ok(Explanation {
         kernel: kernel.to_owned(),
-        tree: planned.graph.as_ref().map(|g| g.render_tree()).unwrap_or_default(),
-        externals: planned.graph.as_ref().map(|g| g.externals().clone()).unwrap_or_default(),
+        tree: planned
+            .graph
+            .as_ref()
+            .map(|g| g.render_tree())
+            .unwrap_or_default(),
+        externals: planned
+            .graph
+            .as_ref()
+            .map(|g| g.externals().clone())
+            .unwrap_or_default(),
         inputs: planned.inputs,
         torch,
         targets,
@@ -124,8 +148,15 @@ pub fn explain(
 
 /// Reads an index from a bundle directory or an `index.json` path.
 pub fn read_index(path: &Path) -> Result<Index, Error> {
-    let file = if path.is_dir() { path.join(INDEX_FILE) } else { path.to_owned() };
-    let bytes = std::fs::read(&file).map_err(|source| Error::Read { path: file.clone(), source })?;
+    let file = if path.is_dir() {
+        path.join(INDEX_FILE)
+    } else {
+        path.to_owned()
+    };
+    let bytes = std::fs::read(&file).map_err(|source| Error::Read {
+        path: file.clone(),
+        source,
+    })?;
     Ok(parse_index(&file, &bytes)?)
 }
 
@@ -146,7 +177,9 @@ pub fn changes_since(
         changes.push(format!("torch pin: {} → {torch}", index.torch));
     }
     for target in targets {
-        let Ok((compiler, _)) = &target.key else { continue };
+        let Ok((compiler, _)) = &target.key else {
+            continue;
+        };
         let old = record
             .variants
             .iter()
@@ -162,7 +195,10 @@ pub fn changes_since(
                 .iter()
                 .any(|s| s.cuda == target.build && s.arch == target.arch) =>
             {
-                changes.push(format!("variant {}/{}: not in the index", target.build, target.arch))
+                changes.push(format!(
+                    "variant {}/{}: not in the index",
+                    target.build, target.arch
+                ))
             }
             None => {}
         }
@@ -217,7 +253,11 @@ impl fmt::Display for Explanation {
                 writeln!(out, "  {line}")?;
             }
         }
-        writeln!(out, "\nkey inputs (key format {}):", prebuilt::key::KEY_FORMAT)?;
+        writeln!(
+            out,
+            "\nkey inputs (key format {}):",
+            prebuilt::key::KEY_FORMAT
+        )?;
         writeln!(out, "  entries: {}", self.inputs.entries.join(", "))?;
         writeln!(out, "  files:")?;
         for (path, digest) in &self.inputs.files {
@@ -225,15 +265,35 @@ impl fmt::Display for Explanation {
         }
         if !self.externals.is_empty() {
             let externals: Vec<&str> = self.externals.iter().map(String::as_str).collect();
-            writeln!(out, "  external headers (covered by the compiler version): {}", externals.join(", "))?;
+            writeln!(
+                out,
+                "  external headers (covered by the compiler version): {}",
+                externals.join(", ")
+            )?;
         }
-        let defines: Vec<String> =
-            self.inputs.defines.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        writeln!(out, "  defines: {}", if defines.is_empty() { "none".into() } else { defines.join(" ") })?;
+        let defines: Vec<String> = self
+            .inputs
+            .defines
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        writeln!(
+            out,
+            "  defines: {}",
+            if defines.is_empty() {
+                "none".into()
+            } else {
+                defines.join(" ")
+            }
+        )?;
         writeln!(
             out,
             "  flags: {}",
-            if self.inputs.flags.is_empty() { "none".into() } else { self.inputs.flags.join(" ") }
+            if self.inputs.flags.is_empty() {
+                "none".into()
+            } else {
+                self.inputs.flags.join(" ")
+            }
         )?;
         writeln!(out, "  C++ standard: {}", self.inputs.cxx_std)?;
         writeln!(out, "  torch pin: {}", self.torch)?;
@@ -245,7 +305,9 @@ impl fmt::Display for Explanation {
                     "  {}/{}  {compiler}  key {key}",
                     target.build, target.arch
                 )?,
-                Err(reason) => writeln!(out, "  {}/{}  no key: {reason}", target.build, target.arch)?,
+                Err(reason) => {
+                    writeln!(out, "  {}/{}  no key: {reason}", target.build, target.arch)?
+                }
             }
         }
         if let Some(changes) = &self.changes {

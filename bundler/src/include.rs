@@ -17,8 +17,11 @@
 //!   comments, string and character literals and raw strings do not. Backslash line
 //!   continuations are honoured, `# include` and `#\tinclude` are includes, `__has_include(…)`
 //!   is not, and `#import` (not CUDA) is ignored.
-//! - `#include MACRO` is refused with [`ScanError::ComputedInclude`]: its target depends on
-//!   macros the scanner does not evaluate.
+//! - `#include MACRO` and `#include MACRO(args)` are taken only where every `#define MACRO` in
+//!   the scanned files (under any `#if`, like includes) is a header name, such as CUTLASS's
+//!   `#define CUDA_STD_HEADER(header) <cuda/std/header>`: then every definition is taken, with
+//!   its arguments substituted. Anything else, or a macro defined nowhere in the graph (on the
+//!   command line, say), is refused with [`ScanError::ComputedInclude`] rather than guessed.
 //! - Each file is scanned once, keyed by its canonical path, so include cycles end with or without
 //!   `#pragma once`, and `a/../b.cuh` is `b.cuh`.
 //! - A file's stable path is relative to the root when it lies under it (forward slashes, whichever
@@ -26,14 +29,18 @@
 //!   found through (or the first that holds it). A file under neither is refused with
 //!   [`ScanError::OutsideRoots`]: it would have no name that is the same on every machine.
 //!
-//! Each file is read once into a reused buffer, hashed with SHA-256 and lexed byte by byte
-//! (no regex, no per-line allocation); lookups of the same candidate path are cached.
+//! Each file is read once, hashed with SHA-256 and lexed byte by byte (no regex, no per-line
+//! allocation) on a few worker threads; includes are resolved on the calling thread in discovery
+//! order, so the graph and the first error do not depend on timing. Lookups of the same
+//! candidate path are cached.
 
-use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::fs::{self, File};
 use std::io::Read as _;
+use std::panic::{self, AssertUnwindSafe};
 use std::path::{Component, Path, PathBuf};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread;
 
 use sha2::{Digest, Sha256};
 
@@ -62,7 +69,8 @@ pub struct IncludeGraph {
 struct GraphNode {
     stable: String,
     absolute: PathBuf,
-    /// What the file includes, in the order of its directives, without repeats.
+    /// What the file includes, in the order of its directives (includes through a macro
+    /// last), without repeats.
     edges: Vec<Edge>,
 }
 
@@ -183,7 +191,7 @@ pub enum ScanError {
         /// The directories searched, in order.
         searched: Vec<PathBuf>,
     },
-    /// `#include` followed by a macro rather than `"…"` or `<…>`.
+    /// `#include` followed by a macro that is not defined in the graph as a header name.
     #[error(
         "computed include `{text}` at {location} is not supported: include the header by name"
     )]
@@ -317,6 +325,34 @@ struct ScanNode {
     edges: Vec<Edge>,
 }
 
+/// Threads reading, hashing and lexing files; past a few, the file system is the limit.
+const MAX_WORKERS: usize = 8;
+
+/// A file read, hashed and lexed.
+struct FileScan {
+    hash: String,
+    directives: Directives,
+}
+
+type FileResult = Result<FileScan, FileFailure>;
+
+enum FileFailure {
+    Read(std::io::Error),
+    Bad(BadInclude),
+}
+
+/// Reads `path` into `buffer` (reused between files), hashes and lexes it.
+fn read_file(path: &Path, buffer: &mut Vec<u8>) -> FileResult {
+    buffer.clear();
+    File::open(path)
+        .and_then(|mut file| file.read_to_end(buffer))
+        .map_err(FileFailure::Read)?;
+    let hash = hex::encode(Sha256::digest(&buffer));
+    let mut directives = Directives::default();
+    find_includes(buffer, &mut directives).map_err(FileFailure::Bad)?;
+    Ok(FileScan { hash, directives })
+}
+
 /// A file a candidate path led to.
 #[derive(Clone)]
 struct Found {
@@ -337,6 +373,22 @@ impl Found {
     }
 }
 
+/// Every definition seen of one macro.
+#[derive(Debug, Default)]
+struct MacroDefinitions {
+    /// Definitions whose replacement is a header name, without repeats.
+    headers: Vec<HeaderMacro>,
+    /// Whether some definition is anything else.
+    opaque: bool,
+}
+
+struct PendingMacroInclude {
+    includer: usize,
+    include: MacroInclude,
+    /// How many of the macro's header definitions have been taken.
+    taken: usize,
+}
+
 struct Scanner<'r> {
     roots: &'r ScanRoots,
     /// The root, then each include dir.
@@ -348,6 +400,8 @@ struct Scanner<'r> {
     nodes: Vec<ScanNode>,
     queue: VecDeque<usize>,
     externals: BTreeSet<String>,
+    macros: HashMap<String, MacroDefinitions>,
+    macro_includes: Vec<PendingMacroInclude>,
 }
 
 impl<'r> Scanner<'r> {
@@ -365,24 +419,100 @@ impl<'r> Scanner<'r> {
             nodes: Vec::new(),
             queue: VecDeque::new(),
             externals: BTreeSet::new(),
+            macros: HashMap::new(),
+            macro_includes: Vec::new(),
         }
     }
 
-    /// Breadth first, so a missing header's chain is a shortest one.
+    /// Breadth first, so a missing header's chain is a shortest one. `#include MACRO` waits
+    /// until every file reachable so far is scanned, because the macro may be defined in any of
+    /// them; what its definitions include is scanned in turn, until nothing new turns up.
+    ///
+    /// Worker threads read, hash and lex files as soon as they are discovered; this thread
+    /// resolves their includes strictly in discovery order, so the result and the first error
+    /// do not depend on timing.
     fn run(&mut self) -> Result<(), ScanError> {
-        let mut buffer = Vec::new();
-        while let Some(index) = self.queue.pop_front() {
-            let path = &self.nodes[index].opened;
-            buffer.clear();
-            File::open(path)
-                .and_then(|mut file| file.read_to_end(&mut buffer))
-                .map_err(|source| ScanError::Read {
-                    path: path.clone(),
-                    source,
-                })?;
-            self.nodes[index].hash = hex::encode(Sha256::digest(&buffer));
-            let mut includes = Vec::new();
-            find_includes(&buffer, &mut includes).map_err(|bad| {
+        let workers = thread::available_parallelism().map_or(1, |n| n.get().min(MAX_WORKERS));
+        thread::scope(|scope| {
+            // Both channels end inside this closure, also when it unwinds, so the workers
+            // always stop and the scope can join them.
+            let (job_sender, jobs) = mpsc::channel::<(usize, PathBuf)>();
+            let (done_sender, done) = mpsc::channel();
+            let jobs = Arc::new(Mutex::new(jobs));
+            for _ in 0..workers {
+                let (jobs, done_sender) = (Arc::clone(&jobs), done_sender.clone());
+                scope.spawn(move || {
+                    let mut buffer = Vec::new();
+                    loop {
+                        let job = match jobs.lock() {
+                            Ok(jobs) => jobs.recv(),
+                            Err(_) => break,
+                        };
+                        let Ok((index, path)) = job else { break };
+                        // A panic is handed to the resolving thread rather than leaving it
+                        // waiting for this file forever.
+                        let scan =
+                            panic::catch_unwind(AssertUnwindSafe(|| read_file(&path, &mut buffer)));
+                        if done_sender.send((index, scan)).is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+            drop(done_sender);
+            self.resolve_all(&job_sender, &done)
+        })
+    }
+
+    fn resolve_all(
+        &mut self,
+        jobs: &mpsc::Sender<(usize, PathBuf)>,
+        done: &mpsc::Receiver<(usize, thread::Result<FileResult>)>,
+    ) -> Result<(), ScanError> {
+        let mut dispatched = 0;
+        let mut ready = HashMap::new();
+        loop {
+            while let Some(index) = self.queue.pop_front() {
+                for node in &self.nodes[dispatched..] {
+                    // The workers outlive `jobs`, so this cannot fail.
+                    let _ = jobs.send((dispatched, node.opened.clone()));
+                    dispatched += 1;
+                }
+                let scan = loop {
+                    if let Some(scan) = ready.remove(&index) {
+                        break scan;
+                    }
+                    let Ok((finished, scan)) = done.recv() else {
+                        unreachable!("the workers stop only when `jobs` closes");
+                    };
+                    ready.insert(finished, scan);
+                };
+                let scan = scan.unwrap_or_else(|payload| panic::resume_unwind(payload));
+                self.add_file(index, scan)?;
+            }
+            self.resolve_macro_includes()?;
+            if self.queue.is_empty() {
+                break;
+            }
+        }
+        match self
+            .macro_includes
+            .iter()
+            .find(|pending| pending.taken == 0)
+        {
+            Some(pending) => Err(self.computed_include(pending)),
+            None => Ok(()),
+        }
+    }
+
+    /// Records a scanned file and resolves its includes.
+    fn add_file(&mut self, index: usize, scan: FileResult) -> Result<(), ScanError> {
+        let scan = scan.map_err(|failure| match failure {
+            FileFailure::Read(source) => ScanError::Read {
+                path: self.nodes[index].opened.clone(),
+                source,
+            },
+            FileFailure::Bad(bad) => {
                 let location = self.location(index, bad.line);
                 match bad.kind {
                     BadKind::Computed => ScanError::ComputedInclude {
@@ -394,18 +524,80 @@ impl<'r> Scanner<'r> {
                         text: bad.text,
                     },
                 }
-            })?;
-            for include in &includes {
-                let edge = self.resolve(index, include)?;
-                if !self.nodes[index].edges.contains(&edge) {
-                    self.nodes[index].edges.push(edge);
+            }
+        })?;
+        self.nodes[index].hash = scan.hash;
+        let directives = scan.directives;
+        for include in &directives.includes {
+            let edge = self.resolve(index, include)?;
+            self.add_edge(index, edge);
+        }
+        for define in directives.defines {
+            let definitions = self.macros.entry(define.name).or_default();
+            match define.header {
+                Some(header) if !definitions.headers.contains(&header) => {
+                    definitions.headers.push(header);
                 }
+                Some(_) => {}
+                None => definitions.opaque = true,
+            }
+        }
+        for include in directives.macro_includes {
+            self.macro_includes.push(PendingMacroInclude {
+                includer: index,
+                include,
+                taken: 0,
+            });
+        }
+        Ok(())
+    }
+
+    fn add_edge(&mut self, index: usize, edge: Edge) {
+        if !self.nodes[index].edges.contains(&edge) {
+            self.nodes[index].edges.push(edge);
+        }
+    }
+
+    /// Takes every definition of each `#include MACRO` seen so far, when all of them are header
+    /// names; one that is not makes the include computed.
+    fn resolve_macro_includes(&mut self) -> Result<(), ScanError> {
+        for k in 0..self.macro_includes.len() {
+            let pending = &self.macro_includes[k];
+            let Some(definitions) = self.macros.get(&pending.include.name) else {
+                continue;
+            };
+            if definitions.opaque {
+                return Err(self.computed_include(pending));
+            }
+            let expanded: Option<Vec<(IncludeKind, String)>> = definitions.headers[pending.taken..]
+                .iter()
+                .map(|header| {
+                    let name = header.expand(pending.include.args.as_deref())?;
+                    Some((header.kind, name))
+                })
+                .collect();
+            let Some(expanded) = expanded else {
+                return Err(self.computed_include(pending));
+            };
+            let (includer, line) = (pending.includer, pending.include.line);
+            self.macro_includes[k].taken = definitions.headers.len();
+            for (kind, name) in expanded {
+                let include = Include { kind, name, line };
+                let edge = self.resolve(includer, &include)?;
+                self.add_edge(includer, edge);
             }
         }
         Ok(())
     }
 
-    fn resolve(&mut self, includer: usize, include: &Include<'_>) -> Result<Edge, ScanError> {
+    fn computed_include(&self, pending: &PendingMacroInclude) -> ScanError {
+        ScanError::ComputedInclude {
+            location: self.location(pending.includer, pending.include.line),
+            text: pending.include.text.clone(),
+        }
+    }
+
+    fn resolve(&mut self, includer: usize, include: &Include) -> Result<Edge, ScanError> {
         let roots = self.roots;
         let name: &str = &include.name;
         let first_dir = match include.kind {
@@ -612,7 +804,7 @@ fn normalize_lexically(path: &Path) -> PathBuf {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The lexer: finds `#include` directives in a file's bytes.
+// The lexer: finds `#include` and `#define` directives in a file's bytes.
 // ---------------------------------------------------------------------------------------------
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -626,9 +818,9 @@ enum IncludeKind {
 }
 
 #[derive(Debug, PartialEq, Eq)]
-struct Include<'a> {
+struct Include {
     kind: IncludeKind,
-    name: Cow<'a, str>,
+    name: String,
     /// 1-based line of the `#`.
     line: u32,
 }
@@ -648,10 +840,10 @@ struct BadInclude {
 
 /// What the lexer collects from one file.
 #[derive(Debug, Default)]
-struct Directives<'a> {
-    includes: Vec<Include<'a>>,
+struct Directives {
+    includes: Vec<Include>,
     macro_includes: Vec<MacroInclude>,
-    defines: Vec<Define<'a>>,
+    defines: Vec<Define>,
 }
 
 /// `#include NAME` or `#include NAME(args)`.
@@ -667,8 +859,8 @@ struct MacroInclude {
 
 /// A `#define`, with its replacement when that is a header name.
 #[derive(Debug, PartialEq, Eq)]
-struct Define<'a> {
-    name: &'a str,
+struct Define {
+    name: String,
     header: Option<HeaderMacro>,
 }
 
@@ -714,9 +906,8 @@ impl HeaderMacro {
                     None => out.push_str(word),
                 }
             } else {
-                // Whole UTF-8 characters: a non-ASCII byte is never an identifier start here.
                 i += 1;
-                while i < template.len() && !template[i].is_ascii() && !self.template.is_char_boundary(i) {
+                while !self.template.is_char_boundary(i) {
                     i += 1;
                 }
                 out.push_str(&self.template[start..i]);
@@ -728,7 +919,7 @@ impl HeaderMacro {
 
 /// Parses `#define` after its keyword; returns where ordinary lexing resumes (the body is lexed
 /// like any code, so a comment opened there is honoured).
-fn define<'a>(source: &'a [u8], after_keyword: usize, out: &mut Directives<'a>) -> usize {
+fn define(source: &[u8], after_keyword: usize, out: &mut Directives) -> usize {
     let start = skip_blanks(source, after_keyword);
     let mut end = start;
     while end < source.len() && is_identifier_byte(source[end]) {
@@ -737,9 +928,7 @@ fn define<'a>(source: &'a [u8], after_keyword: usize, out: &mut Directives<'a>) 
     if start == end || source[start].is_ascii_digit() {
         return start;
     }
-    let Ok(name) = std::str::from_utf8(&source[start..end]) else {
-        return end;
-    };
+    let name = String::from_utf8_lossy(&source[start..end]).into_owned();
     let header = header_macro(source, end);
     out.defines.push(Define { name, header });
     end
@@ -866,7 +1055,7 @@ fn is_blank(byte: u8) -> bool {
 }
 
 /// Appends the `#include` and `#define` directives of `source` to `out`, in order.
-fn find_includes<'a>(source: &'a [u8], out: &mut Directives<'a>) -> Result<(), BadInclude> {
+fn find_includes(source: &[u8], out: &mut Directives) -> Result<(), BadInclude> {
     let mut lines = LineCounter { at: 0, line: 1 };
     let mut i = 0;
     while i < source.len() {
@@ -899,11 +1088,11 @@ impl LineCounter {
 }
 
 /// Parses the directive whose `#` is at `hash`; returns where ordinary lexing resumes.
-fn directive<'a>(
-    source: &'a [u8],
+fn directive(
+    source: &[u8],
     hash: usize,
     lines: &mut LineCounter,
-    out: &mut Directives<'a>,
+    out: &mut Directives,
 ) -> Result<usize, BadInclude> {
     // The directive name, read across line splices into a small buffer: only `include`,
     // `include_next` and `define` matter, so longer names need not be kept.
@@ -938,10 +1127,9 @@ fn directive<'a>(
             let Some((name, args)) = macro_include(source, open) else {
                 return Err(bad_include(BadKind::Computed, source, hash, line));
             };
-            let text = bad_include(BadKind::Computed, source, hash, line).text;
             out.macro_includes.push(MacroInclude {
                 line,
-                text,
+                text: directive_text(source, hash),
                 name,
                 args,
             });
@@ -964,9 +1152,9 @@ fn directive<'a>(
     }
     let raw = &source[open + 1..i];
     let name = if spliced {
-        Cow::Owned(String::from_utf8_lossy(&remove_splices(raw)).into_owned())
+        String::from_utf8_lossy(&remove_splices(raw)).into_owned()
     } else {
-        String::from_utf8_lossy(raw)
+        String::from_utf8_lossy(raw).into_owned()
     };
     out.includes.push(Include { kind, name, line });
     // Past the closing delimiter, so `<a/*b.h>` opens no comment.
@@ -974,6 +1162,15 @@ fn directive<'a>(
 }
 
 fn bad_include(kind: BadKind, source: &[u8], hash: usize, line: u32) -> BadInclude {
+    BadInclude {
+        kind,
+        line,
+        text: directive_text(source, hash),
+    }
+}
+
+/// The logical line of the directive whose `#` is at `hash`, splices removed, for messages.
+fn directive_text(source: &[u8], hash: usize) -> String {
     let mut end = hash;
     loop {
         match source[end..].iter().position(|&byte| byte == b'\n') {
@@ -989,11 +1186,7 @@ fn bad_include(kind: BadKind, source: &[u8], hash: usize, line: u32) -> BadInclu
         }
     }
     let text = remove_splices(&source[hash..end]);
-    BadInclude {
-        kind,
-        line,
-        text: String::from_utf8_lossy(&text).trim().to_owned(),
-    }
+    String::from_utf8_lossy(&text).trim().to_owned()
 }
 
 /// Length of the line splice (backslash, optional blanks, newline) at `i`, or 0 when none.
@@ -1262,10 +1455,11 @@ mod tests {
     }
 
     fn includes(source: &str) -> Vec<(IncludeKind, String, u32)> {
-        let mut out = Vec::new();
+        let mut out = Directives::default();
         find_includes(source.as_bytes(), &mut out).unwrap();
-        out.into_iter()
-            .map(|include| (include.kind, include.name.into_owned(), include.line))
+        out.includes
+            .into_iter()
+            .map(|include| (include.kind, include.name, include.line))
             .collect()
     }
 
@@ -1480,6 +1674,125 @@ mod tests {
         assert_eq!(
             error.to_string(),
             "computed include `#include KERNEL_HEADER` at kernels/a.cu:7 is not supported: \
+             include the header by name"
+        );
+    }
+
+    #[test]
+    fn header_macros_are_recognized() {
+        let mut out = Directives::default();
+        let source = "#define STD(header) <cuda/std/header>\n\
+                      #  define PAIR( a , b ) <a/b.hpp> // two\n#define WORD(h) <h/hh.h>\n\
+                      #define LOCAL \"kernels/impl.cuh\" /* why */\n\
+                      #define EMPTY\n#define SUM(a, b) ((a) + (b))\n#define VARIADIC(...) <x.h>\n\
+                      #define TRAILING <x.h> extra\n#include STD(cstdint)\n#include LOCAL\n";
+        find_includes(source.as_bytes(), &mut out).unwrap();
+        let defines: Vec<(&str, Option<String>)> =
+            out.defines
+                .iter()
+                .map(|define| {
+                    let expansion = define.header.as_ref().and_then(|header| {
+                        let args = header.params.as_ref().map(|params| {
+                            params.iter().map(|p| format!("<{p}>")).collect::<Vec<_>>()
+                        });
+                        header.expand(args.as_deref())
+                    });
+                    (define.name.as_str(), expansion)
+                })
+                .collect();
+        assert_eq!(
+            defines,
+            [
+                ("STD", Some("cuda/std/<header>".to_owned())),
+                ("PAIR", Some("<a>/<b>.hpp".to_owned())),
+                ("WORD", Some("<h>/hh.<h>".to_owned())),
+                ("LOCAL", Some("kernels/impl.cuh".to_owned())),
+                ("EMPTY", None),
+                ("SUM", None),
+                ("VARIADIC", None),
+                ("TRAILING", None),
+            ]
+        );
+        let pair = out.defines[1].header.as_ref().unwrap();
+        let args = ["cute".to_owned(), "tensor".to_owned()];
+        assert_eq!(pair.expand(Some(&args)).as_deref(), Some("cute/tensor.hpp"));
+        assert_eq!(pair.expand(Some(&args[..1])), None);
+        assert_eq!(pair.expand(None), None);
+        assert_eq!(
+            out.macro_includes,
+            [
+                MacroInclude {
+                    line: 9,
+                    text: "#include STD(cstdint)".to_owned(),
+                    name: "STD".to_owned(),
+                    args: Some(vec!["cstdint".to_owned()]),
+                },
+                MacroInclude {
+                    line: 10,
+                    text: "#include LOCAL".to_owned(),
+                    name: "LOCAL".to_owned(),
+                    args: None,
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn include_through_a_header_macro_takes_every_definition() {
+        // CUTLASS 4 spells its standard headers this way.
+        let dir = tree(&[
+            (
+                "kernels/a.cu",
+                "#include \"config.cuh\"\n#include CUDA_STD_HEADER(cstdint)\n#include KERNEL_IMPL\n",
+            ),
+            (
+                "kernels/config.cuh",
+                "#if defined(CCCL_PREFIX)\n  #define CUDA_STD_HEADER(header) <cccl/cuda/std/header>\n\
+                 #else\n  #define CUDA_STD_HEADER(header) <cuda/std/header>\n#endif\n\
+                 #include \"later.cuh\"\n",
+            ),
+            // Defined in a file scanned after the include that uses it.
+            ("kernels/later.cuh", "#define KERNEL_IMPL \"impl/kernel.cuh\"\n"),
+            (
+                "kernels/impl/kernel.cuh",
+                "#define NESTED \"nested.cuh\"\n#include NESTED\n",
+            ),
+            ("kernels/impl/nested.cuh", ""),
+        ]);
+        let graph = scan(dir.path(), &[], &["kernels/a.cu"]).unwrap();
+        assert_eq!(
+            file_names(&graph),
+            [
+                "kernels/a.cu",
+                "kernels/config.cuh",
+                "kernels/impl/kernel.cuh",
+                "kernels/impl/nested.cuh",
+                "kernels/later.cuh",
+            ]
+        );
+        assert_eq!(
+            externals(&graph),
+            ["cccl/cuda/std/cstdint", "cuda/std/cstdint"]
+        );
+    }
+
+    #[test]
+    fn include_through_a_macro_that_is_not_a_header_name_is_refused() {
+        let dir = tree(&[
+            (
+                "kernels/a.cu",
+                "#include \"config.cuh\"\n#include KERNEL_IMPL\n",
+            ),
+            (
+                "kernels/config.cuh",
+                "#ifdef USE_A\n#define KERNEL_IMPL \"a.cuh\"\n#else\n#define KERNEL_IMPL PICK(b)\n#endif\n",
+            ),
+            ("kernels/a.cuh", ""),
+        ]);
+        let error = scan(dir.path(), &[], &["kernels/a.cu"]).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "computed include `#include KERNEL_IMPL` at kernels/a.cu:2 is not supported: \
              include the header by name"
         );
     }

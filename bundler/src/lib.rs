@@ -19,8 +19,8 @@
 #![deny(missing_docs)]
 
 pub mod compiler;
-pub mod nvrtc;
 pub mod include;
+pub mod nvrtc;
 pub mod toolchain;
 
 pub mod build;
@@ -33,7 +33,7 @@ use std::path::PathBuf;
 
 use prebuilt::{Arch, CudaBuild};
 
-pub use build::{bundle_kernels, BundleOptions, BundleSummary, BuildToolchain};
+pub use build::{bundle_kernels, BuildToolchain, BundleOptions, BundleSummary};
 pub use manifest::Manifest;
 
 /// A failure of the bundler.

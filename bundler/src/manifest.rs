@@ -144,7 +144,11 @@ impl Manifest {
             .parent()
             .map(Path::to_owned)
             .unwrap_or_else(|| PathBuf::from("."));
-        let root = if root.as_os_str().is_empty() { PathBuf::from(".") } else { root };
+        let root = if root.as_os_str().is_empty() {
+            PathBuf::from(".")
+        } else {
+            root
+        };
         let manifest = Manifest {
             path: path.to_owned(),
             root,
@@ -173,11 +177,17 @@ impl Manifest {
         if !is_package_name(&library.package) {
             return Err(invalid(
                 None,
-                format!("package `{}` is not a valid Python package name", library.package),
+                format!(
+                    "package `{}` is not a valid Python package name",
+                    library.package
+                ),
             ));
         }
         if library.archs.is_empty() || library.cuda_builds.is_empty() {
-            return Err(invalid(None, "`archs` and `cuda-builds` must not be empty".into()));
+            return Err(invalid(
+                None,
+                "`archs` and `cuda-builds` must not be empty".into(),
+            ));
         }
         for (name, kernel) in &self.kernels {
             if !is_identifier(name) {
@@ -187,29 +197,42 @@ impl Manifest {
                 ));
             }
             if kernel.entries.is_empty() {
-                return Err(invalid(Some(name), "`entries` must list at least one entry point".into()));
+                return Err(invalid(
+                    Some(name),
+                    "`entries` must list at least one entry point".into(),
+                ));
             }
             match (kernel.sources.len(), kernel.cubins.is_empty()) {
                 (1, true) => {
                     if !kernel.sources[0].ends_with(".cu") {
                         return Err(invalid(
                             Some(name),
-                            format!("source `{}` is not a `.cu` translation unit", kernel.sources[0]),
+                            format!(
+                                "source `{}` is not a `.cu` translation unit",
+                                kernel.sources[0]
+                            ),
                         ));
                     }
                 }
                 (0, false) => {}
                 (0, true) => {
-                    return Err(invalid(Some(name), "give either `sources` or `cubins`".into()))
+                    return Err(invalid(
+                        Some(name),
+                        "give either `sources` or `cubins`".into(),
+                    ))
                 }
                 (_, true) => {
                     return Err(invalid(
                         Some(name),
-                        "`sources` takes exactly one translation unit; include the others from it".into(),
+                        "`sources` takes exactly one translation unit; include the others from it"
+                            .into(),
                     ))
                 }
                 (_, false) => {
-                    return Err(invalid(Some(name), "give either `sources` or `cubins`, not both".into()))
+                    return Err(invalid(
+                        Some(name),
+                        "give either `sources` or `cubins`, not both".into(),
+                    ))
                 }
             }
             for constant in kernel.constants.keys().chain(kernel.defines.keys()) {
@@ -220,8 +243,10 @@ impl Manifest {
                     ));
                 }
             }
-            if let Some(duplicate) =
-                kernel.constants.keys().find(|c| kernel.defines.contains_key(*c))
+            if let Some(duplicate) = kernel
+                .constants
+                .keys()
+                .find(|c| kernel.defines.contains_key(*c))
             {
                 return Err(invalid(
                     Some(name),
@@ -263,12 +288,18 @@ impl Manifest {
 
     /// A kernel's C++ standard.
     pub fn cxx_std_of(&self, kernel: &KernelSpec) -> String {
-        kernel.cxx_std.clone().unwrap_or_else(|| self.library.cxx_std.clone())
+        kernel
+            .cxx_std
+            .clone()
+            .unwrap_or_else(|| self.library.cxx_std.clone())
     }
 
     /// The package name as an environment-variable prefix: `af3-kernels` → `AF3_KERNELS`.
     pub fn env_prefix(&self) -> String {
-        self.library.package.to_ascii_uppercase().replace(['-', '.'], "_")
+        self.library
+            .package
+            .to_ascii_uppercase()
+            .replace(['-', '.'], "_")
     }
 }
 
@@ -287,6 +318,8 @@ fn is_identifier(text: &str) -> bool {
 
 fn is_package_name(text: &str) -> bool {
     !text.is_empty()
-        && text.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        && text
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
         && text.starts_with(|c: char| c.is_ascii_alphanumeric())
 }

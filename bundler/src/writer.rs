@@ -11,9 +11,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use prebuilt::bundle::{
-    artifact_path, parse_index, DICTIONARY_FILE, INDEX_FILE, SOURCES_DIR,
-};
+use prebuilt::bundle::{artifact_path, parse_index, DICTIONARY_FILE, INDEX_FILE, SOURCES_DIR};
 use prebuilt::index::{Index, StoredFile};
 use prebuilt::key::sha256_hex;
 
@@ -46,7 +44,10 @@ pub fn write_bundle(
     if let Some(existing) = unchanged_bundle(out, &index) {
         return Ok((existing, WriteOutcome::Unchanged));
     }
-    let parent = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let parent = out
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     std::fs::create_dir_all(parent).map_err(|source| Error::Write {
         path: parent.to_owned(),
         source,
@@ -114,21 +115,19 @@ fn unchanged_bundle(out: &Path, planned: &Index) -> Option<Index> {
     if without_storage(&existing) != without_storage(planned) {
         return None;
     }
-    let stored = existing
-        .dictionary
-        .iter()
-        .chain(existing.kernels.values().flat_map(|k| k.variants.iter().map(|v| &v.artifact)));
+    let stored = existing.dictionary.iter().chain(
+        existing
+            .kernels
+            .values()
+            .flat_map(|k| k.variants.iter().map(|v| &v.artifact)),
+    );
     for file in stored {
         let metadata = std::fs::metadata(out.join(&file.path)).ok()?;
         if metadata.len() != file.stored_size {
             return None;
         }
     }
-    let sources = planned
-        .kernels
-        .values()
-        .flat_map(|k| k.inputs.files.keys())
-        ;
+    let sources = planned.kernels.values().flat_map(|k| k.inputs.files.keys());
     for stable in sources {
         if !out.join(SOURCES_DIR).join(stable).is_file() {
             return None;
@@ -183,7 +182,9 @@ fn compress_parallel(samples: &[&[u8]], dictionary: Option<&[u8]>, jobs: usize) 
             .map(|part| {
                 scope.spawn(move || {
                     let mut compressor = match dictionary {
-                        Some(dictionary) => zstd::bulk::Compressor::with_dictionary(LEVEL, dictionary),
+                        Some(dictionary) => {
+                            zstd::bulk::Compressor::with_dictionary(LEVEL, dictionary)
+                        }
                         None => zstd::bulk::Compressor::new(LEVEL),
                     }
                     .expect("zstd accepts a valid level and a trained dictionary");
@@ -239,7 +240,9 @@ fn swap_into_place(staged: &Path, out: &Path, parent: &Path, name: &str) -> Resu
 }
 
 fn remove_leftovers(parent: &Path, name: &str) {
-    let Ok(entries) = std::fs::read_dir(parent) else { return };
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
     let prefixes = [format!(".{name}.tmp-"), format!(".{name}.old-")];
     for entry in entries.flatten() {
         let file_name = entry.file_name().to_string_lossy().into_owned();

@@ -12,7 +12,10 @@ use prebuilt::cubin::validate_cubin;
 use prebuilt::{Arch, Bundle, CudaBuild};
 
 fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_owned()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_owned()
 }
 
 fn default_manifest() -> PathBuf {
@@ -41,7 +44,12 @@ fn toolchains() -> Option<Vec<BuildToolchain>> {
     }
 }
 
-fn options(manifest: &Path, out: &Path, cache: &Path, toolchains: Vec<BuildToolchain>) -> BundleOptions {
+fn options(
+    manifest: &Path,
+    out: &Path,
+    cache: &Path,
+    toolchains: Vec<BuildToolchain>,
+) -> BundleOptions {
     BundleOptions {
         manifest: manifest.to_owned(),
         out: out.to_owned(),
@@ -95,7 +103,12 @@ fn default_build() -> Option<&'static DefaultBuild> {
             let out = dir.path().join("bundle");
             let summary = bundle_kernels(&options(&default_manifest(), &out, &cache, toolchains))
                 .expect("the default library bundles");
-            Some(DefaultBuild { _dir: dir, cache, out, summary })
+            Some(DefaultBuild {
+                _dir: dir,
+                cache,
+                out,
+                summary,
+            })
         })
         .as_ref()
 }
@@ -107,7 +120,11 @@ fn tree_bytes(dir: &Path) -> BTreeMap<String, Vec<u8>> {
             if path.is_dir() {
                 walk(root, &path, files);
             } else {
-                let relative = path.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+                let relative = path
+                    .strip_prefix(root)
+                    .unwrap()
+                    .to_string_lossy()
+                    .into_owned();
                 files.insert(relative, std::fs::read(&path).unwrap());
             }
         }
@@ -130,7 +147,11 @@ fn default_library_bundles_every_target_minus_declared_skips() {
         for variant in &record.variants {
             cells.insert((variant.cuda.to_string(), variant.arch.to_string()));
             let cubin = bundle.read_artifact(name, variant).unwrap();
-            let symbols: Vec<&str> = variant.functions.iter().map(|f| f.symbol.as_str()).collect();
+            let symbols: Vec<&str> = variant
+                .functions
+                .iter()
+                .map(|f| f.symbol.as_str())
+                .collect();
             validate_cubin(&cubin, variant.arch, &symbols).unwrap();
             assert_eq!(variant.functions.len(), record.inputs.entries.len());
             for function in &variant.functions {
@@ -140,7 +161,12 @@ fn default_library_bundles_every_target_minus_declared_skips() {
                 "cu129" => "nvrtc",
                 _ => "nvcc",
             };
-            assert_eq!(variant.compiler.kind, expected, "{name} {}", variant.label());
+            assert_eq!(
+                variant.compiler.kind,
+                expected,
+                "{name} {}",
+                variant.label()
+            );
         }
         for skip in &record.skipped {
             assert!(skip.reason.starts_with("declared"), "{name}: {skip:?}");
@@ -150,15 +176,24 @@ fn default_library_bundles_every_target_minus_declared_skips() {
     }
     let wgmma = &index.kernels["wgmma_matmul_bf16"];
     assert_eq!(wgmma.variants.len(), 2);
-    assert!(wgmma.variants.iter().all(|v| v.arch.to_string() == "sm_90a"));
+    assert!(wgmma
+        .variants
+        .iter()
+        .all(|v| v.arch.to_string() == "sm_90a"));
     assert_eq!(wgmma.skipped.len(), 2);
-    assert!(wgmma.skipped.iter().all(|s| s.arch.to_string() == "sm_100a"));
+    assert!(wgmma
+        .skipped
+        .iter()
+        .all(|s| s.arch.to_string() == "sm_100a"));
     let layernorm = &index.kernels["layernorm_bf16"];
     assert_eq!(layernorm.variants.len(), 4);
     // Constants reach the index for callers.
     assert_eq!(layernorm.constants["BLOCK_SIZE"].to_string(), "256");
     // The layernorm entry takes (out, in, gamma, beta, rows, cols, eps).
-    assert_eq!(layernorm.variants[0].functions[0].param_sizes, vec![8, 8, 8, 8, 4, 4, 4]);
+    assert_eq!(
+        layernorm.variants[0].functions[0].param_sizes,
+        vec![8, 8, 8, 8, 4, 4, 4]
+    );
     // Templated entries map to mangled symbols.
     let scale = &index.kernels["scale_rows"].variants[0].functions;
     assert_eq!(scale[0].name, "scale_rows<float>");
@@ -171,8 +206,13 @@ fn second_run_compiles_nothing_and_rewrites_nothing() {
     let Some(build) = default_build() else { return };
     assert!(!build.summary.compiled.is_empty());
     let before = tree_bytes(&build.out);
-    let again = bundle_kernels(&options(&default_manifest(), &build.out, &build.cache, toolchains().unwrap()))
-        .unwrap();
+    let again = bundle_kernels(&options(
+        &default_manifest(),
+        &build.out,
+        &build.cache,
+        toolchains().unwrap(),
+    ))
+    .unwrap();
     assert!(again.compiled.is_empty(), "recompiled {:?}", again.compiled);
     assert_eq!(again.written, bundler::writer::WriteOutcome::Unchanged);
     assert_eq!(tree_bytes(&build.out), before);
@@ -185,7 +225,13 @@ fn identical_inputs_give_identical_bundles() {
     // own output is deterministic too), byte for byte equal to the first.
     let dir = tempfile::tempdir().unwrap();
     let warm = dir.path().join("warm");
-    bundle_kernels(&options(&default_manifest(), &warm, &build.cache, toolchains().unwrap())).unwrap();
+    bundle_kernels(&options(
+        &default_manifest(),
+        &warm,
+        &build.cache,
+        toolchains().unwrap(),
+    ))
+    .unwrap();
     assert_eq!(tree_bytes(&warm), tree_bytes(&build.out));
     let cold = dir.path().join("cold");
     let summary = bundle_kernels(&options(
@@ -201,7 +247,9 @@ fn identical_inputs_give_identical_bundles() {
 
 #[test]
 fn editing_a_shared_header_recompiles_exactly_its_includers() {
-    let Some(toolchains) = toolchains() else { return };
+    let Some(toolchains) = toolchains() else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let manifest = copy_library(dir.path());
     let cache = dir.path().join("cache");
@@ -234,9 +282,14 @@ fn editing_a_shared_header_recompiles_exactly_its_includers() {
 
 #[test]
 fn scanned_includes_are_a_superset_of_nvcc_dependencies() {
-    let Some(toolchains) = toolchains() else { return };
+    let Some(toolchains) = toolchains() else {
+        return;
+    };
     let Some(build) = default_build() else { return };
-    let nvcc = bundler::toolchain::discover("cu130".parse().unwrap()).unwrap().nvcc.unwrap();
+    let nvcc = bundler::toolchain::discover("cu130".parse().unwrap())
+        .unwrap()
+        .nvcc
+        .unwrap();
     drop(toolchains);
     let kernels_dir = workspace().join("kernels").canonicalize().unwrap();
     let manifest = bundler::Manifest::load(&default_manifest()).unwrap();
@@ -251,27 +304,47 @@ fn scanned_includes_are_a_superset_of_nvcc_dependencies() {
         }
         command.arg(manifest.root.join(&spec.sources[0]));
         let output = command.output().unwrap();
-        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-        let text = String::from_utf8(output.stdout).unwrap().replace("\\\n", " ");
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let text = String::from_utf8(output.stdout)
+            .unwrap()
+            .replace("\\\n", " ");
         let nvcc_files: BTreeSet<String> = text
             .split_whitespace()
             .skip(1)
             .filter_map(|path| Path::new(path).canonicalize().ok())
             .filter_map(|path| {
-                path.strip_prefix(&kernels_dir).ok().map(|p| p.to_string_lossy().into_owned())
+                path.strip_prefix(&kernels_dir)
+                    .ok()
+                    .map(|p| p.to_string_lossy().into_owned())
             })
             .collect();
-        assert!(!nvcc_files.is_empty(), "{name}: nvcc -M listed no library file");
-        let ours: BTreeSet<String> =
-            build.summary.index.kernels[name].inputs.files.keys().cloned().collect();
+        assert!(
+            !nvcc_files.is_empty(),
+            "{name}: nvcc -M listed no library file"
+        );
+        let ours: BTreeSet<String> = build.summary.index.kernels[name]
+            .inputs
+            .files
+            .keys()
+            .cloned()
+            .collect();
         let missing: Vec<&String> = nvcc_files.difference(&ours).collect();
-        assert!(missing.is_empty(), "{name}: nvcc -M lists {missing:?} that the scanner missed");
+        assert!(
+            missing.is_empty(),
+            "{name}: nvcc -M lists {missing:?} that the scanner missed"
+        );
     }
 }
 
 #[test]
 fn only_builds_a_subset_and_unknown_names_are_errors() {
-    let Some(toolchains) = toolchains() else { return };
+    let Some(toolchains) = toolchains() else {
+        return;
+    };
     let Some(build) = default_build() else { return };
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("bundle");
@@ -285,29 +358,52 @@ fn only_builds_a_subset_and_unknown_names_are_errors() {
     opts.only = vec!["no_such_kernel".into()];
     let error = bundle_kernels(&opts).unwrap_err().to_string();
     assert!(error.contains("no kernel `no_such_kernel`"), "{error}");
-    assert!(error.contains("layernorm_bf16"), "lists the known kernels: {error}");
+    assert!(
+        error.contains("layernorm_bf16"),
+        "lists the known kernels: {error}"
+    );
 }
 
 #[test]
 fn require_turns_a_declared_skip_into_an_error() {
-    let Some(toolchains) = toolchains() else { return };
+    let Some(toolchains) = toolchains() else {
+        return;
+    };
     let Some(build) = default_build() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let mut opts = options(&default_manifest(), &dir.path().join("bundle"), &build.cache, toolchains);
+    let mut opts = options(
+        &default_manifest(),
+        &dir.path().join("bundle"),
+        &build.cache,
+        toolchains,
+    );
     opts.require = true;
     opts.only = vec!["wgmma_matmul_bf16".into()];
     let error = bundle_kernels(&opts).unwrap_err().to_string();
-    assert!(error.contains("`wgmma_matmul_bf16` cannot be built for sm_100a"), "{error}");
+    assert!(
+        error.contains("`wgmma_matmul_bf16` cannot be built for sm_100a"),
+        "{error}"
+    );
     assert!(error.contains("--require"), "{error}");
-    assert!(!dir.path().join("bundle").exists(), "nothing is written on error");
+    assert!(
+        !dir.path().join("bundle").exists(),
+        "nothing is written on error"
+    );
 }
 
 #[test]
 fn torch_pin_override_changes_keys_and_the_index() {
-    let Some(toolchains) = toolchains() else { return };
+    let Some(toolchains) = toolchains() else {
+        return;
+    };
     let Some(build) = default_build() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let mut opts = options(&default_manifest(), &dir.path().join("bundle"), &build.cache, toolchains);
+    let mut opts = options(
+        &default_manifest(),
+        &dir.path().join("bundle"),
+        &build.cache,
+        toolchains,
+    );
     opts.torch = Some("2.11.*".into());
     opts.only = vec!["swiglu".into()];
     let summary = bundle_kernels(&opts).unwrap();
@@ -353,28 +449,49 @@ extern "C" __global__ void add(float* out, const float* in, int n) {
 }
 "#;
 
-const COMMON_HEADER: &str = "#pragma once\n__device__ inline float twice(float x) { return 2.0f * x; }\n";
+const COMMON_HEADER: &str =
+    "#pragma once\n__device__ inline float twice(float x) { return 2.0f * x; }\n";
 
 #[test]
 fn manifest_syntax_error_names_file_line_and_column() {
     let dir = tempfile::tempdir().unwrap();
-    let manifest = write_library(dir.path(), "[library]\npackage = \"tiny\"\narchs = [\"sm_90a\"\n", &[]);
+    let manifest = write_library(
+        dir.path(),
+        "[library]\npackage = \"tiny\"\narchs = [\"sm_90a\"\n",
+        &[],
+    );
     let error = bundler::Manifest::load(&manifest).unwrap_err().to_string();
     let expected_prefix = format!("{}:", manifest.display());
     assert!(error.starts_with(&expected_prefix), "{error}");
-    assert!(error.contains(":4:") || error.contains(":3:"), "line in {error}");
+    assert!(
+        error.contains(":4:") || error.contains(":3:"),
+        "line in {error}"
+    );
 }
 
 #[test]
 fn unknown_manifest_key_names_line_and_column() {
     let dir = tempfile::tempdir().unwrap();
-    let text = SMALL_LIBRARY.replace("entries = [\"add\"]", "entries = [\"add\"]\nentry-points = [\"x\"]");
+    let text = SMALL_LIBRARY.replace(
+        "entries = [\"add\"]",
+        "entries = [\"add\"]\nentry-points = [\"x\"]",
+    );
     let manifest = write_library(dir.path(), &text, &[]);
     let error = bundler::Manifest::load(&manifest).unwrap_err().to_string();
     assert!(error.contains("entry-points"), "{error}");
-    assert!(error.contains(&format!("{}:", manifest.display())), "{error}");
-    let line = text.lines().position(|l| l.starts_with("entry-points")).unwrap() + 1;
-    assert!(error.contains(&format!(":{line}:")), "line {line} in {error}");
+    assert!(
+        error.contains(&format!("{}:", manifest.display())),
+        "{error}"
+    );
+    let line = text
+        .lines()
+        .position(|l| l.starts_with("entry-points"))
+        .unwrap()
+        + 1;
+    assert!(
+        error.contains(&format!(":{line}:")),
+        "line {line} in {error}"
+    );
 }
 
 #[test]
@@ -383,23 +500,36 @@ fn invalid_arch_in_manifest_is_refused() {
     let text = SMALL_LIBRARY.replace("\"sm_100a\"]", "\"sm100a\"]");
     let manifest = write_library(dir.path(), &text, &[]);
     let error = bundler::Manifest::load(&manifest).unwrap_err().to_string();
-    assert!(error.contains("`sm100a` is not a valid architecture"), "{error}");
+    assert!(
+        error.contains("`sm100a` is not a valid architecture"),
+        "{error}"
+    );
 }
 
 #[test]
 fn missing_header_names_the_include_chain() {
-    let Some(toolchains) = toolchains() else { return };
+    let Some(toolchains) = toolchains() else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let manifest = write_library(
         dir.path(),
         SMALL_LIBRARY,
         &[
             ("add.cu", ADD_KERNEL),
-            ("include/tiny/common.cuh", "#pragma once\n#include \"tiny/helpers.cuh\"\n"),
+            (
+                "include/tiny/common.cuh",
+                "#pragma once\n#include \"tiny/helpers.cuh\"\n",
+            ),
         ],
     );
-    let error = bundle_kernels(&options(&manifest, &dir.path().join("out"), &dir.path().join("c"), toolchains))
-        .unwrap_err();
+    let error = bundle_kernels(&options(
+        &manifest,
+        &dir.path().join("out"),
+        &dir.path().join("c"),
+        toolchains,
+    ))
+    .unwrap_err();
     let text = format!("{:#}", anyhow_like(&error));
     assert!(text.contains("`add`"), "{text}");
     assert!(text.contains("tiny/helpers.cuh"), "{text}");
@@ -410,18 +540,28 @@ fn missing_header_names_the_include_chain() {
 
 #[test]
 fn computed_include_is_refused_with_its_location() {
-    let Some(toolchains) = toolchains() else { return };
+    let Some(toolchains) = toolchains() else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let manifest = write_library(
         dir.path(),
         SMALL_LIBRARY,
         &[
-            ("add.cu", &format!("#define HEADER \"tiny/common.cuh\"\n#include HEADER\n{ADD_KERNEL}")),
+            (
+                "add.cu",
+                &format!("#define HEADER \"tiny/common.cuh\"\n#include HEADER\n{ADD_KERNEL}"),
+            ),
             ("include/tiny/common.cuh", COMMON_HEADER),
         ],
     );
-    let error = bundle_kernels(&options(&manifest, &dir.path().join("out"), &dir.path().join("c"), toolchains))
-        .unwrap_err();
+    let error = bundle_kernels(&options(
+        &manifest,
+        &dir.path().join("out"),
+        &dir.path().join("c"),
+        toolchains,
+    ))
+    .unwrap_err();
     let text = anyhow_like(&error);
     assert!(text.contains("add.cu:2"), "{text}");
     assert!(text.contains("HEADER"), "{text}");
@@ -429,19 +569,29 @@ fn computed_include_is_refused_with_its_location() {
 
 #[test]
 fn compile_error_shows_the_log_with_kernel_arch_and_build() {
-    let Some(toolchains) = toolchains() else { return };
+    let Some(toolchains) = toolchains() else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let manifest = write_library(
         dir.path(),
         SMALL_LIBRARY,
         &[
-            ("add.cu", &ADD_KERNEL.replace("twice(in[i])", "undeclared_function(in[i])")),
+            (
+                "add.cu",
+                &ADD_KERNEL.replace("twice(in[i])", "undeclared_function(in[i])"),
+            ),
             ("include/tiny/common.cuh", COMMON_HEADER),
         ],
     );
     for toolchain in toolchains {
         let build = toolchain.build;
-        let mut opts = options(&manifest, &dir.path().join("out"), &dir.path().join("c"), vec![toolchain]);
+        let mut opts = options(
+            &manifest,
+            &dir.path().join("out"),
+            &dir.path().join("c"),
+            vec![toolchain],
+        );
         let text = std::fs::read_to_string(&manifest)
             .unwrap()
             .replace("[\"cu129\", \"cu130\"]", &format!("[\"{build}\"]"));
@@ -450,9 +600,15 @@ fn compile_error_shows_the_log_with_kernel_arch_and_build() {
         let error = bundle_kernels(&opts).unwrap_err();
         let text = anyhow_like(&error);
         assert!(text.contains("`add`"), "{text}");
-        assert!(text.contains("sm_90a") || text.contains("sm_100a"), "{text}");
+        assert!(
+            text.contains("sm_90a") || text.contains("sm_100a"),
+            "{text}"
+        );
         assert!(text.contains(&build.to_string()), "{text}");
-        assert!(text.contains("undeclared_function"), "the compiler's log: {text}");
+        assert!(
+            text.contains("undeclared_function"),
+            "the compiler's log: {text}"
+        );
         assert!(!dir.path().join("out").exists());
         let text = std::fs::read_to_string(&manifest)
             .unwrap()
@@ -464,9 +620,10 @@ fn compile_error_shows_the_log_with_kernel_arch_and_build() {
 #[test]
 fn missing_toolchain_names_the_build_and_the_install_command() {
     let dir = tempfile::tempdir().unwrap();
-    let error = bundler::toolchain::discover_at("cu129".parse().unwrap(), &dir.path().join("nothing"))
-        .unwrap_err()
-        .to_string();
+    let error =
+        bundler::toolchain::discover_at("cu129".parse().unwrap(), &dir.path().join("nothing"))
+            .unwrap_err()
+            .to_string();
     assert!(error.contains("cu129"), "{error}");
     assert!(error.contains("ci/setup"), "{error}");
 }
@@ -512,7 +669,8 @@ cubins = [{{ arch = "sm_90a", cuda = "cu130", path = "vendor.cubin" }}]
         &[],
     );
     let out = dir.path().join("out");
-    let summary = bundle_kernels(&options(&manifest, &out, &dir.path().join("c"), Vec::new())).unwrap();
+    let summary =
+        bundle_kernels(&options(&manifest, &out, &dir.path().join("c"), Vec::new())).unwrap();
     let record = &summary.index.kernels["vendor"];
     assert_eq!(record.variants.len(), 1);
     assert_eq!(record.variants[0].compiler.kind, "cubin");
@@ -525,15 +683,22 @@ cubins = [{{ arch = "sm_90a", cuda = "cu130", path = "vendor.cubin" }}]
 
     // A cubin listed for the wrong arch fails validation, naming kernel, arch and build.
     let wrong = manifest.parent().unwrap().join("kernels.toml");
-    let text = std::fs::read_to_string(&wrong).unwrap().replace(
-        "arch = \"sm_90a\", cuda",
-        "arch = \"sm_100a\", cuda",
-    );
+    let text = std::fs::read_to_string(&wrong)
+        .unwrap()
+        .replace("arch = \"sm_90a\", cuda", "arch = \"sm_100a\", cuda");
     std::fs::write(&wrong, text).unwrap();
-    let error = bundle_kernels(&options(&manifest, &dir.path().join("out2"), &dir.path().join("c"), Vec::new()))
-        .unwrap_err();
+    let error = bundle_kernels(&options(
+        &manifest,
+        &dir.path().join("out2"),
+        &dir.path().join("c"),
+        Vec::new(),
+    ))
+    .unwrap_err();
     let text = anyhow_like(&error);
-    assert!(text.contains("`vendor`") && text.contains("sm_100a") && text.contains("cu130"), "{text}");
+    assert!(
+        text.contains("`vendor`") && text.contains("sm_100a") && text.contains("cu130"),
+        "{text}"
+    );
 }
 
 /// An error with its whole source chain, as the CLI prints it.
@@ -569,9 +734,16 @@ impl Compiler for FakeCompiler {
         let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         self.max_in_flight.fetch_max(now, Ordering::SeqCst);
         std::thread::sleep(std::time::Duration::from_millis(50));
-        self.calls.lock().unwrap().push(format!("{} {}", request.kernel, request.arch));
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("{} {}", request.kernel, request.arch));
         self.in_flight.fetch_sub(1, Ordering::SeqCst);
-        Ok(CompileOutput { cubin: self.cubin.clone(), log: String::new(), lowered_names: BTreeMap::new() })
+        Ok(CompileOutput {
+            cubin: self.cubin.clone(),
+            log: String::new(),
+            lowered_names: BTreeMap::new(),
+        })
     }
 }
 
@@ -581,45 +753,81 @@ fn jobs_run_in_parallel_up_to_the_limit_and_hit_the_cache_after() {
     let cubin_path = std::fs::read_dir(&fixtures)
         .unwrap()
         .map(|e| e.unwrap().path())
-        .filter(|p| p.to_string_lossy().contains("sm_90a") && p.extension().is_some_and(|e| e == "cubin"))
+        .filter(|p| {
+            p.to_string_lossy().contains("sm_90a") && p.extension().is_some_and(|e| e == "cubin")
+        })
         .min()
         .unwrap();
     let cubin = std::fs::read(&cubin_path).unwrap();
-    let entry = prebuilt::cubin::inspect_cubin(&cubin).unwrap().functions[0].symbol.clone();
+    let entry = prebuilt::cubin::inspect_cubin(&cubin).unwrap().functions[0]
+        .symbol
+        .clone();
     let dir = tempfile::tempdir().unwrap();
     let mut manifest_text = "[library]\npackage = \"fake\"\narchs = [\"sm_90a\"]\ncuda-builds = [\"cu130\"]\ntorch = \"2.13.*\"\n".to_owned();
     let mut files = Vec::new();
     for n in 0..8 {
-        manifest_text.push_str(&format!("[kernels.k{n}]\nsources = [\"k{n}.cu\"]\nentries = [\"{entry}\"]\n"));
+        manifest_text.push_str(&format!(
+            "[kernels.k{n}]\nsources = [\"k{n}.cu\"]\nentries = [\"{entry}\"]\n"
+        ));
         files.push((format!("k{n}.cu"), format!("// kernel {n}\n")));
     }
-    let file_refs: Vec<(&str, &str)> = files.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+    let file_refs: Vec<(&str, &str)> = files
+        .iter()
+        .map(|(a, b)| (a.as_str(), b.as_str()))
+        .collect();
     let manifest = write_library(dir.path(), &manifest_text, &file_refs);
     let fake = Arc::new(FakeCompiler {
-        id: CompilerId { kind: CompilerKind::Nvcc, version: "13.0.88".into() },
+        id: CompilerId {
+            kind: CompilerKind::Nvcc,
+            version: "13.0.88".into(),
+        },
         cubin,
         calls: Mutex::new(Vec::new()),
         in_flight: 0.into(),
         max_in_flight: 0.into(),
     });
     let toolchain = BuildToolchain {
-        build: CudaBuild { major: 13, minor: 0 },
+        build: CudaBuild {
+            major: 13,
+            minor: 0,
+        },
         compiler: fake.clone(),
         supported_sms: BTreeSet::from([90, 100]),
         include_dirs: Vec::new(),
     };
-    let mut opts = options(&manifest, &dir.path().join("out"), &dir.path().join("c"), vec![toolchain]);
+    let mut opts = options(
+        &manifest,
+        &dir.path().join("out"),
+        &dir.path().join("c"),
+        vec![toolchain],
+    );
     opts.jobs = 3;
     let summary = bundle_kernels(&opts).unwrap();
     assert_eq!(summary.compiled.len(), 8);
     assert_eq!(fake.calls.lock().unwrap().len(), 8);
-    assert_eq!(fake.max_in_flight.load(std::sync::atomic::Ordering::SeqCst), 3);
+    assert_eq!(
+        fake.max_in_flight.load(std::sync::atomic::Ordering::SeqCst),
+        3
+    );
     // Eight kernels with one identical cubin: stored once.
     let bundle = tree_bytes(&dir.path().join("out"));
-    assert_eq!(bundle.keys().filter(|k| k.starts_with("artifacts/")).count(), 1);
+    assert_eq!(
+        bundle
+            .keys()
+            .filter(|k| k.starts_with("artifacts/"))
+            .count(),
+        1
+    );
 
     let again = bundle_kernels(&opts).unwrap();
     assert!(again.compiled.is_empty());
-    assert_eq!(fake.calls.lock().unwrap().len(), 8, "the second run compiled nothing");
-    let _ = Arch { sm: 90, specific: true };
+    assert_eq!(
+        fake.calls.lock().unwrap().len(),
+        8,
+        "the second run compiled nothing"
+    );
+    let _ = Arch {
+        sm: 90,
+        specific: true,
+    };
 }

@@ -84,8 +84,14 @@ impl CudaBuild {
             expected: "a dotted version like `12.9`",
         };
         let mut parts = text.split('.');
-        let major = parts.next().and_then(|p| p.parse().ok()).ok_or_else(error)?;
-        let minor = parts.next().and_then(|p| p.parse().ok()).ok_or_else(error)?;
+        let major = parts
+            .next()
+            .and_then(|p| p.parse().ok())
+            .ok_or_else(error)?;
+        let minor = parts
+            .next()
+            .and_then(|p| p.parse().ok())
+            .ok_or_else(error)?;
         if minor > 9 {
             return Err(error());
         }
@@ -150,23 +156,35 @@ mod tests {
             assert_eq!(text.parse::<Arch>().unwrap().to_string(), text);
         }
         let arch: Arch = "sm_100a".parse().unwrap();
-        assert_eq!((arch.sm, arch.specific, arch.capability()), (100, true, (10, 0)));
+        assert_eq!(
+            (arch.sm, arch.specific, arch.capability()),
+            (100, true, (10, 0))
+        );
     }
 
     #[test]
     fn arch_rejects_garbage() {
         for text in ["sm90a", "sm_", "sm_9", "sm_90b", "compute_90a", ""] {
             let error = text.parse::<Arch>().unwrap_err().to_string();
-            assert!(error.contains("not a valid architecture"), "{text}: {error}");
+            assert!(
+                error.contains("not a valid architecture"),
+                "{text}: {error}"
+            );
         }
     }
 
     #[test]
     fn cuda_build_round_trips() {
         let build: CudaBuild = "cu129".parse().unwrap();
-        assert_eq!((build.major, build.minor, build.version()), (12, 9, "12.9".into()));
+        assert_eq!(
+            (build.major, build.minor, build.version()),
+            (12, 9, "12.9".into())
+        );
         assert_eq!("cu130".parse::<CudaBuild>().unwrap().to_string(), "cu130");
-        assert_eq!(CudaBuild::from_version("13.0.88").unwrap().to_string(), "cu130");
+        assert_eq!(
+            CudaBuild::from_version("13.0.88").unwrap().to_string(),
+            "cu130"
+        );
         assert!("cuda12".parse::<CudaBuild>().is_err());
         assert!("cu1".parse::<CudaBuild>().is_err());
     }
