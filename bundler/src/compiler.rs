@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use prebuilt::target::{Arch, CudaBuild};
 
-use crate::nvrtc::{self, NvrtcError, NvrtcLibrary};
+use prebuilt::nvrtc::{self, NvrtcError, NvrtcLibrary};
 use crate::toolchain::{nvcc_command, CompilerId, CompilerKind, Toolchain};
 
 /// One kernel, one architecture: everything a compiler needs.

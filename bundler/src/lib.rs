@@ -20,7 +20,6 @@
 
 pub mod compiler;
 pub mod include;
-pub mod nvrtc;
 pub mod toolchain;
 
 pub mod build;

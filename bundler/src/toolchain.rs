@@ -41,7 +41,7 @@ use std::process::Command;
 use prebuilt::target::{Arch, CudaBuild};
 use serde::{Deserialize, Serialize};
 
-use crate::nvrtc;
+use prebuilt::nvrtc;
 
 /// The environment variable that points every build at `$KWHEEL_TOOLCHAINS/<build>`.
 pub const TOOLCHAINS_ENV: &str = "KWHEEL_TOOLCHAINS";
@@ -740,5 +740,73 @@ mod tests {
                 cu130.root.display()
             )
         );
+    }
+}
+
+/// The NVRTC loader (in `prebuilt`) against the real libraries this module discovers.
+#[cfg(test)]
+mod nvrtc_library_tests {
+    use super::{toolchain_for_tests, CUDA_12_9, CUDA_13_0};
+
+    #[test]
+    fn real_library_reports_version_and_archs() {
+        let Some(toolchain) = toolchain_for_tests(CUDA_12_9) else {
+            return;
+        };
+        let library = prebuilt::nvrtc::load(toolchain.nvrtc.as_ref().unwrap()).unwrap();
+        assert_eq!(library.version(), (12, 9));
+        let archs = library.supported_archs().unwrap();
+        assert!(archs.contains(&90) && archs.contains(&100), "{archs:?}");
+        // Asking again for the same file is fine and returns the same library.
+        let again = prebuilt::nvrtc::load(toolchain.nvrtc.as_ref().unwrap()).unwrap();
+        assert_eq!(again.path(), library.path());
+    }
+
+    /// Loading two different libnvrtc files must be an error, not a crash. It runs in a child
+    /// process so that no other test in this process ever sees a second libnvrtc.
+    #[test]
+    fn second_library_in_one_process_is_an_error() {
+        let (Some(_), Some(_)) = (
+            toolchain_for_tests(CUDA_12_9),
+            toolchain_for_tests(CUDA_13_0),
+        ) else {
+            return;
+        };
+        let output = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "toolchain::nvrtc_library_tests::child_loads_two_libraries",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD_ENV, "1")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            output.status.success() && stdout.contains("1 passed"),
+            "child failed:\n{stdout}\n{stderr}"
+        );
+        assert!(
+            stdout.contains("one process can hold only one libnvrtc"),
+            "{stdout}"
+        );
+    }
+
+    const CHILD_ENV: &str = "KWHEEL_NVRTC_TEST_CHILD";
+
+    /// The child half of the test above: does nothing unless that test started it.
+    #[test]
+    fn child_loads_two_libraries() {
+        if std::env::var_os(CHILD_ENV).is_none() {
+            return;
+        }
+        let cu129 = toolchain_for_tests(CUDA_12_9).unwrap();
+        let cu130 = toolchain_for_tests(CUDA_13_0).unwrap();
+        prebuilt::nvrtc::load(cu129.nvrtc.as_ref().unwrap()).unwrap();
+        let error = prebuilt::nvrtc::load(cu130.nvrtc.as_ref().unwrap()).unwrap_err();
+        assert!(matches!(error, prebuilt::nvrtc::NvrtcError::AnotherLibraryLoaded { .. }));
+        println!("{error}");
     }
 }

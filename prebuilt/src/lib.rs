@@ -19,6 +19,7 @@ pub mod bundle;
 pub mod cubin;
 pub mod index;
 pub mod key;
+pub mod nvrtc;
 pub mod target;
 
 pub use bundle::{Bundle, BundleError};
