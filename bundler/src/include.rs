@@ -17,11 +17,12 @@
 //!   comments, string and character literals and raw strings do not. Backslash line
 //!   continuations are honoured, `# include` and `#\tinclude` are includes, `__has_include(…)`
 //!   is not, and `#import` (not CUDA) is ignored.
-//! - `#include MACRO` and `#include MACRO(args)` are taken only where every `#define MACRO` in
-//!   the scanned files (under any `#if`, like includes) is a header name, such as CUTLASS's
-//!   `#define CUDA_STD_HEADER(header) <cuda/std/header>`: then every definition is taken, with
-//!   its arguments substituted. Anything else, or a macro defined nowhere in the graph (on the
-//!   command line, say), is refused with [`ScanError::ComputedInclude`] rather than guessed.
+//! - `#include MACRO` is refused with [`ScanError::ComputedInclude`] rather than guessed, with
+//!   one exception that guesses nothing: when every `#define MACRO` in the scanned files (under
+//!   any `#if`, like includes) is an angle-bracket header name that, arguments substituted, is
+//!   found in no include dir, every expansion is external, and the toolkit version already keys
+//!   those. That is how CUTLASS 4 spells its standard headers:
+//!   `#define CUDA_STD_HEADER(header) <cuda/std/header>`, `#include CUDA_STD_HEADER(cstdint)`.
 //! - Each file is scanned once, keyed by its canonical path, so include cycles end with or without
 //!   `#pragma once`, and `a/../b.cuh` is `b.cuh`.
 //! - A file's stable path is relative to the root when it lies under it (forward slashes, whichever
@@ -382,13 +383,6 @@ struct MacroDefinitions {
     opaque: bool,
 }
 
-struct PendingMacroInclude {
-    includer: usize,
-    include: MacroInclude,
-    /// How many of the macro's header definitions have been taken.
-    taken: usize,
-}
-
 struct Scanner<'r> {
     roots: &'r ScanRoots,
     /// The root, then each include dir.
@@ -401,7 +395,8 @@ struct Scanner<'r> {
     queue: VecDeque<usize>,
     externals: BTreeSet<String>,
     macros: HashMap<String, MacroDefinitions>,
-    macro_includes: Vec<PendingMacroInclude>,
+    /// Each `#include MACRO` with its includer, resolved once every file is scanned.
+    macro_includes: Vec<(usize, MacroInclude)>,
 }
 
 impl<'r> Scanner<'r> {
@@ -425,8 +420,7 @@ impl<'r> Scanner<'r> {
     }
 
     /// Breadth first, so a missing header's chain is a shortest one. `#include MACRO` waits
-    /// until every file reachable so far is scanned, because the macro may be defined in any of
-    /// them; what its definitions include is scanned in turn, until nothing new turns up.
+    /// until every file is scanned, because the macro may be defined in any of them.
     ///
     /// Worker threads read, hash and lex files as soon as they are discovered; this thread
     /// resolves their includes strictly in discovery order, so the result and the first error
@@ -471,38 +465,25 @@ impl<'r> Scanner<'r> {
     ) -> Result<(), ScanError> {
         let mut dispatched = 0;
         let mut ready = HashMap::new();
-        loop {
-            while let Some(index) = self.queue.pop_front() {
-                for node in &self.nodes[dispatched..] {
-                    // The workers outlive `jobs`, so this cannot fail.
-                    let _ = jobs.send((dispatched, node.opened.clone()));
-                    dispatched += 1;
+        while let Some(index) = self.queue.pop_front() {
+            for node in &self.nodes[dispatched..] {
+                // The workers outlive `jobs`, so this cannot fail.
+                let _ = jobs.send((dispatched, node.opened.clone()));
+                dispatched += 1;
+            }
+            let scan = loop {
+                if let Some(scan) = ready.remove(&index) {
+                    break scan;
                 }
-                let scan = loop {
-                    if let Some(scan) = ready.remove(&index) {
-                        break scan;
-                    }
-                    let Ok((finished, scan)) = done.recv() else {
-                        unreachable!("the workers stop only when `jobs` closes");
-                    };
-                    ready.insert(finished, scan);
+                let Ok((finished, scan)) = done.recv() else {
+                    unreachable!("the workers stop only when `jobs` closes");
                 };
-                let scan = scan.unwrap_or_else(|payload| panic::resume_unwind(payload));
-                self.add_file(index, scan)?;
-            }
-            self.resolve_macro_includes()?;
-            if self.queue.is_empty() {
-                break;
-            }
+                ready.insert(finished, scan);
+            };
+            let scan = scan.unwrap_or_else(|payload| panic::resume_unwind(payload));
+            self.add_file(index, scan)?;
         }
-        match self
-            .macro_includes
-            .iter()
-            .find(|pending| pending.taken == 0)
-        {
-            Some(pending) => Err(self.computed_include(pending)),
-            None => Ok(()),
-        }
+        self.resolve_macro_includes()
     }
 
     /// Records a scanned file and resolves its includes.
@@ -543,11 +524,7 @@ impl<'r> Scanner<'r> {
             }
         }
         for include in directives.macro_includes {
-            self.macro_includes.push(PendingMacroInclude {
-                includer: index,
-                include,
-                taken: 0,
-            });
+            self.macro_includes.push((index, include));
         }
         Ok(())
     }
@@ -558,43 +535,44 @@ impl<'r> Scanner<'r> {
         }
     }
 
-    /// Takes every definition of each `#include MACRO` seen so far, when all of them are header
-    /// names; one that is not makes the include computed.
+    /// Takes `#include MACRO` where every definition of `MACRO` in the graph expands to an
+    /// angle include found in no include dir (so external); refuses it otherwise.
     fn resolve_macro_includes(&mut self) -> Result<(), ScanError> {
-        for k in 0..self.macro_includes.len() {
-            let pending = &self.macro_includes[k];
-            let Some(definitions) = self.macros.get(&pending.include.name) else {
-                continue;
+        let roots = self.roots;
+        for (includer, include) in std::mem::take(&mut self.macro_includes) {
+            let refuse = |scanner: &Self| ScanError::ComputedInclude {
+                location: scanner.location(includer, include.line),
+                text: include.text.clone(),
             };
-            if definitions.opaque {
-                return Err(self.computed_include(pending));
+            let expanded: Option<Vec<String>> = match self.macros.get(&include.name) {
+                Some(definitions) if !definitions.opaque => definitions
+                    .headers
+                    .iter()
+                    .map(|header| match header.kind {
+                        IncludeKind::Angle => header.expand(include.args.as_deref()),
+                        _ => None,
+                    })
+                    .collect(),
+                _ => None,
+            };
+            let Some(names) = expanded else {
+                return Err(refuse(self));
+            };
+            for name in &names {
+                if roots
+                    .include_dirs
+                    .iter()
+                    .any(|dir| self.probe(dir.join(name)).is_some())
+                {
+                    return Err(refuse(self));
+                }
             }
-            let expanded: Option<Vec<(IncludeKind, String)>> = definitions.headers[pending.taken..]
-                .iter()
-                .map(|header| {
-                    let name = header.expand(pending.include.args.as_deref())?;
-                    Some((header.kind, name))
-                })
-                .collect();
-            let Some(expanded) = expanded else {
-                return Err(self.computed_include(pending));
-            };
-            let (includer, line) = (pending.includer, pending.include.line);
-            self.macro_includes[k].taken = definitions.headers.len();
-            for (kind, name) in expanded {
-                let include = Include { kind, name, line };
-                let edge = self.resolve(includer, &include)?;
-                self.add_edge(includer, edge);
+            for name in names {
+                self.externals.insert(name.clone());
+                self.add_edge(includer, Edge::External(name));
             }
         }
         Ok(())
-    }
-
-    fn computed_include(&self, pending: &PendingMacroInclude) -> ScanError {
-        ScanError::ComputedInclude {
-            location: self.location(pending.includer, pending.include.line),
-            text: pending.include.text.clone(),
-        }
     }
 
     fn resolve(&mut self, includer: usize, include: &Include) -> Result<Edge, ScanError> {
@@ -1738,63 +1716,73 @@ mod tests {
     }
 
     #[test]
-    fn include_through_a_header_macro_takes_every_definition() {
+    fn include_through_a_macro_naming_external_headers_is_taken() {
         // CUTLASS 4 spells its standard headers this way.
         let dir = tree(&[
             (
                 "kernels/a.cu",
-                "#include \"config.cuh\"\n#include CUDA_STD_HEADER(cstdint)\n#include KERNEL_IMPL\n",
+                "#include \"config.cuh\"\n#include CUDA_STD_HEADER(cstdint)\n",
             ),
             (
                 "kernels/config.cuh",
-                "#if defined(CCCL_PREFIX)\n  #define CUDA_STD_HEADER(header) <cccl/cuda/std/header>\n\
-                 #else\n  #define CUDA_STD_HEADER(header) <cuda/std/header>\n#endif\n\
-                 #include \"later.cuh\"\n",
+                "#include \"prefix.cuh\"\n#if !defined(CCCL_PREFIX)\n\
+                 #  define CUDA_STD_HEADER(header) <cuda/std/header>\n#endif\n",
             ),
-            // Defined in a file scanned after the include that uses it.
-            ("kernels/later.cuh", "#define KERNEL_IMPL \"impl/kernel.cuh\"\n"),
+            // Scanned after the include that uses its definition.
             (
-                "kernels/impl/kernel.cuh",
-                "#define NESTED \"nested.cuh\"\n#include NESTED\n",
+                "kernels/prefix.cuh",
+                "#define CUDA_STD_HEADER(header) <cccl/cuda/std/header>\n",
             ),
-            ("kernels/impl/nested.cuh", ""),
         ]);
-        let graph = scan(dir.path(), &[], &["kernels/a.cu"]).unwrap();
+        let graph = scan(dir.path(), &["include"], &["kernels/a.cu"]).unwrap();
         assert_eq!(
             file_names(&graph),
-            [
-                "kernels/a.cu",
-                "kernels/config.cuh",
-                "kernels/impl/kernel.cuh",
-                "kernels/impl/nested.cuh",
-                "kernels/later.cuh",
-            ]
+            ["kernels/a.cu", "kernels/config.cuh", "kernels/prefix.cuh"]
         );
         assert_eq!(
             externals(&graph),
             ["cccl/cuda/std/cstdint", "cuda/std/cstdint"]
         );
+        assert_eq!(
+            graph.render_tree(),
+            "\
+kernels/a.cu
+├── kernels/config.cuh
+│   └── kernels/prefix.cuh
+├── cuda/std/cstdint (external)
+└── cccl/cuda/std/cstdint (external)
+"
+        );
     }
 
     #[test]
-    fn include_through_a_macro_that_is_not_a_header_name_is_refused() {
-        let dir = tree(&[
-            (
-                "kernels/a.cu",
-                "#include \"config.cuh\"\n#include KERNEL_IMPL\n",
-            ),
-            (
-                "kernels/config.cuh",
-                "#ifdef USE_A\n#define KERNEL_IMPL \"a.cuh\"\n#else\n#define KERNEL_IMPL PICK(b)\n#endif\n",
-            ),
-            ("kernels/a.cuh", ""),
-        ]);
-        let error = scan(dir.path(), &[], &["kernels/a.cu"]).unwrap_err();
-        assert_eq!(
-            error.to_string(),
-            "computed include `#include KERNEL_IMPL` at kernels/a.cu:2 is not supported: \
-             include the header by name"
-        );
+    fn include_through_a_macro_that_could_name_a_local_file_is_refused() {
+        let cases = [
+            // A quoted header: its content would be part of the key.
+            "#define KERNEL_IMPL \"impl.cuh\"\n",
+            // An angle header found in an include dir.
+            "#define KERNEL_IMPL <af3/impl.cuh>\n",
+            // One definition that is not a header name at all.
+            "#ifdef A\n#define KERNEL_IMPL <cuda/std/cstdint>\n#else\n#define KERNEL_IMPL PICK(b)\n#endif\n",
+        ];
+        for config in cases {
+            let dir = tree(&[
+                (
+                    "kernels/a.cu",
+                    "#include \"config.cuh\"\n#include KERNEL_IMPL\n",
+                ),
+                ("kernels/config.cuh", config),
+                ("kernels/impl.cuh", ""),
+                ("include/af3/impl.cuh", ""),
+            ]);
+            let error = scan(dir.path(), &["include"], &["kernels/a.cu"]).unwrap_err();
+            assert_eq!(
+                error.to_string(),
+                "computed include `#include KERNEL_IMPL` at kernels/a.cu:2 is not supported: \
+                 include the header by name",
+                "{config}"
+            );
+        }
     }
 
     #[test]
