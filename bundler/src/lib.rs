@@ -7,7 +7,7 @@
 //! | module | owns |
 //! | --- | --- |
 //! | [`manifest`] | `kernels.toml`: library defaults, kernel tables, checks with line numbers |
-//! | [`include`] | the include-graph scanner |
+//! | [`include`](mod@include) | the include-graph scanner |
 //! | [`toolchain`] | finding each CUDA build's toolkit, its compiler and exact version |
 //! | [`compiler`] | nvcc and NVRTC behind one trait |
 //! | [`cache`] | the local content-addressed build cache |
