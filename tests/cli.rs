@@ -189,11 +189,13 @@ fn list_extract_and_explain_work_on_a_bundle() {
         .collect();
     assert_eq!(rows.len(), 1 + 22 + 2, "{text}");
     assert!(
-        rows.iter().any(|r| r.starts_with("layernorm_bf16 cu129 sm_90a nvrtc 12.9.")),
+        rows.iter()
+            .any(|r| r.starts_with("layernorm_bf16 cu129 sm_90a nvrtc 12.9.")),
         "{text}"
     );
     assert!(
-        rows.iter().any(|r| r.starts_with("wgmma_matmul_bf16 cu130 sm_100a - - - - declared:")),
+        rows.iter()
+            .any(|r| r.starts_with("wgmma_matmul_bf16 cu130 sm_100a - - - - declared:")),
         "{text}"
     );
 

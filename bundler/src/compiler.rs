@@ -22,8 +22,8 @@ use std::sync::Arc;
 
 use prebuilt::target::{Arch, CudaBuild};
 
-use prebuilt::nvrtc::{self, NvrtcError, NvrtcLibrary};
 use crate::toolchain::{nvcc_command, CompilerId, CompilerKind, Toolchain};
+use prebuilt::nvrtc::{self, NvrtcError, NvrtcLibrary};
 
 /// One kernel, one architecture: everything a compiler needs.
 #[derive(Clone, Copy, Debug)]

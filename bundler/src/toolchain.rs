@@ -806,7 +806,10 @@ mod nvrtc_library_tests {
         let cu130 = toolchain_for_tests(CUDA_13_0).unwrap();
         prebuilt::nvrtc::load(cu129.nvrtc.as_ref().unwrap()).unwrap();
         let error = prebuilt::nvrtc::load(cu130.nvrtc.as_ref().unwrap()).unwrap_err();
-        assert!(matches!(error, prebuilt::nvrtc::NvrtcError::AnotherLibraryLoaded { .. }));
+        assert!(matches!(
+            error,
+            prebuilt::nvrtc::NvrtcError::AnotherLibraryLoaded { .. }
+        ));
         println!("{error}");
     }
 }

@@ -19,6 +19,7 @@ pub mod bundle;
 pub mod cubin;
 pub mod index;
 pub mod key;
+pub mod select;
 pub mod nvrtc;
 pub mod target;
 

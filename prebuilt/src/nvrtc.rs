@@ -593,7 +593,6 @@ mod tests {
         );
     }
 
-
     impl NvrtcLibrary {
         fn open_as_unit(path: &Path) -> Result<(), NvrtcError> {
             Self::open(path).map(drop)
