@@ -32,6 +32,8 @@ enum DevCommand {
     BundleKernels(BundleKernelsArgs),
     /// Print a kernel's include tree and every input of its key.
     Explain(ExplainArgs),
+    /// Show, per kernel, which variant of a bundle would load on a given device, and why.
+    Coverage(CoverageArgs),
 }
 
 #[derive(Subcommand)]
@@ -99,6 +101,28 @@ struct ExplainArgs {
     torch: Option<String>,
 }
 
+#[derive(Args)]
+struct CoverageArgs {
+    /// The bundle directory.
+    bundle: PathBuf,
+    /// The device: `sm_90`, `sm_100`, or a compute capability such as `9.0`.
+    #[arg(long)]
+    device: String,
+    /// The runtime's CUDA build: `12.9` or `cu129`.
+    #[arg(long)]
+    cuda: String,
+    /// The runtime's torch version (not checked when absent).
+    #[arg(long)]
+    torch: Option<String>,
+    /// The driver: the CUDA version it supports (`13.0`) or its release (`580.65`)
+    /// [default: the minimum driver of the CUDA build].
+    #[arg(long)]
+    driver: Option<String>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
 impl ManifestArg {
     /// The manifest given, else `kernels/kernels.toml` under the current directory, else the
     /// embedded library of this checkout.
@@ -138,6 +162,7 @@ fn run(cli: Cli) -> Result<()> {
             print!("{explanation}");
             Ok(())
         }
+        Command::Dev(DevCommand::Coverage(args)) => coverage(args),
         Command::Bundle(BundleCommand::List { bundle }) => {
             let bundle = prebuilt::Bundle::open(&bundle)?;
             print!("{}", bundler::explain::list_bundle(bundle.index()));
@@ -196,6 +221,36 @@ fn bundle_kernels(args: BundleKernelsArgs) -> Result<()> {
         },
         summary.elapsed.as_secs_f64(),
     );
+    Ok(())
+}
+
+fn coverage(args: CoverageArgs) -> Result<()> {
+    use prebuilt::select::{DeviceQuery, DriverVersion};
+    let cuda: prebuilt::CudaBuild = if args.cuda.starts_with("cu") {
+        args.cuda.parse()?
+    } else {
+        prebuilt::CudaBuild::from_version(&args.cuda)?
+    };
+    let driver = match &args.driver {
+        Some(text) => DriverVersion::parse(text)?,
+        None => DriverVersion {
+            major: cuda.major,
+            minor: cuda.minor,
+        },
+    };
+    let query = DeviceQuery {
+        capability: DeviceQuery::parse_device(&args.device)?,
+        driver,
+        cuda,
+        torch: args.torch,
+    };
+    let bundle = prebuilt::Bundle::open(&args.bundle)?;
+    let report = prebuilt::select::coverage(bundle.index(), &query);
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{report}");
+    }
     Ok(())
 }
 

@@ -215,6 +215,47 @@ fn list_extract_and_explain_work_on_a_bundle() {
         .join("wgmma_matmul_bf16/cu130/sm_100a.cubin")
         .exists());
 
+    // What would load on a B200 with CUDA 13.0, as a table and as JSON.
+    let output = kwheel()
+        .args(["dev", "coverage"])
+        .arg(dir.path().join("bundle"))
+        .args(["--device", "sm_100", "--cuda", "13.0", "--driver", "580.65"])
+        .output()
+        .unwrap();
+    let text = stdout(&output);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let row = |kernel: &str| {
+        text.lines()
+            .find(|line| line.starts_with(kernel))
+            .map(|line| {
+                line.split_whitespace()
+                    .take(2)
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+    };
+    assert_eq!(
+        row("swiglu").as_deref(),
+        Some("swiglu cu130/sm_100a"),
+        "{text}"
+    );
+    assert_eq!(
+        row("wgmma_matmul_bf16").as_deref(),
+        Some("wgmma_matmul_bf16 none"),
+        "{text}"
+    );
+    assert!(text.contains("not built: declared"), "{text}");
+    let output = kwheel()
+        .args(["dev", "coverage"])
+        .arg(dir.path().join("bundle"))
+        .args(["--device", "8.6", "--cuda", "cu129", "--json"])
+        .output()
+        .unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let kernels = json["kernels"].as_object().unwrap();
+    assert_eq!(kernels.len(), 6);
+    assert!(kernels.values().all(|k| k["loads"].is_null()), "{json}");
+
     let output = kwheel()
         .args(["dev", "explain", "swiglu", "--against"])
         .arg(dir.path().join("bundle"))

@@ -19,8 +19,8 @@ pub mod bundle;
 pub mod cubin;
 pub mod index;
 pub mod key;
-pub mod select;
 pub mod nvrtc;
+pub mod select;
 pub mod target;
 
 pub use bundle::{Bundle, BundleError};

@@ -1,0 +1,1257 @@
+//! Variant selection: which cubin of a kernel this process may load, as a pure function.
+//!
+//! The loader asks the CUDA driver and torch once, builds a [`DeviceQuery`], and calls
+//! [`select_variant`]; `dev coverage` builds the same query from command-line flags and calls
+//! [`coverage`]. Nothing here touches a GPU, so every rule is tested on a CPU.
+//!
+//! A variant fits when it passes every check, in this order (the first failure is the
+//! variant's [`RefusalReason`]):
+//!
+//! | check | a variant fits when |
+//! | --- | --- |
+//! | arch | `sm_XYa` and the device is exactly `X.Y`; plain `sm_XY` and the device is `X.z`, `z ≥ Y` |
+//! | CUDA build | the variant's build equals the runtime's (torch's) build |
+//! | driver | the driver supports at least the variant's CUDA version |
+//! | torch | the runtime's torch version matches the variant's pin (when it is checked) |
+//!
+//! Among the variants that fit, an arch-specific cubin wins over a plain one, then the higher
+//! SM, then the earlier in the index. Targets the bundler skipped are always refused, with the
+//! bundler's reason. `docs/loader.md` is the full contract.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::index::{Index, KernelRecord, Variant};
+use crate::{Arch, CudaBuild};
+
+/// NVIDIA's table of the oldest Linux driver release for each CUDA version, newest first:
+/// `(release, CUDA major, CUDA minor)`. A release between two rows supports the lower one.
+const DRIVER_RELEASES: [(u32, u32, u32); 19] = [
+    (580, 13, 0),
+    (575, 12, 9),
+    (570, 12, 8),
+    (560, 12, 6),
+    (555, 12, 5),
+    (550, 12, 4),
+    (545, 12, 3),
+    (535, 12, 2),
+    (530, 12, 1),
+    (525, 12, 0),
+    (520, 11, 8),
+    (515, 11, 7),
+    (510, 11, 6),
+    (495, 11, 5),
+    (470, 11, 4),
+    (465, 11, 3),
+    (460, 11, 2),
+    (455, 11, 1),
+    (450, 11, 0),
+];
+
+/// The CUDA version a driver supports (`cuDriverGetVersion` 13000 → 13.0).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct DriverVersion {
+    /// CUDA major version.
+    pub major: u32,
+    /// CUDA minor version.
+    pub minor: u32,
+}
+
+impl DriverVersion {
+    /// The version as `cuDriverGetVersion` reports it: 12090 → 12.9, 13000 → 13.0.
+    pub fn from_api(version: i32) -> DriverVersion {
+        let version = u32::try_from(version).unwrap_or(0);
+        DriverVersion {
+            major: version / 1000,
+            minor: version % 1000 / 10,
+        }
+    }
+
+    /// The CUDA version a driver release (the number before the first dot, `580`) supports,
+    /// by NVIDIA's table; `None` for a release older than the table (CUDA 11.0, release 450).
+    /// A release newer than the table's last row maps to that row, which may under-report it.
+    pub fn from_release(release: u32) -> Option<DriverVersion> {
+        DRIVER_RELEASES
+            .iter()
+            .find(|(oldest, ..)| release >= *oldest)
+            .map(|&(_, major, minor)| DriverVersion { major, minor })
+    }
+
+    /// Parses a CUDA version (`13.0`, `12.9.1`) or a driver release (`580.65.06`, `575`),
+    /// the latter mapped by [`DriverVersion::from_release`]. A first number of 100 or more is
+    /// a release.
+    pub fn parse(text: &str) -> Result<DriverVersion, SelectError> {
+        let invalid = || SelectError::Driver {
+            text: text.to_owned(),
+        };
+        let numbers = dotted_numbers(text.trim()).ok_or_else(invalid)?;
+        match numbers[..] {
+            [release, ..] if release >= 100 => {
+                if numbers.len() > 3 {
+                    return Err(invalid());
+                }
+                DriverVersion::from_release(release).ok_or_else(|| SelectError::DriverRelease {
+                    text: text.to_owned(),
+                    release,
+                })
+            }
+            [major, minor] | [major, minor, _] => Ok(DriverVersion { major, minor }),
+            _ => Err(invalid()),
+        }
+    }
+
+    /// Whether this driver runs code built with `build`'s toolkit.
+    pub fn supports(self, build: CudaBuild) -> bool {
+        (self.major, self.minor) >= (build.major, build.minor)
+    }
+}
+
+impl fmt::Display for DriverVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)
+    }
+}
+
+/// The oldest driver release that supports `build`, by NVIDIA's table (`cu129` → 575);
+/// `None` when the build is outside the table.
+pub fn minimum_release(build: CudaBuild) -> Option<u32> {
+    let wanted = (build.major, build.minor);
+    let &(_, oldest_major, oldest_minor) = DRIVER_RELEASES.last()?;
+    if wanted < (oldest_major, oldest_minor) {
+        return None;
+    }
+    DRIVER_RELEASES
+        .iter()
+        .rev()
+        .find(|&&(_, major, minor)| (major, minor) >= wanted)
+        .map(|&(release, ..)| release)
+}
+
+/// `"12.9.1"` → `[12, 9, 1]`; `None` unless every dot-separated part is a number.
+fn dotted_numbers(text: &str) -> Option<Vec<u32>> {
+    text.split('.')
+        .map(|part| {
+            if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            part.parse().ok()
+        })
+        .collect()
+}
+
+/// What the running process has (or a simulated one, for `dev coverage`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceQuery {
+    /// The device's compute capability, `(9, 0)` for an H100 or H200.
+    pub capability: (u32, u32),
+    /// The CUDA version the driver supports.
+    pub driver: DriverVersion,
+    /// The runtime's CUDA build: the one torch was built for.
+    pub cuda: CudaBuild,
+    /// The runtime's torch version (`2.13.0+cu129`); `None` skips the torch check.
+    pub torch: Option<String>,
+}
+
+impl DeviceQuery {
+    /// Parses a device as `sm_90` / `sm_100` (an SM number; a trailing `a` is accepted) or as
+    /// a compute capability `9.0` / `10.3`.
+    pub fn parse_device(text: &str) -> Result<(u32, u32), SelectError> {
+        let invalid = || SelectError::Device {
+            text: text.to_owned(),
+        };
+        let trimmed = text.trim();
+        if let Some(rest) = trimmed.strip_prefix("sm_") {
+            let digits = rest.strip_suffix('a').unwrap_or(rest);
+            if digits.len() < 2 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(invalid());
+            }
+            let sm: u32 = digits.parse().map_err(|_| invalid())?;
+            return Ok((sm / 10, sm % 10));
+        }
+        match dotted_numbers(trimmed).as_deref() {
+            Some(&[major, minor]) if major > 0 && minor < 10 => Ok((major, minor)),
+            _ => Err(invalid()),
+        }
+    }
+
+    /// The compute capability as `9.0`.
+    pub fn device(&self) -> String {
+        format!("{}.{}", self.capability.0, self.capability.1)
+    }
+}
+
+/// Whether a cubin for `arch` runs on a device of compute capability `capability`.
+///
+/// An arch-specific (`a`) cubin runs only on exactly its capability; a plain `sm_XY` cubin
+/// runs on `X.z` for any `z ≥ Y`. Shipped bundles carry no PTX, so nothing runs across majors.
+pub fn runs_on(arch: Arch, capability: (u32, u32)) -> bool {
+    let (major, minor) = arch.capability();
+    if arch.specific {
+        capability == (major, minor)
+    } else {
+        capability.0 == major && capability.1 >= minor
+    }
+}
+
+/// Whether a torch version (`2.13.1+cu129`) matches a pin (`2.13.*`, `2.13.0`, `==2.13.*`).
+///
+/// The version's local label (`+cu129`) is ignored. A wildcard pin matches on whole release
+/// numbers (`2.13.10` matches `2.13.*`, `2.130.0` does not) and ignores pre-, post- and dev
+/// suffixes; an exact pin needs the same release (missing numbers count as 0) and the same
+/// suffix. `*` matches every version; any other pin matches nothing.
+pub fn torch_matches(pin: &str, version: &str) -> bool {
+    let pin = pin.trim();
+    let pin = pin.strip_prefix("==").unwrap_or(pin).trim();
+    let version = version.trim();
+    let public = version
+        .split_once('+')
+        .map_or(version, |(public, _)| public);
+    let Some(version) = Release::parse(public) else {
+        return false;
+    };
+    if pin == "*" {
+        return true;
+    }
+    if let Some(prefix) = pin.strip_suffix(".*") {
+        return match dotted_numbers(prefix) {
+            Some(prefix) => prefix
+                .iter()
+                .enumerate()
+                .all(|(position, number)| version.number(position) == *number),
+            None => false,
+        };
+    }
+    match Release::parse(pin) {
+        Some(pin) => {
+            let length = pin.numbers.len().max(version.numbers.len());
+            (0..length).all(|position| pin.number(position) == version.number(position))
+                && pin.suffix.eq_ignore_ascii_case(version.suffix)
+        }
+        None => false,
+    }
+}
+
+/// A public version split into its release numbers and whatever follows (`rc1`, `dev2025`).
+struct Release<'t> {
+    numbers: Vec<u32>,
+    suffix: &'t str,
+}
+
+impl<'t> Release<'t> {
+    fn parse(text: &'t str) -> Option<Release<'t>> {
+        let end = text
+            .find(|c: char| !c.is_ascii_digit() && c != '.')
+            .unwrap_or(text.len());
+        let numbers = dotted_numbers(text[..end].trim_end_matches('.'))?;
+        let suffix = text[end..].trim_start_matches(['.', '-', '_']);
+        Some(Release { numbers, suffix })
+    }
+
+    /// The release number at `position`, 0 past the end (PEP 440 zero padding).
+    fn number(&self, position: usize) -> u32 {
+        self.numbers.get(position).copied().unwrap_or(0)
+    }
+}
+
+/// The variant a kernel loads, and why it fits.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Choice<'i> {
+    /// The chosen variant.
+    pub variant: &'i Variant,
+    /// Why it fits: `sm_90a cubin for a 9.0 device, cu129, driver 13.0 ≥ 12.9, torch
+    /// 2.13.0+cu129 matches 2.13.*`.
+    pub reason: String,
+}
+
+/// A variant, or a skipped target, that does not fit, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    /// The variant's label, `cu129/sm_100a`.
+    pub variant: String,
+    /// The first check it failed.
+    pub reason: RefusalReason,
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.variant, self.reason)
+    }
+}
+
+/// Why a variant does not fit: the first check it failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RefusalReason {
+    /// The cubin's architecture does not run on the device.
+    Arch {
+        /// The cubin's architecture.
+        arch: Arch,
+        /// The device's compute capability.
+        device: (u32, u32),
+    },
+    /// The variant was built for another CUDA build than the runtime's.
+    CudaBuild {
+        /// The variant's build.
+        variant: CudaBuild,
+        /// The runtime's (torch's) build.
+        runtime: CudaBuild,
+    },
+    /// The driver is older than the toolkit that built the cubin.
+    Driver {
+        /// The CUDA version the cubin needs.
+        needs: CudaBuild,
+        /// The CUDA version the driver supports.
+        driver: DriverVersion,
+    },
+    /// The runtime's torch version is outside the variant's pin.
+    Torch {
+        /// The variant's pin.
+        pin: String,
+        /// The runtime's torch version.
+        runtime: String,
+    },
+    /// The target was never built.
+    Skipped {
+        /// The bundler's reason.
+        reason: String,
+    },
+}
+
+impl fmt::Display for RefusalReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RefusalReason::Arch { arch, device } => {
+                let (major, minor) = arch.capability();
+                write!(
+                    f,
+                    "{arch} cubins run only on compute capability {major}.{minor}"
+                )?;
+                if !arch.specific {
+                    write!(f, " or a later {major}.x")?;
+                }
+                write!(f, ", this device is {}.{}", device.0, device.1)
+            }
+            RefusalReason::CudaBuild { variant, runtime } => write!(
+                f,
+                "built for CUDA {} ({variant}), the runtime is CUDA {} ({runtime})",
+                variant.version(),
+                runtime.version()
+            ),
+            RefusalReason::Driver { needs, driver } => {
+                let version = needs.version();
+                write!(
+                    f,
+                    "built with CUDA {version}, which needs a driver for CUDA ≥ {version}"
+                )?;
+                if let Some(release) = minimum_release(*needs) {
+                    write!(f, " (release ≥ {release})")?;
+                }
+                write!(f, ", this driver supports {driver}")
+            }
+            RefusalReason::Torch { pin, runtime } => {
+                write!(f, "built for torch {pin}, the runtime has torch {runtime}")
+            }
+            RefusalReason::Skipped { reason } => write!(f, "not built: {reason}"),
+        }
+    }
+}
+
+/// No variant of a kernel fits: every refusal, one per variant and per skipped target.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NoFit {
+    /// The kernel.
+    pub kernel: String,
+    /// The variants in index order, then the skipped targets in index order.
+    pub refusals: Vec<Refusal>,
+}
+
+impl fmt::Display for NoFit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.refusals.is_empty() {
+            return write!(
+                f,
+                "no prebuilt variant of `{}` fits: the bundle has none",
+                self.kernel
+            );
+        }
+        write!(f, "no prebuilt variant of `{}` fits:", self.kernel)?;
+        for refusal in &self.refusals {
+            write!(f, "\n  {refusal}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for NoFit {}
+
+/// A device or driver string that cannot be understood.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SelectError {
+    /// Not a device.
+    #[error(
+        "`{text}` is not a device (expected an SM number like `sm_90` or a compute capability \
+         like `9.0`)"
+    )]
+    Device {
+        /// The text given.
+        text: String,
+    },
+    /// Not a driver version.
+    #[error(
+        "`{text}` is not a driver version (expected a CUDA version like `13.0` or a driver \
+         release like `580.65.06`)"
+    )]
+    Driver {
+        /// The text given.
+        text: String,
+    },
+    /// A driver release older than the release table.
+    #[error(
+        "driver release `{text}` ({release}) predates CUDA 11.0 (release 450); give the CUDA \
+         version it supports instead, like `10.2`"
+    )]
+    DriverRelease {
+        /// The text given.
+        text: String,
+        /// Its release number.
+        release: u32,
+    },
+}
+
+/// Picks the variant of `kernel` that this process loads, or says why each one does not fit.
+pub fn select_variant<'i>(
+    kernel: &str,
+    record: &'i KernelRecord,
+    query: &DeviceQuery,
+) -> Result<Choice<'i>, NoFit> {
+    let (chosen, refusals) = evaluate(record, query);
+    chosen.ok_or_else(|| NoFit {
+        kernel: kernel.to_owned(),
+        refusals,
+    })
+}
+
+/// Checks every variant and skipped target: the preferred variant that fits, and every
+/// refusal in index order.
+fn evaluate<'i>(
+    record: &'i KernelRecord,
+    query: &DeviceQuery,
+) -> (Option<Choice<'i>>, Vec<Refusal>) {
+    let mut best: Option<&Variant> = None;
+    let mut refusals = Vec::new();
+    for variant in &record.variants {
+        match check(variant, query) {
+            // Strictly greater: on a tie the earlier variant stays, so the choice never
+            // depends on anything but the index.
+            Ok(()) => {
+                if best.is_none_or(|best| preference(variant) > preference(best)) {
+                    best = Some(variant);
+                }
+            }
+            Err(reason) => refusals.push(Refusal {
+                variant: variant.label(),
+                reason,
+            }),
+        }
+    }
+    for skip in &record.skipped {
+        refusals.push(Refusal {
+            variant: format!("{}/{}", skip.cuda, skip.arch),
+            reason: RefusalReason::Skipped {
+                reason: skip.reason.clone(),
+            },
+        });
+    }
+    let choice = best.map(|variant| Choice {
+        variant,
+        reason: fit_reason(variant, query),
+    });
+    (choice, refusals)
+}
+
+/// Arch-specific before plain, then the higher SM.
+fn preference(variant: &Variant) -> (bool, u32) {
+    (variant.arch.specific, variant.arch.sm)
+}
+
+/// The checks in contract order; the first failure is the refusal.
+fn check(variant: &Variant, query: &DeviceQuery) -> Result<(), RefusalReason> {
+    if !runs_on(variant.arch, query.capability) {
+        return Err(RefusalReason::Arch {
+            arch: variant.arch,
+            device: query.capability,
+        });
+    }
+    if variant.cuda != query.cuda {
+        return Err(RefusalReason::CudaBuild {
+            variant: variant.cuda,
+            runtime: query.cuda,
+        });
+    }
+    if !query.driver.supports(variant.cuda) {
+        return Err(RefusalReason::Driver {
+            needs: variant.cuda,
+            driver: query.driver,
+        });
+    }
+    if let Some(torch) = &query.torch {
+        if !torch_matches(&variant.torch, torch) {
+            return Err(RefusalReason::Torch {
+                pin: variant.torch.clone(),
+                runtime: torch.clone(),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn fit_reason(variant: &Variant, query: &DeviceQuery) -> String {
+    let device = query.device();
+    // "an 8.6 device", "a 9.0 device": the article follows how the number is read.
+    let article = match query.capability.0 {
+        8 | 11 | 18 => "an",
+        _ => "a",
+    };
+    let torch = match &query.torch {
+        Some(torch) => format!("torch {torch} matches {}", variant.torch),
+        None => "torch not checked".to_owned(),
+    };
+    format!(
+        "{} cubin for {article} {device} device, {}, driver {} ≥ {}, {torch}",
+        variant.arch,
+        variant.cuda,
+        query.driver,
+        variant.cuda.version()
+    )
+}
+
+/// `dev coverage`: per kernel, what would load and why, or why nothing would.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CoverageReport {
+    /// The device's compute capability, `9.0`.
+    pub device: String,
+    /// The runtime's CUDA build, `cu129`.
+    pub cuda: String,
+    /// The CUDA version the driver supports, `13.0`.
+    pub driver: String,
+    /// The runtime's torch version; `None` when it is not checked.
+    pub torch: Option<String>,
+    /// Every kernel of the index, by name.
+    pub kernels: BTreeMap<String, KernelCoverage>,
+}
+
+/// One kernel's line of a [`CoverageReport`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KernelCoverage {
+    /// The label of the variant that loads (`cu129/sm_90a`), or `None`.
+    pub loads: Option<String>,
+    /// Why it fits, or a summary of why nothing does.
+    pub reason: String,
+    /// Every variant and skipped target that does not fit, as (label, reason), in the order
+    /// of [`NoFit::refusals`].
+    pub refusals: Vec<(String, String)>,
+}
+
+/// Runs [`select_variant`]'s rules for every kernel of `index`.
+pub fn coverage(index: &Index, query: &DeviceQuery) -> CoverageReport {
+    let kernels = index
+        .kernels
+        .iter()
+        .map(|(name, record)| {
+            let (choice, refusals) = evaluate(record, query);
+            let (loads, reason) = match choice {
+                Some(choice) => (Some(choice.variant.label()), choice.reason),
+                None => (None, nothing_fits(record)),
+            };
+            let refusals = refusals
+                .iter()
+                .map(|refusal| (refusal.variant.clone(), refusal.reason.to_string()))
+                .collect();
+            let coverage = KernelCoverage {
+                loads,
+                reason,
+                refusals,
+            };
+            (name.clone(), coverage)
+        })
+        .collect();
+    CoverageReport {
+        device: query.device(),
+        cuda: query.cuda.to_string(),
+        driver: query.driver.to_string(),
+        torch: query.torch.clone(),
+        kernels,
+    }
+}
+
+fn nothing_fits(record: &KernelRecord) -> String {
+    let plural =
+        |count: usize, noun: &str| format!("{count} {noun}{}", if count == 1 { "" } else { "s" });
+    match (record.variants.len(), record.skipped.len()) {
+        (0, 0) => "nothing fits: the bundle has no variant".to_owned(),
+        (variants, 0) => format!("nothing fits: {} refused", plural(variants, "variant")),
+        (0, skipped) => format!("nothing fits: {} not built", plural(skipped, "target")),
+        (variants, skipped) => format!(
+            "nothing fits: {} refused, {} not built",
+            plural(variants, "variant"),
+            plural(skipped, "target")
+        ),
+    }
+}
+
+impl fmt::Display for CoverageReport {
+    /// A header naming the query, an aligned table (kernel, loads, why), and the refusals
+    /// under every kernel that loads nothing.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let torch = self.torch.as_deref().unwrap_or("not checked");
+        writeln!(
+            f,
+            "device {}, CUDA build {}, driver {}, torch {torch}",
+            self.device, self.cuda, self.driver
+        )?;
+        fn loads(coverage: &KernelCoverage) -> &str {
+            coverage.loads.as_deref().unwrap_or("none")
+        }
+        let width = |text: &str| text.chars().count();
+        let kernel_width = self
+            .kernels
+            .keys()
+            .map(|name| width(name))
+            .chain([width("kernel")])
+            .max()
+            .unwrap_or(0);
+        let loads_width = self
+            .kernels
+            .values()
+            .map(|coverage| width(loads(coverage)))
+            .chain([width("loads")])
+            .max()
+            .unwrap_or(0);
+        writeln!(f)?;
+        write!(
+            f,
+            "{:kernel_width$}  {:loads_width$}  why",
+            "kernel", "loads"
+        )?;
+        for (name, coverage) in &self.kernels {
+            write!(
+                f,
+                "\n{name:kernel_width$}  {:loads_width$}  {}",
+                loads(coverage),
+                coverage.reason
+            )?;
+            if coverage.loads.is_none() {
+                for (variant, reason) in &coverage.refusals {
+                    write!(f, "\n  {variant}: {reason}")?;
+                }
+            }
+        }
+        writeln!(f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::index::{CompilerRecord, KernelInputs, Skip, StoredFile};
+
+    fn arch(text: &str) -> Arch {
+        text.parse().unwrap()
+    }
+
+    fn build(text: &str) -> CudaBuild {
+        text.parse().unwrap()
+    }
+
+    fn variant(label: &str) -> Variant {
+        let (cuda, target) = label.split_once('/').unwrap();
+        Variant {
+            arch: arch(target),
+            cuda: build(cuda),
+            torch: "2.13.*".to_owned(),
+            compiler: CompilerRecord {
+                kind: "nvrtc".to_owned(),
+                version: "12.9.86".to_owned(),
+            },
+            key: format!("key-{label}"),
+            artifact: StoredFile {
+                digest: format!("digest-{label}"),
+                size: 1,
+                path: format!("artifacts/{label}.cubin.zst"),
+                stored_size: 1,
+            },
+            functions: Vec::new(),
+        }
+    }
+
+    fn record(variants: &[&str], skipped: &[(&str, &str)]) -> KernelRecord {
+        KernelRecord {
+            inputs: KernelInputs::default(),
+            recipe: None,
+            constants: BTreeMap::new(),
+            variants: variants.iter().map(|label| variant(label)).collect(),
+            skipped: skipped
+                .iter()
+                .map(|(label, reason)| {
+                    let (cuda, target) = label.split_once('/').unwrap();
+                    Skip {
+                        arch: arch(target),
+                        cuda: build(cuda),
+                        reason: (*reason).to_owned(),
+                    }
+                })
+                .collect(),
+        }
+    }
+
+    const SKIP_REASON: &str = "tcgen05 needs CUDA 13";
+
+    /// Both builds × sm_90a/sm_100a; one kernel missing cu129/sm_100a; one with plain sm_80.
+    fn index() -> Index {
+        let kernels = [
+            (
+                "layernorm",
+                record(
+                    &[
+                        "cu129/sm_90a",
+                        "cu129/sm_100a",
+                        "cu130/sm_90a",
+                        "cu130/sm_100a",
+                    ],
+                    &[],
+                ),
+            ),
+            (
+                "moe_gate",
+                record(
+                    &["cu129/sm_90a", "cu130/sm_90a", "cu130/sm_100a"],
+                    &[("cu129/sm_100a", SKIP_REASON)],
+                ),
+            ),
+            (
+                "scale",
+                record(
+                    &["cu129/sm_80", "cu129/sm_90a", "cu130/sm_80", "cu130/sm_90a"],
+                    &[],
+                ),
+            ),
+        ];
+        Index {
+            format: crate::index::INDEX_FORMAT,
+            package: "af3-kernels".to_owned(),
+            torch: "2.13.*".to_owned(),
+            dictionary: None,
+            kernels: kernels
+                .into_iter()
+                .map(|(name, record)| (name.to_owned(), record))
+                .collect(),
+        }
+    }
+
+    fn query(device: &str, cuda: &str, driver: &str, torch: Option<&str>) -> DeviceQuery {
+        DeviceQuery {
+            capability: DeviceQuery::parse_device(device).unwrap(),
+            driver: DriverVersion::parse(driver).unwrap(),
+            cuda: build(cuda),
+            torch: torch.map(str::to_owned),
+        }
+    }
+
+    /// Selects `kernel`: the chosen label, or the refusals as `label: kind`.
+    fn outcome(kernel: &str, query: &DeviceQuery) -> Result<String, Vec<String>> {
+        let index = index();
+        match select_variant(kernel, &index.kernels[kernel], query) {
+            Ok(choice) => Ok(choice.variant.label()),
+            Err(no_fit) => Err(no_fit
+                .refusals
+                .iter()
+                .map(|refusal| {
+                    let kind = match refusal.reason {
+                        RefusalReason::Arch { .. } => "arch",
+                        RefusalReason::CudaBuild { .. } => "cuda",
+                        RefusalReason::Driver { .. } => "driver",
+                        RefusalReason::Torch { .. } => "torch",
+                        RefusalReason::Skipped { .. } => "skipped",
+                    };
+                    format!("{}: {kind}", refusal.variant)
+                })
+                .collect()),
+        }
+    }
+
+    #[test]
+    fn picks_by_device_build_driver_and_torch() {
+        let torch = Some("2.13.0+cu129");
+        #[rustfmt::skip]
+        let table = [
+            // device, runtime build, driver, torch, kernel, expected variant
+            ("sm_90",  "cu129", "13.0", torch, "layernorm", "cu129/sm_90a"),
+            ("9.0",    "cu130", "13.0", torch, "layernorm", "cu130/sm_90a"),
+            ("sm_100", "cu129", "13.0", torch, "layernorm", "cu129/sm_100a"),
+            ("10.0",   "cu130", "580",  torch, "layernorm", "cu130/sm_100a"),
+            ("sm_90",  "cu129", "12.9", torch, "moe_gate",  "cu129/sm_90a"),
+            ("sm_100", "cu130", "13.0", torch, "moe_gate",  "cu130/sm_100a"),
+            ("9.0",    "cu129", "575",  None,  "scale",     "cu129/sm_90a"),
+            ("8.0",    "cu129", "12.9", torch, "scale",     "cu129/sm_80"),
+            ("8.6",    "cu129", "12.9", torch, "scale",     "cu129/sm_80"),
+            ("8.9",    "cu130", "13.0", torch, "scale",     "cu130/sm_80"),
+            ("9.0",    "cu129", "13.0", Some("2.13.1+cu129"), "layernorm", "cu129/sm_90a"),
+            ("9.0",    "cu129", "13.0", Some("2.13.10"),      "layernorm", "cu129/sm_90a"),
+        ];
+        for (device, cuda, driver, torch, kernel, expected) in table {
+            let query = query(device, cuda, driver, torch);
+            assert_eq!(
+                outcome(kernel, &query),
+                Ok(expected.to_owned()),
+                "{device} {cuda} driver {driver} torch {torch:?} {kernel}"
+            );
+        }
+    }
+
+    #[test]
+    fn refuses_devices_without_a_cubin_on_every_variant() {
+        for device in ["8.6", "8.9", "10.3", "12.0", "sm_120", "sm_103", "7.5"] {
+            for kernel in ["layernorm", "moe_gate"] {
+                let refusals = outcome(kernel, &query(device, "cu129", "13.0", None)).unwrap_err();
+                let arch_refusals = refusals.iter().filter(|r| r.ends_with(": arch")).count();
+                assert_eq!(
+                    arch_refusals,
+                    index().kernels[kernel].variants.len(),
+                    "{device} {kernel}: {refusals:?}"
+                );
+            }
+        }
+        let query = query("10.3", "cu129", "13.0", None);
+        let no_fit = select_variant("layernorm", &index().kernels["layernorm"], &query)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            no_fit.contains(
+                "cu129/sm_100a: sm_100a cubins run only on compute capability 10.0, this device \
+                 is 10.3"
+            ),
+            "{no_fit}"
+        );
+    }
+
+    #[test]
+    fn runs_on_follows_the_arch_rules() {
+        #[rustfmt::skip]
+        let table = [
+            ("sm_90a", (9, 0), true), ("sm_90a", (9, 1), false), ("sm_90a", (8, 9), false),
+            ("sm_100a", (10, 0), true), ("sm_100a", (10, 3), false), ("sm_100a", (12, 0), false),
+            ("sm_80", (8, 0), true), ("sm_80", (8, 6), true), ("sm_80", (8, 9), true),
+            ("sm_80", (9, 0), false), ("sm_80", (7, 5), false), ("sm_86", (8, 0), false),
+            ("sm_100", (10, 3), true), ("sm_100", (12, 0), false),
+        ];
+        for (target, capability, expected) in table {
+            assert_eq!(
+                runs_on(arch(target), capability),
+                expected,
+                "{target} on {capability:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn prefers_arch_specific_then_higher_sm_then_index_order() {
+        let query = query("9.0", "cu129", "13.0", None);
+        let table: &[(&[&str], &str)] = &[
+            (&["cu129/sm_90", "cu129/sm_90a"], "cu129/sm_90a"),
+            (&["cu129/sm_90a", "cu129/sm_90"], "cu129/sm_90a"),
+            (&["cu129/sm_90"], "cu129/sm_90"),
+        ];
+        for (variants, expected) in table {
+            let record = record(variants, &[]);
+            let choice = select_variant("k", &record, &query).unwrap();
+            assert_eq!(choice.variant.label(), *expected, "{variants:?}");
+        }
+        let query = DeviceQuery {
+            capability: (8, 9),
+            ..query
+        };
+        let record = record(&["cu129/sm_80", "cu129/sm_86", "cu129/sm_89"], &[]);
+        let choice = select_variant("k", &record, &query).unwrap();
+        assert_eq!(choice.variant.label(), "cu129/sm_89");
+        // Two identical candidates: the first in the index wins.
+        let mut record = record;
+        record.variants[2].key = "second".to_owned();
+        record.variants.push(variant("cu129/sm_89"));
+        let choice = select_variant("k", &record, &query).unwrap();
+        assert_eq!(choice.variant.key, "second");
+    }
+
+    #[test]
+    fn runtime_build_must_match_exactly() {
+        // A cu129 runtime never gets a cu130 cubin, even where only cu130 would fit the arch.
+        let record = record(&["cu130/sm_90a"], &[]);
+        let cu129 = query("9.0", "cu129", "13.0", None);
+        let no_fit = select_variant("k", &record, &cu129).unwrap_err();
+        assert_eq!(
+            no_fit.refusals[0].reason.to_string(),
+            "built for CUDA 13.0 (cu130), the runtime is CUDA 12.9 (cu129)"
+        );
+        assert_eq!(
+            outcome("layernorm", &query("9.0", "cu128", "13.0", None)),
+            Err(vec![
+                "cu129/sm_90a: cuda".to_owned(),
+                "cu129/sm_100a: arch".to_owned(),
+                "cu130/sm_90a: cuda".to_owned(),
+                "cu130/sm_100a: arch".to_owned(),
+            ])
+        );
+    }
+
+    #[test]
+    fn driver_must_support_the_variants_toolkit() {
+        #[rustfmt::skip]
+        let table = [
+            ("cu129", "12.8", false), ("cu129", "570.86.10", false), ("cu129", "12.9", true),
+            ("cu129", "575.51.03", true), ("cu129", "13.0", true),
+            ("cu130", "12.9", false), ("cu130", "575", false), ("cu130", "13.0", true),
+            ("cu130", "580.65.06", true), ("cu130", "13.1", true),
+        ];
+        for (cuda, driver, fits) in table {
+            let result = outcome("layernorm", &query("9.0", cuda, driver, None));
+            let expected = if fits {
+                Ok(format!("{cuda}/sm_90a"))
+            } else {
+                Err([
+                    "cu129/sm_90a",
+                    "cu129/sm_100a",
+                    "cu130/sm_90a",
+                    "cu130/sm_100a",
+                ]
+                .iter()
+                .map(|label| {
+                    let kind = match () {
+                        _ if label.ends_with("sm_100a") => "arch",
+                        _ if !label.starts_with(cuda) => "cuda",
+                        _ => "driver",
+                    };
+                    format!("{label}: {kind}")
+                })
+                .collect())
+            };
+            assert_eq!(result, expected, "{cuda} driver {driver}");
+        }
+        let reason = RefusalReason::Driver {
+            needs: build("cu130"),
+            driver: DriverVersion {
+                major: 12,
+                minor: 9,
+            },
+        };
+        assert_eq!(
+            reason.to_string(),
+            "built with CUDA 13.0, which needs a driver for CUDA ≥ 13.0 (release ≥ 580), this \
+             driver supports 12.9"
+        );
+    }
+
+    #[test]
+    fn driver_versions_parse_from_cuda_versions_releases_and_the_api() {
+        let version = |major, minor| DriverVersion { major, minor };
+        #[rustfmt::skip]
+        let table = [
+            ("13.0", version(13, 0)), ("12.9", version(12, 9)), ("12.9.1", version(12, 9)),
+            ("575.51.03", version(12, 9)), ("580", version(13, 0)), ("570", version(12, 8)),
+            ("580.65.06", version(13, 0)), ("590.44.01", version(13, 0)),
+            ("565.57.01", version(12, 6)), ("525.60.13", version(12, 0)),
+            ("470.42.01", version(11, 4)), (" 12.8 ", version(12, 8)),
+        ];
+        for (text, expected) in table {
+            assert_eq!(DriverVersion::parse(text), Ok(expected), "{text}");
+        }
+        for text in [
+            "",
+            "13",
+            "abc",
+            "13.x",
+            "580.65.06.1",
+            "12..9",
+            "-12.9",
+            "12.9rc",
+            "v13.0",
+        ] {
+            let error = DriverVersion::parse(text).unwrap_err();
+            assert_eq!(
+                error.to_string(),
+                format!(
+                    "`{text}` is not a driver version (expected a CUDA version like `13.0` or a \
+                     driver release like `580.65.06`)"
+                )
+            );
+        }
+        assert!(matches!(
+            DriverVersion::parse("418.67"),
+            Err(SelectError::DriverRelease { release: 418, .. })
+        ));
+        assert_eq!(DriverVersion::from_api(12090), version(12, 9));
+        assert_eq!(DriverVersion::from_api(13000), version(13, 0));
+        assert_eq!(DriverVersion::from_api(12080), version(12, 8));
+        assert_eq!(DriverVersion::from_api(-1), version(0, 0));
+        assert_eq!(minimum_release(build("cu129")), Some(575));
+        assert_eq!(minimum_release(build("cu130")), Some(580));
+        assert_eq!(minimum_release(build("cu127")), Some(570));
+        assert_eq!(minimum_release(build("cu131")), None);
+        assert_eq!(minimum_release(build("cu102")), None);
+    }
+
+    #[test]
+    fn devices_parse_as_sm_numbers_or_capabilities() {
+        #[rustfmt::skip]
+        let table = [
+            ("sm_90", (9, 0)), ("sm_100", (10, 0)), ("sm_103", (10, 3)), ("sm_120", (12, 0)),
+            ("sm_86", (8, 6)), ("sm_90a", (9, 0)), ("9.0", (9, 0)), ("10.3", (10, 3)),
+            ("12.0", (12, 0)),
+        ];
+        for (text, expected) in table {
+            assert_eq!(DeviceQuery::parse_device(text), Ok(expected), "{text}");
+        }
+        for text in [
+            "",
+            "sm_9",
+            "sm90",
+            "sm_9x",
+            "9",
+            "9.10",
+            "0.5",
+            "H200",
+            "compute_90",
+        ] {
+            assert_eq!(
+                DeviceQuery::parse_device(text),
+                Err(SelectError::Device {
+                    text: text.to_owned()
+                }),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn torch_must_match_the_pin() {
+        assert_eq!(
+            outcome(
+                "layernorm",
+                &query("9.0", "cu130", "13.0", Some("2.11.0+cu130"))
+            ),
+            Err(vec![
+                "cu129/sm_90a: cuda".to_owned(),
+                "cu129/sm_100a: arch".to_owned(),
+                "cu130/sm_90a: torch".to_owned(),
+                "cu130/sm_100a: arch".to_owned(),
+            ])
+        );
+        let reason = RefusalReason::Torch {
+            pin: "2.13.*".to_owned(),
+            runtime: "2.11.0+cu130".to_owned(),
+        };
+        assert_eq!(
+            reason.to_string(),
+            "built for torch 2.13.*, the runtime has torch 2.11.0+cu130"
+        );
+        // None skips the check: torch 2.11 would be refused, no torch version is not.
+        assert_eq!(
+            outcome("layernorm", &query("9.0", "cu130", "13.0", None)),
+            Ok("cu130/sm_90a".to_owned())
+        );
+    }
+
+    #[test]
+    fn torch_pins_match_whole_release_numbers() {
+        #[rustfmt::skip]
+        let table = [
+            ("2.13.*", "2.13.0", true), ("2.13.*", "2.13.1+cu129", true),
+            ("2.13.*", "2.13.10", true), ("2.13.*", "2.13", true),
+            ("2.13.*", "2.13.0.dev20260101+cu130", true), ("2.13.*", "2.13.0rc1", true),
+            ("2.13.*", "2.130.0", false), ("2.13.*", "2.1.3", false), ("2.13.*", "2.12.9", false),
+            ("2.13.*", "2.11.0+cu130", false), ("2.13.*", "3.13.0", false),
+            ("==2.13.*", "2.13.2", true), ("== 2.13.*", "2.13.2", true),
+            ("2.13.0", "2.13.0+cu129", true), ("2.13.0", "2.13", true), ("2.13", "2.13.0", true),
+            ("2.13.0", "2.13.1", false), ("2.13.0", "2.13.0rc1", false),
+            ("2.13.0rc1", "2.13.0rc1+cu129", true), ("==2.13.0", "2.13.0", true),
+            ("*", "2.11.0", true), ("2.*", "2.13.0", true),
+            ("", "2.13.0", false), (">=2.13", "2.13.0", false), ("2.13.*", "", false),
+            ("2.13.*", "garbage", false), ("x.*", "2.13.0", false),
+        ];
+        for (pin, version, expected) in table {
+            assert_eq!(torch_matches(pin, version), expected, "{pin} vs {version}");
+        }
+    }
+
+    #[test]
+    fn skipped_targets_are_refusals_with_their_reason() {
+        assert_eq!(
+            outcome("moe_gate", &query("10.0", "cu129", "13.0", None)),
+            Err(vec![
+                "cu129/sm_90a: arch".to_owned(),
+                "cu130/sm_90a: arch".to_owned(),
+                "cu130/sm_100a: cuda".to_owned(),
+                "cu129/sm_100a: skipped".to_owned(),
+            ])
+        );
+        let record = &index().kernels["moe_gate"];
+        let no_fit =
+            select_variant("moe_gate", record, &query("10.0", "cu129", "13.0", None)).unwrap_err();
+        assert_eq!(
+            no_fit.refusals[3].to_string(),
+            format!("cu129/sm_100a: not built: {SKIP_REASON}")
+        );
+    }
+
+    #[test]
+    fn no_fit_lists_every_variant() {
+        let record = &index().kernels["moe_gate"];
+        let query = query("8.6", "cu129", "13.0", Some("2.13.0+cu129"));
+        let no_fit = select_variant("moe_gate", record, &query).unwrap_err();
+        assert_eq!(
+            no_fit.to_string(),
+            "no prebuilt variant of `moe_gate` fits:
+  cu129/sm_90a: sm_90a cubins run only on compute capability 9.0, this device is 8.6
+  cu130/sm_90a: sm_90a cubins run only on compute capability 9.0, this device is 8.6
+  cu130/sm_100a: sm_100a cubins run only on compute capability 10.0, this device is 8.6
+  cu129/sm_100a: not built: tcgen05 needs CUDA 13"
+        );
+        let error: &dyn std::error::Error = &no_fit;
+        assert!(error.source().is_none());
+        let empty = select_variant("k", &record_with_nothing(), &query).unwrap_err();
+        assert_eq!(
+            empty.to_string(),
+            "no prebuilt variant of `k` fits: the bundle has none"
+        );
+        let plain = select_variant("scale", &index().kernels["scale"], &query)
+            .unwrap()
+            .variant
+            .label();
+        assert_eq!(plain, "cu129/sm_80");
+        let query = DeviceQuery {
+            capability: (9, 0),
+            cuda: build("cu130"),
+            ..query
+        };
+        let reason = RefusalReason::Arch {
+            arch: arch("sm_86"),
+            device: query.capability,
+        };
+        assert_eq!(
+            reason.to_string(),
+            "sm_86 cubins run only on compute capability 8.6 or a later 8.x, this device is 9.0"
+        );
+    }
+
+    fn record_with_nothing() -> KernelRecord {
+        record(&[], &[])
+    }
+
+    #[test]
+    fn choice_says_why_it_fits() {
+        let index = index();
+        let query = query("9.0", "cu129", "13.0", Some("2.13.0+cu129"));
+        let choice = select_variant("layernorm", &index.kernels["layernorm"], &query).unwrap();
+        assert_eq!(
+            choice.reason,
+            "sm_90a cubin for a 9.0 device, cu129, driver 13.0 ≥ 12.9, torch 2.13.0+cu129 \
+             matches 2.13.*"
+        );
+        let query = DeviceQuery {
+            capability: (8, 6),
+            torch: None,
+            ..query
+        };
+        let choice = select_variant("scale", &index.kernels["scale"], &query).unwrap();
+        assert_eq!(
+            choice.reason,
+            "sm_80 cubin for an 8.6 device, cu129, driver 13.0 ≥ 12.9, torch not checked"
+        );
+    }
+
+    #[test]
+    fn coverage_json_round_trips() {
+        let index = index();
+        let report = coverage(&index, &query("sm_90", "cu129", "575.51.03", None));
+        let json = serde_json::to_string_pretty(&report).unwrap();
+        let back: CoverageReport = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, report);
+        let value: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(
+            value,
+            serde_json::json!({
+                "device": "9.0",
+                "cuda": "cu129",
+                "driver": "12.9",
+                "torch": null,
+                "kernels": {
+                    "layernorm": {
+                        "loads": "cu129/sm_90a",
+                        "reason": "sm_90a cubin for a 9.0 device, cu129, driver 12.9 ≥ 12.9, \
+                                   torch not checked",
+                        "refusals": [
+                            ["cu129/sm_100a", "sm_100a cubins run only on compute capability \
+                                               10.0, this device is 9.0"],
+                            ["cu130/sm_90a", "built for CUDA 13.0 (cu130), the runtime is \
+                                              CUDA 12.9 (cu129)"],
+                            ["cu130/sm_100a", "sm_100a cubins run only on compute capability \
+                                               10.0, this device is 9.0"],
+                        ],
+                    },
+                    "moe_gate": {
+                        "loads": "cu129/sm_90a",
+                        "reason": "sm_90a cubin for a 9.0 device, cu129, driver 12.9 ≥ 12.9, \
+                                   torch not checked",
+                        "refusals": [
+                            ["cu130/sm_90a", "built for CUDA 13.0 (cu130), the runtime is \
+                                              CUDA 12.9 (cu129)"],
+                            ["cu130/sm_100a", "sm_100a cubins run only on compute capability \
+                                               10.0, this device is 9.0"],
+                            ["cu129/sm_100a", "not built: tcgen05 needs CUDA 13"],
+                        ],
+                    },
+                    "scale": {
+                        "loads": "cu129/sm_90a",
+                        "reason": "sm_90a cubin for a 9.0 device, cu129, driver 12.9 ≥ 12.9, \
+                                   torch not checked",
+                        "refusals": [
+                            ["cu129/sm_80", "sm_80 cubins run only on compute capability 8.0 \
+                                             or a later 8.x, this device is 9.0"],
+                            ["cu130/sm_80", "sm_80 cubins run only on compute capability 8.0 \
+                                             or a later 8.x, this device is 9.0"],
+                            ["cu130/sm_90a", "built for CUDA 13.0 (cu130), the runtime is \
+                                              CUDA 12.9 (cu129)"],
+                        ],
+                    },
+                },
+            })
+        );
+    }
+
+    #[test]
+    fn coverage_table_snapshot() {
+        let index = index();
+        let report = coverage(
+            &index,
+            &query("sm_100", "cu129", "13.0", Some("2.13.0+cu129")),
+        );
+        assert_eq!(
+            report.to_string(),
+            "\
+device 10.0, CUDA build cu129, driver 13.0, torch 2.13.0+cu129
+
+kernel     loads          why
+layernorm  cu129/sm_100a  sm_100a cubin for a 10.0 device, cu129, driver 13.0 ≥ 12.9, torch 2.13.0+cu129 matches 2.13.*
+moe_gate   none           nothing fits: 3 variants refused, 1 target not built
+  cu129/sm_90a: sm_90a cubins run only on compute capability 9.0, this device is 10.0
+  cu130/sm_90a: sm_90a cubins run only on compute capability 9.0, this device is 10.0
+  cu130/sm_100a: built for CUDA 13.0 (cu130), the runtime is CUDA 12.9 (cu129)
+  cu129/sm_100a: not built: tcgen05 needs CUDA 13
+scale      none           nothing fits: 4 variants refused
+  cu129/sm_80: sm_80 cubins run only on compute capability 8.0 or a later 8.x, this device is 10.0
+  cu129/sm_90a: sm_90a cubins run only on compute capability 9.0, this device is 10.0
+  cu130/sm_80: sm_80 cubins run only on compute capability 8.0 or a later 8.x, this device is 10.0
+  cu130/sm_90a: sm_90a cubins run only on compute capability 9.0, this device is 10.0
+"
+        );
+    }
+}
