@@ -50,8 +50,13 @@ pub struct Library {
     pub archs: Vec<Arch>,
     /// CUDA builds every kernel is built with.
     pub cuda_builds: Vec<CudaBuild>,
+    /// The library's version, as its wheel states it.
+    #[serde(default = "default_version")]
+    pub version: String,
     /// The torch version pin (`2.13.*`).
     pub torch: String,
+    /// The Python package directory that the wheel ships with `_prebuilt/` inside it.
+    pub python_package: Option<String>,
     /// Default C++ standard.
     #[serde(default = "default_cxx_std")]
     pub cxx_std: String,
@@ -61,6 +66,10 @@ pub struct Library {
     /// Default extra compiler flags.
     #[serde(default)]
     pub flags: Vec<String>,
+}
+
+fn default_version() -> String {
+    "0.0.0".to_owned()
 }
 
 fn default_cxx_std() -> String {

@@ -1,0 +1,23 @@
+"""AlphaFold3-style CUDA kernels, shipped prebuilt.
+
+The wheel carries compiled cubins for every supported GPU and CUDA build in ``_prebuilt/``;
+the first call to a kernel loads the one that fits, or compiles it from the shipped sources
+unless ``AF3_KERNELS_JIT_FALLBACK=0``.
+
+    import af3_kernels
+    print(af3_kernels.status())
+    if af3_kernels.is_available("layernorm_bf16"):
+        layernorm = af3_kernels.load("layernorm_bf16")
+"""
+
+import kwheel as _kwheel
+
+_registry = _kwheel.open(__name__)
+
+status = _registry.status
+is_available = _registry.is_available
+unavailable_reason = _registry.unavailable_reason
+select = _registry.select
+load = _registry.load
+
+__all__ = ["status", "is_available", "unavailable_reason", "select", "load"]
