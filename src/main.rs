@@ -22,6 +22,9 @@ enum Command {
     /// Inspect a built bundle.
     #[command(subcommand)]
     Bundle(BundleCommand),
+    /// Inspect a built wheel.
+    #[command(subcommand)]
+    Wheel(WheelCommand),
     /// List the CUDA toolchains found for the manifest's CUDA builds.
     Toolchains(ManifestArg),
 }
@@ -34,6 +37,17 @@ enum DevCommand {
     Explain(ExplainArgs),
     /// Show, per kernel, which variant of a bundle would load on a given device, and why.
     Coverage(CoverageArgs),
+    /// Write the kernel library's manylinux wheel with its bundle (bundling first if needed).
+    BuildWheel(BuildWheelArgs),
+}
+
+#[derive(Subcommand)]
+enum WheelCommand {
+    /// Re-check a wheel: RECORD, tags, zip hygiene, bundle digests, manylinux audit.
+    Verify {
+        /// The wheel file.
+        wheel: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -102,6 +116,33 @@ struct ExplainArgs {
 }
 
 #[derive(Args)]
+struct BuildWheelArgs {
+    #[command(flatten)]
+    manifest: ManifestArg,
+    /// The bundle to ship (built first when missing).
+    #[arg(long, default_value = "target/kwheel/_prebuilt")]
+    bundle: PathBuf,
+    /// Where the wheel goes.
+    #[arg(long, default_value = "target/kwheel/wheels")]
+    out: PathBuf,
+    /// Override the manifest's torch pin (for example `2.11.*`).
+    #[arg(long)]
+    torch: Option<String>,
+    /// Leave the kernel sources out (no JIT fallback from this wheel).
+    #[arg(long)]
+    no_sources: bool,
+    /// Parallel compile jobs when bundling [default: the number of cores].
+    #[arg(long)]
+    jobs: Option<usize>,
+    /// The build cache directory [default: ${XDG_CACHE_HOME:-~/.cache}/kwheel/build].
+    #[arg(long)]
+    cache_dir: Option<PathBuf>,
+    /// No progress output.
+    #[arg(long)]
+    quiet: bool,
+}
+
+#[derive(Args)]
 struct CoverageArgs {
     /// The bundle directory.
     bundle: PathBuf,
@@ -163,6 +204,13 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Dev(DevCommand::Coverage(args)) => coverage(args),
+        Command::Dev(DevCommand::BuildWheel(args)) => build_wheel(args),
+        Command::Wheel(WheelCommand::Verify { wheel }) => {
+            let report = release::verify_wheel(&wheel)?;
+            print!("{report}");
+            report.into_result()?;
+            Ok(())
+        }
         Command::Bundle(BundleCommand::List { bundle }) => {
             let bundle = prebuilt::Bundle::open(&bundle)?;
             print!("{}", bundler::explain::list_bundle(bundle.index()));
@@ -178,10 +226,36 @@ fn run(cli: Cli) -> Result<()> {
     }
 }
 
+fn default_jobs(jobs: Option<usize>) -> usize {
+    jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+fn build_wheel(args: BuildWheelArgs) -> Result<()> {
+    let options = release::LibraryWheelOptions {
+        bundle: args.bundle,
+        out: args.out,
+        torch: args.torch,
+        ship_sources: !args.no_sources,
+        cache_dir: args
+            .cache_dir
+            .unwrap_or_else(bundler::cache::default_cache_dir),
+        jobs: default_jobs(args.jobs),
+        progress: !args.quiet,
+        ..release::LibraryWheelOptions::new(args.manifest.resolve())
+    };
+    let built = release::build_library_wheel(&options)
+        .with_context(|| format!("build-wheel for `{}` failed", options.manifest.display()))?;
+    println!(
+        "{} ({} files, {} bytes), verified",
+        built.path.display(),
+        built.files,
+        built.size
+    );
+    Ok(())
+}
+
 fn bundle_kernels(args: BundleKernelsArgs) -> Result<()> {
-    let jobs = args
-        .jobs
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let jobs = default_jobs(args.jobs);
     let options = bundler::BundleOptions {
         manifest: args.manifest.resolve(),
         out: args.out,

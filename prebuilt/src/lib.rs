@@ -17,9 +17,12 @@
 
 pub mod bundle;
 pub mod cubin;
+pub mod driver;
 pub mod index;
+pub mod jit;
 pub mod key;
 pub mod nvrtc;
+pub mod registry;
 pub mod select;
 pub mod target;
 

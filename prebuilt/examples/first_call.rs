@@ -1,0 +1,344 @@
+//! First-call latency of every kernel of a bundle, against NVRTC JIT of the same kernel.
+//!
+//! ```text
+//! cargo run --release -p prebuilt --example first_call -- <bundle> \
+//!     [--cuda cu130] [--torch 2.11.0] [--repetitions 25] [--jit-repetitions 3] [--json out.json]
+//! ```
+//!
+//! After the CUDA context exists (created once, timed apart, as PyTorch pays it too), each
+//! kernel's first call is measured from nothing: a fresh [`Registry`] (read the index),
+//! selection, reading the artifact, sha256 verification, zstd decompression, `cuModuleLoadData`
+//! and `cuModuleGetFunction` for every entry; the module is unloaded between repetitions. The
+//! JIT column is the same first call on a copy of the bundle without that kernel's cubins and
+//! with an empty JIT cache: the shipped sources verified and compiled by NVRTC (or nvcc, as the
+//! search finds), validated, cached, and loaded. libnvrtc itself is loaded before timing.
+//!
+//! Prints markdown tables (the breakdown of one first call, and the comparison) for
+//! `docs/benchmarks.md`; `--json` also writes the numbers for `load_inline_bench.py`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use prebuilt::bundle::{Bundle, INDEX_FILE};
+use prebuilt::driver::{Context, Driver};
+use prebuilt::jit::{CompilerSearch, JitPolicy};
+use prebuilt::registry::{ProvenanceKind, Registry, RegistryOptions};
+use prebuilt::select::{select_variant, DriverVersion};
+use prebuilt::CudaBuild;
+
+struct Arguments {
+    bundle: PathBuf,
+    cuda: Option<CudaBuild>,
+    torch: Option<String>,
+    repetitions: usize,
+    jit_repetitions: usize,
+    json: Option<PathBuf>,
+}
+
+fn parse_arguments() -> Result<Arguments, String> {
+    let mut arguments = Arguments {
+        bundle: PathBuf::new(),
+        cuda: None,
+        torch: None,
+        repetitions: 25,
+        jit_repetitions: 3,
+        json: None,
+    };
+    let mut bundle = None;
+    let mut words = std::env::args().skip(1);
+    while let Some(word) = words.next() {
+        let mut value = |name: &str| words.next().ok_or_else(|| format!("{name} needs a value"));
+        match word.as_str() {
+            "--cuda" => {
+                let text = value("--cuda")?;
+                arguments.cuda = Some(text.parse().map_err(|error| format!("--cuda: {error}"))?);
+            }
+            "--torch" => arguments.torch = Some(value("--torch")?),
+            "--repetitions" => {
+                arguments.repetitions = value("--repetitions")?
+                    .parse()
+                    .map_err(|error| format!("--repetitions: {error}"))?;
+            }
+            "--jit-repetitions" => {
+                arguments.jit_repetitions = value("--jit-repetitions")?
+                    .parse()
+                    .map_err(|error| format!("--jit-repetitions: {error}"))?;
+            }
+            "--json" => arguments.json = Some(PathBuf::from(value("--json")?)),
+            "-h" | "--help" => {
+                return Err(
+                    "usage: first_call <bundle> [--cuda cu130] [--torch 2.11.0] \
+                     [--repetitions 25] [--jit-repetitions 3] [--json out.json]"
+                        .to_owned(),
+                )
+            }
+            _ if word.starts_with('-') => return Err(format!("unknown option {word}")),
+            _ => bundle = Some(PathBuf::from(word)),
+        }
+    }
+    arguments.bundle = bundle.ok_or("give the bundle directory")?;
+    arguments.repetitions = arguments.repetitions.max(1);
+    arguments.jit_repetitions = arguments.jit_repetitions.max(1);
+    Ok(arguments)
+}
+
+fn options(arguments: &Arguments, jit: JitPolicy, cache: &Path) -> RegistryOptions {
+    RegistryOptions {
+        cuda: arguments.cuda,
+        torch: arguments.torch.clone(),
+        jit,
+        jit_cache: cache.to_path_buf(),
+        ..RegistryOptions::default()
+    }
+}
+
+fn median(times: &mut [Duration]) -> Duration {
+    times.sort();
+    times[times.len() / 2]
+}
+
+fn ms(duration: Duration) -> f64 {
+    duration.as_secs_f64() * 1e3
+}
+
+/// One first call, by phase, through the public pieces the registry is made of.
+struct Phases {
+    open: Duration,
+    select: Duration,
+    read: Duration,
+    load: Duration,
+}
+
+fn phases(arguments: &Arguments, name: &str, cache: &Path) -> Result<Phases, String> {
+    let started = Instant::now();
+    let registry = Registry::open_with(
+        &arguments.bundle,
+        options(arguments, JitPolicy::Disabled, cache),
+    )
+    .map_err(|error| error.to_string())?;
+    let open = started.elapsed();
+    let started = Instant::now();
+    let query = registry.device_query().map_err(|error| error.to_string())?;
+    let record = &registry.index().kernels[name];
+    let choice = select_variant(name, record, &query).map_err(|no_fit| no_fit.to_string())?;
+    let select = started.elapsed();
+    let started = Instant::now();
+    registry
+        .bundle()
+        .read_artifact(name, choice.variant)
+        .map_err(|error| error.to_string())?;
+    let read = started.elapsed();
+    let started = Instant::now();
+    registry.load(name).map_err(|error| error.to_string())?;
+    let load = started.elapsed();
+    Ok(Phases {
+        open,
+        select,
+        read,
+        load,
+    })
+}
+
+fn run() -> Result<(), String> {
+    let arguments = parse_arguments()?;
+    let scratch = tempfile::tempdir().map_err(|error| error.to_string())?;
+    let unused_cache = scratch.path().join("unused-jit-cache");
+
+    let started = Instant::now();
+    let driver = Driver::get().map_err(|error| error.to_string())?;
+    let driver_time = started.elapsed();
+    let started = Instant::now();
+    let context = Context::primary(0).map_err(|error| error.to_string())?;
+    let context_time = started.elapsed();
+    let device = context.device().clone();
+
+    let probe = Registry::open_with(
+        &arguments.bundle,
+        options(&arguments, JitPolicy::Disabled, &unused_cache),
+    )
+    .map_err(|error| error.to_string())?;
+    let query = probe.device_query().map_err(|error| error.to_string())?;
+    let names: Vec<String> = probe.index().kernels.keys().cloned().collect();
+    drop(probe);
+
+    // The JIT copy: the same bundle without any cubin, so every kernel compiles.
+    let stripped = scratch.path().join("_prebuilt");
+    copy_dir(&arguments.bundle, &stripped)?;
+    let mut index = Bundle::open(&stripped)
+        .map_err(|error| error.to_string())?
+        .index()
+        .clone();
+    for record in index.kernels.values_mut() {
+        record.variants.clear();
+    }
+    std::fs::write(stripped.join(INDEX_FILE), index.to_json())
+        .map_err(|error| error.to_string())?;
+    let compiler = CompilerSearch::from_env()
+        .find(query.cuda, Some(query.driver))
+        .map_err(|error| error.to_string())?;
+
+    println!(
+        "device {} (compute {}), driver CUDA {}, CUDA build {}, JIT with {compiler}",
+        device.name(),
+        query.device(),
+        DriverVersion::from_api(driver.version()),
+        query.cuda
+    );
+    println!(
+        "libcuda + cuInit {:.1} ms, primary context {:.1} ms (paid once per process, by PyTorch \
+         too)\n",
+        ms(driver_time),
+        ms(context_time)
+    );
+
+    let mut rows = Vec::new();
+    let mut report = BTreeMap::new();
+    println!("| kernel | open index | device query + select | read + verify + decompress | load + get function (incl. read) |");
+    println!("| --- | ---: | ---: | ---: | ---: |");
+    for name in &names {
+        match phases(&arguments, name, &unused_cache) {
+            Ok(phases) => println!(
+                "| `{name}` | {:.3} ms | {:.3} ms | {:.3} ms | {:.3} ms |",
+                ms(phases.open),
+                ms(phases.select),
+                ms(phases.read),
+                ms(phases.load)
+            ),
+            Err(reason) => println!("| `{name}` | {reason} | | | |"),
+        }
+    }
+    println!();
+
+    for name in &names {
+        let mut first_calls = Vec::new();
+        let mut variant = String::new();
+        let mut failure = None;
+        for _ in 0..arguments.repetitions {
+            let started = Instant::now();
+            let result = Registry::open_with(
+                &arguments.bundle,
+                options(&arguments, JitPolicy::Disabled, &unused_cache),
+            )
+            .and_then(|registry| registry.load(name));
+            let elapsed = started.elapsed();
+            match result {
+                Ok(kernel) => {
+                    assert_eq!(kernel.provenance().kind(), ProvenanceKind::Prebuilt);
+                    variant = match kernel.provenance() {
+                        prebuilt::registry::Provenance::Prebuilt { variant, .. } => variant.clone(),
+                        _ => unreachable!(),
+                    };
+                    first_calls.push(elapsed);
+                    // Dropping the kernel and its registry unloads the module.
+                }
+                Err(error) => {
+                    failure = Some(error.to_string());
+                    break;
+                }
+            }
+        }
+        let mut jit_calls = Vec::new();
+        for repetition in 0..arguments.jit_repetitions {
+            let cache = scratch.path().join(format!("jit-{name}-{repetition}"));
+            let started = Instant::now();
+            let result =
+                Registry::open_with(&stripped, options(&arguments, JitPolicy::Allowed, &cache))
+                    .and_then(|registry| registry.load(name));
+            let elapsed = started.elapsed();
+            match result {
+                Ok(kernel) => {
+                    assert_eq!(kernel.provenance().kind(), ProvenanceKind::JitCompiled);
+                    jit_calls.push(elapsed);
+                }
+                Err(error) => {
+                    failure.get_or_insert_with(|| format!("JIT: {error}"));
+                    break;
+                }
+            }
+        }
+        if let Some(reason) = failure {
+            rows.push(format!("| `{name}` | {reason} | | | |"));
+            continue;
+        }
+        let (minimum, maximum) = (
+            *first_calls.iter().min().unwrap(),
+            *first_calls.iter().max().unwrap(),
+        );
+        let first_call = median(&mut first_calls);
+        let jit = median(&mut jit_calls);
+        let ratio = jit.as_secs_f64() / first_call.as_secs_f64();
+        rows.push(format!(
+            "| `{name}` | {variant} | {:.3} ms ({:.3}–{:.3}) | {:.1} ms | {ratio:.0}× |",
+            ms(first_call),
+            ms(minimum),
+            ms(maximum),
+            ms(jit)
+        ));
+        report.insert(
+            name.clone(),
+            serde_json::json!({
+                "variant": variant,
+                "first_call_ms": ms(first_call),
+                "first_call_min_ms": ms(minimum),
+                "first_call_max_ms": ms(maximum),
+                "jit_ms": ms(jit),
+                "jit_over_first_call": ratio,
+            }),
+        );
+    }
+    println!(
+        "| kernel | loads | first call, median of {} (min–max) | {} JIT, median of {} | JIT / first call |",
+        arguments.repetitions, compiler.kind(), arguments.jit_repetitions
+    );
+    println!("| --- | --- | ---: | ---: | ---: |");
+    for row in &rows {
+        println!("{row}");
+    }
+    if let Some(path) = &arguments.json {
+        let json = serde_json::json!({
+            "device": device.name(),
+            "capability": query.device(),
+            "driver": DriverVersion::from_api(driver.version()).to_string(),
+            "cuda": query.cuda.to_string(),
+            "jit_compiler": compiler.to_string(),
+            "context_ms": ms(context_time),
+            "kernels": report,
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&json).unwrap() + "\n")
+            .map_err(|error| format!("cannot write {}: {error}", path.display()))?;
+    }
+    drop(context);
+    Ok(())
+}
+
+fn copy_dir(from: &Path, to: &Path) -> Result<(), String> {
+    let error =
+        |path: &Path, error: std::io::Error| format!("cannot copy {}: {error}", path.display());
+    std::fs::create_dir_all(to).map_err(|e| error(to, e))?;
+    for entry in std::fs::read_dir(from).map_err(|e| error(from, e))? {
+        let entry = entry.map_err(|e| error(from, e))?;
+        let target = to.join(entry.file_name());
+        if entry
+            .file_type()
+            .map_err(|e| error(&entry.path(), e))?
+            .is_dir()
+        {
+            copy_dir(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), &target).map_err(|e| error(&entry.path(), e))?;
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("first_call: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}

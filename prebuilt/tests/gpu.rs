@@ -1,0 +1,1187 @@
+//! The loader end to end: on a CPU, what a machine without a GPU sees and how the JIT cache
+//! behaves under many processes and a killed one; on a GPU, every prebuilt cubin against its
+//! CPU reference, the JIT fallback for real, and `<PACKAGE>_JIT_FALLBACK=0`.
+//!
+//! | test | runs where |
+//! | --- | --- |
+//! | `status_names_the_missing_gpu_for_every_kernel` | anywhere (with a GPU it checks the fit instead) |
+//! | `jit_compiles_once_across_processes` | NVRTC 12.9 toolchain installed |
+//! | `jit_lock_dies_with_its_process` | NVRTC 12.9 toolchain installed |
+//! | `jit_reproduces_the_bundled_cubins` | `KWHEEL_TEST_BUNDLE`, and the NVRTC 12.9 or nvcc 13.0 toolchain |
+//! | `prebuilt_variants_match_their_references` | GPU (compute 9.0) and `KWHEEL_TEST_BUNDLE` |
+//! | `jit_fallback_compiles_once_then_hits_the_cache` | GPU (9.0), `KWHEEL_TEST_BUNDLE`, an NVRTC the search finds |
+//! | `jit_disabled_names_device_build_and_variants` | GPU (9.0) and `KWHEEL_TEST_BUNDLE` |
+//! | `tampered_artifact_is_never_loaded` | GPU and `KWHEEL_TEST_BUNDLE` |
+//! | `arguments_are_checked_before_launch` | GPU (9.0) and `KWHEEL_TEST_BUNDLE` |
+//!
+//! Elsewhere a test prints `skipped: <reason>` and passes; `KWHEEL_REQUIRE_TOOLCHAINS=1` makes
+//! a missing toolchain a failure. `KWHEEL_TEST_BUNDLE` is a bundle built with the torch pin of
+//! the machine (`kwheel dev bundle-kernels --torch 2.11.*`); `KWHEEL_TEST_TORCH` (optional) is
+//! that machine's torch version, checked against the pin. Tests that compile with NVRTC 12.9
+//! do it in child processes (this binary, re-run with `KWHEEL_TEST_ROLE`), because one process
+//! holds one libnvrtc and the GPU tests use the one a PyTorch install has.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fs4::fs_std::FileExt;
+use kernel_reference::{cases, Arg, Case};
+use prebuilt::bundle::{artifact_path, Bundle, BundleError, INDEX_FILE, SOURCES_DIR};
+use prebuilt::cubin::inspect_cubin;
+use prebuilt::driver::{DeviceBuffer, Driver};
+use prebuilt::index::{
+    CompilerRecord, Function, Index, KernelInputs, KernelRecord, SourceRecipe, StoredFile, Variant,
+    INDEX_FORMAT,
+};
+use prebuilt::jit::{
+    compile_cached, entry_paths, CompilerSearch, JitCompiler, JitPolicy, JitRequest,
+};
+use prebuilt::key::{sha256_hex, KernelKey, KeyInputs};
+use prebuilt::registry::{
+    KernelArg, LoadError, Provenance, ProvenanceKind, Registry, RegistryOptions, Status,
+};
+use prebuilt::{Arch, CudaBuild};
+
+/// The fixture source, built into the binary so that it runs from any directory (the GPU
+/// machine gets this binary, not the checkout it was built in).
+const FIXTURE_SOURCE: &[u8] = include_bytes!("fixtures/cubin/kernels.cu");
+/// Set in a child process: what it is to do.
+const ROLE: &str = "KWHEEL_TEST_ROLE";
+/// The first line of a child's answer on stdout.
+const ANSWER: &str = "KWHEEL_TEST_ANSWER";
+
+fn arch(text: &str) -> Arch {
+    text.parse().unwrap()
+}
+
+fn build(text: &str) -> CudaBuild {
+    text.parse().unwrap()
+}
+
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(error) = cause {
+        text.push_str(&format!("\n  caused by: {error}"));
+        cause = error.source();
+    }
+    text
+}
+
+// ---------------------------------------------------------------------------------------------
+// A small bundle written by hand from the cubin fixtures (the bundle writer is the bundler's).
+// ---------------------------------------------------------------------------------------------
+
+/// Two kernels of `kernels.cu`, each with the four fixture cubins as its variants.
+const FIXTURE_KERNELS: [(&str, &[&str]); 2] = [
+    ("fixture_axpy", &["kw_axpy", "kw_square<float>"]),
+    ("fixture_scalars", &["kw_scalars", "kw_structs"]),
+];
+
+/// `(cubin, arch, build, compiler, version)` of each fixture cubin.
+const FIXTURE_CUBINS: [(&[u8], &str, &str, &str, &str); 4] = [
+    (
+        include_bytes!("fixtures/cubin/nvrtc129_sm_90a.cubin"),
+        "sm_90a",
+        "cu129",
+        "nvrtc",
+        "12.9.86",
+    ),
+    (
+        include_bytes!("fixtures/cubin/nvrtc129_sm_100a.cubin"),
+        "sm_100a",
+        "cu129",
+        "nvrtc",
+        "12.9.86",
+    ),
+    (
+        include_bytes!("fixtures/cubin/nvcc130_sm_90a.cubin"),
+        "sm_90a",
+        "cu130",
+        "nvcc",
+        "13.0.88",
+    ),
+    (
+        include_bytes!("fixtures/cubin/nvcc130_sm_100a.cubin"),
+        "sm_100a",
+        "cu130",
+        "nvcc",
+        "13.0.88",
+    ),
+];
+
+/// Writes the fixture bundle under `dir` and returns its root.
+fn fixture_bundle(dir: &Path) -> PathBuf {
+    let root = dir.join("_prebuilt");
+    fs::create_dir_all(root.join(SOURCES_DIR)).unwrap();
+    fs::write(root.join(SOURCES_DIR).join("kernels.cu"), FIXTURE_SOURCE).unwrap();
+    let mut kernels = BTreeMap::new();
+    for (name, entries) in FIXTURE_KERNELS {
+        let inputs = KernelInputs {
+            entries: entries.iter().map(|entry| entry.to_string()).collect(),
+            files: BTreeMap::from([("kernels.cu".to_owned(), sha256_hex(FIXTURE_SOURCE))]),
+            defines: BTreeMap::new(),
+            flags: Vec::new(),
+            cxx_std: "c++17".to_owned(),
+        };
+        let mut variants = Vec::new();
+        for (bytes, target, cuda, kind, version) in FIXTURE_CUBINS {
+            // Owned, so aligned: the ELF reader needs an aligned header.
+            let cubin = bytes.to_vec();
+            let digest = sha256_hex(&cubin);
+            let path = artifact_path(&digest);
+            let stored = zstd::encode_all(cubin.as_slice(), 19).unwrap();
+            fs::create_dir_all(root.join(&path).parent().unwrap()).unwrap();
+            fs::write(root.join(&path), &stored).unwrap();
+            let info = inspect_cubin(&cubin).unwrap();
+            let functions = entries
+                .iter()
+                .map(|entry| {
+                    let symbol = if *entry == "kw_square<float>" {
+                        "_Z9kw_squareIfEvPT_i"
+                    } else {
+                        entry
+                    };
+                    Function {
+                        name: entry.to_string(),
+                        symbol: symbol.to_owned(),
+                        param_sizes: info.function(symbol).unwrap().param_sizes.clone(),
+                    }
+                })
+                .collect();
+            let compiler = CompilerRecord {
+                kind: kind.to_owned(),
+                version: version.to_owned(),
+            };
+            let key = KernelKey::compute(&KeyInputs {
+                kernel: name,
+                inputs: &inputs,
+                arch: arch(target),
+                cuda: build(cuda),
+                torch: "2.13.*",
+                compiler: &compiler,
+            });
+            variants.push(Variant {
+                arch: arch(target),
+                cuda: build(cuda),
+                torch: "2.13.*".to_owned(),
+                compiler,
+                key: key.0,
+                artifact: StoredFile {
+                    digest,
+                    size: cubin.len() as u64,
+                    path,
+                    stored_size: stored.len() as u64,
+                },
+                functions,
+            });
+        }
+        variants.sort_by_key(|variant| (variant.cuda, variant.arch));
+        kernels.insert(
+            name.to_owned(),
+            KernelRecord {
+                inputs,
+                recipe: Some(SourceRecipe {
+                    source: "kernels.cu".to_owned(),
+                    include_dirs: Vec::new(),
+                }),
+                constants: BTreeMap::new(),
+                variants,
+                skipped: Vec::new(),
+            },
+        );
+    }
+    let index = Index {
+        format: INDEX_FORMAT,
+        package: "kwheel-fixtures".to_owned(),
+        torch: "2.13.*".to_owned(),
+        dictionary: None,
+        kernels,
+    };
+    fs::write(root.join(INDEX_FILE), index.to_json()).unwrap();
+    root
+}
+
+/// Options that read nothing from the environment.
+fn options(cuda: Option<&str>, jit: JitPolicy, cache: &Path) -> RegistryOptions {
+    RegistryOptions {
+        cuda: cuda.map(build),
+        torch: std::env::var("KWHEEL_TEST_TORCH").ok(),
+        jit,
+        jit_cache: cache.to_path_buf(),
+        compilers: CompilerSearch::from_env(),
+        device: 0,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Without a GPU.
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn status_names_the_missing_gpu_for_every_kernel() {
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = fixture_bundle(dir.path());
+    let cache = dir.path().join("jit");
+    let registry = Registry::open_with(&bundle, options(None, JitPolicy::Allowed, &cache)).unwrap();
+    let status = registry.status();
+    assert_eq!(
+        status.keys().map(String::as_str).collect::<Vec<_>>(),
+        ["fixture_axpy", "fixture_scalars"]
+    );
+    let gpu = Driver::get().and_then(|driver| driver.device(0));
+    match gpu {
+        Err(driver_error) => {
+            let reason = driver_error.to_string();
+            assert!(
+                reason.starts_with("no CUDA driver: libcuda.so.1")
+                    || reason.starts_with("no CUDA device"),
+                "{reason}"
+            );
+            for (name, status) in &status {
+                assert_eq!(
+                    status,
+                    &Status::Unavailable {
+                        reason: reason.clone()
+                    },
+                    "{name}"
+                );
+                assert_eq!(registry.unavailable_reason(name), Some(reason.clone()));
+                assert!(!registry.is_available(name));
+                let error = registry.load(name).unwrap_err();
+                assert!(matches!(error, LoadError::NoGpu(_)), "{error}");
+                assert_eq!(error.to_string(), reason);
+            }
+            // Nothing compiled, nothing cached: status never compiles.
+            assert!(!cache.exists());
+        }
+        Ok(device) if device.capability() == (9, 0) => {
+            // The fixture's pin is 2.13.*: no torch version, no torch check.
+            let fixture_options = RegistryOptions {
+                torch: None,
+                ..options(Some("cu130"), JitPolicy::Disabled, &cache)
+            };
+            let registry = Registry::open_with(&bundle, fixture_options).unwrap();
+            for (name, status) in registry.status() {
+                let Status::Available {
+                    variant,
+                    provenance,
+                    ..
+                } = status
+                else {
+                    panic!("{name}: {status:?}");
+                };
+                assert_eq!(
+                    (variant.as_str(), provenance),
+                    ("cu130/sm_90a", ProvenanceKind::Prebuilt)
+                );
+            }
+        }
+        Ok(device) => eprintln!(
+            "skipped: a GPU of compute {:?} is present; this test checks machines without one \
+             and 9.0 devices",
+            device.capability()
+        ),
+    }
+    let unknown = registry.unavailable_reason("nope").unwrap();
+    assert!(
+        unknown.starts_with("no kernel `nope` in the bundle at ")
+            && unknown.ends_with("; it has `fixture_axpy`, `fixture_scalars`"),
+        "{unknown}"
+    );
+}
+
+#[test]
+fn a_bad_cuda_build_setting_is_refused_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = fixture_bundle(dir.path());
+    // The variable is read only when the options leave the build open; set it for a child.
+    if std::env::var_os(ROLE).is_some() {
+        let error = Registry::open(&bundle).unwrap_err();
+        println!("{ANSWER} {error}");
+        return;
+    }
+    let output = test_child("a_bad_cuda_build_setting_is_refused_at_open", "open")
+        .env("KWHEEL_CUDA_BUILD", "12.9")
+        .output()
+        .unwrap();
+    let answer = answer(&output.stdout);
+    assert_eq!(
+        answer,
+        "KWHEEL_CUDA_BUILD=`12.9` is not a CUDA build: `12.9` is not a valid CUDA build \
+         (expected `cu` and the CUDA version without its dot, like `cu129`)"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The JIT cache, many processes at once, on a CPU.
+// ---------------------------------------------------------------------------------------------
+
+/// A file of the `build` toolchain `ci/setup` installs (the first of `relatives` that exists),
+/// or `None` (with the reason printed) when it is not there; with
+/// `KWHEEL_REQUIRE_TOOLCHAINS=1`, a failure. Looked up where the bundler looks.
+fn toolchain_file(build: &str, relatives: &[&str]) -> Option<PathBuf> {
+    let env = |name: &str| std::env::var_os(name).filter(|value| !value.is_empty());
+    let root = env(&format!("KWHEEL_CUDA_{}", build.to_uppercase()))
+        .map(PathBuf::from)
+        .or_else(|| env("KWHEEL_TOOLCHAINS").map(|dir| PathBuf::from(dir).join(build)))
+        .unwrap_or_else(|| {
+            let cache = env("XDG_CACHE_HOME")
+                .map(PathBuf::from)
+                .or_else(|| env("HOME").map(|home| PathBuf::from(home).join(".cache")))
+                .unwrap_or_default();
+            cache.join("kwheel/toolchains").join(build)
+        });
+    let found = relatives
+        .iter()
+        .map(|relative| root.join(relative))
+        .find(|path| path.is_file());
+    if found.is_none() {
+        let message = format!(
+            "no {} under {} (run `ci/setup`, or set KWHEEL_CUDA_{})",
+            relatives[0],
+            root.display(),
+            build.to_uppercase()
+        );
+        if std::env::var("KWHEEL_REQUIRE_TOOLCHAINS").as_deref() == Ok("1") {
+            panic!("{message}");
+        }
+        eprintln!("skipped: {message}");
+    }
+    found
+}
+
+/// `libnvrtc.so.12` of the CUDA 12.9 toolchain.
+fn nvrtc_12_9() -> Option<PathBuf> {
+    toolchain_file(
+        "cu129",
+        &[
+            "nvidia/cuda_nvrtc/lib/libnvrtc.so.12",
+            "lib64/libnvrtc.so.12",
+        ],
+    )
+}
+
+/// nvcc of the CUDA 13.0 toolchain.
+fn nvcc_13_0() -> Option<PathBuf> {
+    toolchain_file("cu130", &["nvidia/cu13/bin/nvcc", "bin/nvcc"])
+}
+
+/// This test binary, re-run for one test in the role `role`.
+fn test_child(test: &str, role: &str) -> Command {
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    command
+        .args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .env(ROLE, role)
+        .stdin(Stdio::null());
+    command
+}
+
+/// The child's answer: what follows [`ANSWER`] on its stdout.
+fn answer(stdout: &[u8]) -> String {
+    let stdout = String::from_utf8_lossy(stdout);
+    stdout
+        .lines()
+        .find_map(|line| Some(&line[line.find(ANSWER)? + ANSWER.len()..]))
+        .map(|answer| answer.trim().to_owned())
+        .unwrap_or_else(|| panic!("no answer in the child's output:\n{stdout}"))
+}
+
+fn child_env(name: &str) -> PathBuf {
+    PathBuf::from(std::env::var_os(name).unwrap_or_else(|| panic!("{name} is not set")))
+}
+
+/// A child's part: compile `KWHEEL_TEST_KERNEL` of the bundle for `KWHEEL_TEST_ARCH` with the
+/// NVRTC at `KWHEEL_TEST_NVRTC` into `KWHEEL_TEST_CACHE`, once `KWHEEL_TEST_GO` exists; answer
+/// `compiled|cached <key> <cubin sha256>`.
+fn child_compile() {
+    let bundle = Bundle::open(child_env("KWHEEL_TEST_BUNDLE_DIR")).unwrap();
+    let kernel = std::env::var("KWHEEL_TEST_KERNEL").unwrap();
+    let compiler = JitCompiler::nvrtc_at(&child_env("KWHEEL_TEST_NVRTC")).unwrap();
+    if let Some(go) = std::env::var_os("KWHEEL_TEST_GO") {
+        let started = Instant::now();
+        while !Path::new(&go).exists() {
+            assert!(started.elapsed() < Duration::from_secs(60), "no go signal");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    let index = bundle.index();
+    let request = JitRequest {
+        bundle_root: bundle.root(),
+        kernel: &kernel,
+        record: &index.kernels[&kernel],
+        torch: &index.torch,
+        arch: arch(&std::env::var("KWHEEL_TEST_ARCH").unwrap()),
+        cuda: build(&std::env::var("KWHEEL_TEST_CUDA").unwrap()),
+    };
+    match compile_cached(&request, &compiler, &child_env("KWHEEL_TEST_CACHE")) {
+        Ok(output) => println!(
+            "{ANSWER} {} {} {}",
+            if output.compiled {
+                "compiled"
+            } else {
+                "cached"
+            },
+            output.key,
+            sha256_hex(&output.cubin)
+        ),
+        Err(error) => println!(
+            "{ANSWER} error {}",
+            error_chain(&error).replace('\n', " | ")
+        ),
+    }
+}
+
+/// A child's part: hold the lock `KWHEEL_TEST_LOCK` with half a cubin written to
+/// `KWHEEL_TEST_TEMP`, as a process killed mid-write would, then say so and wait to be killed.
+fn child_hold_lock() {
+    let lock = fs::File::options()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(child_env("KWHEEL_TEST_LOCK"))
+        .unwrap();
+    FileExt::lock_exclusive(&lock).unwrap();
+    fs::write(child_env("KWHEEL_TEST_TEMP"), [0x7f, b'E', b'L']).unwrap();
+    fs::write(child_env("KWHEEL_TEST_READY"), b"").unwrap();
+    std::thread::sleep(Duration::from_secs(120));
+}
+
+/// Everything a JIT child needs to compile `kernel` of the fixture bundle.
+struct JitFixture {
+    dir: tempfile::TempDir,
+    bundle: PathBuf,
+    cache: PathBuf,
+    nvrtc: PathBuf,
+    key: KernelKey,
+}
+
+const JIT_KERNEL: &str = "fixture_axpy";
+
+fn jit_fixture() -> Option<JitFixture> {
+    let nvrtc = nvrtc_12_9()?;
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = fixture_bundle(dir.path());
+    let cache = dir.path().join("jit-cache");
+    // The key, without loading NVRTC here: the version comes from the wheel's metadata.
+    let search = CompilerSearch {
+        nvrtc: Some(nvrtc.clone()),
+        ..CompilerSearch::default()
+    };
+    let version = search.candidates()[0].version.clone().unwrap();
+    assert_eq!(version, "12.9.86");
+    let opened = Bundle::open(&bundle).unwrap();
+    let index = opened.index();
+    let request = JitRequest {
+        bundle_root: opened.root(),
+        kernel: JIT_KERNEL,
+        record: &index.kernels[JIT_KERNEL],
+        torch: &index.torch,
+        arch: arch("sm_90a"),
+        cuda: build("cu129"),
+    };
+    let key = request.key(&CompilerRecord {
+        kind: "nvrtc".into(),
+        version,
+    });
+    Some(JitFixture {
+        dir,
+        bundle,
+        cache,
+        nvrtc,
+        key,
+    })
+}
+
+impl JitFixture {
+    fn compile_child(&self, test: &str) -> Command {
+        let mut command = test_child(test, "compile");
+        command
+            .env("KWHEEL_TEST_BUNDLE_DIR", &self.bundle)
+            .env("KWHEEL_TEST_KERNEL", JIT_KERNEL)
+            .env("KWHEEL_TEST_NVRTC", &self.nvrtc)
+            .env("KWHEEL_TEST_ARCH", "sm_90a")
+            .env("KWHEEL_TEST_CUDA", "cu129")
+            .env("KWHEEL_TEST_CACHE", &self.cache);
+        command
+    }
+}
+
+fn run_role() -> bool {
+    match std::env::var(ROLE).as_deref() {
+        Ok("compile") => child_compile(),
+        Ok("hold-lock") => child_hold_lock(),
+        _ => return false,
+    }
+    true
+}
+
+#[test]
+fn jit_compiles_once_across_processes() {
+    const TEST: &str = "jit_compiles_once_across_processes";
+    if run_role() {
+        return;
+    }
+    let Some(fixture) = jit_fixture() else { return };
+    let go = fixture.dir.path().join("go");
+    let children: Vec<Child> = (0..8)
+        .map(|_| {
+            fixture
+                .compile_child(TEST)
+                .env("KWHEEL_TEST_GO", &go)
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    // Every child is waiting; let them all go at once.
+    std::thread::sleep(Duration::from_millis(300));
+    fs::write(&go, b"").unwrap();
+    let answers: Vec<String> = children
+        .into_iter()
+        .map(|child| answer(&child.wait_with_output().unwrap().stdout))
+        .collect();
+    let compiled = answers
+        .iter()
+        .filter(|a| a.starts_with("compiled "))
+        .count();
+    let cached = answers.iter().filter(|a| a.starts_with("cached ")).count();
+    assert_eq!((compiled, cached), (1, 7), "{answers:#?}");
+    // One key, one cubin, for everybody.
+    let results: Vec<&str> = answers
+        .iter()
+        .map(|a| a.split_once(' ').unwrap().1)
+        .collect();
+    assert!(results.iter().all(|r| *r == results[0]), "{results:#?}");
+    assert!(results[0].starts_with(&fixture.key.0));
+    let paths = entry_paths(&fixture.cache, &fixture.key);
+    let mut names: Vec<String> = fs::read_dir(&paths.dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    let key = &fixture.key.0;
+    assert_eq!(
+        names,
+        [
+            format!("{key}.cubin"),
+            format!("{key}.json"),
+            format!("{key}.lock")
+        ]
+    );
+    // A later process finds it too.
+    let output = fixture.compile_child(TEST).output().unwrap();
+    assert!(answer(&output.stdout).starts_with("cached "));
+}
+
+#[test]
+fn jit_lock_dies_with_its_process() {
+    const TEST: &str = "jit_lock_dies_with_its_process";
+    if run_role() {
+        return;
+    }
+    let Some(fixture) = jit_fixture() else { return };
+    let paths = entry_paths(&fixture.cache, &fixture.key);
+    fs::create_dir_all(&paths.dir).unwrap();
+    let temp = paths
+        .dir
+        .join(format!(".{}.cubin.999999.0.tmp", fixture.key.0));
+    let ready = fixture.dir.path().join("ready");
+
+    // A process takes the lock, writes half a cubin, and is killed.
+    let mut holder = test_child(TEST, "hold-lock")
+        .env("KWHEEL_TEST_LOCK", &paths.lock)
+        .env("KWHEEL_TEST_TEMP", &temp)
+        .env("KWHEEL_TEST_READY", &ready)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while !ready.exists() {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "holder never took the lock"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let lock = fs::File::open(&paths.lock).unwrap();
+    assert!(
+        !FileExt::try_lock_exclusive(&lock).unwrap(),
+        "the holder has the lock"
+    );
+    holder.kill().unwrap(); // SIGKILL
+    holder.wait().unwrap();
+    // The operating system released it with the process.
+    assert!(FileExt::try_lock_exclusive(&lock).unwrap());
+    FileExt::unlock(&lock).unwrap();
+    assert!(!paths.cubin.exists() && !paths.metadata.exists());
+
+    // The next process is not blocked, compiles, and clears the leftover.
+    let started = Instant::now();
+    let output = fixture.compile_child(TEST).output().unwrap();
+    let answer_text = answer(&output.stdout);
+    assert!(answer_text.starts_with("compiled "), "{answer_text}");
+    assert!(started.elapsed() < Duration::from_secs(60));
+    assert!(!temp.exists(), "the killed writer's temp file is removed");
+    let cubin = fs::read(&paths.cubin).unwrap();
+    assert!(answer_text.ends_with(&sha256_hex(&cubin)));
+
+    // A compile killed at a random point while holding the lock leaves the entry whole or
+    // absent, never torn, and the next process completes it.
+    let other_cache = fixture.dir.path().join("jit-cache-kill");
+    for delay_ms in [0u64, 20, 60, 120] {
+        let _ = fs::remove_dir_all(&other_cache);
+        let mut victim = fixture
+            .compile_child(TEST)
+            .env("KWHEEL_TEST_CACHE", &other_cache)
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let other = entry_paths(&other_cache, &fixture.key);
+        let started = Instant::now();
+        // Wait until the victim holds the lock (or has finished), then wait `delay_ms`.
+        loop {
+            if let Ok(lock) = fs::File::open(&other.lock) {
+                if !FileExt::try_lock_exclusive(&lock).unwrap() {
+                    break;
+                }
+                FileExt::unlock(&lock).unwrap();
+            }
+            if victim.try_wait().unwrap().is_some() || started.elapsed() > Duration::from_secs(60) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        let _ = victim.kill();
+        victim.wait().unwrap();
+        if other.metadata.exists() {
+            // Complete: the json is written last and names the cubin's digest.
+            let entry: serde_json::Value =
+                serde_json::from_slice(&fs::read(&other.metadata).unwrap()).unwrap();
+            let cubin = fs::read(&other.cubin).unwrap();
+            assert_eq!(entry["digest"], sha256_hex(&cubin));
+        }
+        let output = fixture
+            .compile_child(TEST)
+            .env("KWHEEL_TEST_CACHE", &other_cache)
+            .output()
+            .unwrap();
+        let answer_text = answer(&output.stdout);
+        assert!(
+            answer_text.starts_with("compiled ") || answer_text.starts_with("cached "),
+            "after a kill at {delay_ms} ms: {answer_text}"
+        );
+        let leftovers: Vec<_> = fs::read_dir(&other.dir)
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name())
+            .filter(|name| name.to_string_lossy().ends_with(".tmp"))
+            .collect();
+        if answer_text.starts_with("compiled ") {
+            assert!(leftovers.is_empty(), "{leftovers:?}");
+        }
+    }
+}
+
+/// The bundle the GPU tests (and the reproduction test) use, or `None` with the reason.
+fn test_bundle() -> Option<PathBuf> {
+    match std::env::var_os("KWHEEL_TEST_BUNDLE") {
+        Some(path) if !path.is_empty() => Some(PathBuf::from(path)),
+        _ => {
+            eprintln!(
+                "skipped: KWHEEL_TEST_BUNDLE is not set (a bundle from `kwheel dev \
+                 bundle-kernels`)"
+            );
+            None
+        }
+    }
+}
+
+#[test]
+fn jit_reproduces_the_bundled_cubins() {
+    const TEST: &str = "jit_reproduces_the_bundled_cubins";
+    if run_role() {
+        return;
+    }
+    let Some(bundle) = test_bundle() else { return };
+    let opened = Bundle::open(&bundle).unwrap();
+    let index = opened.index();
+    let cache = tempfile::tempdir().unwrap();
+    let mut compared = 0;
+    // NVRTC 12.9, in a child per variant (this process keeps its libnvrtc slot free).
+    if let Some(nvrtc) = nvrtc_12_9() {
+        let version = CompilerSearch {
+            nvrtc: Some(nvrtc.clone()),
+            ..CompilerSearch::default()
+        }
+        .candidates()[0]
+            .version
+            .clone()
+            .unwrap();
+        for (name, record) in &index.kernels {
+            for variant in &record.variants {
+                if variant.compiler.kind != "nvrtc" || variant.compiler.version != version {
+                    continue;
+                }
+                let output = test_child(TEST, "compile")
+                    .env("KWHEEL_TEST_BUNDLE_DIR", &bundle)
+                    .env("KWHEEL_TEST_KERNEL", name)
+                    .env("KWHEEL_TEST_NVRTC", &nvrtc)
+                    .env("KWHEEL_TEST_ARCH", variant.arch.to_string())
+                    .env("KWHEEL_TEST_CUDA", variant.cuda.to_string())
+                    .env("KWHEEL_TEST_CACHE", cache.path())
+                    .output()
+                    .unwrap();
+                // The same key as the bundler's, and the same bytes.
+                assert_eq!(
+                    answer(&output.stdout),
+                    format!("compiled {} {}", variant.key, variant.artifact.digest),
+                    "{name} {}",
+                    variant.label()
+                );
+                compared += 1;
+            }
+        }
+    }
+    // nvcc 13.0, in this process.
+    if let Some(nvcc) = nvcc_13_0() {
+        let compiler = JitCompiler::nvcc_at(&nvcc).unwrap();
+        for (name, record) in &index.kernels {
+            for variant in &record.variants {
+                if variant.compiler != compiler.record() {
+                    continue;
+                }
+                let request = JitRequest {
+                    bundle_root: opened.root(),
+                    kernel: name,
+                    record,
+                    torch: &index.torch,
+                    arch: variant.arch,
+                    cuda: variant.cuda,
+                };
+                let output = compile_cached(&request, &compiler, cache.path())
+                    .unwrap_or_else(|error| panic!("{name}: {}", error_chain(&error)));
+                assert_eq!(output.key.0, variant.key, "{name} {}", variant.label());
+                assert_eq!(sha256_hex(&output.cubin), variant.artifact.digest);
+                assert_eq!(output.functions, variant.functions);
+                compared += 1;
+            }
+        }
+    }
+    eprintln!("{compared} JIT cubins are byte-identical to the bundle's, under the same keys");
+}
+
+// ---------------------------------------------------------------------------------------------
+// On a GPU.
+// ---------------------------------------------------------------------------------------------
+
+/// The test bundle and the device, when there is a 9.0 GPU and a bundle; else `None` with the
+/// reason printed.
+fn gpu_bundle() -> Option<PathBuf> {
+    let device = match Driver::get().and_then(|driver| driver.device(0)) {
+        Ok(device) => device,
+        Err(error) => {
+            eprintln!("skipped: {error}");
+            return None;
+        }
+    };
+    if device.capability() != (9, 0) {
+        eprintln!(
+            "skipped: device 0 ({}) is compute {:?}; these tests load sm_90a cubins",
+            device.name(),
+            device.capability()
+        );
+        return None;
+    }
+    test_bundle()
+}
+
+/// Runs one reference case with `kernel`: device buffers in, launch, outputs back, check.
+fn run_case(kernel: &prebuilt::registry::Kernel, case: &Case) {
+    let context = kernel.context();
+    let mut buffers = Vec::new();
+    let mut args = Vec::new();
+    let mut outputs = Vec::new();
+    for arg in &case.args {
+        match arg {
+            Arg::Input(bytes) => {
+                let buffer = DeviceBuffer::from_host(context, bytes).unwrap();
+                args.push(KernelArg::from(&buffer));
+                buffers.push(buffer);
+            }
+            Arg::Output { bytes } => {
+                // NaN bytes everywhere: an element the kernel fails to write cannot pass.
+                let buffer = DeviceBuffer::from_host(context, &vec![0xff; *bytes]).unwrap();
+                args.push(KernelArg::from(&buffer));
+                outputs.push(buffers.len());
+                buffers.push(buffer);
+            }
+            Arg::I32(value) => args.push(KernelArg::I32(*value)),
+            Arg::F32(value) => args.push(KernelArg::F32(*value)),
+        }
+    }
+    // SAFETY: every pointer is a live device buffer of exactly the size the case computes its
+    // launch geometry for, and all of them outlive the synchronize below.
+    unsafe {
+        kernel
+            .launch(
+                case.entry,
+                case.grid,
+                case.block,
+                case.shared_mem_bytes,
+                &args,
+            )
+            .unwrap_or_else(|error| panic!("{}: {}", case.entry, error_chain(&error)));
+    }
+    context
+        .synchronize()
+        .unwrap_or_else(|error| panic!("{}: {error}", case.entry));
+    let bytes: Vec<Vec<u8>> = outputs
+        .iter()
+        .map(|&index| buffers[index].copy_to_host().unwrap())
+        .collect();
+    (case.check)(&bytes)
+        .unwrap_or_else(|mismatch| panic!("{} ({}): {mismatch}", case.entry, kernel.provenance()));
+}
+
+#[test]
+fn prebuilt_variants_match_their_references() {
+    let Some(bundle) = gpu_bundle() else { return };
+    let cache = tempfile::tempdir().unwrap();
+    let sm_90a = arch("sm_90a");
+    for cuda in ["cu129", "cu130"] {
+        let registry = Registry::open_with(
+            &bundle,
+            options(Some(cuda), JitPolicy::Disabled, cache.path()),
+        )
+        .unwrap();
+        let mut loaded = Vec::new();
+        for (name, record) in &registry.index().kernels {
+            let Some(variant) = record
+                .variants
+                .iter()
+                .find(|variant| variant.cuda == build(cuda) && variant.arch == sm_90a)
+            else {
+                continue;
+            };
+            let kernel = registry
+                .load(name)
+                .unwrap_or_else(|error| panic!("{name} {cuda}: {}", error_chain(&error)));
+            assert_eq!(
+                kernel.provenance(),
+                &Provenance::Prebuilt {
+                    variant: format!("{cuda}/sm_90a"),
+                    key: variant.key.clone(),
+                },
+                "{name}"
+            );
+            assert_eq!(kernel.constants(), &record.constants);
+            loaded.push(name.clone());
+        }
+        let cases = cases();
+        for case in &cases {
+            assert!(
+                loaded.iter().any(|name| name == case.kernel),
+                "{cuda}: the bundle has no sm_90a variant of `{}`",
+                case.kernel
+            );
+            let kernel = registry.load(case.kernel).unwrap();
+            run_case(&kernel, case);
+        }
+        eprintln!(
+            "{cuda}: {} kernels loaded prebuilt, {} cases match their references",
+            loaded.len(),
+            cases.len()
+        );
+        // Nothing was compiled.
+        assert!(!cache.path().join(prebuilt::jit::CACHE_LAYOUT).exists());
+    }
+}
+
+/// A copy of `bundle` under `dir` whose index has no `sm_90a` variant.
+fn bundle_without_sm_90a(bundle: &Path, dir: &Path) -> PathBuf {
+    let copy = dir.join("_prebuilt");
+    copy_dir(bundle, &copy);
+    let opened = Bundle::open(&copy).unwrap();
+    let mut index = opened.index().clone();
+    for record in index.kernels.values_mut() {
+        record
+            .variants
+            .retain(|variant| variant.arch != arch("sm_90a"));
+    }
+    fs::write(copy.join(INDEX_FILE), index.to_json()).unwrap();
+    copy
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    fs::create_dir_all(to).unwrap();
+    for entry in fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
+/// The CUDA build the JIT tests run as: `KWHEEL_TEST_JIT_CUDA`, else `cu130`.
+fn jit_build() -> String {
+    std::env::var("KWHEEL_TEST_JIT_CUDA").unwrap_or_else(|_| "cu130".to_owned())
+}
+
+#[test]
+fn jit_fallback_compiles_once_then_hits_the_cache() {
+    let Some(bundle) = gpu_bundle() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let stripped = bundle_without_sm_90a(&bundle, dir.path());
+    let cache = dir.path().join("jit-cache");
+    let cuda = jit_build();
+    let cases = cases();
+    let mut keys: BTreeMap<String, String> = BTreeMap::new();
+    for (round, expected) in [ProvenanceKind::JitCompiled, ProvenanceKind::JitCache]
+        .into_iter()
+        .enumerate()
+    {
+        let registry =
+            Registry::open_with(&stripped, options(Some(&cuda), JitPolicy::Allowed, &cache))
+                .unwrap();
+        for (name, status) in registry.status() {
+            match status {
+                Status::Available {
+                    variant,
+                    provenance,
+                    reason,
+                } => {
+                    assert_eq!(variant, format!("{cuda}/sm_90a"), "{name}");
+                    assert_eq!(provenance, expected, "{name}: {reason}");
+                }
+                Status::Unavailable { reason } => panic!("{name}: {reason}"),
+            }
+        }
+        for name in registry.index().kernels.keys() {
+            let started = Instant::now();
+            let kernel = registry
+                .load(name)
+                .unwrap_or_else(|error| panic!("{name}: {}", error_chain(&error)));
+            eprintln!(
+                "round {round}: {name} {} in {:?}",
+                kernel.provenance(),
+                started.elapsed()
+            );
+            assert_eq!(kernel.provenance().kind(), expected, "{name}");
+            let key = kernel.provenance().key().to_owned();
+            assert!(entry_paths(&cache, &KernelKey(key.clone()))
+                .metadata
+                .is_file());
+            match keys.get(name) {
+                Some(first) => assert_eq!(first, &key, "{name}: the same key both times"),
+                None => {
+                    keys.insert(name.clone(), key);
+                }
+            }
+        }
+        for case in &cases {
+            run_case(&registry.load(case.kernel).unwrap(), case);
+        }
+    }
+}
+
+#[test]
+fn jit_disabled_names_device_build_and_variants() {
+    const TEST: &str = "jit_disabled_names_device_build_and_variants";
+    let Some(bundle) = gpu_bundle() else { return };
+    // In a child, the policy comes from `<PACKAGE>_JIT_FALLBACK=0` as a user sets it.
+    if std::env::var(ROLE).as_deref() == Ok("no-fit") {
+        let variable = std::env::var("KWHEEL_TEST_VARIABLE").unwrap();
+        check_no_fit(
+            &bundle,
+            JitPolicy::FromEnvironment,
+            &format!("{variable}=0"),
+        );
+        println!("{ANSWER} ok");
+        return;
+    }
+    check_no_fit(
+        &bundle,
+        JitPolicy::Disabled,
+        "the loader's JIT policy (as AF3_KERNELS_JIT_FALLBACK=0 would)",
+    );
+    let package = Bundle::open(&bundle).unwrap().index().package.clone();
+    let variable = prebuilt::jit::fallback_variable(&package);
+    let output = test_child(TEST, "no-fit")
+        .env(&variable, "0")
+        .env("KWHEEL_TEST_VARIABLE", &variable)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(answer(&output.stdout), "ok");
+}
+
+/// On a copy of `bundle` without sm_90a cubins, with the fallback disabled by `policy`: every
+/// kernel fails to load with an error naming the device, the build, and every shipped variant;
+/// `status()` says the same; nothing compiles.
+fn check_no_fit(bundle: &Path, policy: JitPolicy, disabled_by: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let stripped = bundle_without_sm_90a(bundle, dir.path());
+    let cache = dir.path().join("jit-cache");
+    let cuda = jit_build();
+    let registry = Registry::open_with(&stripped, options(Some(&cuda), policy, &cache)).unwrap();
+    assert!(!registry.jit_allowed());
+    let status = registry.status();
+    for (name, record) in &registry.index().kernels {
+        let error = registry.load(name).unwrap_err();
+        assert!(matches!(error, LoadError::NoFit { .. }), "{name}: {error}");
+        let message = error.to_string();
+        assert!(
+            message.starts_with(&format!(
+                "`{name}` has no prebuilt cubin for this GPU and {disabled_by} forbids \
+                 compiling: device sm_90 (compute 9.0), CUDA build {cuda}, driver "
+            )),
+            "{message}"
+        );
+        for variant in &record.variants {
+            assert!(
+                message.contains(&format!("{}: ", variant.label())),
+                "{message}"
+            );
+        }
+        for skip in &record.skipped {
+            assert!(message.contains(&format!("{}/{}: not built", skip.cuda, skip.arch)));
+        }
+        assert_eq!(
+            status[name],
+            Status::Unavailable {
+                reason: message.clone()
+            }
+        );
+        eprintln!("{message}");
+    }
+    assert!(!cache.exists(), "nothing was compiled");
+}
+
+#[test]
+fn tampered_artifact_is_never_loaded() {
+    let Some(bundle) = gpu_bundle() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("_prebuilt");
+    copy_dir(&bundle, &copy);
+    let opened = Bundle::open(&copy).unwrap();
+    let index = opened.index();
+    let cuda = jit_build();
+    // The artifact `layernorm_bf16` would load, replaced by another kernel's (a valid frame).
+    let (name, record) = index
+        .kernels
+        .iter()
+        .find(|(_, record)| record.variants.iter().any(|v| v.cuda == build(&cuda)))
+        .unwrap();
+    let victim = record
+        .variants
+        .iter()
+        .find(|variant| variant.cuda == build(&cuda) && variant.arch == arch("sm_90a"))
+        .unwrap();
+    // The smallest other cubin decompresses within the victim's recorded size, so the check
+    // that fails is the digest; a larger one would fail decompression first. Both refuse.
+    let donor = index
+        .kernels
+        .values()
+        .flat_map(|record| &record.variants)
+        .filter(|variant| variant.artifact.digest != victim.artifact.digest)
+        .min_by_key(|variant| variant.artifact.size)
+        .unwrap();
+    fs::copy(
+        copy.join(&donor.artifact.path),
+        copy.join(&victim.artifact.path),
+    )
+    .unwrap();
+    let registry = Registry::open_with(
+        &copy,
+        options(Some(&cuda), JitPolicy::Disabled, &dir.path().join("jit")),
+    )
+    .unwrap();
+    let error = registry.load(name).unwrap_err();
+    let LoadError::Bundle(bundle_error) = &error else {
+        panic!(
+            "expected a verification failure, got {}",
+            error_chain(&error)
+        );
+    };
+    match bundle_error.as_ref() {
+        BundleError::DigestMismatch {
+            kernel,
+            variant,
+            expected,
+            actual,
+            ..
+        } => {
+            assert_eq!(
+                (kernel, variant, expected, actual),
+                (
+                    name,
+                    &victim.label(),
+                    &victim.artifact.digest,
+                    &donor.artifact.digest
+                )
+            );
+        }
+        BundleError::Corrupt {
+            kernel, variant, ..
+        } if donor.artifact.size > victim.artifact.size => {
+            assert_eq!((kernel, variant), (name, &victim.label()));
+        }
+        other => panic!("expected a digest mismatch, got {}", error_chain(other)),
+    }
+    eprintln!("{error}");
+}
+
+#[test]
+fn arguments_are_checked_before_launch() {
+    let Some(bundle) = gpu_bundle() else { return };
+    let cache = tempfile::tempdir().unwrap();
+    let registry = Registry::open_with(
+        &bundle,
+        options(Some(&jit_build()), JitPolicy::Disabled, cache.path()),
+    )
+    .unwrap();
+    let kernel = registry.load("sigmoid_gate").unwrap();
+    let function = kernel.function("sigmoid_gate").unwrap();
+    assert_eq!(function.param_sizes(), [8, 8, 8, 4]);
+    let too_few = [KernelArg::Ptr(0), KernelArg::Ptr(0), KernelArg::Ptr(0)];
+    // SAFETY: the count is wrong, so nothing is launched.
+    let error =
+        unsafe { kernel.launch("sigmoid_gate", [1, 1, 1], [1, 1, 1], 0, &too_few) }.unwrap_err();
+    assert!(matches!(error, LoadError::ArgumentCount { .. }), "{error}");
+    let wrong_size = [
+        KernelArg::Ptr(0),
+        KernelArg::Ptr(0),
+        KernelArg::Ptr(0),
+        KernelArg::I64(4),
+    ];
+    // SAFETY: parameter 3 has the wrong size, so nothing is launched.
+    let error =
+        unsafe { kernel.launch("sigmoid_gate", [1, 1, 1], [1, 1, 1], 0, &wrong_size) }.unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "argument 3 of `sigmoid_gate` (kernel `sigmoid_gate`) is 8 bytes, but parameter 3 is 4 \
+         bytes"
+    );
+    let error = kernel.function("nope").unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "`sigmoid_gate` has no entry `nope`; its entries are `sigmoid_gate`"
+    );
+    kernel.context().synchronize().unwrap();
+    // Loading again returns the same kernel.
+    let again = registry.load("sigmoid_gate").unwrap();
+    assert_eq!(again.provenance(), kernel.provenance());
+}

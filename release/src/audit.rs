@@ -1,0 +1,626 @@
+//! The manylinux audit: every host ELF file in a wheel must run on the oldest system its
+//! platform tag promises.
+//!
+//! For each file that starts with the ELF magic:
+//!
+//! | file | check |
+//! | --- | --- |
+//! | cubin (`e_machine` 190) | recognised and skipped: the GPU driver loads it, not the system |
+//! | host ELF | 64-bit little-endian x86-64 (the tag's architecture) |
+//! | | every `DT_NEEDED` library in the policy's list (the dynamic loader and libpython always pass) |
+//! | | every version it needs (`.gnu.version_r`) of a family the policy pins (`GLIBC`, `GLIBCXX`, `CXXABI`, `GCC`, `LIBATOMIC`, `ZLIB`) in the policy's set |
+//! | | no undefined symbol the policy blacklists for a library it links |
+//!
+//! The rules and tables are those of auditwheel's `manylinux_2_28` policy for x86_64: versions
+//! are checked by membership, as auditwheel does, and versions needed from the dynamic loader
+//! (`ld-linux-x86-64.so.2`) are not checked. A message names the file, the library and the
+//! version: `af3_kernels/_kwheel.abi3.so needs GLIBC_2.34 (from libc.so.6), newer than
+//! manylinux_2_28 allows (GLIBC_2.28)`.
+
+use std::fmt;
+
+use object::elf::{
+    FileHeader64, DT_NEEDED, ELFCLASS64, ELFDATA2LSB, ELFDATA2MSB, ELFMAG, EM_X86_64, SHT_DYNSYM,
+};
+use object::read::elf::{Dyn as _, FileHeader as _, Sym as _};
+use object::LittleEndian;
+
+/// A manylinux policy for one architecture.
+#[derive(Debug)]
+pub struct Policy {
+    /// The policy (`manylinux_2_28`).
+    pub name: &'static str,
+    /// The architecture part of the platform tag (`x86_64`).
+    pub architecture: &'static str,
+    /// The ELF machine every host ELF must be built for.
+    pub machine: u16,
+    /// Libraries a host ELF may link (`DT_NEEDED`), besides the dynamic loader and libpython.
+    pub libraries: &'static [&'static str],
+    /// For each version family the policy pins, the versions it allows, oldest first.
+    pub symbol_versions: &'static [(&'static str, &'static [&'static str])],
+    /// Symbols a host ELF must not take from a library, though the library is allowed.
+    pub blacklist: &'static [(&'static str, &'static [&'static str])],
+}
+
+/// auditwheel's `manylinux_2_28` policy for x86_64.
+pub static MANYLINUX_2_28_X86_64: Policy = Policy {
+    name: "manylinux_2_28",
+    architecture: "x86_64",
+    machine: EM_X86_64,
+    libraries: &[
+        "libatomic.so.1",
+        "libgcc_s.so.1",
+        "libstdc++.so.6",
+        "libm.so.6",
+        "libmvec.so.1",
+        "libanl.so.1",
+        "libdl.so.2",
+        "librt.so.1",
+        "libc.so.6",
+        "libnsl.so.1",
+        "libutil.so.1",
+        "libpthread.so.0",
+        "libX11.so.6",
+        "libXext.so.6",
+        "libXrender.so.1",
+        "libICE.so.6",
+        "libSM.so.6",
+        "libGL.so.1",
+        "libgobject-2.0.so.0",
+        "libgthread-2.0.so.0",
+        "libglib-2.0.so.0",
+        "libresolv.so.2",
+        "libexpat.so.1",
+        "libz.so.1",
+    ],
+    symbol_versions: &[
+        (
+            "CXXABI",
+            &[
+                "1.3", "1.3.1", "1.3.2", "1.3.3", "1.3.4", "1.3.5", "1.3.6", "1.3.7", "1.3.8",
+                "1.3.9", "1.3.10", "1.3.11", "FLOAT128", "TM_1",
+            ],
+        ),
+        (
+            "GCC",
+            &[
+                "3.0", "3.3", "3.3.1", "3.4", "3.4.2", "3.4.4", "4.0.0", "4.2.0", "4.3.0", "4.7.0",
+                "4.8.0", "7.0.0",
+            ],
+        ),
+        (
+            "GLIBC",
+            &[
+                "2.2.5", "2.2.6", "2.3", "2.3.2", "2.3.3", "2.3.4", "2.4", "2.5", "2.6", "2.7",
+                "2.8", "2.9", "2.10", "2.11", "2.12", "2.13", "2.14", "2.15", "2.16", "2.17",
+                "2.18", "2.22", "2.23", "2.24", "2.25", "2.26", "2.27", "2.28",
+            ],
+        ),
+        (
+            "GLIBCXX",
+            &[
+                "3.4", "3.4.1", "3.4.2", "3.4.3", "3.4.4", "3.4.5", "3.4.6", "3.4.7", "3.4.8",
+                "3.4.9", "3.4.10", "3.4.11", "3.4.12", "3.4.13", "3.4.14", "3.4.15", "3.4.16",
+                "3.4.17", "3.4.18", "3.4.19", "3.4.20", "3.4.21", "3.4.22", "3.4.23", "3.4.24",
+            ],
+        ),
+        ("LIBATOMIC", &["1.0", "1.1", "1.2"]),
+        (
+            "ZLIB",
+            &[
+                "1.2.0", "1.2.0.2", "1.2.0.8", "1.2.2", "1.2.2.3", "1.2.2.4", "1.2.3.3", "1.2.3.4",
+                "1.2.3.5", "1.2.5.1", "1.2.5.2", "1.2.7.1", "1.2.9",
+            ],
+        ),
+    ],
+    blacklist: &[(
+        "libz.so.1",
+        &[
+            "_dist_code",
+            "_length_code",
+            "_tr_align",
+            "_tr_flush_block",
+            "_tr_init",
+            "_tr_stored_block",
+            "_tr_tally",
+            "adler32_default",
+            "bi_windup",
+            "crc32_acle",
+            "crc32_combine_gen",
+            "crc32_combine_gen64",
+            "crc32_combine_op",
+            "crc32_le_vgfm_16",
+            "crc32_neon",
+            "crc32_vpmsum",
+            "crc32_z_default",
+            "crc_fold_512to32",
+            "crc_fold_copy",
+            "crc_fold_init",
+            "deflate_copyright",
+            "deflate_medium",
+            "fill_window",
+            "flush_pending",
+            "gzflags",
+            "inflate_copyright",
+            "inflate_fast",
+            "inflate_table",
+            "longest_match",
+            "slide_hash_sse",
+            "static_ltree",
+            "uncompress2",
+            "x86_check_features",
+            "x86_cpu_has_pclmul",
+            "x86_cpu_has_sse2",
+            "x86_cpu_has_sse42",
+            "sse2_slide_hash",
+            "z_errmsg",
+            "z_vstring",
+            "zcalloc",
+            "zcfree",
+        ],
+    )],
+};
+
+impl Policy {
+    /// The platform tag the policy stands for (`manylinux_2_28_x86_64`).
+    pub fn platform_tag(&self) -> String {
+        format!("{}_{}", self.name, self.architecture)
+    }
+
+    /// Whether a host ELF may link `library`.
+    pub fn allows_library(&self, library: &str) -> bool {
+        is_dynamic_loader(library) || is_libpython(library) || self.libraries.contains(&library)
+    }
+
+    /// The versions of `family` the policy allows, or `None` when it does not pin the family.
+    pub fn versions_of(&self, family: &str) -> Option<&'static [&'static str]> {
+        self.symbol_versions
+            .iter()
+            .find(|(name, _)| *name == family)
+            .map(|(_, versions)| *versions)
+    }
+
+    /// The newest numeric version of `family` the policy allows (`2.28` for `GLIBC`).
+    pub fn newest(&self, family: &str) -> Option<&'static str> {
+        self.versions_of(family)?
+            .iter()
+            .filter_map(|version| numeric(version).map(|parts| (parts, *version)))
+            .max()
+            .map(|(_, version)| version)
+    }
+}
+
+/// How the files of a wheel are audited, by its platform tag.
+#[derive(Clone, Copy, Debug)]
+pub enum AuditTarget {
+    /// A manylinux tag: host ELFs must keep to the policy.
+    Policy(&'static Policy),
+    /// `any`: the wheel claims to hold no host code, so a host ELF is a violation.
+    PlatformIndependent,
+    /// `linux_*`: no promise about the system, nothing to check.
+    Unrestricted,
+}
+
+impl AuditTarget {
+    /// The audit of a platform tag, or `None` for a tag whose policy this audit lacks.
+    pub fn for_platform(tag: &str) -> Option<AuditTarget> {
+        if tag == "any" {
+            Some(AuditTarget::PlatformIndependent)
+        } else if tag == MANYLINUX_2_28_X86_64.platform_tag() {
+            Some(AuditTarget::Policy(&MANYLINUX_2_28_X86_64))
+        } else if tag.starts_with("linux_") {
+            Some(AuditTarget::Unrestricted)
+        } else {
+            None
+        }
+    }
+}
+
+/// What kind of ELF file a wheel entry is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ElfKind {
+    /// A CUDA cubin (`e_machine` 190), which the audit skips.
+    Cubin,
+    /// A shared library, executable or object for a CPU.
+    Host,
+}
+
+/// The audit of one file.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FileAudit {
+    /// `None` when the file is not ELF at all.
+    pub kind: Option<ElfKind>,
+    /// What breaks the policy.
+    pub violations: Vec<Violation>,
+}
+
+/// One way a file breaks a policy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    /// The file, by its path inside the wheel.
+    pub file: String,
+    /// The policy broken (`manylinux_2_28`), or the platform tag (`any`).
+    pub policy: String,
+    /// What is wrong.
+    pub kind: ViolationKind,
+}
+
+/// What a [`Violation`] is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ViolationKind {
+    /// A host ELF for another architecture or ELF class than the policy's.
+    Machine {
+        /// What the file is built for (`machine 183, 64-bit little-endian`).
+        found: String,
+        /// What the policy needs (`x86_64`).
+        expected: String,
+    },
+    /// A linked library the policy does not allow.
+    Library {
+        /// The `DT_NEEDED` name.
+        library: String,
+    },
+    /// A symbol version the policy does not allow.
+    SymbolVersion {
+        /// The version needed (`GLIBC_2.34`).
+        version: String,
+        /// The library it is needed from.
+        library: String,
+        /// The newest version of its family the policy allows (`GLIBC_2.28`), when the needed
+        /// one is newer than that.
+        newest: Option<String>,
+    },
+    /// A symbol the policy blacklists for a library.
+    Symbol {
+        /// The symbol.
+        symbol: String,
+        /// The library.
+        library: String,
+    },
+    /// Host code in a wheel tagged platform-independent.
+    HostCode,
+    /// An ELF file whose headers cannot be read.
+    Malformed {
+        /// What could not be read.
+        message: String,
+    },
+}
+
+impl Violation {
+    /// The message without the file name.
+    pub fn message(&self) -> String {
+        let policy = &self.policy;
+        match &self.kind {
+            ViolationKind::Machine { found, expected } => {
+                format!("is an ELF file for {found}, not {expected} as {policy} needs")
+            }
+            ViolationKind::Library { library } => {
+                format!("links `{library}`, which {policy} does not allow (bundle it or link it statically)")
+            }
+            ViolationKind::SymbolVersion {
+                version,
+                library,
+                newest: Some(newest),
+            } => format!("needs {version} (from {library}), newer than {policy} allows ({newest})"),
+            ViolationKind::SymbolVersion {
+                version,
+                library,
+                newest: None,
+            } => format!("needs {version} (from {library}), which {policy} does not allow"),
+            ViolationKind::Symbol { symbol, library } => {
+                format!("uses `{symbol}` of {library}, which {policy} does not allow")
+            }
+            ViolationKind::HostCode => {
+                format!("is host code, but the wheel is tagged `{policy}` (platform-independent)")
+            }
+            ViolationKind::Malformed { message } => format!("is a malformed ELF file: {message}"),
+        }
+    }
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.file, self.message())
+    }
+}
+
+/// Audits one file of a wheel (`path` is its path inside the wheel) for `target`.
+pub fn audit_file(target: &AuditTarget, path: &str, bytes: &[u8]) -> FileAudit {
+    if !bytes.starts_with(&ELFMAG) {
+        return FileAudit::default();
+    }
+    if prebuilt::cubin::is_cubin(bytes) {
+        return FileAudit {
+            kind: Some(ElfKind::Cubin),
+            violations: Vec::new(),
+        };
+    }
+    let violations = match target {
+        AuditTarget::Policy(policy) => audit_elf(policy, path, bytes),
+        AuditTarget::PlatformIndependent => vec![Violation {
+            file: path.to_owned(),
+            policy: "any".into(),
+            kind: ViolationKind::HostCode,
+        }],
+        AuditTarget::Unrestricted => Vec::new(),
+    };
+    FileAudit {
+        kind: Some(ElfKind::Host),
+        violations,
+    }
+}
+
+/// Audits a host ELF file against `policy`; `path` names it in the violations. A cubin passes.
+pub fn audit_elf(policy: &Policy, path: &str, bytes: &[u8]) -> Vec<Violation> {
+    if prebuilt::cubin::is_cubin(bytes) {
+        return Vec::new();
+    }
+    let violation = |kind| Violation {
+        file: path.to_owned(),
+        policy: policy.name.to_owned(),
+        kind,
+    };
+    let (class, data) = (bytes.get(4).copied(), bytes.get(5).copied());
+    let machine = bytes.get(18..20).map(|m| {
+        if data == Some(ELFDATA2MSB) {
+            u16::from_be_bytes([m[0], m[1]])
+        } else {
+            u16::from_le_bytes([m[0], m[1]])
+        }
+    });
+    if class != Some(ELFCLASS64) || data != Some(ELFDATA2LSB) || machine != Some(policy.machine) {
+        let found = format!(
+            "machine {}, {}-bit {}-endian",
+            machine.map_or("?".into(), |m| m.to_string()),
+            if class == Some(ELFCLASS64) { 64 } else { 32 },
+            if data == Some(ELFDATA2MSB) {
+                "big"
+            } else {
+                "little"
+            }
+        );
+        return vec![violation(ViolationKind::Machine {
+            found,
+            expected: policy.architecture.to_owned(),
+        })];
+    }
+    match inspect_host_elf(bytes) {
+        Ok(elf) => check_host_elf(policy, &elf)
+            .into_iter()
+            .map(violation)
+            .collect(),
+        Err(error) => vec![violation(ViolationKind::Malformed {
+            message: error.to_string(),
+        })],
+    }
+}
+
+/// What the audit reads from a host ELF file.
+struct HostElf {
+    /// `DT_NEEDED` libraries, in order.
+    needed: Vec<String>,
+    /// (library, version) pairs of `.gnu.version_r`, the dynamic loader's left out.
+    versions: Vec<(String, String)>,
+    /// Undefined dynamic symbols.
+    undefined: Vec<String>,
+}
+
+fn inspect_host_elf(bytes: &[u8]) -> object::read::Result<HostElf> {
+    let endian = LittleEndian;
+    let header = FileHeader64::<LittleEndian>::parse(bytes)?;
+    let sections = header.sections(endian, bytes)?;
+    let text = |name: &[u8]| String::from_utf8_lossy(name).into_owned();
+
+    let mut needed = Vec::new();
+    if let Some((entries, link)) = sections.dynamic(endian, bytes)? {
+        let strings = sections.strings(endian, bytes, link)?;
+        for entry in entries {
+            if entry.tag32(endian) == Some(DT_NEEDED) {
+                needed.push(text(entry.string(endian, strings)?));
+            }
+        }
+    }
+
+    let mut versions = Vec::new();
+    if let Some((mut needs, link)) = sections.gnu_verneed(endian, bytes)? {
+        let strings = sections.strings(endian, bytes, link)?;
+        while let Some((need, mut auxiliaries)) = needs.next()? {
+            let library = text(need.file(endian, strings)?);
+            if is_dynamic_loader(&library) {
+                continue;
+            }
+            while let Some(auxiliary) = auxiliaries.next()? {
+                versions.push((library.clone(), text(auxiliary.name(endian, strings)?)));
+            }
+        }
+    }
+
+    let symbols = sections.symbols(endian, bytes, SHT_DYNSYM)?;
+    let undefined = symbols
+        .iter()
+        .skip(1)
+        .filter(|symbol| symbol.is_undefined(endian))
+        .filter_map(|symbol| symbol.name(endian, symbols.strings()).ok())
+        .map(text)
+        .collect();
+    Ok(HostElf {
+        needed,
+        versions,
+        undefined,
+    })
+}
+
+fn check_host_elf(policy: &Policy, elf: &HostElf) -> Vec<ViolationKind> {
+    let mut found = Vec::new();
+    for library in &elf.needed {
+        if !policy.allows_library(library) {
+            found.push(ViolationKind::Library {
+                library: library.clone(),
+            });
+        }
+    }
+    let mut versions = elf.versions.clone();
+    versions.sort();
+    versions.dedup();
+    for (library, version) in versions {
+        // `GLIBCXX_3.4.30` → family `GLIBCXX`; `GLIBC_PRIVATE` → family `GLIBC`.
+        let Some((family, number)) = version.split_once('_') else {
+            continue;
+        };
+        let Some(allowed) = policy.versions_of(family) else {
+            continue;
+        };
+        if allowed.contains(&number) {
+            continue;
+        }
+        let newest = policy.newest(family).filter(|newest| {
+            matches!((numeric(number), numeric(newest)), (Some(needed), Some(newest)) if needed > newest)
+        });
+        found.push(ViolationKind::SymbolVersion {
+            newest: newest.map(|newest| format!("{family}_{newest}")),
+            version,
+            library,
+        });
+    }
+    for (library, symbols) in policy.blacklist {
+        if !elf.needed.iter().any(|needed| needed == library) {
+            continue;
+        }
+        for symbol in &elf.undefined {
+            if symbols.contains(&symbol.as_str()) {
+                found.push(ViolationKind::Symbol {
+                    symbol: symbol.clone(),
+                    library: (*library).to_owned(),
+                });
+            }
+        }
+    }
+    found
+}
+
+/// `2.28` → `[2, 28]`; `None` for versions that are not dotted numbers (`PRIVATE`).
+fn numeric(version: &str) -> Option<Vec<u32>> {
+    version.split('.').map(|part| part.parse().ok()).collect()
+}
+
+fn is_dynamic_loader(library: &str) -> bool {
+    library.starts_with("ld-linux") || library == "ld64.so.2" || library == "ld64.so.1"
+}
+
+/// `libpython3.12.so.1.0`: the interpreter that loads the module provides it.
+fn is_libpython(library: &str) -> bool {
+    let Some(rest) = library.strip_prefix("libpython") else {
+        return false;
+    };
+    let Some((version, _)) = rest.split_once(".so") else {
+        return false;
+    };
+    let version = version.trim_end_matches('m');
+    let mut parts = version.split('.');
+    matches!(
+        (parts.next(), parts.next(), parts.next()),
+        (Some(major), Some(minor), None)
+            if !major.is_empty() && !minor.is_empty()
+                && major.chars().chain(minor.chars()).all(|c| c.is_ascii_digit())
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn elf(needed: &[&str], versions: &[(&str, &str)], undefined: &[&str]) -> HostElf {
+        HostElf {
+            needed: needed.iter().map(|s| (*s).to_owned()).collect(),
+            versions: versions
+                .iter()
+                .map(|(l, v)| ((*l).to_owned(), (*v).to_owned()))
+                .collect(),
+            undefined: undefined.iter().map(|s| (*s).to_owned()).collect(),
+        }
+    }
+
+    fn messages(found: Vec<ViolationKind>) -> Vec<String> {
+        found
+            .into_iter()
+            .map(|kind| {
+                Violation {
+                    file: "m.so".into(),
+                    policy: "manylinux_2_28".into(),
+                    kind,
+                }
+                .to_string()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn newest_versions_are_the_policys() {
+        let policy = &MANYLINUX_2_28_X86_64;
+        assert_eq!(policy.newest("GLIBC"), Some("2.28"));
+        assert_eq!(policy.newest("GLIBCXX"), Some("3.4.24"));
+        assert_eq!(policy.newest("CXXABI"), Some("1.3.11"));
+        assert_eq!(policy.newest("GCC"), Some("7.0.0"));
+        assert_eq!(policy.platform_tag(), "manylinux_2_28_x86_64");
+    }
+
+    #[test]
+    fn versions_are_checked_by_family_and_membership() {
+        let found = check_host_elf(
+            &MANYLINUX_2_28_X86_64,
+            &elf(
+                &["libc.so.6", "libstdc++.so.6", "ld-linux-x86-64.so.2"],
+                &[
+                    ("libc.so.6", "GLIBC_2.2.5"),
+                    ("libc.so.6", "GLIBC_2.34"),
+                    ("libc.so.6", "GLIBC_PRIVATE"),
+                    ("libstdc++.so.6", "GLIBCXX_3.4.30"),
+                    ("libstdc++.so.6", "CXXABI_1.3.13"),
+                    ("libstdc++.so.6", "CXXABI_TM_1"),
+                    ("libfoo.so", "FOO_9"),
+                ],
+                &[],
+            ),
+        );
+        assert_eq!(
+            messages(found),
+            [
+                "m.so needs GLIBC_2.34 (from libc.so.6), newer than manylinux_2_28 allows (GLIBC_2.28)",
+                "m.so needs GLIBC_PRIVATE (from libc.so.6), which manylinux_2_28 does not allow",
+                "m.so needs CXXABI_1.3.13 (from libstdc++.so.6), newer than manylinux_2_28 allows (CXXABI_1.3.11)",
+                "m.so needs GLIBCXX_3.4.30 (from libstdc++.so.6), newer than manylinux_2_28 allows (GLIBCXX_3.4.24)",
+            ]
+        );
+    }
+
+    #[test]
+    fn libraries_outside_the_policy_are_named() {
+        let found = check_host_elf(
+            &MANYLINUX_2_28_X86_64,
+            &elf(
+                &[
+                    "libc.so.6",
+                    "libpython3.12.so.1.0",
+                    "libcuda.so.1",
+                    "libz.so.1",
+                ],
+                &[],
+                &["deflate", "zcalloc"],
+            ),
+        );
+        assert_eq!(
+            messages(found),
+            [
+                "m.so links `libcuda.so.1`, which manylinux_2_28 does not allow (bundle it or link it statically)",
+                "m.so uses `zcalloc` of libz.so.1, which manylinux_2_28 does not allow",
+            ]
+        );
+    }
+
+    #[test]
+    fn libpython_names_are_recognised() {
+        assert!(is_libpython("libpython3.12.so.1.0"));
+        assert!(is_libpython("libpython3.7m.so.1.0"));
+        assert!(!is_libpython("libpythonic.so"));
+    }
+}

@@ -1,0 +1,539 @@
+//! The kernel library's wheel: its Python package with the bundle inside, after making sure
+//! the bundle was built from the sources as they are now.
+//!
+//! ```text
+//! kernels/kernels.toml             [library] package, version, torch, python-package
+//! kernels/python/af3_kernels/  ─┐
+//! target/kwheel/_prebuilt/     ─┴─► af3_kernels-0.1.0-py3-none-manylinux_2_28_x86_64.whl
+//!                                   ├── af3_kernels/__init__.py
+//!                                   ├── af3_kernels/_prebuilt/{index.json, dictionary.zdict,
+//!                                   │                          artifacts/, sources/}
+//!                                   └── af3_kernels-0.1.0.dist-info/
+//! ```
+//!
+//! | step | what happens |
+//! | --- | --- |
+//! | bundle missing | `bundler::bundle_kernels` builds it first (same defaults as `dev bundle-kernels`) |
+//! | bundle present | every kernel is planned again (include graph, inputs, compilers found now, torch pin) and compared with the index; any difference refuses the build, naming the kernel and the input |
+//! | artifacts | every variant is decompressed and checked against its digest before packing |
+//! | sources | shipped under `_prebuilt/sources/` unless turned off, in which case the JIT fallback has nothing to compile |
+//! | metadata | `Requires-Dist: torch==<pin>` (the manifest's, or the override) and `kwheel==<this version>` |
+//! | after writing | the wheel is verified as `kwheel wheel verify` would; a failure removes it |
+//!
+//! The wheel holds no native code (cubins are loaded by the driver through the `kwheel`
+//! runtime), so its tags are `py3-none-manylinux_2_28_x86_64`: any CPython 3 on glibc 2.28+
+//! x86-64, the platforms the cubins' CUDA builds ship for.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use bundler::build::{compiler_record, plan_kernel};
+use bundler::explain::{changes_since, read_index, TargetKey};
+use bundler::{BuildToolchain, BundleOptions, BundleSummary, Manifest};
+use prebuilt::bundle::{INDEX_FILE, SOURCES_DIR};
+use prebuilt::index::CompilerRecord;
+use prebuilt::key::KeyInputs;
+use prebuilt::{Bundle, CudaBuild, KernelKey};
+
+use crate::verify::{verify_wheel, VerifyReport};
+use crate::wheel::{write_wheel, Metadata, WheelFile, WheelFilename, WheelSpec, KWHEEL_VERSION};
+use crate::{Error, StaleKernel};
+
+/// Where `dev bundle-kernels` writes the bundle by default, relative to the working directory.
+pub const DEFAULT_BUNDLE_DIR: &str = "target/kwheel/_prebuilt";
+
+/// Where wheels are written by default, relative to the working directory.
+pub const DEFAULT_WHEEL_DIR: &str = "target/kwheel/wheels";
+
+/// The platform tag of a kernel library's wheel.
+pub const PLATFORM_TAG: &str = "manylinux_2_28_x86_64";
+
+/// The Python versions a kernel library's wheel supports: those of the `kwheel` runtime
+/// (`cp39-abi3`).
+pub const REQUIRES_PYTHON: &str = ">=3.9";
+
+/// The directory of the bundle inside the Python package.
+pub const PREBUILT_DIR: &str = "_prebuilt";
+
+/// What `dev build-wheel` does for the kernel library.
+#[derive(Clone)]
+pub struct LibraryWheelOptions {
+    /// The kernel manifest.
+    pub manifest: PathBuf,
+    /// The bundle to ship; built first when it has no index.
+    pub bundle: PathBuf,
+    /// The directory the wheel is written to.
+    pub out: PathBuf,
+    /// Overrides the manifest's torch pin (`2.11.*`), for the bundle and `Requires-Dist`.
+    pub torch: Option<String>,
+    /// Ship the kernel sources, so the JIT fallback can compile what no cubin fits.
+    pub ship_sources: bool,
+    /// The build cache, used only when the bundle must be built.
+    pub cache_dir: PathBuf,
+    /// Parallel compile jobs, used only when the bundle must be built.
+    pub jobs: usize,
+    /// Print what happens (bundling first) and a progress bar on a terminal.
+    pub progress: bool,
+    /// The toolchains to bundle and check keys with; `None` discovers the manifest's builds.
+    pub toolchains: Option<Vec<BuildToolchain>>,
+}
+
+impl LibraryWheelOptions {
+    /// Options with the defaults of `dev build-wheel` for the manifest at `manifest`.
+    pub fn new(manifest: impl Into<PathBuf>) -> LibraryWheelOptions {
+        LibraryWheelOptions {
+            manifest: manifest.into(),
+            bundle: PathBuf::from(DEFAULT_BUNDLE_DIR),
+            out: PathBuf::from(DEFAULT_WHEEL_DIR),
+            torch: None,
+            ship_sources: true,
+            cache_dir: bundler::cache::default_cache_dir(),
+            jobs: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            progress: false,
+            toolchains: None,
+        }
+    }
+}
+
+/// A wheel that [`build_library_wheel`] wrote.
+#[derive(Debug)]
+pub struct BuiltWheel {
+    /// The wheel.
+    pub path: PathBuf,
+    /// Its file name.
+    pub filename: WheelFilename,
+    /// The bundling run, when the bundle was missing and built first.
+    pub bundled: Option<BundleSummary>,
+    /// Files in the wheel, `.dist-info` included.
+    pub files: usize,
+    /// The wheel's size in bytes.
+    pub size: u64,
+    /// Its verification.
+    pub report: VerifyReport,
+}
+
+/// Builds the kernel library's wheel (see the module docs for the steps).
+pub fn build_library_wheel(options: &LibraryWheelOptions) -> Result<BuiltWheel, Error> {
+    let manifest = Manifest::load(&options.manifest)?;
+    let package_dir = python_package_dir(&manifest)?;
+    let torch = options
+        .torch
+        .clone()
+        .unwrap_or_else(|| manifest.library.torch.clone());
+
+    let bundled = if options.bundle.join(INDEX_FILE).is_file() {
+        check_bundle_current(
+            &manifest,
+            &options.bundle,
+            &torch,
+            options.toolchains.as_deref(),
+        )?;
+        None
+    } else {
+        if options.progress {
+            eprintln!(
+                "no bundle at `{}`: bundling the kernels of `{}` first",
+                options.bundle.display(),
+                manifest.path.display()
+            );
+        }
+        Some(bundler::bundle_kernels(&BundleOptions {
+            manifest: options.manifest.clone(),
+            out: options.bundle.clone(),
+            cache_dir: options.cache_dir.clone(),
+            jobs: options.jobs,
+            only: Vec::new(),
+            require: false,
+            torch: options.torch.clone(),
+            progress: options.progress,
+            toolchains: options.toolchains.clone(),
+        })?)
+    };
+
+    let bundle = Bundle::open(&options.bundle)?;
+    for (kernel, record) in &bundle.index().kernels {
+        for variant in &record.variants {
+            bundle.read_artifact(kernel, variant)?;
+        }
+    }
+
+    let import_name = package_dir
+        .file_name()
+        .map(|name| name.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut files = python_package_files(&manifest, &package_dir, &import_name)?;
+    files.extend(bundle_files(
+        &bundle,
+        &format!("{import_name}/{PREBUILT_DIR}"),
+        options.ship_sources,
+    )?);
+    let library = &manifest.library;
+    let filename = WheelFilename::new(
+        &library.package,
+        &library.version,
+        "py3",
+        "none",
+        PLATFORM_TAG,
+    )?;
+    let metadata = Metadata {
+        name: library.package.clone(),
+        version: library.version.clone(),
+        summary: Some(
+            summary(&package_dir)
+                .unwrap_or_else(|| format!("Prebuilt CUDA kernels of {}", library.package)),
+        ),
+        requires_python: Some(REQUIRES_PYTHON.to_owned()),
+        requires_dist: vec![
+            format!("kwheel=={KWHEEL_VERSION}"),
+            torch_requirement(&torch),
+        ],
+    };
+    let file_count = files.len() + 3;
+    let path = write_wheel(&WheelSpec {
+        filename: filename.clone(),
+        metadata,
+        files,
+        out_dir: options.out.clone(),
+        modified: None,
+    })?;
+    let report = match verify_wheel(&path).and_then(VerifyReport::into_result) {
+        Ok(report) => report,
+        Err(error) => {
+            let _ = std::fs::remove_file(&path);
+            return Err(error);
+        }
+    };
+    let size = std::fs::metadata(&path)
+        .map_err(|source| Error::Read {
+            path: path.clone(),
+            source,
+        })?
+        .len();
+    Ok(BuiltWheel {
+        path,
+        filename,
+        bundled,
+        files: file_count,
+        size,
+        report,
+    })
+}
+
+/// `torch==2.13.*` for pin `2.13.*`; a pin that starts with an operator is kept as it is.
+pub fn torch_requirement(pin: &str) -> String {
+    let pin = pin.trim();
+    if pin.starts_with(['=', '<', '>', '!', '~']) {
+        format!("torch{pin}")
+    } else {
+        format!("torch=={pin}")
+    }
+}
+
+/// Refuses a bundle whose keys do not match the manifest's kernels as they are now: changed
+/// or added or removed files of an include graph, entries, defines, flags, C++ standard, the
+/// torch pin, a compiler's version, or the key definition itself. Kernels in the bundle that
+/// the manifest no longer has are stale too.
+///
+/// Compilers are compared for the CUDA builds whose toolchain is found (or given); the other
+/// builds are compared on everything else.
+pub fn check_bundle_current(
+    manifest: &Manifest,
+    bundle: &Path,
+    torch: &str,
+    toolchains: Option<&[BuildToolchain]>,
+) -> Result<(), Error> {
+    let index = read_index(bundle)?;
+    if index.package != manifest.library.package {
+        return Err(Error::PackageMismatch {
+            bundle: bundle.to_owned(),
+            found: index.package,
+            expected: manifest.library.package.clone(),
+        });
+    }
+    let needs_compiler = manifest.kernels.values().any(|k| k.cubins.is_empty());
+    let found: Vec<(CudaBuild, Option<BuildToolchain>)> = manifest
+        .library
+        .cuda_builds
+        .iter()
+        .map(|&build| {
+            let toolchain = match toolchains {
+                Some(given) => given.iter().find(|t| t.build == build).cloned(),
+                None if needs_compiler => BuildToolchain::discover(build).ok(),
+                None => None,
+            };
+            (build, toolchain)
+        })
+        .collect();
+    let external_dirs: Vec<PathBuf> = found
+        .iter()
+        .filter_map(|(_, toolchain)| toolchain.as_ref())
+        .flat_map(|toolchain| toolchain.include_dirs.iter().cloned())
+        .collect();
+
+    let mut stale = Vec::new();
+    for (name, spec) in &manifest.kernels {
+        let planned = plan_kernel(manifest, name, spec, &external_dirs)?;
+        let mut targets = Vec::new();
+        for (build, toolchain) in &found {
+            for &arch in &manifest.library.archs {
+                let compiler = if !spec.cubins.is_empty() {
+                    Ok(CompilerRecord {
+                        kind: "cubin".into(),
+                        version: String::new(),
+                    })
+                } else {
+                    toolchain
+                        .as_ref()
+                        .map(|t| compiler_record(t.compiler.id()))
+                        .ok_or_else(|| format!("no toolchain for {build}"))
+                };
+                let key = compiler.map(|compiler| {
+                    let key = KernelKey::compute(&KeyInputs {
+                        kernel: name,
+                        inputs: &planned.inputs,
+                        arch,
+                        cuda: *build,
+                        torch,
+                        compiler: &compiler,
+                    });
+                    (compiler, key)
+                });
+                targets.push(TargetKey {
+                    build: *build,
+                    arch,
+                    key,
+                });
+            }
+        }
+        let mut changes = changes_since(&index, name, &planned.inputs, torch, &targets);
+        if changes.is_empty() {
+            // Inputs, torch and compilers agree; a different key means its definition changed.
+            let record = &index.kernels[name];
+            for target in &targets {
+                let Ok((_, key)) = &target.key else { continue };
+                let recorded = record
+                    .variants
+                    .iter()
+                    .find(|v| v.cuda == target.build && v.arch == target.arch);
+                if let Some(variant) = recorded.filter(|v| v.key != key.0) {
+                    changes.push(format!(
+                        "key of {}/{}: {} → {} (the key definition changed)",
+                        target.build,
+                        target.arch,
+                        short(&variant.key),
+                        short(&key.0)
+                    ));
+                }
+            }
+        }
+        if !changes.is_empty() {
+            stale.push(StaleKernel {
+                kernel: name.clone(),
+                changes,
+            });
+        }
+    }
+    for name in index.kernels.keys() {
+        if !manifest.kernels.contains_key(name) {
+            stale.push(StaleKernel {
+                kernel: name.clone(),
+                changes: vec!["in the bundle but no longer in the manifest".into()],
+            });
+        }
+    }
+    if stale.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::StaleBundle {
+            bundle: bundle.to_owned(),
+            stale,
+        })
+    }
+}
+
+fn short(key: &str) -> &str {
+    &key[..12.min(key.len())]
+}
+
+/// The manifest's Python package directory, checked.
+fn python_package_dir(manifest: &Manifest) -> Result<PathBuf, Error> {
+    let relative =
+        manifest
+            .library
+            .python_package
+            .as_ref()
+            .ok_or_else(|| Error::NoPythonPackage {
+                manifest: manifest.path.clone(),
+            })?;
+    let dir = manifest.root.join(relative);
+    let invalid = |reason: &str| Error::PythonPackage {
+        path: dir.clone(),
+        manifest: manifest.path.clone(),
+        reason: reason.to_owned(),
+    };
+    if !dir.is_dir() {
+        return Err(invalid("is not a directory"));
+    }
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let identifier = name.starts_with(|c: char| c == '_' || c.is_ascii_alphabetic())
+        && name.chars().all(|c| c == '_' || c.is_ascii_alphanumeric());
+    if !identifier {
+        return Err(invalid(
+            "is not named like an importable package (a Python identifier)",
+        ));
+    }
+    if dir.join(PREBUILT_DIR).exists() {
+        return Err(invalid(
+            "already has a `_prebuilt/`, which the wheel fills from the bundle",
+        ));
+    }
+    Ok(dir)
+}
+
+/// The package's files under `import_name/`, without caches and hidden files.
+fn python_package_files(
+    manifest: &Manifest,
+    dir: &Path,
+    import_name: &str,
+) -> Result<Vec<WheelFile>, Error> {
+    let mut files = Vec::new();
+    for (relative, path) in walk(dir)? {
+        let hidden = relative
+            .split('/')
+            .any(|part| part.starts_with('.') || part == "__pycache__");
+        if hidden || relative.ends_with(".pyc") || relative.ends_with(".pyo") {
+            continue;
+        }
+        files.push(WheelFile::from_disk(
+            format!("{import_name}/{relative}"),
+            path,
+        )?);
+    }
+    if files.is_empty() {
+        return Err(Error::PythonPackage {
+            path: dir.to_owned(),
+            manifest: manifest.path.clone(),
+            reason: "holds no files".into(),
+        });
+    }
+    Ok(files)
+}
+
+/// The bundle's files under `root/`: the index, the dictionary, every artifact the index
+/// lists, and the sources unless left out.
+fn bundle_files(bundle: &Bundle, root: &str, ship_sources: bool) -> Result<Vec<WheelFile>, Error> {
+    let index = bundle.index();
+    let mut stored = BTreeSet::new();
+    stored.insert(INDEX_FILE.to_owned());
+    if let Some(dictionary) = &index.dictionary {
+        stored.insert(dictionary.path.clone());
+    }
+    for record in index.kernels.values() {
+        for variant in &record.variants {
+            stored.insert(variant.artifact.path.clone());
+        }
+    }
+    let mut files = Vec::new();
+    for relative in stored {
+        files.push(WheelFile::from_disk(
+            format!("{root}/{relative}"),
+            bundle.root().join(&relative),
+        )?);
+    }
+    let sources = bundle.root().join(SOURCES_DIR);
+    if ship_sources && sources.is_dir() {
+        for (relative, path) in walk(&sources)? {
+            files.push(WheelFile::from_disk(
+                format!("{root}/{SOURCES_DIR}/{relative}"),
+                path,
+            )?);
+        }
+    }
+    Ok(files)
+}
+
+/// Every file under `dir`, as (`/`-separated path relative to `dir`, path), sorted.
+fn walk(dir: &Path) -> Result<Vec<(String, PathBuf)>, Error> {
+    let mut found = Vec::new();
+    let mut pending = vec![(String::new(), dir.to_owned())];
+    while let Some((prefix, dir)) = pending.pop() {
+        let entries = std::fs::read_dir(&dir).map_err(|source| Error::Read {
+            path: dir.clone(),
+            source,
+        })?;
+        for entry in entries {
+            let entry = entry.map_err(|source| Error::Read {
+                path: dir.clone(),
+                source,
+            })?;
+            let path = entry.path();
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let relative = if prefix.is_empty() {
+                name
+            } else {
+                format!("{prefix}/{name}")
+            };
+            if path.is_dir() {
+                pending.push((relative, path));
+            } else {
+                found.push((relative, path));
+            }
+        }
+    }
+    found.sort();
+    Ok(found)
+}
+
+/// The first line of the package's docstring, if `__init__.py` opens with one.
+fn summary(package_dir: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(package_dir.join("__init__.py")).ok()?;
+    let mut lines = text
+        .lines()
+        .map(str::trim)
+        .skip_while(|line| line.is_empty() || line.starts_with('#'));
+    let first = lines.next()?;
+    let first = first.trim_start_matches(['r', 'R', 'u', 'U']);
+    let quote = ["\"\"\"", "'''"]
+        .into_iter()
+        .find(|quote| first.starts_with(quote))?;
+    let rest = &first[quote.len()..];
+    let line = if rest.trim().is_empty() {
+        lines.next()?
+    } else {
+        rest
+    };
+    let line = line.split(quote).next().unwrap_or(line).trim();
+    (!line.is_empty()).then(|| line.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn torch_pins_become_requirements() {
+        assert_eq!(torch_requirement("2.13.*"), "torch==2.13.*");
+        assert_eq!(torch_requirement("==2.11.*"), "torch==2.11.*");
+        assert_eq!(torch_requirement(">=2.11,<2.14"), "torch>=2.11,<2.14");
+    }
+
+    #[test]
+    fn summary_is_the_docstrings_first_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let init = dir.path().join("__init__.py");
+        std::fs::write(&init, "# comment\n\n\"\"\"Fast kernels.\n\nMore.\n\"\"\"\n").unwrap();
+        assert_eq!(summary(dir.path()).as_deref(), Some("Fast kernels."));
+        std::fs::write(&init, "'''\n  Kernels on a new line.\n'''\n").unwrap();
+        assert_eq!(
+            summary(dir.path()).as_deref(),
+            Some("Kernels on a new line.")
+        );
+        std::fs::write(&init, "\"\"\"One line.\"\"\"\n").unwrap();
+        assert_eq!(summary(dir.path()).as_deref(), Some("One line."));
+        std::fs::write(&init, "import os\n").unwrap();
+        assert_eq!(summary(dir.path()), None);
+    }
+}

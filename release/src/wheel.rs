@@ -1,0 +1,926 @@
+//! Wheels: the binary distribution format (PEP 427 and the living spec that replaced it),
+//! written so that the same inputs give the same bytes.
+//!
+//! ```text
+//! af3_kernels-0.1.0-py3-none-manylinux_2_28_x86_64.whl
+//! ├── af3_kernels/__init__.py                              deflated, 0644
+//! ├── af3_kernels/_prebuilt/artifacts/5a/5a0d…e1.cubin.zst stored: zstd already
+//! ├── af3_kernels/_prebuilt/index.json                     deflated
+//! └── af3_kernels-0.1.0.dist-info/                         last
+//!     ├── METADATA                                         Metadata-Version 2.1, Requires-Dist
+//!     ├── WHEEL                                            one `Tag:` per expanded tag
+//!     └── RECORD                                           last of all; lists itself as `RECORD,,`
+//! ```
+//!
+//! What makes two writes byte-identical:
+//!
+//! | what | rule |
+//! | --- | --- |
+//! | order | entries sorted by path, `.dist-info` after them, `RECORD` the very last |
+//! | times | every entry at `SOURCE_DATE_EPOCH` (UTC), else 1980-01-01 00:00:00, the earliest a zip stores |
+//! | modes | 0644; 0755 for executables and shared libraries (`.so`, `.so.N`) |
+//! | compression | deflate level 9 (pure-Rust miniz_oxide, the same bytes on every CPU); stored for data that is compressed already (`.zst`, `.zdict`, cubins, …) |
+//! | entries | files only: no directory entries, no extra fields, no comments |
+//!
+//! A wheel is written to a hidden temporary file in the output directory and renamed into
+//! place, so a reader never sees half a wheel. Before the rename, every host ELF file inside is
+//! audited against the policy its platform tag names ([`crate::audit`]).
+
+use std::fmt;
+use std::io::{BufWriter, Write as _};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use base64::Engine as _;
+use sha2::{Digest, Sha256};
+use zip::write::SimpleFileOptions;
+use zip::{CompressionMethod, DateTime, ZipWriter};
+
+use crate::audit::{audit_file, AuditTarget};
+use crate::Error;
+
+/// The kwheel version, as `Generator:` and the runtime requirement state it.
+pub const KWHEEL_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The `Metadata-Version` written.
+pub const METADATA_VERSION: &str = "2.1";
+
+/// The `Wheel-Version` written, and the major version a reader accepts.
+pub const WHEEL_VERSION: &str = "1.0";
+
+/// 1980-01-01T00:00:00Z, the earliest time a zip entry can hold: the mtime of every entry
+/// when `SOURCE_DATE_EPOCH` is not set.
+pub const DEFAULT_EPOCH: u64 = 315_532_800;
+
+/// 2107-12-31T23:59:58Z, the latest time a zip entry can hold.
+const LATEST_EPOCH: u64 = 4_354_819_198;
+
+const DEFLATE_LEVEL: i64 = 9;
+
+/// Extensions of data that is compressed already, so deflating it again only costs time.
+const STORED_EXTENSIONS: [&str; 9] = [
+    "zst", "zdict", "cubin", "gz", "xz", "bz2", "zip", "whl", "png",
+];
+
+/// A wheel file name: `{name}-{version}(-{build})?-{python}-{abi}-{platform}.whl`.
+///
+/// Each tag may be a compressed set (`py2.py3`); [`WheelFilename::tags`] expands them.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct WheelFilename {
+    name: String,
+    version: String,
+    build: Option<String>,
+    python: Vec<String>,
+    abi: Vec<String>,
+    platform: Vec<String>,
+}
+
+impl WheelFilename {
+    /// The file name of distribution `name` at `version` with these (possibly compressed) tags.
+    /// The name is normalized (`af3-kernels` → `af3_kernels`) and `-` in the version escaped.
+    pub fn new(
+        name: &str,
+        version: &str,
+        python: &str,
+        abi: &str,
+        platform: &str,
+    ) -> Result<WheelFilename, Error> {
+        check_name(name)?;
+        Ok(WheelFilename {
+            name: normalize_name(name),
+            version: escape_version(version)?,
+            build: None,
+            python: split_tag("python tag", python)?,
+            abi: split_tag("abi tag", abi)?,
+            platform: split_tag("platform tag", platform)?,
+        })
+    }
+
+    /// Parses a wheel file name (without directories).
+    pub fn parse(file_name: &str) -> Result<WheelFilename, Error> {
+        let invalid = |reason: &str| Error::InvalidName {
+            what: "file name",
+            value: file_name.to_owned(),
+            reason: reason.to_owned(),
+        };
+        let stem = file_name
+            .strip_suffix(".whl")
+            .ok_or_else(|| invalid("it does not end in `.whl`"))?;
+        let parts: Vec<&str> = stem.split('-').collect();
+        let (name, version, build, python, abi, platform) = match parts[..] {
+            [name, version, python, abi, platform] => (name, version, None, python, abi, platform),
+            [name, version, build, python, abi, platform] => {
+                if !build.starts_with(|c: char| c.is_ascii_digit()) {
+                    return Err(invalid("its build tag does not start with a digit"));
+                }
+                (name, version, Some(build), python, abi, platform)
+            }
+            _ => {
+                return Err(invalid(
+                    "it needs five or six `-`-separated parts: name, version, (build,) python, \
+                     abi and platform tags",
+                ))
+            }
+        };
+        check_name(name).map_err(|_| invalid("its distribution name is not valid"))?;
+        if version.is_empty() || !version.chars().all(is_version_char) {
+            return Err(invalid("its version is not valid"));
+        }
+        Ok(WheelFilename {
+            name: name.to_owned(),
+            version: version.to_owned(),
+            build: build.map(str::to_owned),
+            python: split_tag("python tag", python)?,
+            abi: split_tag("abi tag", abi)?,
+            platform: split_tag("platform tag", platform)?,
+        })
+    }
+
+    /// The distribution name as the file name spells it (normalized when built by [`Self::new`]).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The version as the file name spells it (`-` escaped to `_`).
+    pub fn version(&self) -> &str {
+        &self.version
+    }
+
+    /// The build tag, if any.
+    pub fn build(&self) -> Option<&str> {
+        self.build.as_deref()
+    }
+
+    /// The python tags (`py3`).
+    pub fn python_tags(&self) -> &[String] {
+        &self.python
+    }
+
+    /// The abi tags (`none`).
+    pub fn abi_tags(&self) -> &[String] {
+        &self.abi
+    }
+
+    /// The platform tags (`manylinux_2_28_x86_64`).
+    pub fn platform_tags(&self) -> &[String] {
+        &self.platform
+    }
+
+    /// Every `python-abi-platform` combination the name stands for, in order.
+    pub fn tags(&self) -> Vec<String> {
+        let mut tags = Vec::new();
+        for python in &self.python {
+            for abi in &self.abi {
+                for platform in &self.platform {
+                    tags.push(format!("{python}-{abi}-{platform}"));
+                }
+            }
+        }
+        tags
+    }
+
+    /// The `.dist-info` directory of the wheel (`af3_kernels-0.1.0.dist-info`).
+    pub fn dist_info(&self) -> String {
+        format!("{}-{}.dist-info", normalize_name(&self.name), self.version)
+    }
+
+    /// Whether the wheel installs into purelib: only platform-independent wheels do.
+    pub fn is_purelib(&self) -> bool {
+        self.platform.iter().all(|platform| platform == "any")
+    }
+}
+
+impl fmt::Display for WheelFilename {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}-{}", self.name, self.version)?;
+        if let Some(build) = &self.build {
+            write!(f, "-{build}")?;
+        }
+        write!(
+            f,
+            "-{}-{}-{}.whl",
+            self.python.join("."),
+            self.abi.join("."),
+            self.platform.join(".")
+        )
+    }
+}
+
+impl FromStr for WheelFilename {
+    type Err = Error;
+
+    fn from_str(file_name: &str) -> Result<WheelFilename, Error> {
+        WheelFilename::parse(file_name)
+    }
+}
+
+/// The normalized form of a distribution name for file names: lowercase, every run of `-`,
+/// `_` and `.` one `_` (`Af3.Kernels` → `af3_kernels`).
+pub fn normalize_name(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    let mut after_separator = false;
+    for c in name.chars() {
+        if matches!(c, '-' | '_' | '.') {
+            if !after_separator {
+                out.push('_');
+            }
+            after_separator = true;
+        } else {
+            out.push(c.to_ascii_lowercase());
+            after_separator = false;
+        }
+    }
+    out
+}
+
+fn check_name(name: &str) -> Result<(), Error> {
+    let ok = name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::InvalidName {
+            what: "distribution name",
+            value: name.to_owned(),
+            reason: "use ASCII letters, digits, `-`, `_` and `.`, starting and ending with a \
+                     letter or digit"
+                .into(),
+        })
+    }
+}
+
+fn is_version_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '.' | '+' | '!' | '_')
+}
+
+fn escape_version(version: &str) -> Result<String, Error> {
+    let escaped = version.replace('-', "_");
+    if escaped.is_empty() || !escaped.chars().all(is_version_char) {
+        return Err(Error::InvalidName {
+            what: "version",
+            value: version.to_owned(),
+            reason: "use ASCII letters, digits, `.`, `+`, `!`, `-` and `_`".into(),
+        });
+    }
+    Ok(escaped)
+}
+
+fn split_tag(what: &'static str, tag: &str) -> Result<Vec<String>, Error> {
+    let parts: Vec<String> = tag.split('.').map(str::to_owned).collect();
+    let ok = parts
+        .iter()
+        .all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'));
+    if !ok {
+        return Err(Error::InvalidName {
+            what,
+            value: tag.to_owned(),
+            reason: "a tag is ASCII letters, digits and `_`; `.` separates a set of tags".into(),
+        });
+    }
+    Ok(parts)
+}
+
+/// The core metadata of a distribution (`METADATA`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Metadata {
+    /// The distribution name as the project spells it (`af3-kernels`).
+    pub name: String,
+    /// The version (`0.1.0`).
+    pub version: String,
+    /// A one-line summary.
+    pub summary: Option<String>,
+    /// The Python versions it supports (`>=3.9`).
+    pub requires_python: Option<String>,
+    /// Requirements, one `Requires-Dist` line each (`torch==2.13.*`).
+    pub requires_dist: Vec<String>,
+}
+
+impl Metadata {
+    /// The `METADATA` file.
+    pub fn to_text(&self) -> String {
+        let mut fields = vec![
+            ("Metadata-Version", METADATA_VERSION.to_owned()),
+            ("Name", self.name.clone()),
+            ("Version", self.version.clone()),
+        ];
+        if let Some(summary) = &self.summary {
+            fields.push(("Summary", summary.clone()));
+        }
+        if let Some(requires_python) = &self.requires_python {
+            fields.push(("Requires-Python", requires_python.clone()));
+        }
+        for requirement in &self.requires_dist {
+            fields.push(("Requires-Dist", requirement.clone()));
+        }
+        headers(&fields)
+    }
+}
+
+/// The `WHEEL` file of a wheel with this file name.
+pub fn wheel_text(filename: &WheelFilename) -> String {
+    let mut fields = vec![
+        ("Wheel-Version", WHEEL_VERSION.to_owned()),
+        ("Generator", format!("kwheel {KWHEEL_VERSION}")),
+        ("Root-Is-Purelib", filename.is_purelib().to_string()),
+    ];
+    if let Some(build) = filename.build() {
+        fields.push(("Build", build.to_owned()));
+    }
+    for tag in filename.tags() {
+        fields.push(("Tag", tag));
+    }
+    headers(&fields)
+}
+
+/// `Name: value` lines; a value is kept on one line.
+fn headers(fields: &[(&str, String)]) -> String {
+    let mut out = String::new();
+    for (name, value) in fields {
+        let value: String = value
+            .chars()
+            .map(|c| if c == '\n' || c == '\r' { ' ' } else { c })
+            .collect();
+        out.push_str(name);
+        out.push_str(": ");
+        out.push_str(value.trim());
+        out.push('\n');
+    }
+    out
+}
+
+/// Parses `Name: value` lines (METADATA, WHEEL) up to the first blank line, in order.
+pub fn parse_headers(text: &str) -> Vec<(String, String)> {
+    text.lines()
+        .take_while(|line| !line.trim().is_empty())
+        .filter_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            Some((name.trim().to_owned(), value.trim().to_owned()))
+        })
+        .collect()
+}
+
+/// Where a file's bytes come from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Contents {
+    /// Bytes in memory.
+    Bytes(Vec<u8>),
+    /// A file on disk, read when the wheel is written.
+    Disk(PathBuf),
+}
+
+/// One file of a wheel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WheelFile {
+    /// Its path inside the wheel (`af3_kernels/__init__.py`).
+    pub path: String,
+    /// Its bytes.
+    pub contents: Contents,
+    /// Whether it is installed executable (0755). Shared libraries are, whatever this says.
+    pub executable: bool,
+}
+
+impl WheelFile {
+    /// A file with these bytes.
+    pub fn from_bytes(path: impl Into<String>, bytes: impl Into<Vec<u8>>) -> WheelFile {
+        WheelFile {
+            path: path.into(),
+            contents: Contents::Bytes(bytes.into()),
+            executable: false,
+        }
+    }
+
+    /// The file at `disk`, executable when its owner may execute it.
+    pub fn from_disk(
+        path: impl Into<String>,
+        disk: impl Into<PathBuf>,
+    ) -> Result<WheelFile, Error> {
+        let disk = disk.into();
+        let metadata = std::fs::metadata(&disk).map_err(|source| Error::Read {
+            path: disk.clone(),
+            source,
+        })?;
+        Ok(WheelFile {
+            path: path.into(),
+            executable: is_executable(&metadata),
+            contents: Contents::Disk(disk),
+        })
+    }
+
+    fn read(&self) -> Result<std::borrow::Cow<'_, [u8]>, Error> {
+        match &self.contents {
+            Contents::Bytes(bytes) => Ok(bytes.into()),
+            Contents::Disk(path) => {
+                std::fs::read(path)
+                    .map(Into::into)
+                    .map_err(|source| Error::Read {
+                        path: path.clone(),
+                        source,
+                    })
+            }
+        }
+    }
+
+    fn mode(&self) -> u32 {
+        if self.executable || is_shared_library(&self.path) {
+            0o755
+        } else {
+            0o644
+        }
+    }
+}
+
+#[cfg(unix)]
+fn is_executable(metadata: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    metadata.permissions().mode() & 0o100 != 0
+}
+
+#[cfg(not(unix))]
+fn is_executable(_: &std::fs::Metadata) -> bool {
+    false
+}
+
+fn is_shared_library(path: &str) -> bool {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    name.ends_with(".so") || name.contains(".so.")
+}
+
+/// Everything a wheel is made of.
+#[derive(Clone, Debug)]
+pub struct WheelSpec {
+    /// The file name, which also gives the tags.
+    pub filename: WheelFilename,
+    /// The core metadata; its name and version must match the file name's.
+    pub metadata: Metadata,
+    /// The files, in any order; the `.dist-info` files are generated.
+    pub files: Vec<WheelFile>,
+    /// The directory the wheel is written to (created if missing).
+    pub out_dir: PathBuf,
+    /// The mtime of every entry, in seconds since 1970; `None` takes `SOURCE_DATE_EPOCH`, else
+    /// [`DEFAULT_EPOCH`].
+    pub modified: Option<u64>,
+}
+
+/// One row of `RECORD`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecordEntry {
+    /// The path inside the wheel.
+    pub path: String,
+    /// `sha256=<urlsafe base64, no padding>`, empty for RECORD itself.
+    pub hash: String,
+    /// The size in bytes, empty for RECORD itself.
+    pub size: String,
+}
+
+/// The `RECORD` hash of `bytes`: `sha256=` and the urlsafe base64 of the digest, unpadded.
+pub fn record_hash(bytes: &[u8]) -> String {
+    format!(
+        "sha256={}",
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(Sha256::digest(bytes))
+    )
+}
+
+/// Renders RECORD rows as CSV (fields quoted when they need it), one `\n`-ended line each.
+pub fn record_text(entries: &[RecordEntry]) -> String {
+    let mut out = String::new();
+    for entry in entries {
+        out.push_str(&csv_field(&entry.path));
+        out.push(',');
+        out.push_str(&csv_field(&entry.hash));
+        out.push(',');
+        out.push_str(&csv_field(&entry.size));
+        out.push('\n');
+    }
+    out
+}
+
+fn csv_field(field: &str) -> String {
+    if field.contains([',', '"', '\r', '\n']) {
+        format!("\"{}\"", field.replace('"', "\"\""))
+    } else {
+        field.to_owned()
+    }
+}
+
+/// Parses `RECORD` CSV into rows; an error names the 1-based line.
+pub fn parse_record(text: &str) -> Result<Vec<RecordEntry>, String> {
+    let mut rows = Vec::new();
+    let mut chars = text.chars().peekable();
+    let mut line = 1;
+    while chars.peek().is_some() {
+        let start_line = line;
+        let mut fields = Vec::new();
+        let mut field = String::new();
+        let mut quoted = false;
+        let mut in_quotes = false;
+        loop {
+            let Some(c) = chars.next() else {
+                if in_quotes {
+                    return Err(format!("line {start_line}: unterminated quoted field"));
+                }
+                fields.push(std::mem::take(&mut field));
+                break;
+            };
+            if in_quotes {
+                match c {
+                    '"' if chars.peek() == Some(&'"') => {
+                        chars.next();
+                        field.push('"');
+                    }
+                    '"' => in_quotes = false,
+                    '\n' => {
+                        line += 1;
+                        field.push(c);
+                    }
+                    _ => field.push(c),
+                }
+                continue;
+            }
+            match c {
+                '"' if field.is_empty() && !quoted => {
+                    quoted = true;
+                    in_quotes = true;
+                }
+                ',' => {
+                    fields.push(std::mem::take(&mut field));
+                    quoted = false;
+                }
+                '\r' if chars.peek() == Some(&'\n') => {}
+                '\n' => {
+                    line += 1;
+                    fields.push(std::mem::take(&mut field));
+                    break;
+                }
+                _ => field.push(c),
+            }
+        }
+        if fields.len() == 1 && fields[0].is_empty() {
+            continue;
+        }
+        match <[String; 3]>::try_from(fields) {
+            Ok([path, hash, size]) => rows.push(RecordEntry { path, hash, size }),
+            Err(fields) => {
+                return Err(format!(
+                    "line {start_line}: {} fields, not 3 (path, hash, size)",
+                    fields.len()
+                ))
+            }
+        }
+    }
+    Ok(rows)
+}
+
+/// Why a path cannot name a file inside a wheel, if it cannot.
+pub(crate) fn path_problem(path: &str) -> Option<String> {
+    if path.is_empty() {
+        return Some("the path is empty".into());
+    }
+    if let Some(c) = path.chars().find(|c| c.is_control()) {
+        return Some(format!("the path holds control character {c:?}"));
+    }
+    let drive = matches!(path.as_bytes(), [letter, b':', ..] if letter.is_ascii_alphabetic());
+    if path.starts_with('/') || drive {
+        return Some("the path is absolute".into());
+    }
+    if path.contains('\\') {
+        return Some("the path holds `\\`; wheel paths use `/`".into());
+    }
+    if path.ends_with('/') {
+        return Some("it is a directory entry; wheels list files only".into());
+    }
+    for component in path.split('/') {
+        match component {
+            "" => return Some("the path has an empty component (`//`)".into()),
+            "." | ".." => return Some(format!("the path has a `{component}` component")),
+            _ => {}
+        }
+    }
+    None
+}
+
+/// Writes the wheel `spec` describes into its output directory and returns its path.
+///
+/// Fails without leaving a file behind when a path is unusable, METADATA and the file name
+/// disagree, a file cannot be read, or a host ELF file breaks the platform tag's policy.
+pub fn write_wheel(spec: &WheelSpec) -> Result<PathBuf, Error> {
+    let filename = &spec.filename;
+    let metadata_id = format!(
+        "{}-{}",
+        normalize_name(&spec.metadata.name),
+        escape_version(&spec.metadata.version)?
+    );
+    let filename_id = format!("{}-{}", normalize_name(filename.name()), filename.version());
+    if metadata_id != filename_id {
+        return Err(Error::NameMismatch {
+            metadata: format!("{} {}", spec.metadata.name, spec.metadata.version),
+            filename: filename.to_string(),
+        });
+    }
+    let targets: Vec<(String, AuditTarget)> = filename
+        .platform_tags()
+        .iter()
+        .map(|tag| {
+            AuditTarget::for_platform(tag)
+                .map(|target| (tag.clone(), target))
+                .ok_or_else(|| Error::NoPolicy { tag: tag.clone() })
+        })
+        .collect::<Result<_, _>>()?;
+
+    let dist_info = filename.dist_info();
+    let mut files: Vec<&WheelFile> = spec.files.iter().collect();
+    files.sort_by(|a, b| a.path.cmp(&b.path));
+    for (n, file) in files.iter().enumerate() {
+        let invalid = |reason: String| Error::InvalidEntry {
+            path: file.path.clone(),
+            reason,
+        };
+        if let Some(reason) = path_problem(&file.path) {
+            return Err(invalid(reason));
+        }
+        let top = file.path.split('/').next().unwrap_or_default();
+        if top.ends_with(".dist-info") {
+            return Err(invalid(format!(
+                "`{top}/` is reserved: kwheel writes the wheel's own `{dist_info}/`"
+            )));
+        }
+        if n > 0 && files[n - 1].path == file.path {
+            return Err(invalid("two files have this path".into()));
+        }
+    }
+
+    let modified = zip_time(match spec.modified {
+        Some(seconds) => seconds,
+        None => source_date_epoch()?.unwrap_or(DEFAULT_EPOCH),
+    });
+    std::fs::create_dir_all(&spec.out_dir).map_err(|source| Error::Write {
+        path: spec.out_dir.clone(),
+        source,
+    })?;
+    let target = spec.out_dir.join(filename.to_string());
+    let temp = tempfile::Builder::new()
+        .prefix(&format!(".{filename}.tmp-"))
+        .tempfile_in(&spec.out_dir)
+        .map_err(|source| Error::Write {
+            path: spec.out_dir.clone(),
+            source,
+        })?;
+    let mut archive = Archive {
+        zip: ZipWriter::new(BufWriter::new(temp.as_file())),
+        path: &target,
+        modified,
+        record: Vec::new(),
+    };
+    let mut violations = Vec::new();
+    for file in &files {
+        let bytes = file.read()?;
+        for (_, target) in &targets {
+            violations.extend(audit_file(target, &file.path, &bytes).violations);
+        }
+        archive.add(&file.path, &bytes, file.mode())?;
+    }
+    if !violations.is_empty() {
+        return Err(Error::Audit {
+            wheel: filename.to_string(),
+            policy: targets
+                .iter()
+                .map(|(tag, _)| tag.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            violations,
+        });
+    }
+    archive.add(
+        &format!("{dist_info}/METADATA"),
+        spec.metadata.to_text().as_bytes(),
+        0o644,
+    )?;
+    archive.add(
+        &format!("{dist_info}/WHEEL"),
+        wheel_text(filename).as_bytes(),
+        0o644,
+    )?;
+    archive.finish(&format!("{dist_info}/RECORD"))?;
+
+    let write_error = |source| Error::Write {
+        path: target.clone(),
+        source,
+    };
+    temp.as_file().sync_all().map_err(write_error)?;
+    set_readable(temp.path()).map_err(write_error)?;
+    temp.persist(&target)
+        .map_err(|error| write_error(error.error))?;
+    Ok(target)
+}
+
+/// The zip being written, and the RECORD rows of what is in it.
+struct Archive<'a, W: std::io::Write + std::io::Seek> {
+    zip: ZipWriter<W>,
+    /// The wheel's final path, for error messages.
+    path: &'a Path,
+    modified: DateTime,
+    record: Vec<RecordEntry>,
+}
+
+impl<W: std::io::Write + std::io::Seek> Archive<'_, W> {
+    fn add(&mut self, path: &str, bytes: &[u8], mode: u32) -> Result<(), Error> {
+        let method = if is_precompressed(path, bytes) {
+            CompressionMethod::Stored
+        } else {
+            CompressionMethod::Deflated
+        };
+        self.start(path, method, mode)?;
+        self.zip
+            .write_all(bytes)
+            .map_err(|source| self.write_error(source))?;
+        self.record.push(RecordEntry {
+            path: path.to_owned(),
+            hash: record_hash(bytes),
+            size: bytes.len().to_string(),
+        });
+        Ok(())
+    }
+
+    fn start(&mut self, path: &str, method: CompressionMethod, mode: u32) -> Result<(), Error> {
+        let options = SimpleFileOptions::default()
+            .compression_method(method)
+            .compression_level((method == CompressionMethod::Deflated).then_some(DEFLATE_LEVEL))
+            .last_modified_time(self.modified)
+            .unix_permissions(mode);
+        self.zip
+            .start_file(path, options)
+            .map_err(|source| self.zip_error(source))
+    }
+
+    /// Writes RECORD (listing itself with no hash or size) and the central directory.
+    fn finish(mut self, record_path: &str) -> Result<(), Error> {
+        self.record.push(RecordEntry {
+            path: record_path.to_owned(),
+            hash: String::new(),
+            size: String::new(),
+        });
+        let text = record_text(&self.record);
+        self.start(record_path, CompressionMethod::Deflated, 0o644)?;
+        self.zip
+            .write_all(text.as_bytes())
+            .map_err(|source| self.write_error(source))?;
+        let path = self.path;
+        let mut buffer = self.zip.finish().map_err(|source| Error::Zip {
+            path: path.to_owned(),
+            source,
+        })?;
+        buffer.flush().map_err(|source| Error::Write {
+            path: path.to_owned(),
+            source,
+        })
+    }
+
+    fn zip_error(&self, source: zip::result::ZipError) -> Error {
+        Error::Zip {
+            path: self.path.to_owned(),
+            source,
+        }
+    }
+
+    fn write_error(&self, source: std::io::Error) -> Error {
+        Error::Write {
+            path: self.path.to_owned(),
+            source,
+        }
+    }
+}
+
+/// A temp file is created 0600; a wheel is for others to read.
+#[cfg(unix)]
+fn set_readable(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))
+}
+
+#[cfg(not(unix))]
+fn set_readable(_: &Path) -> std::io::Result<()> {
+    Ok(())
+}
+
+fn is_precompressed(path: &str, bytes: &[u8]) -> bool {
+    let extension = path.rsplit_once('.').map(|(_, e)| e).unwrap_or_default();
+    STORED_EXTENSIONS.contains(&extension) || prebuilt::cubin::is_cubin(bytes)
+}
+
+/// `SOURCE_DATE_EPOCH`, when it is set and not empty.
+pub fn source_date_epoch() -> Result<Option<u64>, Error> {
+    match std::env::var("SOURCE_DATE_EPOCH") {
+        Ok(value) if value.trim().is_empty() => Ok(None),
+        Ok(value) => value
+            .trim()
+            .parse()
+            .map(Some)
+            .map_err(|_| Error::SourceDateEpoch { value }),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(value)) => Err(Error::SourceDateEpoch {
+            value: value.to_string_lossy().into_owned(),
+        }),
+    }
+}
+
+/// The zip (DOS) time of `seconds` since 1970 in UTC, clamped to what a zip can hold.
+fn zip_time(seconds: u64) -> DateTime {
+    let seconds = seconds.clamp(DEFAULT_EPOCH, LATEST_EPOCH);
+    let days = (seconds / 86_400) as i64;
+    let in_day = seconds % 86_400;
+    let (year, month, day) = civil_from_days(days);
+    DateTime::from_date_and_time(
+        year as u16,
+        month as u8,
+        day as u8,
+        (in_day / 3600) as u8,
+        (in_day / 60 % 60) as u8,
+        (in_day % 60) as u8,
+    )
+    .unwrap_or_default()
+}
+
+/// (year, month, day) of a day count since 1970-01-01 (Howard Hinnant's `civil_from_days`).
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let day_of_era = z.rem_euclid(146_097);
+    let year_of_era =
+        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let shifted_month = (5 * day_of_year + 2) / 153;
+    let day = (day_of_year - (153 * shifted_month + 2) / 5 + 1) as u32;
+    let month = if shifted_month < 10 {
+        shifted_month + 3
+    } else {
+        shifted_month - 9
+    } as u32;
+    let year = year_of_era + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn civil_dates_match_known_days() {
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(3652), (1980, 1, 1));
+        assert_eq!(civil_from_days(11_016), (2000, 2, 29));
+        assert_eq!(civil_from_days(20_786), (2026, 11, 29));
+    }
+
+    #[test]
+    fn zip_time_is_utc_and_clamped() {
+        let time = zip_time(1_764_424_800); // 2025-11-29T14:00:00Z
+        assert_eq!(
+            (time.year(), time.month(), time.day(), time.hour()),
+            (2025, 11, 29, 14)
+        );
+        let time = zip_time(0);
+        assert_eq!((time.year(), time.month(), time.day()), (1980, 1, 1));
+    }
+
+    #[test]
+    fn csv_fields_are_quoted_only_when_needed() {
+        assert_eq!(csv_field("a/b.py"), "a/b.py");
+        assert_eq!(csv_field("a,b.py"), "\"a,b.py\"");
+        assert_eq!(csv_field("say \"hi\".txt"), "\"say \"\"hi\"\".txt\"");
+        let rows = vec![
+            RecordEntry {
+                path: "a,\"b\".txt".into(),
+                hash: "sha256=x".into(),
+                size: "3".into(),
+            },
+            RecordEntry {
+                path: "d/RECORD".into(),
+                hash: String::new(),
+                size: String::new(),
+            },
+        ];
+        assert_eq!(parse_record(&record_text(&rows)).unwrap(), rows);
+    }
+
+    #[test]
+    fn record_rows_need_three_fields() {
+        let error = parse_record("a,b\n").unwrap_err();
+        assert_eq!(error, "line 1: 2 fields, not 3 (path, hash, size)");
+    }
+
+    #[test]
+    fn paths_that_escape_or_hide_are_refused() {
+        for (path, expected) in [
+            ("../x", "the path has a `..` component"),
+            ("/etc/x", "the path is absolute"),
+            ("a\u{1}b", "the path holds control character '\\u{1}'"),
+            ("a/", "it is a directory entry; wheels list files only"),
+            ("a//b", "the path has an empty component (`//`)"),
+        ] {
+            assert_eq!(path_problem(path).as_deref(), Some(expected), "{path}");
+        }
+        assert_eq!(path_problem("af3_kernels/__init__.py"), None);
+    }
+}

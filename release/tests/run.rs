@@ -1,0 +1,1185 @@
+//! The release machinery end to end: the default library's wheel (bundled with the real CUDA
+//! toolchains that `ci/setup` installs), wheels written by an independent writer for
+//! verification, and real ELF files compiled here with the system `cc` for the audit.
+//!
+//! Tests that need a toolchain (CUDA, `cc`, `python3` with pip) skip with the reason when it is
+//! missing, unless `KWHEEL_REQUIRE_TOOLCHAINS=1` (CI), where they fail.
+
+use std::collections::BTreeMap;
+use std::io::{Read as _, Write as _};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use base64::Engine as _;
+use bundler::BuildToolchain;
+use release::audit::{audit_file, AuditTarget, ElfKind};
+use release::library::torch_requirement;
+use release::wheel::{record_hash, KWHEEL_VERSION};
+use release::{
+    audit_elf, build_library_wheel, verify_wheel, BuiltWheel, Error, LibraryWheelOptions, Metadata,
+    WheelFile, WheelFilename, WheelSpec, MANYLINUX_2_28_X86_64,
+};
+use sha2::Digest as _;
+use zip::write::SimpleFileOptions;
+
+const WHEEL_NAME: &str = "af3_kernels-0.1.0-py3-none-manylinux_2_28_x86_64.whl";
+const DIST_INFO: &str = "af3_kernels-0.1.0.dist-info";
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_owned()
+}
+
+fn default_manifest() -> PathBuf {
+    workspace().join("kernels/kernels.toml")
+}
+
+fn required() -> bool {
+    std::env::var("KWHEEL_REQUIRE_TOOLCHAINS").as_deref() == Ok("1")
+}
+
+/// Skips (returns `false`) with the reason, or fails under `KWHEEL_REQUIRE_TOOLCHAINS=1`.
+fn skip(reason: &str) -> bool {
+    if required() {
+        panic!("toolchain required but missing: {reason}");
+    }
+    eprintln!("skipped: {reason}");
+    false
+}
+
+/// The real CUDA toolchains, or `None` (with the reason printed) where they are missing.
+fn toolchains() -> Option<Vec<BuildToolchain>> {
+    static TOOLCHAINS: OnceLock<Result<Vec<BuildToolchain>, String>> = OnceLock::new();
+    let found = TOOLCHAINS.get_or_init(|| {
+        ["cu129", "cu130"]
+            .iter()
+            .map(|b| BuildToolchain::discover(b.parse().unwrap()).map_err(|e| format!("{e}")))
+            .collect()
+    });
+    match found {
+        Ok(toolchains) => Some(toolchains.clone()),
+        Err(reason) => {
+            skip(reason);
+            None
+        }
+    }
+}
+
+/// A fresh directory under the target's scratch space, removed first if an earlier run left it.
+fn scratch(name: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("release-run")
+        .join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn options(manifest: &Path, bundle: &Path, out: &Path, cache: &Path) -> LibraryWheelOptions {
+    LibraryWheelOptions {
+        bundle: bundle.to_owned(),
+        out: out.to_owned(),
+        cache_dir: cache.to_owned(),
+        jobs: 2,
+        progress: false,
+        toolchains: toolchains(),
+        ..LibraryWheelOptions::new(manifest)
+    }
+}
+
+/// One cold build of the default library's wheel (bundling first, as no bundle exists yet),
+/// shared by the tests that only read it.
+struct Shared {
+    root: PathBuf,
+    cache: PathBuf,
+    bundle: PathBuf,
+    built: BuiltWheel,
+    bytes: Vec<u8>,
+}
+
+fn shared() -> Option<&'static Shared> {
+    static SHARED: OnceLock<Option<Shared>> = OnceLock::new();
+    SHARED
+        .get_or_init(|| {
+            toolchains()?;
+            let root = scratch("shared");
+            let cache = root.join("cache");
+            let bundle = root.join("_prebuilt");
+            let built = build_library_wheel(&options(
+                &default_manifest(),
+                &bundle,
+                &root.join("wheels"),
+                &cache,
+            ))
+            .unwrap_or_else(|error| {
+                panic!("the default library's wheel builds: {}", chain(&error))
+            });
+            let bytes = std::fs::read(&built.path).unwrap();
+            Some(Shared {
+                root,
+                cache,
+                bundle,
+                built,
+                bytes,
+            })
+        })
+        .as_ref()
+}
+
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(error) = cause {
+        text.push_str(&format!("\n  caused by: {error}"));
+        cause = error.source();
+    }
+    text
+}
+
+/// Every entry of a zip: (name, bytes), in archive order.
+fn entries(bytes: &[u8]) -> Vec<(String, Vec<u8>)> {
+    let mut archive = zip::ZipArchive::new(std::io::Cursor::new(bytes)).unwrap();
+    (0..archive.len())
+        .map(|n| {
+            let mut file = archive.by_index(n).unwrap();
+            let mut data = Vec::new();
+            file.read_to_end(&mut data).unwrap();
+            (file.name().to_owned(), data)
+        })
+        .collect()
+}
+
+fn entry(bytes: &[u8], name: &str) -> String {
+    let (_, data) = entries(bytes)
+        .into_iter()
+        .find(|(n, _)| n == name)
+        .unwrap_or_else(|| panic!("no `{name}` in the wheel"));
+    String::from_utf8(data).unwrap()
+}
+
+fn python() -> Option<&'static str> {
+    let found = Command::new("python3")
+        .args(["-c", "import zipfile, hashlib, csv, base64"])
+        .output()
+        .is_ok_and(|output| output.status.success());
+    if found {
+        Some("python3")
+    } else {
+        skip("no python3");
+        None
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The default library's wheel
+
+#[test]
+fn missing_bundle_is_built_first_and_reported() {
+    let Some(shared) = shared() else { return };
+    let bundled = shared
+        .built
+        .bundled
+        .as_ref()
+        .expect("the bundle was built first");
+    assert_eq!(bundled.index.kernels.len(), 6);
+    assert!(shared.bundle.join("index.json").is_file());
+    assert_eq!(shared.built.filename.to_string(), WHEEL_NAME);
+    assert_eq!(shared.built.path.file_name().unwrap(), WHEEL_NAME);
+}
+
+#[test]
+fn building_twice_gives_identical_bytes() {
+    let Some(shared) = shared() else { return };
+    let again = build_library_wheel(&options(
+        &default_manifest(),
+        &shared.bundle,
+        &shared.root.join("wheels-again"),
+        &shared.cache,
+    ))
+    .unwrap();
+    assert!(again.bundled.is_none(), "the bundle exists and is current");
+    assert_eq!(std::fs::read(&again.path).unwrap(), shared.bytes);
+}
+
+#[test]
+fn metadata_pins_torch_and_the_kwheel_runtime() {
+    let Some(shared) = shared() else { return };
+    assert_eq!(
+        entry(&shared.bytes, &format!("{DIST_INFO}/METADATA")),
+        format!(
+            "Metadata-Version: 2.1\n\
+             Name: af3-kernels\n\
+             Version: 0.1.0\n\
+             Summary: AlphaFold3-style CUDA kernels, shipped prebuilt.\n\
+             Requires-Python: >=3.9\n\
+             Requires-Dist: kwheel=={KWHEEL_VERSION}\n\
+             Requires-Dist: torch==2.13.*\n"
+        )
+    );
+}
+
+#[test]
+fn wheel_file_has_one_tag_line_per_expanded_tag() {
+    let Some(shared) = shared() else { return };
+    assert_eq!(
+        entry(&shared.bytes, &format!("{DIST_INFO}/WHEEL")),
+        format!(
+            "Wheel-Version: 1.0\n\
+             Generator: kwheel {KWHEEL_VERSION}\n\
+             Root-Is-Purelib: false\n\
+             Tag: py3-none-manylinux_2_28_x86_64\n"
+        )
+    );
+}
+
+#[test]
+fn record_lists_every_file_with_hash_and_size_and_itself_last() {
+    let Some(shared) = shared() else { return };
+    let entries = entries(&shared.bytes);
+    let record = entry(&shared.bytes, &format!("{DIST_INFO}/RECORD"));
+    let rows: Vec<&str> = record.lines().collect();
+    assert_eq!(rows.len(), entries.len());
+    assert_eq!(*rows.last().unwrap(), format!("{DIST_INFO}/RECORD,,"));
+    for ((name, data), row) in entries.iter().zip(&rows) {
+        if name.ends_with("/RECORD") {
+            continue;
+        }
+        // An independent computation: sha256, urlsafe base64 without padding.
+        let digest = sha2::Sha256::digest(data);
+        let hash = base64::engine::general_purpose::URL_SAFE
+            .encode(digest)
+            .trim_end_matches('=')
+            .to_owned();
+        assert_eq!(*row, format!("{name},sha256={hash},{}", data.len()));
+    }
+}
+
+#[test]
+fn entries_are_sorted_with_dist_info_last_and_no_directories() {
+    let Some(shared) = shared() else { return };
+    let names: Vec<String> = entries(&shared.bytes).into_iter().map(|(n, _)| n).collect();
+    let (files, dist_info): (Vec<&String>, Vec<&String>) =
+        names.iter().partition(|n| !n.starts_with(DIST_INFO));
+    assert!(files.windows(2).all(|w| w[0] < w[1]), "sorted: {files:?}");
+    assert_eq!(
+        dist_info,
+        [
+            &format!("{DIST_INFO}/METADATA"),
+            &format!("{DIST_INFO}/WHEEL"),
+            &format!("{DIST_INFO}/RECORD")
+        ]
+    );
+    assert_eq!(
+        &names[names.len() - 3..],
+        dist_info.into_iter().cloned().collect::<Vec<_>>()
+    );
+    assert!(names.iter().all(|n| !n.ends_with('/')));
+    assert!(names.contains(&"af3_kernels/__init__.py".to_owned()));
+    assert!(names.contains(&"af3_kernels/_prebuilt/index.json".to_owned()));
+    assert!(names.contains(&"af3_kernels/_prebuilt/sources/layernorm/layernorm.cu".to_owned()));
+    assert!(names.contains(&"af3_kernels/_prebuilt/sources/include/af3/common.cuh".to_owned()));
+}
+
+#[test]
+fn entries_have_fixed_modes_times_and_compression() {
+    let Some(shared) = shared() else { return };
+    let expected_year = match std::env::var("SOURCE_DATE_EPOCH") {
+        Ok(_) => None,
+        Err(_) => Some(1980),
+    };
+    let mut archive = zip::ZipArchive::new(std::io::Cursor::new(&shared.bytes)).unwrap();
+    let mut artifacts = 0;
+    for n in 0..archive.len() {
+        let file = archive.by_index(n).unwrap();
+        let name = file.name().to_owned();
+        assert_eq!(file.unix_mode(), Some(0o100644), "{name}");
+        let modified = file.last_modified().unwrap();
+        if let Some(year) = expected_year {
+            assert_eq!(
+                (
+                    modified.year(),
+                    modified.month(),
+                    modified.day(),
+                    modified.hour()
+                ),
+                (year, 1, 1, 0),
+                "{name}"
+            );
+        }
+        let stored = name.ends_with(".zst") || name.ends_with(".zdict");
+        let expected = if stored {
+            zip::CompressionMethod::Stored
+        } else {
+            zip::CompressionMethod::Deflated
+        };
+        assert_eq!(file.compression(), expected, "{name}");
+        artifacts += usize::from(name.ends_with(".cubin.zst"));
+    }
+    assert!(artifacts >= 20, "{artifacts} artifacts");
+}
+
+#[test]
+fn verify_passes_the_built_wheel() {
+    let Some(shared) = shared() else { return };
+    let report = verify_wheel(&shared.built.path).unwrap();
+    assert!(report.is_ok(), "{report}");
+    assert!(report.warnings.is_empty(), "{report}");
+    assert_eq!(report.bundles.len(), 1);
+    let bundle = &report.bundles[0];
+    assert_eq!(bundle.root, "af3_kernels/_prebuilt/");
+    assert_eq!(bundle.kernels, 6);
+    let variants: usize = shared
+        .built
+        .bundled
+        .as_ref()
+        .unwrap()
+        .index
+        .kernels
+        .values()
+        .map(|k| k.variants.len())
+        .sum();
+    assert_eq!(bundle.variants, variants);
+    assert!(bundle.sources);
+    assert!(report.host_elfs.is_empty());
+    assert_eq!(report.files, shared.built.files);
+}
+
+#[test]
+fn python_zipfile_reads_the_wheel_and_agrees_with_record() {
+    let Some(shared) = shared() else { return };
+    let Some(python) = python() else { return };
+    let listing = Command::new(python)
+        .args(["-m", "zipfile", "-l"])
+        .arg(&shared.built.path)
+        .output()
+        .unwrap();
+    assert!(listing.status.success(), "{listing:?}");
+    assert!(String::from_utf8_lossy(&listing.stdout).contains("af3_kernels/_prebuilt/index.json"));
+
+    let script = r#"
+import base64, csv, hashlib, io, sys, zipfile
+wheel = zipfile.ZipFile(sys.argv[1])
+assert wheel.testzip() is None
+record = [n for n in wheel.namelist() if n.endswith(".dist-info/RECORD")][0]
+rows = list(csv.reader(io.TextIOWrapper(wheel.open(record), encoding="utf-8")))
+assert sorted(r[0] for r in rows) == sorted(wheel.namelist()), "RECORD lists every file"
+for path, digest, size in rows:
+    if path == record:
+        assert digest == "" and size == "", path
+        continue
+    data = wheel.read(path)
+    expected = "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    assert digest == expected and int(size) == len(data), path
+print("checked", len(rows))
+"#;
+    let output = Command::new(python)
+        .args(["-c", script])
+        .arg(&shared.built.path)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(String::from_utf8_lossy(&output.stdout).starts_with("checked "));
+}
+
+#[test]
+fn pip_installs_the_wheel_offline() {
+    let Some(shared) = shared() else { return };
+    let Some(python) = python() else { return };
+    let has_pip = Command::new(python)
+        .args(["-m", "pip", "--version"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has_pip {
+        skip("python3 has no pip");
+        return;
+    }
+    let target = tempfile::tempdir().unwrap();
+    let output = Command::new(python)
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-index",
+            "--disable-pip-version-check",
+            "--target",
+        ])
+        .arg(target.path())
+        .arg(&shared.built.path)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "pip install failed:\n{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let installed = target.path().join("af3_kernels");
+    assert!(installed.join("__init__.py").is_file());
+    assert!(installed.join("_prebuilt/index.json").is_file());
+    let index = std::fs::read(installed.join("_prebuilt/index.json")).unwrap();
+    assert_eq!(
+        index,
+        std::fs::read(shared.bundle.join("index.json")).unwrap()
+    );
+    assert!(target.path().join(DIST_INFO).join("RECORD").is_file());
+}
+
+#[test]
+fn sources_can_be_left_out() {
+    let Some(shared) = shared() else { return };
+    let built = build_library_wheel(&LibraryWheelOptions {
+        ship_sources: false,
+        ..options(
+            &default_manifest(),
+            &shared.bundle,
+            &shared.root.join("wheels-no-sources"),
+            &shared.cache,
+        )
+    })
+    .unwrap();
+    let bytes = std::fs::read(&built.path).unwrap();
+    let names: Vec<String> = entries(&bytes).into_iter().map(|(n, _)| n).collect();
+    assert!(!names.iter().any(|n| n.contains("_prebuilt/sources/")));
+    assert!(names.contains(&"af3_kernels/_prebuilt/index.json".to_owned()));
+    assert!(!built.report.bundles[0].sources);
+    assert!(bytes.len() < shared.bytes.len());
+}
+
+#[test]
+fn torch_override_pins_requires_dist_and_the_bundle() {
+    let Some(shared) = shared() else { return };
+    let root = scratch("torch-override");
+    let built = build_library_wheel(&LibraryWheelOptions {
+        torch: Some("2.11.*".into()),
+        ..options(
+            &default_manifest(),
+            &root.join("_prebuilt"),
+            &root.join("wheels"),
+            &shared.cache,
+        )
+    })
+    .unwrap();
+    assert_eq!(built.bundled.as_ref().unwrap().index.torch, "2.11.*");
+    let bytes = std::fs::read(&built.path).unwrap();
+    let metadata = entry(&bytes, &format!("{DIST_INFO}/METADATA"));
+    assert!(
+        metadata.contains("\nRequires-Dist: torch==2.11.*\n"),
+        "{metadata}"
+    );
+    assert!(!metadata.contains("2.13"), "{metadata}");
+}
+
+#[test]
+fn bundle_for_another_torch_pin_is_refused() {
+    let Some(shared) = shared() else { return };
+    let error = build_library_wheel(&LibraryWheelOptions {
+        torch: Some("2.11.*".into()),
+        ..options(
+            &default_manifest(),
+            &shared.bundle,
+            &shared.root.join("wheels-refused"),
+            &shared.cache,
+        )
+    })
+    .unwrap_err();
+    let Error::StaleBundle { stale, .. } = &error else {
+        panic!("expected a stale bundle, got {}", chain(&error));
+    };
+    assert_eq!(stale.len(), 6);
+    assert!(stale
+        .iter()
+        .all(|k| k.changes == ["torch pin: 2.13.* → 2.11.*"]));
+    assert!(!shared.root.join("wheels-refused").join(WHEEL_NAME).exists());
+}
+
+/// Copies the embedded library (sources, manifest, Python package; not the Rust references).
+fn copy_library(dir: &Path) -> PathBuf {
+    fn copy(from: &Path, to: &Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for entry in std::fs::read_dir(from).unwrap() {
+            let entry = entry.unwrap();
+            let name = entry.file_name();
+            if name == "reference" || name == "target" || name == "__pycache__" {
+                continue;
+            }
+            if entry.file_type().unwrap().is_dir() {
+                copy(&entry.path(), &to.join(&name));
+            } else {
+                std::fs::copy(entry.path(), to.join(&name)).unwrap();
+            }
+        }
+    }
+    let to = dir.join("kernels");
+    copy(&workspace().join("kernels"), &to);
+    to.join("kernels.toml")
+}
+
+fn append(path: &Path, text: &str) {
+    let mut file = std::fs::OpenOptions::new().append(true).open(path).unwrap();
+    file.write_all(text.as_bytes()).unwrap();
+}
+
+#[test]
+fn source_edited_after_bundling_is_refused_naming_kernel_and_file() {
+    let Some(shared) = shared() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = copy_library(dir.path());
+    let root = manifest.parent().unwrap();
+    let bundle = dir.path().join("_prebuilt");
+    let out = dir.path().join("wheels");
+    // Same stable paths and contents as the shared build: every key is a cache hit.
+    let first = build_library_wheel(&options(&manifest, &bundle, &out, &shared.cache)).unwrap();
+    assert!(first.bundled.as_ref().unwrap().compiled.is_empty());
+    assert_eq!(std::fs::read(&first.path).unwrap(), shared.bytes);
+
+    append(&root.join("swiglu/swiglu.cu"), "\n// tuned\n");
+    std::fs::remove_file(&first.path).unwrap();
+    let error = build_library_wheel(&options(&manifest, &bundle, &out, &shared.cache)).unwrap_err();
+    let Error::StaleBundle { stale, .. } = &error else {
+        panic!("expected a stale bundle, got {}", chain(&error));
+    };
+    assert_eq!(stale.len(), 1, "{error}");
+    assert_eq!(stale[0].kernel, "swiglu");
+    assert_eq!(stale[0].changes.len(), 1);
+    assert!(
+        stale[0].changes[0].starts_with("file swiglu/swiglu.cu: content changed (sha256 "),
+        "{}",
+        stale[0].changes[0]
+    );
+    let message = error.to_string();
+    assert!(
+        message.starts_with(&format!(
+            "bundle `{}` is stale; rebuild it with `kwheel dev bundle-kernels` before building \
+             the wheel:\n  `swiglu`: file swiglu/swiglu.cu: content changed (sha256 ",
+            bundle.display()
+        )),
+        "{message}"
+    );
+    assert!(
+        !out.join(WHEEL_NAME).exists(),
+        "no wheel from a stale bundle"
+    );
+
+    // A shared header names every kernel that includes it.
+    append(&root.join("include/af3/common.cuh"), "\n// tuned\n");
+    let error = build_library_wheel(&options(&manifest, &bundle, &out, &shared.cache)).unwrap_err();
+    let Error::StaleBundle { stale, .. } = &error else {
+        panic!("expected a stale bundle, got {}", chain(&error));
+    };
+    let with_header: Vec<&str> = stale
+        .iter()
+        .filter(|k| {
+            k.changes
+                .iter()
+                .any(|c| c.starts_with("file include/af3/common.cuh: content changed"))
+        })
+        .map(|k| k.kernel.as_str())
+        .collect();
+    assert!(with_header.len() >= 2, "{error}");
+    assert!(with_header.contains(&"layernorm_bf16"), "{error}");
+}
+
+#[test]
+fn tampered_artifact_fails_verify_naming_the_file() {
+    let Some(shared) = shared() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let original = entries(&shared.bytes);
+    let (artifact, _) = original
+        .iter()
+        .find(|(n, _)| n.ends_with(".cubin.zst"))
+        .unwrap()
+        .clone();
+
+    // One byte changed, the zip rewritten with a valid CRC, RECORD untouched: what someone
+    // who edits a wheel with a zip tool produces.
+    let tampered = dir.path().join(WHEEL_NAME);
+    let mut writer = zip::ZipWriter::new(std::fs::File::create(&tampered).unwrap());
+    for (name, mut data) in original.clone() {
+        if name == artifact {
+            let middle = data.len() / 2;
+            data[middle] ^= 0x01;
+        }
+        let stored = name.ends_with(".zst") || name.ends_with(".zdict");
+        let options = SimpleFileOptions::default().compression_method(if stored {
+            zip::CompressionMethod::Stored
+        } else {
+            zip::CompressionMethod::Deflated
+        });
+        writer.start_file(name.as_str(), options).unwrap();
+        writer.write_all(&data).unwrap();
+    }
+    writer.finish().unwrap();
+    let report = verify_wheel(&tampered).unwrap();
+    assert!(!report.is_ok());
+    let about_artifact: Vec<&str> = report
+        .problems
+        .iter()
+        .filter(|p| p.file == artifact)
+        .map(|p| p.message.as_str())
+        .collect();
+    assert!(
+        about_artifact
+            .iter()
+            .any(|m| m.contains("but RECORD says") && m.contains("the file changed")),
+        "{report}"
+    );
+    assert_eq!(
+        about_artifact.len(),
+        2,
+        "RECORD and the bundle's digest both name it: {report}"
+    );
+    assert!(
+        report.problems.iter().all(|p| p.file == artifact),
+        "{report}"
+    );
+    let error = report.into_result().unwrap_err();
+    assert!(error.to_string().contains(&artifact), "{error}");
+
+    // The same byte flipped in place: the zip's own CRC catches it, naming the file.
+    let mut bytes = shared.bytes.clone();
+    let data = &original.iter().find(|(n, _)| *n == artifact).unwrap().1;
+    let at = bytes
+        .windows(data.len())
+        .position(|w| w == data.as_slice())
+        .expect("stored artifacts appear verbatim");
+    bytes[at + data.len() / 2] ^= 0x01;
+    let flipped = dir.path().join("flipped").join(WHEEL_NAME);
+    std::fs::create_dir_all(flipped.parent().unwrap()).unwrap();
+    std::fs::write(&flipped, bytes).unwrap();
+    let report = verify_wheel(&flipped).unwrap();
+    assert!(
+        report.problems.iter().any(|p| p.file == artifact),
+        "{report}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The wheel writer on small inputs
+
+fn small_spec(out: &Path, platform: &str, files: Vec<WheelFile>) -> WheelSpec {
+    WheelSpec {
+        filename: WheelFilename::new("demo-kernels", "1.2.0", "py3", "none", platform).unwrap(),
+        metadata: Metadata {
+            name: "demo-kernels".into(),
+            version: "1.2.0".into(),
+            summary: Some("Demo.".into()),
+            requires_python: None,
+            requires_dist: vec![torch_requirement("2.13.*")],
+        },
+        files,
+        out_dir: out.to_owned(),
+        modified: Some(1_700_000_000),
+    }
+}
+
+#[test]
+fn wheel_file_names_normalize_and_expand_tags() {
+    let name = WheelFilename::new("Af3.Kernels__x", "0.1.0-rc1", "py2.py3", "none", "any").unwrap();
+    assert_eq!(
+        name.to_string(),
+        "af3_kernels_x-0.1.0_rc1-py2.py3-none-any.whl"
+    );
+    assert_eq!(name.tags(), ["py2-none-any", "py3-none-any"]);
+    assert_eq!(name.dist_info(), "af3_kernels_x-0.1.0_rc1.dist-info");
+    assert!(name.is_purelib());
+    let parsed: WheelFilename = "af3_kernels_x-0.1.0_rc1-py2.py3-none-any.whl"
+        .parse()
+        .unwrap();
+    assert_eq!(parsed, name);
+    let built = WheelFilename::parse("kwheel-0.1.0-1-cp39-abi3-manylinux_2_28_x86_64.whl").unwrap();
+    assert_eq!(built.build(), Some("1"));
+    assert_eq!(built.tags(), ["cp39-abi3-manylinux_2_28_x86_64"]);
+    assert!(!built.is_purelib());
+
+    for (bad, reason) in [
+        ("demo-1.0-py3-none.whl", "five or six"),
+        ("demo-1.0-py3-none-any.zip", "does not end in `.whl`"),
+        (
+            "demo-1.0-x-py3-none-any.whl",
+            "build tag does not start with a digit",
+        ),
+    ] {
+        let error = WheelFilename::parse(bad).unwrap_err().to_string();
+        assert!(error.contains(reason), "{bad}: {error}");
+    }
+    assert!(WheelFilename::new("-demo", "1", "py3", "none", "any").is_err());
+    assert!(WheelFilename::new("demo", "1 0", "py3", "none", "any").is_err());
+    assert!(WheelFilename::new("demo", "1", "py3", "none", "many-linux").is_err());
+}
+
+#[test]
+fn written_wheels_are_byte_identical_and_dated_as_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = || {
+        vec![
+            WheelFile::from_bytes("demo_kernels/__init__.py", "print('hi')\n"),
+            WheelFile::from_bytes("demo_kernels/a,b \"q\".txt", "quoted\n"),
+            WheelFile::from_bytes("demo_kernels/data.zst", vec![0x28, 0xb5, 0x2f, 0xfd]),
+            WheelFile {
+                executable: true,
+                ..WheelFile::from_bytes("demo_kernels/run.sh", "#!/bin/sh\n")
+            },
+        ]
+    };
+    let first = release::write_wheel(&small_spec(&dir.path().join("a"), "any", files())).unwrap();
+    let second = release::write_wheel(&small_spec(&dir.path().join("b"), "any", files())).unwrap();
+    let bytes = std::fs::read(&first).unwrap();
+    assert_eq!(bytes, std::fs::read(&second).unwrap());
+    assert_eq!(
+        first.file_name().unwrap(),
+        "demo_kernels-1.2.0-py3-none-any.whl"
+    );
+
+    let mut archive = zip::ZipArchive::new(std::io::Cursor::new(&bytes)).unwrap();
+    for n in 0..archive.len() {
+        let file = archive.by_index(n).unwrap();
+        let time = file.last_modified().unwrap();
+        // 1_700_000_000 is 2023-11-14T22:13:20Z.
+        assert_eq!(
+            (
+                time.year(),
+                time.month(),
+                time.day(),
+                time.hour(),
+                time.minute(),
+                time.second()
+            ),
+            (2023, 11, 14, 22, 13, 20)
+        );
+        let mode = if file.name().ends_with("run.sh") {
+            0o100755
+        } else {
+            0o100644
+        };
+        assert_eq!(file.unix_mode(), Some(mode), "{}", file.name());
+    }
+    let record = entry(&bytes, "demo_kernels-1.2.0.dist-info/RECORD");
+    let quoted = "\"demo_kernels/a,b \"\"q\"\".txt\",";
+    assert!(record.contains(quoted), "{record}");
+    assert!(record.contains(&format!(
+        "demo_kernels/__init__.py,{},12\n",
+        record_hash(b"print('hi')\n")
+    )));
+    assert!(entry(&bytes, "demo_kernels-1.2.0.dist-info/WHEEL").contains("Root-Is-Purelib: true\n"));
+    let report = verify_wheel(&first).unwrap();
+    assert!(report.is_ok(), "{report}");
+}
+
+#[test]
+fn unusable_paths_and_mismatched_metadata_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    for (path, reason) in [
+        ("../evil.py", "`..` component"),
+        ("/abs.py", "absolute"),
+        ("demo_kernels-1.2.0.dist-info/extra", "is reserved"),
+        ("other-1.0.dist-info/METADATA", "is reserved"),
+    ] {
+        let spec = small_spec(dir.path(), "any", vec![WheelFile::from_bytes(path, "x")]);
+        let error = release::write_wheel(&spec).unwrap_err().to_string();
+        assert!(
+            error.starts_with(&format!("cannot put `{path}` into a wheel: "))
+                && error.contains(reason),
+            "{error}"
+        );
+    }
+    let twice = small_spec(
+        dir.path(),
+        "any",
+        vec![
+            WheelFile::from_bytes("a.py", "1"),
+            WheelFile::from_bytes("a.py", "2"),
+        ],
+    );
+    assert!(release::write_wheel(&twice)
+        .unwrap_err()
+        .to_string()
+        .contains("two files"));
+    let mut renamed = small_spec(dir.path(), "any", vec![WheelFile::from_bytes("a.py", "1")]);
+    renamed.metadata.name = "other".into();
+    assert!(matches!(
+        release::write_wheel(&renamed),
+        Err(Error::NameMismatch { .. })
+    ));
+    let unknown = small_spec(dir.path(), "manylinux_2_17_x86_64", Vec::new());
+    assert_eq!(
+        release::write_wheel(&unknown).unwrap_err().to_string(),
+        "no audit policy for platform tag `manylinux_2_17_x86_64`: kwheel writes wheels tagged \
+         `manylinux_2_28_x86_64`, `linux_*` or `any`"
+    );
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "nothing left behind"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The audit, on ELF files compiled here
+
+/// Compiles `source` into a shared library `name` in `dir` with the system `cc`.
+fn compile_shared(dir: &Path, name: &str, source: &str, extra: &[&str]) -> Option<Vec<u8>> {
+    if Command::new("cc").arg("--version").output().is_err() {
+        skip("no C compiler `cc`");
+        return None;
+    }
+    let c = dir.join(format!("{name}.c"));
+    std::fs::write(&c, source).unwrap();
+    let output = Command::new("cc")
+        .args(["-shared", "-fPIC", "-O1", "-o"])
+        .arg(dir.join(name))
+        .arg(&c)
+        .args(extra)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "cc failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Some(std::fs::read(dir.join(name)).unwrap())
+}
+
+const NEW_GLIBC: &str = "#define _GNU_SOURCE\n#include <unistd.h>\n\
+    int kw_close_all(unsigned first) { return close_range(first, ~0U, 0); }\n";
+const OLD_GLIBC: &str =
+    "#include <string.h>\nunsigned long kw_length(const char *s) { return strlen(s); }\n";
+
+/// `close_range` is versioned GLIBC_2.34; a glibc older than that cannot provide it.
+fn new_glibc_library(dir: &Path) -> Option<Vec<u8>> {
+    let bytes = compile_shared(dir, "libnew.so", NEW_GLIBC, &[])?;
+    let needs_2_34 = bytes.windows(10).any(|w| w == b"GLIBC_2.34");
+    if !needs_2_34 {
+        skip("this system's glibc predates close_range@GLIBC_2.34");
+        return None;
+    }
+    Some(bytes)
+}
+
+#[test]
+fn glibc_2_34_symbol_fails_the_audit_naming_file_library_and_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(bytes) = new_glibc_library(dir.path()) else {
+        return;
+    };
+    let violations = audit_elf(
+        &MANYLINUX_2_28_X86_64,
+        "af3_kernels/_kwheel.abi3.so",
+        &bytes,
+    );
+    let messages: Vec<String> = violations.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        messages,
+        [
+            "af3_kernels/_kwheel.abi3.so needs GLIBC_2.34 (from libc.so.6), newer than \
+          manylinux_2_28 allows (GLIBC_2.28)"
+        ]
+    );
+}
+
+#[test]
+fn old_symbols_pass_the_audit() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(bytes) = compile_shared(dir.path(), "libold.so", OLD_GLIBC, &[]) else {
+        return;
+    };
+    assert!(audit_elf(&MANYLINUX_2_28_X86_64, "pkg/libold.so", &bytes).is_empty());
+    let audit = audit_file(
+        &AuditTarget::Policy(&MANYLINUX_2_28_X86_64),
+        "pkg/libold.so",
+        &bytes,
+    );
+    assert_eq!(audit.kind, Some(ElfKind::Host));
+    // A platform-independent wheel holds no host code at all.
+    let audit = audit_file(&AuditTarget::PlatformIndependent, "pkg/libold.so", &bytes);
+    assert_eq!(
+        audit.violations[0].to_string(),
+        "pkg/libold.so is host code, but the wheel is tagged `any` (platform-independent)"
+    );
+}
+
+#[test]
+fn library_outside_the_policy_fails_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    if compile_shared(
+        dir.path(),
+        "libkwdep.so",
+        "int kw_dep(void) { return 7; }\n",
+        &[],
+    )
+    .is_none()
+    {
+        return;
+    }
+    let library_dir = format!("-L{}", dir.path().display());
+    let Some(bytes) = compile_shared(
+        dir.path(),
+        "libuses.so",
+        "int kw_dep(void);\nint kw_uses(void) { return kw_dep() + 1; }\n",
+        &[&library_dir, "-lkwdep"],
+    ) else {
+        return;
+    };
+    let messages: Vec<String> = audit_elf(&MANYLINUX_2_28_X86_64, "pkg/libuses.so", &bytes)
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(
+        messages,
+        ["pkg/libuses.so links `libkwdep.so`, which manylinux_2_28 does not allow (bundle it or \
+          link it statically)"]
+    );
+}
+
+#[test]
+fn cubins_are_recognised_and_skipped() {
+    let fixtures = workspace().join("prebuilt/tests/fixtures/cubin");
+    for name in ["nvrtc129_sm_90a.cubin", "nvcc130_sm_100a.cubin"] {
+        let bytes = std::fs::read(fixtures.join(name)).unwrap();
+        let audit = audit_file(&AuditTarget::Policy(&MANYLINUX_2_28_X86_64), name, &bytes);
+        assert_eq!(audit.kind, Some(ElfKind::Cubin), "{name}");
+        assert!(audit.violations.is_empty(), "{name}");
+        // Even in a platform-independent wheel: a cubin is not host code.
+        let audit = audit_file(&AuditTarget::PlatformIndependent, name, &bytes);
+        assert!(audit.violations.is_empty(), "{name}");
+    }
+}
+
+#[test]
+fn writer_refuses_a_wheel_that_fails_the_audit_and_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(bytes) = new_glibc_library(dir.path()) else {
+        return;
+    };
+    let out = dir.path().join("wheels");
+    let spec = small_spec(
+        &out,
+        "manylinux_2_28_x86_64",
+        vec![
+            WheelFile::from_bytes("demo_kernels/__init__.py", ""),
+            WheelFile::from_bytes("demo_kernels/_kwheel.abi3.so", bytes),
+        ],
+    );
+    let error = release::write_wheel(&spec).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "`demo_kernels-1.2.0-py3-none-manylinux_2_28_x86_64.whl` fails the manylinux_2_28_x86_64 \
+         audit:\n  demo_kernels/_kwheel.abi3.so needs GLIBC_2.34 (from libc.so.6), newer than \
+         manylinux_2_28 allows (GLIBC_2.28)"
+    );
+    assert_eq!(
+        std::fs::read_dir(&out).unwrap().count(),
+        0,
+        "no partial wheel"
+    );
+
+    // `linux_x86_64` promises nothing about the system, so the same files pass there.
+    let mut unrestricted = spec.clone();
+    unrestricted.filename =
+        WheelFilename::new("demo-kernels", "1.2.0", "py3", "none", "linux_x86_64").unwrap();
+    let written = release::write_wheel(&unrestricted).unwrap();
+    let report = verify_wheel(&written).unwrap();
+    assert!(report.is_ok(), "{report}");
+    assert_eq!(report.host_elfs, ["demo_kernels/_kwheel.abi3.so"]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Verification of wheels written by another writer
+
+/// Writes a wheel the plain way another tool would: given entries, then a correct RECORD.
+fn foreign_wheel(path: &Path, tag: &str, files: &[(&str, &[u8])]) {
+    let filename = WheelFilename::parse(&path.file_name().unwrap().to_string_lossy()).unwrap();
+    let dist_info = filename.dist_info();
+    let mut all: Vec<(String, Vec<u8>)> = files
+        .iter()
+        .map(|(n, b)| ((*n).to_owned(), b.to_vec()))
+        .collect();
+    all.push((
+        format!("{dist_info}/METADATA"),
+        format!(
+            "Metadata-Version: 2.1\nName: {}\nVersion: {}\n",
+            filename.name(),
+            filename.version()
+        )
+        .into_bytes(),
+    ));
+    all.push((
+        format!("{dist_info}/WHEEL"),
+        format!("Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: false\nTag: {tag}\n")
+            .into_bytes(),
+    ));
+    let mut record = String::new();
+    for (name, bytes) in &all {
+        record.push_str(&format!("{name},{},{}\n", record_hash(bytes), bytes.len()));
+    }
+    record.push_str(&format!("{dist_info}/RECORD,,\n"));
+    all.push((format!("{dist_info}/RECORD"), record.into_bytes()));
+    let mut writer = zip::ZipWriter::new(std::fs::File::create(path).unwrap());
+    for (name, bytes) in all {
+        writer
+            .start_file(name.as_str(), SimpleFileOptions::default())
+            .unwrap();
+        writer.write_all(&bytes).unwrap();
+    }
+    writer.finish().unwrap();
+}
+
+#[test]
+fn verify_audits_host_elfs_in_any_wheel() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(library) = new_glibc_library(dir.path()) else {
+        return;
+    };
+    let path = dir
+        .path()
+        .join("demo-1.0-cp39-abi3-manylinux_2_28_x86_64.whl");
+    foreign_wheel(
+        &path,
+        "cp39-abi3-manylinux_2_28_x86_64",
+        &[
+            ("demo/__init__.py", b""),
+            ("demo/_native.abi3.so", &library),
+        ],
+    );
+    let report = verify_wheel(&path).unwrap();
+    assert_eq!(
+        report
+            .problems
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>(),
+        [
+            "demo/_native.abi3.so: needs GLIBC_2.34 (from libc.so.6), newer than manylinux_2_28 \
+          allows (GLIBC_2.28)"
+        ]
+    );
+    assert_eq!(report.host_elfs, ["demo/_native.abi3.so"]);
+}
+
+#[test]
+fn verify_checks_tags_against_the_file_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir
+        .path()
+        .join("demo-1.0-py3-none-manylinux_2_28_x86_64.whl");
+    foreign_wheel(&path, "py3-none-any", &[("demo/__init__.py", b"")]);
+    let report = verify_wheel(&path).unwrap();
+    let messages: Vec<String> = report.problems.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        messages,
+        [
+            "demo-1.0.dist-info/WHEEL: lacks `Tag: py3-none-manylinux_2_28_x86_64`, which the \
+             file name has",
+            "demo-1.0.dist-info/WHEEL: has `Tag: py3-none-any`, which the file name lacks",
+        ]
+    );
+}
+
+#[test]
+fn verify_reports_every_zip_hygiene_problem_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("demo-1.0-py3-none-any.whl");
+    let mut writer = zip::ZipWriter::new(std::fs::File::create(&path).unwrap());
+    let options = SimpleFileOptions::default();
+    for name in [
+        "demo/../evil.py",
+        "/abs.py",
+        "demo/bell\u{7}.py",
+        "demo/a.py",
+        "demo/b.py",
+    ] {
+        writer.start_file(name, options).unwrap();
+        writer.write_all(b"x = 1\n").unwrap();
+    }
+    writer.add_directory("demo/dir/", options).unwrap();
+    writer
+        .add_symlink("demo/link", "/etc/passwd", options)
+        .unwrap();
+    writer.finish().unwrap();
+    // Rename `demo/b.py` to `demo/a.py` in place: a zip writer refuses duplicates.
+    let mut bytes = std::fs::read(&path).unwrap();
+    let (from, to) = (b"demo/b.py", b"demo/a.py");
+    let mut at = 0;
+    while let Some(found) = bytes[at..].windows(from.len()).position(|w| w == from) {
+        bytes[at + found..at + found + from.len()].copy_from_slice(to);
+        at += found + from.len();
+    }
+    std::fs::write(&path, bytes).unwrap();
+
+    let report = verify_wheel(&path).unwrap();
+    let has = |file: &str, text: &str| {
+        report
+            .problems
+            .iter()
+            .any(|p| p.file == file && p.message.contains(text))
+    };
+    assert!(has("demo/../evil.py", "`..` component"), "{report}");
+    assert!(has("/abs.py", "absolute"), "{report}");
+    assert!(has("demo/bell\u{7}.py", "control character"), "{report}");
+    assert!(has("demo/a.py", "appears twice"), "{report}");
+    assert!(has("demo/dir/", "directory entry"), "{report}");
+    assert!(has("demo/link", "symbolic link"), "{report}");
+    assert!(
+        has("demo-1.0-py3-none-any.whl", "has no `demo-1.0.dist-info/`"),
+        "{report}"
+    );
+}
+
+#[test]
+fn verify_names_files_missing_from_record_and_record_rows_without_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("demo-1.0-py3-none-any.whl");
+    foreign_wheel(&good, "py3-none-any", &[("demo/__init__.py", b"")]);
+    assert!(verify_wheel(&good).unwrap().is_ok());
+
+    // Add a file RECORD does not list, and drop one it does.
+    let original = entries(&std::fs::read(&good).unwrap());
+    let changed = dir.path().join("changed").join("demo-1.0-py3-none-any.whl");
+    std::fs::create_dir_all(changed.parent().unwrap()).unwrap();
+    let mut writer = zip::ZipWriter::new(std::fs::File::create(&changed).unwrap());
+    for (name, data) in original.iter().filter(|(n, _)| n != "demo/__init__.py") {
+        writer
+            .start_file(name.as_str(), SimpleFileOptions::default())
+            .unwrap();
+        writer.write_all(data).unwrap();
+    }
+    writer
+        .start_file("demo/extra.py", SimpleFileOptions::default())
+        .unwrap();
+    writer.write_all(b"import os\n").unwrap();
+    writer.finish().unwrap();
+    let report = verify_wheel(&changed).unwrap();
+    let messages: BTreeMap<String, String> = report
+        .problems
+        .iter()
+        .map(|p| (p.file.clone(), p.message.clone()))
+        .collect();
+    assert_eq!(
+        messages,
+        BTreeMap::from([
+            (
+                "demo/__init__.py".to_owned(),
+                "is listed in RECORD but not in the wheel".to_owned()
+            ),
+            (
+                "demo/extra.py".to_owned(),
+                "is not listed in RECORD".to_owned()
+            ),
+        ])
+    );
+    assert_eq!(
+        report
+            .warnings
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>(),
+        ["demo/extra.py: comes after `demo-1.0.dist-info/`, which should be last"]
+    );
+}
