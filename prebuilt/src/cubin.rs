@@ -320,7 +320,23 @@ struct Inspection {
     device_functions: Vec<String>,
 }
 
+/// The bytes of a `u64` buffer, which is 8-byte aligned.
+fn bytemuck_bytes(words: &mut [u64]) -> &mut [u8] {
+    let len = std::mem::size_of_val(words);
+    // SAFETY: any bit pattern is a valid u8, u8 has alignment 1, and the byte slice covers
+    // exactly the memory of `words`, which it borrows mutably for its whole lifetime.
+    unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), len) }
+}
+
 fn inspect(bytes: &[u8]) -> Result<Inspection, CubinError> {
+    // `object` reads ELF structures in place and needs them 8-byte aligned; bytes from
+    // `include_bytes!` or a slice into a larger buffer may not be.
+    if bytes.as_ptr().align_offset(8) != 0 {
+        let mut aligned = vec![0u64; bytes.len().div_ceil(8)];
+        let view = &mut bytemuck_bytes(&mut aligned)[..bytes.len()];
+        view.copy_from_slice(bytes);
+        return inspect(view);
+    }
     let machine = elf_machine(bytes)?;
     if machine != EM_CUDA {
         return Err(CubinError::WrongMachine { machine });
@@ -969,6 +985,17 @@ mod tests {
             message(vec![kparam(0, 0, 8), vec![EIFMT_HVAL, 0x19]]),
             "malformed cubin: in `.nv.info.k`: attribute record at byte 16 is cut short (2 bytes \
              left)"
+        );
+    }
+
+    #[test]
+    fn unaligned_bytes_are_read_like_aligned_ones() {
+        let bytes = fixture("nvcc130_sm_90a.cubin");
+        let mut shifted = vec![0u8; bytes.len() + 1];
+        shifted[1..].copy_from_slice(&bytes);
+        assert_eq!(
+            inspect_cubin(&shifted[1..]).unwrap(),
+            inspect_cubin(&bytes).unwrap()
         );
     }
 }

@@ -497,9 +497,11 @@ impl CompilerSearch {
             let candidate = &candidates[index];
             match JitCompiler::realize(candidate, driver) {
                 Ok(compiler) => return Ok(compiler),
-                Err(error) => {
-                    searched.push(format!("{}: {}", candidate.describe(), error_chain(&error)))
-                }
+                Err(error) => searched.push(format!(
+                    "{}: {}",
+                    candidate.describe(),
+                    describe_failure(&error)
+                )),
             }
         }
         for candidate in &candidates {
@@ -1435,6 +1437,17 @@ pub fn nvcc_arguments(options: &CompileOptions<'_>, source: &Path, output: &Path
     arguments.push(output.into());
     arguments.push(source.into());
     arguments
+}
+
+/// Why a candidate could not be used, on one line: for a library the loader could not open,
+/// just the loader's words (they name the file); else the error and its causes.
+fn describe_failure(error: &JitError) -> String {
+    if let JitError::LoadNvrtc { source, .. } = error {
+        if let NvrtcError::Load { source, .. } = source.as_ref() {
+            return source.to_string();
+        }
+    }
+    error_chain(error)
 }
 
 /// An error and its causes, on one line.

@@ -17,9 +17,12 @@
 //! Elsewhere a test prints `skipped: <reason>` and passes; `KWHEEL_REQUIRE_TOOLCHAINS=1` makes
 //! a missing toolchain a failure. `KWHEEL_TEST_BUNDLE` is a bundle built with the torch pin of
 //! the machine (`kwheel dev bundle-kernels --torch 2.11.*`); `KWHEEL_TEST_TORCH` (optional) is
-//! that machine's torch version, checked against the pin. Tests that compile with NVRTC 12.9
+//! that machine's torch version, checked against the pin. The JIT tests run as the CUDA build
+//! `KWHEEL_TEST_JIT_CUDA` (default `cu130`) and find NVRTC as the loader does (`KWHEEL_NVRTC`,
+//! `KWHEEL_SITE_PACKAGES`, `VIRTUAL_ENV`, `CUDA_HOME`, …). Tests that compile with NVRTC 12.9
 //! do it in child processes (this binary, re-run with `KWHEEL_TEST_ROLE`), because one process
-//! holds one libnvrtc and the GPU tests use the one a PyTorch install has.
+//! holds one libnvrtc and the GPU tests use the one a PyTorch install has. The fixtures are
+//! built into the binary, so it runs from any directory.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -257,6 +260,23 @@ fn status_names_the_missing_gpu_for_every_kernel() {
             }
             // Nothing compiled, nothing cached: status never compiles.
             assert!(!cache.exists());
+            // The same for every kernel of a real bundle, when one is given.
+            if let Some(real) = std::env::var_os("KWHEEL_TEST_BUNDLE").filter(|p| !p.is_empty()) {
+                let registry =
+                    Registry::open_with(real, options(None, JitPolicy::Allowed, &cache)).unwrap();
+                let status = registry.status();
+                assert_eq!(status.len(), registry.index().kernels.len());
+                for (name, status) in status {
+                    assert_eq!(
+                        status,
+                        Status::Unavailable {
+                            reason: reason.clone()
+                        },
+                        "{name}"
+                    );
+                }
+                assert!(!cache.exists());
+            }
         }
         Ok(device) if device.capability() == (9, 0) => {
             // The fixture's pin is 2.13.*: no torch version, no torch check.
