@@ -10,9 +10,15 @@
 //! | [`key`] | the versioned kernel key over the include graph and the target |
 //! | [`cubin`] | cubin ELF facts: SM number, entry symbols, parameter sizes |
 //! | [`bundle`] | the on-disk layout, and reading verified artifacts out of it |
+//! | [`select`] | which variant fits a device, as a pure function, and why the others do not |
+//! | [`registry`] | the runtime: status, load, launch with checked arguments |
+//! | [`driver`] | the CUDA driver, loaded at run time (no GPU or no driver is an error, not a panic) |
+//! | [`nvrtc`] | NVRTC, loaded at run time from an explicit path |
+//! | [`jit`] | the JIT fallback from shipped sources, cached under the user's cache dir |
 //!
-//! It does not build anything (that is the `bundler` crate) and does not write wheels (the
-//! `release` crate). It stays small: no command-line parsing, no network.
+//! Foreign calls live in [`driver`] and [`nvrtc`] only. It does not build bundles (that is the
+//! `bundler` crate) and does not write wheels (the `release` crate). It stays small: no
+//! command-line parsing, no network.
 #![deny(missing_docs)]
 
 pub mod bundle;
@@ -28,5 +34,7 @@ pub mod target;
 
 pub use bundle::{Bundle, BundleError};
 pub use index::{Index, KernelInputs, KernelRecord, Variant};
+pub use jit::JitPolicy;
 pub use key::KernelKey;
+pub use registry::{Kernel, KernelArg, LoadError, Provenance, Registry, RegistryOptions, Status};
 pub use target::{Arch, CudaBuild, ParseTargetError};

@@ -1,6 +1,6 @@
 //! NVRTC, NVIDIA's runtime compiler, loaded from an explicit `libnvrtc.so.N` path.
 //!
-//! This is the crate's only foreign-function interface and its only `unsafe` code. It loads
+//! All of NVRTC's foreign calls live here (the driver's are in `driver`). It loads
 //! the library with `libloading`, resolves the thirteen entry points kwheel uses, and offers
 //! one safe operation on top of them: [`NvrtcLibrary::compile`], source in, cubin out.
 //!
