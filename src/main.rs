@@ -25,6 +25,9 @@ enum Command {
     /// Inspect a built wheel.
     #[command(subcommand)]
     Wheel(WheelCommand),
+    /// Release gates.
+    #[command(subcommand)]
+    Release(ReleaseCommand),
     /// List the CUDA toolchains found for the manifest's CUDA builds.
     Toolchains(ManifestArg),
 }
@@ -39,6 +42,42 @@ enum DevCommand {
     Coverage(CoverageArgs),
     /// Write the kernel library's manylinux wheel with its bundle (bundling first if needed).
     BuildWheel(BuildWheelArgs),
+}
+
+#[derive(Subcommand)]
+enum ReleaseCommand {
+    /// Run every release gate and print the checklist; fails if any gate fails.
+    Check(CheckArgs),
+}
+
+#[derive(Args)]
+struct CheckArgs {
+    #[command(flatten)]
+    manifest: ManifestArg,
+    /// The bundle to check (built first when missing, unless --no-rebuild).
+    #[arg(long, default_value = "target/kwheel/_prebuilt")]
+    bundle: PathBuf,
+    /// The directory of the wheels to check.
+    #[arg(long, default_value = "target/kwheel/wheels")]
+    wheels: PathBuf,
+    /// Override the manifest's torch pin.
+    #[arg(long)]
+    torch: Option<String>,
+    /// Fail instead of building a missing bundle or wheel.
+    #[arg(long)]
+    no_rebuild: bool,
+    /// The largest acceptable wheel, in bytes.
+    #[arg(long, default_value_t = release::check::DEFAULT_SIZE_BUDGET)]
+    size_budget: u64,
+    /// Release tags are this prefix and the version.
+    #[arg(long, default_value = "v")]
+    tag_prefix: String,
+    /// The build cache directory [default: ${XDG_CACHE_HOME:-~/.cache}/kwheel/build].
+    #[arg(long)]
+    cache_dir: Option<PathBuf>,
+    /// Print the checklist as JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Subcommand)]
@@ -205,6 +244,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Dev(DevCommand::Coverage(args)) => coverage(args),
         Command::Dev(DevCommand::BuildWheel(args)) => build_wheel(args),
+        Command::Release(ReleaseCommand::Check(args)) => release_check(args),
         Command::Wheel(WheelCommand::Verify { wheel }) => {
             let report = release::verify_wheel(&wheel)?;
             print!("{report}");
@@ -228,6 +268,31 @@ fn run(cli: Cli) -> Result<()> {
 
 fn default_jobs(jobs: Option<usize>) -> usize {
     jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+fn release_check(args: CheckArgs) -> Result<()> {
+    let options = release::CheckOptions {
+        bundle: args.bundle,
+        wheels: args.wheels,
+        torch: args.torch,
+        no_rebuild: args.no_rebuild,
+        size_budget: args.size_budget,
+        tag_prefix: args.tag_prefix,
+        cache_dir: args
+            .cache_dir
+            .unwrap_or_else(bundler::cache::default_cache_dir),
+        ..release::CheckOptions::new(args.manifest.resolve())
+    };
+    let checklist = release::release_check(&options);
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&checklist)?);
+    } else {
+        print!("{checklist}");
+    }
+    if !checklist.passed() {
+        anyhow::bail!("release check failed");
+    }
+    Ok(())
 }
 
 fn build_wheel(args: BuildWheelArgs) -> Result<()> {

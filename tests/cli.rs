@@ -67,19 +67,17 @@ fn readme_has_exactly_two_setup_commands_and_ci_runs_the_test_one() {
     let commands = readme_commands();
     assert_eq!(commands.len(), 2, "{commands:?}");
     assert!(commands[0].contains("dev bundle-kernels"), "{commands:?}");
+    // Every step of the README's test command is a line of .ci/run, in the same order.
     let ci = std::fs::read_to_string(workspace().join(".ci/run")).unwrap();
-    let ci_commands: Vec<&str> = ci
-        .lines()
-        .map(str::trim)
-        .filter(|l| {
-            !l.is_empty() && !l.starts_with('#') && !l.starts_with("set ") && !l.starts_with("cd ")
-        })
-        .collect();
-    assert_eq!(
-        ci_commands.join(" && "),
-        commands[1],
-        ".ci/run must run the README's test command"
-    );
+    let lines: Vec<&str> = ci.lines().map(str::trim).collect();
+    let mut position = 0;
+    for step in commands[1].split("&&").map(str::trim) {
+        let found = lines[position..].iter().position(|line| *line == step);
+        let found = found.unwrap_or_else(|| {
+            panic!(".ci/run must run `{step}` (from the README's test command) in order:\n{ci}")
+        });
+        position += found + 1;
+    }
 }
 
 #[test]
@@ -402,4 +400,227 @@ fn cache_entries(cache: &Path) -> Vec<PathBuf> {
         }
     }
     entries
+}
+
+// ---- release check ---------------------------------------------------------------------
+
+/// Runs `release check` on the library copy at `library`, with its bundle and wheels in `dir`.
+fn release_check(dir: &Path, library: &Path, extra: &[&str]) -> (bool, serde_json::Value) {
+    let output = kwheel()
+        .args(["release", "check", "--json", "--manifest"])
+        .arg(library.join("kernels.toml"))
+        .arg("--bundle")
+        .arg(dir.join("bundle"))
+        .arg("--wheels")
+        .arg(dir.join("wheels"))
+        .arg("--cache-dir")
+        .arg(dir.join("cache"))
+        .args(extra)
+        .output()
+        .unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}{}", stdout(&output), stderr(&output)));
+    (output.status.success(), json)
+}
+
+fn gate<'j>(json: &'j serde_json::Value, name: &str) -> &'j serde_json::Value {
+    json["gates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["name"] == name)
+        .unwrap_or_else(|| panic!("no gate {name} in {json}"))
+}
+
+#[test]
+fn release_check_passes_on_a_clean_tree_and_builds_only_what_is_missing() {
+    if !have_toolchains() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let library = copy_library(dir.path());
+    let (passed, json) = release_check(dir.path(), &library, &[]);
+    assert!(passed, "{json:#}");
+    for name in [
+        "version",
+        "bundle",
+        "keys",
+        "cubins",
+        "reproducible",
+        "wheel",
+        "size",
+    ] {
+        assert_eq!(gate(&json, name)["status"], "pass", "{name}: {json:#}");
+    }
+    let gpu = &gate(&json, "gpu")["reason"];
+    assert!(gpu.as_str().unwrap().starts_with("no GPU here"), "{json:#}");
+    let built = json["built"].as_array().unwrap();
+    assert_eq!(built.len(), 2, "bundle and wheel were missing: {json:#}");
+
+    // The second run verifies what is there and builds nothing.
+    let (passed, json) = release_check(dir.path(), &library, &["--no-rebuild"]);
+    assert!(passed, "{json:#}");
+    assert!(json["built"].as_array().unwrap().is_empty(), "{json:#}");
+
+    // The text checklist: one line per gate with its mark.
+    let output = kwheel()
+        .args(["release", "check", "--no-rebuild", "--manifest"])
+        .arg(library.join("kernels.toml"))
+        .arg("--bundle")
+        .arg(dir.path().join("bundle"))
+        .arg("--wheels")
+        .arg(dir.path().join("wheels"))
+        .output()
+        .unwrap();
+    let text = stdout(&output);
+    assert!(
+        text.contains("✔ keys") && text.contains("release check passed"),
+        "{text}"
+    );
+}
+
+#[test]
+fn release_check_names_the_kernel_and_file_edited_after_bundling() {
+    if !have_toolchains() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let library = copy_library(dir.path());
+    let (passed, _) = release_check(dir.path(), &library, &[]);
+    assert!(passed);
+    let source = library.join("sigmoid_gate/sigmoid_gate.cu");
+    let text = std::fs::read_to_string(&source).unwrap() + "\n// edited after bundling\n";
+    std::fs::write(&source, text).unwrap();
+    let (passed, json) = release_check(dir.path(), &library, &["--no-rebuild"]);
+    assert!(!passed);
+    let keys = gate(&json, "keys");
+    assert_eq!(keys["status"], "fail");
+    let reason = keys["reason"].as_str().unwrap();
+    assert!(reason.contains("`sigmoid_gate`"), "{reason}");
+    assert!(reason.contains("sigmoid_gate/sigmoid_gate.cu"), "{reason}");
+    assert!(
+        !reason.contains("`swiglu`"),
+        "only the edited kernel: {reason}"
+    );
+    assert!(keys["fix"].as_str().unwrap().contains("bundle-kernels"));
+}
+
+#[test]
+fn release_check_fails_gates_on_a_broken_tree_without_crashing() {
+    if !have_toolchains() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let library = copy_library(dir.path());
+
+    // A missing bundle with --no-rebuild.
+    let (passed, json) = release_check(dir.path(), &library, &["--no-rebuild"]);
+    assert!(!passed);
+    assert_eq!(gate(&json, "bundle")["status"], "fail", "{json:#}");
+    assert!(gate(&json, "bundle")["reason"]
+        .as_str()
+        .unwrap()
+        .contains("no bundle"));
+
+    let (passed, _) = release_check(dir.path(), &library, &[]);
+    assert!(passed);
+
+    // A wheel edited after building: same name, other bytes.
+    let wheel = std::fs::read_dir(dir.path().join("wheels"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let original = std::fs::read(&wheel).unwrap();
+    let mut edited = original.clone();
+    let middle = edited.len() / 2;
+    edited[middle] ^= 0x5a;
+    std::fs::write(&wheel, &edited).unwrap();
+    let (passed, json) = release_check(dir.path(), &library, &["--no-rebuild"]);
+    assert!(!passed);
+    assert_eq!(gate(&json, "reproducible")["status"], "fail", "{json:#}");
+    assert!(gate(&json, "reproducible")["reason"]
+        .as_str()
+        .unwrap()
+        .contains("edited"));
+    assert_eq!(gate(&json, "wheel")["status"], "fail", "{json:#}");
+    std::fs::write(&wheel, &original).unwrap();
+
+    // A corrupted artifact in the bundle.
+    let bundle = prebuilt::Bundle::open(dir.path().join("bundle")).unwrap();
+    let (kernel, record) = bundle.index().kernels.iter().next().unwrap();
+    let artifact = dir
+        .path()
+        .join("bundle")
+        .join(&record.variants[0].artifact.path);
+    let mut bytes = std::fs::read(&artifact).unwrap();
+    let last = bytes.len() - 8;
+    bytes[last] ^= 0xff;
+    std::fs::write(&artifact, bytes).unwrap();
+    let (passed, json) = release_check(dir.path(), &library, &["--no-rebuild"]);
+    assert!(!passed);
+    let cubins = gate(&json, "cubins");
+    assert_eq!(cubins["status"], "fail", "{json:#}");
+    assert!(
+        cubins["reason"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("`{kernel}`")),
+        "{json:#}"
+    );
+}
+
+#[test]
+fn release_check_refuses_a_version_below_the_last_tag() {
+    if !have_toolchains() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let library = copy_library(dir.path());
+    let git = |args: &[&str]| {
+        let output = Command::new("git")
+            .args([
+                "-c",
+                "user.name=release",
+                "-c",
+                "user.email=release@example.com",
+            ])
+            .args(args)
+            .current_dir(&library)
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "git {args:?}: {}", stderr(&output));
+    };
+    git(&["init", "-q"]);
+    git(&["add", "."]);
+    git(&["commit", "-q", "-m", "library"]);
+    git(&["tag", "v0.2.0"]);
+    let (passed, json) = release_check(dir.path(), &library, &[]);
+    assert!(!passed);
+    let version = gate(&json, "version");
+    assert_eq!(version["status"], "fail", "{json:#}");
+    let reason = version["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("0.1.0 is not above the last release 0.2.0 (tag v0.2.0)"),
+        "{reason}"
+    );
+
+    // Stating another version in the Python package is caught too.
+    let init = library.join("python/af3_kernels/__init__.py");
+    let text = std::fs::read_to_string(&init)
+        .unwrap()
+        .replace("\"0.1.0\"", "\"0.3.0\"");
+    std::fs::write(&init, text).unwrap();
+    let manifest = library.join("kernels.toml");
+    let text = std::fs::read_to_string(&manifest)
+        .unwrap()
+        .replace("version = \"0.1.0\"", "version = \"0.3.0-rc\"");
+    std::fs::write(&manifest, text).unwrap();
+    let (_, json) = release_check(dir.path(), &library, &["--no-rebuild"]);
+    let reason = gate(&json, "version")["reason"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(reason.contains("says 0.3.0"), "{reason}");
 }

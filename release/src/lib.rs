@@ -13,6 +13,7 @@
 //! | [`library`] | a kernel library's wheel: bundle freshness, the Python package and `_prebuilt/` |
 //! | [`audit`] | the manylinux_2_28 policy and the audit of host ELF files (cubins are skipped) |
 //! | [`verify`] | re-checking any wheel: RECORD, tags, zip hygiene, bundles, the audit |
+//! | [`check`] | the release checklist: every gate a release must pass, as one report |
 //!
 //! It reads bundles through `prebuilt` and builds them only through `bundler` (when a wheel is
 //! asked for and the bundle is missing). The wheel layout is described in
@@ -20,6 +21,7 @@
 #![deny(missing_docs)]
 
 pub mod audit;
+pub mod check;
 pub mod library;
 pub mod verify;
 pub mod wheel;
@@ -28,6 +30,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 pub use audit::{audit_elf, Policy, Violation, MANYLINUX_2_28_X86_64};
+pub use check::{release_check, CheckOptions, Checklist, Gate, GateStatus};
 pub use library::{build_library_wheel, check_bundle_current, BuiltWheel, LibraryWheelOptions};
 pub use verify::{verify_wheel, Problem, VerifyReport};
 pub use wheel::{write_wheel, Metadata, WheelFile, WheelFilename, WheelSpec};

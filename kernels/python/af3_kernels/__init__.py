@@ -12,6 +12,8 @@ unless ``AF3_KERNELS_JIT_FALLBACK=0``.
 
 import kwheel as _kwheel
 
+__version__ = "0.1.0"
+
 _registry = _kwheel.open(__name__)
 
 status = _registry.status
