@@ -23,6 +23,7 @@ use std::sync::Arc;
 use prebuilt::target::{Arch, CudaBuild};
 
 use crate::toolchain::{nvcc_command, CompilerId, CompilerKind, Toolchain};
+use prebuilt::jit;
 use prebuilt::nvrtc::{self, NvrtcError, NvrtcLibrary};
 
 /// One kernel, one architecture: everything a compiler needs.
@@ -269,12 +270,6 @@ fn absolute(path: &Path) -> PathBuf {
     std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
 }
 
-fn define_flags(defines: &BTreeMap<String, String>) -> impl Iterator<Item = String> + '_ {
-    defines
-        .iter()
-        .map(|(name, value)| format!("-D{name}={value}"))
-}
-
 /// nvcc, run as `nvcc -cubin -arch=sm_90a …` with a clean environment.
 #[derive(Debug, Clone)]
 pub struct Nvcc {
@@ -292,22 +287,12 @@ impl Nvcc {
 
     /// The arguments nvcc gets for `request`, writing the cubin to `output`.
     pub fn arguments(&self, request: &CompileRequest<'_>, output: &Path) -> Vec<OsString> {
-        let mut arguments: Vec<OsString> = vec![
-            "-cubin".into(),
-            format!("-arch={}", request.arch).into(),
-            format!("-std={}", request.cxx_std).into(),
-        ];
-        for dir in request.include_dirs {
-            let mut flag = OsString::from("-I");
-            flag.push(absolute(dir));
-            arguments.push(flag);
-        }
-        arguments.extend(define_flags(request.defines).map(OsString::from));
-        arguments.extend(request.flags.iter().map(OsString::from));
-        arguments.push("-o".into());
-        arguments.push(output.into());
-        arguments.push(absolute(request.source).into());
-        arguments
+        let include_dirs = absolute_dirs(request.include_dirs);
+        jit::nvcc_arguments(
+            &compile_options(request, &include_dirs),
+            &absolute(request.source),
+            output,
+        )
     }
 }
 
@@ -400,19 +385,30 @@ impl Nvrtc {
 }
 
 fn nvrtc_options(request: &CompileRequest<'_>, toolkit_include_dirs: &[PathBuf]) -> Vec<String> {
-    let mut options = vec![
-        format!("--gpu-architecture={}", request.arch),
-        format!("-std={}", request.cxx_std),
-    ];
-    let include_dirs = request
-        .include_dirs
-        .iter()
-        .map(|dir| absolute(dir))
-        .chain(toolkit_include_dirs.iter().cloned());
-    options.extend(include_dirs.map(|dir| format!("-I{}", dir.display())));
-    options.extend(define_flags(request.defines));
-    options.extend(request.flags.iter().cloned());
-    options
+    let include_dirs = absolute_dirs(request.include_dirs);
+    jit::nvrtc_options(
+        &compile_options(request, &include_dirs),
+        toolkit_include_dirs,
+    )
+}
+
+/// The settings both compilers take, in the one order the bundler and the runtime's JIT share
+/// (so a JIT compile reproduces a bundled cubin).
+fn compile_options<'a>(
+    request: &CompileRequest<'a>,
+    include_dirs: &'a [PathBuf],
+) -> jit::CompileOptions<'a> {
+    jit::CompileOptions {
+        arch: request.arch,
+        cxx_std: request.cxx_std,
+        include_dirs,
+        defines: request.defines,
+        flags: request.flags,
+    }
+}
+
+fn absolute_dirs(dirs: &[PathBuf]) -> Vec<PathBuf> {
+    dirs.iter().map(|dir| absolute(dir)).collect()
 }
 
 impl Compiler for Nvrtc {
