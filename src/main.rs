@@ -30,6 +30,8 @@ enum Command {
     Release(ReleaseCommand),
     /// List the CUDA toolchains found for the manifest's CUDA builds.
     Toolchains(ManifestArg),
+    /// Download, verify and cache what a given device would load, for machines that go offline.
+    Fetch(FetchArgs),
 }
 
 #[derive(Subcommand)]
@@ -42,12 +44,17 @@ enum DevCommand {
     Coverage(CoverageArgs),
     /// Write the kernel library's manylinux wheel with its bundle (bundling first if needed).
     BuildWheel(BuildWheelArgs),
+    /// Assemble shard directories into one bundle, identical to a single-machine build.
+    MergeBundles(MergeArgs),
 }
 
 #[derive(Subcommand)]
 enum ReleaseCommand {
     /// Run every release gate and print the checklist; fails if any gate fails.
     Check(CheckArgs),
+    /// Upload wheels and bundle artifacts to a content-addressed HTTP store, skipping what is
+    /// there, then verify by download.
+    Publish(PublishArgs),
 }
 
 #[derive(Args)]
@@ -138,6 +145,67 @@ struct BundleKernelsArgs {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+    /// Build only shard I of N of the compile jobs (`2/4`), into a shard directory for
+    /// `dev merge-bundles`.
+    #[arg(long)]
+    shard: Option<String>,
+    /// A shared build cache speaking the bazel-remote HTTP protocol [default:
+    /// $KWHEEL_REMOTE_CACHE, then ~/.config/kwheel/config.toml].
+    #[arg(long)]
+    remote_cache: Option<String>,
+    /// Read the remote cache but never upload to it.
+    #[arg(long)]
+    remote_cache_read_only: bool,
+}
+
+#[derive(Args)]
+struct MergeArgs {
+    /// The shard directories written by `bundle-kernels --shard`.
+    #[arg(required = true)]
+    shards: Vec<PathBuf>,
+    /// The bundle directory to write.
+    #[arg(long)]
+    out: PathBuf,
+    /// Parallel compression jobs [default: the number of cores].
+    #[arg(long)]
+    jobs: Option<usize>,
+}
+
+#[derive(Args)]
+struct PublishArgs {
+    /// The store's base URL; artifacts go to `<url>/cas/<sha256>`. A bearer token is read
+    /// from $KWHEEL_STORE_TOKEN.
+    #[arg(long)]
+    to: String,
+    /// Bundles whose artifacts to publish.
+    #[arg(long)]
+    bundle: Vec<PathBuf>,
+    /// Wheels to publish.
+    wheels: Vec<PathBuf>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct FetchArgs {
+    /// An installed package (`af3_kernels`) or a bundle directory.
+    package: String,
+    /// The device: `sm_100`, or a compute capability such as `10.0`.
+    #[arg(long)]
+    device: String,
+    /// The runtime's CUDA build: `13.0` or `cu130`.
+    #[arg(long)]
+    cuda: String,
+    /// The runtime's torch version (not checked when absent).
+    #[arg(long)]
+    torch: Option<String>,
+    /// The driver: the CUDA version it supports (`13.0`) or its release (`580.65`).
+    #[arg(long)]
+    driver: Option<String>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -170,6 +238,19 @@ struct BuildWheelArgs {
     /// Leave the kernel sources out (no JIT fallback from this wheel).
     #[arg(long)]
     no_sources: bool,
+    /// Build only the library's wheel, not the kwheel runtime wheel.
+    #[arg(long)]
+    no_runtime: bool,
+    /// Pack this already built Python module into the runtime wheel instead of building it.
+    #[arg(long)]
+    runtime_module: Option<PathBuf>,
+    /// Ship only these variants in the wheel (`sm_90a`, `cu130:sm_100a`, comma-separated);
+    /// the index lists the rest with the store they are fetched from.
+    #[arg(long)]
+    ship: Option<String>,
+    /// The store that holds the variants left out [default: the manifest's `store`].
+    #[arg(long)]
+    store: Option<String>,
     /// Parallel compile jobs when bundling [default: the number of cores].
     #[arg(long)]
     jobs: Option<usize>,
@@ -244,6 +325,31 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Dev(DevCommand::Coverage(args)) => coverage(args),
         Command::Dev(DevCommand::BuildWheel(args)) => build_wheel(args),
+        Command::Dev(DevCommand::MergeBundles(args)) => {
+            let summary = bundler::merge_shards(&args.shards, &args.out, default_jobs(args.jobs))?;
+            println!(
+                "merged {} shards: {} kernels; bundle {} {}",
+                summary.shards,
+                summary.index.kernels.len(),
+                summary.out.display(),
+                written(summary.written)
+            );
+            Ok(())
+        }
+        Command::Release(ReleaseCommand::Publish(args)) => {
+            let report = release::publish(&release::PublishOptions {
+                bundles: args.bundle,
+                wheels: args.wheels,
+                ..release::PublishOptions::new(args.to)
+            })?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{report}");
+            }
+            Ok(())
+        }
+        Command::Fetch(args) => fetch(args),
         Command::Release(ReleaseCommand::Check(args)) => release_check(args),
         Command::Wheel(WheelCommand::Verify { wheel }) => {
             let report = release::verify_wheel(&wheel)?;
@@ -306,6 +412,12 @@ fn build_wheel(args: BuildWheelArgs) -> Result<()> {
             .unwrap_or_else(bundler::cache::default_cache_dir),
         jobs: default_jobs(args.jobs),
         progress: !args.quiet,
+        ship: args
+            .ship
+            .as_deref()
+            .map(str::parse::<release::ShipFilter>)
+            .transpose()?,
+        store: args.store,
         ..release::LibraryWheelOptions::new(args.manifest.resolve())
     };
     let built = release::build_library_wheel(&options)
@@ -315,6 +427,30 @@ fn build_wheel(args: BuildWheelArgs) -> Result<()> {
         built.path.display(),
         built.files,
         built.size
+    );
+    if args.no_runtime {
+        return Ok(());
+    }
+    // The kwheel runtime the library's wheel requires, built from this checkout's
+    // prebuilt/python with cargo zigbuild for glibc 2.28.
+    let Some(workspace) = release::runtime::source_workspace() else {
+        eprintln!("note: no kwheel sources here; the kwheel runtime wheel was not built");
+        return Ok(());
+    };
+    let mut runtime_options = release::RuntimeWheelOptions {
+        progress: !args.quiet,
+        ..release::RuntimeWheelOptions::new(workspace, &options.out)
+    };
+    if let Some(module) = args.runtime_module {
+        runtime_options.module = release::runtime::NativeModule::Prebuilt(module);
+    }
+    let runtime = release::build_runtime_wheel(&runtime_options)
+        .context("building the kwheel runtime wheel failed")?;
+    println!(
+        "{} ({} files, {} bytes), verified",
+        runtime.path.display(),
+        runtime.files,
+        runtime.size
     );
     Ok(())
 }
@@ -334,8 +470,19 @@ fn bundle_kernels(args: BundleKernelsArgs) -> Result<()> {
         progress: !args.quiet,
         toolchains: None,
     };
-    let summary = bundler::bundle_kernels(&options)
+    let shared = bundler::SharedBuild {
+        shard: args.shard.as_deref().map(str::parse).transpose()?,
+        remote_cache: bundler::remote::resolve_remote_cache(args.remote_cache.as_deref(), None)?
+            .map(|mut remote| {
+                remote.upload = !args.remote_cache_read_only;
+                remote
+            }),
+    };
+    let summary = bundler::bundle_kernels_shared(&options, &shared)
         .with_context(|| format!("bundle-kernels for `{}` failed", options.manifest.display()))?;
+    if let Some(remote) = &summary.remote {
+        println!("remote cache: {remote}");
+    }
     let variants: usize = summary
         .index
         .kernels
@@ -354,43 +501,77 @@ fn bundle_kernels(args: BundleKernelsArgs) -> Result<()> {
         summary.compiled.len(),
         summary.cached,
         summary.out.display(),
-        match summary.written {
-            bundler::writer::WriteOutcome::Written => "written",
-            bundler::writer::WriteOutcome::Unchanged => "unchanged",
-        },
+        written(summary.written),
         summary.elapsed.as_secs_f64(),
     );
     Ok(())
 }
 
-fn coverage(args: CoverageArgs) -> Result<()> {
+fn device_query(
+    device: &str,
+    cuda: &str,
+    driver: Option<&str>,
+    torch: Option<String>,
+) -> Result<prebuilt::select::DeviceQuery> {
     use prebuilt::select::{DeviceQuery, DriverVersion};
-    let cuda: prebuilt::CudaBuild = if args.cuda.starts_with("cu") {
-        args.cuda.parse()?
+    let cuda: prebuilt::CudaBuild = if cuda.starts_with("cu") {
+        cuda.parse()?
     } else {
-        prebuilt::CudaBuild::from_version(&args.cuda)?
+        prebuilt::CudaBuild::from_version(cuda)?
     };
-    let driver = match &args.driver {
+    let driver = match driver {
         Some(text) => DriverVersion::parse(text)?,
         None => DriverVersion {
             major: cuda.major,
             minor: cuda.minor,
         },
     };
-    let query = DeviceQuery {
-        capability: DeviceQuery::parse_device(&args.device)?,
+    Ok(DeviceQuery {
+        capability: DeviceQuery::parse_device(device)?,
         driver,
         cuda,
-        torch: args.torch,
-    };
+        torch,
+    })
+}
+
+fn coverage(args: CoverageArgs) -> Result<()> {
+    let query = device_query(&args.device, &args.cuda, args.driver.as_deref(), args.torch)?;
     let bundle = prebuilt::Bundle::open(&args.bundle)?;
-    let report = prebuilt::select::coverage(bundle.index(), &query);
+    let cache = prebuilt::fetch::ArtifactCache::default();
+    let report = prebuilt::fetch::coverage(&bundle, &query, &cache);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print!("{report}");
     }
     Ok(())
+}
+
+fn fetch(args: FetchArgs) -> Result<()> {
+    let query = device_query(&args.device, &args.cuda, args.driver.as_deref(), args.torch)?;
+    let bundle = prebuilt::Bundle::open(prebuilt::fetch::find_bundle(&args.package)?)?;
+    let report = prebuilt::fetch::prefetch(
+        &bundle,
+        &query,
+        &prebuilt::fetch::ArtifactCache::default(),
+        &prebuilt::fetch::StoreOptions::default(),
+    )?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{report}");
+    }
+    if !report.complete() {
+        anyhow::bail!("not everything this device would load could be fetched");
+    }
+    Ok(())
+}
+
+fn written(outcome: bundler::writer::WriteOutcome) -> &'static str {
+    match outcome {
+        bundler::writer::WriteOutcome::Written => "written",
+        bundler::writer::WriteOutcome::Unchanged => "unchanged",
+    }
 }
 
 fn toolchains(manifest: &Path) -> Result<()> {

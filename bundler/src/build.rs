@@ -10,6 +10,10 @@
 //! Compile jobs run on `jobs` threads. A target a toolchain cannot build, or that a kernel
 //! narrows away with `arch = [...]`, is a skip recorded in the index; `require` turns every
 //! skip into an error.
+//!
+//! [`bundle_kernels_shared`] also takes a [`SharedBuild`]: a remote cache asked after the
+//! local one and told about every compile ([`crate::remote`]), and a shard, which builds one
+//! deterministic share of the jobs into a shard directory for [`crate::shard::merge_shards`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -29,6 +33,8 @@ use crate::cache::BuildCache;
 use crate::compiler::{compiler_for, CompileRequest, Compiler};
 use crate::include::{scan_includes, IncludeGraph, ScanRoots};
 use crate::manifest::{KernelSpec, Manifest};
+use crate::remote::{RemoteCache, RemoteStats};
+use crate::shard::{write_shard, PlannedJob, Shard, SharedBuild};
 use crate::toolchain::{discover, CompilerId};
 use crate::writer::{write_bundle, WriteOutcome};
 use crate::Error;
@@ -105,8 +111,15 @@ pub struct BundleSummary {
     pub index: Index,
     /// Variants compiled in this run, as (kernel, build, arch).
     pub compiled: Vec<(String, CudaBuild, Arch)>,
-    /// Variants served by the build cache.
+    /// Variants served by the build cache (local or remote).
     pub cached: usize,
+    /// Of those, variants the remote cache served.
+    pub from_remote: usize,
+    /// What the remote cache did, when there is one.
+    pub remote: Option<RemoteStats>,
+    /// The shard built, when this run built one (then `out` is a shard directory and `index`
+    /// has only the shard's variants).
+    pub shard: Option<Shard>,
     /// Whether the bundle was rewritten or already matched.
     pub written: WriteOutcome,
     /// Wall time of the whole run.
@@ -149,6 +162,7 @@ struct Built {
     cubin: Vec<u8>,
     functions: Vec<Function>,
     compiled: bool,
+    remote: bool,
 }
 
 /// Scans a kernel's include graph and assembles its target-independent key inputs.
@@ -225,6 +239,14 @@ fn stable_dir(root: &Path, dir: &Path, n: usize) -> String {
 
 /// Runs `bundle-kernels`.
 pub fn bundle_kernels(options: &BundleOptions) -> Result<BundleSummary, Error> {
+    bundle_kernels_shared(options, &SharedBuild::default())
+}
+
+/// Runs `bundle-kernels` with a remote cache, or for one shard, as `shared` says.
+pub fn bundle_kernels_shared(
+    options: &BundleOptions,
+    shared: &SharedBuild,
+) -> Result<BundleSummary, Error> {
     let started = Instant::now();
     let manifest = Manifest::load(&options.manifest)?;
     let torch = options
@@ -304,11 +326,32 @@ pub fn bundle_kernels(options: &BundleOptions) -> Result<BundleSummary, Error> {
         }
     }
 
-    let cache = BuildCache::new(&options.cache_dir);
+    let mut cache = BuildCache::new(&options.cache_dir);
+    if let Some(remote) = &shared.remote_cache {
+        cache = cache.with_remote(Arc::new(RemoteCache::new(remote)?));
+    }
+    let plan: Vec<PlannedJob> = jobs
+        .iter()
+        .map(|job| PlannedJob {
+            key: job.key.clone(),
+            kernel: kernels[job.kernel].name.clone(),
+            cuda: job.build,
+            arch: job.arch,
+        })
+        .collect();
+    if let Some(shard) = shared.shard {
+        let owned: BTreeSet<String> = shard
+            .owned_keys(plan.iter().map(|job| job.key.as_str()))
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
+        jobs.retain(|job| owned.contains(&job.key));
+    }
     let results = run_jobs(&jobs, &kernels, &manifest, &cache, options)?;
 
     let mut index = Index {
         format: INDEX_FORMAT,
+        store: None,
         package: manifest.library.package.clone(),
         torch: torch.clone(),
         dictionary: None,
@@ -317,6 +360,7 @@ pub fn bundle_kernels(options: &BundleOptions) -> Result<BundleSummary, Error> {
     let mut cubins = BTreeMap::new();
     let mut compiled = Vec::new();
     let mut cached = 0;
+    let mut from_remote = 0;
     for (position, kernel) in kernels.iter().enumerate() {
         let spec = &manifest.kernels[&kernel.name];
         let mut variants = Vec::new();
@@ -330,6 +374,7 @@ pub fn bundle_kernels(options: &BundleOptions) -> Result<BundleSummary, Error> {
                 compiled.push((kernel.name.clone(), job.build, job.arch));
             } else {
                 cached += 1;
+                from_remote += usize::from(built.remote);
             }
             variants.push(Variant {
                 arch: job.arch,
@@ -373,12 +418,22 @@ pub fn bundle_kernels(options: &BundleOptions) -> Result<BundleSummary, Error> {
             })
         })
         .collect();
-    let (index, written) = write_bundle(&options.out, index, &cubins, &sources, options.jobs)?;
+    let remote = cache.remote().map(RemoteCache::stats);
+    let (index, written) = match shared.shard {
+        Some(shard) => {
+            let written = write_shard(&options.out, shard, plan, &index, &cubins, &sources)?;
+            (index, written)
+        }
+        None => write_bundle(&options.out, index, &cubins, &sources, options.jobs)?,
+    };
     Ok(BundleSummary {
         out: options.out.clone(),
         index,
         compiled,
         cached,
+        from_remote,
+        remote,
+        shard: shared.shard,
         written,
         elapsed: started.elapsed(),
     })
@@ -554,10 +609,34 @@ fn run_job(
                     cubin,
                     functions,
                     compiled: false,
+                    remote: false,
                 })
             }
             // A damaged entry is rebuilt, not bundled.
             Err(_) => cache.remove(&job.key)?,
+        }
+    }
+    let what = format!("`{}` for {} ({})", kernel.name, job.arch, job.build);
+    let output = format!("{}/{}/{}.cubin", kernel.name, job.build, job.arch);
+    let compiles = matches!(job.work, Work::Compile { .. });
+    if compiles {
+        if let Some(cubin) = cache.get_remote(&job.key, &what) {
+            match check_cubin(&cubin, job, kernel) {
+                Ok(functions) => {
+                    cache.put(&job.key, &cubin)?;
+                    return Ok(Built {
+                        cubin,
+                        functions,
+                        compiled: false,
+                        remote: true,
+                    });
+                }
+                Err(error) => eprintln!(
+                    "warning: the remote cache's cubin of {what} is not valid ({}); compiling it \
+                     here",
+                    prebuilt::fetch::error_chain(&error)
+                ),
+            }
         }
     }
     let cubin = match &job.work {
@@ -597,10 +676,14 @@ fn run_job(
     };
     let functions = check_cubin(&cubin, job, kernel)?;
     cache.put(&job.key, &cubin)?;
+    if compiles {
+        cache.put_remote(&job.key, &cubin, &output, &what);
+    }
     Ok(Built {
         cubin,
         functions,
         compiled: true,
+        remote: false,
     })
 }
 

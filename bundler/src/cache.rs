@@ -11,10 +11,15 @@
 //! directory and renamed into place, so a killed build leaves at worst an unnamed temporary
 //! file, never a torn entry. Entries are validated again when read, so a damaged entry is
 //! recompiled rather than bundled.
+//!
+//! A cache may also have a [`RemoteCache`] behind it, shared by many machines: asked when
+//! the local cache misses, told about every cubin compiled (see [`crate::remote`]).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
+use crate::remote::RemoteCache;
 use crate::Error;
 
 /// Name of the versioned layout directory.
@@ -40,6 +45,7 @@ pub fn user_cache_dir() -> PathBuf {
 #[derive(Clone, Debug)]
 pub struct BuildCache {
     root: PathBuf,
+    remote: Option<Arc<RemoteCache>>,
 }
 
 impl BuildCache {
@@ -47,6 +53,35 @@ impl BuildCache {
     pub fn new(dir: impl Into<PathBuf>) -> BuildCache {
         BuildCache {
             root: dir.into().join(LAYOUT),
+            remote: None,
+        }
+    }
+
+    /// This cache with `remote` behind it.
+    pub fn with_remote(self, remote: Arc<RemoteCache>) -> BuildCache {
+        BuildCache {
+            remote: Some(remote),
+            ..self
+        }
+    }
+
+    /// The remote cache behind this one, if any.
+    pub fn remote(&self) -> Option<&RemoteCache> {
+        self.remote.as_deref()
+    }
+
+    /// The remote cache's cubin for `key`, verified against its digest (not yet validated for
+    /// the target: the caller does that, then [`BuildCache::put`]s it); `None` without a remote
+    /// cache, on a miss, or on any failure, which is a warning and never an error.
+    pub fn get_remote(&self, key: &str, what: &str) -> Option<Vec<u8>> {
+        self.remote.as_ref()?.get(key, what)
+    }
+
+    /// Shares a compiled cubin with the remote cache, if any; `path` names the output
+    /// (`<kernel>/<build>/<arch>.cubin`). A failed upload is a warning.
+    pub fn put_remote(&self, key: &str, cubin: &[u8], path: &str, what: &str) {
+        if let Some(remote) = &self.remote {
+            remote.put(key, cubin, path, what);
         }
     }
 

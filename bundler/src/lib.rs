@@ -11,8 +11,10 @@
 //! | [`toolchain`] | finding each CUDA build's toolkit, its compiler and exact version |
 //! | [`compiler`] | nvcc and NVRTC behind one trait |
 //! | [`cache`] | the local content-addressed build cache |
-//! | [`build`] | planning the matrix and running compile jobs in parallel |
+//! | [`remote`] | the shared build cache on a bazel-remote HTTP server |
+//! | [`build`] | planning the matrix and running compile jobs in parallel, or one shard of them |
 //! | [`writer`] | writing the bundle directory atomically |
+//! | [`shard`] | shard directories of a build spread over machines, and merging them |
 //! | [`explain`] | what goes into a kernel's key, and what changed since an index |
 //!
 //! The bundle format itself belongs to `prebuilt`; this crate only writes it.
@@ -26,14 +28,20 @@ pub mod build;
 pub mod cache;
 pub mod explain;
 pub mod manifest;
+pub mod remote;
+pub mod shard;
 pub mod writer;
 
 use std::path::PathBuf;
 
 use prebuilt::{Arch, CudaBuild};
 
-pub use build::{bundle_kernels, BuildToolchain, BundleOptions, BundleSummary};
+pub use build::{
+    bundle_kernels, bundle_kernels_shared, BuildToolchain, BundleOptions, BundleSummary,
+};
 pub use manifest::Manifest;
+pub use remote::{RemoteCache, RemoteCacheOptions};
+pub use shard::{merge_shards, Shard, SharedBuild};
 
 /// A failure of the bundler.
 #[derive(Debug, thiserror::Error)]
@@ -154,4 +162,31 @@ pub enum Error {
     /// A bundle could not be read.
     #[error(transparent)]
     Bundle(#[from] prebuilt::BundleError),
+    /// The kwheel config file is not valid.
+    #[error("invalid kwheel config `{}`: {message}", path.display())]
+    Config {
+        /// The config file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// The remote cache's URL or client could not be set up.
+    #[error(transparent)]
+    Fetch(#[from] Box<prebuilt::fetch::FetchError>),
+    /// `--shard` is not `i/N` with 1 ≤ i ≤ N.
+    #[error("invalid shard `{text}`: {reason}")]
+    InvalidShard {
+        /// The text given.
+        text: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// Shard directories that do not make one bundle.
+    #[error("cannot merge shards: {reason}")]
+    Merge {
+        /// The shard directory at fault, when one is.
+        shard: Option<PathBuf>,
+        /// What is wrong, naming the shard and the kernel.
+        reason: String,
+    },
 }

@@ -66,6 +66,9 @@ pub struct Library {
     /// Default extra compiler flags.
     #[serde(default)]
     pub flags: Vec<String>,
+    /// The store a release publishes artifacts to and slim wheels fetch them from
+    /// (`https://cache.example.com`, bazel-remote HTTP protocol); see `docs/distribution.md`.
+    pub store: Option<String>,
 }
 
 fn default_version() -> String {

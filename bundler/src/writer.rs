@@ -44,6 +44,51 @@ pub fn write_bundle(
     if let Some(existing) = unchanged_bundle(out, &index) {
         return Ok((existing, WriteOutcome::Unchanged));
     }
+    stage_directory(out, |root| {
+        let samples: Vec<&[u8]> = cubins.values().map(Vec::as_slice).collect();
+        let (dictionary, stored) = compress_all(&samples, jobs);
+        if let Some(dictionary) = &dictionary {
+            let digest = sha256_hex(dictionary);
+            write_file(&root.join(DICTIONARY_FILE), dictionary)?;
+            index.dictionary = Some(StoredFile {
+                digest,
+                size: dictionary.len() as u64,
+                path: DICTIONARY_FILE.to_owned(),
+                stored_size: dictionary.len() as u64,
+            });
+        }
+        let mut stored_by_digest = BTreeMap::new();
+        for (digest, compressed) in cubins.keys().zip(stored) {
+            let path = artifact_path(digest);
+            write_file(&root.join(&path), &compressed)?;
+            stored_by_digest.insert(digest.clone(), (path, compressed.len() as u64));
+        }
+        for record in index.kernels.values_mut() {
+            for variant in &mut record.variants {
+                let (path, size) = &stored_by_digest[&variant.artifact.digest];
+                variant.artifact.path = path.clone();
+                variant.artifact.stored_size = *size;
+            }
+        }
+        for (stable, path) in sources {
+            let bytes = std::fs::read(path).map_err(|source| Error::Read {
+                path: path.clone(),
+                source,
+            })?;
+            write_file(&root.join(SOURCES_DIR).join(stable), &bytes)?;
+        }
+        write_file(&root.join(INDEX_FILE), index.to_json().as_bytes())
+    })?;
+    Ok((index, WriteOutcome::Written))
+}
+
+/// Fills a new directory through `fill` in a hidden sibling of `out`, then renames it over
+/// `out`: a reader sees the old directory or the new one, never a half-written one, and a
+/// killed run leaves a sibling that the next run removes.
+pub fn stage_directory(
+    out: &Path,
+    fill: impl FnOnce(&Path) -> Result<(), Error>,
+) -> Result<(), Error> {
     let parent = out
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -57,7 +102,6 @@ pub fn write_bundle(
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "bundle".into());
     remove_leftovers(parent, &name);
-
     let staging = tempfile::Builder::new()
         .prefix(&format!(".{name}.tmp-"))
         .tempdir_in(parent)
@@ -65,45 +109,9 @@ pub fn write_bundle(
             path: parent.to_owned(),
             source,
         })?;
-    let root = staging.path();
-
-    let samples: Vec<&[u8]> = cubins.values().map(Vec::as_slice).collect();
-    let (dictionary, stored) = compress_all(&samples, jobs);
-    if let Some(dictionary) = &dictionary {
-        let digest = sha256_hex(dictionary);
-        write_file(&root.join(DICTIONARY_FILE), dictionary)?;
-        index.dictionary = Some(StoredFile {
-            digest,
-            size: dictionary.len() as u64,
-            path: DICTIONARY_FILE.to_owned(),
-            stored_size: dictionary.len() as u64,
-        });
-    }
-    let mut stored_by_digest = BTreeMap::new();
-    for (digest, compressed) in cubins.keys().zip(stored) {
-        let path = artifact_path(digest);
-        write_file(&root.join(&path), &compressed)?;
-        stored_by_digest.insert(digest.clone(), (path, compressed.len() as u64));
-    }
-    for record in index.kernels.values_mut() {
-        for variant in &mut record.variants {
-            let (path, size) = &stored_by_digest[&variant.artifact.digest];
-            variant.artifact.path = path.clone();
-            variant.artifact.stored_size = *size;
-        }
-    }
-    for (stable, path) in sources {
-        let bytes = std::fs::read(path).map_err(|source| Error::Read {
-            path: path.clone(),
-            source,
-        })?;
-        write_file(&root.join(SOURCES_DIR).join(stable), &bytes)?;
-    }
-    write_file(&root.join(INDEX_FILE), index.to_json().as_bytes())?;
-
+    fill(staging.path())?;
     let staged = staging.keep();
-    swap_into_place(&staged, out, parent, &name)?;
-    Ok((index, WriteOutcome::Written))
+    swap_into_place(&staged, out, parent, &name)
 }
 
 /// The existing bundle's index when it matches `planned` in everything but storage details,

@@ -831,3 +831,395 @@ fn jobs_run_in_parallel_up_to_the_limit_and_hit_the_cache_after() {
         specific: true,
     };
 }
+
+// ---- many machines: shards, and the remote cache ------------------------------------------
+//
+// The fault cases run against the fault-injecting loopback store of
+// `prebuilt/tests/support/loopback_store.rs`; `remote_cache_on_a_real_server_*` runs against
+// the server `.ci/run` starts (nginx with WebDAV `PUT`), named by `KWHEEL_TEST_STORE`, and is
+// skipped without it unless `KWHEEL_REQUIRE_STORE=1`.
+
+#[path = "../../prebuilt/tests/support/loopback_store.rs"]
+mod loopback_store;
+
+use bundler::remote::RemoteCacheOptions;
+use bundler::shard::{merge_shards, Shard, SharedBuild};
+use loopback_store::{Fault, LoopbackStore};
+
+/// A fake library of `count` kernels that all compile (by copying) to one real sm_90a cubin.
+struct FakeLibrary {
+    dir: tempfile::TempDir,
+    manifest: PathBuf,
+    fake: Arc<FakeCompiler>,
+    cubin: Vec<u8>,
+}
+
+fn fake_library(count: usize) -> FakeLibrary {
+    let fixtures = workspace().join("prebuilt/tests/fixtures/cubin");
+    let cubin = std::fs::read(fixtures.join("nvcc130_sm_90a.cubin")).unwrap();
+    let entry = prebuilt::cubin::inspect_cubin(&cubin).unwrap().functions[0]
+        .symbol
+        .clone();
+    let dir = tempfile::tempdir().unwrap();
+    let mut manifest_text = "[library]\npackage = \"fake\"\narchs = [\"sm_90a\"]\ncuda-builds = [\"cu130\"]\ntorch = \"2.13.*\"\n".to_owned();
+    let mut files = Vec::new();
+    for n in 0..count {
+        manifest_text.push_str(&format!(
+            "[kernels.k{n}]\nsources = [\"k{n}.cu\"]\nentries = [\"{entry}\"]\n"
+        ));
+        files.push((format!("k{n}.cu"), format!("// kernel {n}\n")));
+    }
+    let file_refs: Vec<(&str, &str)> = files
+        .iter()
+        .map(|(a, b)| (a.as_str(), b.as_str()))
+        .collect();
+    let manifest = write_library(dir.path(), &manifest_text, &file_refs);
+    let fake = Arc::new(FakeCompiler {
+        id: CompilerId {
+            kind: CompilerKind::Nvcc,
+            version: "13.0.88".into(),
+        },
+        cubin: cubin.clone(),
+        calls: Mutex::new(Vec::new()),
+        in_flight: 0.into(),
+        max_in_flight: 0.into(),
+    });
+    FakeLibrary {
+        dir,
+        manifest,
+        fake,
+        cubin,
+    }
+}
+
+impl FakeLibrary {
+    fn options(&self, name: &str) -> BundleOptions {
+        let toolchain = BuildToolchain {
+            build: "cu130".parse().unwrap(),
+            compiler: self.fake.clone(),
+            supported_sms: BTreeSet::from([90, 100]),
+            include_dirs: Vec::new(),
+        };
+        options(
+            &self.manifest,
+            &self.dir.path().join(name).join("out"),
+            &self.dir.path().join(name).join("cache"),
+            vec![toolchain],
+        )
+    }
+
+    fn calls(&self) -> usize {
+        self.fake.calls.lock().unwrap().len()
+    }
+}
+
+/// Remote-cache options with short timeouts, for the loopback store.
+fn quick_remote(url: &str) -> RemoteCacheOptions {
+    let mut options = RemoteCacheOptions::new(url);
+    options.store.timeout = std::time::Duration::from_millis(300);
+    options.store.connect_timeout = std::time::Duration::from_millis(300);
+    options.store.backoff = std::time::Duration::from_millis(10);
+    options.store.token = None;
+    options
+}
+
+fn remote(url: &str) -> SharedBuild {
+    SharedBuild {
+        shard: None,
+        remote_cache: Some(quick_remote(url)),
+    }
+}
+
+/// Every local build-cache entry is a whole cubin equal to `cubin`: nothing partial, nothing
+/// unverified, no temporary file left.
+fn assert_cache_holds_only(cache: &Path, cubin: &[u8]) {
+    let files = tree_bytes(cache);
+    assert!(!files.is_empty());
+    for (path, bytes) in files {
+        assert!(path.ends_with(".cubin"), "{path}");
+        assert_eq!(bytes, cubin, "{path}");
+    }
+}
+
+#[test]
+fn shard_specs_are_checked() {
+    assert_eq!(
+        "2/3".parse::<Shard>().unwrap(),
+        Shard { index: 2, count: 3 }
+    );
+    let error = "3/2".parse::<Shard>().unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "invalid shard `3/2`: shards count from 1: `i/N` needs 1 ≤ i ≤ N"
+    );
+}
+
+#[test]
+fn fake_shards_merge_into_the_single_build_and_bad_sets_are_refused() {
+    let library = fake_library(7);
+    let single = bundle_kernels(&library.options("single")).unwrap();
+    assert_eq!(single.compiled.len(), 7);
+    let mut dirs = Vec::new();
+    let mut built = 0;
+    for index in 1..=3 {
+        let options = library.options(&format!("shard-{index}"));
+        let shared = SharedBuild {
+            shard: Some(Shard { index, count: 3 }),
+            remote_cache: None,
+        };
+        let summary = bundler::bundle_kernels_shared(&options, &shared).unwrap();
+        // Round-robin over 7 sorted keys: 3, 2, 2.
+        assert_eq!(summary.compiled.len(), [3, 2, 2][index - 1]);
+        built += summary.compiled.len();
+        assert!(options.out.join("shard.json").is_file());
+        dirs.push(options.out);
+    }
+    assert_eq!(built, 7);
+    let out = library.dir.path().join("merged");
+    let merged = merge_shards(
+        &[dirs[2].clone(), dirs[0].clone(), dirs[1].clone()],
+        &out,
+        2,
+    )
+    .unwrap();
+    assert_eq!(merged.shards, 3);
+    assert_eq!(tree_bytes(&out), tree_bytes(&single.out));
+
+    let error = merge_shards(&dirs[..2], &library.dir.path().join("bad"), 2).unwrap_err();
+    assert_eq!(error.to_string(), "cannot merge shards: shard 3/3 missing");
+    let error = merge_shards(
+        &[dirs[0].clone(), dirs[0].clone(), dirs[1].clone()],
+        &library.dir.path().join("bad"),
+        2,
+    )
+    .unwrap_err();
+    assert!(error.to_string().contains("are both shard 1/3"), "{error}");
+    assert!(!library.dir.path().join("bad").exists());
+}
+
+#[test]
+fn real_shards_merge_into_the_single_machine_bundle_byte_for_byte() {
+    let Some(single) = default_build() else {
+        return;
+    };
+    let toolchains = toolchains().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut shards = Vec::new();
+    for index in 1..=2 {
+        // Shard 1 compiles its share from nothing; shard 2 has a warm cache, as a machine of
+        // a CI matrix sharing a remote cache would.
+        let cache = if index == 1 {
+            dir.path().join("cache-1")
+        } else {
+            single.cache.clone()
+        };
+        let out = dir.path().join(format!("shard-{index}"));
+        let options = options(&default_manifest(), &out, &cache, toolchains.clone());
+        let shared = SharedBuild {
+            shard: Some(Shard { index, count: 2 }),
+            remote_cache: None,
+        };
+        let summary = bundler::bundle_kernels_shared(&options, &shared).unwrap();
+        assert_eq!(summary.shard, Some(Shard { index, count: 2 }));
+        shards.push(out);
+    }
+    let out = dir.path().join("_prebuilt");
+    merge_shards(&shards, &out, 2).unwrap();
+    let (merged, single) = (tree_bytes(&out), tree_bytes(&single.out));
+    assert_eq!(
+        merged.keys().collect::<Vec<_>>(),
+        single.keys().collect::<Vec<_>>()
+    );
+    for (path, bytes) in &single {
+        assert!(merged[path] == *bytes, "{path} differs");
+    }
+    assert!(merged.contains_key("dictionary.zdict"));
+}
+
+#[test]
+fn the_remote_cache_serves_a_second_machine() {
+    let store = LoopbackStore::start();
+    let library = fake_library(4);
+    let first =
+        bundler::bundle_kernels_shared(&library.options("one"), &remote(&store.url())).unwrap();
+    assert_eq!(first.compiled.len(), 4);
+    assert_eq!(first.remote.unwrap().uploads, 4);
+    // Each upload: the cubin under its sha256, then the entry under the key.
+    let cas = format!("/cas/{}", prebuilt::key::sha256_hex(&library.cubin));
+    assert_eq!(store.object(&cas).unwrap(), library.cubin);
+    assert_eq!(
+        store
+            .paths()
+            .iter()
+            .filter(|p| p.starts_with("/ac/"))
+            .count(),
+        4
+    );
+
+    // Another machine: empty local cache, same remote: nothing compiles.
+    let second =
+        bundler::bundle_kernels_shared(&library.options("two"), &remote(&store.url())).unwrap();
+    assert!(second.compiled.is_empty());
+    assert_eq!(second.from_remote, 4);
+    assert_eq!(library.calls(), 4);
+    assert_eq!(tree_bytes(&second.out), tree_bytes(&first.out));
+    assert_cache_holds_only(&library.dir.path().join("two/cache"), &library.cubin);
+}
+
+/// Builds the fake library with a remote cache behind `fault` (after a healthy first build
+/// filled it, when `filled`), from an empty local cache: the build must succeed, compiling
+/// what the remote could not serve, and leave only whole, valid cubins in the local cache.
+fn build_through_fault(
+    fault: Fault,
+    filled: bool,
+    kernels: usize,
+) -> (BundleSummary, FakeLibrary, LoopbackStore) {
+    let store = LoopbackStore::start();
+    let library = fake_library(kernels);
+    if filled {
+        bundler::bundle_kernels_shared(&library.options("fill"), &remote(&store.url())).unwrap();
+    }
+    store.fail_always(Some(fault));
+    let started = std::time::Instant::now();
+    let summary =
+        bundler::bundle_kernels_shared(&library.options("faulty"), &remote(&store.url())).unwrap();
+    assert!(started.elapsed() < std::time::Duration::from_secs(20));
+    assert_eq!(summary.compiled.len(), kernels, "everything compiled here");
+    assert_eq!(summary.from_remote, 0);
+    assert_cache_holds_only(&library.dir.path().join("faulty/cache"), &library.cubin);
+    (summary, library, store)
+}
+
+#[test]
+fn remote_cache_server_errors_never_fail_the_build() {
+    let (summary, _library, store) = build_through_fault(Fault::Status(500), false, 12);
+    let stats = summary.remote.unwrap();
+    assert_eq!((stats.uploads, stats.skipped_uploads), (0, 12));
+    // Reads and uploads stop after three failures in a row (give or take the two jobs in
+    // flight), two attempts each: not 12 × 2 × 2 = 48 requests.
+    let requests = store.requests().len();
+    assert!(
+        requests <= (3 + 2) * 2 * 2,
+        "{requests}: {:?}",
+        store.requests()
+    );
+}
+
+#[test]
+fn remote_cache_507_skips_uploads_with_a_warning() {
+    let (summary, _library, store) = build_through_fault(Fault::Status(507), false, 8);
+    let stats = summary.remote.unwrap();
+    assert_eq!(stats.uploads, 0);
+    assert_eq!(stats.skipped_uploads, 8);
+    let puts = store
+        .requests()
+        .iter()
+        .filter(|request| request.starts_with("PUT"))
+        .count();
+    assert!(
+        puts <= 2,
+        "the first 507 turns uploads off (2 jobs in flight): {puts}"
+    );
+}
+
+#[test]
+fn remote_cache_dropped_connections_and_slow_servers_mean_compiling() {
+    build_through_fault(Fault::DropMidBody, true, 4);
+    build_through_fault(Fault::Slow(std::time::Duration::from_millis(1200)), true, 4);
+}
+
+#[test]
+fn remote_cache_wrong_bytes_are_never_used() {
+    let store = LoopbackStore::start();
+    let library = fake_library(2);
+    bundler::bundle_kernels_shared(&library.options("fill"), &remote(&store.url())).unwrap();
+    // The entries are intact; the cubin they point to is not.
+    let cas = format!("/cas/{}", prebuilt::key::sha256_hex(&library.cubin));
+    let mut wrong = library.cubin.clone();
+    wrong[100] ^= 1;
+    store.insert(&cas, &wrong);
+    let summary =
+        bundler::bundle_kernels_shared(&library.options("faulty"), &remote(&store.url())).unwrap();
+    assert_eq!(summary.compiled.len(), 2);
+    assert_eq!(summary.from_remote, 0);
+    assert!(summary.remote.unwrap().warnings >= 2);
+    assert_cache_holds_only(&library.dir.path().join("faulty/cache"), &library.cubin);
+    // The rebuild repaired the store.
+    assert_eq!(store.object(&cas).unwrap(), library.cubin);
+}
+
+/// The server `.ci/run` starts, or `None` (skipped) when there is none.
+fn test_store() -> Option<String> {
+    match std::env::var("KWHEEL_TEST_STORE") {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ if std::env::var("KWHEEL_REQUIRE_STORE").as_deref() == Ok("1") => {
+            panic!("KWHEEL_REQUIRE_STORE=1 but KWHEEL_TEST_STORE names no server")
+        }
+        _ => {
+            eprintln!("skipped: KWHEEL_TEST_STORE names no server (`.ci/run` starts one)");
+            None
+        }
+    }
+}
+
+/// A fresh path prefix on the shared test server, so that runs do not see each other.
+fn unique_prefix(url: &str, test: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{url}/{test}-{}-{nanos}", std::process::id())
+}
+
+#[test]
+fn remote_cache_on_a_real_server_serves_a_second_machine() {
+    let Some(url) = test_store() else { return };
+    let url = unique_prefix(&url, "remote-cache");
+    let library = fake_library(4);
+    let first = bundler::bundle_kernels_shared(&library.options("one"), &remote(&url)).unwrap();
+    assert_eq!(first.remote.unwrap().uploads, 4, "{url}");
+    let second = bundler::bundle_kernels_shared(&library.options("two"), &remote(&url)).unwrap();
+    assert!(second.compiled.is_empty());
+    assert_eq!(second.from_remote, 4);
+    assert_eq!(tree_bytes(&second.out), tree_bytes(&first.out));
+}
+
+/// `cargo test --release -p bundler --test run bench_remote_cache -- --ignored --nocapture`:
+/// the default library built cold, then rebuilt on an empty local cache entirely from the
+/// remote cache at `KWHEEL_TEST_STORE` (see docs/benchmarks.md).
+#[test]
+#[ignore = "a benchmark: run it by name with --ignored"]
+fn bench_remote_cache_rebuild() {
+    let Some(url) = test_store() else { return };
+    let Some(toolchains) = toolchains() else {
+        return;
+    };
+    let url = unique_prefix(&url, "bench");
+    let dir = tempfile::tempdir().unwrap();
+    let build = |name: &str| {
+        let options = options(
+            &default_manifest(),
+            &dir.path().join(name).join("out"),
+            &dir.path().join(name).join("cache"),
+            toolchains.clone(),
+        );
+        let shared = SharedBuild {
+            shard: None,
+            remote_cache: Some(RemoteCacheOptions::new(url.clone())),
+        };
+        bundler::bundle_kernels_shared(&options, &shared).unwrap()
+    };
+    let cold = build("cold");
+    let warm = build("warm");
+    assert_eq!(warm.from_remote, cold.compiled.len());
+    assert!(warm.compiled.is_empty());
+    assert_eq!(tree_bytes(&warm.out), tree_bytes(&cold.out));
+    println!(
+        "| cold build, {} cubins compiled, uploaded | {:.2} s |\n| rebuild on an empty local \
+         cache, {} from the remote cache | {:.2} s |",
+        cold.compiled.len(),
+        cold.elapsed.as_secs_f64(),
+        warm.from_remote,
+        warm.elapsed.as_secs_f64()
+    );
+}

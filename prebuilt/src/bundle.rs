@@ -17,7 +17,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::index::{Index, StoredFile, Variant, INDEX_FORMAT};
+use crate::index::{Index, StoredFile, Variant, INDEX_FORMAT, STORE_INDEX_FORMAT};
 use crate::key::sha256_hex;
 
 /// File name of the index inside a bundle.
@@ -60,7 +60,7 @@ pub enum BundleError {
     },
     /// The index was written by a newer or older format.
     #[error(
-        "bundle index `{}` has format {found}, this kwheel reads format {INDEX_FORMAT}: rebuild the bundle with this version",
+        "bundle index `{}` has format {found}, this kwheel reads formats {INDEX_FORMAT} to {STORE_INDEX_FORMAT}: rebuild the bundle with this version",
         path.display()
     )]
     UnsupportedFormat {
@@ -178,7 +178,7 @@ pub fn parse_index(path: &Path, bytes: &[u8]) -> Result<Index, BundleError> {
             path: path.to_owned(),
             source,
         })?;
-    if format.format != INDEX_FORMAT {
+    if !(INDEX_FORMAT..=STORE_INDEX_FORMAT).contains(&format.format) {
         return Err(BundleError::UnsupportedFormat {
             path: path.to_owned(),
             found: format.format,

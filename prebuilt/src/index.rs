@@ -14,6 +14,12 @@ use crate::{Arch, CudaBuild};
 /// added; readers refuse an index whose format they do not know.
 pub const INDEX_FORMAT: u32 = 1;
 
+/// The format of an index that records a [`Index::store`] (a slim wheel's). Format 1 indexes
+/// stay byte for byte what they were; a reader that predates the store refuses a format 2
+/// index by its format, saying which version reads it, instead of failing on a field it does
+/// not know.
+pub const STORE_INDEX_FORMAT: u32 = 2;
+
 /// The whole index of a bundle (`index.json`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -24,6 +30,12 @@ pub struct Index {
     pub package: String,
     /// The torch version pin the variants were built against (`2.13.*`).
     pub torch: String,
+    /// The store that holds every artifact, for a bundle that leaves some out (a slim wheel's):
+    /// the base URL of a server speaking the bazel-remote HTTP protocol, where a cubin is
+    /// `<store>/cas/<its sha256>`. Absent (and not written) otherwise. See
+    /// `docs/distribution.md`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store: Option<String>,
     /// The zstd dictionary every artifact was compressed with, if one was trained.
     pub dictionary: Option<StoredFile>,
     /// Every kernel of the manifest, by name.
@@ -184,6 +196,17 @@ pub struct Skip {
 }
 
 impl Index {
+    /// Records `store` (or none) and the format that goes with it: [`STORE_INDEX_FORMAT`] with
+    /// a store, [`INDEX_FORMAT`] without.
+    pub fn set_store(&mut self, store: Option<String>) {
+        self.format = if store.is_some() {
+            STORE_INDEX_FORMAT
+        } else {
+            INDEX_FORMAT
+        };
+        self.store = store;
+    }
+
     /// Serializes the index as the bundle stores it: pretty JSON with a final newline.
     pub fn to_json(&self) -> String {
         let mut text = serde_json::to_string_pretty(self).expect("index serializes");

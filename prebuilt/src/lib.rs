@@ -15,15 +15,17 @@
 //! | [`driver`] | the CUDA driver, loaded at run time (no GPU or no driver is an error, not a panic) |
 //! | [`nvrtc`] | NVRTC, loaded at run time from an explicit path |
 //! | [`jit`] | the JIT fallback from shipped sources, cached under the user's cache dir |
+//! | [`fetch`] | artifacts a slim wheel leaves in its store: locating, downloading, caching |
 //!
 //! Foreign calls live in [`driver`] and [`nvrtc`] only. It does not build bundles (that is the
 //! `bundler` crate) and does not write wheels (the `release` crate). It stays small: no
-//! command-line parsing, no network.
+//! command-line parsing, and no network unless the cargo feature `fetch` asks for it.
 #![deny(missing_docs)]
 
 pub mod bundle;
 pub mod cubin;
 pub mod driver;
+pub mod fetch;
 pub mod index;
 pub mod jit;
 pub mod key;
@@ -33,6 +35,7 @@ pub mod select;
 pub mod target;
 
 pub use bundle::{Bundle, BundleError};
+pub use fetch::{ArtifactLocation, DownloadPolicy, FetchError};
 pub use index::{Index, KernelInputs, KernelRecord, Variant};
 pub use jit::JitPolicy;
 pub use key::KernelKey;

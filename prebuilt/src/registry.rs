@@ -6,7 +6,9 @@
 //!   ├─ status() / load(name)        first time: libcuda, device, driver version, CUDA build
 //!   │     │
 //!   │     ├─ select_variant ─ fits ──→ read artifact: zstd frame, sha256 checked
-//!   │     │                            → cuModuleLoadData → cuModuleGetFunction  (Prebuilt)
+//!   │     │     │                      → cuModuleLoadData → cuModuleGetFunction  (Prebuilt)
+//!   │     │     └─ not in the bundle (slim wheel) → artifact cache, else the store
+//!   │     │        (unless <PACKAGE>_NO_DOWNLOAD=1): sha256 checked, cached; see fetch
 //!   │     │
 //!   │     └─ no fit ─┬─ <PACKAGE>_JIT_FALLBACK=0 → LoadError::NoFit: device, build, every
 //!   │                │                              shipped variant and why it did not fit
@@ -33,13 +35,19 @@ use serde::Serialize;
 
 use crate::bundle::{read_stored, Bundle, BundleError};
 use crate::driver::{self, Context, DeviceBuffer, Driver, DriverError, LaunchConfig, Module};
+use crate::fetch::{
+    self, locate, no_download_variable, obtain_remote, ArtifactCache, ArtifactLocation,
+    DownloadPolicy, FetchError, StoreHandle, StoreOptions,
+};
 use crate::index::{Constant, Function as EntryRecord, Index, KernelRecord, Variant};
 use crate::jit::{
     self, compile_cached, device_arch, fallback_variable, CompilerSearch, JitCompiler, JitError,
     JitPolicy, JitRequest,
 };
 use crate::key::sha256_hex;
-use crate::select::{select_variant, DeviceQuery, DriverVersion, NoFit};
+use crate::select::{
+    select_variant, Choice, DeviceQuery, DriverVersion, NoFit, Refusal, RefusalReason,
+};
 use crate::CudaBuild;
 
 /// Names the runtime's CUDA build (`cu129`) when [`RegistryOptions::cuda`] does not.
@@ -62,6 +70,12 @@ pub struct RegistryOptions {
     pub compilers: CompilerSearch,
     /// The CUDA device ordinal.
     pub device: u32,
+    /// Whether a variant that only the bundle's store has may be downloaded.
+    pub downloads: DownloadPolicy,
+    /// Where downloaded cubins are cached (see [`crate::fetch`]). Never inside the bundle.
+    pub artifact_cache: PathBuf,
+    /// Timeouts, retries and the token for the store.
+    pub store: StoreOptions,
 }
 
 impl Default for RegistryOptions {
@@ -75,6 +89,9 @@ impl Default for RegistryOptions {
             jit_cache: jit::default_cache_dir(),
             compilers: CompilerSearch::from_env(),
             device: 0,
+            downloads: DownloadPolicy::FromEnvironment,
+            artifact_cache: fetch::default_cache_dir(),
+            store: StoreOptions::default(),
         }
     }
 }
@@ -166,6 +183,10 @@ pub enum Status {
         reason: String,
         /// Where the cubin comes from.
         provenance: ProvenanceKind,
+        /// Where a prebuilt cubin is: in the wheel, in the cache, or only in the store (fetched
+        /// on first load). `None` for the JIT.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        location: Option<ArtifactLocation>,
     },
     /// It cannot load here.
     Unavailable {
@@ -236,6 +257,22 @@ pub enum LoadError {
         /// Why the fallback failed.
         #[source]
         source: Arc<JitError>,
+    },
+    /// The variant that fits is only in the store, and downloading it failed.
+    #[error(
+        "`{kernel}` ({variant}) is not in the wheel and could not be fetched; run `kwheel fetch` \
+         where the store is reachable, or set {no_download}=1 to use the JIT rules instead"
+    )]
+    Fetch {
+        /// The kernel.
+        kernel: String,
+        /// The variant label.
+        variant: String,
+        /// The variable that forbids downloading: `AF3_KERNELS_NO_DOWNLOAD`.
+        no_download: String,
+        /// What failed, with the URL.
+        #[source]
+        source: Box<FetchError>,
     },
     /// A driver call failed while loading or launching a kernel.
     #[error(transparent)]
@@ -433,6 +470,10 @@ pub struct Registry {
     options: RegistryOptions,
     jit_allowed: bool,
     disabled_by: String,
+    downloads_allowed: bool,
+    no_download: String,
+    artifact_cache: ArtifactCache,
+    store: OnceLock<StoreHandle>,
     gpu: OnceLock<Result<Gpu, DriverError>>,
     context: OnceLock<Result<Arc<Context>, DriverError>>,
     compiler: OnceLock<Result<JitCompiler, Arc<JitError>>>,
@@ -478,6 +519,9 @@ impl Registry {
             ),
             _ => format!("the loader's JIT policy (as {variable}=0 would)"),
         };
+        let downloads_allowed = options.downloads.allows_download(&package);
+        let no_download = no_download_variable(&package);
+        let artifact_cache = ArtifactCache::new(&options.artifact_cache);
         let kernels = bundle
             .index()
             .kernels
@@ -489,6 +533,10 @@ impl Registry {
             options,
             jit_allowed,
             disabled_by,
+            downloads_allowed,
+            no_download,
+            artifact_cache,
+            store: OnceLock::new(),
             gpu: OnceLock::new(),
             context: OnceLock::new(),
             compiler: OnceLock::new(),
@@ -515,6 +563,16 @@ impl Registry {
     /// Whether a kernel without a fitting cubin is compiled from its sources.
     pub fn jit_allowed(&self) -> bool {
         self.jit_allowed
+    }
+
+    /// Whether a variant only the bundle's store has may be downloaded.
+    pub fn downloads_allowed(&self) -> bool {
+        self.downloads_allowed
+    }
+
+    /// Where `variant`'s cubin is: the wheel, the artifact cache, or only the store.
+    pub fn locate(&self, variant: &Variant) -> ArtifactLocation {
+        locate(&self.bundle, variant, &self.artifact_cache)
     }
 
     /// What selection sees: the device's compute capability, the driver, the CUDA build and
@@ -624,6 +682,7 @@ impl Registry {
                 variant: kernel.inner.variant.clone(),
                 reason: kernel.inner.reason.clone(),
                 provenance: kernel.provenance().kind(),
+                location: kernel.inner.location,
             };
         }
         let gpu = match self.gpu() {
@@ -634,13 +693,18 @@ impl Registry {
                 }
             }
         };
-        let no_fit = match select_variant(name, record, &gpu.query()) {
-            Ok(choice) => {
+        let no_fit = match self.choose(name, record, &gpu) {
+            Ok((choice, location)) => {
+                let mut reason = choice.reason;
+                if location == ArtifactLocation::Store {
+                    reason.push_str("; only in the store: fetched and verified on first load");
+                }
                 return Status::Available {
                     variant: choice.variant.label(),
-                    reason: choice.reason,
+                    reason,
                     provenance: ProvenanceKind::Prebuilt,
-                }
+                    location: Some(location),
+                };
             }
             Err(no_fit) => no_fit,
         };
@@ -669,6 +733,7 @@ impl Registry {
                     } else {
                         ProvenanceKind::JitCompiled
                     },
+                    location: None,
                 }
             }
             Err(source) => Status::Unavailable {
@@ -725,10 +790,75 @@ impl Registry {
         }
     }
 
+    /// The variant `name` loads here and where its cubin is. With downloads forbidden, a
+    /// variant that only the store has does not count: another may fit, else the refusals
+    /// say why it was not fetched.
+    fn choose<'r>(
+        &self,
+        name: &str,
+        record: &'r KernelRecord,
+        gpu: &Gpu,
+    ) -> Result<(Choice<'r>, ArtifactLocation), NoFit> {
+        let query = gpu.query();
+        let choice = select_variant(name, record, &query)?;
+        let location = self.locate(choice.variant);
+        if location != ArtifactLocation::Store || self.downloads_allowed {
+            return Ok((choice, location));
+        }
+        let (remote, here): (Vec<&Variant>, Vec<&Variant>) = record
+            .variants
+            .iter()
+            .partition(|variant| self.locate(variant) == ArtifactLocation::Store);
+        let local = KernelRecord {
+            variants: here.into_iter().cloned().collect(),
+            ..record.clone()
+        };
+        match select_variant(name, &local, &query) {
+            Ok(choice) => {
+                let variant = record
+                    .variants
+                    .iter()
+                    .find(|v| v.cuda == choice.variant.cuda && v.arch == choice.variant.arch)
+                    .expect("the local variants are the record's");
+                let location = self.locate(variant);
+                Ok((
+                    Choice {
+                        variant,
+                        reason: choice.reason,
+                    },
+                    location,
+                ))
+            }
+            Err(mut no_fit) => {
+                let store = self.index().store.clone().unwrap_or_default();
+                for variant in remote {
+                    let alone = KernelRecord {
+                        variants: vec![variant.clone()],
+                        skipped: Vec::new(),
+                        ..record.clone()
+                    };
+                    match select_variant(name, &alone, &query) {
+                        Ok(_) => no_fit.refusals.push(Refusal {
+                            variant: variant.label(),
+                            reason: RefusalReason::NotDownloaded {
+                                store: store.clone(),
+                                variable: self.no_download.clone(),
+                            },
+                        }),
+                        Err(refused) => no_fit.refusals.extend(refused.refusals),
+                    }
+                }
+                Err(no_fit)
+            }
+        }
+    }
+
     fn load_uncached(&self, name: &str, record: &KernelRecord) -> Result<Kernel, LoadError> {
         let gpu = self.gpu()?;
-        match select_variant(name, record, &gpu.query()) {
-            Ok(choice) => self.load_prebuilt(name, record, choice.variant, choice.reason, &gpu),
+        match self.choose(name, record, &gpu) {
+            Ok((choice, location)) => {
+                self.load_prebuilt(name, record, choice.variant, choice.reason, location, &gpu)
+            }
             Err(no_fit) if !self.jit_allowed => Err(self.no_fit_error(name, &gpu, no_fit)),
             Err(no_fit) => self.load_jit(name, record, no_fit, &gpu),
         }
@@ -740,18 +870,46 @@ impl Registry {
         record: &KernelRecord,
         variant: &Variant,
         reason: String,
+        location: ArtifactLocation,
         gpu: &Gpu,
     ) -> Result<Kernel, LoadError> {
         let label = variant.label();
-        let dictionary = self.dictionary(name, &label)?;
-        // `read_stored` hands out nothing whose sha256 differs from the index's.
-        let cubin = read_stored(
-            self.bundle.root(),
-            &variant.artifact,
-            dictionary,
-            name,
-            &label,
-        )?;
+        let (cubin, location) = match location {
+            ArtifactLocation::Cache | ArtifactLocation::Store => {
+                // The cache and the store hand out nothing whose sha256 differs either.
+                // A cache entry found damaged is fetched again only where downloads are allowed.
+                let store = || {
+                    if self.downloads_allowed {
+                        self.store_handle()
+                    } else {
+                        Err(FetchError::Forbidden {
+                            what: fetch::describe(name, variant),
+                            variable: self.no_download.clone(),
+                        })
+                    }
+                };
+                obtain_remote(&self.bundle, name, variant, &self.artifact_cache, &store)
+                    .map(|(cubin, _)| (cubin, ArtifactLocation::Cache))
+                    .map_err(|source| LoadError::Fetch {
+                        kernel: name.to_owned(),
+                        variant: label.clone(),
+                        no_download: self.no_download.clone(),
+                        source: Box::new(source),
+                    })?
+            }
+            ArtifactLocation::Bundle | ArtifactLocation::Missing => {
+                let dictionary = self.dictionary(name, &label)?;
+                // `read_stored` hands out nothing whose sha256 differs from the index's.
+                let cubin = read_stored(
+                    self.bundle.root(),
+                    &variant.artifact,
+                    dictionary,
+                    name,
+                    &label,
+                )?;
+                (cubin, location)
+            }
+        };
         let provenance = Provenance::Prebuilt {
             variant: label.clone(),
             key: variant.key.clone(),
@@ -766,6 +924,17 @@ impl Registry {
             reason,
             provenance,
         )
+        .map(|kernel| kernel.with_location(location))
+    }
+
+    /// The store client, made on first need.
+    fn store_handle(&self) -> Result<StoreHandle, FetchError> {
+        if let Some(handle) = self.store.get() {
+            return Ok(handle.clone());
+        }
+        let url = self.index().store.as_deref().unwrap_or_default();
+        let handle = StoreHandle::connect(url, &self.options.store)?;
+        Ok(self.store.get_or_init(|| handle).clone())
     }
 
     /// The bundle's zstd dictionary, read and verified once per registry.
@@ -886,6 +1055,7 @@ impl Registry {
                 variant,
                 reason,
                 provenance,
+                location: None,
                 constants: record.constants.clone(),
                 functions,
                 context,
@@ -943,11 +1113,13 @@ pub struct Kernel {
     inner: Arc<KernelInner>,
 }
 
+#[derive(Clone)]
 struct KernelInner {
     name: String,
     variant: String,
     reason: String,
     provenance: Provenance,
+    location: Option<ArtifactLocation>,
     constants: BTreeMap<String, Constant>,
     functions: Vec<Function>,
     context: Arc<Context>,
@@ -976,6 +1148,20 @@ impl Kernel {
     /// Why this cubin was chosen (or compiled).
     pub fn reason(&self) -> &str {
         &self.inner.reason
+    }
+
+    /// Where a prebuilt cubin was read from: the wheel, or the artifact cache (after a
+    /// download, or from an earlier one). `None` for the JIT.
+    pub fn location(&self) -> Option<ArtifactLocation> {
+        self.inner.location
+    }
+
+    fn with_location(self, location: ArtifactLocation) -> Kernel {
+        let mut inner = Arc::try_unwrap(self.inner).unwrap_or_else(|shared| (*shared).clone());
+        inner.location = Some(location);
+        Kernel {
+            inner: Arc::new(inner),
+        }
     }
 
     /// The manifest's exported constants (`BLOCK_SIZE`), so callers never hard-code them.
@@ -1345,6 +1531,7 @@ mod tests {
         };
         let index = Index {
             format: crate::index::INDEX_FORMAT,
+            store: None,
             package: "p".into(),
             torch: "2.13.*".into(),
             dictionary: None,

@@ -316,6 +316,13 @@ pub enum RefusalReason {
         /// The bundler's reason.
         reason: String,
     },
+    /// The variant fits, but only the bundle's store has it and downloading is forbidden.
+    NotDownloaded {
+        /// The store.
+        store: String,
+        /// The variable that forbids downloading: `AF3_KERNELS_NO_DOWNLOAD`.
+        variable: String,
+    },
 }
 
 impl fmt::Display for RefusalReason {
@@ -353,6 +360,10 @@ impl fmt::Display for RefusalReason {
                 write!(f, "built for torch {pin}, the runtime has torch {runtime}")
             }
             RefusalReason::Skipped { reason } => write!(f, "not built: {reason}"),
+            RefusalReason::NotDownloaded { store, variable } => write!(
+                f,
+                "fits, but is only in the store ({store}) and {variable}=1 forbids downloading it"
+            ),
         }
     }
 }
@@ -551,6 +562,10 @@ pub struct KernelCoverage {
     /// Every variant and skipped target that does not fit, as (label, reason), in the order
     /// of [`NoFit::refusals`].
     pub refusals: Vec<(String, String)>,
+    /// Where the cubin that loads is (wheel, cache or store), when the report was made on a
+    /// bundle on disk ([`crate::fetch::coverage`]); `None` from the index alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub location: Option<crate::fetch::ArtifactLocation>,
 }
 
 /// Runs [`select_variant`]'s rules for every kernel of `index`.
@@ -572,6 +587,7 @@ pub fn coverage(index: &Index, query: &DeviceQuery) -> CoverageReport {
                 loads,
                 reason,
                 refusals,
+                location: None,
             };
             (name.clone(), coverage)
         })
@@ -628,17 +644,45 @@ impl fmt::Display for CoverageReport {
             .chain([width("loads")])
             .max()
             .unwrap_or(0);
+        // The `where` column only for reports made on a bundle on disk.
+        let locations = self.kernels.values().any(|k| k.location.is_some());
+        let where_width = if locations {
+            self.kernels
+                .values()
+                .map(|k| k.location.map_or(1, |l| width(&l.to_string())))
+                .chain([width("where")])
+                .max()
+                .unwrap_or(0)
+                + 2
+        } else {
+            0
+        };
+        let place = |coverage: &KernelCoverage| -> String {
+            if !locations {
+                return String::new();
+            }
+            let text = coverage
+                .location
+                .map_or_else(|| "-".to_owned(), |location| location.to_string());
+            format!("{text:width$}", width = where_width)
+        };
         writeln!(f)?;
+        let header = if locations {
+            format!("{:where_width$}", "where")
+        } else {
+            String::new()
+        };
         write!(
             f,
-            "{:kernel_width$}  {:loads_width$}  why",
+            "{:kernel_width$}  {:loads_width$}  {header}why",
             "kernel", "loads"
         )?;
         for (name, coverage) in &self.kernels {
             write!(
                 f,
-                "\n{name:kernel_width$}  {:loads_width$}  {}",
+                "\n{name:kernel_width$}  {:loads_width$}  {}{}",
                 loads(coverage),
+                place(coverage),
                 coverage.reason
             )?;
             if coverage.loads.is_none() {
@@ -739,6 +783,7 @@ mod tests {
         ];
         Index {
             format: crate::index::INDEX_FORMAT,
+            store: None,
             package: "af3-kernels".to_owned(),
             torch: "2.13.*".to_owned(),
             dictionary: None,
@@ -773,6 +818,7 @@ mod tests {
                         RefusalReason::Driver { .. } => "driver",
                         RefusalReason::Torch { .. } => "torch",
                         RefusalReason::Skipped { .. } => "skipped",
+                        RefusalReason::NotDownloaded { .. } => "not downloaded",
                     };
                     format!("{}: {kind}", refusal.variant)
                 })

@@ -56,14 +56,13 @@ pub struct CheckOptions {
     pub jobs: usize,
     /// Toolchains; `None` discovers them.
     pub toolchains: Option<Vec<BuildToolchain>>,
-    /// Runs the install gate: a function given the library wheel that installs it into a fresh
-    /// environment and checks selection, returning what it saw or why it failed. `None`
-    /// skips the gate with a reason.
-    pub install: Option<InstallCheck>,
+    /// The kwheel workspace to build the runtime wheel from when the wheel directory lacks
+    /// one; `None` uses only a runtime wheel already there (and skips the install gate
+    /// without one).
+    pub runtime_workspace: Option<PathBuf>,
+    /// The Python interpreter that makes the fresh environment.
+    pub python: PathBuf,
 }
-
-/// The install gate's check: the library wheel in, a summary or a failure out.
-pub type InstallCheck = fn(&Path) -> Result<String, String>;
 
 impl CheckOptions {
     /// The defaults of `kwheel release check` for the manifest at `manifest`.
@@ -80,7 +79,8 @@ impl CheckOptions {
             cache_dir: wheel.cache_dir,
             jobs: wheel.jobs,
             toolchains: None,
-            install: None,
+            runtime_workspace: crate::runtime::source_workspace(),
+            python: PathBuf::from("python3"),
         }
     }
 }
@@ -243,17 +243,7 @@ pub fn release_check(options: &CheckOptions) -> Checklist {
     match &wheel {
         Some(wheel) => {
             check_wheel(&mut run, wheel);
-            match options.install {
-                Some(install) => match install(wheel) {
-                    Ok(summary) => run.pass("install", summary),
-                    Err(reason) => run.fail(
-                        "install",
-                        reason,
-                        "run `kwheel dev build-wheel` and install the wheels by hand to see the error",
-                    ),
-                },
-                None => run.skip("install", "no Python runtime wheel to install with"),
-            }
+            check_install(&mut run, &manifest, options, wheel);
         }
         None => {
             for name in ["wheel", "install"] {
@@ -575,6 +565,8 @@ fn check_reproducible(run: &mut Run, options: &CheckOptions) -> Option<PathBuf> 
             jobs: options.jobs,
             progress: false,
             toolchains: options.toolchains.clone(),
+            ship: None,
+            store: None,
         })
     };
     let mut digests = Vec::new();
@@ -681,6 +673,198 @@ fn check_wheel(run: &mut Run, wheel: &Path) {
             "rebuild the wheel with `kwheel dev build-wheel`",
         ),
         Err(error) => run.fail("wheel", anyhow_chain(&error), "rebuild the wheel"),
+    }
+}
+
+/// The simulated devices and CUDA builds the install gate selects for.
+const SIMULATED: [(&str, &str); 4] = [
+    ("sm_90", "12.9"),
+    ("sm_90", "13.0"),
+    ("sm_100", "12.9"),
+    ("sm_100", "13.0"),
+];
+
+/// Installs the library wheel and the kwheel runtime wheel into a fresh virtual environment,
+/// with no index, and asks the installed package to select every kernel for simulated
+/// devices: each must select, or be refused only because its manifest declares the target
+/// skipped.
+fn check_install(run: &mut Run, manifest: &Manifest, options: &CheckOptions, wheel: &Path) {
+    let runtime = match runtime_wheel(run, options) {
+        Ok(Some(runtime)) => runtime,
+        Ok(None) => return run.skip("install", "no kwheel runtime wheel and no kwheel sources to build one"),
+        Err(reason) => {
+            return run.fail(
+                "install",
+                reason,
+                "run `kwheel dev build-wheel` (it builds the runtime wheel with cargo zigbuild; `bash ci/setup` installs zig)",
+            )
+        }
+    };
+    let Some(module) = manifest
+        .library
+        .python_package
+        .as_deref()
+        .and_then(|p| Path::new(p).file_name())
+        .map(|n| n.to_string_lossy().into_owned())
+    else {
+        return run.skip("install", "the manifest names no Python package");
+    };
+    match install_and_select(options, wheel, &runtime, &module) {
+        Ok(summary) => run.pass("install", summary),
+        Err(reason) => run.fail(
+            "install",
+            reason,
+            "install both wheels into a fresh venv and call select() to see the error",
+        ),
+    }
+}
+
+/// The runtime wheel in the wheel directory, built there first when missing (and allowed).
+fn runtime_wheel(run: &mut Run, options: &CheckOptions) -> Result<Option<PathBuf>, String> {
+    let existing = std::fs::read_dir(&options.wheels).ok().and_then(|entries| {
+        entries.flatten().map(|e| e.path()).find(|p| {
+            let name = p
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            name.starts_with(&format!("kwheel-{}-", crate::wheel::KWHEEL_VERSION))
+                && name.ends_with(".whl")
+        })
+    });
+    if let Some(existing) = existing {
+        return Ok(Some(existing));
+    }
+    let Some(workspace) = &options.runtime_workspace else {
+        return Ok(None);
+    };
+    if options.no_rebuild {
+        return Err(format!(
+            "no kwheel runtime wheel in {} (--no-rebuild)",
+            options.wheels.display()
+        ));
+    }
+    let built = crate::runtime::build_runtime_wheel(&crate::runtime::RuntimeWheelOptions::new(
+        workspace,
+        &options.wheels,
+    ))
+    .map_err(|error| format!("the runtime wheel does not build: {}", anyhow_chain(&error)))?;
+    run.built.push(format!(
+        "the missing runtime wheel {}",
+        built.path.display()
+    ));
+    Ok(Some(built.path))
+}
+
+const SELECT_SCRIPT: &str = r#"
+import json, sys
+package = __import__(sys.argv[1])
+simulated = json.loads(sys.argv[2])
+results = []
+for name in sorted(package.status()):
+    for device, cuda in simulated:
+        try:
+            chosen = package.select(name, device, cuda=cuda, driver="13.0")
+            results.append([name, device, cuda, str(chosen), []])
+        except Exception as error:
+            refusals = [list(r) for r in getattr(error, "refusals", [])] or [["", str(error)]]
+            results.append([name, device, cuda, None, refusals])
+print(json.dumps(results))
+"#;
+
+fn install_and_select(
+    options: &CheckOptions,
+    wheel: &Path,
+    runtime: &Path,
+    module: &str,
+) -> Result<String, String> {
+    let scratch = tempfile::tempdir().map_err(|e| format!("no scratch directory: {e}"))?;
+    let venv = scratch.path().join("venv");
+    let run_command = |command: &mut std::process::Command, what: &str| {
+        let output = command
+            .output()
+            .map_err(|e| format!("{what}: cannot run {:?}: {e}", command.get_program()))?;
+        if output.status.success() {
+            Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+        } else {
+            Err(format!(
+                "{what} failed: {}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            ))
+        }
+    };
+    run_command(
+        std::process::Command::new(&options.python)
+            .arg("-m")
+            .arg("venv")
+            .arg(&venv),
+        "creating a venv",
+    )?;
+    let python = venv.join("bin").join("python");
+    run_command(
+        std::process::Command::new(&python)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--no-index",
+                "--no-deps",
+                "--disable-pip-version-check",
+            ])
+            .arg(wheel)
+            .arg(runtime),
+        "pip install of both wheels",
+    )?;
+    let simulated = serde_json::to_string(&SIMULATED).expect("serializes");
+    let output = run_command(
+        std::process::Command::new(&python)
+            .arg("-c")
+            .arg(SELECT_SCRIPT)
+            .arg(module)
+            .arg(simulated)
+            .current_dir(scratch.path()),
+        "select() from the installed package",
+    )?;
+    type Row = (
+        String,
+        String,
+        String,
+        Option<String>,
+        Vec<(String, String)>,
+    );
+    let rows: Vec<Row> = serde_json::from_str(output.trim())
+        .map_err(|e| format!("unexpected output of select(): {e}: {output}"))?;
+    if rows.is_empty() {
+        return Err("the installed package lists no kernels".to_owned());
+    }
+    let mut selected = 0;
+    let mut declared = 0;
+    let mut failures = Vec::new();
+    for (name, device, cuda, chosen, refusals) in &rows {
+        if chosen.is_some() {
+            selected += 1;
+        } else if refusals.iter().any(|(variant, reason)| {
+            // The target this device would load is the one the manifest declares skipped.
+            *variant == format!("cu{}/{device}a", cuda.replace('.', ""))
+                && reason.contains("not built: declared")
+        }) {
+            declared += 1;
+        } else {
+            let reasons: Vec<String> = refusals.iter().map(|(v, r)| format!("{v}: {r}")).collect();
+            failures.push(format!(
+                "`{name}` on {device} with CUDA {cuda}: {}",
+                reasons.join("; ")
+            ));
+        }
+    }
+    if failures.is_empty() {
+        Ok(format!(
+            "both wheels install into a fresh venv; {selected} of {} selections for sm_90/sm_100 × CUDA 12.9/13.0 load, {declared} refused only by a declared skip",
+            rows.len()
+        ))
+    } else {
+        Err(failures.join("; "))
     }
 }
 

@@ -11,9 +11,11 @@
 //! | --- | --- |
 //! | [`wheel`] | wheel file names and tags, `METADATA`, `WHEEL`, `RECORD`, the deterministic writer |
 //! | [`library`] | a kernel library's wheel: bundle freshness, the Python package and `_prebuilt/` |
+//! | [`runtime`] | the `kwheel` runtime wheel: the Python module built for glibc 2.28 with `cargo zigbuild` |
 //! | [`audit`] | the manylinux_2_28 policy and the audit of host ELF files (cubins are skipped) |
 //! | [`verify`] | re-checking any wheel: RECORD, tags, zip hygiene, bundles, the audit |
 //! | [`check`] | the release checklist: every gate a release must pass, as one report |
+//! | [`publish`] | slim wheels' variant filter; publishing wheels and artifacts to a store |
 //!
 //! It reads bundles through `prebuilt` and builds them only through `bundler` (when a wheel is
 //! asked for and the bundle is missing). The wheel layout is described in
@@ -23,6 +25,8 @@
 pub mod audit;
 pub mod check;
 pub mod library;
+pub mod publish;
+pub mod runtime;
 pub mod verify;
 pub mod wheel;
 
@@ -32,6 +36,8 @@ use std::path::PathBuf;
 pub use audit::{audit_elf, Policy, Violation, MANYLINUX_2_28_X86_64};
 pub use check::{release_check, CheckOptions, Checklist, Gate, GateStatus};
 pub use library::{build_library_wheel, check_bundle_current, BuiltWheel, LibraryWheelOptions};
+pub use publish::{publish, PublishOptions, PublishReport, ShipFilter};
+pub use runtime::{build_runtime_wheel, NativeModule, RuntimeWheelOptions};
 pub use verify::{verify_wheel, Problem, VerifyReport};
 pub use wheel::{write_wheel, Metadata, WheelFile, WheelFilename, WheelSpec};
 
@@ -179,12 +185,70 @@ pub enum Error {
         /// Each kernel whose inputs changed since the bundle was built.
         stale: Vec<StaleKernel>,
     },
+    /// A tool that builds the kwheel runtime's Python module is not installed.
+    #[error("cannot build the kwheel Python module: `{tool}` is not installed; {hint}")]
+    MissingTool {
+        /// The tool (`cargo-zigbuild`).
+        tool: String,
+        /// How to install it.
+        hint: String,
+    },
+    /// Building the kwheel runtime's Python module failed.
+    #[error(
+        "building the kwheel Python module failed: `{command}` {outcome}{}",
+        indented(output)
+    )]
+    Build {
+        /// The command, as it would be typed.
+        command: String,
+        /// What happened: `failed (exit status: 101)`, `could not start: …`.
+        outcome: String,
+        /// The end of its output.
+        output: String,
+    },
     /// Bundling, planning or reading the manifest failed.
     #[error(transparent)]
     Bundler(Box<bundler::Error>),
     /// A bundle could not be read, or an artifact in it failed verification.
     #[error(transparent)]
     Bundle(Box<prebuilt::BundleError>),
+    /// `--ship` is not a list of variants, or names none of the bundle's.
+    #[error("invalid --ship filter `{filter}`: `{term}`: {reason}")]
+    InvalidShipFilter {
+        /// The whole filter.
+        filter: String,
+        /// The term at fault.
+        term: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A slim wheel was asked for without a store to fetch the rest from.
+    #[error(
+        "`--ship {filter}` leaves {left_out} artifacts out of the wheel, so the wheel needs a \
+         store to fetch them from: give `--store <url>` or `store = \"…\"` in `[library]` of `{}`",
+        manifest.display()
+    )]
+    NoStore {
+        /// The filter.
+        filter: String,
+        /// How many artifacts it leaves out.
+        left_out: usize,
+        /// The manifest.
+        manifest: PathBuf,
+    },
+    /// An object could not be published.
+    #[error("cannot publish {what} to {url}: {reason}")]
+    Publish {
+        /// What: a kernel's variant, or a wheel.
+        what: String,
+        /// Its URL in the store.
+        url: String,
+        /// What failed.
+        reason: String,
+    },
+    /// The store's URL or client could not be set up.
+    #[error(transparent)]
+    Fetch(#[from] Box<prebuilt::fetch::FetchError>),
 }
 
 impl From<bundler::Error> for Error {
@@ -213,6 +277,15 @@ fn stale_list(stale: &[StaleKernel]) -> String {
         for change in &kernel.changes {
             let _ = write!(out, "\n  `{}`: {change}", kernel.kernel);
         }
+    }
+    out
+}
+
+/// Command output under an error message, indented; nothing when there is none.
+fn indented(output: &str) -> String {
+    let mut out = String::new();
+    for line in output.lines() {
+        let _ = write!(out, "\n    {line}");
     }
     out
 }

@@ -17,6 +17,7 @@
 //! | bundle present | every kernel is planned again (include graph, inputs, compilers found now, torch pin) and compared with the index; any difference refuses the build, naming the kernel and the input |
 //! | artifacts | every variant is decompressed and checked against its digest before packing |
 //! | sources | shipped under `_prebuilt/sources/` unless turned off, in which case the JIT fallback has nothing to compile |
+//! | slim (`ship`) | only the variants the filter names keep their artifacts; the wheel's index still lists every variant and records the store the rest are fetched from (see [`crate::publish`]) |
 //! | metadata | `Requires-Dist: torch==<pin>` (the manifest's, or the override) and `kwheel==<this version>` |
 //! | after writing | the wheel is verified as `kwheel wheel verify` would; a failure removes it |
 //!
@@ -35,6 +36,7 @@ use prebuilt::index::CompilerRecord;
 use prebuilt::key::KeyInputs;
 use prebuilt::{Bundle, CudaBuild, KernelKey};
 
+use crate::publish::ShipFilter;
 use crate::verify::{verify_wheel, VerifyReport};
 use crate::wheel::{write_wheel, Metadata, WheelFile, WheelFilename, WheelSpec, KWHEEL_VERSION};
 use crate::{Error, StaleKernel};
@@ -76,6 +78,10 @@ pub struct LibraryWheelOptions {
     pub progress: bool,
     /// The toolchains to bundle and check keys with; `None` discovers the manifest's builds.
     pub toolchains: Option<Vec<BuildToolchain>>,
+    /// Ship only these variants' artifacts (a slim wheel); `None` ships all.
+    pub ship: Option<ShipFilter>,
+    /// The store a slim wheel's index records; `None` takes the manifest's `[library] store`.
+    pub store: Option<String>,
 }
 
 impl LibraryWheelOptions {
@@ -91,6 +97,8 @@ impl LibraryWheelOptions {
             jobs: std::thread::available_parallelism().map_or(1, |n| n.get()),
             progress: false,
             toolchains: None,
+            ship: None,
+            store: None,
         }
     }
 }
@@ -161,11 +169,14 @@ pub fn build_library_wheel(options: &LibraryWheelOptions) -> Result<BuiltWheel, 
         .file_name()
         .map(|name| name.to_string_lossy().into_owned())
         .unwrap_or_default();
+    let store = slim_store(options, &manifest, bundle.index())?;
     let mut files = python_package_files(&manifest, &package_dir, &import_name)?;
     files.extend(bundle_files(
         &bundle,
         &format!("{import_name}/{PREBUILT_DIR}"),
         options.ship_sources,
+        options.ship.as_ref(),
+        store,
     )?);
     let library = &manifest.library;
     let filename = WheelFilename::new(
@@ -422,21 +433,74 @@ fn python_package_files(
     Ok(files)
 }
 
-/// The bundle's files under `root/`: the index, the dictionary, every artifact the index
-/// lists, and the sources unless left out.
-fn bundle_files(bundle: &Bundle, root: &str, ship_sources: bool) -> Result<Vec<WheelFile>, Error> {
+/// The store a slim wheel records: `None` for a wheel that ships every artifact; else the
+/// option's or the manifest's store, checked, and an error without one.
+fn slim_store(
+    options: &LibraryWheelOptions,
+    manifest: &Manifest,
+    index: &prebuilt::Index,
+) -> Result<Option<String>, Error> {
+    let Some(filter) = &options.ship else {
+        return Ok(None);
+    };
+    filter.check(index)?;
+    let left_out = index
+        .kernels
+        .values()
+        .flat_map(|record| &record.variants)
+        .filter(|variant| !filter.ships(variant))
+        .count();
+    if left_out == 0 {
+        return Ok(None);
+    }
+    let store = options
+        .store
+        .clone()
+        .or_else(|| manifest.library.store.clone())
+        .ok_or_else(|| Error::NoStore {
+            filter: filter.to_string(),
+            left_out,
+            manifest: manifest.path.clone(),
+        })?;
+    let store = prebuilt::fetch::normalize_store_url(&store).map_err(Box::new)?;
+    Ok(Some(store))
+}
+
+/// The bundle's files under `root/`: the index, the dictionary, the artifacts of the variants
+/// `ship` keeps (all without a filter), and the sources unless left out. With a `store`, the
+/// index is the bundle's with the store recorded.
+fn bundle_files(
+    bundle: &Bundle,
+    root: &str,
+    ship_sources: bool,
+    ship: Option<&ShipFilter>,
+    store: Option<String>,
+) -> Result<Vec<WheelFile>, Error> {
     let index = bundle.index();
     let mut stored = BTreeSet::new();
-    stored.insert(INDEX_FILE.to_owned());
-    if let Some(dictionary) = &index.dictionary {
-        stored.insert(dictionary.path.clone());
-    }
     for record in index.kernels.values() {
         for variant in &record.variants {
-            stored.insert(variant.artifact.path.clone());
+            if ship.is_none_or(|filter| filter.ships(variant)) {
+                stored.insert(variant.artifact.path.clone());
+            }
+        }
+    }
+    if let Some(dictionary) = &index.dictionary {
+        if !stored.is_empty() {
+            stored.insert(dictionary.path.clone());
         }
     }
     let mut files = Vec::new();
+    if store.is_some() {
+        let mut slim = index.clone();
+        slim.set_store(store);
+        files.push(WheelFile::from_bytes(
+            format!("{root}/{INDEX_FILE}"),
+            slim.to_json(),
+        ));
+    } else {
+        stored.insert(INDEX_FILE.to_owned());
+    }
     for relative in stored {
         files.push(WheelFile::from_disk(
             format!("{root}/{relative}"),

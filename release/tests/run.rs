@@ -1183,3 +1183,701 @@ fn verify_names_files_missing_from_record_and_record_rows_without_files() {
         ["demo/extra.py: comes after `demo-1.0.dist-info/`, which should be last"]
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// The kwheel runtime wheel (prebuilt/python) and its Python API, installed into a fresh venv
+
+mod python_runtime {
+    use super::*;
+    use release::audit::ViolationKind;
+    use release::runtime::{find_cargo_zigbuild, find_zig, MODULE_PATH};
+    use release::{build_runtime_wheel, NativeModule, RuntimeWheelOptions};
+
+    const RUNTIME_DIST_INFO: &str = "kwheel-0.1.0.dist-info";
+
+    /// Where the Python module is built: `KWHEEL_PYTHON_TARGET_DIR`, else a directory in this
+    /// test target's scratch space that outlives the run (a second run builds nothing). Apart
+    /// from the workspace's target directory, whose lock the running `cargo test` holds.
+    fn module_target_dir() -> PathBuf {
+        std::env::var_os("KWHEEL_PYTHON_TARGET_DIR")
+            .filter(|dir| !dir.is_empty())
+            .map(PathBuf::from)
+            .unwrap_or_else(|| Path::new(env!("CARGO_TARGET_TMPDIR")).join("kwheel-python"))
+    }
+
+    /// The zig-built runtime wheel, built once per run (as `dev build-wheel` builds it).
+    struct Runtime {
+        built: BuiltWheel,
+        bytes: Vec<u8>,
+    }
+
+    fn runtime() -> Option<&'static Runtime> {
+        static RUNTIME: OnceLock<Option<Runtime>> = OnceLock::new();
+        RUNTIME
+            .get_or_init(|| {
+                if find_cargo_zigbuild().is_none() {
+                    skip("cargo-zigbuild is not installed (`bash ci/setup` installs it)");
+                    return None;
+                }
+                if find_zig().is_none() {
+                    skip("no zig for cargo-zigbuild (`bash ci/setup` installs ziglang)");
+                    return None;
+                }
+                let built = build_runtime_wheel(&RuntimeWheelOptions {
+                    module: NativeModule::Build {
+                        target_dir: Some(module_target_dir()),
+                    },
+                    ..RuntimeWheelOptions::new(workspace(), scratch("runtime-wheel"))
+                })
+                .unwrap_or_else(|error| panic!("the runtime wheel builds: {}", chain(&error)));
+                let bytes = std::fs::read(&built.path).unwrap();
+                Some(Runtime { built, bytes })
+            })
+            .as_ref()
+    }
+
+    fn module_bytes(runtime: &Runtime) -> Vec<u8> {
+        entries(&runtime.bytes)
+            .into_iter()
+            .find(|(name, _)| name == MODULE_PATH)
+            .map(|(_, data)| data)
+            .expect("the module is in the wheel")
+    }
+
+    #[test]
+    fn runtime_wheel_holds_the_package_and_the_abi3_module_for_glibc_2_28() {
+        let Some(runtime) = runtime() else { return };
+        assert_eq!(
+            runtime.built.filename.to_string(),
+            format!("kwheel-{KWHEEL_VERSION}-cp39-abi3-manylinux_2_28_x86_64.whl")
+        );
+        let names: Vec<String> = entries(&runtime.bytes)
+            .into_iter()
+            .map(|(name, _)| name)
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "kwheel/__init__.py".to_owned(),
+                MODULE_PATH.to_owned(),
+                format!("{RUNTIME_DIST_INFO}/METADATA"),
+                format!("{RUNTIME_DIST_INFO}/WHEEL"),
+                format!("{RUNTIME_DIST_INFO}/RECORD"),
+            ]
+        );
+        let wheel = entry(&runtime.bytes, &format!("{RUNTIME_DIST_INFO}/WHEEL"));
+        assert!(
+            wheel.ends_with("Root-Is-Purelib: false\nTag: cp39-abi3-manylinux_2_28_x86_64\n"),
+            "{wheel}"
+        );
+        let metadata = entry(&runtime.bytes, &format!("{RUNTIME_DIST_INFO}/METADATA"));
+        assert!(metadata.contains("Name: kwheel\n"), "{metadata}");
+        assert!(metadata.contains("Requires-Python: >=3.9\n"), "{metadata}");
+        assert!(!metadata.contains("Requires-Dist"), "{metadata}");
+        verify_wheel(&runtime.built.path)
+            .unwrap()
+            .into_result()
+            .unwrap();
+    }
+
+    #[test]
+    fn zig_built_module_needs_nothing_newer_than_glibc_2_28() {
+        let Some(runtime) = runtime() else { return };
+        let violations = audit_elf(&MANYLINUX_2_28_X86_64, MODULE_PATH, &module_bytes(runtime));
+        assert!(violations.is_empty(), "{violations:?}");
+    }
+
+    #[test]
+    fn runtime_wheel_builds_twice_to_identical_bytes() {
+        let Some(runtime) = runtime() else { return };
+        let again = build_runtime_wheel(&RuntimeWheelOptions {
+            module: NativeModule::Build {
+                target_dir: Some(module_target_dir()),
+            },
+            ..RuntimeWheelOptions::new(workspace(), scratch("runtime-wheel-again"))
+        })
+        .unwrap();
+        assert_eq!(std::fs::read(&again.path).unwrap(), runtime.bytes);
+    }
+
+    /// glibc's version on this machine, from `getconf`, as (major, minor).
+    fn host_glibc() -> Option<(u32, u32)> {
+        let output = Command::new("getconf")
+            .arg("GNU_LIBC_VERSION")
+            .output()
+            .ok()?;
+        let text = String::from_utf8(output.stdout).ok()?;
+        let version = text.trim().strip_prefix("glibc ")?;
+        let (major, minor) = version.split_once('.')?;
+        Some((major.parse().ok()?, minor.parse().ok()?))
+    }
+
+    #[test]
+    fn module_linked_without_zig_fails_the_audit_naming_the_symbol_version() {
+        match host_glibc() {
+            // Rust's standard library takes the GLIBC_2.34 symbols where glibc has them.
+            Some(version) if version >= (2, 34) => {}
+            other => {
+                skip(&format!(
+                    "this machine's glibc ({other:?}) is older than 2.34, which a plain build \
+                     would need"
+                ));
+                return;
+            }
+        }
+        let target_dir = module_target_dir();
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        // The debug profile: the linker, not the optimizer, decides the symbol versions, and
+        // it builds in two thirds of the time.
+        let output = Command::new(cargo)
+            .args(["build", "--locked", "-p", "kwheel-python"])
+            .arg("--manifest-path")
+            .arg(workspace().join("Cargo.toml"))
+            .arg("--target-dir")
+            .arg(&target_dir)
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "cargo build failed:\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let plain = target_dir.join("debug/lib_kwheel.so");
+        let violations = audit_elf(
+            &MANYLINUX_2_28_X86_64,
+            MODULE_PATH,
+            &std::fs::read(&plain).unwrap(),
+        );
+        let too_new: Vec<&str> = violations
+            .iter()
+            .filter_map(|violation| match &violation.kind {
+                ViolationKind::SymbolVersion {
+                    version, library, ..
+                } if library == "libc.so.6" => Some(version.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert!(
+            too_new
+                .iter()
+                .any(|version| ["GLIBC_2.33", "GLIBC_2.34"].contains(version)),
+            "{violations:?}"
+        );
+        let message = violations
+            .iter()
+            .find(|violation| violation.to_string().contains("GLIBC_2.3"))
+            .unwrap()
+            .to_string();
+        assert!(
+            message.starts_with("kwheel/_kwheel.abi3.so needs GLIBC_2.3")
+                && message
+                    .ends_with(" (from libc.so.6), newer than manylinux_2_28 allows (GLIBC_2.28)"),
+            "{message}"
+        );
+
+        // Packed as the runtime, it fails the writer's audit and leaves no wheel.
+        let out = scratch("runtime-wheel-plain");
+        let error = build_runtime_wheel(&RuntimeWheelOptions {
+            module: NativeModule::Prebuilt(plain),
+            ..RuntimeWheelOptions::new(workspace(), &out)
+        })
+        .unwrap_err();
+        assert!(matches!(error, Error::Audit { .. }), "{error}");
+        let text = error.to_string();
+        assert!(
+            text.starts_with(
+                "`kwheel-0.1.0-cp39-abi3-manylinux_2_28_x86_64.whl` fails the \
+                 manylinux_2_28_x86_64 audit:\n  kwheel/_kwheel.abi3.so needs GLIBC_2."
+            ),
+            "{text}"
+        );
+        assert!(
+            text.lines().any(|line| line
+                == "  kwheel/_kwheel.abi3.so needs GLIBC_2.34 (from libc.so.6), newer than \
+                    manylinux_2_28 allows (GLIBC_2.28)"),
+            "{text}"
+        );
+        assert_eq!(std::fs::read_dir(&out).unwrap().count(), 0);
+    }
+
+    /// A fresh venv with both wheels installed by pip, offline.
+    struct Venv {
+        python: PathBuf,
+        site_packages: PathBuf,
+    }
+
+    fn venv() -> Option<&'static Venv> {
+        static VENV: OnceLock<Option<Venv>> = OnceLock::new();
+        VENV.get_or_init(|| {
+            let runtime = runtime()?;
+            let library = shared()?;
+            let root = scratch("python-venv");
+            let created = Command::new("python3")
+                .args(["-m", "venv"])
+                .arg(&root)
+                .output();
+            match created {
+                Ok(output) if output.status.success() => {}
+                Ok(output) => {
+                    skip(&format!(
+                        "python3 -m venv failed: {}",
+                        String::from_utf8_lossy(&output.stderr)
+                    ));
+                    return None;
+                }
+                Err(error) => {
+                    skip(&format!("no python3: {error}"));
+                    return None;
+                }
+            }
+            let python = root.join("bin/python");
+            let output = Command::new(&python)
+                .args([
+                    "-m",
+                    "pip",
+                    "install",
+                    "--no-index",
+                    "--no-deps",
+                    "--disable-pip-version-check",
+                    "--no-input",
+                ])
+                .arg(&runtime.built.path)
+                .arg(&library.built.path)
+                .output()
+                .unwrap();
+            assert!(
+                output.status.success(),
+                "pip install of both wheels failed:\n{}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            );
+            let site_packages =
+                python_output(&python, "import site; print(site.getsitepackages()[0])");
+            Some(Venv {
+                python,
+                site_packages: PathBuf::from(site_packages.trim()),
+            })
+        })
+        .as_ref()
+    }
+
+    /// A `Command` for the venv's python with the variables the runtime reads cleared.
+    fn python_command(python: &Path) -> Command {
+        let mut command = Command::new(python);
+        for variable in [
+            "PYTHONPATH",
+            "PYTHONHOME",
+            "KWHEEL_CUDA_BUILD",
+            "AF3_KERNELS_JIT_FALLBACK",
+            "VIRTUAL_ENV",
+        ] {
+            command.env_remove(variable);
+        }
+        command.env("PYTHONDONTWRITEBYTECODE", "1");
+        command
+    }
+
+    fn python_output(python: &Path, code: &str) -> String {
+        let output = python_command(python).args(["-c", code]).output().unwrap();
+        assert!(
+            output.status.success(),
+            "python -c {code:?} failed:\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8(output.stdout).unwrap()
+    }
+
+    #[test]
+    fn both_wheels_install_offline_and_import() {
+        let Some(venv) = venv() else { return };
+        assert!(venv.site_packages.join(MODULE_PATH).is_file());
+        assert!(venv
+            .site_packages
+            .join("af3_kernels/_prebuilt/index.json")
+            .is_file());
+        assert!(venv
+            .site_packages
+            .join(RUNTIME_DIST_INFO)
+            .join("RECORD")
+            .is_file());
+        let out = python_output(
+            &venv.python,
+            "import kwheel, af3_kernels\n\
+             print(kwheel.__version__)\n\
+             print(af3_kernels._registry.package, len(af3_kernels._registry.kernels))\n",
+        );
+        assert_eq!(out, format!("{KWHEEL_VERSION}\naf3-kernels 6\n"));
+    }
+
+    #[test]
+    fn python_api_tests_pass_in_the_venv() {
+        let Some(venv) = venv() else { return };
+        let tests = workspace().join("prebuilt/python/tests");
+        // From the tests' own directory: `-m` puts it first on sys.path, and it holds no
+        // `kwheel`, so the installed package is the one imported.
+        let output = python_command(&venv.python)
+            .args(["-m", "unittest", "-v", "test_kwheel"])
+            .current_dir(&tests)
+            .output()
+            .unwrap();
+        let report = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "Python tests failed:\n{report}");
+        assert!(
+            report.trim_end().ends_with("OK") || report.contains("OK (skipped="),
+            "{report}"
+        );
+        eprintln!("{report}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Distribution: slim wheels, publishing to a store, prefetch from it. The store is the server
+// `.ci/run` starts (nginx with WebDAV PUT, `KWHEEL_TEST_STORE`; skipped without it unless
+// `KWHEEL_REQUIRE_STORE=1`), or the fault-injecting loopback store of the prebuilt tests.
+
+#[path = "../../prebuilt/tests/support/loopback_store.rs"]
+mod loopback_store;
+
+mod distribution {
+    use super::loopback_store::{Fault, LoopbackStore};
+    use super::*;
+    use prebuilt::fetch::{coverage, find_bundle, prefetch, ArtifactCache, ArtifactLocation};
+    use prebuilt::fetch::{Prefetched, StoreOptions};
+    use prebuilt::select::{DeviceQuery, DriverVersion};
+    use release::publish::{publish, PublishOptions, Published, ShipFilter};
+    use std::time::Duration;
+
+    /// The server `.ci/run` starts, under a path prefix of this run's own; `None` (skipped)
+    /// without one.
+    fn test_store(test: &str) -> Option<String> {
+        match std::env::var("KWHEEL_TEST_STORE") {
+            Ok(url) if !url.is_empty() => {
+                let nanos = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_nanos();
+                Some(format!("{url}/{test}-{}-{nanos}", std::process::id()))
+            }
+            _ if std::env::var("KWHEEL_REQUIRE_STORE").as_deref() == Ok("1") => {
+                panic!("KWHEEL_REQUIRE_STORE=1 but KWHEEL_TEST_STORE names no server")
+            }
+            _ => {
+                eprintln!("skipped: KWHEEL_TEST_STORE names no server (`.ci/run` starts one)");
+                None
+            }
+        }
+    }
+
+    fn quick() -> StoreOptions {
+        StoreOptions {
+            connect_timeout: Duration::from_millis(500),
+            timeout: Duration::from_secs(2),
+            attempts: 2,
+            backoff: Duration::from_millis(10),
+            token: None,
+        }
+    }
+
+    fn slim_wheel(shared: &Shared, name: &str, ship: &str, store: &str) -> BuiltWheel {
+        build_library_wheel(&LibraryWheelOptions {
+            ship: Some(ship.parse().unwrap()),
+            store: Some(store.to_owned()),
+            ..options(
+                &default_manifest(),
+                &shared.bundle,
+                &shared.root.join(name),
+                &shared.cache,
+            )
+        })
+        .unwrap_or_else(|error| panic!("{}", chain(&error)))
+    }
+
+    /// Unzips `wheel` into `site` as pip would (enough for a package with no scripts).
+    fn install(wheel: &Path, site: &Path) {
+        let bytes = std::fs::read(wheel).unwrap();
+        for (name, data) in entries(&bytes) {
+            let path = site.join(&name);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, data).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_slim_wheel_ships_only_its_filter_and_lists_everything() {
+        let Some(shared) = shared() else { return };
+        let built = slim_wheel(
+            shared,
+            "wheels-slim",
+            "sm_90a",
+            "https://cache.example.com/",
+        );
+        let bytes = std::fs::read(&built.path).unwrap();
+        let names: Vec<String> = entries(&bytes).into_iter().map(|(n, _)| n).collect();
+        let index: prebuilt::Index =
+            serde_json::from_str(&entry(&bytes, "af3_kernels/_prebuilt/index.json")).unwrap();
+        assert_eq!(index.format, prebuilt::index::STORE_INDEX_FORMAT);
+        assert_eq!(index.store.as_deref(), Some("https://cache.example.com"));
+        let full = prebuilt::Bundle::open(&shared.bundle).unwrap();
+        let mut remote = 0;
+        for (kernel, record) in &index.kernels {
+            assert_eq!(
+                record,
+                &full.index().kernels[kernel],
+                "every variant listed"
+            );
+            for variant in &record.variants {
+                let path = format!("af3_kernels/_prebuilt/{}", variant.artifact.path);
+                let shipped = names.contains(&path);
+                assert_eq!(shipped, variant.arch.to_string() == "sm_90a", "{path}");
+                remote += usize::from(!shipped);
+            }
+        }
+        assert_eq!(remote, 10, "5 kernels × 2 builds have sm_100a");
+        assert_eq!(built.report.bundles[0].remote, 10);
+        assert_eq!(built.report.bundles[0].variants, 12);
+        assert!(built.size < shared.built.size);
+        // The bundle on disk is unchanged: format 1, no store.
+        assert_eq!(full.index().format, prebuilt::index::INDEX_FORMAT);
+        assert!(!std::fs::read_to_string(shared.bundle.join("index.json"))
+            .unwrap()
+            .contains("\"store\""));
+
+        let error = build_library_wheel(&LibraryWheelOptions {
+            ship: Some("sm_90a".parse().unwrap()),
+            ..options(
+                &default_manifest(),
+                &shared.bundle,
+                &shared.root.join("wheels-no-store"),
+                &shared.cache,
+            )
+        })
+        .unwrap_err();
+        assert!(
+            matches!(error, Error::NoStore { left_out: 10, .. }),
+            "{error}"
+        );
+        assert!(error.to_string().contains("--store <url>"), "{error}");
+        let error = build_library_wheel(&LibraryWheelOptions {
+            ship: Some("cu128:sm_90a".parse().unwrap()),
+            store: Some("https://cache.example.com".into()),
+            ..options(
+                &default_manifest(),
+                &shared.bundle,
+                &shared.root.join("wheels-typo"),
+                &shared.cache,
+            )
+        })
+        .unwrap_err();
+        assert!(
+            error.to_string().starts_with(
+                "invalid --ship filter `cu128:sm_90a`: `cu128:sm_90a`: no variant of the bundle \
+                 matches it (it has cu129:sm_100a, cu129:sm_90a,"
+            ),
+            "{error}"
+        );
+        assert!("cu130:".parse::<ShipFilter>().is_err());
+    }
+
+    /// The issue's acceptance run: a slim wheel holding only sm_90a, installed; the full
+    /// bundle published to the loopback server; a prefetch for sm_100 brings the sm_100a
+    /// variants, verified, into the cache; selection for sm_100 then reports them local.
+    #[test]
+    fn publish_then_prefetch_for_another_device_makes_its_variants_local() {
+        let Some(shared) = shared() else { return };
+        let Some(store) = test_store("publish") else {
+            return;
+        };
+        let built = slim_wheel(shared, "wheels-published", "sm_90a", &store);
+
+        let options = PublishOptions {
+            bundles: vec![shared.bundle.clone()],
+            wheels: vec![built.path.clone(), built.path.clone()],
+            client: quick(),
+            ..PublishOptions::new(&store)
+        };
+        let report = publish(&options).unwrap();
+        // 22 variants; the wheel once, though named twice.
+        let cubins = report.objects.len() - 1;
+        assert!(cubins > 0 && cubins <= 22, "{report}");
+        assert_eq!(report.uploaded(), report.objects.len(), "{report}");
+        assert!(report.to_string().contains("all verified by download"));
+        let again = publish(&options).unwrap();
+        assert!(again
+            .objects
+            .iter()
+            .all(|object| object.outcome == Published::AlreadyThere));
+
+        let site = scratch("distribution-site");
+        install(&built.path, &site);
+        let bundle_dir = find_bundle(site.join("af3_kernels").to_str().unwrap()).unwrap();
+        let bundle = prebuilt::Bundle::open(&bundle_dir).unwrap();
+        let cache = ArtifactCache::new(site.join("artifact-cache"));
+        let b200 = DeviceQuery {
+            capability: (10, 0),
+            driver: DriverVersion {
+                major: 13,
+                minor: 0,
+            },
+            cuda: "cu130".parse().unwrap(),
+            torch: None,
+        };
+        let before = coverage(&bundle, &b200, &cache);
+        assert!(before.to_string().contains("remote"), "{before}");
+
+        let prefetched = prefetch(&bundle, &b200, &cache, &quick()).unwrap();
+        assert!(prefetched.complete(), "{prefetched}");
+        let fetched = prefetched
+            .kernels
+            .values()
+            .filter(|outcome| matches!(outcome, Prefetched::Fetched { .. }))
+            .count();
+        assert_eq!(fetched, 5, "{prefetched}");
+        assert!(matches!(
+            prefetched.kernels["wgmma_matmul_bf16"],
+            Prefetched::NothingFits { .. }
+        ));
+
+        let after = coverage(&bundle, &b200, &cache);
+        for (name, kernel) in &after.kernels {
+            match &kernel.loads {
+                Some(label) => {
+                    assert_eq!(label, "cu130/sm_100a", "{name}");
+                    assert_eq!(kernel.location, Some(ArtifactLocation::Cache), "{name}");
+                }
+                None => assert_eq!(name, "wgmma_matmul_bf16"),
+            }
+        }
+        // What was cached is what the index names, byte for byte.
+        for (name, record) in &bundle.index().kernels {
+            for variant in record
+                .variants
+                .iter()
+                .filter(|v| v.label() == "cu130/sm_100a")
+            {
+                let cached = std::fs::read(cache.entry_path(&variant.artifact.digest)).unwrap();
+                let full = prebuilt::Bundle::open(&shared.bundle).unwrap();
+                assert_eq!(cached, full.read_artifact(name, variant).unwrap(), "{name}");
+            }
+        }
+    }
+
+    /// `cargo test --release -p release --test run bench_first_call -- --ignored --nocapture`
+    /// with `KWHEEL_TEST_STORE` set: the CPU side of a first call, per kernel, for the
+    /// cu130/sm_90a variant — from the wheel (select, read, decompress, verify) against a
+    /// lazy fetch from the loopback store (select, GET, verify, write to the cache) and the
+    /// next process's read from the cache (select, read, verify). Medians of 25.
+    #[test]
+    #[ignore = "a benchmark: run it by name with --ignored"]
+    fn bench_first_call_fetch_vs_wheel() {
+        use prebuilt::fetch::{obtain_remote, StoreHandle};
+        use prebuilt::select::select_variant;
+        use std::time::Instant;
+        let Some(shared) = shared() else { return };
+        let Some(store) = test_store("bench") else {
+            return;
+        };
+        let built = slim_wheel(shared, "wheels-bench", "sm_100a", &store);
+        publish(&PublishOptions {
+            bundles: vec![shared.bundle.clone()],
+            client: quick(),
+            ..PublishOptions::new(&store)
+        })
+        .unwrap();
+        let site = scratch("bench-site");
+        install(&built.path, &site);
+        let slim = site.join("af3_kernels/_prebuilt");
+        let h200 = DeviceQuery {
+            capability: (9, 0),
+            driver: DriverVersion {
+                major: 13,
+                minor: 0,
+            },
+            cuda: "cu130".parse().unwrap(),
+            torch: None,
+        };
+        let median = |mut times: Vec<f64>| {
+            times.sort_by(f64::total_cmp);
+            times[times.len() / 2]
+        };
+        println!(
+            "| kernel | cubin | from the wheel | lazy fetch: client setup | GET + verify + \
+             cache write | from the cache |"
+        );
+        println!("| --- | ---: | ---: | ---: | ---: | ---: |");
+        let kernels: Vec<String> = prebuilt::Bundle::open(&shared.bundle)
+            .unwrap()
+            .index()
+            .kernels
+            .keys()
+            .cloned()
+            .collect();
+        for name in &kernels {
+            let (mut wheel, mut setup, mut fetch, mut cached) =
+                (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            let mut size = 0;
+            for run in 0..25 {
+                let started = Instant::now();
+                let bundle = prebuilt::Bundle::open(&shared.bundle).unwrap();
+                let record = &bundle.index().kernels[name];
+                let choice = select_variant(name, record, &h200).unwrap();
+                let cubin = bundle.read_artifact(name, choice.variant).unwrap();
+                wheel.push(started.elapsed().as_secs_f64() * 1e3);
+                size = cubin.len();
+
+                let cache = ArtifactCache::new(site.join(format!("cache-{name}-{run}")));
+                let started = Instant::now();
+                let handle = StoreHandle::connect(&store, &quick()).unwrap();
+                setup.push(started.elapsed().as_secs_f64() * 1e3);
+                let started = Instant::now();
+                let bundle = prebuilt::Bundle::open(&slim).unwrap();
+                let record = &bundle.index().kernels[name];
+                let choice = select_variant(name, record, &h200).unwrap();
+                let connect = || Ok(handle.clone());
+                let (fetched, _) =
+                    obtain_remote(&bundle, name, choice.variant, &cache, &connect).unwrap();
+                fetch.push(started.elapsed().as_secs_f64() * 1e3);
+                assert_eq!(fetched, cubin);
+
+                let started = Instant::now();
+                let bundle = prebuilt::Bundle::open(&slim).unwrap();
+                let record = &bundle.index().kernels[name];
+                let choice = select_variant(name, record, &h200).unwrap();
+                let again = cache.read(&choice.variant.artifact).unwrap();
+                cached.push(started.elapsed().as_secs_f64() * 1e3);
+                assert_eq!(again, cubin);
+            }
+            println!(
+                "| `{name}` | {:.1} KiB | {:.3} ms | {:.3} ms | {:.3} ms | {:.3} ms |",
+                size as f64 / 1024.0,
+                median(wheel),
+                median(setup),
+                median(fetch),
+                median(cached)
+            );
+        }
+    }
+
+    #[test]
+    fn publishing_names_the_object_and_url_that_failed() {
+        let Some(shared) = shared() else { return };
+        let store = LoopbackStore::start();
+        let options = PublishOptions {
+            bundles: vec![shared.bundle.clone()],
+            client: quick(),
+            ..PublishOptions::new(store.url())
+        };
+        store.fail_always(Some(Fault::Status(500)));
+        let error = publish(&options).unwrap_err().to_string();
+        assert!(error.starts_with("cannot publish `"), "{error}");
+        assert!(error.contains(&format!("{}/cas/", store.url())), "{error}");
+        assert!(error.contains("answered 500 (2 attempts)"), "{error}");
+
+        // Stored bytes that come back different are not "published".
+        store.fail_always(None);
+        // HEAD and PUT answered normally (a zero wait), then the read-back is wrong.
+        let normally = Fault::Slow(Duration::ZERO);
+        store.fail_next([normally.clone(), normally, Fault::WrongBytes]);
+        let error = publish(&options).unwrap_err().to_string();
+        assert!(error.contains("failed verification"), "{error}");
+    }
+}

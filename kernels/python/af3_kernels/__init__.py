@@ -21,5 +21,6 @@ is_available = _registry.is_available
 unavailable_reason = _registry.unavailable_reason
 select = _registry.select
 load = _registry.load
+fetch = _registry.fetch
 
-__all__ = ["status", "is_available", "unavailable_reason", "select", "load"]
+__all__ = ["status", "is_available", "unavailable_reason", "select", "load", "fetch"]

@@ -1,0 +1,479 @@
+//! A build spread over machines: each builds a deterministic share of the compile jobs
+//! (`--shard i/N`) into a shard directory, and a merge assembles the bundle that one machine
+//! would have written, byte for byte.
+//!
+//! ```text
+//! machine 1: bundle-kernels --shard 1/N ─► shard-1/ ─┐
+//! machine 2: bundle-kernels --shard 2/N ─► shard-2/ ─┼─► merge-bundles ─► _prebuilt/
+//! …          (all share a remote cache)              │   (identical to a single build)
+//! machine N: bundle-kernels --shard N/N ─► shard-N/ ─┘
+//! ```
+//!
+//! Every shard plans the whole matrix (scanning include graphs is cheap), sorts the jobs by
+//! key, and builds the jobs at positions `i-1`, `i-1+N`, `i-1+2N`, … (round-robin over sorted
+//! keys): the same plan gives every machine the same split, the shares differ in size by at
+//! most one job, and a job's shard depends on nothing but the plan.
+//!
+//! A shard directory is not a bundle, and no loader reads it:
+//!
+//! ```text
+//! shard-1/
+//! ├── shard.json                 format, i/N, the whole plan (kernel, build, arch, key), and
+//! │                              the index of this shard's variants (storage fields blank)
+//! ├── cubins/5a/5a0d…e1.cubin    this shard's cubins, raw, named by their sha256
+//! └── sources/…                  every kernel's shipped sources (the same in every shard)
+//! ```
+//!
+//! Shards carry raw cubins because compression is the merge's job: the zstd dictionary is
+//! trained on all of a bundle's cubins, which no shard has. The merge checks that the shards
+//! are the `1/N … N/N` of one plan (same manifest, toolchains, torch pin, flags), that every
+//! planned job has exactly one variant, that every cubin and source matches the digest its
+//! index records; then it writes the bundle with the same writer a single build uses.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use prebuilt::bundle::SOURCES_DIR;
+use prebuilt::index::{Index, KernelRecord};
+use prebuilt::key::sha256_hex;
+use prebuilt::{Arch, CudaBuild};
+use serde::{Deserialize, Serialize};
+
+use crate::remote::RemoteCacheOptions;
+use crate::writer::{stage_directory, write_bundle, WriteOutcome};
+use crate::Error;
+
+/// Version of `shard.json`. Bump it when a field changes; the merge refuses others.
+pub const SHARD_FORMAT: u32 = 1;
+/// The shard's description file.
+pub const SHARD_FILE: &str = "shard.json";
+/// The directory of a shard's raw cubins.
+pub const CUBINS_DIR: &str = "cubins";
+
+/// How a build shares work and results with other machines.
+#[derive(Clone, Debug, Default)]
+pub struct SharedBuild {
+    /// Build only this share of the compile jobs and write a shard directory, not a bundle.
+    pub shard: Option<Shard>,
+    /// A remote build cache, read before compiling and written after.
+    pub remote_cache: Option<RemoteCacheOptions>,
+}
+
+/// Shard `index` of `count` (both from 1: `--shard 2/4`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Shard {
+    /// Which share, from 1.
+    pub index: usize,
+    /// How many shares.
+    pub count: usize,
+}
+
+impl fmt::Display for Shard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.index, self.count)
+    }
+}
+
+impl FromStr for Shard {
+    type Err = Error;
+
+    fn from_str(text: &str) -> Result<Shard, Error> {
+        let invalid = |reason: &str| Error::InvalidShard {
+            text: text.to_owned(),
+            reason: reason.to_owned(),
+        };
+        let (index, count) = text
+            .trim()
+            .split_once('/')
+            .ok_or_else(|| invalid("expected `i/N`, such as `1/4`"))?;
+        let number = |part: &str| -> Result<usize, Error> {
+            part.trim()
+                .parse()
+                .map_err(|_| invalid("expected `i/N` with whole numbers, such as `1/4`"))
+        };
+        let shard = Shard {
+            index: number(index)?,
+            count: number(count)?,
+        };
+        if shard.count == 0 || shard.index == 0 || shard.index > shard.count {
+            return Err(invalid("shards count from 1: `i/N` needs 1 ≤ i ≤ N"));
+        }
+        Ok(shard)
+    }
+}
+
+impl Shard {
+    /// The keys of `all` this shard builds: round-robin over the keys in sorted order.
+    pub fn owned_keys<'k>(&self, all: impl IntoIterator<Item = &'k str>) -> BTreeSet<&'k str> {
+        let sorted: BTreeSet<&str> = all.into_iter().collect();
+        sorted
+            .into_iter()
+            .enumerate()
+            .filter(|(position, _)| position % self.count == self.index - 1)
+            .map(|(_, key)| key)
+            .collect()
+    }
+}
+
+/// One job of the plan, as every shard records it.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlannedJob {
+    /// The job's key.
+    pub key: String,
+    /// The kernel.
+    pub kernel: String,
+    /// The CUDA build.
+    pub cuda: CudaBuild,
+    /// The architecture.
+    pub arch: Arch,
+}
+
+/// `shard.json`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ShardFile {
+    format: u32,
+    shard: Shard,
+    /// The whole plan, sorted by key.
+    jobs: Vec<PlannedJob>,
+    /// This shard's variants; every kernel's inputs, recipe, constants and skips.
+    index: Index,
+}
+
+/// Writes the shard directory `out` (atomically, like a bundle): `shard.json`, this shard's
+/// raw `cubins` by digest, and the `sources` by stable path.
+pub fn write_shard(
+    out: &Path,
+    shard: Shard,
+    mut jobs: Vec<PlannedJob>,
+    index: &Index,
+    cubins: &BTreeMap<String, Vec<u8>>,
+    sources: &BTreeMap<String, PathBuf>,
+) -> Result<WriteOutcome, Error> {
+    jobs.sort();
+    let file = ShardFile {
+        format: SHARD_FORMAT,
+        shard,
+        jobs,
+        index: index.clone(),
+    };
+    let mut text = serde_json::to_string_pretty(&file).expect("a shard file serializes");
+    text.push('\n');
+    stage_directory(out, |root| {
+        for (digest, cubin) in cubins {
+            write_file(&root.join(cubin_path(digest)), cubin)?;
+        }
+        for (stable, path) in sources {
+            let bytes = std::fs::read(path).map_err(|source| Error::Read {
+                path: path.clone(),
+                source,
+            })?;
+            write_file(&root.join(SOURCES_DIR).join(stable), &bytes)?;
+        }
+        write_file(&root.join(SHARD_FILE), text.as_bytes())
+    })?;
+    Ok(WriteOutcome::Written)
+}
+
+fn cubin_path(digest: &str) -> String {
+    format!(
+        "{CUBINS_DIR}/{}/{digest}.cubin",
+        &digest[..2.min(digest.len())]
+    )
+}
+
+fn write_file(path: &Path, bytes: &[u8]) -> Result<(), Error> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|source| Error::Write {
+            path: dir.to_owned(),
+            source,
+        })?;
+    }
+    std::fs::write(path, bytes).map_err(|source| Error::Write {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// What [`merge_shards`] did.
+#[derive(Debug)]
+pub struct MergeSummary {
+    /// The bundle directory.
+    pub out: PathBuf,
+    /// The index written (or found unchanged).
+    pub index: Index,
+    /// How many shards were merged.
+    pub shards: usize,
+    /// Whether the bundle was rewritten or already matched.
+    pub written: WriteOutcome,
+}
+
+/// Merges the shard directories `shards` (`1/N` … `N/N` of one plan, in any order) into the
+/// bundle `out`, byte-identical to the bundle one machine builds with the same inputs.
+/// `jobs` is the number of compression threads.
+pub fn merge_shards(shards: &[PathBuf], out: &Path, jobs: usize) -> Result<MergeSummary, Error> {
+    let merge_error = |shard: Option<&Path>, reason: String| Error::Merge {
+        shard: shard.map(Path::to_path_buf),
+        reason,
+    };
+    if shards.is_empty() {
+        return Err(merge_error(None, "no shard directories given".into()));
+    }
+    let mut read = Vec::new();
+    for dir in shards {
+        read.push((dir.clone(), read_shard(dir)?));
+    }
+    read.sort_by_key(|(_, file)| file.shard.index);
+    let (first_dir, first) = &read[0];
+    let count = first.shard.count;
+
+    let mut seen = BTreeMap::new();
+    for (dir, file) in &read {
+        let name = dir.display();
+        if file.shard.count != count {
+            return Err(merge_error(
+                Some(dir),
+                format!(
+                    "`{name}` is shard {} but `{}` is shard {}: every shard must come from the \
+                     same `--shard i/N` split",
+                    file.shard,
+                    first_dir.display(),
+                    first.shard
+                ),
+            ));
+        }
+        if let Some(other) = seen.insert(file.shard.index, dir.clone()) {
+            return Err(merge_error(
+                Some(dir),
+                format!(
+                    "`{name}` and `{}` are both shard {}",
+                    other.display(),
+                    file.shard
+                ),
+            ));
+        }
+        if file.jobs != first.jobs
+            || without_variants(&file.index) != without_variants(&first.index)
+        {
+            return Err(merge_error(
+                Some(dir),
+                format!(
+                    "`{name}` was planned differently from `{}` (another manifest, source, \
+                     toolchain, torch pin or `--only`): rebuild every shard from the same inputs",
+                    first_dir.display()
+                ),
+            ));
+        }
+    }
+    let missing: Vec<String> = (1..=count)
+        .filter(|index| !seen.contains_key(index))
+        .map(|index| format!("{index}/{count}"))
+        .collect();
+    if !missing.is_empty() {
+        return Err(merge_error(
+            None,
+            format!("shard {} missing", missing.join(", ")),
+        ));
+    }
+
+    let mut index = without_variants(&first.index);
+    let mut cubins = BTreeMap::new();
+    let mut found: BTreeMap<&str, &Path> = BTreeMap::new();
+    for (dir, file) in &read {
+        let owned = file
+            .shard
+            .owned_keys(file.jobs.iter().map(|job| job.key.as_str()));
+        for (kernel, record) in &file.index.kernels {
+            for variant in &record.variants {
+                let planned = file.jobs.iter().any(|job| {
+                    job.key == variant.key
+                        && &job.kernel == kernel
+                        && job.cuda == variant.cuda
+                        && job.arch == variant.arch
+                });
+                if !planned || !owned.contains(variant.key.as_str()) {
+                    return Err(merge_error(
+                        Some(dir),
+                        format!(
+                            "`{}` has `{kernel}` ({}) with key {}, which is not its share of \
+                             the plan",
+                            dir.display(),
+                            variant.label(),
+                            variant.key
+                        ),
+                    ));
+                }
+                if let Some(other) = found.insert(&variant.key, dir) {
+                    return Err(merge_error(
+                        Some(dir),
+                        format!(
+                            "`{kernel}` ({}) is in both `{}` and `{}`",
+                            variant.label(),
+                            other.display(),
+                            dir.display()
+                        ),
+                    ));
+                }
+                let path = dir.join(cubin_path(&variant.artifact.digest));
+                let cubin = std::fs::read(&path).map_err(|source| Error::Read {
+                    path: path.clone(),
+                    source,
+                })?;
+                let actual = sha256_hex(&cubin);
+                if actual != variant.artifact.digest || cubin.len() as u64 != variant.artifact.size
+                {
+                    return Err(merge_error(
+                        Some(dir),
+                        format!(
+                            "the cubin of `{kernel}` ({}) at `{}` has sha256 {actual}, but the \
+                             shard's index records {}",
+                            variant.label(),
+                            path.display(),
+                            variant.artifact.digest
+                        ),
+                    ));
+                }
+                cubins.insert(actual, cubin);
+                index
+                    .kernels
+                    .get_mut(kernel)
+                    .expect("every shard lists every kernel")
+                    .variants
+                    .push(variant.clone());
+            }
+        }
+    }
+    if let Some(job) = first
+        .jobs
+        .iter()
+        .find(|job| !found.contains_key(job.key.as_str()))
+    {
+        return Err(merge_error(
+            None,
+            format!(
+                "no shard has `{}` ({}/{}), key {}",
+                job.kernel, job.cuda, job.arch, job.key
+            ),
+        ));
+    }
+    for record in index.kernels.values_mut() {
+        record
+            .variants
+            .sort_by_key(|variant| (variant.cuda, variant.arch));
+    }
+
+    // Sources: every file of every compiled kernel's include graph, checked against the
+    // digest the index records for it.
+    let mut sources = BTreeMap::new();
+    for (kernel, record) in &index.kernels {
+        if record.recipe.is_none() {
+            continue;
+        }
+        for (stable, digest) in &record.inputs.files {
+            let path = first_dir.join(SOURCES_DIR).join(stable);
+            let bytes = std::fs::read(&path).map_err(|source| Error::Read {
+                path: path.clone(),
+                source,
+            })?;
+            if sha256_hex(&bytes) != *digest {
+                return Err(merge_error(
+                    Some(first_dir),
+                    format!(
+                        "source `{stable}` of `{kernel}` at `{}` does not match the digest its \
+                         index records",
+                        path.display()
+                    ),
+                ));
+            }
+            sources.insert(stable.clone(), path);
+        }
+    }
+    let (index, written) = write_bundle(out, index, &cubins, &sources, jobs)?;
+    Ok(MergeSummary {
+        out: out.to_owned(),
+        index,
+        shards: read.len(),
+        written,
+    })
+}
+
+fn read_shard(dir: &Path) -> Result<ShardFile, Error> {
+    let path = dir.join(SHARD_FILE);
+    let bytes = std::fs::read(&path).map_err(|source| Error::Read {
+        path: path.clone(),
+        source,
+    })?;
+    #[derive(Deserialize)]
+    struct FormatOnly {
+        format: u32,
+    }
+    let invalid = |reason: String| Error::Merge {
+        shard: Some(dir.to_owned()),
+        reason: format!("`{}` is not a shard file: {reason}", path.display()),
+    };
+    let format: FormatOnly =
+        serde_json::from_slice(&bytes).map_err(|error| invalid(error.to_string()))?;
+    if format.format != SHARD_FORMAT {
+        return Err(invalid(format!(
+            "format {}, this kwheel merges format {SHARD_FORMAT}: rebuild the shard with this \
+             version",
+            format.format
+        )));
+    }
+    serde_json::from_slice(&bytes).map_err(|error| invalid(error.to_string()))
+}
+
+/// `index` with no variants: what every shard of one plan has in common.
+fn without_variants(index: &Index) -> Index {
+    let mut index = index.clone();
+    for record in index.kernels.values_mut() {
+        *record = KernelRecord {
+            variants: Vec::new(),
+            ..record.clone()
+        };
+    }
+    index
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_parse_from_one() {
+        assert_eq!(
+            "2/4".parse::<Shard>().unwrap(),
+            Shard { index: 2, count: 4 }
+        );
+        for bad in ["0/4", "5/4", "1/0", "1", "a/b", "1/2/3"] {
+            let error = bad.parse::<Shard>().unwrap_err();
+            assert!(error.to_string().contains(bad), "{error}");
+        }
+    }
+
+    #[test]
+    fn shards_split_sorted_keys_round_robin() {
+        let keys = ["e", "a", "d", "c", "b"];
+        let shares: Vec<Vec<&str>> = (1..=2)
+            .map(|index| {
+                Shard { index, count: 2 }
+                    .owned_keys(keys.iter().copied())
+                    .into_iter()
+                    .collect()
+            })
+            .collect();
+        assert_eq!(shares, [vec!["a", "c", "e"], vec!["b", "d"]]);
+        // Every key in exactly one shard, whatever the count.
+        for count in 1..=7 {
+            let mut all: Vec<&str> = (1..=count)
+                .flat_map(|index| Shard { index, count }.owned_keys(keys.iter().copied()))
+                .collect();
+            all.sort();
+            assert_eq!(all, ["a", "b", "c", "d", "e"]);
+        }
+    }
+}

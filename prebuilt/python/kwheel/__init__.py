@@ -1,0 +1,269 @@
+"""Prebuilt CUDA kernels from Python wheels, loaded without a compiler.
+
+A kernel library ships its cubins in ``<package>/_prebuilt/`` and opens them from its own
+``__init__``::
+
+    import kwheel
+    _registry = kwheel.open(__name__)
+
+Its users then ask what loads here and launch kernels on torch tensors::
+
+    _registry.status()                       # {"layernorm_bf16": "available: prebuilt ...", ...}
+    layernorm = _registry.load("layernorm_bf16")
+    block = layernorm.constants["BLOCK_SIZE"]
+    layernorm.launch(rows, block, [out, x, gamma, beta, rows, cols, 1e-5])
+
+``select`` answers for any device without a GPU::
+
+    _registry.select("layernorm_bf16", "sm_100", cuda="13.0")   # -> cu130/sm_100a
+
+The runtime's CUDA build is torch's (``torch.version.cuda``) when torch is imported, else
+``KWHEEL_CUDA_BUILD``, else the newest build of the bundle that the driver supports; the torch
+version checked against each variant's pin is ``torch.__version__`` when torch is imported.
+kwheel never imports torch itself. Both are read on the first call that needs the GPU, so a
+library may be imported before torch. ``<PACKAGE>_JIT_FALLBACK=0`` forbids compiling a kernel
+that no prebuilt cubin fits.
+"""
+
+import importlib.util
+import os
+import site
+import sys
+import threading
+
+from . import _kwheel
+from ._kwheel import (
+    ArgumentError,
+    Bundle,
+    Function,
+    Kernel,
+    KwheelError,
+    NoFitError,
+    NoGpuError,
+    Provenance,
+    Selection,
+    UnknownKernelError,
+)
+
+__version__ = _kwheel.__version__
+
+__all__ = [
+    "ArgumentError",
+    "Bundle",
+    "Function",
+    "Kernel",
+    "KwheelError",
+    "NoFitError",
+    "NoGpuError",
+    "Provenance",
+    "Registry",
+    "Selection",
+    "UnknownKernelError",
+    "find_bundle",
+    "open",
+]
+
+PREBUILT_DIR = "_prebuilt"
+INDEX_FILE = "index.json"
+
+
+def open(package_or_path, *, cuda=None, torch=None, jit=None, device=None):
+    """The registry of a package's bundle, or of a bundle directory.
+
+    ``package_or_path``: an importable package name (``"af3_kernels"``, found without importing
+    it, so a package may open itself from its own ``__init__``), or a path to a bundle
+    directory or to a directory holding ``_prebuilt/``. ``cuda`` (``"12.9"``), ``torch``
+    (``"2.13.0+cu129"``) and ``device`` override what the runtime would read from torch and
+    the environment; ``jit=True``/``False`` overrides ``<PACKAGE>_JIT_FALLBACK``.
+    """
+    return Registry(find_bundle(package_or_path), cuda=cuda, torch=torch, jit=jit, device=device)
+
+
+def find_bundle(package_or_path):
+    """The bundle directory of a package name or a path (see ``open``)."""
+    if isinstance(package_or_path, str) and _is_package_name(package_or_path):
+        return _package_bundle(package_or_path)
+    path = os.fspath(package_or_path)
+    for candidate in (path, os.path.join(path, PREBUILT_DIR)):
+        if os.path.isfile(os.path.join(candidate, INDEX_FILE)):
+            return os.path.abspath(candidate)
+    raise KwheelError(
+        f"no kwheel bundle at `{path}`: neither it nor `{os.path.join(path, PREBUILT_DIR)}` "
+        f"holds an `{INDEX_FILE}`"
+    )
+
+
+def _is_package_name(text):
+    return all(part.isidentifier() for part in text.split("."))
+
+
+def _package_bundle(name):
+    """``<package dir>/_prebuilt`` for an importable package, without importing it."""
+    module = sys.modules.get(name)
+    # A package that opens itself from its own __init__ is in sys.modules, with __path__ set.
+    locations = list(getattr(module, "__path__", None) or [])
+    if not locations:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError) as error:
+            raise KwheelError(f"cannot find package `{name}`: {error}") from error
+        if spec is None:
+            raise KwheelError(f"no package `{name}` is importable from this interpreter")
+        locations = list(spec.submodule_search_locations or [])
+        if not locations:
+            raise KwheelError(
+                f"`{name}` is a module, not a package: a kwheel bundle lives in a package's "
+                f"`{PREBUILT_DIR}/` directory"
+            )
+    for location in locations:
+        bundle = os.path.join(location, PREBUILT_DIR)
+        if os.path.isfile(os.path.join(bundle, INDEX_FILE)):
+            return bundle
+    raise KwheelError(
+        f"package `{name}` ({', '.join(locations)}) has no `{PREBUILT_DIR}/{INDEX_FILE}`: "
+        "it was not installed from a wheel that kwheel built"
+    )
+
+
+def _torch():
+    """The torch module if this process has imported it; kwheel never imports it."""
+    return sys.modules.get("torch")
+
+
+def _torch_runtime():
+    """(CUDA version, torch version, current device) of an imported torch, each or None."""
+    torch = _torch()
+    if torch is None:
+        return None, None, None
+    version = getattr(torch, "__version__", None)
+    cuda = getattr(getattr(torch, "version", None), "cuda", None)
+    device = None
+    torch_cuda = getattr(torch, "cuda", None)
+    try:
+        if torch_cuda is not None and torch_cuda.is_initialized():
+            device = torch_cuda.current_device()
+    except Exception:  # a torch without CUDA: no device to follow
+        device = None
+    return (str(cuda) if cuda else None), (str(version) if version else None), device
+
+
+def _site_packages():
+    """Where this interpreter installs packages: NVIDIA's NVRTC wheels that torch pulls in."""
+    found = []
+    try:
+        found.extend(site.getsitepackages())
+    except AttributeError:  # some virtualenv builds lack it
+        pass
+    try:
+        found.append(site.getusersitepackages())
+    except AttributeError:
+        pass
+    found.extend(entry for entry in sys.path if entry)
+    unique = []
+    for entry in found:
+        if os.path.isdir(os.path.join(entry, "nvidia")) and entry not in unique:
+            unique.append(entry)
+    return unique
+
+
+class Registry:
+    """A bundle's kernels. ``select`` and ``kernels`` read the index only; ``status``,
+    ``is_available``, ``unavailable_reason`` and ``load`` use the GPU, and the first of them
+    fixes the CUDA build, torch version and device (see the module docs)."""
+
+    def __init__(self, bundle, *, cuda=None, torch=None, jit=None, device=None):
+        self._bundle = Bundle(os.fspath(bundle))
+        self._cuda = cuda
+        self._torch = torch
+        self._jit = jit
+        self._device = device
+        self._runtime = None
+        self._lock = threading.Lock()
+
+    @property
+    def path(self):
+        """The bundle directory."""
+        return self._bundle.path
+
+    @property
+    def package(self):
+        """The kernel library's distribution name (``af3-kernels``)."""
+        return self._bundle.package
+
+    @property
+    def kernels(self):
+        """Every kernel's name."""
+        return self._bundle.kernels
+
+    @property
+    def bundle(self):
+        """The bundle's index (``kwheel.Bundle``)."""
+        return self._bundle
+
+    def constants(self, name):
+        """Kernel ``name``'s exported constants (``{"BLOCK_SIZE": 256}``), without a GPU."""
+        return self._bundle.constants(name)
+
+    def select(self, name, device, cuda=None, torch=None, driver=None):
+        """Which variant of ``name`` a device would load: a dry run, no GPU needed.
+
+        ``device``: ``"sm_90"``, ``"9.0"`` or ``(9, 0)``; ``cuda``: the runtime's CUDA build
+        (``"12.9"``; default the newest of the bundle the driver supports); ``torch``: its
+        version (default: not checked); ``driver``: the CUDA version the driver supports
+        (``"13.0"``) or its release (``"580.65"``; default: just new enough). Returns a
+        ``Selection`` (``str()`` is ``cu129/sm_90a``); raises ``NoFitError`` listing every
+        variant and why it does not fit.
+        """
+        return self._bundle.select(name, device, cuda, torch, driver)
+
+    def fetch(self, device, cuda=None, torch=None, driver=None):
+        """Download, verify and cache what ``device`` would load and this wheel leaves in its
+        store, so the machine can run offline. Arguments as for ``select``; returns the report
+        as text and raises ``KwheelError`` when anything could not be fetched."""
+        return self._bundle.fetch(device, cuda, torch, driver)
+
+    def runtime(self):
+        """The ``kwheel._kwheel.Registry`` for this process, opened on first use."""
+        runtime = self._runtime
+        if runtime is not None:
+            return runtime
+        with self._lock:
+            if self._runtime is None:
+                torch_cuda, torch_version, torch_device = _torch_runtime()
+                cuda = self._cuda or torch_cuda
+                device = self._device
+                if device is None:
+                    device = torch_device if torch_device is not None else 0
+                self._runtime = _kwheel.Registry(
+                    self._bundle.path,
+                    cuda=cuda,
+                    torch=self._torch or torch_version,
+                    jit=self._jit,
+                    site_packages=_site_packages(),
+                    device=device,
+                )
+            return self._runtime
+
+    def status(self):
+        """Every kernel and whether it loads here, as text (``available: prebuilt
+        cu130/sm_90a: ...`` or ``unavailable: <why>``). Never compiles."""
+        return self.runtime().status()
+
+    def is_available(self, name):
+        """Whether kernel ``name`` loads here."""
+        return self.runtime().is_available(name)
+
+    def unavailable_reason(self, name):
+        """Why kernel ``name`` does not load here, or None when it does."""
+        return self.runtime().unavailable_reason(name)
+
+    def load(self, name):
+        """Kernel ``name``, loaded in the device's primary context (PyTorch's)."""
+        return self.runtime().load(name)
+
+    def query(self):
+        """What selection sees here: device, driver, CUDA build, torch. Needs a GPU."""
+        return self.runtime().query()
+
+    def __repr__(self):
+        return f"kwheel.Registry({str(self.path)!r}, package={self.package!r})"

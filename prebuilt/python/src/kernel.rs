@@ -1,0 +1,296 @@
+//! `Kernel`, `Function` and `Provenance`: a loaded kernel, its entries, where its cubin came
+//! from.
+
+use prebuilt::driver::LaunchConfig;
+use prebuilt::registry::Function as EntryFunction;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::arguments::{dims, encode, stream_handle};
+use crate::errors::{driver_error, load_error, ArgumentError};
+use crate::registry::constants_dict;
+
+/// A loaded kernel: its entries, constants and provenance. Launch it with `launch`.
+#[pyclass(frozen, module = "kwheel._kwheel")]
+pub struct Kernel {
+    inner: prebuilt::Kernel,
+    device: u32,
+}
+
+impl Kernel {
+    pub(crate) fn new(inner: prebuilt::Kernel, device: u32) -> Kernel {
+        Kernel { inner, device }
+    }
+
+    fn entry(&self, py: Python<'_>, entry: Option<&str>) -> PyResult<EntryFunction> {
+        match entry {
+            Some(entry) => self
+                .inner
+                .function(entry)
+                .map_err(|error| load_error(py, &error)),
+            None => match self.inner.functions() {
+                [only] => Ok(only.clone()),
+                functions => Err(ArgumentError::new_err(format!(
+                    "`{}` has {} entries ({}): say which with entry=",
+                    self.inner.name(),
+                    functions.len(),
+                    functions
+                        .iter()
+                        .map(|function| format!("`{}`", function.name()))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ))),
+            },
+        }
+    }
+}
+
+#[pymethods]
+impl Kernel {
+    /// The kernel's name.
+    #[getter]
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    /// Where its cubin came from: `kind` (`prebuilt`, `jit-cache`, `jit-compiled`), `variant`
+    /// and `key`; `str()` reads `prebuilt cu130/sm_90a (key …)`.
+    #[getter]
+    fn provenance(&self) -> Provenance {
+        Provenance::from(self.inner.provenance())
+    }
+
+    /// Why this cubin was chosen, or compiled.
+    #[getter]
+    fn reason(&self) -> &str {
+        self.inner.reason()
+    }
+
+    /// The manifest's exported constants (`{"BLOCK_SIZE": 256}`): launch geometry comes from
+    /// here, never from a hard-coded number.
+    #[getter]
+    fn constants<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        constants_dict(py, self.inner.constants())
+    }
+
+    /// The entries as declared (`["scale_rows<float>", "scale_rows<__nv_bfloat16>"]`).
+    #[getter]
+    fn entries(&self) -> Vec<String> {
+        self.inner
+            .functions()
+            .iter()
+            .map(|function| function.name().to_owned())
+            .collect()
+    }
+
+    /// The device ordinal it is loaded on.
+    #[getter]
+    fn device(&self) -> u32 {
+        self.device
+    }
+
+    /// The entry `entry` (as declared, or its symbol), to launch or inspect.
+    fn function(&self, py: Python<'_>, entry: &str) -> PyResult<Function> {
+        Ok(Function {
+            kernel: self.inner.name().to_owned(),
+            inner: self.entry(py, Some(entry))?,
+            device: self.device,
+        })
+    }
+
+    fn __getitem__(&self, py: Python<'_>, entry: &str) -> PyResult<Function> {
+        self.function(py, entry)
+    }
+
+    /// Launches an entry (`entry=`; optional when the kernel has one) with `grid` and `block`
+    /// (an int or a tuple of up to three) and `args` in parameter order: objects with
+    /// `data_ptr()` (torch tensors on this device, contiguous) and `None` as pointers, ints
+    /// and floats as their parameter's size says, `bytes` as they are. `stream`: `None` for
+    /// torch's current stream (the legacy default stream when torch has not started CUDA), an
+    /// int handle, or an object with `cuda_stream` or `__cuda_stream__`. Returns once the
+    /// launch is queued.
+    #[pyo3(signature = (grid, block, args, shared_mem=0, stream=None, entry=None))]
+    #[allow(clippy::too_many_arguments)] // the Python signature, one parameter each
+    fn launch(
+        &self,
+        py: Python<'_>,
+        grid: &Bound<'_, PyAny>,
+        block: &Bound<'_, PyAny>,
+        args: &Bound<'_, PyAny>,
+        shared_mem: u32,
+        stream: Option<&Bound<'_, PyAny>>,
+        entry: Option<&str>,
+    ) -> PyResult<()> {
+        let function = self.entry(py, entry)?;
+        let request = Launch {
+            grid,
+            block,
+            args,
+            shared_mem,
+            stream,
+        };
+        request.run(py, self.inner.name(), &function, self.device)
+    }
+
+    /// Waits for all work in the kernel's context, and raises the first error any of it hit.
+    fn synchronize(&self, py: Python<'_>) -> PyResult<()> {
+        let context = self.inner.context().clone();
+        py.detach(move || context.synchronize())
+            .map_err(|error| driver_error(&error))
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Kernel({:?}, provenance={:?})",
+            self.inner.name(),
+            self.inner.provenance().to_string()
+        )
+    }
+}
+
+/// One entry of a loaded kernel.
+#[pyclass(frozen, module = "kwheel._kwheel")]
+pub struct Function {
+    kernel: String,
+    inner: EntryFunction,
+    device: u32,
+}
+
+#[pymethods]
+impl Function {
+    /// The entry as declared (`scale_rows<float>`).
+    #[getter]
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    /// Its symbol in the cubin (mangled for a template).
+    #[getter]
+    fn symbol(&self) -> &str {
+        self.inner.symbol()
+    }
+
+    /// Each parameter's size in bytes, from the index.
+    #[getter]
+    fn param_sizes(&self) -> Vec<u32> {
+        self.inner.param_sizes().to_vec()
+    }
+
+    /// As `Kernel.launch`, for this entry.
+    #[pyo3(signature = (grid, block, args, shared_mem=0, stream=None))]
+    fn launch(
+        &self,
+        py: Python<'_>,
+        grid: &Bound<'_, PyAny>,
+        block: &Bound<'_, PyAny>,
+        args: &Bound<'_, PyAny>,
+        shared_mem: u32,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let request = Launch {
+            grid,
+            block,
+            args,
+            shared_mem,
+            stream,
+        };
+        request.run(py, &self.kernel, &self.inner, self.device)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Function({:?}, kernel={:?}, param_sizes={:?})",
+            self.inner.name(),
+            self.kernel,
+            self.inner.param_sizes()
+        )
+    }
+}
+
+/// One launch as Python asked for it.
+struct Launch<'a, 'py> {
+    grid: &'a Bound<'py, PyAny>,
+    block: &'a Bound<'py, PyAny>,
+    args: &'a Bound<'py, PyAny>,
+    shared_mem: u32,
+    stream: Option<&'a Bound<'py, PyAny>>,
+}
+
+impl Launch<'_, '_> {
+    fn run(
+        &self,
+        py: Python<'_>,
+        kernel: &str,
+        function: &EntryFunction,
+        device: u32,
+    ) -> PyResult<()> {
+        let config = LaunchConfig {
+            grid: dims(self.grid, "grid")?,
+            block: dims(self.block, "block")?,
+            shared_mem_bytes: self.shared_mem,
+            stream: stream_handle(py, self.stream, device)?,
+        };
+        let args = encode(kernel, function, self.args, device)?;
+        // SAFETY: `Function::launch` checks the count and size of every argument against the
+        // cubin's parameters. What the pointers mean is the caller's promise, as for any CUDA
+        // launch from Python: tensors on this device (checked where the object tells, with
+        // `get_device()`), alive until the kernel finishes (PyTorch's caching allocator keeps
+        // a tensor's memory for work queued on its stream), and a stream that is 0, torch's
+        // current one, or one the caller passed for this device's primary context.
+        unsafe { function.launch(&config, &args) }.map_err(|error| load_error(py, &error))
+    }
+}
+
+/// Where a loaded kernel's cubin came from.
+#[pyclass(frozen, module = "kwheel._kwheel")]
+pub struct Provenance {
+    /// `prebuilt`, `jit-cache` or `jit-compiled`.
+    #[pyo3(get)]
+    kind: String,
+    /// The variant, `cu130/sm_90a`, for a prebuilt cubin; `None` for the JIT's.
+    #[pyo3(get)]
+    variant: Option<String>,
+    /// The cubin's key.
+    #[pyo3(get)]
+    key: String,
+    text: String,
+}
+
+impl From<&prebuilt::Provenance> for Provenance {
+    fn from(provenance: &prebuilt::Provenance) -> Provenance {
+        let variant = match provenance {
+            prebuilt::Provenance::Prebuilt { variant, .. } => Some(variant.clone()),
+            _ => None,
+        };
+        Provenance {
+            kind: provenance.kind().to_string(),
+            variant,
+            key: provenance.key().to_owned(),
+            text: provenance.to_string(),
+        }
+    }
+}
+
+#[pymethods]
+impl Provenance {
+    /// Whether the cubin is one the bundle shipped (nothing was compiled).
+    #[getter]
+    fn is_prebuilt(&self) -> bool {
+        self.kind == "prebuilt"
+    }
+
+    fn __str__(&self) -> String {
+        self.text.clone()
+    }
+
+    fn __repr__(&self) -> String {
+        let variant = match &self.variant {
+            Some(variant) => format!("{variant:?}"),
+            None => "None".to_owned(),
+        };
+        format!(
+            "Provenance(kind={:?}, variant={variant}, key={:?})",
+            self.kind, self.key
+        )
+    }
+}

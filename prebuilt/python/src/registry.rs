@@ -1,0 +1,531 @@
+//! `Bundle` (the index, and selection as a dry run) and `Registry` (the runtime).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use prebuilt::index::Constant;
+use prebuilt::jit::CompilerSearch;
+use prebuilt::select::{coverage, DeviceQuery, DriverVersion};
+use prebuilt::{CudaBuild, JitPolicy, LoadError, RegistryOptions, Status};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+
+use crate::errors::{load_error, no_fit, KwheelError};
+use crate::kernel::Kernel;
+
+/// A bundle's index, read once. Answers without a GPU: the kernels, their constants, and
+/// which variant a device would load (`select`).
+#[pyclass(frozen, module = "kwheel._kwheel")]
+pub struct Bundle {
+    inner: prebuilt::Bundle,
+}
+
+#[pymethods]
+impl Bundle {
+    /// Reads the index of the bundle directory `path` (a wheel's `<package>/_prebuilt`).
+    #[new]
+    fn new(py: Python<'_>, path: PathBuf) -> PyResult<Bundle> {
+        let inner = py
+            .detach(|| prebuilt::Bundle::open(path))
+            .map_err(|error| load_error(py, &LoadError::from(error)))?;
+        Ok(Bundle { inner })
+    }
+
+    /// The bundle directory.
+    #[getter]
+    fn path(&self) -> PathBuf {
+        self.inner.root().to_path_buf()
+    }
+
+    /// The kernel library's distribution name (`af3-kernels`).
+    #[getter]
+    fn package(&self) -> String {
+        self.inner.index().package.clone()
+    }
+
+    /// The torch pin the cubins were built against (`2.13.*`).
+    #[getter]
+    fn torch(&self) -> String {
+        self.inner.index().torch.clone()
+    }
+
+    /// Every kernel, by name, sorted.
+    #[getter]
+    fn kernels(&self) -> Vec<String> {
+        self.inner.index().kernels.keys().cloned().collect()
+    }
+
+    /// The CUDA builds any variant was built for (`["cu129", "cu130"]`), oldest first.
+    #[getter]
+    fn cuda_builds(&self) -> Vec<String> {
+        builds(self.inner.index())
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    }
+
+    /// The manifest's exported constants of kernel `name` (`{"BLOCK_SIZE": 256}`).
+    fn constants<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyDict>> {
+        let record = self.record(py, name)?;
+        constants_dict(py, &record.constants)
+    }
+
+    /// Downloads, verifies and caches every variant that a device would load and that this
+    /// bundle leaves in its store (a slim wheel), so the device can run offline. Arguments as
+    /// for `select`. Returns the report as text; raises when anything could not be fetched.
+    #[pyo3(signature = (device, cuda=None, torch=None, driver=None))]
+    fn fetch(
+        &self,
+        py: Python<'_>,
+        device: &Bound<'_, PyAny>,
+        cuda: Option<&str>,
+        torch: Option<String>,
+        driver: Option<&str>,
+    ) -> PyResult<String> {
+        let capability = parse_device(device)?;
+        let driver = driver
+            .map(|text| DriverVersion::parse(text).map_err(value_error))
+            .transpose()?;
+        let cuda = match cuda {
+            Some(text) => parse_build(text)?,
+            None => default_build(self.inner.index(), driver),
+        };
+        let query = DeviceQuery {
+            capability,
+            driver: driver.unwrap_or(DriverVersion {
+                major: cuda.major,
+                minor: cuda.minor,
+            }),
+            cuda,
+            torch,
+        };
+        let report = py
+            .detach(|| {
+                prebuilt::fetch::prefetch(
+                    &self.inner,
+                    &query,
+                    &prebuilt::fetch::ArtifactCache::default(),
+                    &prebuilt::fetch::StoreOptions::default(),
+                )
+            })
+            .map_err(|error| KwheelError::new_err(crate::errors::chain(&error)))?;
+        if !report.complete() {
+            return Err(KwheelError::new_err(report.to_string()));
+        }
+        Ok(report.to_string())
+    }
+
+    /// Which variant of kernel `name` a device would load, without a GPU: `device` as
+    /// `"sm_90"`, `"9.0"` or `(9, 0)`; `cuda` as `"12.9"` or `"cu129"` (default: the newest
+    /// build of the bundle the driver supports); `torch` a version (default: not checked);
+    /// `driver` the CUDA version the driver supports (`"13.0"`) or its release (`"580.65"`)
+    /// (default: just new enough for the CUDA build). Raises `NoFitError`, listing every
+    /// variant and why it does not fit, when none does.
+    #[pyo3(signature = (name, device, cuda=None, torch=None, driver=None))]
+    fn select(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        device: &Bound<'_, PyAny>,
+        cuda: Option<&str>,
+        torch: Option<String>,
+        driver: Option<&str>,
+    ) -> PyResult<Selection> {
+        let record = self.record(py, name)?;
+        let capability = parse_device(device)?;
+        let driver = driver
+            .map(|text| DriverVersion::parse(text).map_err(value_error))
+            .transpose()?;
+        let cuda = match cuda {
+            Some(text) => parse_build(text)?,
+            None => default_build(self.inner.index(), driver),
+        };
+        let query = DeviceQuery {
+            capability,
+            driver: driver.unwrap_or(DriverVersion {
+                major: cuda.major,
+                minor: cuda.minor,
+            }),
+            cuda,
+            torch,
+        };
+        let device = describe(&query);
+        // `coverage` runs `select_variant`'s rules and keeps every refusal, chosen or not.
+        let mut report = coverage(self.inner.index(), &query);
+        let Some(coverage) = report.kernels.remove(name) else {
+            return Err(KwheelError::new_err(format!(
+                "selection did not report on `{name}`, a kernel of the index"
+            )));
+        };
+        let chosen = coverage
+            .loads
+            .as_ref()
+            .and_then(|label| record.variants.iter().find(|v| &v.label() == label));
+        let Some(variant) = chosen else {
+            let mut message = format!("no prebuilt variant of `{name}` fits {device}:");
+            if coverage.refusals.is_empty() {
+                message.push_str(" the bundle has none");
+            }
+            for (variant, reason) in &coverage.refusals {
+                message.push_str(&format!("\n  {variant}: {reason}"));
+            }
+            return Err(no_fit(py, message, coverage.refusals));
+        };
+        let compiler = &variant.compiler;
+        Ok(Selection {
+            kernel: name.to_owned(),
+            variant: variant.label(),
+            arch: variant.arch.to_string(),
+            cuda: variant.cuda.to_string(),
+            torch: variant.torch.clone(),
+            compiler: format!("{} {}", compiler.kind, compiler.version)
+                .trim()
+                .to_owned(),
+            key: variant.key.clone(),
+            reason: coverage.reason,
+            entries: variant
+                .functions
+                .iter()
+                .map(|function| function.name.clone())
+                .collect(),
+            device,
+            refusals: coverage.refusals,
+        })
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Bundle({:?}, package={:?}, kernels={})",
+            self.inner.root().display().to_string(),
+            self.inner.index().package,
+            self.inner.index().kernels.len()
+        )
+    }
+}
+
+impl Bundle {
+    fn record(&self, py: Python<'_>, name: &str) -> PyResult<&prebuilt::KernelRecord> {
+        let index = self.inner.index();
+        index.kernels.get(name).ok_or_else(|| {
+            load_error(
+                py,
+                &LoadError::UnknownKernel {
+                    kernel: name.to_owned(),
+                    bundle: self.inner.root().to_path_buf(),
+                    known: index.kernels.keys().cloned().collect(),
+                },
+            )
+        })
+    }
+}
+
+/// What `select` chose for a simulated device. `str()` is the variant (`cu129/sm_90a`).
+#[pyclass(frozen, module = "kwheel._kwheel")]
+pub struct Selection {
+    /// The kernel.
+    #[pyo3(get)]
+    kernel: String,
+    /// The variant's label, `cu129/sm_90a`.
+    #[pyo3(get)]
+    variant: String,
+    /// Its architecture, `sm_90a`.
+    #[pyo3(get)]
+    arch: String,
+    /// Its CUDA build, `cu129`.
+    #[pyo3(get)]
+    cuda: String,
+    /// Its torch pin, `2.13.*`.
+    #[pyo3(get)]
+    torch: String,
+    /// The compiler that built it, `nvrtc 12.9.86`.
+    #[pyo3(get)]
+    compiler: String,
+    /// Its key.
+    #[pyo3(get)]
+    key: String,
+    /// Why it fits.
+    #[pyo3(get)]
+    reason: String,
+    /// Its entries, as declared.
+    #[pyo3(get)]
+    entries: Vec<String>,
+    /// The simulated device, CUDA build, driver and torch.
+    #[pyo3(get)]
+    device: String,
+    /// Every other variant and skipped target, and why it does not fit: `[(variant, reason)]`.
+    #[pyo3(get)]
+    refusals: Vec<(String, String)>,
+}
+
+#[pymethods]
+impl Selection {
+    fn __str__(&self) -> String {
+        self.variant.clone()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Selection(kernel={:?}, variant={:?}, reason={:?})",
+            self.kernel, self.variant, self.reason
+        )
+    }
+}
+
+/// The runtime: a bundle's kernels, loaded on demand in the device's primary context (the one
+/// PyTorch uses). Reads the index when created; touches the driver on the first `status`,
+/// `is_available`, `unavailable_reason` or `load`.
+#[pyclass(frozen, module = "kwheel._kwheel")]
+pub struct Registry {
+    inner: Arc<prebuilt::Registry>,
+}
+
+#[pymethods]
+impl Registry {
+    /// Opens the bundle directory `path`. `cuda`: the runtime's CUDA build (`"12.9"`,
+    /// `"cu129"`; default `KWHEEL_CUDA_BUILD`, else the newest build of the bundle the driver
+    /// supports); `torch`: the runtime's torch version, checked against each variant's pin
+    /// (default: not checked); `jit`: `True`/`False` allow or forbid compiling what no cubin
+    /// fits (default: `<PACKAGE>_JIT_FALLBACK`); `site_packages`: more directories to look
+    /// for NVIDIA's NVRTC wheels in, after those of the environment; `device`: the ordinal.
+    #[new]
+    #[pyo3(signature = (path, *, cuda=None, torch=None, jit=None, site_packages=Vec::new(), device=0))]
+    fn new(
+        py: Python<'_>,
+        path: PathBuf,
+        cuda: Option<&str>,
+        torch: Option<String>,
+        jit: Option<bool>,
+        site_packages: Vec<PathBuf>,
+        device: u32,
+    ) -> PyResult<Registry> {
+        let mut compilers = CompilerSearch::from_env();
+        for dir in site_packages {
+            if !compilers.site_packages.contains(&dir) {
+                compilers.site_packages.push(dir);
+            }
+        }
+        let options = RegistryOptions {
+            cuda: cuda.map(parse_build).transpose()?,
+            torch,
+            jit: match jit {
+                None => JitPolicy::FromEnvironment,
+                Some(true) => JitPolicy::Allowed,
+                Some(false) => JitPolicy::Disabled,
+            },
+            compilers,
+            device,
+            ..RegistryOptions::default()
+        };
+        let inner = py
+            .detach(|| prebuilt::Registry::open_with(path, options))
+            .map_err(|error| load_error(py, &error))?;
+        Ok(Registry {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// The bundle directory.
+    #[getter]
+    fn path(&self) -> PathBuf {
+        self.inner.bundle().root().to_path_buf()
+    }
+
+    /// The kernel library's distribution name (`af3-kernels`).
+    #[getter]
+    fn package(&self) -> String {
+        self.inner.index().package.clone()
+    }
+
+    /// Every kernel, by name, sorted.
+    #[getter]
+    fn kernels(&self) -> Vec<String> {
+        self.inner.index().kernels.keys().cloned().collect()
+    }
+
+    /// The device ordinal.
+    #[getter]
+    fn device(&self) -> u32 {
+        self.inner.options().device
+    }
+
+    /// The runtime's CUDA build as given or set in `KWHEEL_CUDA_BUILD` (`cu129`); `None`
+    /// until the first GPU call picks the newest build of the bundle the driver supports.
+    #[getter]
+    fn cuda(&self) -> Option<String> {
+        self.inner.options().cuda.map(|build| build.to_string())
+    }
+
+    /// The torch version checked against each variant's pin; `None`: not checked.
+    #[getter]
+    fn torch(&self) -> Option<String> {
+        self.inner.options().torch.clone()
+    }
+
+    /// Whether a kernel with no fitting cubin is compiled from the shipped sources.
+    #[getter]
+    fn jit_allowed(&self) -> bool {
+        self.inner.jit_allowed()
+    }
+
+    /// What selection sees here: `{"device": "9.0", "driver": "13.0", "cuda": "cu130",
+    /// "torch": "2.13.0+cu130" or None}`. Raises `NoGpuError` without a usable GPU.
+    fn query<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let registry = Arc::clone(&self.inner);
+        let query = py
+            .detach(move || registry.device_query())
+            .map_err(|error| load_error(py, &error))?;
+        let dict = PyDict::new(py);
+        dict.set_item("device", query.device())?;
+        dict.set_item("driver", query.driver.to_string())?;
+        dict.set_item("cuda", query.cuda.to_string())?;
+        dict.set_item("torch", query.torch)?;
+        Ok(dict)
+    }
+
+    /// Every kernel and whether it can load here, as text: `available: prebuilt cu130/sm_90a:
+    /// <why it fits>`, `available: jit-compiled …`, or `unavailable: <why>`. Never compiles,
+    /// never creates a context.
+    fn status(&self, py: Python<'_>) -> BTreeMap<String, String> {
+        let registry = Arc::clone(&self.inner);
+        py.detach(move || registry.status())
+            .into_iter()
+            .map(|(name, status)| (name, status_text(&status)))
+            .collect()
+    }
+
+    /// Whether kernel `name` can load here.
+    fn is_available(&self, py: Python<'_>, name: &str) -> bool {
+        let registry = Arc::clone(&self.inner);
+        py.detach(move || registry.is_available(name))
+    }
+
+    /// Why kernel `name` cannot load here, or `None` when it can.
+    fn unavailable_reason(&self, py: Python<'_>, name: &str) -> Option<String> {
+        let registry = Arc::clone(&self.inner);
+        py.detach(move || registry.unavailable_reason(name))
+    }
+
+    /// Kernel `name`, loaded: the prebuilt cubin that fits (its sha256 checked first), else,
+    /// when allowed, the JIT fallback's. Loaded once; later calls return the same kernel.
+    fn load(&self, py: Python<'_>, name: &str) -> PyResult<Kernel> {
+        let registry = Arc::clone(&self.inner);
+        let kernel = py
+            .detach(move || registry.load(name))
+            .map_err(|error| load_error(py, &error))?;
+        Ok(Kernel::new(kernel, self.inner.options().device))
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Registry({:?}, package={:?}, device={})",
+            self.inner.bundle().root().display().to_string(),
+            self.inner.index().package,
+            self.inner.options().device
+        )
+    }
+}
+
+/// `available: prebuilt cu130/sm_90a: <reason>` or `unavailable: <reason>`.
+fn status_text(status: &Status) -> String {
+    match status {
+        Status::Available {
+            variant,
+            reason,
+            provenance,
+            ..
+        } => format!("available: {provenance} {variant}: {reason}"),
+        Status::Unavailable { reason } => format!("unavailable: {reason}"),
+    }
+}
+
+/// A dict of a kernel's constants, each as the Python value of its type.
+pub(crate) fn constants_dict<'py>(
+    py: Python<'py>,
+    constants: &BTreeMap<String, Constant>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let dict = PyDict::new(py);
+    for (name, value) in constants {
+        match value {
+            Constant::Integer(value) => dict.set_item(name, value)?,
+            Constant::Float(value) => dict.set_item(name, value)?,
+            Constant::Bool(value) => dict.set_item(name, value)?,
+            Constant::String(value) => dict.set_item(name, value)?,
+        }
+    }
+    Ok(dict)
+}
+
+/// Every CUDA build in the index, variants and skipped targets alike.
+fn builds(index: &prebuilt::Index) -> BTreeSet<CudaBuild> {
+    index
+        .kernels
+        .values()
+        .flat_map(|record| {
+            let variants = record.variants.iter().map(|variant| variant.cuda);
+            variants.chain(record.skipped.iter().map(|skip| skip.cuda))
+        })
+        .collect()
+}
+
+/// The dry run's CUDA build when none is given: the newest of the bundle that the driver
+/// supports (any, without a driver), else the oldest, as the runtime picks.
+fn default_build(index: &prebuilt::Index, driver: Option<DriverVersion>) -> CudaBuild {
+    let builds = builds(index);
+    let supported = |build: &&CudaBuild| driver.is_none_or(|driver| driver.supports(**build));
+    builds
+        .iter()
+        .rev()
+        .find(supported)
+        .or_else(|| builds.iter().next())
+        .copied()
+        .unwrap_or(CudaBuild {
+            major: 13,
+            minor: 0,
+        })
+}
+
+/// `device sm_90 (compute 9.0), CUDA build cu129, driver 13.0, torch 2.13.0`.
+fn describe(query: &DeviceQuery) -> String {
+    let (major, minor) = query.capability;
+    let mut text = format!(
+        "device sm_{major}{minor} (compute {major}.{minor}), CUDA build {}, driver {}",
+        query.cuda, query.driver
+    );
+    if let Some(torch) = &query.torch {
+        text.push_str(&format!(", torch {torch}"));
+    }
+    text
+}
+
+/// `"12.9"`, `"12.9.1"` or `"cu129"`.
+fn parse_build(text: &str) -> PyResult<CudaBuild> {
+    let text = text.trim();
+    let parsed = if text.starts_with("cu") {
+        text.parse()
+    } else {
+        CudaBuild::from_version(text)
+    };
+    parsed.map_err(value_error)
+}
+
+/// `"sm_90"`, `"sm_90a"`, `"9.0"`, or `(9, 0)`.
+fn parse_device(device: &Bound<'_, PyAny>) -> PyResult<(u32, u32)> {
+    if let Ok(text) = device.extract::<String>() {
+        return DeviceQuery::parse_device(&text).map_err(value_error);
+    }
+    if let Ok(tuple) = device.cast::<PyTuple>() {
+        if let Ok((major, minor)) = tuple.extract::<(u32, u32)>() {
+            return Ok((major, minor));
+        }
+    }
+    Err(PyTypeError::new_err(format!(
+        "device must be a string like \"sm_90\" or \"9.0\", or a tuple like (9, 0), not {}",
+        device.repr()?
+    )))
+}
+
+fn value_error(error: impl std::error::Error) -> PyErr {
+    PyValueError::new_err(crate::errors::chain(&error))
+}

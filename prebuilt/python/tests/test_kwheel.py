@@ -1,0 +1,295 @@
+"""The kwheel runtime from Python, as a user of an installed kernel library sees it.
+
+Run with an interpreter that has both wheels installed (the `kwheel` runtime and
+`af3-kernels`), from this directory so that nothing imports from the source tree:
+
+    python -m unittest -v test_kwheel
+
+`release/tests/run.rs` builds the wheels, installs them into a fresh venv without network
+access, and runs this file. Needs no GPU: the tests that expect no CUDA driver skip where one
+is installed.
+"""
+
+import ctypes
+import os
+import pathlib
+import subprocess
+import sys
+import types
+import unittest
+
+import kwheel
+
+KERNELS = [
+    "layernorm_bf16",
+    "masked_softmax_pair_bias",
+    "scale_rows",
+    "sigmoid_gate",
+    "swiglu",
+    "wgmma_matmul_bf16",
+]
+
+
+def has_driver():
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True
+
+
+def run_python(code, **environment):
+    """Runs `code` in a fresh interpreter of this environment; returns its stdout."""
+    env = dict(os.environ)
+    env.update(environment)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False
+    )
+    if result.returncode != 0:
+        raise AssertionError(f"python -c failed:\n{result.stdout}{result.stderr}")
+    return result.stdout
+
+
+class Installed(unittest.TestCase):
+    def test_the_runtime_is_the_abi3_extension_from_the_wheel(self):
+        module = pathlib.Path(kwheel._kwheel.__file__)
+        self.assertEqual(module.name, "_kwheel.abi3.so")
+        self.assertIn("site-packages", module.parts)
+        self.assertEqual(kwheel.__version__, kwheel._kwheel.__version__)
+
+    def test_the_library_opens_its_own_bundle_on_import(self):
+        import af3_kernels
+
+        for name in ("status", "is_available", "unavailable_reason", "select", "load"):
+            self.assertTrue(callable(getattr(af3_kernels, name)), name)
+        bundle = pathlib.Path(af3_kernels._registry.path)
+        self.assertEqual(bundle, pathlib.Path(af3_kernels.__file__).parent / "_prebuilt")
+        self.assertEqual(af3_kernels._registry.kernels, KERNELS)
+        self.assertEqual(af3_kernels._registry.package, "af3-kernels")
+
+
+class Open(unittest.TestCase):
+    def test_a_package_name_is_found_without_importing_the_package(self):
+        out = run_python(
+            "import sys, kwheel\n"
+            "registry = kwheel.open('af3_kernels')\n"
+            "print('af3_kernels' in sys.modules, registry.package)\n"
+        )
+        self.assertEqual(out.split(), ["False", "af3-kernels"])
+
+    def test_a_bundle_dir_and_its_parent_open_the_same_bundle(self):
+        import af3_kernels
+
+        bundle = af3_kernels._registry.path
+        self.assertEqual(kwheel.open(bundle).path, bundle)
+        self.assertEqual(kwheel.open(pathlib.Path(bundle).parent).path, bundle)
+
+    def test_a_package_without_a_bundle_is_named(self):
+        with self.assertRaises(kwheel.KwheelError) as raised:
+            kwheel.open("unittest")
+        self.assertIn("package `unittest`", str(raised.exception))
+        self.assertIn("has no `_prebuilt/index.json`", str(raised.exception))
+        with self.assertRaises(kwheel.KwheelError) as raised:
+            kwheel.open("no_such_package_anywhere")
+        self.assertIn("no package `no_such_package_anywhere`", str(raised.exception))
+        with self.assertRaises(kwheel.KwheelError) as raised:
+            kwheel.open("/nonexistent/bundle")
+        self.assertIn("no kwheel bundle at `/nonexistent/bundle`", str(raised.exception))
+
+
+class Status(unittest.TestCase):
+    @unittest.skipIf(has_driver(), "a CUDA driver is installed here")
+    def test_every_kernel_names_the_missing_driver(self):
+        import af3_kernels
+
+        status = af3_kernels.status()
+        self.assertEqual(sorted(status), KERNELS)
+        for name, text in status.items():
+            self.assertTrue(
+                text.startswith("unavailable: no CUDA driver: libcuda.so.1 not found"),
+                f"{name}: {text}",
+            )
+            self.assertFalse(af3_kernels.is_available(name))
+            self.assertEqual(af3_kernels.unavailable_reason(name), text[len("unavailable: ") :])
+
+    @unittest.skipIf(has_driver(), "a CUDA driver is installed here")
+    def test_load_without_a_driver_raises_no_gpu_error(self):
+        import af3_kernels
+
+        with self.assertRaises(kwheel.NoGpuError) as raised:
+            af3_kernels.load("swiglu")
+        self.assertTrue(str(raised.exception).startswith("no CUDA driver: libcuda.so.1"))
+        self.assertIsInstance(raised.exception, kwheel.KwheelError)
+        self.assertIsInstance(raised.exception, RuntimeError)
+
+    def test_an_unknown_kernel_lists_the_known_ones(self):
+        import af3_kernels
+
+        self.assertFalse(af3_kernels.is_available("layer_norm"))
+        reason = af3_kernels.unavailable_reason("layer_norm")
+        self.assertIn("no kernel `layer_norm` in the bundle", reason)
+        self.assertIn("`layernorm_bf16`", reason)
+        with self.assertRaises(kwheel.UnknownKernelError):
+            af3_kernels.select("layer_norm", "sm_90")
+
+
+class Select(unittest.TestCase):
+    def test_hopper_on_cuda_12_9_loads_the_nvrtc_12_9_cubin(self):
+        import af3_kernels
+
+        for name in KERNELS:
+            chosen = af3_kernels.select(name, device="sm_90", cuda="12.9", torch="2.13.0", driver="13.0")
+            self.assertEqual(str(chosen), "cu129/sm_90a", name)
+            self.assertEqual(chosen.arch, "sm_90a")
+            self.assertEqual(chosen.cuda, "cu129")
+            self.assertEqual(chosen.torch, "2.13.*")
+            self.assertEqual(len(chosen.key), 64)
+        chosen = af3_kernels.select("layernorm_bf16", "sm_90", "12.9", "2.13.0", "13.0")
+        self.assertEqual(
+            chosen.reason,
+            "sm_90a cubin for a 9.0 device, cu129, driver 13.0 ≥ 12.9, torch 2.13.0 matches 2.13.*",
+        )
+        self.assertTrue(chosen.compiler.startswith("nvrtc 12.9."), chosen.compiler)
+        self.assertEqual(chosen.entries, ["layernorm_bf16"])
+        self.assertEqual(
+            [variant for variant, _ in chosen.refusals],
+            ["cu129/sm_100a", "cu130/sm_90a", "cu130/sm_100a"],
+        )
+
+    def test_blackwell_on_cuda_13_0_loads_the_sm_100a_cubin(self):
+        import af3_kernels
+
+        for name in KERNELS:
+            if name == "wgmma_matmul_bf16":
+                continue  # Hopper only
+            chosen = af3_kernels.select(name, device="sm_100", cuda="13.0", torch="2.13.0", driver="13.0")
+            self.assertEqual(str(chosen), "cu130/sm_100a", name)
+        self.assertEqual(
+            af3_kernels.select("scale_rows", (10, 0), cuda="cu130").entries,
+            ["scale_rows<float>", "scale_rows<__nv_bfloat16>"],
+        )
+
+    def test_wgmma_has_no_blackwell_cubin(self):
+        import af3_kernels
+
+        with self.assertRaises(kwheel.NoFitError) as raised:
+            af3_kernels.select("wgmma_matmul_bf16", "sm_100", cuda="13.0")
+        refusals = dict(raised.exception.refusals)
+        self.assertEqual(
+            list(refusals), ["cu129/sm_90a", "cu130/sm_90a", "cu129/sm_100a", "cu130/sm_100a"]
+        )
+        self.assertEqual(
+            refusals["cu130/sm_90a"],
+            "sm_90a cubins run only on compute capability 9.0, this device is 10.0",
+        )
+        self.assertEqual(
+            refusals["cu130/sm_100a"], "not built: declared: the kernel targets only sm_90a"
+        )
+
+    def test_ampere_is_refused_with_every_variants_reason(self):
+        import af3_kernels
+
+        with self.assertRaises(kwheel.NoFitError) as raised:
+            af3_kernels.select("layernorm_bf16", "sm_86", cuda="12.9", torch="2.13.0", driver="13.0")
+        self.assertEqual(
+            str(raised.exception),
+            "no prebuilt variant of `layernorm_bf16` fits device sm_86 (compute 8.6), CUDA build "
+            "cu129, driver 13.0, torch 2.13.0:\n"
+            "  cu129/sm_90a: sm_90a cubins run only on compute capability 9.0, this device is 8.6\n"
+            "  cu129/sm_100a: sm_100a cubins run only on compute capability 10.0, this device is 8.6\n"
+            "  cu130/sm_90a: sm_90a cubins run only on compute capability 9.0, this device is 8.6\n"
+            "  cu130/sm_100a: sm_100a cubins run only on compute capability 10.0, this device is 8.6",
+        )
+        self.assertEqual(len(raised.exception.refusals), 4)
+        self.assertIsInstance(raised.exception, kwheel.KwheelError)
+
+    def test_torch_outside_the_pin_is_refused(self):
+        import af3_kernels
+
+        with self.assertRaises(kwheel.NoFitError) as raised:
+            af3_kernels.select("swiglu", "sm_90", cuda="12.9", torch="2.11.0+cu129", driver="13.0")
+        refusals = dict(raised.exception.refusals)
+        self.assertEqual(
+            refusals["cu129/sm_90a"],
+            "built for torch 2.13.*, the runtime has torch 2.11.0+cu129",
+        )
+
+    def test_an_old_driver_is_refused_naming_the_release_it_needs(self):
+        import af3_kernels
+
+        with self.assertRaises(kwheel.NoFitError) as raised:
+            af3_kernels.select("swiglu", "sm_90", cuda="13.0", driver="575.57")
+        self.assertIn(
+            "cu130/sm_90a: built with CUDA 13.0, which needs a driver for CUDA ≥ 13.0 "
+            "(release ≥ 580), this driver supports 12.9",
+            str(raised.exception),
+        )
+
+    def test_defaults_take_the_newest_build_the_driver_supports(self):
+        import af3_kernels
+
+        self.assertEqual(str(af3_kernels.select("swiglu", "9.0")), "cu130/sm_90a")
+        self.assertEqual(str(af3_kernels.select("swiglu", "9.0", driver="12.9")), "cu129/sm_90a")
+
+    def test_a_device_that_is_not_one_is_a_value_error(self):
+        import af3_kernels
+
+        with self.assertRaises(ValueError) as raised:
+            af3_kernels.select("swiglu", "hopper")
+        self.assertIn("`hopper` is not a device", str(raised.exception))
+        with self.assertRaises(ValueError):
+            af3_kernels.select("swiglu", "sm_90", cuda="twelve")
+
+
+class Runtime(unittest.TestCase):
+    """What the first GPU call fixes: the CUDA build, torch, the JIT policy."""
+
+    def test_an_imported_torch_gives_the_cuda_build_and_version(self):
+        fake = types.ModuleType("torch")
+        fake.__version__ = "2.11.0+cu130"
+        fake.version = types.SimpleNamespace(cuda="13.0")
+        fake.cuda = types.SimpleNamespace(is_initialized=lambda: False)
+        saved = sys.modules.get("torch")
+        sys.modules["torch"] = fake
+        try:
+            runtime = kwheel.open("af3_kernels").runtime()
+        finally:
+            if saved is None:
+                del sys.modules["torch"]
+            else:
+                sys.modules["torch"] = saved
+        self.assertEqual(runtime.cuda, "cu130")
+        self.assertEqual(runtime.torch, "2.11.0+cu130")
+        self.assertEqual(runtime.device, 0)
+
+    def test_without_torch_the_build_comes_from_the_environment(self):
+        out = run_python(
+            "import kwheel; r = kwheel.open('af3_kernels').runtime(); print(r.cuda, r.torch)",
+            KWHEEL_CUDA_BUILD="cu129",
+        )
+        self.assertEqual(out.split(), ["cu129", "None"])
+
+    def test_the_jit_fallback_follows_the_packages_variable(self):
+        code = "import af3_kernels; print(af3_kernels._registry.runtime().jit_allowed)"
+        self.assertEqual(run_python(code, AF3_KERNELS_JIT_FALLBACK="0").strip(), "False")
+        self.assertEqual(run_python(code, AF3_KERNELS_JIT_FALLBACK="1").strip(), "True")
+        self.assertFalse(kwheel.open("af3_kernels", jit=False).runtime().jit_allowed)
+
+    def test_explicit_options_win(self):
+        runtime = kwheel.open("af3_kernels", cuda="12.9", torch="2.13.1", device=0).runtime()
+        self.assertEqual((runtime.cuda, runtime.torch), ("cu129", "2.13.1"))
+
+    def test_a_bad_cuda_build_in_the_environment_is_named(self):
+        out = run_python(
+            "import kwheel\n"
+            "try:\n"
+            "    kwheel.open('af3_kernels').runtime()\n"
+            "except kwheel.KwheelError as error:\n"
+            "    print(error)\n",
+            KWHEEL_CUDA_BUILD="cuda-twelve",
+        )
+        self.assertIn("KWHEEL_CUDA_BUILD=`cuda-twelve` is not a CUDA build", out)
+
+
+if __name__ == "__main__":
+    unittest.main()
