@@ -448,6 +448,7 @@ fn release_check_passes_on_a_clean_tree_and_builds_only_what_is_missing() {
         "cubins",
         "reproducible",
         "wheel",
+        "install",
         "size",
     ] {
         assert_eq!(gate(&json, name)["status"], "pass", "{name}: {json:#}");
@@ -455,7 +456,17 @@ fn release_check_passes_on_a_clean_tree_and_builds_only_what_is_missing() {
     let gpu = &gate(&json, "gpu")["reason"];
     assert!(gpu.as_str().unwrap().starts_with("no GPU here"), "{json:#}");
     let built = json["built"].as_array().unwrap();
-    assert_eq!(built.len(), 2, "bundle and wheel were missing: {json:#}");
+    assert_eq!(
+        built.len(),
+        3,
+        "the bundle, the library wheel and the runtime wheel were missing: {json:#}"
+    );
+    let install = gate(&json, "install")["reason"].as_str().unwrap();
+    assert!(
+        install.contains("22 of 24 selections")
+            && install.contains("2 refused only by a declared skip"),
+        "{install}"
+    );
 
     // The second run verifies what is there and builds nothing.
     let (passed, json) = release_check(dir.path(), &library, &["--no-rebuild"]);
@@ -528,10 +539,9 @@ fn release_check_fails_gates_on_a_broken_tree_without_crashing() {
     // A wheel edited after building: same name, other bytes.
     let wheel = std::fs::read_dir(dir.path().join("wheels"))
         .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
+        .map(|entry| entry.unwrap().path())
+        .find(|path| path.to_string_lossy().contains("af3_kernels-"))
+        .unwrap();
     let original = std::fs::read(&wheel).unwrap();
     let mut edited = original.clone();
     let middle = edited.len() / 2;
