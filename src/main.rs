@@ -82,6 +82,10 @@ struct CheckArgs {
     /// The build cache directory [default: ${XDG_CACHE_HOME:-~/.cache}/kwheel/build].
     #[arg(long)]
     cache_dir: Option<PathBuf>,
+    /// Also publish the bundle's artifacts and the wheels to this store and verify them (a
+    /// bearer token is read from $KWHEEL_STORE_TOKEN).
+    #[arg(long)]
+    publish: Option<String>,
     /// Print the checklist as JSON.
     #[arg(long)]
     json: bool,
@@ -384,6 +388,7 @@ fn release_check(args: CheckArgs) -> Result<()> {
         no_rebuild: args.no_rebuild,
         size_budget: args.size_budget,
         tag_prefix: args.tag_prefix,
+        publish: args.publish,
         cache_dir: args
             .cache_dir
             .unwrap_or_else(bundler::cache::default_cache_dir),

@@ -472,6 +472,27 @@ fn release_check_passes_on_a_clean_tree_and_builds_only_what_is_missing() {
     let (passed, json) = release_check(dir.path(), &library, &["--no-rebuild"]);
     assert!(passed, "{json:#}");
     assert!(json["built"].as_array().unwrap().is_empty(), "{json:#}");
+    assert_eq!(gate(&json, "publish")["status"], "skip", "{json:#}");
+
+    // The optional publish gate, against the loopback store `.ci/run` starts.
+    match std::env::var("KWHEEL_TEST_STORE") {
+        Ok(store) => {
+            let store = format!("{store}/release-check-{}", std::process::id());
+            let (passed, json) =
+                release_check(dir.path(), &library, &["--no-rebuild", "--publish", &store]);
+            assert!(passed, "{json:#}");
+            let publish = gate(&json, "publish")["reason"]
+                .as_str()
+                .unwrap()
+                .to_owned();
+            // 22 cubins (some identical ones stored once) and 2 wheels, all verified.
+            assert!(publish.contains("verified by download"), "{publish}");
+        }
+        Err(_) if std::env::var("KWHEEL_REQUIRE_STORE").as_deref() == Ok("1") => {
+            panic!("KWHEEL_REQUIRE_STORE=1 but KWHEEL_TEST_STORE is not set")
+        }
+        Err(_) => eprintln!("skipped the publish gate: no KWHEEL_TEST_STORE"),
+    }
 
     // The text checklist: one line per gate with its mark.
     let output = kwheel()

@@ -17,6 +17,7 @@
 //! | `install` | the wheels install into a fresh venv and every kernel selects on simulated devices |
 //! | `gpu` | with a GPU: every kernel loads prebuilt with the JIT disabled |
 //! | `size` | the wheel is within the size budget |
+//! | `publish` | optional: the artifacts and wheels are in the store and read back intact |
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -62,6 +63,9 @@ pub struct CheckOptions {
     pub runtime_workspace: Option<PathBuf>,
     /// The Python interpreter that makes the fresh environment.
     pub python: PathBuf,
+    /// Publish the bundle's artifacts and the wheels to this store and verify them by
+    /// download (the optional `publish` gate); `None` skips it.
+    pub publish: Option<String>,
 }
 
 impl CheckOptions {
@@ -81,6 +85,7 @@ impl CheckOptions {
             toolchains: None,
             runtime_workspace: crate::runtime::source_workspace(),
             python: PathBuf::from("python3"),
+            publish: None,
         }
     }
 }
@@ -258,6 +263,19 @@ pub fn release_check(options: &CheckOptions) -> Checklist {
     match &wheel {
         Some(wheel) => check_size(&mut run, wheel, options.size_budget),
         None => run.skip("size", "no wheel to measure"),
+    }
+    match (&options.publish, &wheel) {
+        (None, _) => run.skip(
+            "publish",
+            "optional: give --publish <store URL> to publish and verify",
+        ),
+        (Some(_), None) => run.skip("publish", "no wheel to publish"),
+        (Some(store), Some(_)) if run.gates.iter().any(|g| g.status == GateStatus::Fail) => run
+            .skip(
+                "publish",
+                format!("not publishing to {store}: an earlier gate failed"),
+            ),
+        (Some(store), Some(_)) => check_publish(&mut run, options, store),
     }
     Checklist {
         gates: run.gates,
@@ -908,6 +926,42 @@ fn check_gpu(run: &mut Run, bundle: &Bundle) {
             failures.join("; "),
             "build the variants this GPU needs",
         );
+    }
+}
+
+/// Publishes the bundle's artifacts and every wheel in the wheel directory; the publisher
+/// verifies each object by downloading it again.
+fn check_publish(run: &mut Run, options: &CheckOptions, store: &str) {
+    let wheels: Vec<PathBuf> = std::fs::read_dir(&options.wheels)
+        .map(|entries| {
+            let mut wheels: Vec<PathBuf> = entries
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|e| e == "whl"))
+                .collect();
+            wheels.sort();
+            wheels
+        })
+        .unwrap_or_default();
+    let published = crate::publish::publish(&crate::publish::PublishOptions {
+        bundles: vec![options.bundle.clone()],
+        wheels,
+        ..crate::publish::PublishOptions::new(store)
+    });
+    match published {
+        Ok(report) => run.pass(
+            "publish",
+            format!(
+                "{} objects in {store} and verified by download ({} uploaded now)",
+                report.objects.len(),
+                report.uploaded()
+            ),
+        ),
+        Err(error) => run.fail(
+            "publish",
+            anyhow_chain(&error),
+            "check the store URL and $KWHEEL_STORE_TOKEN, then rerun",
+        ),
     }
 }
 
