@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use prebuilt::cubin::{inspect_cubin, validate_cubin, CubinInfo};
+use prebuilt::cubin::{inspect_cubin, validate_cubin};
 use prebuilt::index::{
     CompilerRecord, Function, Index, KernelInputs, KernelRecord, Skip, SourceRecipe, StoredFile,
     Variant, INDEX_FORMAT,
@@ -698,13 +698,15 @@ fn check_cubin(cubin: &[u8], job: &Job, kernel: &PlannedKernel) -> Result<Vec<Fu
     let info = inspect_cubin(cubin).map_err(invalid)?;
     let mut symbols = Vec::new();
     for entry in &kernel.inputs.entries {
-        let symbol = resolve_entry(entry, &info).ok_or_else(|| Error::MissingEntry {
-            kernel: kernel.name.clone(),
-            arch: job.arch,
-            build: job.build,
-            entry: entry.clone(),
-            found: info.functions.iter().map(|f| f.symbol.clone()).collect(),
-        })?;
+        let symbol = info
+            .resolve_entry(entry)
+            .ok_or_else(|| Error::MissingEntry {
+                kernel: kernel.name.clone(),
+                arch: job.arch,
+                build: job.build,
+                entry: entry.clone(),
+                found: info.functions.iter().map(|f| f.symbol.clone()).collect(),
+            })?;
         symbols.push(symbol);
     }
     let symbol_refs: Vec<&str> = symbols.iter().map(String::as_str).collect();
@@ -723,25 +725,4 @@ fn check_cubin(cubin: &[u8], job: &Job, kernel: &PlannedKernel) -> Result<Vec<Fu
             symbol,
         })
         .collect())
-}
-
-/// The cubin symbol of a declared entry: the symbol itself for `extern "C"` entries, or the
-/// mangled function whose demangled name is the name expression (`scale<float>`).
-pub fn resolve_entry(entry: &str, info: &CubinInfo) -> Option<String> {
-    if let Some(function) = info.function(entry) {
-        return Some(function.symbol.clone());
-    }
-    let wanted = normalize_name(entry);
-    info.functions.iter().find_map(|function| {
-        let symbol = cpp_demangle::Symbol::new(function.symbol.as_bytes()).ok()?;
-        let options = cpp_demangle::DemangleOptions::new()
-            .no_return_type()
-            .no_params();
-        let demangled = symbol.demangle(&options).ok()?;
-        (normalize_name(&demangled) == wanted).then(|| function.symbol.clone())
-    })
-}
-
-fn normalize_name(name: &str) -> String {
-    name.chars().filter(|c| !c.is_whitespace()).collect()
 }

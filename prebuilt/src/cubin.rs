@@ -91,6 +91,26 @@ pub struct CubinFunction {
 }
 
 impl CubinInfo {
+    /// The symbol of a declared entry: the entry itself when the cubin has it (`extern "C"`),
+    /// else the mangled entry whose demangled name is the entry (`scale_rows<float>`). The
+    /// bundler and the JIT resolve name expressions this one way, whichever compiler ran.
+    pub fn resolve_entry(&self, entry: &str) -> Option<String> {
+        if let Some(function) = self.function(entry) {
+            return Some(function.symbol.clone());
+        }
+        let without_whitespace =
+            |name: &str| -> String { name.chars().filter(|c| !c.is_whitespace()).collect() };
+        let wanted = without_whitespace(entry);
+        self.functions.iter().find_map(|function| {
+            let symbol = cpp_demangle::Symbol::new(function.symbol.as_bytes()).ok()?;
+            let options = cpp_demangle::DemangleOptions::new()
+                .no_return_type()
+                .no_params();
+            let demangled = symbol.demangle(&options).ok()?;
+            (without_whitespace(&demangled) == wanted).then(|| function.symbol.clone())
+        })
+    }
+
     /// The entry with this symbol, if the cubin has one.
     pub fn function(&self, symbol: &str) -> Option<&CubinFunction> {
         self.functions

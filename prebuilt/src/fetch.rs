@@ -1015,17 +1015,7 @@ pub fn coverage(bundle: &Bundle, query: &DeviceQuery, cache: &ArtifactCache) -> 
     report
 }
 
-/// An error and its causes on one line.
-pub fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(error) = cause {
-        text.push_str(": ");
-        text.push_str(&error.to_string());
-        cause = error.source();
-    }
-    text
-}
+pub use crate::error_chain;
 
 /// The bundle to prefetch for: a bundle directory (with `index.json`), a package directory
 /// (with `_prebuilt/index.json`), or the name of an installed package, looked up in the

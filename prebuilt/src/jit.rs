@@ -65,12 +65,12 @@ use fs4::fs_std::FileExt;
 use serde::{Deserialize, Serialize};
 
 use crate::bundle::SOURCES_DIR;
-use crate::cubin::{inspect_cubin, validate_cubin, CubinError, CubinInfo};
+use crate::cubin::{inspect_cubin, validate_cubin, CubinError};
 use crate::index::{CompilerRecord, Function, KernelRecord};
 use crate::key::{sha256_hex, KernelKey, KeyInputs};
 use crate::nvrtc::{self, NvrtcError, NvrtcLibrary};
 use crate::select::DriverVersion;
-use crate::{Arch, CudaBuild};
+use crate::{error_chain, Arch, CudaBuild};
 
 /// Overrides where the JIT cache lives.
 pub const JIT_CACHE_ENV: &str = "KWHEEL_JIT_CACHE";
@@ -1289,7 +1289,7 @@ fn compile(
             .get(entry)
             .filter(|symbol| !symbol.is_empty())
             .cloned()
-            .or_else(|| resolve_entry(entry, &info))
+            .or_else(|| info.resolve_entry(entry))
             .ok_or_else(|| JitError::MissingEntry {
                 kernel: kernel.to_owned(),
                 arch: request.arch,
@@ -1343,28 +1343,6 @@ fn verify_sources(
         }
     }
     Ok(())
-}
-
-/// The symbol of a declared entry: itself when the cubin has it (`extern "C"`), else the
-/// mangled symbol whose demangled name is the entry (`scale_rows<float>`), as the bundler
-/// resolves entries of nvcc cubins.
-fn resolve_entry(entry: &str, info: &CubinInfo) -> Option<String> {
-    if let Some(function) = info.function(entry) {
-        return Some(function.symbol.clone());
-    }
-    let wanted = without_whitespace(entry);
-    info.functions.iter().find_map(|function| {
-        let symbol = cpp_demangle::Symbol::new(function.symbol.as_bytes()).ok()?;
-        let options = cpp_demangle::DemangleOptions::new()
-            .no_return_type()
-            .no_params();
-        let demangled = symbol.demangle(&options).ok()?;
-        (without_whitespace(&demangled) == wanted).then(|| function.symbol.clone())
-    })
-}
-
-fn without_whitespace(name: &str) -> String {
-    name.chars().filter(|c| !c.is_whitespace()).collect()
 }
 
 /// A path that does not depend on the working directory, since nvcc runs in a temp dir.
@@ -1448,18 +1426,6 @@ fn describe_failure(error: &JitError) -> String {
         }
     }
     error_chain(error)
-}
-
-/// An error and its causes, on one line.
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(error) = cause {
-        text.push_str(": ");
-        text.push_str(&error.to_string());
-        cause = error.source();
-    }
-    text
 }
 
 #[cfg(test)]

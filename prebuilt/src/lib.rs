@@ -41,3 +41,19 @@ pub use jit::JitPolicy;
 pub use key::KernelKey;
 pub use registry::{Kernel, KernelArg, LoadError, Provenance, Registry, RegistryOptions, Status};
 pub use target::{Arch, CudaBuild, ParseTargetError};
+
+/// An error and every cause, on one line: `outer: inner: innermost`. A transparent wrapper
+/// whose source repeats its own message is said once.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(error) = cause {
+        let next = error.to_string();
+        if !text.ends_with(&next) {
+            text.push_str(": ");
+            text.push_str(&next);
+        }
+        cause = error.source();
+    }
+    text
+}

@@ -48,7 +48,7 @@ use crate::key::sha256_hex;
 use crate::select::{
     select_variant, Choice, DeviceQuery, DriverVersion, NoFit, Refusal, RefusalReason,
 };
-use crate::CudaBuild;
+use crate::{error_chain, CudaBuild};
 
 /// Names the runtime's CUDA build (`cu129`) when [`RegistryOptions::cuda`] does not.
 pub const CUDA_BUILD_ENV: &str = "KWHEEL_CUDA_BUILD";
@@ -417,18 +417,6 @@ fn shipped(no_fit: &NoFit) -> String {
         .map(ToString::to_string)
         .collect::<Vec<_>>()
         .join("; ")
-}
-
-/// An error and its causes, on one line, for [`Status::Unavailable`].
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(error) = cause {
-        text.push_str(": ");
-        text.push_str(&error.to_string());
-        cause = error.source();
-    }
-    text
 }
 
 /// What the process runs on, found once per registry.

@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 
 use bundler::{BuildToolchain, Manifest};
 use prebuilt::cubin::validate_cubin;
+use prebuilt::error_chain;
 use prebuilt::Bundle;
 use serde::Serialize;
 
@@ -212,7 +213,7 @@ pub fn release_check(options: &CheckOptions) -> Checklist {
         Err(error) => {
             run.fail(
                 "manifest",
-                format!("{:#}", anyhow_chain(&error)),
+                format!("{:#}", error_chain(&error)),
                 "fix the manifest",
             );
             return Checklist {
@@ -281,17 +282,6 @@ pub fn release_check(options: &CheckOptions) -> Checklist {
         gates: run.gates,
         built: run.built,
     }
-}
-
-fn anyhow_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 fn check_version(run: &mut Run, manifest: &Manifest, tag_prefix: &str) {
@@ -438,7 +428,7 @@ fn check_bundle(
                     "bundle",
                     format!(
                         "the bundle was missing and could not be built: {}",
-                        anyhow_chain(&error)
+                        error_chain(&error)
                     ),
                     "fix the build error, then run `kwheel dev bundle-kernels`",
                 );
@@ -451,7 +441,7 @@ fn check_bundle(
         Err(error) => {
             run.fail(
                 "bundle",
-                anyhow_chain(&error),
+                error_chain(&error),
                 "rebuild it with `kwheel dev bundle-kernels`",
             );
             return None;
@@ -515,7 +505,7 @@ fn check_keys(run: &mut Run, manifest: &Manifest, options: &CheckOptions, torch:
         Ok(()) => run.pass("keys", "every bundled key matches the current sources"),
         Err(error) => run.fail(
             "keys",
-            anyhow_chain(&error),
+            error_chain(&error),
             "rebuild with `kwheel dev bundle-kernels`; `kwheel dev explain <kernel> --against <bundle>` shows what changed",
         ),
     }
@@ -534,7 +524,7 @@ fn check_cubins(run: &mut Run, bundle: &Bundle) {
                 .collect();
             let checked = bundle
                 .read_artifact(name, variant)
-                .map_err(|e| anyhow_chain(&e))
+                .map_err(|e| error_chain(&e))
                 .and_then(|cubin| {
                     validate_cubin(&cubin, variant.arch, &symbols)
                         .map_err(|e| format!("`{name}` ({}): {e}", variant.label()))
@@ -607,7 +597,7 @@ fn check_reproducible(run: &mut Run, options: &CheckOptions) -> Option<PathBuf> 
             Err(error) => {
                 run.fail(
                     "reproducible",
-                    format!("the wheel does not build: {}", anyhow_chain(&error)),
+                    format!("the wheel does not build: {}", error_chain(&error)),
                     "run `kwheel dev build-wheel` to see the error",
                 );
                 return None;
@@ -690,7 +680,7 @@ fn check_wheel(run: &mut Run, wheel: &Path) {
                 .join("; "),
             "rebuild the wheel with `kwheel dev build-wheel`",
         ),
-        Err(error) => run.fail("wheel", anyhow_chain(&error), "rebuild the wheel"),
+        Err(error) => run.fail("wheel", error_chain(&error), "rebuild the wheel"),
     }
 }
 
@@ -765,7 +755,7 @@ fn runtime_wheel(run: &mut Run, options: &CheckOptions) -> Result<Option<PathBuf
         workspace,
         &options.wheels,
     ))
-    .map_err(|error| format!("the runtime wheel does not build: {}", anyhow_chain(&error)))?;
+    .map_err(|error| format!("the runtime wheel does not build: {}", error_chain(&error)))?;
     run.built.push(format!(
         "the missing runtime wheel {}",
         built.path.display()
@@ -900,7 +890,7 @@ fn check_gpu(run: &mut Run, bundle: &Bundle) {
     };
     let registry = match prebuilt::Registry::open_with(bundle.root(), options) {
         Ok(registry) => registry,
-        Err(error) => return run.fail("gpu", anyhow_chain(&error), "see the error"),
+        Err(error) => return run.fail("gpu", error_chain(&error), "see the error"),
     };
     let mut loaded = BTreeMap::new();
     let mut failures = Vec::new();
@@ -909,7 +899,7 @@ fn check_gpu(run: &mut Run, bundle: &Bundle) {
             Ok(kernel) => {
                 loaded.insert(name.clone(), kernel.provenance().to_string());
             }
-            Err(error) => failures.push(anyhow_chain(&error)),
+            Err(error) => failures.push(error_chain(&error)),
         }
     }
     if failures.is_empty() {
@@ -959,7 +949,7 @@ fn check_publish(run: &mut Run, options: &CheckOptions, store: &str) {
         ),
         Err(error) => run.fail(
             "publish",
-            anyhow_chain(&error),
+            error_chain(&error),
             "check the store URL and $KWHEEL_STORE_TOKEN, then rerun",
         ),
     }

@@ -46,21 +46,7 @@ create_exception!(
     "Launch arguments that do not match the kernel's parameters."
 );
 
-/// An error and every cause, on one line: `outer: inner: innermost`.
-pub(crate) fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(error) = cause {
-        let next = error.to_string();
-        // A transparent wrapper's source may repeat its own message; say it once.
-        if !text.ends_with(&next) {
-            text.push_str(": ");
-            text.push_str(&next);
-        }
-        cause = error.source();
-    }
-    text
-}
+pub(crate) use prebuilt::error_chain as chain;
 
 /// The Python exception for a runtime error.
 pub(crate) fn load_error(py: Python<'_>, error: &LoadError) -> PyErr {

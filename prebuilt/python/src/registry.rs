@@ -22,6 +22,36 @@ pub struct Bundle {
     inner: prebuilt::Bundle,
 }
 
+impl Bundle {
+    /// A simulated device for `select` and `fetch`: the arguments as Python gives them, with
+    /// the defaults those methods document.
+    fn simulated(
+        &self,
+        device: &Bound<'_, PyAny>,
+        cuda: Option<&str>,
+        torch: Option<String>,
+        driver: Option<&str>,
+    ) -> PyResult<DeviceQuery> {
+        let capability = parse_device(device)?;
+        let driver = driver
+            .map(|text| DriverVersion::parse(text).map_err(value_error))
+            .transpose()?;
+        let cuda = match cuda {
+            Some(text) => parse_build(text)?,
+            None => default_build(self.inner.index(), driver),
+        };
+        Ok(DeviceQuery {
+            capability,
+            driver: driver.unwrap_or(DriverVersion {
+                major: cuda.major,
+                minor: cuda.minor,
+            }),
+            cuda,
+            torch,
+        })
+    }
+}
+
 #[pymethods]
 impl Bundle {
     /// Reads the index of the bundle directory `path` (a wheel's `<package>/_prebuilt`).
@@ -84,23 +114,7 @@ impl Bundle {
         torch: Option<String>,
         driver: Option<&str>,
     ) -> PyResult<String> {
-        let capability = parse_device(device)?;
-        let driver = driver
-            .map(|text| DriverVersion::parse(text).map_err(value_error))
-            .transpose()?;
-        let cuda = match cuda {
-            Some(text) => parse_build(text)?,
-            None => default_build(self.inner.index(), driver),
-        };
-        let query = DeviceQuery {
-            capability,
-            driver: driver.unwrap_or(DriverVersion {
-                major: cuda.major,
-                minor: cuda.minor,
-            }),
-            cuda,
-            torch,
-        };
+        let query = self.simulated(device, cuda, torch, driver)?;
         let report = py
             .detach(|| {
                 prebuilt::fetch::prefetch(
@@ -134,23 +148,7 @@ impl Bundle {
         driver: Option<&str>,
     ) -> PyResult<Selection> {
         let record = self.record(py, name)?;
-        let capability = parse_device(device)?;
-        let driver = driver
-            .map(|text| DriverVersion::parse(text).map_err(value_error))
-            .transpose()?;
-        let cuda = match cuda {
-            Some(text) => parse_build(text)?,
-            None => default_build(self.inner.index(), driver),
-        };
-        let query = DeviceQuery {
-            capability,
-            driver: driver.unwrap_or(DriverVersion {
-                major: cuda.major,
-                minor: cuda.minor,
-            }),
-            cuda,
-            torch,
-        };
+        let query = self.simulated(device, cuda, torch, driver)?;
         let device = describe(&query);
         // `coverage` runs `select_variant`'s rules and keeps every refusal, chosen or not.
         let mut report = coverage(self.inner.index(), &query);
