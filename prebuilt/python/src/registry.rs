@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use prebuilt::index::Constant;
 use prebuilt::jit::CompilerSearch;
-use prebuilt::select::{coverage, DeviceQuery, DriverVersion};
+use prebuilt::select::{DeviceQuery, DriverVersion};
 use prebuilt::{CudaBuild, JitPolicy, LoadError, RegistryOptions, Status};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -150,8 +150,13 @@ impl Bundle {
         let record = self.record(py, name)?;
         let query = self.simulated(device, cuda, torch, driver)?;
         let device = describe(&query);
-        // `coverage` runs `select_variant`'s rules and keeps every refusal, chosen or not.
-        let mut report = coverage(self.inner.index(), &query);
+        // `coverage` runs `select_variant`'s rules, keeps every refusal, chosen or not, and
+        // says where the chosen cubin is: in the wheel, in the user's cache, or in the store.
+        let mut report = prebuilt::fetch::coverage(
+            &self.inner,
+            &query,
+            &prebuilt::fetch::ArtifactCache::default(),
+        );
         let Some(coverage) = report.kernels.remove(name) else {
             return Err(KwheelError::new_err(format!(
                 "selection did not report on `{name}`, a kernel of the index"
@@ -189,6 +194,9 @@ impl Bundle {
                 .map(|function| function.name.clone())
                 .collect(),
             device,
+            location: coverage
+                .location
+                .map_or_else(|| "missing".to_owned(), |location| location.to_string()),
             refusals: coverage.refusals,
         })
     }
@@ -252,6 +260,10 @@ pub struct Selection {
     /// The simulated device, CUDA build, driver and torch.
     #[pyo3(get)]
     device: String,
+    /// Where its cubin is: `local (wheel)`, `local (cache)` (fetched before), or `remote`
+    /// (fetched from the store on first load).
+    #[pyo3(get)]
+    location: String,
     /// Every other variant and skipped target, and why it does not fit: `[(variant, reason)]`.
     #[pyo3(get)]
     refusals: Vec<(String, String)>,

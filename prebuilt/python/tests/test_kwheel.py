@@ -151,6 +151,7 @@ class Select(unittest.TestCase):
         )
         self.assertTrue(chosen.compiler.startswith("nvrtc 12.9."), chosen.compiler)
         self.assertEqual(chosen.entries, ["layernorm_bf16"])
+        self.assertEqual(chosen.location, "local (wheel)")
         self.assertEqual(
             [variant for variant, _ in chosen.refusals],
             ["cu129/sm_100a", "cu130/sm_90a", "cu130/sm_100a"],
