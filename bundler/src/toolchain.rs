@@ -417,7 +417,7 @@ impl Layout {
             if layout.nvrtc.is_none() {
                 layout.nvrtc = ["lib64", "lib"]
                     .iter()
-                    .find_map(|lib| find_libnvrtc(&component.join(lib)));
+                    .find_map(|lib| nvrtc::find_libnvrtc(&component.join(lib)));
             }
             let include = component.join("include");
             if runtime_include.is_none() && include.join("cuda_runtime.h").is_file() {
@@ -438,21 +438,6 @@ impl Layout {
         }
         layout
     }
-}
-
-/// `libnvrtc.so.N` in `lib` (the soname, not the `.alt` variant or a fully versioned file).
-fn find_libnvrtc(lib: &Path) -> Option<PathBuf> {
-    let mut found: Vec<(u32, PathBuf)> = fs::read_dir(lib)
-        .ok()?
-        .filter_map(|entry| {
-            let entry = entry.ok()?;
-            let name = entry.file_name().into_string().ok()?;
-            let major = name.strip_prefix("libnvrtc.so.")?.parse().ok()?;
-            Some((major, entry.path()))
-        })
-        .collect();
-    found.sort();
-    found.pop().map(|(_, path)| path)
 }
 
 #[cfg(test)]

@@ -128,15 +128,7 @@ pub fn default_cache_dir() -> PathBuf {
 }
 
 fn cache_dir_from(env: impl Fn(&str) -> Option<OsString>) -> PathBuf {
-    let env = |name: &str| env(name).filter(|value| !value.is_empty());
-    if let Some(dir) = env(ARTIFACT_CACHE_ENV) {
-        return PathBuf::from(dir);
-    }
-    let cache = env("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| env("HOME").map(|home| PathBuf::from(home).join(".cache")))
-        .unwrap_or_else(|| std::env::temp_dir().join("kwheel-cache"));
-    cache.join("kwheel").join("artifacts")
+    crate::cache_dir_from(env, ARTIFACT_CACHE_ENV, "artifacts")
 }
 
 /// How messages name a variant: `` `layernorm_bf16` (cu130/sm_100a) ``.

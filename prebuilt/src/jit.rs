@@ -138,15 +138,7 @@ pub fn default_cache_dir() -> PathBuf {
 }
 
 fn cache_dir_from(env: impl Fn(&str) -> Option<OsString>) -> PathBuf {
-    let env = |name: &str| env(name).filter(|value| !value.is_empty());
-    if let Some(dir) = env(JIT_CACHE_ENV) {
-        return PathBuf::from(dir);
-    }
-    let cache = env("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| env("HOME").map(|home| PathBuf::from(home).join(".cache")))
-        .unwrap_or_else(|| std::env::temp_dir().join("kwheel-cache"));
-    cache.join("kwheel").join("jit")
+    crate::cache_dir_from(env, JIT_CACHE_ENV, "jit")
 }
 
 /// A compiler could not be found, could not run, or a kernel did not compile.
@@ -425,7 +417,7 @@ impl CompilerSearch {
         }
         if let Some(root) = &self.cuda_home {
             for lib in ["lib64", "lib"] {
-                if let Some(library) = find_libnvrtc(&root.join(lib)) {
+                if let Some(library) = nvrtc::find_libnvrtc(&root.join(lib)) {
                     candidates.push(nvrtc_candidate(&library, "CUDA_HOME"));
                     break;
                 }
@@ -628,21 +620,6 @@ fn soname_major(library: &Path) -> Option<u32> {
         .next()?
         .parse()
         .ok()
-}
-
-/// `libnvrtc.so.N` in `lib` (the soname, not the `.alt` variant or a fully versioned file).
-fn find_libnvrtc(lib: &Path) -> Option<PathBuf> {
-    let mut found: Vec<(u32, PathBuf)> = fs::read_dir(lib)
-        .ok()?
-        .filter_map(|entry| {
-            let entry = entry.ok()?;
-            let name = entry.file_name().into_string().ok()?;
-            let major = name.strip_prefix("libnvrtc.so.")?.parse().ok()?;
-            Some((major, entry.path()))
-        })
-        .collect();
-    found.sort();
-    found.pop().map(|(_, path)| path)
 }
 
 /// A libnvrtc at `library`, with its version from package metadata and its toolkit headers.

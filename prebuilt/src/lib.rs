@@ -57,3 +57,22 @@ pub fn error_chain(error: &dyn std::error::Error) -> String {
     }
     text
 }
+
+/// A kwheel cache directory: `$<override_var>` when set, else
+/// `${XDG_CACHE_HOME:-~/.cache}/kwheel/<leaf>`; `env` reads the environment (tests inject it).
+pub(crate) fn cache_dir_from(
+    env: impl Fn(&str) -> Option<std::ffi::OsString>,
+    override_var: &str,
+    leaf: &str,
+) -> std::path::PathBuf {
+    use std::path::PathBuf;
+    let env = |name: &str| env(name).filter(|value| !value.is_empty());
+    if let Some(dir) = env(override_var) {
+        return PathBuf::from(dir);
+    }
+    let cache = env("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| env("HOME").map(|home| PathBuf::from(home).join(".cache")))
+        .unwrap_or_else(|| std::env::temp_dir().join("kwheel-cache"));
+    cache.join("kwheel").join(leaf)
+}

@@ -513,6 +513,21 @@ fn c_string(what: &'static str, text: &str) -> Result<CString, NvrtcError> {
     })
 }
 
+/// The newest `libnvrtc.so.N` in `lib` (the soname, not the `.alt` variant or a fully versioned file).
+pub fn find_libnvrtc(lib: &Path) -> Option<PathBuf> {
+    let mut found: Vec<(u32, PathBuf)> = fs::read_dir(lib)
+        .ok()?
+        .filter_map(|entry| {
+            let entry = entry.ok()?;
+            let name = entry.file_name().into_string().ok()?;
+            let major = name.strip_prefix("libnvrtc.so.")?.parse().ok()?;
+            Some((major, entry.path()))
+        })
+        .collect();
+    found.sort();
+    found.pop().map(|(_, path)| path)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -199,35 +199,16 @@ pub fn build_library_wheel(options: &LibraryWheelOptions) -> Result<BuiltWheel, 
             torch_requirement(&torch),
         ],
     };
-    let file_count = files.len() + 3;
-    let path = write_wheel(&WheelSpec {
-        filename: filename.clone(),
-        metadata,
-        files,
-        out_dir: options.out.clone(),
-        modified: None,
-    })?;
-    let report = match verify_wheel(&path).and_then(VerifyReport::into_result) {
-        Ok(report) => report,
-        Err(error) => {
-            let _ = std::fs::remove_file(&path);
-            return Err(error);
-        }
-    };
-    let size = std::fs::metadata(&path)
-        .map_err(|source| Error::Read {
-            path: path.clone(),
-            source,
-        })?
-        .len();
-    Ok(BuiltWheel {
-        path,
-        filename,
+    write_verified_wheel(
+        WheelSpec {
+            filename,
+            metadata,
+            files,
+            out_dir: options.out.clone(),
+            modified: None,
+        },
         bundled,
-        files: file_count,
-        size,
-        report,
-    })
+    )
 }
 
 /// `torch==2.13.*` for pin `2.13.*`; a pin that starts with an operator is kept as it is.
@@ -571,6 +552,37 @@ fn summary(package_dir: &Path) -> Option<String> {
     };
     let line = line.split(quote).next().unwrap_or(line).trim();
     (!line.is_empty()).then(|| line.to_owned())
+}
+
+/// Writes a wheel, verifies it (removing it again if it fails), and describes it.
+pub(crate) fn write_verified_wheel(
+    spec: WheelSpec,
+    bundled: Option<BundleSummary>,
+) -> Result<BuiltWheel, Error> {
+    let filename = spec.filename.clone();
+    let file_count = spec.files.len() + 3;
+    let path = write_wheel(&spec)?;
+    let report = match verify_wheel(&path).and_then(VerifyReport::into_result) {
+        Ok(report) => report,
+        Err(error) => {
+            let _ = std::fs::remove_file(&path);
+            return Err(error);
+        }
+    };
+    let size = std::fs::metadata(&path)
+        .map_err(|source| Error::Read {
+            path: path.clone(),
+            source,
+        })?
+        .len();
+    Ok(BuiltWheel {
+        path,
+        filename,
+        bundled,
+        files: file_count,
+        size,
+        report,
+    })
 }
 
 #[cfg(test)]

@@ -31,9 +31,8 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use crate::library::{BuiltWheel, PLATFORM_TAG, REQUIRES_PYTHON};
-use crate::verify::{verify_wheel, VerifyReport};
-use crate::wheel::{write_wheel, Metadata, WheelFile, WheelFilename, WheelSpec, KWHEEL_VERSION};
+use crate::library::{write_verified_wheel, BuiltWheel, PLATFORM_TAG, REQUIRES_PYTHON};
+use crate::wheel::{Metadata, WheelFile, WheelFilename, WheelSpec, KWHEEL_VERSION};
 use crate::Error;
 
 /// The runtime's distribution name.
@@ -151,35 +150,16 @@ pub fn build_runtime_wheel(options: &RuntimeWheelOptions) -> Result<BuiltWheel, 
         requires_python: Some(REQUIRES_PYTHON.to_owned()),
         requires_dist: Vec::new(),
     };
-    let file_count = files.len() + 3;
-    let path = write_wheel(&WheelSpec {
-        filename: filename.clone(),
-        metadata,
-        files,
-        out_dir: options.out.clone(),
-        modified: None,
-    })?;
-    let report = match verify_wheel(&path).and_then(VerifyReport::into_result) {
-        Ok(report) => report,
-        Err(error) => {
-            let _ = std::fs::remove_file(&path);
-            return Err(error);
-        }
-    };
-    let size = std::fs::metadata(&path)
-        .map_err(|source| Error::Read {
-            path: path.clone(),
-            source,
-        })?
-        .len();
-    Ok(BuiltWheel {
-        path,
-        filename,
-        bundled: None,
-        files: file_count,
-        size,
-        report,
-    })
+    write_verified_wheel(
+        WheelSpec {
+            filename,
+            metadata,
+            files,
+            out_dir: options.out.clone(),
+            modified: None,
+        },
+        None,
+    )
 }
 
 /// Builds the Python module with `cargo zigbuild --release` for [`ZIGBUILD_TARGET`] in
