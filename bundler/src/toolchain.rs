@@ -41,6 +41,7 @@ use std::process::Command;
 use prebuilt::target::{Arch, CudaBuild};
 use serde::{Deserialize, Serialize};
 
+use prebuilt::jit::parse_nvcc_version;
 use prebuilt::nvrtc;
 
 /// The environment variable that points every build at `$KWHEEL_TOOLCHAINS/<build>`.
@@ -323,22 +324,6 @@ fn run_probe(nvcc: &Path, flag: &str) -> Result<String, ProbeFailure> {
         ));
     }
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-}
-
-/// `13.0.88` from `Cuda compilation tools, release 13.0, V13.0.88`.
-fn parse_nvcc_version(text: &str) -> Option<String> {
-    let line = text.lines().find(|line| line.contains("release "))?;
-    let exact = line
-        .split([',', ' '])
-        .filter_map(|word| word.strip_prefix('V'))
-        .find(|version| version.starts_with(|c: char| c.is_ascii_digit()));
-    match exact {
-        Some(version) => Some(version.to_owned()),
-        None => {
-            let release = line.split("release ").nth(1)?;
-            Some(release.split(',').next()?.trim().to_owned())
-        }
-    }
 }
 
 /// The SM numbers in `nvcc --list-gpu-code` output (`sm_90`, `sm_100`; `compute_*` ignored).

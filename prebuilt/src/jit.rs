@@ -769,8 +769,10 @@ fn nvcc_version(nvcc: &Path) -> Result<String, JitError> {
     parse_nvcc_version(&text).ok_or_else(|| probe(format!("no version in its output:\n{text}")))
 }
 
-/// `13.0.88` from `Cuda compilation tools, release 13.0, V13.0.88`.
-fn parse_nvcc_version(text: &str) -> Option<String> {
+/// nvcc's exact version from `nvcc --version`: `13.0.88` from
+/// `Cuda compilation tools, release 13.0, V13.0.88` (the release, `12.9`, when there is no
+/// `V` part). The bundler's toolchain discovery and the JIT's compiler search both use it.
+pub fn parse_nvcc_version(text: &str) -> Option<String> {
     let line = text.lines().find(|line| line.contains("release "))?;
     let exact = line
         .split([',', ' '])
