@@ -44,6 +44,9 @@ enum DevCommand {
     Coverage(CoverageArgs),
     /// Write the kernel library's manylinux wheel with its bundle (bundling first if needed).
     BuildWheel(BuildWheelArgs),
+    /// Write the kernel library's source distribution (PEP 625), which pip builds with kwheel's
+    /// build backend (`kwheel.build`) into a wheel that JIT-compiles on first load.
+    BuildSdist(BuildSdistArgs),
     /// Assemble shard directories into one bundle, identical to a single-machine build.
     MergeBundles(MergeArgs),
 }
@@ -55,6 +58,44 @@ enum ReleaseCommand {
     /// Upload wheels and bundle artifacts to a content-addressed HTTP store, skipping what is
     /// there, then verify by download.
     Publish(PublishArgs),
+    /// Build kwheel's own wheels (the `kwheel` command, the runtime module and the build
+    /// backend) for manylinux_2_28 from this source tree, with cargo zigbuild.
+    BuildKwheel(BuildKwheelArgs),
+}
+
+#[derive(Args)]
+struct BuildKwheelArgs {
+    /// Where the wheels go.
+    #[arg(long, default_value = "target/kwheel/wheels")]
+    out: PathBuf,
+    /// The architectures, comma-separated [default: this machine's].
+    #[arg(long, value_delimiter = ',')]
+    arch: Vec<release::RuntimeArch>,
+    /// The kwheel source tree [default: the one this binary was built from].
+    #[arg(long)]
+    workspace: Option<PathBuf>,
+    /// Cargo's target directory for the cross builds [default: <workspace>/target/kwheel/runtime].
+    #[arg(long)]
+    target_dir: Option<PathBuf>,
+    /// Pack this already built Python module instead of building it (one architecture only).
+    #[arg(long)]
+    module: Option<PathBuf>,
+    /// Pack this already built `kwheel` executable instead of building it (one architecture
+    /// only).
+    #[arg(long)]
+    command: Option<PathBuf>,
+    /// No cargo output.
+    #[arg(long)]
+    quiet: bool,
+}
+
+#[derive(Args)]
+struct BuildSdistArgs {
+    #[command(flatten)]
+    manifest: ManifestArg,
+    /// Where the sdist goes.
+    #[arg(long, default_value = "target/kwheel/sdist")]
+    out: PathBuf,
 }
 
 #[derive(Args)]
@@ -93,9 +134,10 @@ struct CheckArgs {
 
 #[derive(Subcommand)]
 enum WheelCommand {
-    /// Re-check a wheel: RECORD, tags, zip hygiene, bundle digests, manylinux audit.
+    /// Re-check a wheel: RECORD, tags, zip hygiene, bundle digests, manylinux audit; or an
+    /// sdist (`.tar.gz`): name, layout, PKG-INFO, pyproject.toml, and every kernel's sources.
     Verify {
-        /// The wheel file.
+        /// The wheel or sdist file.
         wheel: PathBuf,
     },
 }
@@ -134,10 +176,10 @@ struct BundleKernelsArgs {
     /// Parallel compile jobs [default: the number of cores].
     #[arg(long)]
     jobs: Option<usize>,
-    /// Build only these kernels (comma-separated).
+    /// Build only these kernels (comma-separated) [default: $KWHEEL_KERNELS, else all].
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
-    /// Make every skipped target an error.
+    /// Make every skipped or failed target an error (also `KWHEEL_REQUIRE=1`).
     #[arg(long)]
     require: bool,
     /// Override the manifest's torch pin (for example `2.11.*`).
@@ -242,12 +284,15 @@ struct BuildWheelArgs {
     /// Leave the kernel sources out (no JIT fallback from this wheel).
     #[arg(long)]
     no_sources: bool,
-    /// Build only the library's wheel, not the kwheel runtime wheel.
-    #[arg(long)]
+    /// Ship no cubins: the sources and an index of recipes only, so every kernel JIT-compiles
+    /// on first load (what the build backend does for an sdist or git install). Needs no
+    /// CUDA toolchain.
+    #[arg(long, conflicts_with_all = ["no_sources", "ship"])]
+    recipes_only: bool,
+    /// Accepted for older scripts: `dev build-wheel` builds only the library's wheel (kwheel's
+    /// own wheels come from `kwheel release build-kwheel`).
+    #[arg(long, hide = true)]
     no_runtime: bool,
-    /// Pack this already built Python module into the runtime wheel instead of building it.
-    #[arg(long)]
-    runtime_module: Option<PathBuf>,
     /// Ship only these variants in the wheel (`sm_90a`, `cu130:sm_100a`, comma-separated);
     /// the index lists the rest with the store they are fetched from.
     #[arg(long)]
@@ -267,12 +312,20 @@ struct BuildWheelArgs {
 }
 
 #[derive(Args)]
+#[command(group(clap::ArgGroup::new("devices").required(true).args(["device", "fleet"])))]
 struct CoverageArgs {
     /// The bundle directory.
     bundle: PathBuf,
     /// The device: `sm_90`, `sm_100`, or a compute capability such as `9.0`.
     #[arg(long)]
-    device: String,
+    device: Option<String>,
+    /// Several devices at once, comma-separated, printed as one table: known GPUs (`H100`,
+    /// `B200`, `B300`, `Thor`, `RTX-PRO-6000`, `GB10`, ...), `NAME=10.3`, or capabilities.
+    #[arg(long, value_delimiter = ',', conflicts_with = "device")]
+    fleet: Vec<String>,
+    /// Refuse PTX variants, as `<PACKAGE>_PTX_JIT=0` does at run time.
+    #[arg(long)]
+    no_ptx_jit: bool,
     /// The runtime's CUDA build: `12.9` or `cu129`.
     #[arg(long)]
     cuda: String,
@@ -299,7 +352,14 @@ impl ManifestArg {
         if local.is_file() {
             return local.to_owned();
         }
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels/kernels.toml")
+        // An installed `kwheel` (pip, cargo install) has no checkout to fall back to: then the
+        // error names the file looked for here.
+        let embedded = Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels/kernels.toml");
+        if embedded.is_file() {
+            embedded
+        } else {
+            local.to_owned()
+        }
     }
 }
 
@@ -329,6 +389,22 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Dev(DevCommand::Coverage(args)) => coverage(args),
         Command::Dev(DevCommand::BuildWheel(args)) => build_wheel(args),
+        Command::Dev(DevCommand::BuildSdist(args)) => {
+            let manifest = args.manifest.resolve();
+            let sdist = release::build_sdist(&release::SdistOptions {
+                manifest: manifest.clone(),
+                out: args.out,
+            })
+            .with_context(|| format!("build-sdist for `{}` failed", manifest.display()))?;
+            println!(
+                "{} ({} files, {} bytes), verified",
+                sdist.path.display(),
+                sdist.files.len(),
+                sdist.size
+            );
+            Ok(())
+        }
+        Command::Release(ReleaseCommand::BuildKwheel(args)) => build_kwheel(args),
         Command::Dev(DevCommand::MergeBundles(args)) => {
             let summary = bundler::merge_shards(&args.shards, &args.out, default_jobs(args.jobs))?;
             println!(
@@ -355,6 +431,14 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Fetch(args) => fetch(args),
         Command::Release(ReleaseCommand::Check(args)) => release_check(args),
+        Command::Wheel(WheelCommand::Verify { wheel })
+            if wheel.to_string_lossy().ends_with(".tar.gz") =>
+        {
+            let sdist = release::verify_sdist(&wheel)?;
+            print!("{sdist}");
+            sdist.into_result()?;
+            Ok(())
+        }
         Command::Wheel(WheelCommand::Verify { wheel }) => {
             let report = release::verify_wheel(&wheel)?;
             print!("{report}");
@@ -362,12 +446,12 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Bundle(BundleCommand::List { bundle }) => {
-            let bundle = prebuilt::Bundle::open(&bundle)?;
+            let bundle = open_bundle(&bundle)?;
             print!("{}", bundler::explain::list_bundle(bundle.index()));
             Ok(())
         }
         Command::Bundle(BundleCommand::Extract { bundle, out }) => {
-            let bundle = prebuilt::Bundle::open(&bundle)?;
+            let bundle = open_bundle(&bundle)?;
             let written = bundler::writer::extract_bundle(&bundle, &out)?;
             println!("wrote {} cubins under {}", written.len(), out.display());
             Ok(())
@@ -423,8 +507,15 @@ fn build_wheel(args: BuildWheelArgs) -> Result<()> {
             .map(str::parse::<release::ShipFilter>)
             .transpose()?,
         store: args.store,
+        recipes_only: args.recipes_only,
         ..release::LibraryWheelOptions::new(args.manifest.resolve())
     };
+    if args.no_runtime {
+        eprintln!(
+            "note: --no-runtime is no longer needed: `dev build-wheel` builds only the library's \
+             wheel (`kwheel release build-kwheel` builds kwheel's own)"
+        );
+    }
     let built = release::build_library_wheel(&options)
         .with_context(|| format!("build-wheel for `{}` failed", options.manifest.display()))?;
     println!(
@@ -433,30 +524,52 @@ fn build_wheel(args: BuildWheelArgs) -> Result<()> {
         built.files,
         built.size
     );
-    if args.no_runtime {
-        return Ok(());
-    }
-    // The kwheel runtime the library's wheel requires, built from this checkout's
-    // prebuilt/python with cargo zigbuild for glibc 2.28.
-    let Some(workspace) = release::runtime::source_workspace() else {
-        eprintln!("note: no kwheel sources here; the kwheel runtime wheel was not built");
-        return Ok(());
+    Ok(())
+}
+
+fn build_kwheel(args: BuildKwheelArgs) -> Result<()> {
+    let workspace = match args.workspace {
+        Some(workspace) => workspace,
+        None => release::runtime::source_workspace().context(
+            "no kwheel source tree here: kwheel's own wheels are built from a clone of kwheel \
+             (give it with --workspace)",
+        )?,
     };
-    let mut runtime_options = release::RuntimeWheelOptions {
-        progress: !args.quiet,
-        ..release::RuntimeWheelOptions::new(workspace, &options.out)
+    let archs = if args.arch.is_empty() {
+        vec![release::RuntimeArch::host().context(
+            "this machine is neither x86_64 nor aarch64: give --arch x86_64 or --arch aarch64",
+        )?]
+    } else {
+        args.arch
     };
-    if let Some(module) = args.runtime_module {
-        runtime_options.module = release::runtime::NativeModule::Prebuilt(module);
+    if archs.len() > 1 && (args.module.is_some() || args.command.is_some()) {
+        anyhow::bail!("--module and --command are built for one architecture: give one --arch");
     }
-    let runtime = release::build_runtime_wheel(&runtime_options)
-        .context("building the kwheel runtime wheel failed")?;
-    println!(
-        "{} ({} files, {} bytes), verified",
-        runtime.path.display(),
-        runtime.files,
-        runtime.size
-    );
+    for arch in archs {
+        let options = release::RuntimeWheelOptions {
+            arch,
+            module: match &args.module {
+                Some(module) => release::NativeModule::Prebuilt(module.clone()),
+                None => release::NativeModule::Build {
+                    target_dir: args.target_dir.clone(),
+                },
+            },
+            command: match &args.command {
+                Some(command) => release::NativeCommand::Prebuilt(command.clone()),
+                None => release::NativeCommand::Build,
+            },
+            progress: !args.quiet,
+            ..release::RuntimeWheelOptions::new(&workspace, &args.out)
+        };
+        let built = release::build_runtime_wheel(&options)
+            .with_context(|| format!("building kwheel's {arch} wheel failed"))?;
+        println!(
+            "{} ({} files, {} bytes), verified",
+            built.path.display(),
+            built.files,
+            built.size
+        );
+    }
     Ok(())
 }
 
@@ -469,8 +582,12 @@ fn bundle_kernels(args: BundleKernelsArgs) -> Result<()> {
             .cache_dir
             .unwrap_or_else(bundler::cache::default_cache_dir),
         jobs,
-        only: args.only,
-        require: args.require,
+        only: if args.only.is_empty() {
+            kernels_from_env(std::env::var("KWHEEL_KERNELS").ok().as_deref())
+        } else {
+            args.only
+        },
+        require: args.require || std::env::var_os("KWHEEL_REQUIRE").is_some_and(|v| v == "1"),
         torch: args.torch,
         progress: !args.quiet,
         toolchains: None,
@@ -494,22 +611,32 @@ fn bundle_kernels(args: BundleKernelsArgs) -> Result<()> {
         .values()
         .map(|k| k.variants.len())
         .sum();
-    let skipped: usize = summary
-        .index
-        .kernels
-        .values()
-        .map(|k| k.skipped.len())
-        .sum();
+    for (kernel, build, arch, _) in &summary.failed {
+        eprintln!("warning: `{kernel}` failed for {arch} ({build}); recorded as unavailable");
+    }
     println!(
-        "{} kernels, {variants} variants ({} compiled, {} from cache), {skipped} skipped; bundle {} {} in {:.2}s",
+        "{} kernels, {variants} variants: {} built, {} from cache, {} skipped, {} failed; bundle {} {} in {:.2}s",
         summary.index.kernels.len(),
         summary.compiled.len(),
         summary.cached,
+        summary.skipped,
+        summary.failed.len(),
         summary.out.display(),
         written(summary.written),
         summary.elapsed.as_secs_f64(),
     );
     Ok(())
+}
+
+/// `KWHEEL_KERNELS=a,b` as `--only a,b`.
+fn kernels_from_env(value: Option<&str>) -> Vec<String> {
+    value
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|name| !name.is_empty())
+        .map(str::to_owned)
+        .collect()
 }
 
 fn device_query(
@@ -540,14 +667,131 @@ fn device_query(
 }
 
 fn coverage(args: CoverageArgs) -> Result<()> {
-    let query = device_query(&args.device, &args.cuda, args.driver.as_deref(), args.torch)?;
-    let bundle = prebuilt::Bundle::open(&args.bundle)?;
+    use prebuilt::select::{fleet_coverage, ptx_jit_variable, FleetDevice};
+    let bundle = open_bundle(&args.bundle)?;
+    let ptx_forbidden_by = args.no_ptx_jit.then(|| {
+        let variable = ptx_jit_variable(&bundle.index().package);
+        format!("--no-ptx-jit (as {variable}=0)")
+    });
+    if !args.fleet.is_empty() {
+        let fleet = args
+            .fleet
+            .iter()
+            .map(|text| FleetDevice::parse(text))
+            .collect::<Result<Vec<_>, _>>()?;
+        // Each device's capability replaces this one's.
+        let query = device_query("9.0", &args.cuda, args.driver.as_deref(), args.torch)?;
+        refuse_unbuilt_cuda(&bundle, &query)?;
+        let report = fleet_coverage(bundle.index(), &fleet, &query, ptx_forbidden_by.as_deref());
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        } else {
+            print!("{report}");
+        }
+        return Ok(());
+    }
+    let device = args.device.as_deref().unwrap_or_default();
+    let query = device_query(device, &args.cuda, args.driver.as_deref(), args.torch)?;
+    refuse_unbuilt_cuda(&bundle, &query)?;
     let cache = prebuilt::fetch::ArtifactCache::default();
-    let report = prebuilt::fetch::coverage(&bundle, &query, &cache);
+    let mut report = prebuilt::fetch::coverage(&bundle, &query, &cache);
+    if let Some(by) = &ptx_forbidden_by {
+        let locations = report.kernels.clone();
+        report = prebuilt::select::coverage_with(bundle.index(), &query, Some(by));
+        for (name, kernel) in &mut report.kernels {
+            if kernel.loads == locations[name].loads {
+                kernel.location = locations[name].location;
+            }
+        }
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print!("{report}");
+    }
+    jit_note(&bundle, &report)
+}
+
+/// Opens a bundle directory; when it is not one, says where the bundle probably is.
+fn open_bundle(path: &Path) -> Result<prebuilt::Bundle> {
+    prebuilt::Bundle::open(path).map_err(|error| {
+        let nested = path.join("_prebuilt");
+        let hint = if nested.join("index.json").is_file() {
+            format!(
+                "`{}` holds a bundle in `_prebuilt/`: give `{}`",
+                path.display(),
+                nested.display()
+            )
+        } else {
+            "a bundle is the directory with `index.json` that `kwheel dev bundle-kernels` \
+             writes (default `target/kwheel/_prebuilt`), or a wheel's `<package>/_prebuilt`"
+                .to_owned()
+        };
+        anyhow::Error::new(error).context(format!("`{}` is not a bundle; {hint}", path.display()))
+    })
+}
+
+/// Refuses a runtime CUDA build that no variant or target of the bundle was built for: every
+/// kernel would be refused for the same reason, which the table would hide.
+fn refuse_unbuilt_cuda(
+    bundle: &prebuilt::Bundle,
+    query: &prebuilt::select::DeviceQuery,
+) -> Result<()> {
+    let mut builds: Vec<prebuilt::CudaBuild> = bundle
+        .index()
+        .kernels
+        .values()
+        .flat_map(|record| {
+            let variants = record.variants.iter().map(|variant| variant.cuda);
+            variants.chain(record.skipped.iter().map(|skip| skip.cuda))
+        })
+        .collect();
+    builds.sort();
+    builds.dedup();
+    if builds.is_empty() || builds.contains(&query.cuda) {
+        return Ok(());
+    }
+    let list: Vec<String> = builds.iter().map(ToString::to_string).collect();
+    anyhow::bail!(
+        "the bundle was built for CUDA builds {} only; the runtime's CUDA build {} is none of \
+         them, so no cubin of it loads there (give --cuda with one of those, or bundle for {} \
+         with `cuda-builds` in the manifest)",
+        list.join(", "),
+        query.cuda,
+        query.cuda
+    )
+}
+
+/// After a coverage table: what happens to kernels that load no prebuilt cubin (the JIT
+/// fallback compiles them from the shipped sources, if the bundle has them), and an error
+/// when no kernel loads at all.
+fn jit_note(bundle: &prebuilt::Bundle, report: &prebuilt::select::CoverageReport) -> Result<()> {
+    let none: Vec<&String> = report
+        .kernels
+        .iter()
+        .filter(|(_, kernel)| kernel.loads.is_none())
+        .map(|(name, _)| name)
+        .collect();
+    if none.is_empty() {
+        return Ok(());
+    }
+    let sources = bundle.root().join(prebuilt::bundle::SOURCES_DIR).is_dir();
+    let variable = prebuilt::jit::fallback_variable(&bundle.index().package);
+    let fallback = if sources {
+        format!(
+            "load() would JIT-compile them from the shipped sources on first use (unless \
+             {variable}=0)"
+        )
+    } else {
+        "the bundle ships no sources, so they cannot load here".to_owned()
+    };
+    eprintln!(
+        "{} of {} kernels load no prebuilt cubin on this device: {fallback}",
+        none.len(),
+        report.kernels.len()
+    );
+    if none.len() == report.kernels.len() {
+        anyhow::bail!("no kernel of the bundle has a prebuilt cubin for this device");
     }
     Ok(())
 }

@@ -36,8 +36,19 @@ fn have_toolchains() -> bool {
             stderr(&output)
         );
     }
-    eprintln!("skipped: no toolchains ({})", stdout(&output).trim());
+    skipped(&format!("no toolchains ({})", stdout(&output).trim()));
     false
+}
+
+/// Says that the running test passes without testing: `SKIPPED: <test>: <reason>`, written
+/// to stderr past the test harness's capture, so that `ci/test` lists it in its summary.
+fn skipped(reason: &str) {
+    use std::io::Write as _;
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("(unnamed test)")
+        .to_owned();
+    let _ = writeln!(std::io::stderr(), "SKIPPED: {test}: {reason}");
 }
 
 /// The shell commands of the README's "Set up" section, in order.
@@ -102,11 +113,38 @@ fn readme_main_command_bundles_the_embedded_library() {
     let index = bundle.index();
     assert!(index.kernels.len() >= 6);
     for (name, record) in &index.kernels {
-        assert_eq!(record.variants.len() + record.skipped.len(), 4, "{name}");
+        // sm_90a, sm_100a, sm_100f, compute_90 × cu129, cu130.
+        assert_eq!(record.variants.len() + record.skipped.len(), 8, "{name}");
         for variant in &record.variants {
             bundle.read_artifact(name, variant).unwrap();
         }
     }
+}
+
+#[test]
+fn readme_test_command_runs_in_its_quick_mode() {
+    // Under `ci/test` itself (quick or not) this would run `ci/test` from inside `ci/test`.
+    if std::env::var_os("KWHEEL_CI_QUICK").is_some() || !have_toolchains() {
+        return;
+    }
+    let command = &readme_commands()[1];
+    assert!(command.contains("ci/test"), "{command}");
+    let output = Command::new("bash")
+        .arg("-c")
+        .arg(command)
+        .env("KWHEEL_CI_QUICK", "1")
+        .env("KWHEEL_BIN", env!("CARGO_BIN_EXE_kwheel"))
+        .current_dir(workspace())
+        .output()
+        .unwrap();
+    let text = format!("{}{}", stdout(&output), stderr(&output));
+    assert!(output.status.success(), "{command}\n{text}");
+    assert!(text.contains("ci/setup: toolchains ready"), "{text}");
+    // `kwheel toolchains` found both builds that ci/setup installed.
+    for build in ["cu129  ", "cu130  "] {
+        assert!(text.lines().any(|line| line.starts_with(build)), "{text}");
+    }
+    assert!(text.contains("ci/test: quick subset passed"), "{text}");
 }
 
 #[test]
@@ -172,7 +210,7 @@ fn list_extract_and_explain_work_on_a_bundle() {
     let dir = tempfile::tempdir().unwrap();
     let output = build_into(dir.path(), &[]);
     assert!(output.status.success(), "{}", stderr(&output));
-    assert!(stdout(&output).contains("compiled"), "{}", stdout(&output));
+    assert!(stdout(&output).contains(" built, "), "{}", stdout(&output));
 
     let output = kwheel()
         .args(["bundle", "list"])
@@ -185,7 +223,8 @@ fn list_extract_and_explain_work_on_a_bundle() {
         .lines()
         .map(|line| line.split_whitespace().collect::<Vec<_>>().join(" "))
         .collect();
-    assert_eq!(rows.len(), 1 + 22 + 2, "{text}");
+    // 6 kernels × 4 targets × 2 builds, wgmma's 2 sm_90a variants, its 6 declared skips.
+    assert_eq!(rows.len(), 1 + 50 + 6, "{text}");
     assert!(
         rows.iter()
             .any(|r| r.starts_with("layernorm_bf16 cu129 sm_90a nvrtc 12.9.")),
@@ -212,6 +251,9 @@ fn list_extract_and_explain_work_on_a_bundle() {
     assert!(!extracted
         .join("wgmma_matmul_bf16/cu130/sm_100a.cubin")
         .exists());
+    let ptx = std::fs::read(extracted.join("swiglu/cu130/compute_90.ptx")).unwrap();
+    let info = prebuilt::cubin::inspect_cubin(&ptx).unwrap();
+    assert_eq!((info.sm, info.kind), (90, Some(prebuilt::ArchKind::Ptx)));
 
     // What would load on a B200 with CUDA 13.0, as a table and as JSON.
     let output = kwheel()
@@ -243,6 +285,63 @@ fn list_extract_and_explain_work_on_a_bundle() {
         "{text}"
     );
     assert!(text.contains("not built: declared"), "{text}");
+    // A fleet in one table: B300 takes the family cubin, Thor and a future GPU the PTX.
+    let output = kwheel()
+        .args(["dev", "coverage"])
+        .arg(dir.path().join("bundle"))
+        .args([
+            "--fleet",
+            "H200,B200,B300,Thor,GB10,next=13.0",
+            "--cuda",
+            "13.0",
+        ])
+        .output()
+        .unwrap();
+    let text = stdout(&output);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let row = |kernel: &str| {
+        text.lines()
+            .find(|line| line.starts_with(kernel))
+            .map(|line| line.split_whitespace().collect::<Vec<_>>().join(" "))
+    };
+    assert!(
+        text.contains("H200 (9.0)  B200 (10.0)  B300 (10.3)  Thor (11.0)  GB10 (12.1)"),
+        "{text}"
+    );
+    assert_eq!(
+        row("swiglu").as_deref(),
+        Some("swiglu sm_90a sm_100a sm_100f compute_90 compute_90 compute_90"),
+        "{text}"
+    );
+    assert_eq!(
+        row("wgmma_matmul_bf16").as_deref(),
+        Some("wgmma_matmul_bf16 sm_90a none none none none none"),
+        "{text}"
+    );
+    let output = kwheel()
+        .args(["dev", "coverage"])
+        .arg(dir.path().join("bundle"))
+        .args([
+            "--fleet",
+            "Thor",
+            "--cuda",
+            "13.0",
+            "--no-ptx-jit",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", stderr(&output));
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let thor = &json["devices"][0]["report"]["kernels"]["swiglu"];
+    assert!(thor["loads"].is_null(), "{json}");
+    assert!(
+        thor["refusals"]
+            .to_string()
+            .contains("AF3_KERNELS_PTX_JIT=0"),
+        "{json}"
+    );
+
     let output = kwheel()
         .args(["dev", "coverage"])
         .arg(dir.path().join("bundle"))
@@ -251,7 +350,7 @@ fn list_extract_and_explain_work_on_a_bundle() {
         .unwrap();
     let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
     let kernels = json["kernels"].as_object().unwrap();
-    assert_eq!(kernels.len(), 6);
+    assert_eq!(kernels.len(), 7);
     assert!(kernels.values().all(|k| k["loads"].is_null()), "{json}");
 
     let output = kwheel()
@@ -266,6 +365,186 @@ fn list_extract_and_explain_work_on_a_bundle() {
     assert!(text.contains("BLOCK_SIZE=256"), "{text}");
     assert!(text.contains("cu130/sm_90a  nvcc 13.0."), "{text}");
     assert!(text.contains("unchanged since the index"), "{text}");
+}
+
+#[test]
+fn coverage_says_what_would_jit_and_refuses_a_cuda_build_the_bundle_lacks() {
+    if !have_toolchains() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = dir.path().join("target/kwheel/_prebuilt");
+    let output = kwheel()
+        .args([
+            "dev",
+            "bundle-kernels",
+            "--quiet",
+            "--only",
+            "swiglu",
+            "--out",
+        ])
+        .arg(&bundle)
+        .arg("--cache-dir")
+        .arg(dir.path().join("cache"))
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", stderr(&output));
+
+    // Ampere: nothing loads; it says what load() does instead, and fails.
+    let output = kwheel()
+        .args(["dev", "coverage"])
+        .arg(&bundle)
+        .args(["--device", "8.6", "--cuda", "12.9"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    assert_eq!(
+        stderr(&output),
+        "1 of 1 kernels load no prebuilt cubin on this device: load() would JIT-compile them \
+         from the shipped sources on first use (unless AF3_KERNELS_JIT_FALLBACK=0)\n\
+         error: no kernel of the bundle has a prebuilt cubin for this device\n"
+    );
+    // Hopper on 12.9 loads: success, no note.
+    let output = kwheel()
+        .args(["dev", "coverage"])
+        .arg(&bundle)
+        .args(["--device", "sm_90", "--cuda", "12.9"])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert_eq!(stderr(&output), "");
+
+    // A CUDA build the bundle was not built for is refused, not tabulated.
+    let output = kwheel()
+        .args(["dev", "coverage"])
+        .arg(&bundle)
+        .args(["--device", "sm_90", "--cuda", "12.8"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    assert!(
+        stderr(&output).starts_with(
+            "error: the bundle was built for CUDA builds cu129, cu130 only; the runtime's CUDA \
+             build cu128 is none of them"
+        ),
+        "{}",
+        stderr(&output)
+    );
+    assert_eq!(stdout(&output), "");
+
+    // A bundle's parent directory: the hint names the bundle.
+    let output = kwheel()
+        .args(["bundle", "list"])
+        .arg(dir.path().join("target/kwheel"))
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let text = stderr(&output);
+    assert!(
+        text.starts_with(&format!(
+            "error: `{}` is not a bundle; `{0}` holds a bundle in `_prebuilt/`: give `{}`",
+            dir.path().join("target/kwheel").display(),
+            bundle.display()
+        )),
+        "{text}"
+    );
+    let output = kwheel()
+        .args(["bundle", "list"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let text = stderr(&output);
+    assert!(
+        text.contains(
+            "a bundle is the directory with `index.json` that `kwheel dev bundle-kernels` writes"
+        ),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_cuda_build_ci_setup_does_not_install_says_how_to_get_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let library = copy_library(dir.path());
+    let manifest = library.join("kernels.toml");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    let text = text.replace(
+        "cuda-builds = [\"cu129\", \"cu130\"]",
+        "cuda-builds = [\"cu131\"]",
+    );
+    assert!(text.contains("\"cu131\""));
+    std::fs::write(&manifest, text).unwrap();
+    let output = kwheel()
+        .args(["toolchains", "--manifest"])
+        .arg(&manifest)
+        .env_remove("KWHEEL_CUDA_CU131")
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let line = stdout(&output);
+    assert!(
+        line.starts_with("cu131  missing: no CUDA 13.1 toolchain (cu131) at ")
+            && line.contains(
+                ": `ci/setup` installs only cu129 and cu130; install CUDA 13.1's NVIDIA pip \
+                 wheels"
+            )
+            && line.contains("or set KWHEEL_CUDA_CU131 to a CUDA 13.1 toolkit"),
+        "{line}"
+    );
+}
+
+#[test]
+fn a_library_builds_from_its_sdist_recipe_and_the_sdist_verifies() {
+    let dir = tempfile::tempdir().unwrap();
+    let library = copy_library(dir.path());
+    let output = kwheel()
+        .args(["dev", "build-sdist", "--manifest"])
+        .arg(library.join("kernels.toml"))
+        .arg("--out")
+        .arg(dir.path().join("sdist"))
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", stderr(&output));
+    let sdist = dir.path().join("sdist/af3_kernels-0.1.0.tar.gz");
+    assert!(stdout(&output).starts_with(&format!("{} (", sdist.display())));
+    let output = kwheel()
+        .args(["wheel", "verify"])
+        .arg(&sdist)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(stdout(&output).ends_with("ok\n"), "{}", stdout(&output));
+
+    // The wheel the build backend builds from it: no toolchain, no cubin.
+    let output = kwheel()
+        .args([
+            "dev",
+            "build-wheel",
+            "--recipes-only",
+            "--quiet",
+            "--manifest",
+        ])
+        .arg(library.join("kernels.toml"))
+        .arg("--out")
+        .arg(dir.path().join("wheels"))
+        .env("KWHEEL_TOOLCHAINS", dir.path().join("no-toolchains"))
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", stderr(&output));
+    let wheel = dir
+        .path()
+        .join("wheels/af3_kernels-0.1.0-py3-none-manylinux_2_28_x86_64.manylinux_2_28_aarch64.whl");
+    let output = kwheel()
+        .args(["wheel", "verify"])
+        .arg(&wheel)
+        .output()
+        .unwrap();
+    let text = stdout(&output);
+    assert!(output.status.success(), "{text}");
+    assert!(
+        text.contains("0 variants verified, sources shipped"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -463,7 +742,7 @@ fn release_check_passes_on_a_clean_tree_and_builds_only_what_is_missing() {
     );
     let install = gate(&json, "install")["reason"].as_str().unwrap();
     assert!(
-        install.contains("22 of 24 selections")
+        install.contains("26 of 28 selections")
             && install.contains("2 refused only by a declared skip"),
         "{install}"
     );
@@ -485,13 +764,13 @@ fn release_check_passes_on_a_clean_tree_and_builds_only_what_is_missing() {
                 .as_str()
                 .unwrap()
                 .to_owned();
-            // 22 cubins (some identical ones stored once) and 2 wheels, all verified.
+            // 26 cubins (some identical ones stored once) and 2 wheels, all verified.
             assert!(publish.contains("verified by download"), "{publish}");
         }
         Err(_) if std::env::var("KWHEEL_REQUIRE_STORE").as_deref() == Ok("1") => {
             panic!("KWHEEL_REQUIRE_STORE=1 but KWHEEL_TEST_STORE is not set")
         }
-        Err(_) => eprintln!("skipped the publish gate: no KWHEEL_TEST_STORE"),
+        Err(_) => skipped("the publish gate: no KWHEEL_TEST_STORE"),
     }
 
     // The text checklist: one line per gate with its mark.

@@ -548,6 +548,8 @@ fn cutlass_keys(
         files: graph.files().clone(),
         defines: BTreeMap::new(),
         flags: vec!["--expt-relaxed-constexpr".to_owned()],
+        nvcc_flags: Vec::new(),
+        nvrtc_flags: Vec::new(),
         cxx_std: "c++17".to_owned(),
     };
     let archs: [Arch; 2] = ["sm_90a".parse().unwrap(), "sm_100a".parse().unwrap()];

@@ -7,9 +7,15 @@
 //!                                             └─no─► compile ─► validate ─┘   (atomic swap)
 //! ```
 //!
-//! Compile jobs run on `jobs` threads. A target a toolchain cannot build, or that a kernel
-//! narrows away with `arch = [...]`, is a skip recorded in the index; `require` turns every
-//! skip into an error.
+//! Compile jobs run on `jobs` threads and every target is attempted. A target a toolchain
+//! cannot build, that a kernel narrows away with `arch = [...]` or `cuda-builds = [...]`, or
+//! whose compile or validation fails, is a skip recorded in the index with its reason (a failure
+//! with the compiler's log); `require` turns every skip into an error. A kernel left with no
+//! variant at all fails the build.
+//!
+//! Which compiler builds a target: the build's nvcc where it has one; otherwise NVRTC, or, for
+//! a kernel whose include graph reaches a system header (or that says `compiler = "nvcc"`),
+//! the newer toolkit's nvcc and this build's `ptxas` ([`crate::compiler::NvccPtxas`]).
 //!
 //! [`bundle_kernels_shared`] also takes a [`SharedBuild`]: a remote cache asked after the
 //! local one and told about every compile ([`crate::remote`]), and a shard, which builds one
@@ -30,12 +36,12 @@ use prebuilt::key::{sha256_hex, KeyInputs};
 use prebuilt::{Arch, CudaBuild, KernelKey};
 
 use crate::cache::BuildCache;
-use crate::compiler::{compiler_for, CompileRequest, Compiler};
+use crate::compiler::{compiler_for, CompileRequest, Compiler, NvccPtxas};
 use crate::include::{scan_includes, IncludeGraph, ScanRoots};
-use crate::manifest::{KernelSpec, Manifest};
+use crate::manifest::{CompilerChoice, KernelSpec, Manifest};
 use crate::remote::{RemoteCache, RemoteStats};
 use crate::shard::{write_shard, PlannedJob, Shard, SharedBuild};
-use crate::toolchain::{discover, CompilerId};
+use crate::toolchain::{discover, front_end_for, CompilerId};
 use crate::writer::{write_bundle, WriteOutcome};
 use crate::Error;
 
@@ -51,6 +57,9 @@ pub struct BuildToolchain {
     /// The toolkit's own include directories (headers there are not part of the key: the
     /// compiler's exact version stands for them).
     pub include_dirs: Vec<PathBuf>,
+    /// For a build without nvcc of its own: the newer toolkit's nvcc with this build's `ptxas`,
+    /// for kernels NVRTC cannot compile (see [`NvccPtxas`]). `None` where there is none.
+    pub nvcc_route: Option<Arc<dyn Compiler>>,
 }
 
 impl BuildToolchain {
@@ -58,16 +67,49 @@ impl BuildToolchain {
     pub fn discover(build: CudaBuild) -> Result<BuildToolchain, Error> {
         let toolchain = discover(build)?;
         let compiler = compiler_for(&toolchain).map_err(Box::new)?;
+        let nvcc_route = match (&toolchain.nvcc, &toolchain.ptxas) {
+            (None, Some(_)) => front_end_for(build)
+                .and_then(|front_end| NvccPtxas::new(&toolchain, &front_end).ok())
+                .map(|route| Arc::new(route) as Arc<dyn Compiler>),
+            _ => None,
+        };
         Ok(BuildToolchain {
             build,
             compiler: Arc::from(compiler),
             supported_sms: toolchain.supported_archs.clone(),
             include_dirs: toolchain.include_dirs.clone(),
+            nvcc_route,
         })
     }
 
-    fn record(&self) -> CompilerRecord {
-        compiler_record(self.compiler.id())
+    /// The compiler this build uses for `kernel`: its nvcc or NVRTC, or for a kernel NVRTC
+    /// cannot compile (it reaches system headers, or asks for nvcc) the nvcc route, when the
+    /// build has one.
+    pub fn compiler_for_kernel(
+        &self,
+        manifest: &Manifest,
+        spec: &KernelSpec,
+        kernel: &PlannedKernel,
+    ) -> &Arc<dyn Compiler> {
+        let wants_nvcc = match manifest.compiler_of(spec) {
+            CompilerChoice::Nvrtc => false,
+            CompilerChoice::Nvcc => true,
+            CompilerChoice::Auto => !kernel.system_headers.is_empty(),
+        };
+        match &self.nvcc_route {
+            Some(route) if wants_nvcc => route,
+            _ => &self.compiler,
+        }
+    }
+
+    /// The record (and key input) of the compiler that builds `kernel` with this build.
+    pub fn record_for(
+        &self,
+        manifest: &Manifest,
+        spec: &KernelSpec,
+        kernel: &PlannedKernel,
+    ) -> CompilerRecord {
+        self.compiler_for_kernel(manifest, spec, kernel).record()
     }
 }
 
@@ -111,6 +153,11 @@ pub struct BundleSummary {
     pub index: Index,
     /// Variants compiled in this run, as (kernel, build, arch).
     pub compiled: Vec<(String, CudaBuild, Arch)>,
+    /// Targets skipped as declared or unbuildable with the toolchains at hand (not failures).
+    pub skipped: usize,
+    /// Targets whose compile or validation failed, as (kernel, build, arch, error with the
+    /// compiler's log); each is also a skip in the index.
+    pub failed: Vec<(String, CudaBuild, Arch, String)>,
     /// Variants served by the build cache (local or remote).
     pub cached: usize,
     /// Of those, variants the remote cache served.
@@ -136,13 +183,16 @@ pub struct PlannedKernel {
     pub inputs: KernelInputs,
     /// How to compile it from shipped sources.
     pub recipe: Option<SourceRecipe>,
+    /// Angle includes found neither in the kernel's include dirs nor in a toolkit's: system
+    /// headers (`cstdio`), which NVRTC does not have.
+    pub system_headers: Vec<String>,
 }
 
 enum Work {
     Compile {
         source: PathBuf,
         include_dirs: Vec<PathBuf>,
-        toolchain: BuildToolchain,
+        compiler: Arc<dyn Compiler>,
     },
     Precompiled {
         path: PathBuf,
@@ -178,12 +228,16 @@ pub fn plan_kernel(
         files: BTreeMap::new(),
         defines: manifest.defines_of(spec),
         flags: manifest.flags_of(spec),
+        nvcc_flags: manifest.nvcc_flags_of(spec),
+        nvrtc_flags: manifest.nvrtc_flags_of(spec),
         cxx_std: manifest.cxx_std_of(spec),
     };
     if !spec.cubins.is_empty() {
         // Precompiled cubins are keyed by their content; compile settings do not apply.
         inputs.defines.clear();
         inputs.flags.clear();
+        inputs.nvcc_flags.clear();
+        inputs.nvrtc_flags.clear();
         inputs.cxx_std.clear();
         for cubin in &spec.cubins {
             let path = manifest.root.join(&cubin.path);
@@ -195,13 +249,20 @@ pub fn plan_kernel(
             graph: None,
             inputs,
             recipe: None,
+            system_headers: Vec::new(),
         });
     }
     let source = manifest.root.join(&spec.sources[0]);
+    // Toolkit headers, then the host compiler's: followed for library files they reach, but
+    // not hashed themselves (the compiler record names the toolkit and the host compiler).
     let roots = ScanRoots {
         root: manifest.root.clone(),
         include_dirs: include_dirs.clone(),
-        external_dirs: external_dirs.to_vec(),
+        external_dirs: external_dirs
+            .iter()
+            .cloned()
+            .chain(crate::toolchain::host_include_dirs())
+            .collect(),
     };
     let graph =
         scan_includes(std::slice::from_ref(&source), &roots).map_err(|source| Error::Scan {
@@ -209,6 +270,17 @@ pub fn plan_kernel(
             source,
         })?;
     inputs.files = graph.files().clone();
+    let system_headers = graph
+        .externals()
+        .iter()
+        .filter(|name| {
+            !include_dirs
+                .iter()
+                .chain(external_dirs)
+                .any(|dir| dir.join(name.as_str()).is_file())
+        })
+        .cloned()
+        .collect();
     let stable_dirs = include_dirs
         .iter()
         .enumerate()
@@ -222,6 +294,7 @@ pub fn plan_kernel(
             source: spec.sources[0].clone(),
             include_dirs: stable_dirs,
         }),
+        system_headers,
     })
 }
 
@@ -248,6 +321,7 @@ pub fn bundle_kernels_shared(
     shared: &SharedBuild,
 ) -> Result<BundleSummary, Error> {
     let started = Instant::now();
+    crate::writer::check_output(&options.out, shared.shard.is_some())?;
     let manifest = Manifest::load(&options.manifest)?;
     let torch = options
         .torch
@@ -289,6 +363,7 @@ pub fn bundle_kernels_shared(
     }
 
     let mut jobs = Vec::new();
+    let mut skipped_count = 0;
     let mut skipped: BTreeMap<usize, Vec<Skip>> = BTreeMap::new();
     for (index, kernel) in kernels.iter().enumerate() {
         let spec = &manifest.kernels[&kernel.name];
@@ -306,6 +381,7 @@ pub fn bundle_kernels_shared(
                 ) {
                     Ok(job) => jobs.push(job),
                     Err(reason) => {
+                        skipped_count += 1;
                         if options.require {
                             return Err(Error::Skipped {
                                 kernel: kernel.name.clone(),
@@ -347,7 +423,24 @@ pub fn bundle_kernels_shared(
             .collect();
         jobs.retain(|job| owned.contains(&job.key));
     }
-    let results = run_jobs(&jobs, &kernels, &manifest, &cache, options)?;
+    let results = run_jobs(&jobs, &kernels, &cache, options)?;
+    let mut failed = Vec::new();
+    for (job, result) in jobs.iter().zip(&results) {
+        if let Err(error) = result {
+            let name = &kernels[job.kernel].name;
+            let reason = describe(error);
+            eprintln!(
+                "failed: `{name}` for {} ({}), recorded as a skip:\n{reason}",
+                job.arch, job.build
+            );
+            skipped.entry(job.kernel).or_default().push(Skip {
+                arch: job.arch,
+                cuda: job.build,
+                reason: format!("failed: {}", index_reason(&reason)),
+            });
+            failed.push((name.clone(), job.build, job.arch, reason));
+        }
+    }
 
     let mut index = Index {
         format: INDEX_FORMAT,
@@ -368,6 +461,7 @@ pub fn bundle_kernels_shared(
             .iter()
             .zip(&results)
             .filter(|(job, _)| job.kernel == position)
+            .filter_map(|(job, result)| Some((job, result.as_ref().ok()?)))
         {
             let digest = sha256_hex(&built.cubin);
             if built.compiled {
@@ -395,6 +489,17 @@ pub fn bundle_kernels_shared(
         variants.sort_by_key(|v| (v.cuda, v.arch));
         let mut skips = skipped.remove(&position).unwrap_or_default();
         skips.sort_by_key(|s| (s.cuda, s.arch));
+        // A shard may own none of a kernel's jobs; the merged bundle is checked as a whole.
+        if variants.is_empty() && shared.shard.is_none() {
+            let reasons: Vec<String> = skips
+                .iter()
+                .map(|skip| format!("{} ({}): {}", skip.arch, skip.cuda, skip.reason))
+                .collect();
+            return Err(Error::NoTarget {
+                kernel: kernel.name.clone(),
+                reasons,
+            });
+        }
         index.kernels.insert(
             kernel.name.clone(),
             KernelRecord {
@@ -430,6 +535,8 @@ pub fn bundle_kernels_shared(
         out: options.out.clone(),
         index,
         compiled,
+        skipped: skipped_count,
+        failed,
         cached,
         from_remote,
         remote,
@@ -473,6 +580,17 @@ fn plan_job(
     torch: &str,
     toolchains: &[BuildToolchain],
 ) -> Result<Job, String> {
+    if !manifest.cuda_builds_of(spec).contains(&build) {
+        let list: Vec<String> = manifest
+            .cuda_builds_of(spec)
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        return Err(format!(
+            "declared: the kernel builds only with {}",
+            list.join(", ")
+        ));
+    }
     if let Some(narrowed) = &spec.arch {
         if !narrowed.contains(&arch) {
             let list: Vec<String> = narrowed.iter().map(ToString::to_string).collect();
@@ -487,19 +605,20 @@ fn plan_job(
             .iter()
             .find(|t| t.build == build)
             .ok_or_else(|| format!("no toolchain for {build}"))?;
+        let compiler = toolchain.compiler_for_kernel(manifest, spec, kernel);
         if !toolchain.supported_sms.contains(&arch.sm) {
-            return Err(format!("{} cannot target {arch}", toolchain.compiler.id()));
+            return Err(format!("{} cannot target {arch}", compiler.id()));
         }
         let recipe = kernel
             .recipe
             .as_ref()
             .expect("source kernels have a recipe");
         (
-            toolchain.record(),
+            compiler.record(),
             Work::Compile {
                 source: manifest.root.join(&recipe.source),
                 include_dirs: manifest.include_dirs_of(spec),
-                toolchain: toolchain.clone(),
+                compiler: compiler.clone(),
             },
         )
     } else {
@@ -536,32 +655,36 @@ fn plan_job(
     })
 }
 
+/// Runs every job. A job whose compile or validation fails gives its error in place of a
+/// result (with `require`, the first such error ends the run); any other error (the cache
+/// cannot be read or written) ends the run.
 fn run_jobs(
     jobs: &[Job],
     kernels: &[PlannedKernel],
-    manifest: &Manifest,
     cache: &BuildCache,
     options: &BundleOptions,
-) -> Result<Vec<Built>, Error> {
+) -> Result<Vec<Result<Built, Error>>, Error> {
     let bar = progress_bar(jobs.len(), options.progress);
     let next = AtomicUsize::new(0);
-    let failed = AtomicBool::new(false);
+    let stop = AtomicBool::new(false);
     let results: Mutex<Vec<Option<Result<Built, Error>>>> =
         Mutex::new((0..jobs.len()).map(|_| None).collect());
     let threads = options.jobs.max(1).min(jobs.len().max(1));
     std::thread::scope(|scope| {
         for _ in 0..threads {
             scope.spawn(|| loop {
-                if failed.load(Ordering::Relaxed) {
+                if stop.load(Ordering::Relaxed) {
                     break;
                 }
                 let n = next.fetch_add(1, Ordering::Relaxed);
                 let Some(job) = jobs.get(n) else { break };
                 let kernel = &kernels[job.kernel];
                 bar.set_message(format!("{} {} {}", kernel.name, job.build, job.arch));
-                let result = run_job(job, kernel, manifest, cache);
-                if result.is_err() {
-                    failed.store(true, Ordering::Relaxed);
+                let result = run_job(job, kernel, cache);
+                if let Err(error) = &result {
+                    if options.require || !is_target_failure(error) {
+                        stop.store(true, Ordering::Relaxed);
+                    }
                 }
                 results
                     .lock()
@@ -571,16 +694,56 @@ fn run_jobs(
         }
     });
     bar.finish_and_clear();
-    let mut built = Vec::with_capacity(jobs.len());
-    for result in results.into_inner().expect("threads have finished") {
-        match result {
-            Some(Ok(done)) => built.push(done),
-            Some(Err(error)) => return Err(error),
-            // Not run because another job failed; that failure is returned above or below.
-            None => {}
-        }
+    let results = results.into_inner().expect("threads have finished");
+    let stopped = results.iter().flatten().find_map(|result| match result {
+        Err(error) if options.require || !is_target_failure(error) => Some(()),
+        _ => None,
+    });
+    if stopped.is_some() {
+        let error = results
+            .into_iter()
+            .flatten()
+            .find_map(|result| {
+                result
+                    .err()
+                    .filter(|e| options.require || !is_target_failure(e))
+            })
+            .expect("found above");
+        return Err(error);
     }
-    Ok(built)
+    Ok(results
+        .into_iter()
+        .map(|result| result.expect("every job ran"))
+        .collect())
+}
+
+/// Whether `error` is about one target (a compile or its cubin), so the build records it as a
+/// skip and goes on, rather than about the machine (a cache it cannot write).
+fn is_target_failure(error: &Error) -> bool {
+    matches!(
+        error,
+        Error::Compile(_) | Error::InvalidCubin { .. } | Error::MissingEntry { .. }
+    )
+}
+
+/// An error and its causes, one per line, as a skip's reason and the failure report.
+fn describe(error: &Error) -> String {
+    prebuilt::error_chain(error)
+}
+
+/// A failure's reason as the index keeps it: the whole message when short, else its first line
+/// and the last lines of the log (the full log is printed by the build).
+fn index_reason(reason: &str) -> String {
+    const LIMIT: usize = 2000;
+    if reason.len() <= LIMIT {
+        return reason.to_owned();
+    }
+    let first = reason.lines().next().unwrap_or_default();
+    let mut start = reason.len() - (LIMIT - first.len()).min(reason.len());
+    while !reason.is_char_boundary(start) {
+        start += 1;
+    }
+    format!("{first}\n[…]\n{}", &reason[start..])
 }
 
 fn progress_bar(len: usize, enabled: bool) -> indicatif::ProgressBar {
@@ -596,14 +759,15 @@ fn progress_bar(len: usize, enabled: bool) -> indicatif::ProgressBar {
     bar
 }
 
-fn run_job(
-    job: &Job,
-    kernel: &PlannedKernel,
-    manifest: &Manifest,
-    cache: &BuildCache,
-) -> Result<Built, Error> {
+fn run_job(job: &Job, kernel: &PlannedKernel, cache: &BuildCache) -> Result<Built, Error> {
+    let symbols_key = symbols_key(&job.key);
+    let symbols_path = cache.entry_path(&job.key).with_extension("entries.json");
     if let Some(cubin) = cache.get(&job.key)? {
-        match check_cubin(&cubin, job, kernel) {
+        let symbols = std::fs::read(&symbols_path)
+            .ok()
+            .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+            .unwrap_or_default();
+        match check_cubin(&cubin, job, kernel, &symbols) {
             Ok(functions) => {
                 return Ok(Built {
                     cubin,
@@ -612,7 +776,7 @@ fn run_job(
                     remote: false,
                 })
             }
-            // A damaged entry is rebuilt, not bundled.
+            // A damaged entry (or one whose entry symbols were lost) is rebuilt, not bundled.
             Err(_) => cache.remove(&job.key)?,
         }
     }
@@ -621,9 +785,14 @@ fn run_job(
     let compiles = matches!(job.work, Work::Compile { .. });
     if compiles {
         if let Some(cubin) = cache.get_remote(&job.key, &what) {
-            match check_cubin(&cubin, job, kernel) {
+            let symbols = cache
+                .get_remote(&symbols_key, &what)
+                .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+                .unwrap_or_default();
+            match check_cubin(&cubin, job, kernel, &symbols) {
                 Ok(functions) => {
                     cache.put(&job.key, &cubin)?;
+                    put_symbols(cache, &symbols_path, &symbols, None)?;
                     return Ok(Built {
                         cubin,
                         functions,
@@ -634,50 +803,53 @@ fn run_job(
                 Err(error) => eprintln!(
                     "warning: the remote cache's cubin of {what} is not valid ({}); compiling it \
                      here",
-                    prebuilt::fetch::error_chain(&error)
+                    prebuilt::error_chain(&error)
                 ),
             }
         }
     }
-    let cubin = match &job.work {
-        Work::Precompiled { path } => std::fs::read(path).map_err(|source| Error::Read {
-            path: path.clone(),
-            source,
-        })?,
+    let (cubin, symbols) = match &job.work {
+        Work::Precompiled { path } => {
+            let cubin = std::fs::read(path).map_err(|source| Error::Read {
+                path: path.clone(),
+                source,
+            })?;
+            (cubin, BTreeMap::new())
+        }
         Work::Compile {
             source,
             include_dirs,
-            toolchain,
+            compiler,
         } => {
             let name_expressions: Vec<String> = kernel
                 .inputs
                 .entries
                 .iter()
-                .filter(|entry| entry.contains('<'))
+                .filter(|entry| prebuilt::jit::is_name_expression(entry))
                 .cloned()
                 .collect();
-            let spec = &manifest.kernels[&kernel.name];
+            let flags = kernel.inputs.flags_for(&job.compiler.kind);
             let request = CompileRequest {
                 kernel: &kernel.name,
                 source,
                 include_dirs,
                 defines: &kernel.inputs.defines,
-                flags: &kernel.inputs.flags,
-                cxx_std: &manifest.cxx_std_of(spec),
+                flags: &flags,
+                cxx_std: &kernel.inputs.cxx_std,
                 arch: job.arch,
                 name_expressions: &name_expressions,
             };
-            toolchain
-                .compiler
-                .compile(&request)
-                .map_err(Box::new)?
-                .cubin
+            let output = compiler.compile(&request).map_err(Box::new)?;
+            (output.cubin, output.lowered_names)
         }
     };
-    let functions = check_cubin(&cubin, job, kernel)?;
+    let functions = check_cubin(&cubin, job, kernel, &symbols)?;
     cache.put(&job.key, &cubin)?;
+    put_symbols(cache, &symbols_path, &symbols, None)?;
     if compiles {
         cache.put_remote(&job.key, &cubin, &output, &what);
+        let remote = (symbols_key.as_str(), output.as_str(), what.as_str());
+        put_symbols(cache, &symbols_path, &symbols, Some(remote))?;
     }
     Ok(Built {
         cubin,
@@ -687,8 +859,42 @@ fn run_job(
     })
 }
 
-/// Validates a cubin for its job and maps each declared entry to its symbol and parameters.
-fn check_cubin(cubin: &[u8], job: &Job, kernel: &PlannedKernel) -> Result<Vec<Function>, Error> {
+/// The remote cache's key for the symbols the compiler gave a variant's name expressions
+/// (locally they sit beside the cubin, `<key>.entries.json`): derived from the variant's key.
+fn symbols_key(key: &str) -> String {
+    sha256_hex(format!("entry symbols of {key}").as_bytes())
+}
+
+/// Keeps `symbols` beside the cached cubin at `path`, or with `remote` = (key, output, what)
+/// in the remote cache.
+fn put_symbols(
+    cache: &BuildCache,
+    path: &Path,
+    symbols: &BTreeMap<String, String>,
+    remote: Option<(&str, &str, &str)>,
+) -> Result<(), Error> {
+    if symbols.is_empty() {
+        return Ok(());
+    }
+    let bytes = serde_json::to_vec(symbols).expect("a map of strings serializes");
+    match remote {
+        None => crate::cache::write_atomically(path, &bytes),
+        Some((key, output, what)) => {
+            cache.put_remote(key, &bytes, &format!("{output}.entries.json"), what);
+            Ok(())
+        }
+    }
+}
+
+/// Validates a cubin for its job and maps each declared entry to its symbol and parameters:
+/// the symbol the compiler gave a name expression (`symbols`), else the entry itself or the
+/// mangled symbol that demangles to it.
+fn check_cubin(
+    cubin: &[u8],
+    job: &Job,
+    kernel: &PlannedKernel,
+    symbols: &BTreeMap<String, String>,
+) -> Result<Vec<Function>, Error> {
     let invalid = |source| Error::InvalidCubin {
         kernel: kernel.name.clone(),
         arch: job.arch,
@@ -696,26 +902,33 @@ fn check_cubin(cubin: &[u8], job: &Job, kernel: &PlannedKernel) -> Result<Vec<Fu
         source,
     };
     let info = inspect_cubin(cubin).map_err(invalid)?;
-    let mut symbols = Vec::new();
+    let mut resolved = Vec::new();
     for entry in &kernel.inputs.entries {
-        let symbol = info
-            .resolve_entry(entry)
+        let symbol = symbols
+            .get(entry)
+            .filter(|symbol| info.function(symbol).is_some())
+            .cloned()
+            .or_else(|| info.resolve_entry(entry))
             .ok_or_else(|| Error::MissingEntry {
                 kernel: kernel.name.clone(),
                 arch: job.arch,
                 build: job.build,
                 entry: entry.clone(),
-                found: info.functions.iter().map(|f| f.symbol.clone()).collect(),
+                found: info
+                    .functions
+                    .iter()
+                    .map(|f| pasteable_entry(&f.symbol))
+                    .collect(),
             })?;
-        symbols.push(symbol);
+        resolved.push(symbol);
     }
-    let symbol_refs: Vec<&str> = symbols.iter().map(String::as_str).collect();
+    let symbol_refs: Vec<&str> = resolved.iter().map(String::as_str).collect();
     let info = validate_cubin(cubin, job.arch, &symbol_refs).map_err(invalid)?;
     Ok(kernel
         .inputs
         .entries
         .iter()
-        .zip(symbols)
+        .zip(resolved)
         .map(|(name, symbol)| Function {
             name: name.clone(),
             param_sizes: info
@@ -725,4 +938,52 @@ fn check_cubin(cubin: &[u8], job: &Job, kernel: &PlannedKernel) -> Result<Vec<Fu
             symbol,
         })
         .collect())
+}
+
+/// A kernel symbol as a manifest entry would spell it: demangled without parameters, and a
+/// function-pointer template argument as `&name` rather than the demangler's `&name(float
+/// const&)`. `extern "C"` names and symbols that do not demangle stay as they are.
+pub fn pasteable_entry(symbol: &str) -> String {
+    let Ok(parsed) = cpp_demangle::Symbol::new(symbol.as_bytes()) else {
+        return symbol.to_owned();
+    };
+    let options = cpp_demangle::DemangleOptions::new()
+        .no_return_type()
+        .no_params();
+    let Ok(demangled) = parsed.demangle(&options) else {
+        return symbol.to_owned();
+    };
+    // Drop the parameter list after `&qualified::name` (a function pointer argument).
+    let mut out = String::with_capacity(demangled.len());
+    let mut chars = demangled.chars().peekable();
+    while let Some(c) = chars.next() {
+        out.push(c);
+        if c != '&' {
+            continue;
+        }
+        while let Some(&next) = chars.peek() {
+            if next == '_' || next == ':' || next.is_ascii_alphanumeric() {
+                out.push(next);
+                chars.next();
+            } else {
+                break;
+            }
+        }
+        if chars.peek() == Some(&'(') && !out.ends_with('&') {
+            let mut depth = 0;
+            for skipped in chars.by_ref() {
+                match skipped {
+                    '(' => depth += 1,
+                    ')' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            break;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+    out
 }

@@ -9,7 +9,7 @@ use prebuilt::index::{CompilerRecord, Index, KernelInputs};
 use prebuilt::key::KeyInputs;
 use prebuilt::{Arch, CudaBuild, KernelKey};
 
-use crate::build::{compiler_record, plan_kernel, BuildToolchain};
+use crate::build::{plan_kernel, BuildToolchain};
 use crate::manifest::Manifest;
 use crate::Error;
 
@@ -87,7 +87,7 @@ pub fn explain(
             let compiler = if spec.cubins.is_empty() {
                 toolchain
                     .as_ref()
-                    .map(|t| compiler_record(t.compiler.id()))
+                    .map(|t| t.record_for(&manifest, spec, &planned))
                     .map_err(Clone::clone)
             } else {
                 Ok(CompilerRecord {
@@ -153,10 +153,11 @@ pub fn read_index(path: &Path) -> Result<Index, Error> {
     } else {
         path.to_owned()
     };
-    let bytes = std::fs::read(&file).map_err(|source| Error::Read {
-        path: file.clone(),
-        source,
-    })?;
+    let bytes = prebuilt::untrusted::read_regular_file(&file, prebuilt::untrusted::MAX_INDEX_SIZE)
+        .map_err(|source| Error::Read {
+            path: file.clone(),
+            source,
+        })?;
     Ok(parse_index(&file, &bytes)?)
 }
 
@@ -267,7 +268,8 @@ impl fmt::Display for Explanation {
             let externals: Vec<&str> = self.externals.iter().map(String::as_str).collect();
             writeln!(
                 out,
-                "  external headers (covered by the compiler version): {}",
+                "  external headers (toolkit or system; followed for library files, keyed by the \
+                 compiler record: toolkit version, and for nvcc the host compiler): {}",
                 externals.join(", ")
             )?;
         }

@@ -322,6 +322,9 @@ struct ScanNode {
     dir_index: Option<usize>,
     /// The includer and the line of the directive, for the include chain.
     parent: Option<(usize, u32)>,
+    /// For a toolkit or system header: the library file (and line) whose include led to it.
+    /// Such a header is followed but neither hashed nor listed; library files it reaches are.
+    external_via: Option<(usize, u32)>,
     hash: String,
     edges: Vec<Edge>,
 }
@@ -389,6 +392,8 @@ struct Scanner<'r> {
     bases: Vec<NamingBase>,
     /// Candidate path → the file it leads to, if any.
     probes: HashMap<PathBuf, Option<Found>>,
+    /// The external dirs, canonical: a file under one is the toolkit's or the system's.
+    external_canonical: Vec<PathBuf>,
     visited: HashMap<PathBuf, usize>,
     by_stable: HashMap<String, usize>,
     nodes: Vec<ScanNode>,
@@ -408,6 +413,11 @@ impl<'r> Scanner<'r> {
         Scanner {
             roots,
             bases,
+            external_canonical: roots
+                .external_dirs
+                .iter()
+                .filter_map(|dir| fs::canonicalize(dir).ok())
+                .collect(),
             probes: HashMap::new(),
             visited: HashMap::new(),
             by_stable: HashMap::new(),
@@ -488,6 +498,9 @@ impl<'r> Scanner<'r> {
 
     /// Records a scanned file and resolves its includes.
     fn add_file(&mut self, index: usize, scan: FileResult) -> Result<(), ScanError> {
+        if let Some(via) = self.nodes[index].external_via {
+            return self.add_external_file(index, via, scan);
+        }
         let scan = scan.map_err(|failure| match failure {
             FileFailure::Read(source) => ScanError::Read {
                 path: self.nodes[index].opened.clone(),
@@ -525,6 +538,35 @@ impl<'r> Scanner<'r> {
         }
         for include in directives.macro_includes {
             self.macro_includes.push((index, include));
+        }
+        Ok(())
+    }
+
+    /// Follows a toolkit or system header's includes, looking only for library files: the
+    /// toolkit's version and the host compiler stand for the header itself, so what it says
+    /// beyond its includes (a computed include, a header that is not there on this machine)
+    /// is not the scanner's business. A library file it reaches joins the graph under the
+    /// library file that included the header.
+    fn add_external_file(
+        &mut self,
+        index: usize,
+        via: (usize, u32),
+        scan: FileResult,
+    ) -> Result<(), ScanError> {
+        let directives = match scan {
+            Ok(scan) => scan.directives,
+            Err(FileFailure::Read(_)) => return Ok(()),
+            Err(FileFailure::Bad(_)) => match scan_lenient(&self.nodes[index].opened) {
+                Some(directives) => directives,
+                None => return Ok(()),
+            },
+        };
+        for include in &directives.includes {
+            if let Ok(Edge::File(node)) = self.resolve(index, include) {
+                if self.nodes[node].external_via.is_none() {
+                    self.add_edge(via.0, Edge::File(node));
+                }
+            }
         }
         Ok(())
     }
@@ -599,12 +641,30 @@ impl<'r> Scanner<'r> {
                 return Ok(edge);
             }
         }
-        if include.kind == IncludeKind::Quoted
-            && !roots
-                .external_dirs
-                .iter()
-                .any(|dir| self.probe(dir.join(name)).is_some())
-        {
+        // Past the include dirs: the toolkit's and the host compiler's. The header is followed
+        // (a library file it includes is part of the compile) but stays external.
+        let after_include_dirs = roots.include_dirs.len();
+        let skip_external = match (include.kind, self.nodes[includer].external_via) {
+            (IncludeKind::Next, Some(_)) => self.nodes[includer]
+                .dir_index
+                .map_or(0, |n| n.saturating_sub(after_include_dirs) + 1),
+            _ => 0,
+        };
+        let found = roots
+            .external_dirs
+            .iter()
+            .enumerate()
+            .skip(skip_external)
+            .find_map(|(n, dir)| Some((n, self.probe(dir.join(name))?)));
+        let found_external = found.is_some();
+        if let Some((n, found)) = found {
+            self.follow_external(found, after_include_dirs + n, includer, include.line);
+        }
+        let is_external_includer = self.nodes[includer].external_via.is_some();
+        if is_external_includer {
+            return Ok(Edge::External(name.to_owned()));
+        }
+        if include.kind == IncludeKind::Quoted && !found_external {
             let includer_dir = self.nodes[includer].opened.parent().map(Path::to_path_buf);
             return Err(ScanError::MissingHeader {
                 header: name.to_owned(),
@@ -625,6 +685,29 @@ impl<'r> Scanner<'r> {
         Ok(Edge::External(name.to_owned()))
     }
 
+    /// Queues a toolkit or system header to be followed, once.
+    fn follow_external(&mut self, found: Found, dir_index: usize, includer: usize, line: u32) {
+        if self.visited.contains_key(&found.canonical) {
+            return;
+        }
+        let via = self.nodes[includer]
+            .external_via
+            .unwrap_or((includer, line));
+        let index = self.nodes.len();
+        self.visited.insert(found.canonical.clone(), index);
+        self.nodes.push(ScanNode {
+            stable: found.canonical.display().to_string(),
+            canonical: found.canonical,
+            opened: found.path,
+            dir_index: Some(dir_index),
+            parent: Some(via),
+            hash: String::new(),
+            edges: Vec::new(),
+            external_via: Some(via),
+        });
+        self.queue.push_back(index);
+    }
+
     /// The node for `candidate` if it is a file, added to the graph when new.
     fn try_local(
         &mut self,
@@ -633,13 +716,41 @@ impl<'r> Scanner<'r> {
         includer: usize,
         line: u32,
     ) -> Result<Option<Edge>, ScanError> {
-        let Some(Found { canonical, path }) = self.probe(candidate) else {
+        let Some(found) = self.probe(candidate) else {
             return Ok(None);
         };
-        if let Some(&node) = self.visited.get(&canonical) {
+        if let Some(&node) = self.visited.get(&found.canonical) {
+            return Ok(Some(match &self.nodes[node].external_via {
+                Some(_) => Edge::External(found.path.display().to_string()),
+                None => Edge::File(node),
+            }));
+        }
+        if let Some(via) = self.nodes[includer].external_via {
+            // A quoted include next to a toolkit header is the toolkit's own, unless it lies
+            // under an include dir (or the root) and not in a toolkit dir.
+            let in_external_dir = self
+                .external_canonical
+                .iter()
+                .any(|dir| found.canonical.starts_with(dir));
+            if in_external_dir
+                || self
+                    .stable_name(&found.canonical, &found.path, dir_index)
+                    .is_none()
+            {
+                let external_dir = self.nodes[includer].dir_index.unwrap_or(0);
+                let name = found.path.display().to_string();
+                self.follow_external(found, external_dir, includer, line);
+                return Ok(Some(Edge::External(name)));
+            }
+            let node = self.add_node(found.canonical, found.path, dir_index, Some(via))?;
             return Ok(Some(Edge::File(node)));
         }
-        let node = self.add_node(canonical, path, dir_index, Some((includer, line)))?;
+        let node = self.add_node(
+            found.canonical,
+            found.path,
+            dir_index,
+            Some((includer, line)),
+        )?;
         Ok(Some(Edge::File(node)))
     }
 
@@ -690,6 +801,7 @@ impl<'r> Scanner<'r> {
             parent,
             hash: String::new(),
             edges: Vec::new(),
+            external_via: None,
         });
         self.queue.push_back(index);
         Ok(index)
@@ -740,26 +852,48 @@ impl<'r> Scanner<'r> {
     }
 
     fn finish(self, sources: Vec<usize>) -> IncludeGraph {
+        // Toolkit and system headers leave the graph; library files keep their order.
+        let mut renumbered = vec![usize::MAX; self.nodes.len()];
+        let mut next = 0;
+        for (old, node) in self.nodes.iter().enumerate() {
+            if node.external_via.is_none() {
+                renumbered[old] = next;
+                next += 1;
+            }
+        }
         let files = self
             .nodes
             .iter()
+            .filter(|node| node.external_via.is_none())
             .map(|node| (node.stable.clone(), node.hash.clone()))
             .collect();
         let nodes = self
             .nodes
             .into_iter()
+            .filter(|node| node.external_via.is_none())
             .map(|node| GraphNode {
                 stable: node.stable,
                 absolute: node.canonical,
-                edges: node.edges,
+                edges: node
+                    .edges
+                    .into_iter()
+                    .map(|edge| match edge {
+                        Edge::File(old) => Edge::File(renumbered[old]),
+                        external => external,
+                    })
+                    .collect(),
             })
             .collect();
         IncludeGraph {
             files,
             externals: self.externals,
             nodes,
-            sources,
-            by_stable: self.by_stable,
+            sources: sources.into_iter().map(|old| renumbered[old]).collect(),
+            by_stable: self
+                .by_stable
+                .into_iter()
+                .map(|(stable, old)| (stable, renumbered[old]))
+                .collect(),
         }
     }
 }
@@ -1045,6 +1179,31 @@ fn find_includes(source: &[u8], out: &mut Directives) -> Result<(), BadInclude> 
         i = skip_rest_of_line(source, i);
     }
     Ok(())
+}
+
+/// [`find_includes`] that steps over a directive it cannot take (a computed include in a
+/// toolkit header) instead of stopping there.
+fn find_includes_lenient(source: &[u8], out: &mut Directives) {
+    let mut lines = LineCounter { at: 0, line: 1 };
+    let mut i = 0;
+    while i < source.len() {
+        i = skip_blanks(source, i);
+        if source.get(i) == Some(&b'#') {
+            if let Ok(next) = directive(source, i, &mut lines, out) {
+                i = next;
+            }
+        }
+        i = skip_rest_of_line(source, i);
+    }
+}
+
+/// The includes of a toolkit or system header whose strict lexing stopped at a directive the
+/// scanner refuses in library files; `None` when it cannot be read.
+fn scan_lenient(path: &Path) -> Option<Directives> {
+    let bytes = fs::read(path).ok()?;
+    let mut directives = Directives::default();
+    find_includes_lenient(&bytes, &mut directives);
+    Some(directives)
 }
 
 /// Counts lines forward from the last position asked about; directives come in order.
@@ -1507,7 +1666,46 @@ mod tests {
     }
 
     #[test]
-    fn quoted_include_found_only_in_an_external_dir_is_external_and_not_scanned() {
+    fn library_file_reached_through_a_toolkit_header_is_hashed() {
+        let dir = tree(&[
+            ("kernels/a.cu", "#include <cuda/std/utility>\n"),
+            (
+                "toolkit/include/cuda/std/utility",
+                "#include <cuda/std/detail/__config>\n#include \"detail/own.h\"\n\
+                 #include MACRO_THE_TOOLKIT_USES\n",
+            ),
+            (
+                "toolkit/include/cuda/std/detail/own.h",
+                "#include <vendor_hook.h>\n",
+            ),
+            ("toolkit/include/cuda/std/detail/__config", ""),
+            (
+                "include/cuda/std/detail/__config",
+                "#include_next <cuda/std/detail/__config>\n",
+            ),
+            ("include/vendor_hook.h", ""),
+        ]);
+        let mut roots = roots(dir.path(), &["include"]);
+        roots.external_dirs = vec![dir.path().join("toolkit/include")];
+        let graph = scan_includes(&[dir.path().join("kernels/a.cu")], &roots).unwrap();
+        assert_eq!(
+            file_names(&graph),
+            [
+                "include/cuda/std/detail/__config",
+                "include/vendor_hook.h",
+                "kernels/a.cu"
+            ]
+        );
+        // The library's `__config` continues into the toolkit's with `#include_next`.
+        assert_eq!(
+            externals(&graph),
+            ["cuda/std/detail/__config", "cuda/std/utility"]
+        );
+        assert!(graph.render_tree().contains("include/vendor_hook.h"));
+    }
+
+    #[test]
+    fn quoted_include_found_only_in_an_external_dir_is_external() {
         let dir = tree(&[
             ("kernels/a.cu", "#include \"cuda_fp16.h\"\n"),
             ("toolkit/include/cuda_fp16.h", "#include \"not_here.h\"\n"),

@@ -55,6 +55,15 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// An output folder that kwheel may not replace (it holds something kwheel did not
+    /// write), or that does not name a folder.
+    #[error("refusing to replace `{}`: {reason}", path.display())]
+    Output {
+        /// The folder.
+        path: PathBuf,
+        /// Why, naming what is in it.
+        reason: String,
+    },
     /// A file could not be written.
     #[error("cannot write `{}`", path.display())]
     Write {
@@ -132,8 +141,9 @@ pub enum Error {
     },
     /// A declared entry point is not in the cubin.
     #[error(
-        "cubin of `{kernel}` for {arch} ({build}) has no entry `{entry}` (entries found: {})",
-        if found.is_empty() { "none".to_owned() } else { found.join(", ") }
+        "cubin of `{kernel}` for {arch} ({build}) has no entry `{entry}` (its entries, as \
+         `entries` spells them: {})",
+        if found.is_empty() { "none".to_owned() } else { found.join("; ") }
     )]
     MissingEntry {
         /// The kernel.
@@ -144,7 +154,7 @@ pub enum Error {
         build: CudaBuild,
         /// The declared entry.
         entry: String,
-        /// The entry symbols the cubin has.
+        /// The cubin's entries, demangled the way `entries` spells them.
         found: Vec<String>,
     },
     /// A target was skipped while `--require` was given.
@@ -158,6 +168,17 @@ pub enum Error {
         build: CudaBuild,
         /// Why it was skipped.
         reason: String,
+    },
+    /// A kernel was built for no target at all.
+    #[error(
+        "`{kernel}` was built for no target of the matrix:\n  {}",
+        reasons.join("\n  ")
+    )]
+    NoTarget {
+        /// The kernel.
+        kernel: String,
+        /// Each target with why it has no variant.
+        reasons: Vec<String>,
     },
     /// A bundle could not be read.
     #[error(transparent)]

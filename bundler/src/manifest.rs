@@ -63,9 +63,18 @@ pub struct Library {
     /// Default include directories.
     #[serde(default)]
     pub include_dirs: Vec<String>,
-    /// Default extra compiler flags.
+    /// Default extra compiler flags, for every compiler.
     #[serde(default)]
     pub flags: Vec<String>,
+    /// Default extra flags for nvcc only (after `flags`); also for the `nvcc+ptxas` route.
+    #[serde(default)]
+    pub nvcc_flags: Vec<String>,
+    /// Default extra flags for NVRTC only (after `flags`).
+    #[serde(default)]
+    pub nvrtc_flags: Vec<String>,
+    /// Which compiler a CUDA build without its own nvcc (CUDA 12.9 from its wheels) uses.
+    #[serde(default)]
+    pub compiler: CompilerChoice,
     /// The store a release publishes artifacts to and slim wheels fetch them from
     /// (`https://cache.example.com`, bazel-remote HTTP protocol); see `docs/distribution.md`.
     pub store: Option<String>,
@@ -100,12 +109,38 @@ pub struct KernelSpec {
     /// Extra compiler flags (after the library's).
     #[serde(default)]
     pub flags: Vec<String>,
+    /// Extra flags for nvcc only (after the library's `nvcc-flags`).
+    #[serde(default)]
+    pub nvcc_flags: Vec<String>,
+    /// Extra flags for NVRTC only (after the library's `nvrtc-flags`).
+    #[serde(default)]
+    pub nvrtc_flags: Vec<String>,
+    /// Overrides the library's `compiler` choice.
+    pub compiler: Option<CompilerChoice>,
     /// Narrows the library's architectures: the others are declared skips.
     pub arch: Option<Vec<Arch>>,
+    /// Narrows the library's CUDA builds: the others are declared skips.
+    pub cuda_builds: Option<Vec<CudaBuild>>,
     /// Overrides the library's include directories.
     pub include_dirs: Option<Vec<String>>,
     /// Overrides the library's C++ standard.
     pub cxx_std: Option<String>,
+}
+
+/// Which compiler a CUDA build that has NVRTC and `ptxas` but no nvcc of its own uses (the
+/// CUDA 12.9 wheels). Builds with nvcc always use it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CompilerChoice {
+    /// NVRTC when the kernel's include graph stays inside its include dirs and the toolkit;
+    /// nvcc (the newer toolkit's front end, this build's `ptxas`) when it reaches a system
+    /// header such as `<cstdio>`, a sign of host code NVRTC cannot compile.
+    #[default]
+    Auto,
+    /// Always NVRTC.
+    Nvrtc,
+    /// Always nvcc: the newer toolkit's nvcc emits PTX, this build's `ptxas` assembles it.
+    Nvcc,
 }
 
 /// A precompiled cubin listed in a manifest.
@@ -208,6 +243,26 @@ impl Manifest {
                     format!("kernel name `{name}` must be a C identifier"),
                 ));
             }
+            if let Some(builds) = &kernel.cuda_builds {
+                if let Some(build) = builds
+                    .iter()
+                    .find(|build| !library.cuda_builds.contains(build))
+                {
+                    return Err(invalid(
+                        Some(name),
+                        format!(
+                            "`cuda-builds` names {build}, which is not one of the library's \
+                             `cuda-builds`"
+                        ),
+                    ));
+                }
+                if builds.is_empty() {
+                    return Err(invalid(
+                        Some(name),
+                        "`cuda-builds` must not be empty".into(),
+                    ));
+                }
+            }
             if kernel.entries.is_empty() {
                 return Err(invalid(
                     Some(name),
@@ -296,6 +351,33 @@ impl Manifest {
         let mut flags = self.library.flags.clone();
         flags.extend(kernel.flags.iter().cloned());
         flags
+    }
+
+    /// A kernel's nvcc-only flags: the library's, then its own.
+    pub fn nvcc_flags_of(&self, kernel: &KernelSpec) -> Vec<String> {
+        let mut flags = self.library.nvcc_flags.clone();
+        flags.extend(kernel.nvcc_flags.iter().cloned());
+        flags
+    }
+
+    /// A kernel's NVRTC-only flags: the library's, then its own.
+    pub fn nvrtc_flags_of(&self, kernel: &KernelSpec) -> Vec<String> {
+        let mut flags = self.library.nvrtc_flags.clone();
+        flags.extend(kernel.nvrtc_flags.iter().cloned());
+        flags
+    }
+
+    /// A kernel's compiler choice for builds without their own nvcc.
+    pub fn compiler_of(&self, kernel: &KernelSpec) -> CompilerChoice {
+        kernel.compiler.unwrap_or(self.library.compiler)
+    }
+
+    /// The CUDA builds a kernel is built with: the library's, narrowed by its `cuda-builds`.
+    pub fn cuda_builds_of<'a>(&'a self, kernel: &'a KernelSpec) -> &'a [CudaBuild] {
+        kernel
+            .cuda_builds
+            .as_deref()
+            .unwrap_or(&self.library.cuda_builds)
     }
 
     /// A kernel's C++ standard.

@@ -189,6 +189,16 @@ impl Serialize for Digest {
     }
 }
 
+/// The cubin an action-cache entry names: its digest and recorded size; `None` when the
+/// entry is not an `ActionResult` (protobuf JSON) whose first output file has a sha256. The
+/// size is a claim, which the download caps.
+pub fn parse_action_result(entry: &[u8]) -> Option<(prebuilt::untrusted::Digest, u64)> {
+    let result: ActionResult = serde_json::from_slice(entry).ok()?;
+    let file = result.output_files.into_iter().next()?;
+    let digest = prebuilt::untrusted::Digest::parse(&file.digest.hash).ok()?;
+    Some((digest, file.digest.size_bytes))
+}
+
 /// What the remote cache did in one build.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RemoteStats {
@@ -312,11 +322,7 @@ impl RemoteCache {
         let Some(entry) = self.store.get_ac(key, what)? else {
             return Ok(None);
         };
-        let Some(file) = serde_json::from_slice::<ActionResult>(&entry)
-            .ok()
-            .and_then(|result| result.output_files.into_iter().next())
-            .filter(|file| is_sha256(&file.digest.hash))
-        else {
+        let Some((digest, size)) = parse_action_result(&entry) else {
             self.warn(&format!(
                 "the entry of {what} at {} is not an action result naming a cubin; compiling \
                  it here",
@@ -324,8 +330,8 @@ impl RemoteCache {
             ));
             return Ok(None);
         };
-        self.store
-            .get_cas(&file.digest.hash, Some(file.digest.size_bytes), what)
+        // `get_cas` refuses a size over the artifact cap before asking for anything.
+        self.store.get_cas(digest.as_str(), Some(size), what)
     }
 
     /// Uploads `cubin` under `key`: the cubin to the CAS, then the entry. Failures are
@@ -376,13 +382,6 @@ impl RemoteCache {
     }
 }
 
-fn is_sha256(text: &str) -> bool {
-    text.len() == 64
-        && text
-            .bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -413,6 +412,51 @@ mod tests {
         );
         let parsed: ActionResult = serde_json::from_str(&answer).unwrap();
         assert_eq!(parsed.output_files[0].digest.size_bytes, 99);
+    }
+
+    /// A loopback server whose action-cache entry claims a 1.5 GiB cubin; it counts the CAS
+    /// requests it gets.
+    #[test]
+    fn an_entry_claiming_more_than_the_artifact_cap_is_not_downloaded() {
+        use std::io::{BufRead as _, BufReader, Write as _};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let cas_requests = std::sync::Arc::new(AtomicUsize::new(0));
+        let counter = cas_requests.clone();
+        let entry = format!(
+            r#"{{"outputFiles":[{{"path":"x","digest":{{"hash":"{}","sizeBytes":"1610612736"}}}}]}}"#,
+            "ab".repeat(32)
+        );
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { return };
+                let mut request = String::new();
+                let _ = BufReader::new(&stream).read_line(&mut request);
+                let body = if request.contains("/cas/") {
+                    counter.fetch_add(1, Ordering::Relaxed);
+                    String::new()
+                } else {
+                    entry.clone()
+                };
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        });
+        let cache = RemoteCache::new(&RemoteCacheOptions {
+            url,
+            upload: false,
+            store: StoreOptions {
+                attempts: 1,
+                ..StoreOptions::default()
+            },
+        })
+        .unwrap();
+        assert_eq!(cache.get(&"cd".repeat(32), "`k` (cu130/sm_90a)"), None);
+        assert_eq!(cache.stats().warnings, 1);
+        assert_eq!(cas_requests.load(Ordering::Relaxed), 0);
     }
 
     #[test]

@@ -38,6 +38,9 @@ use std::str::FromStr;
 use prebuilt::bundle::SOURCES_DIR;
 use prebuilt::index::{Index, KernelRecord};
 use prebuilt::key::sha256_hex;
+use prebuilt::untrusted::{
+    check_index, read_regular_file, Digest, KernelName, MAX_INDEX_SIZE, MAX_SOURCE_SIZE,
+};
 use prebuilt::{Arch, CudaBuild};
 use serde::{Deserialize, Serialize};
 
@@ -51,6 +54,8 @@ pub const SHARD_FORMAT: u32 = 1;
 pub const SHARD_FILE: &str = "shard.json";
 /// The directory of a shard's raw cubins.
 pub const CUBINS_DIR: &str = "cubins";
+/// The most shards a merge accepts (a shard file claiming more is refused).
+pub const MAX_SHARDS: usize = 4096;
 
 /// How a build shares work and results with other machines.
 #[derive(Clone, Debug, Default)]
@@ -163,7 +168,7 @@ pub fn write_shard(
     };
     let mut text = serde_json::to_string_pretty(&file).expect("a shard file serializes");
     text.push('\n');
-    stage_directory(out, |root| {
+    stage_directory(out, SHARD_FILE, |root| {
         for (digest, cubin) in cubins {
             write_file(&root.join(cubin_path(digest)), cubin)?;
         }
@@ -179,10 +184,12 @@ pub fn write_shard(
     Ok(WriteOutcome::Written)
 }
 
+/// The raw cubin of `digest` inside a shard (a [`prebuilt::untrusted::Digest`] by the time
+/// a shard file is read; any text still gives a path, never a panic).
 fn cubin_path(digest: &str) -> String {
     format!(
         "{CUBINS_DIR}/{}/{digest}.cubin",
-        &digest[..2.min(digest.len())]
+        digest.get(..2).unwrap_or(digest)
     )
 }
 
@@ -319,9 +326,11 @@ pub fn merge_shards(shards: &[PathBuf], out: &Path, jobs: usize) -> Result<Merge
                     ));
                 }
                 let path = dir.join(cubin_path(&variant.artifact.digest));
-                let cubin = std::fs::read(&path).map_err(|source| Error::Read {
-                    path: path.clone(),
-                    source,
+                let cubin = read_regular_file(&path, variant.artifact.size).map_err(|source| {
+                    Error::Read {
+                        path: path.clone(),
+                        source,
+                    }
                 })?;
                 let actual = sha256_hex(&cubin);
                 if actual != variant.artifact.digest || cubin.len() as u64 != variant.artifact.size
@@ -375,10 +384,11 @@ pub fn merge_shards(shards: &[PathBuf], out: &Path, jobs: usize) -> Result<Merge
         }
         for (stable, digest) in &record.inputs.files {
             let path = first_dir.join(SOURCES_DIR).join(stable);
-            let bytes = std::fs::read(&path).map_err(|source| Error::Read {
-                path: path.clone(),
-                source,
-            })?;
+            let bytes =
+                read_regular_file(&path, MAX_SOURCE_SIZE).map_err(|source| Error::Read {
+                    path: path.clone(),
+                    source,
+                })?;
             if sha256_hex(&bytes) != *digest {
                 return Err(merge_error(
                     Some(first_dir),
@@ -403,10 +413,22 @@ pub fn merge_shards(shards: &[PathBuf], out: &Path, jobs: usize) -> Result<Merge
 
 fn read_shard(dir: &Path) -> Result<ShardFile, Error> {
     let path = dir.join(SHARD_FILE);
-    let bytes = std::fs::read(&path).map_err(|source| Error::Read {
+    let bytes = read_regular_file(&path, MAX_INDEX_SIZE).map_err(|source| Error::Read {
         path: path.clone(),
         source,
     })?;
+    parse_shard(dir, &bytes)
+}
+
+/// Checks the bytes of a `shard.json` of the shard directory `dir` as a merge does: its
+/// format, shape, and every name, digest, path and size in it. The fuzz target `shard` calls
+/// it; a merge reads shards with it.
+pub fn check_shard_file(dir: &Path, bytes: &[u8]) -> Result<(), Error> {
+    parse_shard(dir, bytes).map(|_| ())
+}
+
+fn parse_shard(dir: &Path, bytes: &[u8]) -> Result<ShardFile, Error> {
+    let path = dir.join(SHARD_FILE);
     #[derive(Deserialize)]
     struct FormatOnly {
         format: u32,
@@ -416,7 +438,7 @@ fn read_shard(dir: &Path) -> Result<ShardFile, Error> {
         reason: format!("`{}` is not a shard file: {reason}", path.display()),
     };
     let format: FormatOnly =
-        serde_json::from_slice(&bytes).map_err(|error| invalid(error.to_string()))?;
+        serde_json::from_slice(bytes).map_err(|error| invalid(error.to_string()))?;
     if format.format != SHARD_FORMAT {
         return Err(invalid(format!(
             "format {}, this kwheel merges format {SHARD_FORMAT}: rebuild the shard with this \
@@ -424,7 +446,26 @@ fn read_shard(dir: &Path) -> Result<ShardFile, Error> {
             format.format
         )));
     }
-    serde_json::from_slice(&bytes).map_err(|error| invalid(error.to_string()))
+    let file: ShardFile =
+        serde_json::from_slice(bytes).map_err(|error| invalid(error.to_string()))?;
+    // The same checks as a bundle's index: kernel names, digests, source paths, sizes.
+    check_index(&file.index).map_err(|refusal| invalid(refusal.to_string()))?;
+    for job in &file.jobs {
+        KernelName::parse(&job.kernel)
+            .and_then(|_| Digest::parse(&job.key))
+            .map_err(|refusal| invalid(format!("planned job: {refusal}")))?;
+    }
+    if file.shard.count == 0
+        || file.shard.index == 0
+        || file.shard.index > file.shard.count
+        || file.shard.count > MAX_SHARDS
+    {
+        return Err(invalid(format!(
+            "shard `{}` is not `i/N` with 1 ≤ i ≤ N ≤ {MAX_SHARDS}",
+            file.shard
+        )));
+    }
+    Ok(file)
 }
 
 /// `index` with no variants: what every shard of one plan has in common.

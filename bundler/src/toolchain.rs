@@ -41,7 +41,7 @@ use std::process::Command;
 use prebuilt::target::{Arch, CudaBuild};
 use serde::{Deserialize, Serialize};
 
-use prebuilt::jit::parse_nvcc_version;
+use prebuilt::jit::{self, parse_nvcc_version};
 use prebuilt::nvrtc;
 
 /// The environment variable that points every build at `$KWHEEL_TOOLCHAINS/<build>`.
@@ -55,6 +55,10 @@ pub enum CompilerKind {
     Nvcc,
     /// NVRTC, the runtime compiler library, loaded into this process.
     Nvrtc,
+    /// A newer toolkit's nvcc emitting PTX, assembled by this build's own `ptxas`: how a build
+    /// whose packages carry `ptxas` but no nvcc (CUDA 12.9) compiles code with host parts.
+    #[serde(rename = "nvcc+ptxas")]
+    NvccPtxas,
 }
 
 impl fmt::Display for CompilerKind {
@@ -62,6 +66,7 @@ impl fmt::Display for CompilerKind {
         f.write_str(match self {
             CompilerKind::Nvcc => "nvcc",
             CompilerKind::Nvrtc => "nvrtc",
+            CompilerKind::NvccPtxas => "nvcc+ptxas",
         })
     }
 }
@@ -92,6 +97,11 @@ pub struct Toolchain {
     pub nvcc: Option<PathBuf>,
     /// `libnvrtc.so.N`, where the build has one.
     pub nvrtc: Option<PathBuf>,
+    /// `ptxas`, where the build has one (the CUDA 12.9 wheels have it without nvcc).
+    pub ptxas: Option<PathBuf>,
+    /// The host compiler nvcc preprocesses with, as its `--version` names it
+    /// (`gcc (Debian 12.2.0-14+deb12u1) 12.2.0`); `None` for a build without nvcc.
+    pub host_compiler: Option<String>,
     /// The toolkit's own headers: the runtime headers, then CCCL (`cub/`, `cuda/std/`).
     pub include_dirs: Vec<PathBuf>,
     /// The compiler this build uses: nvcc where it has one, NVRTC otherwise.
@@ -103,11 +113,38 @@ pub struct Toolchain {
 impl Toolchain {
     /// Whether this toolchain's compiler can build for `arch`.
     ///
-    /// Architecture-specific targets (`sm_90a`, `sm_100a`) exist from SM 90 on, and a
-    /// compiler that targets the base SM targets its `a` variant too.
+    /// Architecture-specific targets (`sm_90a`, `sm_100a`) exist from SM 90 on and family
+    /// targets (`sm_100f`) from SM 100 on; a compiler that targets the base SM targets those
+    /// variants and its PTX (`compute_XY`) too.
     pub fn supports(&self, arch: Arch) -> bool {
-        self.supported_archs.contains(&arch.sm) && (!arch.specific || arch.sm >= 90)
+        let kind_exists = match arch.kind {
+            prebuilt::ArchKind::Specific => arch.sm >= 90,
+            prebuilt::ArchKind::Family => arch.sm >= 100,
+            prebuilt::ArchKind::Plain | prebuilt::ArchKind::Ptx => true,
+        };
+        self.supported_archs.contains(&arch.sm) && kind_exists
     }
+}
+
+/// The CUDA builds `ci/setup` installs; a missing toolchain of another build needs more.
+const SETUP_BUILDS: [&str; 2] = ["cu129", "cu130"];
+
+/// How to get a missing toolchain: `ci/setup` for the builds it installs; for another, the
+/// NVIDIA pip wheels of that CUDA version into the folder it was looked up in.
+fn install_hint(build: CudaBuild, dir: &std::path::Path) -> String {
+    let variable = toolchain_env_var(build);
+    if SETUP_BUILDS.contains(&build.to_string().as_str()) {
+        return format!("run `ci/setup` to install it, or set {variable} to a CUDA toolkit");
+    }
+    format!(
+        "`ci/setup` installs only {}; install CUDA {}'s NVIDIA pip wheels (nvcc, or NVRTC with \
+         the runtime headers: docs/toolchains.md) with `pip install --target {}`, or set \
+         {variable} to a CUDA {} toolkit",
+        SETUP_BUILDS.join(" and "),
+        build.version(),
+        dir.display(),
+        build.version()
+    )
 }
 
 /// A toolchain that is missing, incomplete, of the wrong version, or cannot be probed.
@@ -115,10 +152,10 @@ impl Toolchain {
 pub enum ToolchainError {
     /// Nothing at the place the build's toolchain is looked up.
     #[error(
-        "no CUDA {} toolchain ({build}) at {dir}: run `ci/setup` to install it, or set {} to a \
-         CUDA toolkit",
+        "no CUDA {} toolchain ({build}) at {}: {}",
         .build.version(),
-        toolchain_env_var(*.build)
+        .dir.display(),
+        install_hint(*.build, dir)
     )]
     Missing {
         /// The build asked for.
@@ -284,11 +321,22 @@ pub fn discover_at(build: CudaBuild, dir: &Path) -> Result<Toolchain, ToolchainE
         });
     };
 
+    let host_compiler = match &layout.nvcc {
+        Some(_) => Some(jit::host_compiler().map_err(|error| {
+            probe_error(
+                "read the host compiler nvcc runs".to_owned(),
+                Box::new(error),
+            )
+        })?),
+        None => None,
+    };
     Ok(Toolchain {
         build,
         root: dir.to_path_buf(),
         nvcc: layout.nvcc,
         nvrtc: layout.nvrtc,
+        ptxas: layout.ptxas,
+        host_compiler,
         include_dirs: layout.include_dirs,
         compiler,
         supported_archs,
@@ -308,6 +356,72 @@ pub(crate) fn nvcc_command(nvcc: &Path) -> Command {
 }
 
 type ProbeFailure = (String, Box<dyn std::error::Error + Send + Sync>);
+
+/// The directories the host compiler searches for `#include <…>` in C++ (libstdc++, glibc),
+/// in its order, from `gcc -x c++ -E -v`; empty when there is no `gcc`. nvcc preprocesses
+/// device code with it, so the include scanner follows headers there (see
+/// [`crate::include`]). Asked once per process.
+pub fn host_include_dirs() -> Vec<PathBuf> {
+    static DIRS: std::sync::OnceLock<Vec<PathBuf>> = std::sync::OnceLock::new();
+    DIRS.get_or_init(|| {
+        let output = nvcc_command(Path::new("gcc"))
+            .args(["-x", "c++", "-E", "-v", "-o", "/dev/null", "/dev/null"])
+            .stdin(std::process::Stdio::null())
+            .output();
+        match output {
+            Ok(output) => parse_search_list(&String::from_utf8_lossy(&output.stderr)),
+            Err(_) => Vec::new(),
+        }
+    })
+    .clone()
+}
+
+/// The directories between `#include <...> search starts here:` and `End of search list.`
+fn parse_search_list(text: &str) -> Vec<PathBuf> {
+    text.lines()
+        .skip_while(|line| !line.starts_with("#include <...> search starts here:"))
+        .skip(1)
+        .take_while(|line| !line.starts_with("End of search list."))
+        .map(|line| PathBuf::from(line.trim()))
+        .filter(|dir| dir.is_dir())
+        .collect()
+}
+
+/// The exact version of a `ptxas` (`12.9.86`), from `ptxas --version`.
+pub(crate) fn ptxas_version(ptxas: &Path) -> Result<String, ProbeFailure> {
+    let text = run_probe(ptxas, "--version")?;
+    parse_nvcc_version(&text).ok_or_else(|| {
+        (
+            format!("read the version from `{} --version`", ptxas.display()),
+            format!("no `release X.Y, VX.Y.Z` in its output:\n{text}").into(),
+        )
+    })
+}
+
+/// The newest PTX ISA a `ptxas` of CUDA `version` assembles, as (major, minor): CUDA 12.9 reads
+/// PTX ISA 8.8, 12.8 reads 8.7. `None` for a version this table does not know.
+pub fn max_ptx_isa(version: &str) -> Option<(u32, u32)> {
+    let build = CudaBuild::from_version(version).ok()?;
+    match (build.major, build.minor) {
+        (12, 9) => Some((8, 8)),
+        (12, 8) => Some((8, 7)),
+        (13, 0) => Some((9, 0)),
+        _ => None,
+    }
+}
+
+/// The toolchain whose nvcc compiles device code for `build` when `build` has `ptxas` but no
+/// nvcc of its own (the CUDA 12.9 wheels): the next major release's `.0` toolchain (`cu130` for
+/// `cu129`), if it is installed and has nvcc.
+pub fn front_end_for(build: CudaBuild) -> Option<Toolchain> {
+    let next = CudaBuild {
+        major: build.major + 1,
+        minor: 0,
+    };
+    discover(next)
+        .ok()
+        .filter(|toolchain| toolchain.nvcc.is_some())
+}
 
 /// Runs `nvcc <flag>` and returns its standard output.
 fn run_probe(nvcc: &Path, flag: &str) -> Result<String, ProbeFailure> {
@@ -372,6 +486,7 @@ fn nvrtc_package_version(dir: &Path) -> Option<String> {
 struct Layout {
     nvcc: Option<PathBuf>,
     nvrtc: Option<PathBuf>,
+    ptxas: Option<PathBuf>,
     include_dirs: Vec<PathBuf>,
 }
 
@@ -398,6 +513,10 @@ impl Layout {
             let nvcc = component.join("bin").join("nvcc");
             if layout.nvcc.is_none() && nvcc.is_file() {
                 layout.nvcc = Some(nvcc);
+            }
+            let ptxas = component.join("bin").join("ptxas");
+            if layout.ptxas.is_none() && ptxas.is_file() {
+                layout.ptxas = Some(ptxas);
             }
             if layout.nvrtc.is_none() {
                 layout.nvrtc = ["lib64", "lib"]
@@ -611,6 +730,8 @@ mod tests {
             root: PathBuf::new(),
             nvcc: None,
             nvrtc: None,
+            ptxas: None,
+            host_compiler: None,
             include_dirs: Vec::new(),
             compiler: CompilerId {
                 kind: CompilerKind::Nvcc,

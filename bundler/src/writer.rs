@@ -4,19 +4,45 @@
 //! at a fixed level, with a dictionary trained on the bundle's own cubins when that makes the
 //! bundle smaller; the index is sorted JSON; nothing records a time or a host path.
 //!
-//! The new bundle is assembled in a hidden sibling directory and renamed over the old one, so
-//! a killed run leaves the previous bundle (or none), never a half-written one. Leftover
-//! siblings of an earlier killed run are removed first.
+//! # The output folder
+//!
+//! `--out` is replaced only when it is absent, empty, or holds what kwheel writes there (a
+//! bundle, recognised by its `index.json`; a shard, by its `shard.json`); anything else is an
+//! error naming the folder, and nothing in it is touched. The new content is assembled in a
+//! hidden sibling and swapped in:
+//!
+//! ```text
+//! parent/
+//! ├── .out.lock            empty; locked (flock) by the run writing `out`, released by the OS
+//! ├── .out.tmp-XXXXXX/     the new content, filled here (with `.kwheel-staging` until done)
+//! └── out/                 the old bundle until the swap, the new one after
+//! ```
+//!
+//! The swap is one `renameat2(RENAME_EXCHANGE)` where the file system has it: `out` is the
+//! old or the new bundle at every instant, and the old one, now in the sibling, is removed.
+//! Elsewhere it is two renames (`out` → `.out.old-XXXXXX`, then the sibling → `out`); a kill
+//! between them leaves the old bundle in `.out.old-*`, which the next run puts back before
+//! anything else. Runs on one `out` take the lock first, so they serialize instead of racing,
+//! and only the lock holder removes leftovers (siblings of a killed run, recognised by their
+//! prefix and by holding nothing but what kwheel writes there).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use std::fs::File;
+
+// Called by path: `File` has inherent lock methods of the same names in newer Rust.
+use fs4::fs_std::FileExt;
 use prebuilt::bundle::{artifact_path, parse_index, DICTIONARY_FILE, INDEX_FILE, SOURCES_DIR};
 use prebuilt::index::{Index, StoredFile};
 use prebuilt::key::sha256_hex;
+use prebuilt::untrusted::{read_regular_file, MAX_INDEX_SIZE};
 
-use crate::cache::write_atomically;
 use crate::Error;
+
+/// Written first into a staging folder and removed just before the swap: a leftover that
+/// holds it is a killed run's, and may be removed.
+const STAGING_MARKER: &str = ".kwheel-staging";
 
 /// zstd level for artifacts: slow to write once, as fast as any level to read.
 const LEVEL: i32 = 19;
@@ -41,10 +67,11 @@ pub fn write_bundle(
     sources: &BTreeMap<String, PathBuf>,
     jobs: usize,
 ) -> Result<(Index, WriteOutcome), Error> {
+    let output = Output::lock(out, Replaceable::Marker(INDEX_FILE))?;
     if let Some(existing) = unchanged_bundle(out, &index) {
         return Ok((existing, WriteOutcome::Unchanged));
     }
-    stage_directory(out, |root| {
+    output.stage(|root| {
         let samples: Vec<&[u8]> = cubins.values().map(Vec::as_slice).collect();
         let (dictionary, stored) = compress_all(&samples, jobs);
         if let Some(dictionary) = &dictionary {
@@ -82,36 +109,288 @@ pub fn write_bundle(
     Ok((index, WriteOutcome::Written))
 }
 
-/// Fills a new directory through `fill` in a hidden sibling of `out`, then renames it over
-/// `out`: a reader sees the old directory or the new one, never a half-written one, and a
-/// killed run leaves a sibling that the next run removes.
+/// Fills a new directory through `fill` in a hidden sibling of `out`, then swaps it into
+/// place (see the module docs): `out` must be absent, empty, or hold a regular file `marker`
+/// (`index.json` of a bundle, `shard.json` of a shard); concurrent calls on one `out`
+/// serialize on its lock.
 pub fn stage_directory(
     out: &Path,
+    marker: &'static str,
     fill: impl FnOnce(&Path) -> Result<(), Error>,
 ) -> Result<(), Error> {
-    let parent = out
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    std::fs::create_dir_all(parent).map_err(|source| Error::Write {
-        path: parent.to_owned(),
-        source,
-    })?;
-    let name = out
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "bundle".into());
-    remove_leftovers(parent, &name);
-    let staging = tempfile::Builder::new()
-        .prefix(&format!(".{name}.tmp-"))
-        .tempdir_in(parent)
-        .map_err(|source| Error::Write {
-            path: parent.to_owned(),
+    Output::lock(out, Replaceable::Marker(marker))?.stage(fill)
+}
+
+/// What an existing output folder must hold to be replaced.
+#[derive(Clone, Copy, Debug)]
+enum Replaceable {
+    /// A regular file of this name: `index.json` (a bundle), `shard.json` (a shard).
+    Marker(&'static str),
+    /// What `bundle extract` writes: `<kernel>/<build>/<arch>.cubin` files only.
+    Extracted,
+}
+
+/// An output folder, locked for this run, recovered from a killed run's leftovers, and
+/// checked to be replaceable.
+struct Output {
+    out: PathBuf,
+    parent: PathBuf,
+    name: String,
+    _lock: File,
+}
+
+impl Output {
+    fn lock(out: &Path, replaceable: Replaceable) -> Result<Output, Error> {
+        let refuse = |reason: &str| Error::Output {
+            path: out.to_owned(),
+            reason: reason.to_owned(),
+        };
+        let name = match out.file_name() {
+            Some(name)
+                if !matches!(
+                    out.components().next_back(),
+                    Some(std::path::Component::ParentDir)
+                ) =>
+            {
+                name.to_string_lossy().into_owned()
+            }
+            _ => {
+                return Err(refuse(
+                    "it does not name a folder (give a path that ends in a name)",
+                ))
+            }
+        };
+        let parent = out
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."))
+            .to_owned();
+        std::fs::create_dir_all(&parent).map_err(|source| Error::Write {
+            path: parent.clone(),
             source,
         })?;
-    fill(staging.path())?;
-    let staged = staging.keep();
-    swap_into_place(&staged, out, parent, &name)
+        let lock_path = parent.join(format!(".{name}.lock"));
+        let lock_error = |source| Error::Write {
+            path: lock_path.clone(),
+            source,
+        };
+        let lock = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(lock_error)?;
+        FileExt::lock_exclusive(&lock).map_err(lock_error)?;
+        let output = Output {
+            out: out.to_owned(),
+            parent,
+            name,
+            _lock: lock,
+        };
+        output.recover(replaceable)?;
+        check_replaceable(out, replaceable)?;
+        Ok(output)
+    }
+
+    /// Puts back an old bundle a kill left between the two renames, and removes the other
+    /// leftovers of killed runs. Only the lock holder calls it, so none is in use.
+    fn recover(&self, replaceable: Replaceable) -> Result<(), Error> {
+        let Ok(entries) = std::fs::read_dir(&self.parent) else {
+            return Ok(());
+        };
+        let tmp = format!(".{}.tmp-", self.name);
+        let old = format!(".{}.old-", self.name);
+        let mut leftovers: Vec<(bool, PathBuf)> = entries
+            .flatten()
+            .filter_map(|entry| {
+                let file_name = entry.file_name().to_string_lossy().into_owned();
+                let is_old = file_name.starts_with(&old);
+                (is_old || file_name.starts_with(&tmp)).then(|| (is_old, entry.path()))
+            })
+            .collect();
+        leftovers.sort();
+        for (is_old, path) in leftovers {
+            let restorable = is_old && std::fs::symlink_metadata(&self.out).is_err();
+            if restorable && check_replaceable(&path, replaceable).is_ok() {
+                std::fs::rename(&path, &self.out).map_err(|source| Error::Write {
+                    path: self.out.clone(),
+                    source,
+                })?;
+            } else if path.join(STAGING_MARKER).is_file()
+                || check_replaceable(&path, replaceable).is_ok()
+            {
+                let _ = std::fs::remove_dir_all(&path);
+            }
+        }
+        Ok(())
+    }
+
+    /// Fills a staging sibling through `fill`, then swaps it into place.
+    fn stage(self, fill: impl FnOnce(&Path) -> Result<(), Error>) -> Result<(), Error> {
+        let write_error = |path: &Path| {
+            let path = path.to_owned();
+            move |source| Error::Write { path, source }
+        };
+        let staging = tempfile::Builder::new()
+            .prefix(&format!(".{}.tmp-", self.name))
+            .tempdir_in(&self.parent)
+            .map_err(write_error(&self.parent))?;
+        let marker = staging.path().join(STAGING_MARKER);
+        std::fs::write(&marker, b"").map_err(write_error(&marker))?;
+        fill(staging.path())?;
+        std::fs::remove_file(&marker).map_err(write_error(&marker))?;
+        let staged = staging.keep();
+        self.swap_into_place(&staged).inspect_err(|_| {
+            let _ = std::fs::remove_dir_all(&staged);
+        })
+    }
+
+    fn swap_into_place(&self, staged: &Path) -> Result<(), Error> {
+        let out = &self.out;
+        let write_error = |source| Error::Write {
+            path: out.to_owned(),
+            source,
+        };
+        if std::fs::symlink_metadata(out).is_err() {
+            return std::fs::rename(staged, out).map_err(write_error);
+        }
+        if exchange(staged, out).is_ok() {
+            // `staged` now holds the old content.
+            let _ = std::fs::remove_dir_all(staged);
+            return Ok(());
+        }
+        let old = tempfile::Builder::new()
+            .prefix(&format!(".{}.old-", self.name))
+            .tempdir_in(&self.parent)
+            .map_err(write_error)?
+            .keep();
+        std::fs::remove_dir(&old).map_err(write_error)?;
+        std::fs::rename(out, &old).map_err(write_error)?;
+        if let Err(source) = std::fs::rename(staged, out) {
+            let _ = std::fs::rename(&old, out);
+            return Err(write_error(source));
+        }
+        let _ = std::fs::remove_dir_all(&old);
+        Ok(())
+    }
+}
+
+/// Swaps two paths in one step (Linux `renameat2` with `RENAME_EXCHANGE`).
+#[cfg(target_os = "linux")]
+fn exchange(a: &Path, b: &Path) -> std::io::Result<()> {
+    use rustix::fs::{renameat_with, RenameFlags, CWD};
+    renameat_with(CWD, a, CWD, b, RenameFlags::EXCHANGE).map_err(std::io::Error::from)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn exchange(_: &Path, _: &Path) -> std::io::Result<()> {
+    Err(std::io::ErrorKind::Unsupported.into())
+}
+
+/// Refuses early (before any compile) an output folder that a bundle, or with `shard` a
+/// shard, may not replace. The writer checks again under the lock.
+pub fn check_output(out: &Path, shard: bool) -> Result<(), Error> {
+    let marker = if shard {
+        crate::shard::SHARD_FILE
+    } else {
+        INDEX_FILE
+    };
+    check_replaceable(out, Replaceable::Marker(marker))
+}
+
+/// Whether `out` may be replaced: absent, an empty folder, or one holding what kwheel writes
+/// there; otherwise an error naming the folder and what is in it.
+fn check_replaceable(out: &Path, replaceable: Replaceable) -> Result<(), Error> {
+    let refuse = |reason: String| Error::Output {
+        path: out.to_owned(),
+        reason,
+    };
+    let metadata = match std::fs::symlink_metadata(out) {
+        Ok(metadata) => metadata,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(source) => {
+            return Err(Error::Read {
+                path: out.to_owned(),
+                source,
+            })
+        }
+    };
+    if metadata.file_type().is_symlink() {
+        return Err(refuse(
+            "it is a symbolic link; give the folder itself".into(),
+        ));
+    }
+    if !metadata.is_dir() {
+        return Err(refuse("it is not a folder".into()));
+    }
+    let read_error = |source| Error::Read {
+        path: out.to_owned(),
+        source,
+    };
+    let mut entries = std::fs::read_dir(out).map_err(read_error)?.peekable();
+    let Some(first) = entries.next() else {
+        return Ok(());
+    };
+    let first = first.map_err(read_error)?.file_name();
+    match replaceable {
+        Replaceable::Marker(marker) => {
+            let path = out.join(marker);
+            let recognised = read_regular_file(&path, MAX_INDEX_SIZE)
+                .ok()
+                .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
+                .is_some_and(|value| value.get("format").is_some());
+            if recognised {
+                Ok(())
+            } else {
+                Err(refuse(format!(
+                    "it is not empty (it holds `{}`) and has no kwheel `{marker}`: kwheel \
+                     replaces only an empty folder or one it wrote; give a new folder",
+                    first.to_string_lossy()
+                )))
+            }
+        }
+        Replaceable::Extracted => match foreign_entry(out, 0) {
+            None => Ok(()),
+            Some(foreign) => Err(refuse(format!(
+                "it holds `{}`, which `bundle extract` does not write: kwheel replaces only \
+                 an empty folder or an earlier extraction; give a new folder",
+                foreign.display()
+            ))),
+        },
+    }
+}
+
+/// The first entry under `dir` (at `depth` of `<kernel>/<build>/<arch>.cubin`) that is not
+/// part of that layout: a hidden name, a link, a file where a folder belongs, anything but a
+/// `.cubin` file at the bottom.
+fn foreign_entry(dir: &Path, depth: usize) -> Option<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Some(dir.to_owned());
+    };
+    for entry in entries {
+        let Ok(entry) = entry else {
+            return Some(dir.to_owned());
+        };
+        let path = entry.path();
+        let Ok(kind) = entry.file_type() else {
+            return Some(path);
+        };
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') {
+            return Some(path);
+        }
+        if depth < 2 {
+            if !kind.is_dir() {
+                return Some(path);
+            }
+            if let Some(foreign) = foreign_entry(&path, depth + 1) {
+                return Some(foreign);
+            }
+        } else if !(kind.is_file() && (name.ends_with(".cubin") || name.ends_with(".ptx"))) {
+            return Some(path);
+        }
+    }
+    None
 }
 
 /// The existing bundle's index when it matches `planned` in everything but storage details,
@@ -226,53 +505,41 @@ fn write_file(path: &Path, bytes: &[u8]) -> Result<(), Error> {
     })
 }
 
-fn swap_into_place(staged: &Path, out: &Path, parent: &Path, name: &str) -> Result<(), Error> {
-    let write_error = |source| Error::Write {
-        path: out.to_owned(),
-        source,
-    };
-    if out.exists() {
-        let old = tempfile::Builder::new()
-            .prefix(&format!(".{name}.old-"))
-            .tempdir_in(parent)
-            .map_err(write_error)?
-            .keep();
-        std::fs::remove_dir(&old).map_err(write_error)?;
-        std::fs::rename(out, &old).map_err(write_error)?;
-        std::fs::rename(staged, out).map_err(write_error)?;
-        let _ = std::fs::remove_dir_all(&old);
+/// The file extension of an extracted artifact: `ptx` for a `compute_XY` target, else `cubin`.
+fn extension(arch: prebuilt::Arch) -> &'static str {
+    if arch.is_ptx() {
+        "ptx"
     } else {
-        std::fs::rename(staged, out).map_err(write_error)?;
-    }
-    Ok(())
-}
-
-fn remove_leftovers(parent: &Path, name: &str) {
-    let Ok(entries) = std::fs::read_dir(parent) else {
-        return;
-    };
-    let prefixes = [format!(".{name}.tmp-"), format!(".{name}.old-")];
-    for entry in entries.flatten() {
-        let file_name = entry.file_name().to_string_lossy().into_owned();
-        if prefixes.iter().any(|p| file_name.starts_with(p.as_str())) {
-            let _ = std::fs::remove_dir_all(entry.path());
-        }
+        "cubin"
     }
 }
 
-/// Writes the cubins of a bundle as plain files `DIR/<kernel>/<build>/<arch>.cubin`.
+/// Writes the cubins of a bundle as plain files `DIR/<kernel>/<build>/<arch>.cubin` (PTX as
+/// `<arch>.ptx`): all of them into a staging folder, renamed to `out` once every one is
+/// verified, so a failure leaves nothing half-written. `out` must be absent, empty, or an earlier extraction.
+/// Kernel names come from the index, which [`prebuilt::bundle::parse_index`] checked to be
+/// identifiers (one path component each).
 pub fn extract_bundle(bundle: &prebuilt::Bundle, out: &Path) -> Result<Vec<PathBuf>, Error> {
+    let output = Output::lock(out, Replaceable::Extracted)?;
     let mut written = Vec::new();
-    for (kernel, record) in &bundle.index().kernels {
-        for variant in &record.variants {
-            let cubin = bundle.read_artifact(kernel, variant)?;
-            let path = out
-                .join(kernel)
-                .join(variant.cuda.to_string())
-                .join(format!("{}.cubin", variant.arch));
-            write_atomically(&path, &cubin)?;
-            written.push(path);
+    output.stage(|root| {
+        for (kernel, record) in &bundle.index().kernels {
+            let kernel_dir = prebuilt::untrusted::KernelName::parse(kernel).map_err(|source| {
+                prebuilt::BundleError::Refused {
+                    path: bundle.root().join(INDEX_FILE),
+                    source,
+                }
+            })?;
+            for variant in &record.variants {
+                let cubin = bundle.read_artifact(kernel, variant)?;
+                let relative = Path::new(kernel_dir.as_str())
+                    .join(variant.cuda.to_string())
+                    .join(format!("{}.{}", variant.arch, extension(variant.arch)));
+                write_file(&root.join(&relative), &cubin)?;
+                written.push(out.join(relative));
+            }
         }
-    }
+        Ok(())
+    })?;
     Ok(written)
 }

@@ -11,6 +11,18 @@ use bundler::{bundle_kernels, BuildToolchain, BundleOptions, BundleSummary, Erro
 use prebuilt::cubin::validate_cubin;
 use prebuilt::{Arch, Bundle, CudaBuild};
 
+/// `eprintln!` for a test that passes without testing, past the test harness's capture, so
+/// that `ci/test` lists it: `SKIPPED: <test>: <message>`.
+macro_rules! skipped {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let message = format!($($arg)*);
+        let message = message.strip_prefix("skipped: ").unwrap_or(&message).to_owned();
+        let test = std::thread::current().name().unwrap_or("(unnamed test)").to_owned();
+        let _ = writeln!(std::io::stderr(), "SKIPPED: {test}: {message}");
+    }};
+}
+
 fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
@@ -38,7 +50,7 @@ fn toolchains() -> Option<Vec<BuildToolchain>> {
             panic!("toolchains required but missing: {reason}")
         }
         Err(reason) => {
-            eprintln!("skipped: {reason}");
+            skipped!("skipped: {reason}");
             None
         }
     }
@@ -172,7 +184,8 @@ fn default_library_bundles_every_target_minus_declared_skips() {
             assert!(skip.reason.starts_with("declared"), "{name}: {skip:?}");
             cells.insert((skip.cuda.to_string(), skip.arch.to_string()));
         }
-        assert_eq!(cells.len(), 4, "{name}: every cell is a variant or a skip");
+        // sm_90a, sm_100a, sm_100f and compute_90, with each of the two CUDA builds.
+        assert_eq!(cells.len(), 8, "{name}: every cell is a variant or a skip");
     }
     let wgmma = &index.kernels["wgmma_matmul_bf16"];
     assert_eq!(wgmma.variants.len(), 2);
@@ -180,13 +193,24 @@ fn default_library_bundles_every_target_minus_declared_skips() {
         .variants
         .iter()
         .all(|v| v.arch.to_string() == "sm_90a"));
-    assert_eq!(wgmma.skipped.len(), 2);
+    assert_eq!(wgmma.skipped.len(), 6);
     assert!(wgmma
         .skipped
         .iter()
-        .all(|s| s.arch.to_string() == "sm_100a"));
+        .all(|s| ["sm_100a", "sm_100f", "compute_90"].contains(&s.arch.to_string().as_str())));
     let layernorm = &index.kernels["layernorm_bf16"];
-    assert_eq!(layernorm.variants.len(), 4);
+    assert_eq!(layernorm.variants.len(), 8);
+    // The PTX variant is PTX, with the cubins' entries and parameter sizes.
+    let ptx = layernorm
+        .variants
+        .iter()
+        .find(|v| v.arch.to_string() == "compute_90")
+        .unwrap();
+    let text = bundle.read_artifact("layernorm_bf16", ptx).unwrap();
+    assert!(String::from_utf8(text)
+        .unwrap()
+        .contains("\n.target sm_90\n"));
+    assert_eq!(ptx.functions, layernorm.variants[1].functions);
     // Constants reach the index for callers.
     assert_eq!(layernorm.constants["BLOCK_SIZE"].to_string(), "256");
     // The layernorm entry takes (out, in, gamma, beta, rows, cols, eps).
@@ -265,7 +289,11 @@ fn editing_a_shared_header_recompiles_exactly_its_includers() {
         .collect();
     assert_eq!(
         includers,
-        BTreeSet::from(["sigmoid_gate".to_owned(), "swiglu".to_owned()]),
+        BTreeSet::from([
+            "sigmoid_gate".to_owned(),
+            "sigmoid_gate_backward".to_owned(),
+            "swiglu".to_owned()
+        ]),
         "the library's include structure changed; update this test"
     );
     let path = manifest.parent().unwrap().join(header);
@@ -282,8 +310,12 @@ fn editing_a_shared_header_recompiles_exactly_its_includers() {
     let second = bundle_kernels(&options(&manifest, &out, &cache, toolchains)).unwrap();
     let recompiled: BTreeSet<String> = second.compiled.iter().map(|(k, _, _)| k.clone()).collect();
     assert_eq!(recompiled, includers);
-    // Each includer is rebuilt for all four targets; nothing else is.
-    assert_eq!(second.compiled.len(), 4 * includers.len());
+    // Each includer is rebuilt for every target it has; nothing else is.
+    let targets: usize = includers
+        .iter()
+        .map(|name| first.index.kernels[name].variants.len())
+        .sum();
+    assert_eq!(second.compiled.len(), targets);
 }
 
 #[test]
@@ -800,6 +832,7 @@ fn jobs_run_in_parallel_up_to_the_limit_and_hit_the_cache_after() {
         compiler: fake.clone(),
         supported_sms: BTreeSet::from([90, 100]),
         include_dirs: Vec::new(),
+        nvcc_route: None,
     };
     let mut opts = options(
         &manifest,
@@ -834,7 +867,7 @@ fn jobs_run_in_parallel_up_to_the_limit_and_hit_the_cache_after() {
     );
     let _ = Arch {
         sm: 90,
-        specific: true,
+        kind: prebuilt::ArchKind::Specific,
     };
 }
 
@@ -905,6 +938,7 @@ impl FakeLibrary {
             compiler: self.fake.clone(),
             supported_sms: BTreeSet::from([90, 100]),
             include_dirs: Vec::new(),
+            nvcc_route: None,
         };
         options(
             &self.manifest,
@@ -1162,7 +1196,7 @@ fn test_store() -> Option<String> {
             panic!("KWHEEL_REQUIRE_STORE=1 but KWHEEL_TEST_STORE names no server")
         }
         _ => {
-            eprintln!("skipped: KWHEEL_TEST_STORE names no server (`.ci/run` starts one)");
+            skipped!("skipped: KWHEEL_TEST_STORE names no server (`.ci/run` starts one)");
             None
         }
     }
@@ -1227,5 +1261,502 @@ fn bench_remote_cache_rebuild() {
         cold.elapsed.as_secs_f64(),
         warm.from_remote,
         warm.elapsed.as_secs_f64()
+    );
+}
+
+// ---- real libraries: host code, failures that do not abort, entries as C++ spells them ----
+
+/// Where `ci/setup-thirdparty` puts third-party headers, or `None` (printing why) when it has
+/// not run; with `KWHEEL_REQUIRE_TOOLCHAINS=1` (CI) their absence fails the test.
+fn thirdparty(test: &str, name: &str) -> Option<PathBuf> {
+    let root = std::env::var_os("KWHEEL_THIRDPARTY")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            bundler::cache::user_cache_dir()
+                .join("kwheel")
+                .join("thirdparty")
+        });
+    let dir = root.join(name).join("include");
+    if dir.is_dir() {
+        return Some(dir);
+    }
+    if std::env::var("KWHEEL_REQUIRE_TOOLCHAINS").as_deref() == Ok("1") {
+        panic!("{} missing: run `ci/setup-thirdparty`", dir.display());
+    }
+    eprintln!(
+        "SKIPPED: {test}: {} missing (run `ci/setup-thirdparty`)",
+        dir.display()
+    );
+    None
+}
+
+#[test]
+fn flashinfer_activation_norm_and_quantization_build_for_the_whole_matrix() {
+    let test = "flashinfer_activation_norm_and_quantization_build_for_the_whole_matrix";
+    let Some(toolchains) = toolchains() else {
+        return;
+    };
+    let (Some(flashinfer), Some(libraries)) = (
+        thirdparty(test, "flashinfer-python-0.7.4"),
+        thirdparty(test, "cuda-libraries-13.0"),
+    ) else {
+        return;
+    };
+    let fixture = workspace().join("bundler/tests/fixtures/flashinfer");
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["activation.cu", "norm.cu", "quantization.cu"] {
+        std::fs::copy(fixture.join(name), dir.path().join(name)).unwrap();
+    }
+    let manifest = std::fs::read_to_string(fixture.join("kernels.toml"))
+        .unwrap()
+        .replace("@FLASHINFER_INCLUDE@", &flashinfer.display().to_string())
+        .replace("@CUDA_LIBRARIES_INCLUDE@", &libraries.display().to_string());
+    std::fs::write(dir.path().join("kernels.toml"), manifest).unwrap();
+    let mut opts = options(
+        &dir.path().join("kernels.toml"),
+        &dir.path().join("out"),
+        &dir.path().join("cache"),
+        toolchains,
+    );
+    opts.require = true;
+    let started = std::time::Instant::now();
+    let summary = bundle_kernels(&opts).unwrap_or_else(|error| panic!("{}", anyhow_like(&error)));
+    eprintln!("flashinfer: 12 variants in {:?}", started.elapsed());
+    assert_eq!(summary.compiled.len(), 12);
+    assert!(summary.failed.is_empty());
+    let bundle = Bundle::open(&summary.out).unwrap();
+    for (name, record) in &bundle.index().kernels {
+        let targets: Vec<(String, String)> = record
+            .variants
+            .iter()
+            .map(|v| (v.label(), v.compiler.kind.clone()))
+            .collect();
+        assert_eq!(
+            targets,
+            [
+                ("cu129/sm_90a".to_owned(), "nvcc+ptxas".to_owned()),
+                ("cu129/sm_100a".to_owned(), "nvcc+ptxas".to_owned()),
+                ("cu130/sm_90a".to_owned(), "nvcc".to_owned()),
+                ("cu130/sm_100a".to_owned(), "nvcc".to_owned()),
+            ],
+            "{name}"
+        );
+        for variant in &record.variants {
+            // Each cubin validates for its arch with the symbols the compiler named, and a
+            // cu129 one is what CUDA 12.9's ptxas writes (ABI 7 for sm_90a, as NVRTC 12.9).
+            let cubin = bundle.read_artifact(name, variant).unwrap();
+            let symbols: Vec<&str> = variant
+                .functions
+                .iter()
+                .map(|f| f.symbol.as_str())
+                .collect();
+            let info = validate_cubin(&cubin, variant.arch, &symbols).unwrap();
+            if variant.label() == "cu129/sm_90a" {
+                assert_eq!((info.abi_version, info.elf_flags), (7, 0x5a0d5a), "{name}");
+            }
+            assert!(
+                variant.compiler.version.contains(", host "),
+                "{}",
+                variant.compiler
+            );
+        }
+    }
+    let symbols = |kernel: &str| -> Vec<String> {
+        bundle.index().kernels[kernel].variants[0]
+            .functions
+            .iter()
+            .map(|f| f.symbol.clone())
+            .collect()
+    };
+    // A typedef (`floatX` is `half`), a function without and with `&`, `8` and `8u`, an enum.
+    assert_eq!(
+        symbols("silu_and_mul"),
+        [
+            "_ZN10flashinfer10activation18act_and_mul_kernelI6__halfXadL_ZN11kwheel_test4siluERKfEELj8EEEvPT_PKS6_i",
+            "_ZN10flashinfer10activation18act_and_mul_kernelI13__nv_bfloat16XadL_ZN11kwheel_test9gelu_tanhERKfEELj8EEEvPT_PKS6_i"
+        ]
+    );
+    assert_eq!(
+        symbols("rmsnorm"),
+        [
+            "_ZN10flashinfer4norm13RMSNormKernelILj8E6__halfEEvPT0_S4_S4_jjjff",
+            "_ZN10flashinfer4norm21FusedAddRMSNormKernelILj8E13__nv_bfloat16EEvPT0_S4_S4_jjjff"
+        ]
+    );
+    assert_eq!(
+        symbols("packbits"),
+        ["_ZN10flashinfer12quantization14PackBitsKernelILNS0_8BitOrderE1EEEvPbPhl"]
+    );
+
+    // The hashed files are exactly the library files nvcc reads (`nvcc -M`), those reached
+    // through toolkit and system headers included.
+    let nvcc = bundler::toolchain::discover("cu130".parse().unwrap())
+        .unwrap()
+        .nvcc
+        .unwrap();
+    let library_roots = [
+        dir.path().canonicalize().unwrap(),
+        flashinfer.canonicalize().unwrap(),
+        libraries.canonicalize().unwrap(),
+    ];
+    for (name, record) in &bundle.index().kernels {
+        let recipe = record.recipe.as_ref().unwrap();
+        let output = std::process::Command::new(&nvcc)
+            .args(["-M", "-arch=sm_90a", "-std=c++17"])
+            .arg(format!("-I{}", flashinfer.display()))
+            .arg(format!("-I{}", libraries.display()))
+            .arg(dir.path().join(&recipe.source))
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let text = String::from_utf8(output.stdout)
+            .unwrap()
+            .replace("\\\n", " ");
+        let nvcc_files: BTreeSet<PathBuf> = text
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|path| Path::new(path).canonicalize().ok())
+            .filter(|path| library_roots.iter().any(|root| path.starts_with(root)))
+            .collect();
+        let ours: BTreeSet<PathBuf> = record
+            .inputs
+            .files
+            .keys()
+            .map(|stable| {
+                let path = if let Some(rest) = stable.strip_prefix("[0]/") {
+                    flashinfer.join(rest)
+                } else if let Some(rest) = stable.strip_prefix("[1]/") {
+                    libraries.join(rest)
+                } else {
+                    dir.path().join(stable)
+                };
+                path.canonicalize().unwrap()
+            })
+            .collect();
+        assert!(nvcc_files.len() > 2, "{name}: {nvcc_files:?}");
+        assert_eq!(
+            ours, nvcc_files,
+            "{name}: hashed files differ from nvcc -M's"
+        );
+    }
+}
+
+#[test]
+fn a_library_header_reached_through_a_toolkit_header_is_in_the_key() {
+    let Some(toolchains) = toolchains() else {
+        return;
+    };
+    // `<cuda/std/utility>` is the toolkit's; it includes `<cuda/std/detail/__config>`, which
+    // this library's include dir shadows (as a library vendoring a newer CCCL does).
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = write_library(
+        dir.path(),
+        "[library]\npackage = \"shadow\"\narchs = [\"sm_90a\"]\ncuda-builds = [\"cu130\"]\ntorch = \"2.13.*\"\ninclude-dirs = [\"vendor\"]\n[kernels.k]\nsources = [\"k.cu\"]\nentries = [\"k\"]\n",
+        &[
+            (
+                "k.cu",
+                "#include <cuda/std/utility>\nextern \"C\" __global__ void k(int* x) { \
+                 x[0] = cuda::std::move(x[1]); }\n",
+            ),
+            (
+                "vendor/cuda/std/detail/__config",
+                "// the library's own CCCL configuration\n#include_next <cuda/std/detail/__config>\n",
+            ),
+        ],
+    );
+    let cu130: Vec<BuildToolchain> = toolchains
+        .into_iter()
+        .filter(|t| t.build.to_string() == "cu130")
+        .collect();
+    let manifest_file = bundler::Manifest::load(&manifest).unwrap();
+    let spec = &manifest_file.kernels["k"];
+    let toolkit: Vec<PathBuf> = cu130[0].include_dirs.clone();
+    let plan = |manifest_file: &bundler::Manifest| {
+        bundler::build::plan_kernel(manifest_file, "k", spec, &toolkit).unwrap()
+    };
+    let before = plan(&manifest_file);
+    assert!(
+        before
+            .inputs
+            .files
+            .contains_key("vendor/cuda/std/detail/__config"),
+        "{:?}",
+        before.inputs.files.keys().collect::<Vec<_>>()
+    );
+    // nvcc reads that file too.
+    let nvcc = bundler::toolchain::discover("cu130".parse().unwrap())
+        .unwrap()
+        .nvcc
+        .unwrap();
+    let output = std::process::Command::new(&nvcc)
+        .args(["-M", "-arch=sm_90a", "-std=c++17"])
+        .arg(format!("-I{}", dir.path().join("vendor").display()))
+        .arg(dir.path().join("k.cu"))
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains("vendor/cuda/std/detail/__config"),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let opts = options(
+        &manifest,
+        &dir.path().join("out"),
+        &dir.path().join("cache"),
+        cu130.clone(),
+    );
+    let first = bundle_kernels(&opts).unwrap_or_else(|error| panic!("{}", anyhow_like(&error)));
+    assert_eq!(first.compiled.len(), 1);
+    std::fs::write(
+        dir.path().join("vendor/cuda/std/detail/__config"),
+        "// edited\n#include_next <cuda/std/detail/__config>\n",
+    )
+    .unwrap();
+    let second = bundle_kernels(&opts).unwrap();
+    assert_eq!(
+        second.compiled.len(),
+        1,
+        "the edit is a new key, so a new compile"
+    );
+    assert_ne!(
+        first.index.kernels["k"].variants[0].key,
+        second.index.kernels["k"].variants[0].key
+    );
+}
+
+const PARTLY_BUILDABLE: &str = r#"
+[library]
+package = "partly"
+archs = ["sm_90a", "sm_100a"]
+cuda-builds = ["cu129", "cu130"]
+torch = "2.13.*"
+# nvcc rejects this NVRTC option: it reaches NVRTC only.
+nvrtc-flags = ["-default-device"]
+
+[kernels.fill]
+sources = ["fill.cu"]
+entries = ["fill<floatX, 4>"]
+
+[kernels.picky]
+sources = ["picky.cu"]
+entries = ["picky"]
+
+[kernels.newest]
+sources = ["newest.cu"]
+entries = ["newest"]
+cuda-builds = ["cu130"]
+"#;
+
+const FILL_KERNEL: &str = r#"#include <cuda_fp16.h>
+template <typename T, int N>
+__global__ void fill(T* out) { out[threadIdx.x] = T(N); }
+using floatX = half;
+"#;
+
+/// Builds everywhere but with nvcc for sm_100a.
+const PICKY_KERNEL: &str = r#"
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000 && !defined(__CUDACC_RTC__)
+#error "picky: nvcc builds for sm_100 are not supported"
+#endif
+extern "C" __global__ void picky(float* out) { out[threadIdx.x] = 1.0f; }
+"#;
+
+const NEWEST_KERNEL: &str = r#"extern "C" __global__ void newest(float* out) { out[0] = 2.0f; }
+"#;
+
+#[test]
+fn a_target_that_fails_is_recorded_and_the_rest_is_bundled() {
+    let Some(toolchains) = toolchains() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = write_library(
+        dir.path(),
+        PARTLY_BUILDABLE,
+        &[
+            ("fill.cu", FILL_KERNEL),
+            ("picky.cu", PICKY_KERNEL),
+            ("newest.cu", NEWEST_KERNEL),
+        ],
+    );
+    let opts = options(
+        &manifest,
+        &dir.path().join("out"),
+        &dir.path().join("cache"),
+        toolchains,
+    );
+    let summary = bundle_kernels(&opts).unwrap_or_else(|error| panic!("{}", anyhow_like(&error)));
+    assert_eq!(summary.compiled.len(), 9);
+    assert_eq!(summary.skipped, 2, "newest is declared cu130-only");
+    let failed: Vec<String> = summary
+        .failed
+        .iter()
+        .map(|(kernel, build, arch, _)| format!("{kernel} {build} {arch}"))
+        .collect();
+    assert_eq!(failed, ["picky cu130 sm_100a"]);
+    let index = &summary.index;
+    let picky = &index.kernels["picky"];
+    assert_eq!(picky.variants.len(), 3);
+    assert_eq!(picky.skipped.len(), 1);
+    let reason = &picky.skipped[0].reason;
+    assert!(
+        reason.starts_with("failed: failed to compile `picky` for sm_100a (cu130, nvcc 13.0.88):"),
+        "{reason}"
+    );
+    assert!(
+        reason.contains("picky: nvcc builds for sm_100 are not supported"),
+        "{reason}"
+    );
+    let newest = &index.kernels["newest"];
+    let declared: Vec<String> = newest
+        .skipped
+        .iter()
+        .map(|s| format!("{}/{}: {}", s.cuda, s.arch, s.reason))
+        .collect();
+    assert_eq!(
+        declared,
+        [
+            "cu129/sm_90a: declared: the kernel builds only with cu130",
+            "cu129/sm_100a: declared: the kernel builds only with cu130"
+        ]
+    );
+    // A typedef'd template entry: lowered by NVRTC for cu129, named by nvcc for cu130.
+    let fill = &index.kernels["fill"];
+    let compilers: Vec<String> = fill
+        .variants
+        .iter()
+        .map(|v| format!("{} {}", v.label(), v.compiler.kind))
+        .collect();
+    assert_eq!(
+        compilers,
+        [
+            "cu129/sm_90a nvrtc",
+            "cu129/sm_100a nvrtc",
+            "cu130/sm_90a nvcc",
+            "cu130/sm_100a nvcc"
+        ]
+    );
+    for variant in &fill.variants {
+        assert_eq!(variant.functions[0].symbol, "_Z4fillI6__halfLi4EEvPT_");
+    }
+
+    // The cached rerun reports the same failure (failures are not cached) and nothing else.
+    let again = bundle_kernels(&opts).unwrap();
+    assert_eq!((again.compiled.len(), again.cached), (0, 9));
+    assert_eq!(again.failed.len(), 1);
+
+    // `require` makes the failure the build's error (as it does a declared skip).
+    let mut strict = opts.clone();
+    strict.require = true;
+    strict.only = vec!["picky".into()];
+    let error = bundle_kernels(&strict).unwrap_err();
+    let text = anyhow_like(&error);
+    assert!(
+        text.starts_with("failed to compile `picky` for sm_100a (cu130, nvcc 13.0.88):"),
+        "{text}"
+    );
+}
+
+/// Fails every compile, naming the target.
+struct FailingCompiler(CompilerId);
+
+impl Compiler for FailingCompiler {
+    fn id(&self) -> &CompilerId {
+        &self.0
+    }
+
+    fn compile(&self, request: &CompileRequest<'_>) -> Result<CompileOutput, CompileError> {
+        Err(CompileError::Failed {
+            kernel: request.kernel.to_owned(),
+            arch: request.arch,
+            build: "cu130".parse().unwrap(),
+            compiler: self.0.clone(),
+            log: "error: nothing compiles here\n".into(),
+        })
+    }
+}
+
+#[test]
+fn a_kernel_built_for_no_target_fails_the_build() {
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = write_library(
+        dir.path(),
+        "[library]\npackage = \"none\"\narchs = [\"sm_90a\", \"sm_100a\"]\ncuda-builds = [\"cu130\"]\ntorch = \"2.13.*\"\n[kernels.k]\nsources = [\"k.cu\"]\nentries = [\"k\"]\n",
+        &[("k.cu", "// k\n")],
+    );
+    let toolchain = BuildToolchain {
+        build: "cu130".parse().unwrap(),
+        compiler: Arc::new(FailingCompiler(CompilerId {
+            kind: CompilerKind::Nvcc,
+            version: "13.0.88".into(),
+        })),
+        supported_sms: BTreeSet::from([90, 100]),
+        include_dirs: Vec::new(),
+        nvcc_route: None,
+    };
+    let opts = options(
+        &manifest,
+        &dir.path().join("out"),
+        &dir.path().join("cache"),
+        vec![toolchain],
+    );
+    let error = bundle_kernels(&opts).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "`k` was built for no target of the matrix:\n  \
+         sm_90a (cu130): failed: failed to compile `k` for sm_90a (cu130, nvcc 13.0.88):\n\
+         error: nothing compiles here\n\n  \
+         sm_100a (cu130): failed: failed to compile `k` for sm_100a (cu130, nvcc 13.0.88):\n\
+         error: nothing compiles here\n"
+    );
+    assert!(!dir.path().join("out").exists(), "no bundle is written");
+}
+
+#[test]
+fn an_unknown_entry_lists_the_candidates_as_entries_spell_them() {
+    let Some(toolchains) = toolchains() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = write_library(
+        dir.path(),
+        "[library]\npackage = \"typo\"\narchs = [\"sm_90a\"]\ncuda-builds = [\"cu130\"]\ntorch = \"2.13.*\"\n[kernels.k]\nsources = [\"k.cu\"]\nentries = [\"scale<float>\", \"scale_rows\"]\n",
+        &[(
+            "k.cu",
+            "template <typename T, unsigned N, float (*F)(const float&)>\n\
+             __global__ void scale(T* x) { x[0] = F(N); }\n\
+             __device__ float twice(const float& v) { return 2 * v; }\n\
+             template __global__ void scale<float, 8, twice>(float*);\n",
+        )],
+    );
+    let toolchains = toolchains
+        .into_iter()
+        .filter(|t| t.build.to_string() == "cu130")
+        .collect();
+    let mut opts = options(
+        &manifest,
+        &dir.path().join("out"),
+        &dir.path().join("cache"),
+        toolchains,
+    );
+    opts.require = true;
+    let error = bundle_kernels(&opts).unwrap_err();
+    let text = anyhow_like(&error);
+    // nvcc is asked for `scale<float>` and rejects it, naming the entry.
+    assert!(text.contains("entry `scale<float>`"), "{text}");
+
+    let fixed = std::fs::read_to_string(&manifest)
+        .unwrap()
+        .replace("\"scale<float>\", ", "");
+    std::fs::write(&manifest, fixed).unwrap();
+    let error = bundle_kernels(&opts).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "cubin of `k` for sm_90a (cu130) has no entry `scale_rows` (its entries, as `entries` \
+         spells them: scale<float, (unsigned int)8, &twice>)"
     );
 }

@@ -15,6 +15,11 @@
 //!
 //! Prints markdown tables (the breakdown of one first call, and the comparison) for
 //! `docs/benchmarks.md`; `--json` also writes the numbers for `load_inline_bench.py`.
+//!
+//! A kernel whose variant is PTX (`compute_90`) has its first call include the driver's
+//! compile of that PTX, unless the driver finds it in its JIT cache (`~/.nv/ComputeCache`, or
+//! `CUDA_CACHE_PATH`): run with `CUDA_CACHE_DISABLE=1` for the compile every time, or with a
+//! fresh `CUDA_CACHE_PATH` for one compile and then cache hits. The header says which.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -188,9 +193,15 @@ fn run() -> Result<(), String> {
     );
     println!(
         "libcuda + cuInit {:.1} ms, primary context {:.1} ms (paid once per process, by PyTorch \
-         too)\n",
+         too)",
         ms(driver_time),
         ms(context_time)
+    );
+    let setting = |name: &str| std::env::var(name).unwrap_or_else(|_| "unset".to_owned());
+    println!(
+        "driver JIT cache for PTX: CUDA_CACHE_DISABLE={}, CUDA_CACHE_PATH={}\n",
+        setting("CUDA_CACHE_DISABLE"),
+        setting("CUDA_CACHE_PATH")
     );
 
     let mut rows = Vec::new();

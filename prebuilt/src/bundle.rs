@@ -14,11 +14,20 @@
 //! Every artifact is its own zstd frame (no solid archive), so a loader decompresses only
 //! the cubin it picked. Identical cubins share one file. Nothing read from an artifact is
 //! handed out before its sha256 matches the index.
+//!
+//! An index is untrusted input: [`parse_index`] checks every kernel name, path, digest and
+//! size in it ([`crate::untrusted::check_index`]) before anything joins a path, only regular
+//! files are read, never past a cap, and no stored path leads out of the bundle, through `..`
+//! or a symbolic link.
 
 use std::path::{Path, PathBuf};
 
 use crate::index::{Index, StoredFile, Variant, INDEX_FORMAT, STORE_INDEX_FORMAT};
 use crate::key::sha256_hex;
+use crate::untrusted::{
+    check_index, check_stored, read_regular_file, resolve_inside, ArtifactPath, Untrusted,
+    MAX_ARTIFACT_SIZE, MAX_DICTIONARY_SIZE, MAX_INDEX_SIZE,
+};
 
 /// File name of the index inside a bundle.
 pub const INDEX_FILE: &str = "index.json";
@@ -29,11 +38,13 @@ pub const ARTIFACTS_DIR: &str = "artifacts";
 /// Directory of the shipped kernel sources.
 pub const SOURCES_DIR: &str = "sources";
 
-/// The stored path of an artifact with this digest, relative to the bundle root.
+/// The stored path of an artifact with this digest, relative to the bundle root. Meant for
+/// a [`crate::untrusted::Digest`]; any other text still gives a path (never a panic), which
+/// [`ArtifactPath::parse`] judges before it is used.
 pub fn artifact_path(digest: &str) -> String {
     format!(
         "{ARTIFACTS_DIR}/{}/{digest}.cubin.zst",
-        &digest[..2.min(digest.len())]
+        digest.get(..2).unwrap_or(digest)
     )
 }
 
@@ -57,6 +68,16 @@ pub enum BundleError {
         /// The cause, with line and column.
         #[source]
         source: serde_json::Error,
+    },
+    /// The index names a file outside the bundle, a digest that is not a sha256, a kernel
+    /// name that is not an identifier, or a size over a cap.
+    #[error("bundle index `{}` is refused", path.display())]
+    Refused {
+        /// The index file.
+        path: PathBuf,
+        /// What is wrong with it.
+        #[source]
+        source: Untrusted,
     },
     /// The index was written by a newer or older format.
     #[error(
@@ -113,10 +134,11 @@ impl Bundle {
     pub fn open(root: impl Into<PathBuf>) -> Result<Bundle, BundleError> {
         let root = root.into();
         let path = root.join(INDEX_FILE);
-        let text = std::fs::read(&path).map_err(|source| BundleError::Read {
-            path: path.clone(),
-            source,
-        })?;
+        let text =
+            read_regular_file(&path, MAX_INDEX_SIZE).map_err(|source| BundleError::Read {
+                path: path.clone(),
+                source,
+            })?;
         let index = parse_index(&path, &text)?;
         Ok(Bundle { root, index })
     }
@@ -151,11 +173,17 @@ impl Bundle {
         let Some(dictionary) = &self.index.dictionary else {
             return Ok(None);
         };
-        let path = self.root.join(&dictionary.path);
-        let bytes = std::fs::read(&path).map_err(|source| BundleError::Read {
-            path: path.clone(),
-            source,
-        })?;
+        let path = stored_path(
+            &self.root,
+            dictionary,
+            MAX_DICTIONARY_SIZE,
+            "the dictionary",
+        )?;
+        let bytes =
+            read_regular_file(&path, MAX_DICTIONARY_SIZE).map_err(|source| BundleError::Read {
+                path: path.clone(),
+                source,
+            })?;
         verify(
             &bytes,
             dictionary,
@@ -167,8 +195,20 @@ impl Bundle {
     }
 }
 
-/// Parses an index, refusing formats this reader does not know.
+/// Parses an index, refusing formats this reader does not know and anything
+/// [`check_index`] refuses.
 pub fn parse_index(path: &Path, bytes: &[u8]) -> Result<Index, BundleError> {
+    let refused = |source| BundleError::Refused {
+        path: path.to_owned(),
+        source,
+    };
+    if bytes.len() as u64 > MAX_INDEX_SIZE {
+        return Err(refused(Untrusted {
+            what: "the index's size".into(),
+            value: bytes.len().to_string(),
+            reason: format!("is over the {MAX_INDEX_SIZE}-byte cap"),
+        }));
+    }
     #[derive(serde::Deserialize)]
     struct FormatOnly {
         format: u32,
@@ -184,8 +224,31 @@ pub fn parse_index(path: &Path, bytes: &[u8]) -> Result<Index, BundleError> {
             found: format.format,
         });
     }
-    serde_json::from_slice(bytes).map_err(|source| BundleError::InvalidIndex {
-        path: path.to_owned(),
+    let index: Index =
+        serde_json::from_slice(bytes).map_err(|source| BundleError::InvalidIndex {
+            path: path.to_owned(),
+            source,
+        })?;
+    check_index(&index).map_err(refused)?;
+    Ok(index)
+}
+
+/// Where `stored` lives under `root`, refused when its record is unsafe (a path leading out,
+/// a size over `cap`) or a symbolic link on the way leads out of `root`.
+fn stored_path(
+    root: &Path,
+    stored: &StoredFile,
+    cap: u64,
+    what: &str,
+) -> Result<PathBuf, BundleError> {
+    let refused = |source| BundleError::Refused {
+        path: root.join(INDEX_FILE),
+        source,
+    };
+    check_stored(stored, cap, what).map_err(refused)?;
+    let relative = ArtifactPath::parse(&stored.path).map_err(refused)?;
+    resolve_inside(root, &relative).map_err(|source| BundleError::Read {
+        path: relative.join_to(root),
         source,
     })
 }
@@ -198,31 +261,46 @@ pub fn read_stored(
     kernel: &str,
     variant: &str,
 ) -> Result<Vec<u8>, BundleError> {
-    let path = root.join(&stored.path);
-    let compressed = std::fs::read(&path).map_err(|source| BundleError::Read {
-        path: path.clone(),
-        source,
-    })?;
+    let path = stored_path(
+        root,
+        stored,
+        MAX_ARTIFACT_SIZE,
+        &format!("`{kernel}` ({variant})"),
+    )?;
+    let compressed =
+        read_regular_file(&path, MAX_ARTIFACT_SIZE).map_err(|source| BundleError::Read {
+            path: path.clone(),
+            source,
+        })?;
     let corrupt = |source| BundleError::Corrupt {
         kernel: kernel.to_owned(),
         variant: variant.to_owned(),
         path: path.clone(),
         source,
     };
-    let mut decompressor = match dictionary {
-        Some(dictionary) => zstd::bulk::Decompressor::with_dictionary(dictionary),
-        None => zstd::bulk::Decompressor::new(),
-    }
-    .map_err(corrupt)?;
-    // One byte of slack past the recorded size turns "longer than recorded" into a
-    // mismatch below instead of a decompression error.
-    let capacity = usize::try_from(stored.size)
-        .unwrap_or(usize::MAX)
-        .saturating_add(1);
-    let bytes = decompressor
-        .decompress(&compressed, capacity)
-        .map_err(corrupt)?;
+    let bytes = decompress_bounded(&compressed, dictionary, stored.size).map_err(corrupt)?;
     verify(&bytes, stored, &path, kernel, variant)?;
+    Ok(bytes)
+}
+
+/// Decompresses one zstd frame, stopping one byte past `size` (the recorded size, at most
+/// [`MAX_ARTIFACT_SIZE`]): a frame that claims or holds more is never inflated whole, and
+/// "longer than recorded" becomes a digest mismatch.
+pub fn decompress_bounded(
+    compressed: &[u8],
+    dictionary: Option<&[u8]>,
+    size: u64,
+) -> std::io::Result<Vec<u8>> {
+    use std::io::Read as _;
+    let limit = size.min(MAX_ARTIFACT_SIZE).saturating_add(1);
+    let mut decoder = match dictionary {
+        Some(dictionary) => zstd::stream::read::Decoder::with_dictionary(compressed, dictionary)?,
+        None => zstd::stream::read::Decoder::with_buffer(compressed)?,
+    }
+    .single_frame();
+    // The recorded size is only a claim: reserve what it says up to a few MiB, grow past that.
+    let mut bytes = Vec::with_capacity(limit.min(8 << 20) as usize);
+    (&mut decoder).take(limit).read_to_end(&mut bytes)?;
     Ok(bytes)
 }
 

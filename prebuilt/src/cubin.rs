@@ -1,23 +1,36 @@
-//! Cubin inspection and validation: which GPU a cubin is for, its kernel entries, and the sizes
-//! of their parameters.
+//! Artifact inspection and validation: which GPU a cubin (or PTX) is for, of which target
+//! kind, its kernel entries, and the sizes of their parameters.
 //!
-//! A cubin is a 64-bit little-endian ELF file with `e_machine` [`EM_CUDA`] (190). Three facts
+//! A cubin is a 64-bit little-endian ELF file with `e_machine` [`EM_CUDA`] (190). Four facts
 //! about it matter here, each checked against NVIDIA's `cuobjdump` on the fixtures in
 //! `tests/fixtures/cubin/`:
 //!
 //! - **The SM number is in `e_flags`, at a place that depends on the ELF ABI version**
 //!   (`e_ident[EI_ABIVERSION]`). ABI 7 keeps it in the low byte; ABI 8 keeps it in bits 8–15.
-//!   Both are current: CUDA 13 writes ABI 8 for every SM, while NVRTC 12.9 writes ABI 7 for
-//!   `sm_90a` and ABI 8 for `sm_100a`. The `a` (architecture-specific) marker is not one stable
-//!   bit across toolkits, so it is never read from the flags: the target's suffix is trusted and
-//!   only the SM number is checked.
+//!   Both are current: CUDA 13 writes ABI 8 for every SM, while CUDA 12.9 writes ABI 7 for
+//!   `sm_90`/`sm_90a` and ABI 8 from `sm_100` on.
 //!
-//!   | compiler   | target    | ABI | `e_flags`   |
-//!   |------------|-----------|-----|-------------|
-//!   | NVRTC 12.9 | `sm_90a`  | 7   | `0x5a0d5a`  |
-//!   | NVRTC 12.9 | `sm_100a` | 8   | `0x600640a` |
-//!   | nvcc 13.0  | `sm_90a`  | 8   | `0x6005a04` |
-//!   | nvcc 13.0  | `sm_100a` | 8   | `0x6006402` |
+//! - **The target kind (`a`, `f`, plain) is in three places, none of them alone enough.** The
+//!   `a` marker is an `e_flags` bit up to CUDA 12.9 (`0x800` with ABI 7, `0x8` with ABI 8);
+//!   CUDA 13 leaves the flags alone and writes attribute `0x09` = 1 into the `.nv.compat`
+//!   section instead (a run of `.nv.info`-style records). Family and plain cubins are
+//!   byte-identical but for the `.note.nv.tkinfo` note, whose ptxas command line says
+//!   `-arch sm_100f` or `-arch sm_100`; a cubin without that note (CUDA 12.9 for `sm_90`) does
+//!   not say which of the two it is. So `sm_100a`, `sm_100f` and `sm_100` from nvcc 13.0 share
+//!   `e_flags` `0x6006402`:
+//!
+//!   | compiler       | target    | ABI | `e_flags`   | `.nv.compat` 0x09 | tkinfo `-arch` |
+//!   |----------------|-----------|-----|-------------|-------------------|----------------|
+//!   | NVRTC 12.9     | `sm_90a`  | 7   | `0x5a0d5a`  | (no section)      | (no note)      |
+//!   | ptxas 12.9     | `sm_90`   | 7   | `0x5a055a`  | (no section)      | (no note)      |
+//!   | NVRTC 12.9     | `sm_100a` | 8   | `0x600640a` | absent            | `sm_100a`      |
+//!   | ptxas 12.9     | `sm_100f` | 8   | `0x6006402` | absent            | `sm_100f`      |
+//!   | nvcc 13.0      | `sm_90a`  | 8   | `0x6005a04` | 1                 | `sm_90a`       |
+//!   | nvcc 13.0      | `sm_100a` | 8   | `0x6006402` | 1                 | `sm_100a`      |
+//!   | nvcc 13.0      | `sm_100f` | 8   | `0x6006402` | 0                 | `sm_100f`      |
+//!   | nvcc 13.0      | `sm_100`  | 8   | `0x6006402` | 0                 | `sm_100`       |
+//!
+//!   [`validate_cubin`] cross-checks the target's kind against every place that speaks.
 //!
 //! - **Kernel entries are the `STT_FUNC` symbols with `STO_CUDA_ENTRY` (0x10) in `st_other`.**
 //!   Device functions are `STT_FUNC` symbols too (a whole-program build clones them into each
@@ -38,6 +51,11 @@
 //!   Compilers switch a whole kernel to V2 records once its parameters pass about 4 KiB.
 //!   `EIATTR_CBANK_PARAM_SIZE` (0x19, HVAL) gives the size of the whole parameter block, which
 //!   every parameter must fit in. A kernel without parameters has no parameter records at all.
+//!
+//! A `compute_XY` target's artifact is PTX text instead, checked as PTX: a `.version`
+//! directive first, `.target sm_XY` (no `a`/`f`: those run on no more devices than their
+//! cubin), `.address_size 64`, and every declared entry as a `.entry` whose `.param` list gives
+//! the parameter sizes. [`inspect_cubin`] and [`validate_cubin`] take either, by content.
 
 use std::collections::BTreeMap;
 
@@ -47,7 +65,7 @@ use object::elf::{
 use object::read::elf::{FileHeader, SectionHeader, Sym};
 use object::LittleEndian;
 
-use crate::Arch;
+use crate::{Arch, ArchKind};
 
 /// ELF machine number of CUDA cubins.
 pub const EM_CUDA: u16 = 190;
@@ -67,6 +85,17 @@ const EIATTR_KPARAM_INFO: u8 = 0x17;
 const EIATTR_CBANK_PARAM_SIZE: u8 = 0x19;
 const EIATTR_KPARAM_INFO_V2: u8 = 0x45;
 
+/// The `.nv.compat` attribute whose value 1 marks an arch-specific (`a`) cubin (CUDA 13).
+const COMPAT_ARCH_SPECIFIC: u8 = 0x09;
+/// The `e_flags` bit that marks an arch-specific cubin, by ELF ABI version (up to CUDA 12.9).
+const fn arch_specific_flag(abi_version: u8) -> u32 {
+    match abi_version {
+        7 => 0x800,
+        8 => 0x8,
+        _ => 0,
+    }
+}
+
 /// What a cubin says about itself: the SM it was compiled for and its kernel entries.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CubinInfo {
@@ -75,8 +104,16 @@ pub struct CubinInfo {
     pub abi_version: u8,
     /// The raw ELF header flags.
     pub elf_flags: u32,
-    /// The SM number (90 for `sm_90a`). Says nothing about the `a` suffix.
+    /// The SM number (90 for `sm_90a`).
     pub sm: u32,
+    /// The target kind the artifact says it is: [`ArchKind::Ptx`] for PTX; for a cubin
+    /// [`ArchKind::Specific`] when it carries the `a` marker, else `Family` or `Plain` by its
+    /// ptxas command line. `None`: a cubin without the `a` marker that does not say whether
+    /// it is a family or a plain one (no `.note.nv.tkinfo`).
+    pub kind: Option<ArchKind>,
+    /// Where [`CubinInfo::kind`] was read: `e_flags 0x600640a`, `.nv.compat attribute 0x09`,
+    /// `ptxas options "-arch sm_100f -m 64"`, `.target sm_90`.
+    pub kind_evidence: String,
     /// The kernel entries, sorted by symbol.
     pub functions: Vec<CubinFunction>,
 }
@@ -158,6 +195,38 @@ pub enum CubinError {
         /// The raw ELF header flags.
         elf_flags: u32,
     },
+    /// An artifact of another kind than the target: an arch-specific cubin for a family or
+    /// plain target (or the other way round), a family cubin for a plain target, PTX for a
+    /// cubin target, a cubin for a PTX target.
+    #[error(
+        "the artifact is {found} ({evidence}), but the target {expected} is {}",
+        describe_target(*.expected)
+    )]
+    KindMismatch {
+        /// The target it was expected to be built for.
+        expected: Arch,
+        /// What the artifact says it is: `an arch-specific sm_100a cubin`.
+        found: String,
+        /// Where it says so.
+        evidence: String,
+    },
+    /// PTX for another `.target` than the `compute_XY` target's `sm_XY`.
+    #[error(
+        "PTX is for `.target {target}`, but the target {expected} needs `.target sm_{}`",
+        .expected.sm
+    )]
+    PtxTarget {
+        /// The target.
+        expected: Arch,
+        /// The PTX's `.target`.
+        target: String,
+    },
+    /// PTX text that is not what a PTX target must be.
+    #[error("malformed PTX: {what}")]
+    MalformedPtx {
+        /// What is wrong.
+        what: String,
+    },
     /// A cubin for another SM than the target.
     #[error(
         "cubin is for sm_{found} but the target is {expected} (ELF ABI {abi_version}, e_flags \
@@ -200,6 +269,43 @@ pub enum CubinError {
 
 fn malformed(what: impl Into<String>) -> CubinError {
     CubinError::Malformed { what: what.into() }
+}
+
+fn malformed_ptx(what: impl Into<String>) -> CubinError {
+    CubinError::MalformedPtx { what: what.into() }
+}
+
+/// `an arch-specific cubin`, `PTX`: what a target builds, for messages.
+fn describe_target(arch: Arch) -> String {
+    match arch.kind {
+        ArchKind::Ptx => "PTX".to_owned(),
+        kind => format!("{} {} cubin", article(kind.describe()), kind.describe()),
+    }
+}
+
+fn article(word: &str) -> &'static str {
+    if word.starts_with(['a', 'e', 'i', 'o', 'u']) {
+        "an"
+    } else {
+        "a"
+    }
+}
+
+/// What an artifact says it is, for messages: `an arch-specific sm_100a cubin`, `PTX for
+/// .target sm_90`, `a cubin for sm_100 that does not say whether it is family or plain`.
+fn describe_found(sm: u32, kind: Option<ArchKind>) -> String {
+    match kind {
+        Some(ArchKind::Ptx) => format!("PTX for sm_{sm}"),
+        Some(kind) => {
+            let arch = Arch { sm, kind };
+            format!(
+                "{} {} {arch} cubin",
+                article(kind.describe()),
+                kind.describe()
+            )
+        }
+        None => format!("a family or plain sm_{sm} cubin"),
+    }
 }
 
 fn machine_name(machine: u16) -> &'static str {
@@ -245,20 +351,58 @@ pub fn is_cubin(bytes: &[u8]) -> bool {
     matches!(elf_machine(bytes), Ok(EM_CUDA))
 }
 
-/// Reads a cubin's target SM and its kernel entries with their parameter sizes.
+/// Reads a cubin's (or PTX's) target SM and kind, and its kernel entries with their parameter
+/// sizes.
 pub fn inspect_cubin(bytes: &[u8]) -> Result<CubinInfo, CubinError> {
-    inspect(bytes).map(|inspection| inspection.info)
+    inspect_artifact(bytes).map(|inspection| inspection.info)
 }
 
-/// Validates a cubin against an expected target: ELF machine 190, SM equal to `arch.sm`, and
-/// every symbol in `entries` present as a kernel entry. Returns what the cubin holds.
-///
-/// The `a` suffix of `arch` is not checked: cubins do not record it in one stable place.
+/// A cubin, or PTX text when the bytes are not ELF but read as PTX.
+fn inspect_artifact(bytes: &[u8]) -> Result<Inspection, CubinError> {
+    match inspect(bytes) {
+        Err(CubinError::NotElf {
+            found: "PTX assembly",
+            ..
+        }) => inspect_ptx(bytes),
+        other => other,
+    }
+}
+
+/// Validates an artifact against an expected target: for a cubin target, ELF machine 190, SM
+/// equal to `arch.sm` and the kind of `arch` (`a`, `f`, plain) wherever the cubin records one;
+/// for a `compute_XY` target, PTX for `.target sm_XY`; and every symbol in `entries` present
+/// as a kernel entry. Returns what the artifact holds.
 pub fn validate_cubin(bytes: &[u8], arch: Arch, entries: &[&str]) -> Result<CubinInfo, CubinError> {
     let Inspection {
         info,
         device_functions,
-    } = inspect(bytes)?;
+    } = inspect_artifact(bytes)?;
+    let kind_mismatch = || CubinError::KindMismatch {
+        expected: arch,
+        found: describe_found(info.sm, info.kind),
+        evidence: info.kind_evidence.clone(),
+    };
+    match (arch.kind, info.kind) {
+        (ArchKind::Ptx, Some(ArchKind::Ptx)) => {}
+        (ArchKind::Ptx, _) | (_, Some(ArchKind::Ptx)) => return Err(kind_mismatch()),
+        // Without the note, a cubin that is not arch-specific may be either.
+        (ArchKind::Family | ArchKind::Plain, None) => {}
+        (expected, Some(found)) if expected == found => {}
+        _ => return Err(kind_mismatch()),
+    }
+    if arch.is_ptx() {
+        // `.version 9.0, .target sm_90a`: the target directive's own words.
+        let target = info
+            .kind_evidence
+            .rsplit_once(".target ")
+            .map_or("", |(_, target)| target);
+        if target != format!("sm_{}", arch.sm) {
+            return Err(CubinError::PtxTarget {
+                expected: arch,
+                target: target.to_owned(),
+            });
+        }
+    }
     if info.sm != arch.sm {
         return Err(CubinError::SmMismatch {
             expected: arch,
@@ -325,10 +469,10 @@ fn describe_non_elf(bytes: &[u8]) -> &'static str {
         return "a CUDA fatbinary";
     }
     let text = String::from_utf8_lossy(&bytes[..bytes.len().min(4096)]);
-    if text
-        .lines()
-        .any(|line| line.trim_start().starts_with(".version"))
-    {
+    if text.lines().any(|line| {
+        let line = line.trim_start();
+        line.starts_with(".version") || line.starts_with(".target")
+    }) {
         return "PTX assembly";
     }
     "unrecognized"
@@ -381,10 +525,30 @@ fn inspect(bytes: &[u8]) -> Result<Inspection, CubinError> {
         .sections(endian, bytes)
         .map_err(|error| malformed(format!("cannot read the section headers: {error}")))?;
     let mut nv_info = BTreeMap::new();
+    let mut compat_specific = None;
+    let mut ptxas_arch = None;
     for section in sections.iter() {
         let name = sections
             .section_name(endian, section)
             .map_err(|error| malformed(format!("cannot read a section name: {error}")))?;
+        if name == b".nv.compat" || name == b".note.nv.tkinfo" {
+            let data = section.data(endian, bytes).map_err(|error| {
+                malformed(format!(
+                    "cannot read section `{}`: {error}",
+                    String::from_utf8_lossy(name)
+                ))
+            })?;
+            if name == b".nv.compat" {
+                let records = attributes(data)
+                    .map_err(|what| malformed(format!("in `.nv.compat`: {what}")))?;
+                compat_specific = records
+                    .iter()
+                    .find(|record| record.attribute == COMPAT_ARCH_SPECIFIC)
+                    .map(|record| record.value.first() == Some(&1));
+            } else {
+                ptxas_arch = ptxas_arch_option(data);
+            }
+        }
         if let Some(function) = name.strip_prefix(NV_INFO_PREFIX) {
             let data = section.data(endian, bytes).map_err(|error| {
                 malformed(format!(
@@ -441,14 +605,303 @@ fn inspect(bytes: &[u8]) -> Result<Inspection, CubinError> {
     }
     device_functions.sort();
 
+    let (kind, kind_evidence) = cubin_kind(abi_version, elf_flags, compat_specific, ptxas_arch);
     Ok(Inspection {
         info: CubinInfo {
             abi_version,
             elf_flags,
             sm,
+            kind,
+            kind_evidence,
             functions,
         },
         device_functions,
+    })
+}
+
+/// The kind a cubin records, and where: the `a` marker in `e_flags` or `.nv.compat`, then
+/// the `-arch` of the ptxas command line in `.note.nv.tkinfo`. Sources that disagree make the
+/// `a` marker win (it is what the driver acts on) and the evidence shows both.
+fn cubin_kind(
+    abi_version: u8,
+    elf_flags: u32,
+    compat_specific: Option<bool>,
+    ptxas_arch: Option<String>,
+) -> (Option<ArchKind>, String) {
+    let flag_specific = elf_flags & arch_specific_flag(abi_version) != 0;
+    let options = ptxas_arch
+        .as_ref()
+        .map(|arch| format!("ptxas `-arch {arch}`"));
+    let with_options = |text: String| match &options {
+        Some(options) => format!("{text}, {options}"),
+        None => text,
+    };
+    if flag_specific {
+        return (
+            Some(ArchKind::Specific),
+            with_options(format!("e_flags {elf_flags:#x}")),
+        );
+    }
+    if compat_specific == Some(true) {
+        return (
+            Some(ArchKind::Specific),
+            with_options(".nv.compat attribute 0x09 = 1".to_owned()),
+        );
+    }
+    let from_options = ptxas_arch
+        .as_deref()
+        .and_then(|arch| arch.parse::<Arch>().ok())
+        .map(|arch| arch.kind)
+        .filter(|kind| *kind != ArchKind::Ptx);
+    match (from_options, options) {
+        (Some(kind), Some(options)) => (Some(kind), options),
+        _ => (
+            None,
+            format!("e_flags {elf_flags:#x} without the `a` bit, and no ptxas command line"),
+        ),
+    }
+}
+
+/// The `-arch` value of the ptxas command line a `.note.nv.tkinfo` note records
+/// (`-arch sm_100f -m 64` → `sm_100f`).
+fn ptxas_arch_option(note: &[u8]) -> Option<String> {
+    note.split(|&byte| byte == 0)
+        .filter_map(|text| std::str::from_utf8(text).ok())
+        .find_map(|text| {
+            let mut words = text.split_whitespace();
+            words.find(|word| *word == "-arch")?;
+            words.next().map(str::to_owned)
+        })
+}
+
+/// Reads PTX text: its `.version`, `.target`, `.address_size`, `.entry`s with their
+/// parameter sizes, and `.func`s (device functions).
+fn inspect_ptx(bytes: &[u8]) -> Result<Inspection, CubinError> {
+    let text = std::str::from_utf8(bytes)
+        .map_err(|error| malformed_ptx(format!("the text is not UTF-8: {error}")))?;
+    // The driver reads PTX up to a NUL; one at the end is allowed, one inside is not.
+    let text = text.trim_end_matches('\0');
+    if text.contains('\0') {
+        return Err(malformed_ptx("it contains a NUL byte before its end"));
+    }
+    let code = strip_ptx_comments(text);
+    let mut tokens = PtxTokens::new(&code);
+    let mut version = None;
+    let mut target = None;
+    let mut address_size = None;
+    let mut functions = Vec::new();
+    let mut device_functions = Vec::new();
+    while let Some(token) = tokens.next() {
+        match token {
+            ".version" => {
+                let value = tokens.next().unwrap_or_default();
+                let valid = value.split_once('.').is_some_and(|(major, minor)| {
+                    major.parse::<u32>().is_ok() && minor.parse::<u32>().is_ok()
+                });
+                if !valid {
+                    return Err(malformed_ptx(format!(
+                        "`.version {value}` is not a version"
+                    )));
+                }
+                version = Some(value.to_owned());
+            }
+            ".target" => {
+                if version.is_none() {
+                    return Err(malformed_ptx("`.target` comes before `.version`"));
+                }
+                // `.target sm_90` or `.target sm_90, texmode_independent`: the SM comes first.
+                let value = tokens.next().unwrap_or_default().trim_end_matches(',');
+                target = Some(value.to_owned());
+            }
+            ".address_size" => address_size = tokens.next().map(str::to_owned),
+            ".entry" => {
+                let name = tokens
+                    .next()
+                    .ok_or_else(|| malformed_ptx("`.entry` without a name"))?;
+                // `.entry name;` or `.entry name(…);` only declares an entry defined later.
+                if let Some((name, params)) = entry_parameters(name, &mut tokens)? {
+                    functions.push(CubinFunction {
+                        symbol: name,
+                        param_sizes: params,
+                    });
+                }
+            }
+            ".func" => {
+                // `.func (.param .b32 ret) name(…)`: the return parameters come first.
+                let mut name = tokens.next().unwrap_or_default();
+                if name == "(" {
+                    while tokens.next().is_some_and(|token| token != ")") {}
+                    name = tokens.next().unwrap_or_default();
+                }
+                device_functions.push(name.to_owned());
+            }
+            _ => {}
+        }
+    }
+    let version = version.ok_or_else(|| malformed_ptx("no `.version` directive"))?;
+    let target = target.ok_or_else(|| malformed_ptx("no `.target` directive"))?;
+    let arch: Arch = target
+        .parse()
+        .ok()
+        .filter(|arch: &Arch| !arch.is_ptx())
+        .ok_or_else(|| malformed_ptx(format!("`.target {target}` names no SM")))?;
+    if address_size.as_deref() != Some("64") {
+        let found = match address_size {
+            Some(size) => format!("`.address_size {size}`"),
+            None => "no `.address_size` (32, the default)".to_owned(),
+        };
+        return Err(malformed_ptx(format!(
+            "{found}: kernels are loaded as 64-bit code only"
+        )));
+    }
+    functions.sort_by(|a, b| a.symbol.cmp(&b.symbol));
+    if let Some(pair) = functions
+        .windows(2)
+        .find(|pair| pair[0].symbol == pair[1].symbol)
+    {
+        return Err(malformed_ptx(format!(
+            "`.entry {}` is defined twice",
+            pair[0].symbol
+        )));
+    }
+    device_functions.sort();
+    Ok(Inspection {
+        info: CubinInfo {
+            abi_version: 0,
+            elf_flags: 0,
+            sm: arch.sm,
+            kind: Some(ArchKind::Ptx),
+            kind_evidence: format!(".version {version}, .target {target}"),
+            functions,
+        },
+        device_functions,
+    })
+}
+
+/// PTX without its `//` and `/* */` comments.
+fn strip_ptx_comments(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while !rest.is_empty() {
+        if let Some(after) = rest.strip_prefix("//") {
+            rest = after.find('\n').map_or("", |end| &after[end..]);
+        } else if let Some(after) = rest.strip_prefix("/*") {
+            rest = after.find("*/").map_or("", |end| &after[end + 2..]);
+            out.push(' ');
+        } else {
+            let next = rest.find('/').map_or(rest.len(), |at| at.max(1));
+            out.push_str(&rest[..next]);
+            rest = &rest[next..];
+        }
+    }
+    out
+}
+
+/// PTX split into words, with `(`, `)`, `,`, `;`, `[`, `]`, `{`, `}` as tokens of their own.
+struct PtxTokens<'t> {
+    rest: &'t str,
+}
+
+impl<'t> PtxTokens<'t> {
+    fn new(text: &'t str) -> Self {
+        PtxTokens { rest: text }
+    }
+}
+
+impl<'t> Iterator for PtxTokens<'t> {
+    type Item = &'t str;
+
+    fn next(&mut self) -> Option<&'t str> {
+        const PUNCTUATION: [char; 8] = ['(', ')', ',', ';', '[', ']', '{', '}'];
+        self.rest = self.rest.trim_start();
+        let first = self.rest.chars().next()?;
+        let length = if PUNCTUATION.contains(&first) {
+            1
+        } else {
+            self.rest
+                .find(|c: char| c.is_whitespace() || PUNCTUATION.contains(&c))
+                .unwrap_or(self.rest.len())
+        };
+        let (token, rest) = self.rest.split_at(length);
+        self.rest = rest;
+        Some(token)
+    }
+}
+
+/// The name and parameter sizes of `.entry name(.param .u64 p0, .param .align 4 .b8 p1[12])`,
+/// or `None` for a declaration (`.entry name;`, `.entry name(…);`).
+fn entry_parameters(
+    name: &str,
+    tokens: &mut PtxTokens<'_>,
+) -> Result<Option<(String, Vec<u32>)>, CubinError> {
+    let name = name.to_owned();
+    let bad = |what: String| malformed_ptx(format!("in `.entry {name}`: {what}"));
+    let mut sizes = Vec::new();
+    fn peek<'t>(tokens: &PtxTokens<'t>) -> Option<&'t str> {
+        PtxTokens { rest: tokens.rest }.next()
+    }
+    match peek(tokens) {
+        Some(";") => return Ok(None),
+        Some("(") => {
+            tokens.next();
+        }
+        _ => return Ok(Some((name, sizes))),
+    }
+    // One parameter per iteration: `.param`, state space qualifiers, a type, a name, `[n]`.
+    loop {
+        let mut element = None;
+        let mut count = 1u32;
+        let mut seen_name = false;
+        let end = loop {
+            let Some(token) = tokens.next() else {
+                return Err(bad("the parameter list is not closed".to_owned()));
+            };
+            match token {
+                ")" | "," => break token,
+                "[" => {
+                    let number = tokens.next().unwrap_or_default();
+                    count = number
+                        .parse()
+                        .map_err(|_| bad(format!("array size `{number}` is not a number")))?;
+                    if tokens.next() != Some("]") {
+                        return Err(bad("an array size is not closed".to_owned()));
+                    }
+                }
+                ".align" => {
+                    tokens.next();
+                }
+                _ if token.starts_with('.') => {
+                    if let Some(size) = ptx_type_size(token) {
+                        element = Some(size);
+                    }
+                }
+                _ => seen_name = true,
+            }
+        };
+        match (element, seen_name) {
+            (Some(size), true) => sizes.push(size * count),
+            (None, false) if end == ")" && sizes.is_empty() => {}
+            (None, _) => return Err(bad(format!("parameter {} has no type", sizes.len()))),
+            (Some(_), false) => return Err(bad(format!("parameter {} has no name", sizes.len()))),
+        }
+        if end == ")" {
+            if peek(tokens) == Some(";") {
+                return Ok(None);
+            }
+            return Ok(Some((name, sizes)));
+        }
+    }
+}
+
+/// The size in bytes of a PTX fundamental type (`.u64` → 8).
+fn ptx_type_size(token: &str) -> Option<u32> {
+    Some(match token {
+        ".b8" | ".u8" | ".s8" | ".pred" => 1,
+        ".b16" | ".u16" | ".s16" | ".f16" | ".bf16" => 2,
+        ".b32" | ".u32" | ".s32" | ".f32" | ".f16x2" | ".bf16x2" | ".tf32" => 4,
+        ".b64" | ".u64" | ".s64" | ".f64" => 8,
+        ".b128" => 16,
+        _ => return None,
     })
 }
 
@@ -600,20 +1053,43 @@ mod tests {
 
     const SM_90A: Arch = Arch {
         sm: 90,
-        specific: true,
+        kind: ArchKind::Specific,
     };
     const SM_100A: Arch = Arch {
         sm: 100,
-        specific: true,
+        kind: ArchKind::Specific,
+    };
+    const SM_90: Arch = Arch {
+        sm: 90,
+        kind: ArchKind::Plain,
+    };
+    const SM_100F: Arch = Arch {
+        sm: 100,
+        kind: ArchKind::Family,
+    };
+    const SM_100: Arch = Arch {
+        sm: 100,
+        kind: ArchKind::Plain,
+    };
+    const COMPUTE_90: Arch = Arch {
+        sm: 90,
+        kind: ArchKind::Ptx,
     };
 
     /// (file, target, ELF ABI version, e_flags), as `cuobjdump -elf` reports them.
-    const CUBINS: [(&str, Arch, u8, u32); 4] = [
+    const CUBINS: [(&str, Arch, u8, u32); 8] = [
         ("nvrtc129_sm_90a.cubin", SM_90A, 7, 0x5a0d5a),
         ("nvrtc129_sm_100a.cubin", SM_100A, 8, 0x600640a),
         ("nvcc130_sm_90a.cubin", SM_90A, 8, 0x6005a04),
         ("nvcc130_sm_100a.cubin", SM_100A, 8, 0x6006402),
+        ("nvcc130_sm_100f.cubin", SM_100F, 8, 0x6006402),
+        ("nvcc130_sm_100.cubin", SM_100, 8, 0x6006402),
+        ("ptxas129_sm_90.cubin", SM_90, 7, 0x5a055a),
+        ("ptxas129_sm_100f.cubin", SM_100F, 8, 0x6006402),
     ];
+
+    /// PTX of the same source for `compute_90`.
+    const PTX: &str = "nvcc130_compute_90.ptx";
 
     /// The kernels of `kernels.cu` and their parameter sizes, sorted by symbol.
     const KERNELS: [(&str, &[u32]); 6] = [
@@ -750,12 +1226,188 @@ mod tests {
         for (name, arch, _, _) in CUBINS {
             let info = validate_cubin(&fixture(name), arch, &entries).unwrap();
             assert_eq!(info.functions.len(), KERNELS.len());
-            // The `a` suffix is the target's to state; the cubin only carries the SM number.
-            let plain = Arch {
-                specific: false,
-                ..arch
-            };
-            validate_cubin(&fixture(name), plain, &["kw_axpy"]).unwrap();
+        }
+        let info = validate_cubin(&fixture(PTX), COMPUTE_90, &entries).unwrap();
+        assert_eq!(info.functions.len(), KERNELS.len());
+    }
+
+    #[test]
+    fn the_kind_is_read_where_each_toolkit_writes_it() {
+        use ArchKind::{Family, Plain, Ptx, Specific};
+        #[rustfmt::skip]
+        let table = [
+            ("nvrtc129_sm_90a.cubin", Some(Specific), "e_flags 0x5a0d5a"),
+            ("nvrtc129_sm_100a.cubin", Some(Specific), "e_flags 0x600640a, ptxas `-arch sm_100a`"),
+            ("nvcc130_sm_90a.cubin", Some(Specific), ".nv.compat attribute 0x09 = 1, ptxas `-arch sm_90a`"),
+            ("nvcc130_sm_100a.cubin", Some(Specific), ".nv.compat attribute 0x09 = 1, ptxas `-arch sm_100a`"),
+            ("nvcc130_sm_100f.cubin", Some(Family), "ptxas `-arch sm_100f`"),
+            ("nvcc130_sm_100.cubin", Some(Plain), "ptxas `-arch sm_100`"),
+            ("ptxas129_sm_100f.cubin", Some(Family), "ptxas `-arch sm_100f`"),
+            ("ptxas129_sm_90.cubin", None, "e_flags 0x5a055a without the `a` bit, and no ptxas command line"),
+            (PTX, Some(Ptx), ".version 9.0, .target sm_90"),
+        ];
+        for (name, kind, evidence) in table {
+            let info = inspect_cubin(&fixture(name)).unwrap();
+            assert_eq!(
+                (info.kind, info.kind_evidence.as_str()),
+                (kind, evidence),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn validate_rejects_another_kind() {
+        let message = |name: &str, arch: Arch| {
+            validate_cubin(&fixture(name), arch, &[])
+                .unwrap_err()
+                .to_string()
+        };
+        assert_eq!(
+            message("nvcc130_sm_100a.cubin", SM_100F),
+            "the artifact is an arch-specific sm_100a cubin (.nv.compat attribute 0x09 = 1, \
+             ptxas `-arch sm_100a`), but the target sm_100f is a family cubin"
+        );
+        assert_eq!(
+            message("nvcc130_sm_100f.cubin", SM_100A),
+            "the artifact is a family sm_100f cubin (ptxas `-arch sm_100f`), but the target \
+             sm_100a is an arch-specific cubin"
+        );
+        assert_eq!(
+            message("nvcc130_sm_100.cubin", SM_100F),
+            "the artifact is a plain sm_100 cubin (ptxas `-arch sm_100`), but the target sm_100f \
+             is a family cubin"
+        );
+        assert_eq!(
+            message("nvrtc129_sm_90a.cubin", SM_90),
+            "the artifact is an arch-specific sm_90a cubin (e_flags 0x5a0d5a), but the target \
+             sm_90 is a plain cubin"
+        );
+        assert_eq!(
+            message("ptxas129_sm_90.cubin", SM_90A),
+            "the artifact is a family or plain sm_90 cubin (e_flags 0x5a055a without the `a` bit, \
+             and no ptxas command line), but the target sm_90a is an arch-specific cubin"
+        );
+        assert_eq!(
+            message(PTX, SM_90A),
+            "the artifact is PTX for sm_90 (.version 9.0, .target sm_90), but the target sm_90a \
+             is an arch-specific cubin"
+        );
+        assert_eq!(
+            message("nvcc130_sm_90a.cubin", COMPUTE_90),
+            "the artifact is an arch-specific sm_90a cubin (.nv.compat attribute 0x09 = 1, \
+             ptxas `-arch sm_90a`), but the target compute_90 is PTX"
+        );
+        // Without a note, a cubin that is not arch-specific passes as family or plain.
+        validate_cubin(&fixture("ptxas129_sm_90.cubin"), SM_90, &["kw_axpy"]).unwrap();
+    }
+
+    #[test]
+    fn ptx_entries_and_parameter_sizes_are_the_cubins() {
+        let info = inspect_cubin(&fixture(PTX)).unwrap();
+        let found: Vec<(&str, &[u32])> = info
+            .functions
+            .iter()
+            .map(|function| (function.symbol.as_str(), function.param_sizes.as_slice()))
+            .collect();
+        assert_eq!(found, KERNELS);
+        assert_eq!((info.sm, info.abi_version, info.elf_flags), (90, 0, 0));
+        assert!(!is_cubin(&fixture(PTX)));
+        let inspection = inspect_artifact(&fixture(PTX)).unwrap();
+        assert_eq!(inspection.device_functions, ["kw_scale"]);
+        let error = validate_cubin(&fixture(PTX), COMPUTE_90, &["kw_scale"]).unwrap_err();
+        assert!(matches!(error, CubinError::NotEntry { .. }), "{error:?}");
+        // A trailing NUL, as the driver wants it, reads the same.
+        let mut terminated = fixture(PTX);
+        terminated.push(0);
+        assert_eq!(inspect_cubin(&terminated).unwrap(), info);
+    }
+
+    #[test]
+    fn ptx_is_checked_as_ptx() {
+        let ptx = String::from_utf8(fixture(PTX)).unwrap();
+        let message = |text: &str, arch: Arch| {
+            validate_cubin(text.as_bytes(), arch, &["kw_axpy"])
+                .unwrap_err()
+                .to_string()
+        };
+        let compute_100 = Arch {
+            sm: 100,
+            kind: ArchKind::Ptx,
+        };
+        assert_eq!(
+            message(&ptx, compute_100),
+            "PTX is for `.target sm_90`, but the target compute_100 needs `.target sm_100`"
+        );
+        assert_eq!(
+            message(&ptx.replace(".target sm_90", ".target sm_90a"), COMPUTE_90),
+            "PTX is for `.target sm_90a`, but the target compute_90 needs `.target sm_90`"
+        );
+        assert_eq!(
+            message(&ptx.replace(".version 9.0", ""), COMPUTE_90),
+            "malformed PTX: `.target` comes before `.version`"
+        );
+        assert_eq!(
+            message(&ptx.replace(".version 9.0", ".version nine"), COMPUTE_90),
+            "malformed PTX: `.version nine` is not a version"
+        );
+        assert_eq!(
+            message(&ptx.replace(".target sm_90", ""), COMPUTE_90),
+            "malformed PTX: no `.target` directive"
+        );
+        assert_eq!(
+            message(
+                &ptx.replace(".address_size 64", ".address_size 32"),
+                COMPUTE_90
+            ),
+            "malformed PTX: `.address_size 32`: kernels are loaded as 64-bit code only"
+        );
+        assert_eq!(
+            message(&ptx.replace(".entry kw_axpy", ".entry kw_axpz"), COMPUTE_90),
+            "cubin has no kernel entry `kw_axpy`; its entries are `_Z9kw_squareIfEvPT_i`, \
+             `kw_axpz`, `kw_empty`, `kw_large`, `kw_scalars`, `kw_structs`"
+        );
+        assert_eq!(
+            message(&ptx.replacen(".version", "\0.version", 1), COMPUTE_90),
+            "malformed PTX: it contains a NUL byte before its end"
+        );
+        assert_eq!(
+            message(
+                &ptx.replace("kw_structs_param_1[12]", "kw_structs_param_1[twelve]"),
+                COMPUTE_90
+            ),
+            "malformed PTX: in `.entry kw_structs`: array size `twelve` is not a number"
+        );
+        // A declaration before the definition is not a second entry.
+        let declared = ptx.replacen(
+            ".visible .entry kw_empty()",
+            ".visible .entry kw_axpy;\n.visible .entry kw_empty(.param .u64 p);\n\
+             .visible .entry kw_empty()",
+            1,
+        );
+        let info = inspect_cubin(declared.as_bytes()).unwrap();
+        assert_eq!(info, inspect_cubin(ptx.as_bytes()).unwrap());
+        // Comments do not count: a `.entry` in one is not an entry.
+        let commented = ptx.replace(
+            ".visible .entry kw_axpy(",
+            "// .entry kw_fake(\n.visible .entry kw_axpy(",
+        );
+        assert!(inspect_cubin(commented.as_bytes())
+            .unwrap()
+            .function("kw_fake")
+            .is_none());
+    }
+
+    #[test]
+    fn damaged_ptx_never_panics() {
+        let ptx = fixture(PTX);
+        for length in 0..ptx.len() {
+            let _ = inspect_cubin(&ptx[..length]);
+        }
+        for position in (0..ptx.len()).step_by(3) {
+            let mut damaged = ptx.clone();
+            damaged[position] = b'(';
+            let _ = inspect_cubin(&damaged);
         }
     }
 
@@ -847,10 +1499,12 @@ mod tests {
         );
         assert!(!is_cubin(&noise));
 
+        // PTX is read as PTX: this one has no `.address_size 64`.
         let ptx = b"//\n// Generated by NVIDIA NVVM Compiler\n.version 8.8\n.target sm_90a\n";
         assert_eq!(
             inspect_cubin(ptx).unwrap_err().to_string(),
-            "not a cubin: the data is PTX assembly (68 bytes), not an ELF file"
+            "malformed PTX: no `.address_size` (32, the default): kernels are loaded as 64-bit \
+             code only"
         );
         let fatbin = [0x50, 0xed, 0x55, 0xba, 1, 0, 0x10, 0];
         assert!(matches!(

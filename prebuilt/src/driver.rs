@@ -512,17 +512,27 @@ impl std::fmt::Debug for Module {
 }
 
 impl Module {
-    /// Loads a cubin into `context`.
+    /// Loads a cubin into `context`, or PTX, which the driver compiles for the device (its
+    /// PTX JIT, cached in the driver's compute cache).
     ///
     /// Crate-private on purpose: the only callers hand over bytes whose sha256 was checked
     /// against the bundle index, or that the JIT fallback just compiled or verified.
     pub(crate) fn load(context: &Arc<Context>, cubin: &[u8]) -> Result<Arc<Module>, DriverError> {
         let driver = context.driver;
+        // The driver reads PTX as a NUL-terminated string; the artifact has no NUL of its own.
+        let terminated;
+        let image = if cubin.starts_with(b"\x7fELF") || cubin.last() == Some(&0) {
+            cubin
+        } else {
+            terminated = [cubin, &[0]].concat();
+            &terminated
+        };
         let _current = context.make_current()?;
         let mut handle: CuHandle = std::ptr::null_mut();
-        // SAFETY: `cubin` is a whole ELF image (validated before it reached here), readable for
-        // the duration of the call, which copies it; `handle` is valid for writes.
-        let result = unsafe { (driver.api.module_load_data)(&mut handle, cubin.as_ptr().cast()) };
+        // SAFETY: `image` is a whole ELF image or NUL-terminated PTX (validated before it
+        // reached here), readable for the duration of the call, which copies it; `handle` is
+        // valid for writes.
+        let result = unsafe { (driver.api.module_load_data)(&mut handle, image.as_ptr().cast()) };
         driver.check("cuModuleLoadData", result)?;
         Ok(Arc::new(Module {
             context: Arc::clone(context),

@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! variant V of kernel K (the index gives its digest D and size S)
-//!   ├─ <bundle>/artifacts/D[..2]/D.cubin.zst            decompress, check sha256   local (wheel)
+//!   ├─ <bundle>/artifacts/D[..2]/D.cubin.zst            decompress, check sha256   local (bundle)
 //!   ├─ <cache>/cubins-v1/D[..2]/D.cubin                 check sha256 and size      local (cache)
 //!   ├─ <PACKAGE>_NO_DOWNLOAD=1                          V does not count: the JIT rules apply
 //!   └─ GET <store>/cas/D   timeout, bounded retries with backoff                  remote
@@ -39,7 +39,11 @@
 //! A download is held in memory and verified before anything touches the disk, then written
 //! to a temporary file in the entry's directory and renamed into place; an entry is checked
 //! against the index again each time it is read, and a damaged one is removed. The cache is
-//! never inside site-packages or the bundle.
+//! never inside site-packages or the bundle. Entry paths come from digests parsed as
+//! [`Digest`] (64 lowercase hex digits), so an index cannot make the cache read, write or
+//! remove anything but its own entries; no download is larger than
+//! [`MAX_ARTIFACT_SIZE`](crate::untrusted::MAX_ARTIFACT_SIZE), whatever a server or an
+//! action-cache entry claims.
 //!
 //! Networking is the cargo feature `fetch` (reqwest with rustls); without it the loader still
 //! reads the wheel and the cache, and a variant only the store has is an error that says so.
@@ -58,6 +62,7 @@ use crate::bundle::Bundle;
 use crate::index::{StoredFile, Variant};
 use crate::key::sha256_hex;
 use crate::select::{select_variant, CoverageReport, DeviceQuery};
+use crate::untrusted::{read_regular_file, Digest, MAX_ARTIFACT_SIZE};
 
 /// The variable that holds the bearer token sent to stores and remote caches. Tokens are read
 /// from the environment only, never from a command line (which other users can read).
@@ -201,6 +206,17 @@ pub enum FetchError {
         /// How many bytes came (read up to one past the expected size).
         actual_size: u64,
     },
+    /// What was asked for is unsafe to fetch: a digest that is not a sha256, or a recorded
+    /// size over the cap. Nothing was requested.
+    #[error("refusing to fetch {what} from {url}: {reason}")]
+    Refused {
+        /// What was asked for.
+        what: String,
+        /// The URL.
+        url: String,
+        /// Why.
+        reason: String,
+    },
     /// A verified artifact could not be written to the cache.
     #[error("cannot store {what} in the artifact cache at `{}`", path.display())]
     Cache {
@@ -317,7 +333,7 @@ impl ArtifactLocation {
 impl fmt::Display for ArtifactLocation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            ArtifactLocation::Bundle => "local (wheel)",
+            ArtifactLocation::Bundle => "local (bundle)",
             ArtifactLocation::Cache => "local (cache)",
             ArtifactLocation::Store => "remote",
             ArtifactLocation::Missing => "missing",
@@ -351,37 +367,58 @@ impl ArtifactCache {
         self.root.parent().unwrap_or(&self.root)
     }
 
-    /// Where the cubin with sha256 `digest` lives.
-    pub fn entry_path(&self, digest: &str) -> PathBuf {
+    /// Where the cubin with sha256 `digest` lives; `None` when `digest` is not a sha256 (so
+    /// no text from an index becomes a path outside the cache).
+    pub fn entry_path(&self, digest: &str) -> Option<PathBuf> {
+        let digest = Digest::parse(digest).ok()?;
+        Some(self.entry_path_of(&digest))
+    }
+
+    fn entry_path_of(&self, digest: &Digest) -> PathBuf {
         self.root
-            .join(&digest[..2.min(digest.len())])
+            .join(digest.prefix())
             .join(format!("{digest}.cubin"))
     }
 
     /// Whether an entry of the right size is present (not verified: [`ArtifactCache::read`]
     /// verifies).
     pub fn contains(&self, stored: &StoredFile) -> bool {
-        std::fs::metadata(self.entry_path(&stored.digest))
-            .is_ok_and(|metadata| metadata.is_file() && metadata.len() == stored.size)
+        self.entry_path(&stored.digest)
+            .and_then(|path| std::fs::symlink_metadata(path).ok())
+            .is_some_and(|metadata| metadata.is_file() && metadata.len() == stored.size)
     }
 
     /// The cached cubin for `stored`, verified against its digest and size. A damaged entry
-    /// is removed and reads as absent.
+    /// (a regular file of the cache whose bytes do not match) is removed and reads as absent.
     pub fn read(&self, stored: &StoredFile) -> Option<Vec<u8>> {
-        let path = self.entry_path(&stored.digest);
-        let bytes = std::fs::read(&path).ok()?;
-        if bytes.len() as u64 == stored.size && sha256_hex(&bytes) == stored.digest {
+        let path = self.entry_path(&stored.digest)?;
+        let metadata = std::fs::symlink_metadata(&path).ok()?;
+        if !metadata.is_file() {
+            return None;
+        }
+        let bytes = read_regular_file(&path, stored.size.min(MAX_ARTIFACT_SIZE)).ok();
+        match bytes {
             Some(bytes)
-        } else {
-            let _ = std::fs::remove_file(&path);
-            None
+                if bytes.len() as u64 == stored.size && sha256_hex(&bytes) == stored.digest =>
+            {
+                Some(bytes)
+            }
+            _ => {
+                let _ = std::fs::remove_file(&path);
+                None
+            }
         }
     }
 
     /// Stores verified `bytes` under `digest`: a temporary file in the entry's directory,
     /// renamed into place. `what` names the artifact in errors.
     pub fn write(&self, digest: &str, bytes: &[u8], what: &str) -> Result<PathBuf, FetchError> {
-        let path = self.entry_path(digest);
+        let parsed = Digest::parse(digest).map_err(|refusal| FetchError::Cache {
+            what: what.to_owned(),
+            path: self.root.clone(),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, refusal),
+        })?;
+        let path = self.entry_path_of(&parsed);
         let error = |source| FetchError::Cache {
             what: what.to_owned(),
             path: path.clone(),
@@ -574,8 +611,20 @@ mod client {
             what: &str,
         ) -> Result<Option<Vec<u8>>, FetchError> {
             let url = self.cas_url(digest);
-            // One byte past the recorded size is enough to tell "too long" from "right".
-            let limit = size.map_or(u64::MAX, |size| size.saturating_add(1));
+            let refused = |reason: String| FetchError::Refused {
+                what: what.to_owned(),
+                url: url.clone(),
+                reason,
+            };
+            Digest::parse(digest).map_err(|refusal| refused(refusal.to_string()))?;
+            if let Some(size) = size.filter(|&size| size > MAX_ARTIFACT_SIZE) {
+                return Err(refused(format!(
+                    "its recorded size, {size} bytes, is over the {MAX_ARTIFACT_SIZE}-byte cap"
+                )));
+            }
+            // One byte past the recorded size (or the cap) is enough to tell "too long" from
+            // "right".
+            let limit = size.unwrap_or(MAX_ARTIFACT_SIZE).saturating_add(1);
             let timeout = self.options.timeout_for(size.unwrap_or(0));
             let bytes = match self.get(&url, limit, timeout, None, what)? {
                 Some(bytes) => bytes,

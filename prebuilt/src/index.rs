@@ -71,8 +71,26 @@ pub struct KernelInputs {
     pub defines: BTreeMap<String, String>,
     /// Extra compiler flags, in order.
     pub flags: Vec<String>,
+    /// Flags for nvcc only (and the `nvcc+ptxas` route), after `flags`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nvcc_flags: Vec<String>,
+    /// Flags for NVRTC only, after `flags`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nvrtc_flags: Vec<String>,
     /// The C++ standard (`c++17`).
     pub cxx_std: String,
+}
+
+impl KernelInputs {
+    /// The flags a compiler of `kind` (`nvcc`, `nvcc+ptxas`, `nvrtc`) gets: `flags`, then its own.
+    pub fn flags_for(&self, kind: &str) -> Vec<String> {
+        let own = match kind {
+            "nvrtc" => &self.nvrtc_flags,
+            kind if kind.starts_with("nvcc") => &self.nvcc_flags,
+            _ => return self.flags.clone(),
+        };
+        self.flags.iter().chain(own).cloned().collect()
+    }
 }
 
 /// What the JIT fallback needs beyond [`KernelInputs`] to compile shipped sources.
@@ -134,7 +152,9 @@ impl std::fmt::Display for CompilerRecord {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Variant {
-    /// The architecture the cubin targets.
+    /// The target, whose spelling records its kind: `sm_90a` (an arch-specific cubin),
+    /// `sm_100f` (a family cubin), `sm_90` (a plain cubin), `compute_90` (PTX, which the
+    /// artifact then holds instead of a cubin).
     pub arch: Arch,
     /// The CUDA build whose toolkit compiled it.
     pub cuda: CudaBuild,

@@ -3,10 +3,11 @@
 //!
 //! The compile is the bundler's, step for step, so a JIT cubin is the cubin the bundler would
 //! have built for the same target: the same options in the same order (see [`nvrtc_options`]
-//! and [`nvcc_arguments`]), the same name expressions for templated entries, the same
-//! validation, and the same key ([`KernelKey::compute`] over the index's inputs, the device's
-//! exact architecture, the runtime's CUDA build, the bundle's torch pin, and the JIT
-//! compiler's kind and exact version). The shipped sources are checked against the digests in
+//! and [`nvcc_arguments`]), the same name expressions for templated entries (nvcc's through
+//! [`entry_probes_source`]), the same validation, and the same key ([`KernelKey::compute`]
+//! over the index's inputs, the device's exact architecture, the runtime's CUDA build, the
+//! bundle's torch pin, and the JIT compiler's kind and exact version, for nvcc with its host
+//! compiler: [`nvcc_record`]). The bundler calls these same functions. The shipped sources are checked against the digests in
 //! the index before anything compiles, so the key names what is really compiled.
 //!
 //! # Finding a compiler
@@ -189,10 +190,10 @@ pub enum JitError {
         #[source]
         source: Box<NvrtcError>,
     },
-    /// nvcc could not tell its version.
+    /// nvcc, or the host compiler it runs, could not tell its version.
     #[error("could not run `{} --version`: {detail}", program.display())]
     Probe {
-        /// The nvcc executable.
+        /// The nvcc (or host compiler) executable.
         program: PathBuf,
         /// What went wrong.
         detail: String,
@@ -769,6 +770,49 @@ fn nvcc_version(nvcc: &Path) -> Result<String, JitError> {
     parse_nvcc_version(&text).ok_or_else(|| probe(format!("no version in its output:\n{text}")))
 }
 
+/// The host compiler nvcc runs to preprocess device code (`gcc` on `PATH`, as nvcc itself finds
+/// it), named by the first line of its `--version`: the distribution's build of gcc, and so its
+/// libstdc++ and the system headers nvcc reads, is part of every nvcc key. The bundler and the
+/// JIT both record it through [`nvcc_record`], so their nvcc keys agree on one machine.
+pub fn host_compiler() -> Result<String, JitError> {
+    let gcc = Path::new("gcc");
+    let probe = |detail: String| JitError::Probe {
+        program: gcc.to_path_buf(),
+        detail,
+    };
+    let output = nvcc_command(gcc)
+        .arg("--version")
+        .output()
+        .map_err(|error| probe(error.to_string()))?;
+    if !output.status.success() {
+        return Err(probe(format!(
+            "{}: {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        )));
+    }
+    parse_host_compiler(&String::from_utf8_lossy(&output.stdout))
+        .ok_or_else(|| probe("it printed nothing".to_owned()))
+}
+
+/// The first line of `gcc --version`, trimmed: `gcc (Debian 12.2.0-14+deb12u1) 12.2.0`.
+fn parse_host_compiler(text: &str) -> Option<String> {
+    text.lines()
+        .next()
+        .map(|line| line.trim().to_owned())
+        .filter(|line| !line.is_empty())
+}
+
+/// The record of an nvcc compile (`kind` is `nvcc`, or `nvcc+ptxas` for the bundler's route
+/// through another build's `ptxas`): the compiler's version and the host compiler it
+/// preprocessed with, `13.0.88, host gcc (Debian 12.2.0-14+deb12u1) 12.2.0`.
+pub fn nvcc_record(kind: &str, version: &str, host_compiler: &str) -> CompilerRecord {
+    CompilerRecord {
+        kind: kind.to_owned(),
+        version: format!("{version}, host {host_compiler}"),
+    }
+}
+
 /// nvcc's exact version from `nvcc --version`: `13.0.88` from
 /// `Cuda compilation tools, release 13.0, V13.0.88` (the release, `12.9`, when there is no
 /// `V` part). The bundler's toolchain discovery and the JIT's compiler search both use it.
@@ -794,6 +838,8 @@ pub struct JitCompiler {
     version: String,
     location: PathBuf,
     include_dirs: Vec<PathBuf>,
+    /// nvcc's host compiler ([`host_compiler`]); `None` for NVRTC.
+    host_compiler: Option<String>,
     nvrtc: Option<Arc<NvrtcLibrary>>,
 }
 
@@ -804,6 +850,7 @@ impl fmt::Debug for JitCompiler {
             .field("version", &self.version)
             .field("location", &self.location)
             .field("include_dirs", &self.include_dirs)
+            .field("host_compiler", &self.host_compiler)
             .finish()
     }
 }
@@ -827,13 +874,15 @@ impl JitCompiler {
         JitCompiler::realize(&nvrtc_candidate(library, "given"), None)
     }
 
-    /// The nvcc at `program`, with its version from `nvcc --version`.
+    /// The nvcc at `program`, with its version from `nvcc --version` and its host compiler
+    /// ([`host_compiler`]).
     pub fn nvcc_at(program: &Path) -> Result<JitCompiler, JitError> {
         Ok(JitCompiler {
             kind: CompilerKind::Nvcc,
             version: nvcc_version(program)?,
             location: program.to_path_buf(),
             include_dirs: Vec::new(),
+            host_compiler: Some(host_compiler()?),
             nvrtc: None,
         })
     }
@@ -853,6 +902,7 @@ impl JitCompiler {
                     version,
                     location: candidate.location.clone(),
                     include_dirs: Vec::new(),
+                    host_compiler: Some(host_compiler()?),
                     nvrtc: None,
                 }
             }
@@ -871,6 +921,7 @@ impl JitCompiler {
                     version,
                     location: candidate.location.clone(),
                     include_dirs: candidate.include_dirs.clone(),
+                    host_compiler: None,
                     nvrtc: Some(library),
                 }
             }
@@ -907,11 +958,20 @@ impl JitCompiler {
         &self.include_dirs
     }
 
-    /// The compiler as keys and indexes record it.
+    /// The host compiler nvcc preprocesses with; `None` for NVRTC.
+    pub fn host_compiler(&self) -> Option<&str> {
+        self.host_compiler.as_deref()
+    }
+
+    /// The compiler as keys and indexes record it, as the bundler records it: NVRTC's kind and
+    /// version; nvcc's with its host compiler ([`nvcc_record`]).
     pub fn record(&self) -> CompilerRecord {
-        CompilerRecord {
-            kind: self.kind.to_string(),
-            version: self.version.clone(),
+        match &self.host_compiler {
+            Some(host) => nvcc_record(&self.kind.to_string(), &self.version, host),
+            None => CompilerRecord {
+                kind: self.kind.to_string(),
+                version: self.version.clone(),
+            },
         }
     }
 }
@@ -920,10 +980,12 @@ impl JitCompiler {
 /// where the architecture-specific instructions (wgmma, tcgen05) live; plain `sm_XY` elsewhere.
 pub fn device_arch(capability: (u32, u32)) -> Arch {
     let sm = capability.0 * 10 + capability.1;
-    Arch {
-        sm,
-        specific: matches!(capability, (9, 0) | (10, 0)),
-    }
+    let kind = if matches!(capability, (9, 0) | (10, 0)) {
+        crate::ArchKind::Specific
+    } else {
+        crate::ArchKind::Plain
+    };
+    Arch { sm, kind }
 }
 
 /// One kernel to compile for one target.
@@ -1180,12 +1242,13 @@ fn compile(
         })
         .collect();
     let inputs = &request.record.inputs;
+    let flags = inputs.flags_for(&compiler.record().kind);
     let options = CompileOptions {
         arch: request.arch,
         cxx_std: &inputs.cxx_std,
         include_dirs: &include_dirs,
         defines: &inputs.defines,
-        flags: &inputs.flags,
+        flags: &flags,
     };
     let record = compiler.record().to_string();
     let failed = |log: String| JitError::Compile {
@@ -1202,6 +1265,12 @@ fn compile(
         compiler: record.clone(),
         source,
     };
+    let name_expressions: Vec<String> = inputs
+        .entries
+        .iter()
+        .filter(|entry| is_name_expression(entry))
+        .cloned()
+        .collect();
     let (cubin, lowered_names) = match &compiler.nvrtc {
         Some(library) => {
             let source =
@@ -1211,12 +1280,6 @@ fn compile(
                     path: source_path.clone(),
                     source,
                 })?;
-            let name_expressions: Vec<String> = inputs
-                .entries
-                .iter()
-                .filter(|entry| entry.contains('<'))
-                .cloned()
-                .collect();
             let output = library
                 .compile(
                     &source,
@@ -1236,8 +1299,21 @@ fn compile(
                 .tempdir()
                 .map_err(|error| could_not(Box::new(error)))?;
             let output_path = work.path().join("kernel.cubin");
+            let mut arguments = nvcc_arguments(&options, &source_path, &output_path);
+            if !name_expressions.is_empty() {
+                // The bundler's compile exactly: the probes' translation unit in place of the
+                // source, with `-keep` leaving its PTX in the work dir.
+                let probes = work.path().join(ENTRY_PROBES_SOURCE);
+                fs::write(
+                    &probes,
+                    entry_probes_source(&source_path, &name_expressions),
+                )
+                .map_err(|error| could_not(Box::new(error)))?;
+                *arguments.last_mut().expect("the source is last") = probes.into();
+                arguments.insert(0, "-keep".into());
+            }
             let output = nvcc_command(&compiler.location)
-                .args(nvcc_arguments(&options, &source_path, &output_path))
+                .args(arguments)
                 .current_dir(work.path())
                 .env("TMPDIR", work.path())
                 .output()
@@ -1251,7 +1327,18 @@ fn compile(
                 return Err(failed(log));
             }
             let cubin = fs::read(&output_path).map_err(|error| could_not(Box::new(error)))?;
-            (cubin, BTreeMap::new())
+            let lowered_names = if name_expressions.is_empty() {
+                BTreeMap::new()
+            } else if request.arch.is_ptx() {
+                // For a `compute_XY` target the output is that PTX itself.
+                read_entry_probes(&String::from_utf8_lossy(&cubin), &name_expressions)
+            } else {
+                let ptx_path = work.path().join(ENTRY_PROBES_PTX);
+                let ptx =
+                    fs::read_to_string(&ptx_path).map_err(|error| could_not(Box::new(error)))?;
+                read_entry_probes(&ptx, &name_expressions)
+            };
+            (cubin, lowered_names)
         }
     };
     let invalid = |source| JitError::InvalidCubin {
@@ -1370,11 +1457,17 @@ pub fn nvrtc_options(
     arguments
 }
 
-/// nvcc's arguments, in the bundler's order: `-cubin`, architecture, standard, include dirs,
-/// defines, flags, output, source.
+/// nvcc's arguments, in the bundler's order: `-cubin` (`-ptx` for a `compute_XY` target),
+/// architecture, standard, include dirs, defines, flags, output, source.
 pub fn nvcc_arguments(options: &CompileOptions<'_>, source: &Path, output: &Path) -> Vec<OsString> {
+    // A `compute_XY` target's artifact is PTX.
+    let output_kind = if options.arch.is_ptx() {
+        "-ptx"
+    } else {
+        "-cubin"
+    };
     let mut arguments: Vec<OsString> = vec![
-        "-cubin".into(),
+        output_kind.into(),
         format!("-arch={}", options.arch).into(),
         format!("-std={}", options.cxx_std).into(),
     ];
@@ -1394,6 +1487,64 @@ pub fn nvcc_arguments(options: &CompileOptions<'_>, source: &Path, output: &Path
     arguments.push(output.into());
     arguments.push(source.into());
     arguments
+}
+
+/// The translation unit nvcc compiles when a kernel has name expressions: the kernel's source,
+/// then one probe per name expression (see [`entry_probes_source`]).
+pub const ENTRY_PROBES_SOURCE: &str = "kwheel-entries.cu";
+/// The PTX nvcc leaves (`-keep`) of [`ENTRY_PROBES_SOURCE`] in its work dir.
+pub const ENTRY_PROBES_PTX: &str = "kwheel-entries.ptx";
+/// The prefix of the device variables that make nvcc name an entry's symbol.
+const PROBE_PREFIX: &str = "__kwheel_entry_";
+
+/// Whether an entry is a name expression (`scale<half>`, `ns::kernel`) rather than a plain
+/// `extern "C"` symbol: NVRTC lowers those, and nvcc compiles them through entry probes.
+pub fn is_name_expression(entry: &str) -> bool {
+    !entry.chars().all(|c| c == '_' || c.is_ascii_alphanumeric())
+}
+
+/// [`ENTRY_PROBES_SOURCE`]'s text: how nvcc is asked for the symbol of a name expression
+/// (`scale<half>`, `act<float, &silu>`). It includes `source` (absolute) and stores each
+/// entry's address in a device variable; nvcc then instantiates the template exactly as C++
+/// reads the expression (typedefs, `half`, integer and enum arguments, function pointers),
+/// and its PTX initializes `__kwheel_entry_<n>` with the mangled symbol ([`read_entry_probes`]).
+/// NVRTC does the same with `nvrtcAddNameExpression`. Entry `n` is on line `3 + 2n`. The
+/// bundler and the JIT compile this same text, so their cubins are the same bytes.
+pub fn entry_probes_source(source: &Path, name_expressions: &[String]) -> String {
+    let mut text = format!(
+        "#include \"{}\"\n",
+        source
+            .display()
+            .to_string()
+            .replace('\\', "\\\\")
+            .replace('"', "\\\"")
+    );
+    for (n, entry) in name_expressions.iter().enumerate() {
+        text.push_str(&format!(
+            "// entry `{entry}`\n__device__ void* {PROBE_PREFIX}{n} = (void*)&{entry};\n"
+        ));
+    }
+    text
+}
+
+/// Each name expression with the symbol its probe holds in `ptx` (nvcc's PTX of
+/// [`entry_probes_source`]); an entry whose probe is missing is left out.
+pub fn read_entry_probes(ptx: &str, name_expressions: &[String]) -> BTreeMap<String, String> {
+    name_expressions
+        .iter()
+        .enumerate()
+        .filter_map(|(n, entry)| {
+            let needle = format!("{PROBE_PREFIX}{n} = ");
+            let line = ptx.lines().find(|line| line.contains(&needle))?;
+            let value = line.split_once(&needle)?.1;
+            let value = value.trim_end().trim_end_matches(';').trim();
+            let value = value
+                .strip_prefix("generic(")
+                .and_then(|inner| inner.strip_suffix(')'))
+                .unwrap_or(value);
+            Some((entry.clone(), value.to_owned()))
+        })
+        .collect()
 }
 
 /// Why a candidate could not be used, on one line: for a library the loader could not open,
@@ -1654,6 +1805,105 @@ mod tests {
              (unset); nvcc on PATH; install the NVRTC package that matches torch's CUDA (as \
              PyTorch's own dependencies do), or set KWHEEL_NVRTC to a libnvrtc.so"
         );
+    }
+
+    #[test]
+    fn host_compiler_is_the_first_line_of_its_version() {
+        let text = "gcc (Debian 12.2.0-14+deb12u1) 12.2.0\nCopyright (C) 2022 Free Software \
+                    Foundation, Inc.\n";
+        assert_eq!(
+            parse_host_compiler(text).as_deref(),
+            Some("gcc (Debian 12.2.0-14+deb12u1) 12.2.0")
+        );
+        assert_eq!(parse_host_compiler("\n"), None);
+        assert_eq!(parse_host_compiler(""), None);
+    }
+
+    fn nvcc_with_host(host: &str) -> JitCompiler {
+        JitCompiler {
+            kind: CompilerKind::Nvcc,
+            version: "13.0.88".into(),
+            location: PathBuf::from("/cuda/bin/nvcc"),
+            include_dirs: Vec::new(),
+            host_compiler: Some(host.into()),
+            nvrtc: None,
+        }
+    }
+
+    #[test]
+    fn nvcc_record_names_the_host_compiler() {
+        let debian = nvcc_with_host("gcc (Debian 12.2.0-14+deb12u1) 12.2.0");
+        assert_eq!(
+            debian.record(),
+            CompilerRecord {
+                kind: "nvcc".into(),
+                version: "13.0.88, host gcc (Debian 12.2.0-14+deb12u1) 12.2.0".into(),
+            }
+        );
+        // Another host compiler is another key.
+        let record = KernelRecord {
+            inputs: crate::index::KernelInputs {
+                files: BTreeMap::new(),
+                entries: vec!["k".into()],
+                cxx_std: "c++17".into(),
+                defines: BTreeMap::new(),
+                flags: Vec::new(),
+                nvcc_flags: Vec::new(),
+                nvrtc_flags: Vec::new(),
+            },
+            recipe: None,
+            constants: BTreeMap::new(),
+            variants: Vec::new(),
+            skipped: Vec::new(),
+        };
+        let request = JitRequest {
+            bundle_root: Path::new("/bundle"),
+            kernel: "k",
+            record: &record,
+            torch: "2.11.*",
+            arch: "sm_90a".parse().unwrap(),
+            cuda: CudaBuild::from_version("13.0").unwrap(),
+        };
+        let ubuntu = nvcc_with_host("gcc (Ubuntu 13.3.0-6ubuntu2~24.04) 13.3.0");
+        assert_ne!(request.key(&debian.record()), request.key(&ubuntu.record()));
+    }
+
+    #[test]
+    fn host_compiler_is_found_on_path() {
+        // The machine's gcc, as nvcc finds it; where there is none, the probe says so.
+        match host_compiler() {
+            Ok(host) => assert!(!host.contains('\n') && !host.is_empty(), "{host:?}"),
+            Err(error) => assert!(
+                error
+                    .to_string()
+                    .starts_with("could not run `gcc --version`: "),
+                "{error}"
+            ),
+        }
+    }
+
+    #[test]
+    fn entry_probes_name_each_entry() {
+        let entries: Vec<String> = vec!["scale<float>".into(), "ns::k".into()];
+        let text = entry_probes_source(Path::new("/src/a \"b\".cu"), &entries);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], r#"#include "/src/a \"b\".cu""#);
+        // Entry `n` is on line `3 + 2n` (1-based), as nvcc's errors count.
+        assert_eq!(
+            lines[2],
+            "__device__ void* __kwheel_entry_0 = (void*)&scale<float>;"
+        );
+        assert_eq!(
+            lines[4],
+            "__device__ void* __kwheel_entry_1 = (void*)&ns::k;"
+        );
+        let ptx = ".global .align 8 .u64 __kwheel_entry_0 = _Z5scaleIfEvv;\n\
+                   .global .align 8 .u64 __kwheel_entry_1 = generic(_ZN2ns1kEv);\n";
+        let names = read_entry_probes(ptx, &entries);
+        assert_eq!(names["scale<float>"], "_Z5scaleIfEvv");
+        assert_eq!(names["ns::k"], "_ZN2ns1kEv");
+        assert!(is_name_expression("scale<float>") && is_name_expression("ns::k"));
+        assert!(!is_name_expression("layernorm_bf16"));
     }
 
     #[test]

@@ -13,12 +13,12 @@
 //! | entry points | name expressions instantiate templates, and every entry is validated |
 //! | include graph: (stable path, sha256) per file | any edit to a source or header changes the code |
 //! | defines (constants included) | they change the preprocessed source |
-//! | flags | they change code generation |
+//! | flags: `flags`, then those of the compiler used (`nvcc-flags` or `nvrtc-flags`) | they change code generation |
 //! | C++ standard | it changes parsing and overloads |
 //! | arch | the cubin's machine code |
 //! | CUDA build | the toolkit's headers and the driver it needs |
 //! | torch build | the torch pin the variant is released for |
-//! | compiler and its exact version | nvcc and NVRTC, or two patch releases, emit different code |
+//! | compiler and its exact version: for nvcc also the host compiler (`gcc --version`), for the `nvcc+ptxas` route also ptxas's version | nvcc and NVRTC, or two patch releases, emit different code; nvcc preprocesses device code with the host compiler and its libstdc++/glibc headers; the assembler writes the machine code |
 //!
 //! Paths are stable paths (relative to the manifest's directory or to an include dir), never
 //! absolute, and no timestamp is hashed: moving a checkout or touching a file keeps the key.
@@ -30,7 +30,7 @@ use crate::{Arch, CudaBuild};
 
 /// Version of the key's definition. Bump it whenever an input is added, removed or encoded
 /// differently.
-pub const KEY_FORMAT: u64 = 1;
+pub const KEY_FORMAT: u64 = 2;
 
 /// Everything a variant's key is computed from.
 #[derive(Clone, Copy, Debug)]
@@ -92,8 +92,9 @@ impl KernelKey {
             hasher.bytes(name.as_bytes());
             hasher.bytes(value.as_bytes());
         }
-        hasher.count(key.inputs.flags.len());
-        for flag in &key.inputs.flags {
+        let flags = key.inputs.flags_for(&key.compiler.kind);
+        hasher.count(flags.len());
+        for flag in &flags {
             hasher.bytes(flag.as_bytes());
         }
         hasher.bytes(key.inputs.cxx_std.as_bytes());
@@ -126,6 +127,8 @@ mod tests {
             ]),
             defines: BTreeMap::from([("BLOCK_SIZE".into(), "256".into())]),
             flags: vec![],
+            nvcc_flags: vec![],
+            nvrtc_flags: vec![],
             cxx_std: "c++17".into(),
         }
     }
@@ -232,6 +235,47 @@ mod tests {
     fn flags_are_in_the_key() {
         assert_changes("flags", |inputs, _| {
             inputs.flags.push("--use_fast_math".into())
+        });
+    }
+
+    #[test]
+    fn flags_of_the_compiler_used_are_in_the_key() {
+        // The base compiler is nvcc: its own flags count, NVRTC's do not.
+        assert_changes("nvcc flags", |inputs, _| {
+            inputs.nvcc_flags.push("-Xptxas=-v".into())
+        });
+        assert_eq!(
+            key_with(|_, _| {}),
+            key_with(|inputs, _| inputs.nvrtc_flags.push("-default-device".into())),
+            "NVRTC's flags do not change an nvcc key"
+        );
+        let nvrtc = |inputs: &mut KernelInputs, parts: &mut KeyParts| {
+            parts.compiler.kind = "nvrtc".into();
+            inputs.nvcc_flags.push("-Xptxas=-v".into());
+        };
+        assert_ne!(
+            key_with(nvrtc),
+            key_with(|inputs, parts| {
+                nvrtc(inputs, parts);
+                inputs.nvrtc_flags.push("-default-device".into());
+            }),
+            "NVRTC's flags change an NVRTC key"
+        );
+        assert_changes("nvcc+ptxas flags", |inputs, parts| {
+            parts.compiler.kind = "nvcc+ptxas".into();
+            inputs.nvcc_flags.push("-lineinfo".into());
+        });
+    }
+
+    #[test]
+    fn host_compiler_and_assembler_are_in_the_key() {
+        // The bundler records them in the compiler's version.
+        assert_changes("host compiler", |_, parts| {
+            parts.compiler.version = "13.0.88, host gcc (GCC) 13.2.0".into()
+        });
+        assert_changes("ptxas version", |_, parts| {
+            parts.compiler.kind = "nvcc+ptxas".into();
+            parts.compiler.version = "13.0.88 + ptxas 12.9.41".into()
         });
     }
 

@@ -5,7 +5,7 @@
 //!
 //! | module | owns |
 //! | --- | --- |
-//! | [`target`] | architectures (`sm_90a`) and CUDA builds (`cu129`) |
+//! | [`target`] | compile targets (`sm_90a`, `sm_100f`, `sm_90`, `compute_90`) and CUDA builds (`cu129`) |
 //! | [`index`] | the bundle index: kernels, variants, skips, constants |
 //! | [`key`] | the versioned kernel key over the include graph and the target |
 //! | [`cubin`] | cubin ELF facts: SM number, entry symbols, parameter sizes |
@@ -16,6 +16,7 @@
 //! | [`nvrtc`] | NVRTC, loaded at run time from an explicit path |
 //! | [`jit`] | the JIT fallback from shipped sources, cached under the user's cache dir |
 //! | [`fetch`] | artifacts a slim wheel leaves in its store: locating, downloading, caching |
+//! | [`untrusted`] | names, paths, digests and sizes read from outside, checked, and the caps |
 //!
 //! Foreign calls live in [`driver`] and [`nvrtc`] only. It does not build bundles (that is the
 //! `bundler` crate) and does not write wheels (the `release` crate). It stays small: no
@@ -33,6 +34,7 @@ pub mod nvrtc;
 pub mod registry;
 pub mod select;
 pub mod target;
+pub mod untrusted;
 
 pub use bundle::{Bundle, BundleError};
 pub use fetch::{ArtifactLocation, DownloadPolicy, FetchError};
@@ -40,7 +42,7 @@ pub use index::{Index, KernelInputs, KernelRecord, Variant};
 pub use jit::JitPolicy;
 pub use key::KernelKey;
 pub use registry::{Kernel, KernelArg, LoadError, Provenance, Registry, RegistryOptions, Status};
-pub use target::{Arch, CudaBuild, ParseTargetError};
+pub use target::{Arch, ArchKind, CudaBuild, ParseTargetError};
 
 /// An error and every cause, on one line: `outer: inner: innermost`. A transparent wrapper
 /// whose source repeats its own message is said once.

@@ -1,7 +1,7 @@
 //! NVRTC, NVIDIA's runtime compiler, loaded from an explicit `libnvrtc.so.N` path.
 //!
 //! All of NVRTC's foreign calls live here (the driver's are in `driver`). It loads
-//! the library with `libloading`, resolves the thirteen entry points kwheel uses, and offers
+//! the library with `libloading`, resolves the fifteen entry points kwheel uses, and offers
 //! one safe operation on top of them: [`NvrtcLibrary::compile`], source in, cubin out.
 //!
 //! Two facts of the library shape it:
@@ -101,7 +101,8 @@ pub enum NvrtcError {
 /// What one successful compilation produced.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NvrtcOutput {
-    /// The cubin (an ELF file).
+    /// The cubin (an ELF file); for a virtual architecture (`compute_90`), which has no
+    /// cubin, the PTX text without its final NUL.
     pub cubin: Vec<u8>,
     /// NVRTC's program log: warnings, or empty.
     pub log: String,
@@ -131,6 +132,8 @@ struct Api {
     get_program_log: unsafe extern "C" fn(ProgramHandle, *mut c_char) -> NvrtcResult,
     get_cubin_size: unsafe extern "C" fn(ProgramHandle, *mut usize) -> NvrtcResult,
     get_cubin: unsafe extern "C" fn(ProgramHandle, *mut c_char) -> NvrtcResult,
+    get_ptx_size: unsafe extern "C" fn(ProgramHandle, *mut usize) -> NvrtcResult,
+    get_ptx: unsafe extern "C" fn(ProgramHandle, *mut c_char) -> NvrtcResult,
     get_lowered_name:
         unsafe extern "C" fn(ProgramHandle, *const c_char, *mut *const c_char) -> NvrtcResult,
 }
@@ -286,6 +289,8 @@ impl NvrtcLibrary {
                 get_program_log: symbol(&library, path, "nvrtcGetProgramLog")?,
                 get_cubin_size: symbol(&library, path, "nvrtcGetCUBINSize")?,
                 get_cubin: symbol(&library, path, "nvrtcGetCUBIN")?,
+                get_ptx_size: symbol(&library, path, "nvrtcGetPTXSize")?,
+                get_ptx: symbol(&library, path, "nvrtcGetPTX")?,
                 get_lowered_name: symbol(&library, path, "nvrtcGetLoweredName")?,
             }
         };
@@ -392,6 +397,21 @@ impl NvrtcLibrary {
             // SAFETY: `cubin` has room for the `size` bytes NVRTC reported.
             let result = unsafe { (self.api.get_cubin)(program.handle, cubin.as_mut_ptr().cast()) };
             self.check("nvrtcGetCUBIN", result)?;
+        } else {
+            // A virtual architecture (`compute_90`) makes PTX and no cubin.
+            // SAFETY: as above.
+            let result = unsafe { (self.api.get_ptx_size)(program.handle, &mut size) };
+            self.check("nvrtcGetPTXSize", result)?;
+            cubin = vec![0u8; size];
+            if size > 0 {
+                // SAFETY: `cubin` has room for the `size` bytes (NUL included) NVRTC reported.
+                let result =
+                    unsafe { (self.api.get_ptx)(program.handle, cubin.as_mut_ptr().cast()) };
+                self.check("nvrtcGetPTX", result)?;
+            }
+            while cubin.last() == Some(&0) {
+                cubin.pop();
+            }
         }
 
         let mut lowered_names = BTreeMap::new();

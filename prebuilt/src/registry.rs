@@ -46,7 +46,8 @@ use crate::jit::{
 };
 use crate::key::sha256_hex;
 use crate::select::{
-    select_variant, Choice, DeviceQuery, DriverVersion, NoFit, Refusal, RefusalReason,
+    select_variant_with, Choice, DeviceQuery, DriverVersion, NoFit, PtxJitPolicy, Refusal,
+    RefusalReason,
 };
 use crate::{error_chain, CudaBuild};
 
@@ -72,6 +73,8 @@ pub struct RegistryOptions {
     pub device: u32,
     /// Whether a variant that only the bundle's store has may be downloaded.
     pub downloads: DownloadPolicy,
+    /// Whether PTX variants may load, which has the driver compile them on first load.
+    pub ptx_jit: PtxJitPolicy,
     /// Where downloaded cubins are cached (see [`crate::fetch`]). Never inside the bundle.
     pub artifact_cache: PathBuf,
     /// Timeouts, retries and the token for the store.
@@ -90,6 +93,7 @@ impl Default for RegistryOptions {
             compilers: CompilerSearch::from_env(),
             device: 0,
             downloads: DownloadPolicy::FromEnvironment,
+            ptx_jit: PtxJitPolicy::FromEnvironment,
             artifact_cache: fetch::default_cache_dir(),
             store: StoreOptions::default(),
         }
@@ -460,6 +464,8 @@ pub struct Registry {
     disabled_by: String,
     downloads_allowed: bool,
     no_download: String,
+    /// The setting that forbids loading PTX, when one does.
+    ptx_forbidden_by: Option<String>,
     artifact_cache: ArtifactCache,
     store: OnceLock<StoreHandle>,
     gpu: OnceLock<Result<Gpu, DriverError>>,
@@ -509,6 +515,7 @@ impl Registry {
         };
         let downloads_allowed = options.downloads.allows_download(&package);
         let no_download = no_download_variable(&package);
+        let ptx_forbidden_by = options.ptx_jit.forbidden_by(&package);
         let artifact_cache = ArtifactCache::new(&options.artifact_cache);
         let kernels = bundle
             .index()
@@ -523,6 +530,7 @@ impl Registry {
             disabled_by,
             downloads_allowed,
             no_download,
+            ptx_forbidden_by,
             artifact_cache,
             store: OnceLock::new(),
             gpu: OnceLock::new(),
@@ -788,7 +796,7 @@ impl Registry {
         gpu: &Gpu,
     ) -> Result<(Choice<'r>, ArtifactLocation), NoFit> {
         let query = gpu.query();
-        let choice = select_variant(name, record, &query)?;
+        let choice = select_variant_with(name, record, &query, self.ptx_forbidden_by.as_deref())?;
         let location = self.locate(choice.variant);
         if location != ArtifactLocation::Store || self.downloads_allowed {
             return Ok((choice, location));
@@ -801,7 +809,7 @@ impl Registry {
             variants: here.into_iter().cloned().collect(),
             ..record.clone()
         };
-        match select_variant(name, &local, &query) {
+        match select_variant_with(name, &local, &query, self.ptx_forbidden_by.as_deref()) {
             Ok(choice) => {
                 let variant = record
                     .variants
@@ -825,7 +833,12 @@ impl Registry {
                         skipped: Vec::new(),
                         ..record.clone()
                     };
-                    match select_variant(name, &alone, &query) {
+                    match select_variant_with(
+                        name,
+                        &alone,
+                        &query,
+                        self.ptx_forbidden_by.as_deref(),
+                    ) {
                         Ok(_) => no_fit.refusals.push(Refusal {
                             variant: variant.label(),
                             reason: RefusalReason::NotDownloaded {

@@ -9,14 +9,16 @@
 //!
 //! | check | a variant fits when |
 //! | --- | --- |
-//! | arch | `sm_XYa` and the device is exactly `X.Y`; plain `sm_XY` and the device is `X.z`, `z ≥ Y` |
+//! | arch | `sm_XYa` and the device is exactly `X.Y`; `sm_XYf` or plain `sm_XY` and the device is `X.z`, `z ≥ Y`; `compute_XY` (PTX) and the device is `≥ X.Y` |
 //! | CUDA build | the variant's build equals the runtime's (torch's) build |
 //! | driver | the driver supports at least the variant's CUDA version |
 //! | torch | the runtime's torch version matches the variant's pin (when it is checked) |
+//! | PTX JIT | the variant is a cubin, or the policy lets the driver compile PTX ([`PtxJitPolicy`]) |
 //!
-//! Among the variants that fit, an arch-specific cubin wins over a plain one, then the higher
-//! SM, then the earlier in the index. Targets the bundler skipped are always refused, with the
-//! bundler's reason. `docs/loader.md` is the full contract.
+//! Among the variants that fit, the most specific kind wins (an exact `a` cubin over a family
+//! cubin over a plain cubin over PTX), then the higher SM, then the earlier in the index.
+//! Targets the bundler skipped are always refused, with the bundler's reason.
+//! `docs/loader.md` is the full contract, with NVIDIA's rules behind the arch check.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -24,7 +26,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::index::{Index, KernelRecord, Variant};
-use crate::{Arch, CudaBuild};
+use crate::{Arch, ArchKind, CudaBuild};
 
 /// NVIDIA's table of the oldest Linux driver release for each CUDA version, newest first:
 /// `(release, CUDA major, CUDA minor)`. A release between two rows supports the lower one.
@@ -182,17 +184,64 @@ impl DeviceQuery {
     }
 }
 
-/// Whether a cubin for `arch` runs on a device of compute capability `capability`.
+/// Whether what `arch` builds runs on a device of compute capability `capability`.
 ///
-/// An arch-specific (`a`) cubin runs only on exactly its capability; a plain `sm_XY` cubin
-/// runs on `X.z` for any `z ≥ Y`. Shipped bundles carry no PTX, so nothing runs across majors.
+/// An arch-specific (`sm_XYa`) cubin runs only on exactly `X.Y`; a family (`sm_XYf`) or plain
+/// (`sm_XY`) cubin runs on `X.z` for any `z ≥ Y`; `compute_XY` PTX runs on every device of
+/// capability `X.Y` or later, major or minor, because the driver compiles it for the device.
 pub fn runs_on(arch: Arch, capability: (u32, u32)) -> bool {
     let (major, minor) = arch.capability();
-    if arch.specific {
-        capability == (major, minor)
-    } else {
-        capability.0 == major && capability.1 >= minor
+    match arch.kind {
+        ArchKind::Specific => capability == (major, minor),
+        ArchKind::Family | ArchKind::Plain => capability.0 == major && capability.1 >= minor,
+        ArchKind::Ptx => capability >= (major, minor),
     }
+}
+
+/// Whether the driver may compile a PTX variant for the device (its "PTX JIT"), which costs
+/// a compile on the first load of each kernel (then the driver's own cache serves it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PtxJitPolicy {
+    /// Read `<PACKAGE>_PTX_JIT`: `0`, `false`, `no` or `off` forbid PTX; anything else, or
+    /// unset, allows it.
+    #[default]
+    FromEnvironment,
+    /// PTX variants may load.
+    Allowed,
+    /// PTX variants never load: they are refused, saying so.
+    Forbidden,
+}
+
+impl PtxJitPolicy {
+    /// What this policy means for `package`: `None` when PTX may load, else the setting that
+    /// forbids it (`AF3_KERNELS_PTX_JIT=0`), for the refusal to name.
+    pub fn forbidden_by(self, package: &str) -> Option<String> {
+        let variable = ptx_jit_variable(package);
+        match self {
+            PtxJitPolicy::Allowed => None,
+            PtxJitPolicy::Forbidden => Some(format!("the loader's policy (as {variable}=0 would)")),
+            PtxJitPolicy::FromEnvironment => {
+                let value = std::env::var(&variable).ok()?;
+                let forbids = matches!(
+                    value.trim().to_ascii_lowercase().as_str(),
+                    "0" | "false" | "no" | "off"
+                );
+                forbids.then(|| format!("{variable}={value}"))
+            }
+        }
+    }
+}
+
+/// The variable that controls PTX loading for a package: `af3-kernels` → `AF3_KERNELS_PTX_JIT`.
+pub fn ptx_jit_variable(package: &str) -> String {
+    let name: String = package
+        .chars()
+        .map(|c| match c {
+            '-' | '.' => '_',
+            c => c.to_ascii_uppercase(),
+        })
+        .collect();
+    format!("{name}_PTX_JIT")
 }
 
 /// Whether a torch version (`2.13.1+cu129`) matches a pin (`2.13.*`, `2.13.0`, `==2.13.*`).
@@ -283,6 +332,12 @@ impl fmt::Display for Refusal {
 /// Why a variant does not fit: the first check it failed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RefusalReason {
+    /// The variant is PTX and passes every other check, but the policy forbids the driver's
+    /// PTX JIT.
+    PtxJitForbidden {
+        /// The setting that forbids it: `AF3_KERNELS_PTX_JIT=0`.
+        by: String,
+    },
     /// The cubin's architecture does not run on the device.
     Arch {
         /// The cubin's architecture.
@@ -330,15 +385,33 @@ impl fmt::Display for RefusalReason {
         match self {
             RefusalReason::Arch { arch, device } => {
                 let (major, minor) = arch.capability();
-                write!(
-                    f,
-                    "{arch} cubins run only on compute capability {major}.{minor}"
-                )?;
-                if !arch.specific {
-                    write!(f, " or a later {major}.x")?;
+                match arch.kind {
+                    ArchKind::Specific => write!(
+                        f,
+                        "{arch} cubins run only on compute capability {major}.{minor}"
+                    )?,
+                    ArchKind::Plain => write!(
+                        f,
+                        "{arch} cubins run only on compute capability {major}.{minor} or a later \
+                         {major}.x"
+                    )?,
+                    ArchKind::Family => write!(
+                        f,
+                        "{arch} cubins run only on their family, compute capability \
+                         {major}.{minor} or a later {major}.x"
+                    )?,
+                    ArchKind::Ptx => write!(
+                        f,
+                        "{arch} PTX runs only on compute capability {major}.{minor} or later"
+                    )?,
                 }
                 write!(f, ", this device is {}.{}", device.0, device.1)
             }
+            RefusalReason::PtxJitForbidden { by } => write!(
+                f,
+                "fits, but {by} forbids the driver's PTX JIT, which would compile this PTX for \
+                 the device on first load"
+            ),
             RefusalReason::CudaBuild { variant, runtime } => write!(
                 f,
                 "built for CUDA {} ({variant}), the runtime is CUDA {} ({runtime})",
@@ -417,6 +490,17 @@ pub enum SelectError {
         /// The text given.
         text: String,
     },
+    /// Not a device of a fleet.
+    #[error(
+        "`{text}` is not a fleet device (expected a known GPU ({known}), `NAME=9.0`, a compute \
+         capability like `10.3` or an SM number like `sm_103`)"
+    )]
+    FleetDevice {
+        /// The text given.
+        text: String,
+        /// The GPU names known.
+        known: String,
+    },
     /// A driver release older than the release table.
     #[error(
         "driver release `{text}` ({release}) predates CUDA 11.0 (release 450); give the CUDA \
@@ -431,12 +515,24 @@ pub enum SelectError {
 }
 
 /// Picks the variant of `kernel` that this process loads, or says why each one does not fit.
+/// PTX variants may load; [`select_variant_with`] takes a policy that forbids them.
 pub fn select_variant<'i>(
     kernel: &str,
     record: &'i KernelRecord,
     query: &DeviceQuery,
 ) -> Result<Choice<'i>, NoFit> {
-    let (chosen, refusals) = evaluate(record, query);
+    select_variant_with(kernel, record, query, None)
+}
+
+/// [`select_variant`], with PTX variants refused when `ptx_forbidden_by` names the setting
+/// that forbids the driver's PTX JIT (see [`PtxJitPolicy::forbidden_by`]).
+pub fn select_variant_with<'i>(
+    kernel: &str,
+    record: &'i KernelRecord,
+    query: &DeviceQuery,
+    ptx_forbidden_by: Option<&str>,
+) -> Result<Choice<'i>, NoFit> {
+    let (chosen, refusals) = evaluate(record, query, ptx_forbidden_by);
     chosen.ok_or_else(|| NoFit {
         kernel: kernel.to_owned(),
         refusals,
@@ -448,11 +544,12 @@ pub fn select_variant<'i>(
 fn evaluate<'i>(
     record: &'i KernelRecord,
     query: &DeviceQuery,
+    ptx_forbidden_by: Option<&str>,
 ) -> (Option<Choice<'i>>, Vec<Refusal>) {
     let mut best: Option<&Variant> = None;
     let mut refusals = Vec::new();
     for variant in &record.variants {
-        match check(variant, query) {
+        match check(variant, query, ptx_forbidden_by) {
             // Strictly greater: on a tie the earlier variant stays, so the choice never
             // depends on anything but the index.
             Ok(()) => {
@@ -481,13 +578,17 @@ fn evaluate<'i>(
     (choice, refusals)
 }
 
-/// Arch-specific before plain, then the higher SM.
-fn preference(variant: &Variant) -> (bool, u32) {
-    (variant.arch.specific, variant.arch.sm)
+/// The most specific kind first (arch-specific, family, plain, PTX), then the higher SM.
+fn preference(variant: &Variant) -> (ArchKind, u32) {
+    (variant.arch.kind, variant.arch.sm)
 }
 
 /// The checks in contract order; the first failure is the refusal.
-fn check(variant: &Variant, query: &DeviceQuery) -> Result<(), RefusalReason> {
+fn check(
+    variant: &Variant,
+    query: &DeviceQuery,
+    ptx_forbidden_by: Option<&str>,
+) -> Result<(), RefusalReason> {
     if !runs_on(variant.arch, query.capability) {
         return Err(RefusalReason::Arch {
             arch: variant.arch,
@@ -514,6 +615,10 @@ fn check(variant: &Variant, query: &DeviceQuery) -> Result<(), RefusalReason> {
             });
         }
     }
+    // Last: the refusal says the variant would otherwise load.
+    if let (true, Some(by)) = (variant.arch.is_ptx(), ptx_forbidden_by) {
+        return Err(RefusalReason::PtxJitForbidden { by: by.to_owned() });
+    }
     Ok(())
 }
 
@@ -528,9 +633,18 @@ fn fit_reason(variant: &Variant, query: &DeviceQuery) -> String {
         Some(torch) => format!("torch {torch} matches {}", variant.torch),
         None => "torch not checked".to_owned(),
     };
+    let what = match variant.arch.kind {
+        ArchKind::Specific | ArchKind::Plain => format!("{} cubin", variant.arch),
+        ArchKind::Family => format!("{} family cubin", variant.arch),
+        ArchKind::Ptx => format!("{} PTX", variant.arch),
+    };
+    let jit = if variant.arch.is_ptx() {
+        ", compiled by the driver on first load (its PTX JIT; cached in its compute cache)"
+    } else {
+        ""
+    };
     format!(
-        "{} cubin for {article} {device} device, {}, driver {} ≥ {}, {torch}",
-        variant.arch,
+        "{what} for {article} {device} device{jit}, {}, driver {} ≥ {}, {torch}",
         variant.cuda,
         query.driver,
         variant.cuda.version()
@@ -570,11 +684,20 @@ pub struct KernelCoverage {
 
 /// Runs [`select_variant`]'s rules for every kernel of `index`.
 pub fn coverage(index: &Index, query: &DeviceQuery) -> CoverageReport {
+    coverage_with(index, query, None)
+}
+
+/// [`coverage`] under a PTX policy, as [`select_variant_with`].
+pub fn coverage_with(
+    index: &Index,
+    query: &DeviceQuery,
+    ptx_forbidden_by: Option<&str>,
+) -> CoverageReport {
     let kernels = index
         .kernels
         .iter()
         .map(|(name, record)| {
-            let (choice, refusals) = evaluate(record, query);
+            let (choice, refusals) = evaluate(record, query, ptx_forbidden_by);
             let (loads, reason) = match choice {
                 Some(choice) => (Some(choice.variant.label()), choice.reason),
                 None => (None, nothing_fits(record)),
@@ -692,6 +815,219 @@ impl fmt::Display for CoverageReport {
             }
         }
         writeln!(f)
+    }
+}
+
+/// GPUs a fleet may name, with their compute capabilities (NVIDIA's CUDA GPUs table).
+pub const KNOWN_DEVICES: [(&str, (u32, u32)); 12] = [
+    ("H100", (9, 0)),
+    ("H200", (9, 0)),
+    ("GH200", (9, 0)),
+    ("B200", (10, 0)),
+    ("GB200", (10, 0)),
+    ("B300", (10, 3)),
+    ("GB300", (10, 3)),
+    ("Thor", (11, 0)),
+    ("RTX-PRO-6000", (12, 0)),
+    ("RTX-5090", (12, 0)),
+    ("GB10", (12, 1)),
+    ("DGX-Spark", (12, 1)),
+];
+
+/// One device of a fleet: a name for the table and its compute capability.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FleetDevice {
+    /// The name the table shows: `B300`, or the capability itself.
+    pub name: String,
+    /// The compute capability, `(10, 3)`.
+    pub capability: (u32, u32),
+}
+
+impl FleetDevice {
+    /// Parses a known GPU (`B300`, case-insensitive), `NAME=10.3`, or a device as
+    /// [`DeviceQuery::parse_device`] reads it (`10.3`, `sm_103`).
+    pub fn parse(text: &str) -> Result<FleetDevice, SelectError> {
+        let text = text.trim();
+        let invalid = || SelectError::FleetDevice {
+            text: text.to_owned(),
+            known: KNOWN_DEVICES
+                .iter()
+                .map(|(name, _)| *name)
+                .collect::<Vec<_>>()
+                .join(", "),
+        };
+        if let Some((name, device)) = text.split_once('=') {
+            let capability = DeviceQuery::parse_device(device).map_err(|_| invalid())?;
+            if name.trim().is_empty() {
+                return Err(invalid());
+            }
+            return Ok(FleetDevice {
+                name: name.trim().to_owned(),
+                capability,
+            });
+        }
+        if let Some(&(name, capability)) = KNOWN_DEVICES
+            .iter()
+            .find(|(name, _)| name.eq_ignore_ascii_case(text))
+        {
+            return Ok(FleetDevice {
+                name: name.to_owned(),
+                capability,
+            });
+        }
+        let capability = DeviceQuery::parse_device(text).map_err(|_| invalid())?;
+        Ok(FleetDevice {
+            name: format!("{}.{}", capability.0, capability.1),
+            capability,
+        })
+    }
+}
+
+/// `dev coverage --fleet`: what every kernel loads on each device of a fleet, with one
+/// [`CoverageReport`] per device for the reasons.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FleetReport {
+    /// The runtime's CUDA build, `cu130`.
+    pub cuda: String,
+    /// The CUDA version the driver supports.
+    pub driver: String,
+    /// The runtime's torch version; `None` when it is not checked.
+    pub torch: Option<String>,
+    /// The setting that forbids PTX, when one does.
+    pub ptx_forbidden_by: Option<String>,
+    /// The devices in the order given, each with its report.
+    pub devices: Vec<FleetEntry>,
+}
+
+/// One device's column of a [`FleetReport`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FleetEntry {
+    /// The device.
+    pub device: FleetDevice,
+    /// What each kernel loads there, and why.
+    pub report: CoverageReport,
+}
+
+/// Runs [`coverage_with`] for each device of `fleet`; `query` gives the CUDA build, driver and
+/// torch (its capability is replaced by each device's).
+pub fn fleet_coverage(
+    index: &Index,
+    fleet: &[FleetDevice],
+    query: &DeviceQuery,
+    ptx_forbidden_by: Option<&str>,
+) -> FleetReport {
+    let devices = fleet
+        .iter()
+        .map(|device| {
+            let query = DeviceQuery {
+                capability: device.capability,
+                ..query.clone()
+            };
+            FleetEntry {
+                device: device.clone(),
+                report: coverage_with(index, &query, ptx_forbidden_by),
+            }
+        })
+        .collect();
+    FleetReport {
+        cuda: query.cuda.to_string(),
+        driver: query.driver.to_string(),
+        torch: query.torch.clone(),
+        ptx_forbidden_by: ptx_forbidden_by.map(str::to_owned),
+        devices,
+    }
+}
+
+impl fmt::Display for FleetReport {
+    /// A header naming the build, driver and torch; one row per kernel and one column per
+    /// device, each cell the target that loads (`sm_100f`, `compute_90` for PTX) or `none`;
+    /// then what the kinds mean.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let torch = self.torch.as_deref().unwrap_or("not checked");
+        write!(
+            f,
+            "CUDA build {}, driver {}, torch {torch}",
+            self.cuda, self.driver
+        )?;
+        if let Some(by) = &self.ptx_forbidden_by {
+            write!(f, ", PTX forbidden by {by}")?;
+        }
+        writeln!(f, "\n")?;
+        let width = |text: &str| text.chars().count();
+        let kernels: Vec<&String> = self
+            .devices
+            .first()
+            .map(|entry| entry.report.kernels.keys().collect())
+            .unwrap_or_default();
+        let cell = |entry: &FleetEntry, kernel: &str| -> String {
+            match entry
+                .report
+                .kernels
+                .get(kernel)
+                .and_then(|k| k.loads.as_deref())
+            {
+                // Every variant that fits is of the runtime's build: the header names it.
+                Some(label) => label
+                    .split_once('/')
+                    .map_or(label, |(_, arch)| arch)
+                    .to_owned(),
+                None => "none".to_owned(),
+            }
+        };
+        let headers: Vec<String> = self
+            .devices
+            .iter()
+            .map(|entry| {
+                let (major, minor) = entry.device.capability;
+                let capability = format!("{major}.{minor}");
+                if entry.device.name == capability {
+                    capability
+                } else {
+                    format!("{} ({capability})", entry.device.name)
+                }
+            })
+            .collect();
+        let kernel_width = kernels
+            .iter()
+            .map(|name| width(name))
+            .chain([width("kernel")])
+            .max()
+            .unwrap_or(0);
+        let widths: Vec<usize> = self
+            .devices
+            .iter()
+            .zip(&headers)
+            .map(|(entry, header)| {
+                kernels
+                    .iter()
+                    .map(|kernel| width(&cell(entry, kernel)))
+                    .chain([width(header)])
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
+        let row = |first: &str, cells: Vec<String>| -> String {
+            let mut line = format!("{first:kernel_width$}");
+            for (text, width) in cells.iter().zip(&widths) {
+                line.push_str(&format!("  {text:width$}"));
+            }
+            line.trim_end().to_owned()
+        };
+        writeln!(f, "{}", row("kernel", headers.clone()))?;
+        for kernel in &kernels {
+            let cells = self
+                .devices
+                .iter()
+                .map(|entry| cell(entry, kernel))
+                .collect();
+            writeln!(f, "{}", row(kernel, cells))?;
+        }
+        writeln!(
+            f,
+            "\nsm_XYa: arch-specific cubin (exactly X.Y); sm_XYf: family cubin (X.Y and later X.z); \
+             sm_XY: plain cubin (X.Y and later X.z);\ncompute_XY: PTX the driver compiles on \
+             first load; none: nothing fits (`dev coverage --device` says why)"
+        )
     }
 }
 
@@ -814,6 +1150,7 @@ mod tests {
                 .map(|refusal| {
                     let kind = match refusal.reason {
                         RefusalReason::Arch { .. } => "arch",
+                        RefusalReason::PtxJitForbidden { .. } => "ptx forbidden",
                         RefusalReason::CudaBuild { .. } => "cuda",
                         RefusalReason::Driver { .. } => "driver",
                         RefusalReason::Torch { .. } => "torch",
@@ -890,6 +1227,11 @@ mod tests {
             ("sm_80", (8, 0), true), ("sm_80", (8, 6), true), ("sm_80", (8, 9), true),
             ("sm_80", (9, 0), false), ("sm_80", (7, 5), false), ("sm_86", (8, 0), false),
             ("sm_100", (10, 3), true), ("sm_100", (12, 0), false),
+            ("sm_100f", (10, 0), true), ("sm_100f", (10, 3), true), ("sm_100f", (11, 0), false),
+            ("sm_100f", (9, 0), false), ("sm_103f", (10, 0), false), ("sm_120f", (12, 1), true),
+            ("sm_121f", (12, 0), false), ("compute_90", (9, 0), true), ("compute_90", (12, 1), true),
+            ("compute_90", (13, 0), true), ("compute_90", (8, 9), false),
+            ("compute_100", (9, 0), false), ("compute_100", (10, 3), true),
         ];
         for (target, capability, expected) in table {
             assert_eq!(
@@ -1212,6 +1554,241 @@ mod tests {
             choice.reason,
             "sm_80 cubin for an 8.6 device, cu129, driver 13.0 ≥ 12.9, torch not checked"
         );
+    }
+
+    /// Every kind of target, all built with CUDA 13.0: `a`, `f`, plain and PTX.
+    const EVERY_KIND: [&str; 6] = [
+        "cu130/compute_90",
+        "cu130/sm_90",
+        "cu130/sm_90a",
+        "cu130/sm_100f",
+        "cu130/sm_100a",
+        "cu130/sm_120",
+    ];
+
+    /// The choice's label and reason, or every refusal as `label: reason`.
+    fn explained(record: &KernelRecord, device: &str, ptx_forbidden_by: Option<&str>) -> String {
+        let query = query(device, "cu130", "13.0", None);
+        match select_variant_with("k", record, &query, ptx_forbidden_by) {
+            Ok(choice) => format!("{}: {}", choice.variant.label(), choice.reason),
+            Err(no_fit) => no_fit.to_string(),
+        }
+    }
+
+    #[test]
+    fn every_device_gets_the_most_specific_kind_that_runs_on_it() {
+        let every_kind = record(&EVERY_KIND, &[]);
+        let tail = "cu130, driver 13.0 ≥ 13.0, torch not checked";
+        let ptx = "compiled by the driver on first load (its PTX JIT; cached in its compute cache)";
+        #[rustfmt::skip]
+        let table = [
+            // H100/H200: the exact `a` cubin over plain sm_90 and PTX.
+            ("9.0", format!("cu130/sm_90a: sm_90a cubin for a 9.0 device, {tail}")),
+            // B200: the exact `a` cubin over the family one.
+            ("10.0", format!("cu130/sm_100a: sm_100a cubin for a 10.0 device, {tail}")),
+            // B300: sm_100a is 10.0 only; the family cubin runs on 10.3.
+            ("10.3", format!("cu130/sm_100f: sm_100f family cubin for a 10.3 device, {tail}")),
+            // Thor: no cubin of major 11, so the driver compiles the PTX.
+            ("11.0", format!("cu130/compute_90: compute_90 PTX for an 11.0 device, {ptx}, {tail}")),
+            // RTX PRO 6000 and GB10: the plain sm_120 cubin, on 12.0 and on the later 12.1.
+            ("12.0", format!("cu130/sm_120: sm_120 cubin for a 12.0 device, {tail}")),
+            ("12.1", format!("cu130/sm_120: sm_120 cubin for a 12.1 device, {tail}")),
+            // A GPU that does not exist yet: only PTX runs on it.
+            ("13.0", format!("cu130/compute_90: compute_90 PTX for a 13.0 device, {ptx}, {tail}")),
+        ];
+        for (device, expected) in table {
+            assert_eq!(explained(&every_kind, device, None), expected, "{device}");
+        }
+    }
+
+    #[test]
+    fn refusals_explain_each_kind() {
+        let every_kind = record(&EVERY_KIND, &[]);
+        // 8.9 predates every target: each refusal says what its kind runs on.
+        assert_eq!(
+            explained(&every_kind, "8.9", None),
+            "no prebuilt variant of `k` fits:
+  cu130/compute_90: compute_90 PTX runs only on compute capability 9.0 or later, this device is 8.9
+  cu130/sm_90: sm_90 cubins run only on compute capability 9.0 or a later 9.x, this device is 8.9
+  cu130/sm_90a: sm_90a cubins run only on compute capability 9.0, this device is 8.9
+  cu130/sm_100f: sm_100f cubins run only on their family, compute capability 10.0 or a later 10.x, this device is 8.9
+  cu130/sm_100a: sm_100a cubins run only on compute capability 10.0, this device is 8.9
+  cu130/sm_120: sm_120 cubins run only on compute capability 12.0 or a later 12.x, this device is 8.9"
+        );
+        // Without PTX, Thor (11.0) and a future 13.0 get nothing; a family cubin covers 12.1.
+        let no_ptx = record(&["cu130/sm_90a", "cu130/sm_100f", "cu130/sm_120f"], &[]);
+        let family_refusals = |device: &str| {
+            format!(
+                "no prebuilt variant of `k` fits:
+  cu130/sm_90a: sm_90a cubins run only on compute capability 9.0, this device is {device}
+  cu130/sm_100f: sm_100f cubins run only on their family, compute capability 10.0 or a later 10.x, this device is {device}
+  cu130/sm_120f: sm_120f cubins run only on their family, compute capability 12.0 or a later 12.x, this device is {device}"
+            )
+        };
+        assert_eq!(explained(&no_ptx, "11.0", None), family_refusals("11.0"));
+        assert_eq!(explained(&no_ptx, "13.0", None), family_refusals("13.0"));
+        assert_eq!(
+            explained(&no_ptx, "12.1", None),
+            "cu130/sm_120f: sm_120f family cubin for a 12.1 device, cu130, driver 13.0 ≥ 13.0, \
+             torch not checked"
+        );
+    }
+
+    #[test]
+    fn a_policy_can_forbid_the_drivers_ptx_jit() {
+        let every_kind = record(&EVERY_KIND, &[]);
+        let by = Some("AF3_KERNELS_PTX_JIT=0");
+        // Where a cubin fits, nothing changes.
+        assert!(explained(&every_kind, "9.0", by).starts_with("cu130/sm_90a: "));
+        assert!(explained(&every_kind, "10.3", by).starts_with("cu130/sm_100f: "));
+        // Where only PTX fits, the refusal names the setting.
+        let no_fit = explained(&every_kind, "11.0", by);
+        assert!(
+            no_fit.contains(
+                "cu130/compute_90: fits, but AF3_KERNELS_PTX_JIT=0 forbids the driver's PTX JIT, \
+                 which would compile this PTX for the device on first load"
+            ),
+            "{no_fit}"
+        );
+        // PTX that does not run on the device is refused for that first.
+        let no_fit = explained(&every_kind, "8.9", by);
+        assert!(no_fit.contains(
+            "cu130/compute_90: compute_90 PTX runs only on compute capability 9.0 or later"
+        ));
+    }
+
+    #[test]
+    fn ptx_jit_policy_reads_its_variable() {
+        assert_eq!(ptx_jit_variable("af3-kernels"), "AF3_KERNELS_PTX_JIT");
+        assert_eq!(ptx_jit_variable("my.lib"), "MY_LIB_PTX_JIT");
+        assert_eq!(PtxJitPolicy::Allowed.forbidden_by("af3-kernels"), None);
+        assert_eq!(
+            PtxJitPolicy::Forbidden
+                .forbidden_by("af3-kernels")
+                .as_deref(),
+            Some("the loader's policy (as AF3_KERNELS_PTX_JIT=0 would)")
+        );
+        // A package name no other test uses, so its variable is this test's alone.
+        let package = "kwheel-ptx-policy-test";
+        for (value, forbidden) in [("0", true), ("off", true), (" No ", true), ("1", false)] {
+            std::env::set_var("KWHEEL_PTX_POLICY_TEST_PTX_JIT", value);
+            assert_eq!(
+                PtxJitPolicy::FromEnvironment.forbidden_by(package),
+                forbidden.then(|| format!("KWHEEL_PTX_POLICY_TEST_PTX_JIT={value}")),
+                "{value:?}"
+            );
+        }
+        std::env::remove_var("KWHEEL_PTX_POLICY_TEST_PTX_JIT");
+        assert_eq!(PtxJitPolicy::FromEnvironment.forbidden_by(package), None);
+    }
+
+    #[test]
+    fn prefers_kind_before_sm() {
+        let query = query("10.3", "cu130", "13.0", None);
+        let table: &[(&[&str], &str)] = &[
+            (&["cu130/sm_100", "cu130/sm_100f"], "cu130/sm_100f"),
+            (&["cu130/sm_100f", "cu130/sm_100"], "cu130/sm_100f"),
+            (&["cu130/compute_100", "cu130/sm_100"], "cu130/sm_100"),
+            (
+                &["cu130/compute_90", "cu130/compute_100"],
+                "cu130/compute_100",
+            ),
+            (&["cu130/sm_103", "cu130/sm_100f"], "cu130/sm_100f"),
+            (&["cu130/sm_103a", "cu130/sm_100f"], "cu130/sm_103a"),
+            (&["cu130/sm_100a", "cu130/compute_100"], "cu130/compute_100"),
+        ];
+        for (variants, expected) in table {
+            let record = record(variants, &[]);
+            let choice = select_variant("k", &record, &query).unwrap();
+            assert_eq!(choice.variant.label(), *expected, "{variants:?}");
+        }
+    }
+
+    #[test]
+    fn fleet_devices_parse_by_name_or_capability() {
+        let device = |name: &str, capability| FleetDevice {
+            name: name.to_owned(),
+            capability,
+        };
+        #[rustfmt::skip]
+        let table = [
+            ("H100", device("H100", (9, 0))), ("b300", device("B300", (10, 3))),
+            ("GB10", device("GB10", (12, 1))), ("thor", device("Thor", (11, 0))),
+            ("RTX-PRO-6000", device("RTX-PRO-6000", (12, 0))),
+            ("next=13.0", device("next", (13, 0))), ("10.3", device("10.3", (10, 3))),
+            ("sm_121", device("12.1", (12, 1))),
+        ];
+        for (text, expected) in table {
+            assert_eq!(FleetDevice::parse(text), Ok(expected), "{text}");
+        }
+        for text in ["", "X100", "=9.0", "next=13", "H100=H200"] {
+            let error = FleetDevice::parse(text).unwrap_err().to_string();
+            assert!(
+                error.starts_with(&format!(
+                    "`{text}` is not a fleet device (expected a known GPU (H100, H200,"
+                )),
+                "{error}"
+            );
+        }
+    }
+
+    #[test]
+    fn fleet_table_snapshot() {
+        let mut index = index();
+        index
+            .kernels
+            .insert("every_kind".to_owned(), record(&EVERY_KIND, &[]));
+        index
+            .kernels
+            .insert("wgmma".to_owned(), record(&["cu130/sm_90a"], &[]));
+        index.kernels.remove("scale");
+        let fleet: Vec<FleetDevice> = [
+            "H200",
+            "B200",
+            "B300",
+            "Thor",
+            "RTX-PRO-6000",
+            "GB10",
+            "13.0",
+        ]
+        .iter()
+        .map(|text| FleetDevice::parse(text).unwrap())
+        .collect();
+        let report = fleet_coverage(&index, &fleet, &query("9.0", "cu130", "13.0", None), None);
+        assert_eq!(
+            report.to_string(),
+            "\
+CUDA build cu130, driver 13.0, torch not checked
+
+kernel      H200 (9.0)  B200 (10.0)  B300 (10.3)  Thor (11.0)  RTX-PRO-6000 (12.0)  GB10 (12.1)  13.0
+every_kind  sm_90a      sm_100a      sm_100f      compute_90   sm_120               sm_120       compute_90
+layernorm   sm_90a      sm_100a      none         none         none                 none         none
+moe_gate    sm_90a      sm_100a      none         none         none                 none         none
+wgmma       sm_90a      none         none         none         none                 none         none
+
+sm_XYa: arch-specific cubin (exactly X.Y); sm_XYf: family cubin (X.Y and later X.z); sm_XY: plain cubin (X.Y and later X.z);
+compute_XY: PTX the driver compiles on first load; none: nothing fits (`dev coverage --device` says why)
+"
+        );
+        assert_eq!(report.devices[2].report.device, "10.3");
+        let forbidden = fleet_coverage(
+            &index,
+            &fleet,
+            &query("9.0", "cu130", "13.0", None),
+            Some("AF3_KERNELS_PTX_JIT=0"),
+        );
+        let every_kind = |report: &FleetReport, device: usize| {
+            report.devices[device].report.kernels["every_kind"]
+                .loads
+                .clone()
+        };
+        assert_eq!(every_kind(&forbidden, 3), None);
+        assert_eq!(every_kind(&report, 3), Some("cu130/compute_90".to_owned()));
+        assert!(forbidden
+            .to_string()
+            .starts_with("CUDA build cu130, driver 13.0, torch not checked, PTX forbidden by AF3_KERNELS_PTX_JIT=0\n"));
+        let json = serde_json::to_string(&report).unwrap();
+        assert_eq!(serde_json::from_str::<FleetReport>(&json).unwrap(), report);
     }
 
     #[test]

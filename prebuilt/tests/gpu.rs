@@ -12,6 +12,7 @@
 //! | `jit_fallback_compiles_once_then_hits_the_cache` | GPU (9.0), `KWHEEL_TEST_BUNDLE`, an NVRTC the search finds |
 //! | `jit_disabled_names_device_build_and_variants` | GPU (9.0) and `KWHEEL_TEST_BUNDLE` |
 //! | `tampered_artifact_is_never_loaded` | GPU and `KWHEEL_TEST_BUNDLE` |
+//! | `ptx_only_variants_load_through_the_driver_and_match` | GPU (9.0) and `KWHEEL_TEST_BUNDLE` with `compute_90` targets |
 //! | `arguments_are_checked_before_launch` | GPU (9.0) and `KWHEEL_TEST_BUNDLE` |
 //!
 //! Elsewhere a test prints `skipped: <reason>` and passes; `KWHEEL_REQUIRE_TOOLCHAINS=1` makes
@@ -46,7 +47,20 @@ use prebuilt::key::{sha256_hex, KernelKey, KeyInputs};
 use prebuilt::registry::{
     KernelArg, LoadError, Provenance, ProvenanceKind, Registry, RegistryOptions, Status,
 };
+use prebuilt::select::PtxJitPolicy;
 use prebuilt::{Arch, CudaBuild};
+
+/// `eprintln!` for a test that passes without testing, past the test harness's capture, so
+/// that `ci/test` lists it: `SKIPPED: <test>: <message>`.
+macro_rules! skipped {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let message = format!($($arg)*);
+        let message = message.strip_prefix("skipped: ").unwrap_or(&message).to_owned();
+        let test = std::thread::current().name().unwrap_or("(unnamed test)").to_owned();
+        let _ = writeln!(std::io::stderr(), "SKIPPED: {test}: {message}");
+    }};
+}
 
 /// The fixture source, built into the binary so that it runs from any directory (the GPU
 /// machine gets this binary, not the checkout it was built in).
@@ -128,6 +142,8 @@ fn fixture_bundle(dir: &Path) -> PathBuf {
             files: BTreeMap::from([("kernels.cu".to_owned(), sha256_hex(FIXTURE_SOURCE))]),
             defines: BTreeMap::new(),
             flags: Vec::new(),
+            nvcc_flags: Vec::new(),
+            nvrtc_flags: Vec::new(),
             cxx_std: "c++17".to_owned(),
         };
         let mut variants = Vec::new();
@@ -302,7 +318,7 @@ fn status_names_the_missing_gpu_for_every_kernel() {
                 );
             }
         }
-        Ok(device) => eprintln!(
+        Ok(device) => skipped!(
             "skipped: a GPU of compute {:?} is present; this test checks machines without one \
              and 9.0 devices",
             device.capability()
@@ -371,7 +387,7 @@ fn toolchain_file(build: &str, relatives: &[&str]) -> Option<PathBuf> {
         if std::env::var("KWHEEL_REQUIRE_TOOLCHAINS").as_deref() == Ok("1") {
             panic!("{message}");
         }
-        eprintln!("skipped: {message}");
+        skipped!("skipped: {message}");
     }
     found
 }
@@ -714,7 +730,7 @@ fn test_bundle() -> Option<PathBuf> {
     match std::env::var_os("KWHEEL_TEST_BUNDLE") {
         Some(path) if !path.is_empty() => Some(PathBuf::from(path)),
         _ => {
-            eprintln!(
+            skipped!(
                 "skipped: KWHEEL_TEST_BUNDLE is not set (a bundle from `kwheel dev \
                  bundle-kernels`)"
             );
@@ -769,14 +785,27 @@ fn jit_reproduces_the_bundled_cubins() {
             }
         }
     }
-    // nvcc 13.0, in this process.
+    // nvcc 13.0, in this process. Every nvcc variant of this nvcc is compared: its record names
+    // the host compiler, which the JIT probes the bundler's way, so a bundle built on this
+    // machine has the JIT's keys. (`nvcc+ptxas` variants are the bundler's route for a build
+    // without nvcc; the JIT compiles with an nvcc or NVRTC it finds, never through that route.)
     if let Some(nvcc) = nvcc_13_0() {
         let compiler = JitCompiler::nvcc_at(&nvcc).unwrap();
+        let same_nvcc = format!("{}, host ", compiler.version());
         for (name, record) in &index.kernels {
             for variant in &record.variants {
-                if variant.compiler != compiler.record() {
+                if variant.compiler.kind != "nvcc"
+                    || !variant.compiler.version.starts_with(&same_nvcc)
+                {
                     continue;
                 }
+                assert_eq!(
+                    variant.compiler,
+                    compiler.record(),
+                    "{name} {}: the bundle's nvcc record is not the JIT's on this machine (was \
+                     the bundle built with another host compiler?)",
+                    variant.label()
+                );
                 let request = JitRequest {
                     bundle_root: opened.root(),
                     kernel: name,
@@ -788,8 +817,18 @@ fn jit_reproduces_the_bundled_cubins() {
                 let output = compile_cached(&request, &compiler, cache.path())
                     .unwrap_or_else(|error| panic!("{name}: {}", error_chain(&error)));
                 assert_eq!(output.key.0, variant.key, "{name} {}", variant.label());
-                assert_eq!(sha256_hex(&output.cubin), variant.artifact.digest);
-                assert_eq!(output.functions, variant.functions);
+                assert_eq!(
+                    sha256_hex(&output.cubin),
+                    variant.artifact.digest,
+                    "{name} {}",
+                    variant.label()
+                );
+                assert_eq!(
+                    output.functions,
+                    variant.functions,
+                    "{name} {}",
+                    variant.label()
+                );
                 compared += 1;
             }
         }
@@ -807,12 +846,12 @@ fn gpu_bundle() -> Option<PathBuf> {
     let device = match Driver::get().and_then(|driver| driver.device(0)) {
         Ok(device) => device,
         Err(error) => {
-            eprintln!("skipped: {error}");
+            skipped!("skipped: {error}");
             return None;
         }
     };
     if device.capability() != (9, 0) {
-        eprintln!(
+        skipped!(
             "skipped: device 0 ({}) is compute {:?}; these tests load sm_90a cubins",
             device.name(),
             device.capability()
@@ -924,19 +963,105 @@ fn prebuilt_variants_match_their_references() {
     }
 }
 
-/// A copy of `bundle` under `dir` whose index has no `sm_90a` variant.
+/// A copy of `bundle` under `dir` with no variant that runs on 9.0: no `sm_90a` cubin and no
+/// PTX (which the driver would compile for it).
 fn bundle_without_sm_90a(bundle: &Path, dir: &Path) -> PathBuf {
+    bundle_keeping(bundle, dir, |variant| {
+        !prebuilt::select::runs_on(variant.arch, (9, 0))
+    })
+}
+
+/// A copy of `bundle` under `dir` whose index keeps only the variants `keep` accepts.
+fn bundle_keeping(bundle: &Path, dir: &Path, keep: impl Fn(&Variant) -> bool) -> PathBuf {
     let copy = dir.join("_prebuilt");
     copy_dir(bundle, &copy);
     let opened = Bundle::open(&copy).unwrap();
     let mut index = opened.index().clone();
     for record in index.kernels.values_mut() {
-        record
-            .variants
-            .retain(|variant| variant.arch != arch("sm_90a"));
+        record.variants.retain(&keep);
     }
     fs::write(copy.join(INDEX_FILE), index.to_json()).unwrap();
     copy
+}
+
+#[test]
+fn ptx_only_variants_load_through_the_driver_and_match() {
+    let Some(bundle) = gpu_bundle() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let compute_90 = arch("compute_90");
+    let ptx_only = bundle_keeping(&bundle, dir.path(), |variant| variant.arch == compute_90);
+    let cache = dir.path().join("jit-cache");
+    let cases = cases();
+    for cuda in ["cu129", "cu130"] {
+        // The kwheel JIT is disabled: PTX reaches the device through the driver alone.
+        let mut options = options(Some(cuda), JitPolicy::Disabled, &cache);
+        options.ptx_jit = PtxJitPolicy::Allowed;
+        let registry = Registry::open_with(&ptx_only, options.clone()).unwrap();
+        let status = registry.status();
+        let mut loaded = Vec::new();
+        for (name, record) in &registry.index().kernels {
+            let Some(variant) = record.variants.iter().find(|v| v.cuda == build(cuda)) else {
+                continue;
+            };
+            let Status::Available { reason, .. } = &status[name] else {
+                panic!("{name} {cuda}: {:?}", status[name]);
+            };
+            assert!(
+                reason.starts_with(
+                    "compute_90 PTX for a 9.0 device, compiled by the driver on first load"
+                ),
+                "{name}: {reason}"
+            );
+            let started = Instant::now();
+            let kernel = registry
+                .load(name)
+                .unwrap_or_else(|error| panic!("{name} {cuda}: {}", error_chain(&error)));
+            eprintln!(
+                "{cuda}: `{name}` loaded from PTX in {:.1} ms",
+                started.elapsed().as_secs_f64() * 1e3
+            );
+            assert_eq!(
+                kernel.provenance(),
+                &Provenance::Prebuilt {
+                    variant: format!("{cuda}/compute_90"),
+                    key: variant.key.clone(),
+                },
+                "{name}"
+            );
+            loaded.push(name.clone());
+        }
+        assert!(
+            !loaded.is_empty(),
+            "{cuda}: the bundle has no compute_90 variant"
+        );
+        let mut checked = 0;
+        for case in cases
+            .iter()
+            .filter(|case| loaded.iter().any(|n| n == case.kernel))
+        {
+            run_case(&registry.load(case.kernel).unwrap(), case);
+            checked += 1;
+        }
+        eprintln!(
+            "{cuda}: {} kernels loaded from compute_90 PTX, {checked} cases match their references",
+            loaded.len()
+        );
+        assert!(!cache.exists(), "nothing was compiled by kwheel");
+
+        // `<PACKAGE>_PTX_JIT=0`: the same bundle has nothing this device may load.
+        options.ptx_jit = PtxJitPolicy::Forbidden;
+        let registry = Registry::open_with(&ptx_only, options).unwrap();
+        let error = registry.load(&loaded[0]).unwrap_err();
+        let message = error.to_string();
+        assert!(matches!(error, LoadError::NoFit { .. }), "{message}");
+        assert!(
+            message.contains(&format!(
+                "{cuda}/compute_90: fits, but the loader's policy (as AF3_KERNELS_PTX_JIT=0 \
+                 would) forbids the driver's PTX JIT"
+            )),
+            "{message}"
+        );
+    }
 }
 
 fn copy_dir(from: &Path, to: &Path) {
@@ -1313,7 +1438,7 @@ mod slim {
             .count();
         assert_eq!(fetched, 1, "{report}");
         let cubin = FIXTURE_CUBINS[3].0;
-        let entry = cache.entry_path(&sha256_hex(cubin));
+        let entry = cache.entry_path(&sha256_hex(cubin)).unwrap();
         assert_eq!(fs::read(&entry).unwrap(), cubin);
 
         let after = coverage(&bundle, &query, &cache);
@@ -1464,9 +1589,9 @@ mod slim {
         match Driver::get().and_then(|driver| driver.device(0)) {
             Ok(device) if device.capability() == (9, 0) => {}
             Ok(device) => {
-                return eprintln!("skipped: device 0 is compute {:?}", device.capability())
+                return skipped!("skipped: device 0 is compute {:?}", device.capability())
             }
-            Err(error) => return eprintln!("skipped: {error}"),
+            Err(error) => return skipped!("skipped: {error}"),
         }
         let dir = tempfile::tempdir().unwrap();
         let store = LoopbackStore::start();

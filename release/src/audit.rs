@@ -6,12 +6,13 @@
 //! | file | check |
 //! | --- | --- |
 //! | cubin (`e_machine` 190) | recognised and skipped: the GPU driver loads it, not the system |
-//! | host ELF | 64-bit little-endian x86-64 (the tag's architecture) |
+//! | host ELF | 64-bit little-endian, for the tag's architecture (x86-64 or aarch64) |
 //! | | every `DT_NEEDED` library in the policy's list (the dynamic loader and libpython always pass) |
 //! | | every version it needs (`.gnu.version_r`) of a family the policy pins (`GLIBC`, `GLIBCXX`, `CXXABI`, `GCC`, `LIBATOMIC`, `ZLIB`) in the policy's set |
 //! | | no undefined symbol the policy blacklists for a library it links |
 //!
-//! The rules and tables are those of auditwheel's `manylinux_2_28` policy for x86_64: versions
+//! The rules and tables are those of auditwheel's `manylinux_2_28` policy for x86_64 and
+//! aarch64: versions
 //! are checked by membership, as auditwheel does, and versions needed from the dynamic loader
 //! (`ld-linux-x86-64.so.2`) are not checked. A message names the file, the library and the
 //! version: `af3_kernels/_kwheel.abi3.so needs GLIBC_2.34 (from libc.so.6), newer than
@@ -20,7 +21,8 @@
 use std::fmt;
 
 use object::elf::{
-    FileHeader64, DT_NEEDED, ELFCLASS64, ELFDATA2LSB, ELFDATA2MSB, ELFMAG, EM_X86_64, SHT_DYNSYM,
+    FileHeader64, DT_NEEDED, ELFCLASS64, ELFDATA2LSB, ELFDATA2MSB, ELFMAG, EM_AARCH64, EM_X86_64,
+    SHT_DYNSYM,
 };
 use object::read::elf::{Dyn as _, FileHeader as _, Sym as _};
 use object::LittleEndian;
@@ -42,37 +44,89 @@ pub struct Policy {
     pub blacklist: &'static [(&'static str, &'static [&'static str])],
 }
 
+/// The libraries auditwheel's `manylinux_2_28` policy lets a host ELF link (both architectures).
+const MANYLINUX_2_28_LIBRARIES: &[&str] = &[
+    "libatomic.so.1",
+    "libgcc_s.so.1",
+    "libstdc++.so.6",
+    "libm.so.6",
+    "libmvec.so.1",
+    "libanl.so.1",
+    "libdl.so.2",
+    "librt.so.1",
+    "libc.so.6",
+    "libnsl.so.1",
+    "libutil.so.1",
+    "libpthread.so.0",
+    "libX11.so.6",
+    "libXext.so.6",
+    "libXrender.so.1",
+    "libICE.so.6",
+    "libSM.so.6",
+    "libGL.so.1",
+    "libgobject-2.0.so.0",
+    "libgthread-2.0.so.0",
+    "libglib-2.0.so.0",
+    "libresolv.so.2",
+    "libexpat.so.1",
+    "libz.so.1",
+];
+
+/// The symbols auditwheel's `manylinux_2_28` policy forbids (both architectures).
+type Blacklist = &'static [(&'static str, &'static [&'static str])];
+const MANYLINUX_2_28_BLACKLIST: Blacklist = &[(
+    "libz.so.1",
+    &[
+        "_dist_code",
+        "_length_code",
+        "_tr_align",
+        "_tr_flush_block",
+        "_tr_init",
+        "_tr_stored_block",
+        "_tr_tally",
+        "adler32_default",
+        "bi_windup",
+        "crc32_acle",
+        "crc32_combine_gen",
+        "crc32_combine_gen64",
+        "crc32_combine_op",
+        "crc32_le_vgfm_16",
+        "crc32_neon",
+        "crc32_vpmsum",
+        "crc32_z_default",
+        "crc_fold_512to32",
+        "crc_fold_copy",
+        "crc_fold_init",
+        "deflate_copyright",
+        "deflate_medium",
+        "fill_window",
+        "flush_pending",
+        "gzflags",
+        "inflate_copyright",
+        "inflate_fast",
+        "inflate_table",
+        "longest_match",
+        "slide_hash_sse",
+        "static_ltree",
+        "uncompress2",
+        "x86_check_features",
+        "x86_cpu_has_pclmul",
+        "x86_cpu_has_sse2",
+        "x86_cpu_has_sse42",
+        "sse2_slide_hash",
+        "z_errmsg",
+        "z_vstring",
+        "zcalloc",
+        "zcfree",
+    ],
+)];
+
 /// auditwheel's `manylinux_2_28` policy for x86_64.
 pub static MANYLINUX_2_28_X86_64: Policy = Policy {
     name: "manylinux_2_28",
     architecture: "x86_64",
     machine: EM_X86_64,
-    libraries: &[
-        "libatomic.so.1",
-        "libgcc_s.so.1",
-        "libstdc++.so.6",
-        "libm.so.6",
-        "libmvec.so.1",
-        "libanl.so.1",
-        "libdl.so.2",
-        "librt.so.1",
-        "libc.so.6",
-        "libnsl.so.1",
-        "libutil.so.1",
-        "libpthread.so.0",
-        "libX11.so.6",
-        "libXext.so.6",
-        "libXrender.so.1",
-        "libICE.so.6",
-        "libSM.so.6",
-        "libGL.so.1",
-        "libgobject-2.0.so.0",
-        "libgthread-2.0.so.0",
-        "libglib-2.0.so.0",
-        "libresolv.so.2",
-        "libexpat.so.1",
-        "libz.so.1",
-    ],
+    libraries: MANYLINUX_2_28_LIBRARIES,
     symbol_versions: &[
         (
             "CXXABI",
@@ -113,52 +167,55 @@ pub static MANYLINUX_2_28_X86_64: Policy = Policy {
             ],
         ),
     ],
-    blacklist: &[(
-        "libz.so.1",
-        &[
-            "_dist_code",
-            "_length_code",
-            "_tr_align",
-            "_tr_flush_block",
-            "_tr_init",
-            "_tr_stored_block",
-            "_tr_tally",
-            "adler32_default",
-            "bi_windup",
-            "crc32_acle",
-            "crc32_combine_gen",
-            "crc32_combine_gen64",
-            "crc32_combine_op",
-            "crc32_le_vgfm_16",
-            "crc32_neon",
-            "crc32_vpmsum",
-            "crc32_z_default",
-            "crc_fold_512to32",
-            "crc_fold_copy",
-            "crc_fold_init",
-            "deflate_copyright",
-            "deflate_medium",
-            "fill_window",
-            "flush_pending",
-            "gzflags",
-            "inflate_copyright",
-            "inflate_fast",
-            "inflate_table",
-            "longest_match",
-            "slide_hash_sse",
-            "static_ltree",
-            "uncompress2",
-            "x86_check_features",
-            "x86_cpu_has_pclmul",
-            "x86_cpu_has_sse2",
-            "x86_cpu_has_sse42",
-            "sse2_slide_hash",
-            "z_errmsg",
-            "z_vstring",
-            "zcalloc",
-            "zcfree",
-        ],
-    )],
+    blacklist: MANYLINUX_2_28_BLACKLIST,
+};
+
+/// auditwheel's `manylinux_2_28` policy for aarch64 (Grace Hopper and Grace Blackwell hosts):
+/// the same libraries, the symbol versions aarch64's glibc, libgcc and libstdc++ define.
+pub static MANYLINUX_2_28_AARCH64: Policy = Policy {
+    name: "manylinux_2_28",
+    architecture: "aarch64",
+    machine: EM_AARCH64,
+    libraries: MANYLINUX_2_28_LIBRARIES,
+    symbol_versions: &[
+        (
+            "CXXABI",
+            &[
+                "1.3", "1.3.1", "1.3.2", "1.3.3", "1.3.4", "1.3.5", "1.3.6", "1.3.7", "1.3.8",
+                "1.3.9", "1.3.10", "1.3.11", "TM_1",
+            ],
+        ),
+        (
+            "GCC",
+            &[
+                "3.0", "3.3", "3.3.1", "3.4", "3.4.2", "3.4.4", "4.0.0", "4.2.0", "4.3.0", "4.5.0",
+                "4.7.0", "7.0.0",
+            ],
+        ),
+        (
+            "GLIBC",
+            &[
+                "2.0", "2.17", "2.18", "2.22", "2.23", "2.24", "2.25", "2.26", "2.27", "2.28",
+            ],
+        ),
+        (
+            "GLIBCXX",
+            &[
+                "3.4", "3.4.1", "3.4.2", "3.4.3", "3.4.4", "3.4.5", "3.4.6", "3.4.7", "3.4.8",
+                "3.4.9", "3.4.10", "3.4.11", "3.4.12", "3.4.13", "3.4.14", "3.4.15", "3.4.16",
+                "3.4.17", "3.4.18", "3.4.19", "3.4.20", "3.4.21", "3.4.22", "3.4.23", "3.4.24",
+            ],
+        ),
+        ("LIBATOMIC", &["1.0", "1.1", "1.2"]),
+        (
+            "ZLIB",
+            &[
+                "1.2.0", "1.2.0.2", "1.2.0.8", "1.2.2", "1.2.2.3", "1.2.2.4", "1.2.3.3", "1.2.3.4",
+                "1.2.3.5", "1.2.5.1", "1.2.5.2", "1.2.7.1", "1.2.9",
+            ],
+        ),
+    ],
+    blacklist: MANYLINUX_2_28_BLACKLIST,
 };
 
 impl Policy {
@@ -208,6 +265,8 @@ impl AuditTarget {
             Some(AuditTarget::PlatformIndependent)
         } else if tag == MANYLINUX_2_28_X86_64.platform_tag() {
             Some(AuditTarget::Policy(&MANYLINUX_2_28_X86_64))
+        } else if tag == MANYLINUX_2_28_AARCH64.platform_tag() {
+            Some(AuditTarget::Policy(&MANYLINUX_2_28_AARCH64))
         } else if tag.starts_with("linux_") {
             Some(AuditTarget::Unrestricted)
         } else {

@@ -575,6 +575,7 @@ fn check_reproducible(run: &mut Run, options: &CheckOptions) -> Option<PathBuf> 
             toolchains: options.toolchains.clone(),
             ship: None,
             store: None,
+            recipes_only: false,
         })
     };
     let mut digests = Vec::new();
@@ -704,7 +705,7 @@ fn check_install(run: &mut Run, manifest: &Manifest, options: &CheckOptions, whe
             return run.fail(
                 "install",
                 reason,
-                "run `kwheel dev build-wheel` (it builds the runtime wheel with cargo zigbuild; `bash ci/setup` installs zig)",
+                "run `kwheel release build-kwheel` (it builds kwheel's wheel with cargo zigbuild; `bash ci/setup` installs zig)",
             )
         }
     };
@@ -735,8 +736,11 @@ fn runtime_wheel(run: &mut Run, options: &CheckOptions) -> Result<Option<PathBuf
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
-            name.starts_with(&format!("kwheel-{}-", crate::wheel::KWHEEL_VERSION))
-                && name.ends_with(".whl")
+            // This machine's: the install gate runs it here.
+            let host =
+                crate::runtime::RuntimeArch::host().unwrap_or(crate::runtime::RuntimeArch::X86_64);
+            crate::runtime::runtime_wheel_filename(host)
+                .is_ok_and(|wheel| name == wheel.to_string())
         })
     });
     if let Some(existing) = existing {

@@ -11,7 +11,8 @@
 //! | --- | --- |
 //! | [`wheel`] | wheel file names and tags, `METADATA`, `WHEEL`, `RECORD`, the deterministic writer |
 //! | [`library`] | a kernel library's wheel: bundle freshness, the Python package and `_prebuilt/` |
-//! | [`runtime`] | the `kwheel` runtime wheel: the Python module built for glibc 2.28 with `cargo zigbuild` |
+//! | [`runtime`] | the `kwheel` wheels: the command and the Python module for glibc 2.28 (x86_64, aarch64) with `cargo zigbuild` |
+//! | [`sdist`] | a kernel library's source distribution (PEP 625) and its verification |
 //! | [`audit`] | the manylinux_2_28 policy and the audit of host ELF files (cubins are skipped) |
 //! | [`verify`] | re-checking any wheel: RECORD, tags, zip hygiene, bundles, the audit |
 //! | [`check`] | the release checklist: every gate a release must pass, as one report |
@@ -27,17 +28,21 @@ pub mod check;
 pub mod library;
 pub mod publish;
 pub mod runtime;
+pub mod sdist;
 pub mod verify;
 pub mod wheel;
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-pub use audit::{audit_elf, Policy, Violation, MANYLINUX_2_28_X86_64};
+pub use audit::{audit_elf, Policy, Violation, MANYLINUX_2_28_AARCH64, MANYLINUX_2_28_X86_64};
 pub use check::{release_check, CheckOptions, Checklist, Gate, GateStatus};
 pub use library::{build_library_wheel, check_bundle_current, BuiltWheel, LibraryWheelOptions};
 pub use publish::{publish, PublishOptions, PublishReport, ShipFilter};
-pub use runtime::{build_runtime_wheel, NativeModule, RuntimeWheelOptions};
+pub use runtime::{
+    build_runtime_wheel, NativeCommand, NativeModule, RuntimeArch, RuntimeWheelOptions,
+};
+pub use sdist::{build_sdist, verify_sdist, SdistOptions};
 pub use verify::{verify_wheel, Problem, VerifyReport};
 pub use wheel::{write_wheel, Metadata, WheelFile, WheelFilename, WheelSpec};
 
@@ -115,7 +120,7 @@ pub enum Error {
     /// A wheel's platform tag names a policy this audit does not know.
     #[error(
         "no audit policy for platform tag `{tag}`: kwheel writes wheels tagged \
-         `manylinux_2_28_x86_64`, `linux_*` or `any`"
+         `manylinux_2_28_x86_64`, `manylinux_2_28_aarch64`, `linux_*` or `any`"
     )]
     NoPolicy {
         /// The platform tag.
@@ -245,6 +250,22 @@ pub enum Error {
         url: String,
         /// What failed.
         reason: String,
+    },
+    /// A source distribution cannot be built from the manifest's tree.
+    #[error("cannot build an sdist from `{}`: {reason}", path.display())]
+    Sdist {
+        /// The manifest.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A written or given sdist failed verification.
+    #[error("`{}` failed verification:{}", sdist.display(), list(problems))]
+    SdistVerification {
+        /// The sdist.
+        sdist: PathBuf,
+        /// Every problem found.
+        problems: Vec<String>,
     },
     /// The store's URL or client could not be set up.
     #[error(transparent)]

@@ -4,7 +4,7 @@
 //! ```text
 //! kernels/kernels.toml             [library] package, version, torch, python-package
 //! kernels/python/af3_kernels/  ─┐
-//! target/kwheel/_prebuilt/     ─┴─► af3_kernels-0.1.0-py3-none-manylinux_2_28_x86_64.whl
+//! target/kwheel/_prebuilt/     ─┴─► af3_kernels-0.1.0-py3-none-manylinux_2_28_x86_64.manylinux_2_28_aarch64.whl
 //!                                   ├── af3_kernels/__init__.py
 //!                                   ├── af3_kernels/_prebuilt/{index.json, dictionary.zdict,
 //!                                   │                          artifacts/, sources/}
@@ -18,17 +18,21 @@
 //! | artifacts | every variant is decompressed and checked against its digest before packing |
 //! | sources | shipped under `_prebuilt/sources/` unless turned off, in which case the JIT fallback has nothing to compile |
 //! | slim (`ship`) | only the variants the filter names keep their artifacts; the wheel's index still lists every variant and records the store the rest are fetched from (see [`crate::publish`]) |
-//! | metadata | `Requires-Dist: torch==<pin>` (the manifest's, or the override) and `kwheel==<this version>` |
+//! | recipes only (`recipes_only`) | no bundle: an index with every kernel's key inputs and recipe but no variant, and the sources, so the first load JIT-compiles (what the build backend ships for an sdist or git install) |
+//! | metadata | `Requires-Dist: torch==<pin>` (the manifest's, or the override) and `kwheel>=<this version>,<<next minor>>` |
 //! | after writing | the wheel is verified as `kwheel wheel verify` would; a failure removes it |
 //!
 //! The wheel holds no native code (cubins are loaded by the driver through the `kwheel`
-//! runtime), so its tags are `py3-none-manylinux_2_28_x86_64`: any CPython 3 on glibc 2.28+
-//! x86-64, the platforms the cubins' CUDA builds ship for.
+//! runtime), so one wheel serves both architectures the runtime is built for: its tags are
+//! `py3-none-manylinux_2_28_x86_64.manylinux_2_28_aarch64`, any CPython 3 on glibc 2.28+
+//! x86-64 or aarch64 (Grace Hopper, Grace Blackwell), the platforms the cubins' CUDA builds
+//! ship for. The audit of both policies still runs, so a host ELF slipped into the package
+//! fails the build (see `docs/wheel-format.md`).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use bundler::build::{compiler_record, plan_kernel};
+use bundler::build::plan_kernel;
 use bundler::explain::{changes_since, read_index, TargetKey};
 use bundler::{BuildToolchain, BundleOptions, BundleSummary, Manifest};
 use prebuilt::bundle::{INDEX_FILE, SOURCES_DIR};
@@ -47,8 +51,15 @@ pub const DEFAULT_BUNDLE_DIR: &str = "target/kwheel/_prebuilt";
 /// Where wheels are written by default, relative to the working directory.
 pub const DEFAULT_WHEEL_DIR: &str = "target/kwheel/wheels";
 
-/// The platform tag of a kernel library's wheel.
-pub const PLATFORM_TAG: &str = "manylinux_2_28_x86_64";
+/// The platform tag of a kernel library's wheel: both architectures of the `kwheel` runtime,
+/// since the wheel holds no host code.
+pub const PLATFORM_TAG: &str = "manylinux_2_28_x86_64.manylinux_2_28_aarch64";
+
+/// The skip reason of every target in a recipes-only index: what `select()` and `dev
+/// coverage` show for it.
+pub const RECIPES_ONLY_REASON: &str = "this wheel was built from source (an sdist or git \
+     install) and ships no cubins: load() compiles the kernel from the shipped sources on first \
+     use (the JIT path)";
 
 /// The Python versions a kernel library's wheel supports: those of the `kwheel` runtime
 /// (`cp39-abi3`).
@@ -82,6 +93,9 @@ pub struct LibraryWheelOptions {
     pub ship: Option<ShipFilter>,
     /// The store a slim wheel's index records; `None` takes the manifest's `[library] store`.
     pub store: Option<String>,
+    /// Ship no cubins, only the sources and an index of recipes, so every kernel
+    /// JIT-compiles on first load; nothing is bundled and no toolchain is needed.
+    pub recipes_only: bool,
 }
 
 impl LibraryWheelOptions {
@@ -99,6 +113,7 @@ impl LibraryWheelOptions {
             toolchains: None,
             ship: None,
             store: None,
+            recipes_only: false,
         }
     }
 }
@@ -128,6 +143,19 @@ pub fn build_library_wheel(options: &LibraryWheelOptions) -> Result<BuiltWheel, 
         .torch
         .clone()
         .unwrap_or_else(|| manifest.library.torch.clone());
+    let import_name = package_dir
+        .file_name()
+        .map(|name| name.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    if options.recipes_only {
+        let mut files = python_package_files(&manifest, &package_dir, &import_name)?;
+        files.extend(recipe_files(
+            &manifest,
+            &torch,
+            &format!("{import_name}/{PREBUILT_DIR}"),
+        )?);
+        return write_library_wheel(options, &manifest, &package_dir, &torch, files, None);
+    }
 
     let bundled = if options.bundle.join(INDEX_FILE).is_file() {
         check_bundle_current(
@@ -165,10 +193,6 @@ pub fn build_library_wheel(options: &LibraryWheelOptions) -> Result<BuiltWheel, 
         }
     }
 
-    let import_name = package_dir
-        .file_name()
-        .map(|name| name.to_string_lossy().into_owned())
-        .unwrap_or_default();
     let store = slim_store(options, &manifest, bundle.index())?;
     let mut files = python_package_files(&manifest, &package_dir, &import_name)?;
     files.extend(bundle_files(
@@ -178,6 +202,18 @@ pub fn build_library_wheel(options: &LibraryWheelOptions) -> Result<BuiltWheel, 
         options.ship.as_ref(),
         store,
     )?);
+    write_library_wheel(options, &manifest, &package_dir, &torch, files, bundled)
+}
+
+/// Writes and verifies the library's wheel from its files.
+fn write_library_wheel(
+    options: &LibraryWheelOptions,
+    manifest: &Manifest,
+    package_dir: &Path,
+    torch: &str,
+    files: Vec<WheelFile>,
+    bundled: Option<BundleSummary>,
+) -> Result<BuiltWheel, Error> {
     let library = &manifest.library;
     let filename = WheelFilename::new(
         &library.package,
@@ -190,14 +226,11 @@ pub fn build_library_wheel(options: &LibraryWheelOptions) -> Result<BuiltWheel, 
         name: library.package.clone(),
         version: library.version.clone(),
         summary: Some(
-            summary(&package_dir)
+            summary(package_dir)
                 .unwrap_or_else(|| format!("Prebuilt CUDA kernels of {}", library.package)),
         ),
         requires_python: Some(REQUIRES_PYTHON.to_owned()),
-        requires_dist: vec![
-            format!("kwheel=={KWHEEL_VERSION}"),
-            torch_requirement(&torch),
-        ],
+        requires_dist: vec![kwheel_requirement(KWHEEL_VERSION), torch_requirement(torch)],
     };
     write_verified_wheel(
         WheelSpec {
@@ -209,6 +242,88 @@ pub fn build_library_wheel(options: &LibraryWheelOptions) -> Result<BuiltWheel, 
         },
         bundled,
     )
+}
+
+/// The runtime a library's wheel needs: `kwheel` of this version or a later compatible one
+/// (`kwheel>=0.1.0,<0.2` for 0.1.0; `kwheel>=1.2.0,<2` for 1.2.0), since the index format
+/// and the loader's API change only with the minor version before 1.0, the major after.
+pub fn kwheel_requirement(version: &str) -> String {
+    let mut parts = version.split('.').map(|part| part.parse::<u64>().ok());
+    match (parts.next().flatten(), parts.next().flatten()) {
+        (Some(0), Some(minor)) => format!("kwheel>={version},<0.{}", minor + 1),
+        (Some(major), _) => format!("kwheel>={version},<{}", major + 1),
+        _ => format!("kwheel=={version}"),
+    }
+}
+
+/// The files of a recipes-only bundle under `root/`: an index that lists every kernel with
+/// its key inputs, recipe and constants, no variant, and every target of the manifest's
+/// matrix skipped with [`RECIPES_ONLY_REASON`]; and every source the JIT fallback compiles.
+/// Precompiled-cubin kernels cannot be compiled, so they are refused.
+pub fn recipe_files(manifest: &Manifest, torch: &str, root: &str) -> Result<Vec<WheelFile>, Error> {
+    let mut index = prebuilt::Index {
+        format: prebuilt::index::INDEX_FORMAT,
+        package: manifest.library.package.clone(),
+        torch: torch.to_owned(),
+        store: None,
+        dictionary: None,
+        kernels: Default::default(),
+    };
+    let mut sources = std::collections::BTreeMap::new();
+    for (name, spec) in &manifest.kernels {
+        let planned = plan_kernel(manifest, name, spec, &[])?;
+        let Some(graph) = &planned.graph else {
+            return Err(Error::PythonPackage {
+                path: manifest.path.clone(),
+                manifest: manifest.path.clone(),
+                reason: format!(
+                    "lists kernel `{name}` as precompiled cubins, which a wheel built from \
+                     source cannot compile: build the wheel with `kwheel dev build-wheel`"
+                ),
+            });
+        };
+        for stable in graph.files().keys() {
+            if let Some(path) = graph.absolute_path(stable) {
+                sources.insert(stable.clone(), path.to_owned());
+            }
+        }
+        let mut skipped = Vec::new();
+        for &cuda in &manifest.library.cuda_builds {
+            for &arch in &manifest.library.archs {
+                // The bundler's words for a target the manifest leaves out, so that tools
+                // reading either index tell a declared skip from a missing cubin alike.
+                let reason = match &spec.arch {
+                    Some(narrowed) if !narrowed.contains(&arch) => {
+                        let list: Vec<String> = narrowed.iter().map(ToString::to_string).collect();
+                        format!("declared: the kernel targets only {}", list.join(", "))
+                    }
+                    _ => RECIPES_ONLY_REASON.to_owned(),
+                };
+                skipped.push(prebuilt::index::Skip { arch, cuda, reason });
+            }
+        }
+        index.kernels.insert(
+            name.clone(),
+            prebuilt::KernelRecord {
+                inputs: planned.inputs,
+                recipe: planned.recipe,
+                constants: spec.constants.clone(),
+                variants: Vec::new(),
+                skipped,
+            },
+        );
+    }
+    let mut files = vec![WheelFile::from_bytes(
+        format!("{root}/{INDEX_FILE}"),
+        index.to_json(),
+    )];
+    for (stable, path) in sources {
+        files.push(WheelFile::from_disk(
+            format!("{root}/{SOURCES_DIR}/{stable}"),
+            path,
+        )?);
+    }
+    Ok(files)
 }
 
 /// `torch==2.13.*` for pin `2.13.*`; a pin that starts with an operator is kept as it is.
@@ -276,7 +391,7 @@ pub fn check_bundle_current(
                 } else {
                     toolchain
                         .as_ref()
-                        .map(|t| compiler_record(t.compiler.id()))
+                        .map(|t| t.record_for(manifest, spec, &planned))
                         .ok_or_else(|| format!("no toolchain for {build}"))
                 };
                 let key = compiler.map(|compiler| {
@@ -348,7 +463,7 @@ fn short(key: &str) -> &str {
 }
 
 /// The manifest's Python package directory, checked.
-fn python_package_dir(manifest: &Manifest) -> Result<PathBuf, Error> {
+pub(crate) fn python_package_dir(manifest: &Manifest) -> Result<PathBuf, Error> {
     let relative =
         manifest
             .library
@@ -501,7 +616,7 @@ fn bundle_files(
 }
 
 /// Every file under `dir`, as (`/`-separated path relative to `dir`, path), sorted.
-fn walk(dir: &Path) -> Result<Vec<(String, PathBuf)>, Error> {
+pub(crate) fn walk(dir: &Path) -> Result<Vec<(String, PathBuf)>, Error> {
     let mut found = Vec::new();
     let mut pending = vec![(String::new(), dir.to_owned())];
     while let Some((prefix, dir)) = pending.pop() {
@@ -533,7 +648,7 @@ fn walk(dir: &Path) -> Result<Vec<(String, PathBuf)>, Error> {
 }
 
 /// The first line of the package's docstring, if `__init__.py` opens with one.
-fn summary(package_dir: &Path) -> Option<String> {
+pub(crate) fn summary(package_dir: &Path) -> Option<String> {
     let text = std::fs::read_to_string(package_dir.join("__init__.py")).ok()?;
     let mut lines = text
         .lines()
@@ -588,6 +703,14 @@ pub(crate) fn write_verified_wheel(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_runtime_requirement_admits_compatible_versions() {
+        assert_eq!(kwheel_requirement("0.1.0"), "kwheel>=0.1.0,<0.2");
+        assert_eq!(kwheel_requirement("0.12.3"), "kwheel>=0.12.3,<0.13");
+        assert_eq!(kwheel_requirement("1.2.0"), "kwheel>=1.2.0,<2");
+        assert_eq!(kwheel_requirement("dev"), "kwheel==dev");
+    }
 
     #[test]
     fn torch_pins_become_requirements() {

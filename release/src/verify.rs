@@ -11,8 +11,15 @@
 //! | bundles | under any `…/_prebuilt/index.json`: an artifact or the dictionary is missing, does not decompress, or does not match its digest; a shipped source does not match the index's hash |
 //! | audit | a host ELF breaks the platform tag's policy ([`crate::audit`]) |
 //!
-//! Entries are read with the zip crate; names, modes and duplicates come from a walk of the
-//! central directory itself, since a zip reader may hide a duplicate or decode a name.
+//! Entries are read with the zip crate; names, modes, sizes and duplicates come from a walk of
+//! the central directory itself, since a zip reader may hide a duplicate or decode a name.
+//! Every entry is judged, and checked, under the one name both agree on: an entry whose
+//! Info-ZIP Unicode Path extra field (0x7075) names another path than its raw name, or that
+//! the zip crate names differently, is a problem and is never read or extracted (an extractor
+//! would write the other name). Sizes are limits checked before anything is reserved: the
+//! wheel at most [`MAX_WHEEL_SIZE`], an entry at most [`MAX_ENTRY_SIZE`] and
+//! [`MAX_ENTRY_RATIO`] times its compressed size, all entries together [`MAX_WHEEL_CONTENT`];
+//! inflation stops one byte past the recorded size.
 //! Warnings (a should of the spec, such as `.dist-info` last) do not fail verification.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -28,6 +35,16 @@ use sha2::Digest as _;
 use crate::audit::{audit_file, AuditTarget, ElfKind};
 use crate::wheel::{parse_headers, parse_record, path_problem, WheelFilename};
 use crate::Error;
+
+/// Largest wheel file `wheel verify` reads.
+pub const MAX_WHEEL_SIZE: u64 = 1 << 30;
+/// Largest entry (uncompressed) of a wheel.
+pub const MAX_ENTRY_SIZE: u64 = 256 << 20;
+/// Largest sum of all entries' uncompressed sizes.
+pub const MAX_WHEEL_CONTENT: u64 = 1 << 30;
+/// Highest ratio of an entry's uncompressed to compressed size, for entries over 1 MiB
+/// (deflate reaches about 1,000:1 on repeated bytes; real wheel files stay far below 100:1).
+pub const MAX_ENTRY_RATIO: u64 = 200;
 
 /// A problem with one file of a wheel (or with the wheel, named by its file name).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -170,6 +187,13 @@ struct RawEntry {
     /// The host that wrote the entry (3 is Unix, whose mode is in the external attributes).
     host: u8,
     external_attributes: u32,
+    /// The name in an Info-ZIP Unicode Path extra field (0x7075), which zip readers prefer.
+    unicode_path: Option<Vec<u8>>,
+    /// Sizes as recorded (zip64 extra field included).
+    compressed_size: u64,
+    uncompressed_size: u64,
+    /// Where its local header is: how an entry of the zip reader is matched to this one.
+    local_offset: u64,
 }
 
 const S_IFMT: u32 = 0o170_000;
@@ -180,10 +204,18 @@ const S_IFREG: u32 = 0o100_000;
 /// Verifies the wheel at `path`. Fails only when it cannot be read at all; everything wrong
 /// inside it is a [`Problem`] of the report.
 pub fn verify_wheel(path: &Path) -> Result<VerifyReport, Error> {
-    let bytes = std::fs::read(path).map_err(|source| Error::Read {
-        path: path.to_owned(),
-        source,
+    let bytes = prebuilt::untrusted::read_regular_file(path, MAX_WHEEL_SIZE).map_err(|source| {
+        Error::Read {
+            path: path.to_owned(),
+            source,
+        }
     })?;
+    Ok(verify_wheel_bytes(path, &bytes))
+}
+
+/// [`verify_wheel`] on the bytes of the wheel, with `path` naming it (its file name is the
+/// wheel's name). The fuzz target `wheel` calls it.
+pub fn verify_wheel_bytes(path: &Path, bytes: &[u8]) -> VerifyReport {
     let wheel_name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -203,19 +235,55 @@ pub fn verify_wheel(path: &Path) -> Result<VerifyReport, Error> {
         Err(error) => report.problem(&wheel_name, error.to_string()),
     }
 
-    let raw = match central_directory(&bytes) {
+    let raw = match central_directory(bytes) {
         Ok(raw) => raw,
         Err(message) => {
             report.problem(&wheel_name, format!("is not a zip archive: {message}"));
-            return Ok(report);
+            return report;
         }
     };
     let mut skip = BTreeSet::new();
     let mut seen = BTreeSet::new();
+    let mut content = 0u64;
     for entry in &raw {
         let name = String::from_utf8_lossy(&entry.name).into_owned();
         if std::str::from_utf8(&entry.name).is_err() {
             report.problem(&name, "the name is not UTF-8");
+            skip.insert(name.clone());
+        }
+        if let Some(unicode) = entry.unicode_path.as_ref().filter(|u| **u != entry.name) {
+            report.problem(
+                &name,
+                format!(
+                    "has an Info-ZIP Unicode Path extra field naming `{}`: an extractor \
+                     would write that path, not this one",
+                    String::from_utf8_lossy(unicode).escape_debug()
+                ),
+            );
+            skip.insert(name.clone());
+        }
+        content = content.saturating_add(entry.uncompressed_size);
+        if entry.uncompressed_size > MAX_ENTRY_SIZE {
+            report.problem(
+                &name,
+                format!(
+                    "claims {} bytes, over the {MAX_ENTRY_SIZE}-byte cap on a wheel entry",
+                    entry.uncompressed_size
+                ),
+            );
+            skip.insert(name.clone());
+        } else if entry.uncompressed_size > 1 << 20
+            && entry.uncompressed_size / entry.compressed_size.max(1) > MAX_ENTRY_RATIO
+        {
+            report.problem(
+                &name,
+                format!(
+                    "inflates {} bytes to {}, more than {MAX_ENTRY_RATIO}:1; refused as a \
+                     decompression bomb",
+                    entry.compressed_size, entry.uncompressed_size
+                ),
+            );
+            skip.insert(name.clone());
         }
         let mode = (entry.host == 3).then_some(entry.external_attributes >> 16);
         let kind = mode.map(|mode| mode & S_IFMT);
@@ -239,17 +307,33 @@ pub fn verify_wheel(path: &Path) -> Result<VerifyReport, Error> {
             report.problem(&name, "appears twice in the archive");
         }
     }
+    if content > MAX_WHEEL_CONTENT {
+        report.problem(
+            &wheel_name,
+            format!(
+                "holds {content} bytes uncompressed, over the {MAX_WHEEL_CONTENT}-byte cap; \
+                 nothing was extracted"
+            ),
+        );
+        return report;
+    }
 
-    let mut archive = match zip::ZipArchive::new(Cursor::new(&bytes)) {
+    let mut archive = match zip::ZipArchive::new(Cursor::new(bytes)) {
         Ok(archive) => archive,
         Err(error) => {
             report.problem(
                 &wheel_name,
                 format!("cannot be read as a zip archive: {error}"),
             );
-            return Ok(report);
+            return report;
         }
     };
+    // The zip reader's entries, matched to the central directory's by local header offset
+    // (the reader may hide a duplicate, so positions can differ).
+    let by_offset: BTreeMap<u64, &RawEntry> = raw
+        .iter()
+        .map(|entry| (entry.local_offset, entry))
+        .collect();
     // Path → bytes of every readable regular file, and the archive order.
     let mut contents: BTreeMap<String, Vec<u8>> = BTreeMap::new();
     let mut order = Vec::new();
@@ -265,13 +349,39 @@ pub fn verify_wheel(path: &Path) -> Result<VerifyReport, Error> {
                 continue;
             }
         };
-        let name = file.name().to_owned();
+        let Some(entry) = by_offset.get(&file.header_start()) else {
+            report.problem(
+                file.name().escape_debug().to_string(),
+                "is not an entry of the central directory",
+            );
+            continue;
+        };
+        // The name the hygiene checks judged; the reader must agree on it.
+        let name = String::from_utf8_lossy(&entry.name).into_owned();
         if skip.contains(&name) {
             continue;
         }
-        let mut data = Vec::with_capacity(file.size() as usize);
-        if let Err(error) = file.read_to_end(&mut data) {
+        if file.name() != name {
+            report.problem(
+                &name,
+                format!(
+                    "is named `{}` by the zip reader: an extractor would write that path",
+                    file.name().escape_debug()
+                ),
+            );
+            continue;
+        }
+        let size = entry.uncompressed_size;
+        let mut data = Vec::with_capacity(size.min(8 << 20) as usize);
+        if let Err(error) = (&mut file).take(size + 1).read_to_end(&mut data) {
             report.problem(&name, format!("cannot be read from the archive: {error}"));
+            continue;
+        }
+        if data.len() as u64 > size {
+            report.problem(
+                &name,
+                format!("inflates past its recorded size of {size} bytes"),
+            );
             continue;
         }
         order.push(name.clone());
@@ -280,12 +390,12 @@ pub fn verify_wheel(path: &Path) -> Result<VerifyReport, Error> {
     report.files = contents.len();
 
     let Some(filename) = report.filename.clone() else {
-        return Ok(report);
+        return report;
     };
     check_dist_info(&mut report, &filename, &wheel_name, &order, &contents);
     check_bundles(&mut report, &contents);
     audit_contents(&mut report, &filename, &contents);
-    Ok(report)
+    report
 }
 
 /// Walks the central directory (zip64 included) without trusting a zip reader's view of it.
@@ -336,18 +446,66 @@ fn central_directory(bytes: &[u8]) -> Result<Vec<RawEntry>, String> {
         let extra_length = field(at + 30)?;
         let comment_length = field(at + 32)?;
         let external_attributes = u32_at(at + 38).ok_or("truncated entry")?;
+        let mut compressed_size = u64::from(u32_at(at + 20).ok_or("truncated entry")?);
+        let mut uncompressed_size = u64::from(u32_at(at + 24).ok_or("truncated entry")?);
+        let mut local_offset = u64::from(u32_at(at + 42).ok_or("truncated entry")?);
         let name = bytes
             .get(at + 46..at + 46 + name_length)
             .ok_or("truncated entry name")?
             .to_vec();
+        let extra = bytes
+            .get(at + 46 + name_length..at + 46 + name_length + extra_length)
+            .ok_or("truncated extra field")?;
+        let mut unicode_path = None;
+        for (id, data) in extra_fields(extra) {
+            match id {
+                // Info-ZIP Unicode Path: version 1, CRC-32 of the raw name, the UTF-8 name.
+                0x7075 => unicode_path = Some(data.get(5..).unwrap_or_default().to_vec()),
+                // Zip64: the 64-bit sizes of the fields that hold 0xffffffff, in order.
+                0x0001 => {
+                    let mut values = data
+                        .chunks_exact(8)
+                        .map(|v| u64::from_le_bytes(v.try_into().expect("8 bytes")));
+                    if uncompressed_size == 0xffff_ffff {
+                        uncompressed_size = values.next().unwrap_or(u64::MAX);
+                    }
+                    if compressed_size == 0xffff_ffff {
+                        compressed_size = values.next().unwrap_or(u64::MAX);
+                    }
+                    if local_offset == 0xffff_ffff {
+                        local_offset = values.next().unwrap_or(u64::MAX);
+                    }
+                }
+                _ => {}
+            }
+        }
         entries.push(RawEntry {
             name,
             host,
             external_attributes,
+            unicode_path,
+            compressed_size,
+            uncompressed_size,
+            local_offset,
         });
         at += 46 + name_length + extra_length + comment_length;
     }
     Ok(entries)
+}
+
+/// The (id, data) records of a zip extra field; a truncated record ends the walk.
+fn extra_fields(mut extra: &[u8]) -> Vec<(u16, &[u8])> {
+    let mut fields = Vec::new();
+    while extra.len() >= 4 {
+        let id = u16::from_le_bytes([extra[0], extra[1]]);
+        let length = usize::from(u16::from_le_bytes([extra[2], extra[3]]));
+        let Some(data) = extra.get(4..4 + length) else {
+            break;
+        };
+        fields.push((id, data));
+        extra = &extra[4 + length..];
+    }
+    fields
 }
 
 fn check_dist_info(
@@ -690,6 +848,7 @@ fn error_path(error: &BundleError) -> &Path {
         BundleError::Read { path, .. }
         | BundleError::InvalidIndex { path, .. }
         | BundleError::UnsupportedFormat { path, .. }
+        | BundleError::Refused { path, .. }
         | BundleError::Corrupt { path, .. }
         | BundleError::DigestMismatch { path, .. } => path,
     }

@@ -23,7 +23,8 @@ use release::{
 use sha2::Digest as _;
 use zip::write::SimpleFileOptions;
 
-const WHEEL_NAME: &str = "af3_kernels-0.1.0-py3-none-manylinux_2_28_x86_64.whl";
+const WHEEL_NAME: &str =
+    "af3_kernels-0.1.0-py3-none-manylinux_2_28_x86_64.manylinux_2_28_aarch64.whl";
 const DIST_INFO: &str = "af3_kernels-0.1.0.dist-info";
 
 fn workspace() -> PathBuf {
@@ -46,8 +47,18 @@ fn skip(reason: &str) -> bool {
     if required() {
         panic!("toolchain required but missing: {reason}");
     }
-    eprintln!("skipped: {reason}");
+    skipped(reason);
     false
+}
+
+/// Says that the running test passes without testing: `SKIPPED: <test>: <reason>`, written
+/// to stderr past the test harness's capture, so that `ci/test` lists it in its summary.
+fn skipped(reason: &str) {
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("(unnamed test)")
+        .to_owned();
+    let _ = writeln!(std::io::stderr(), "SKIPPED: {test}: {reason}");
 }
 
 /// The real CUDA toolchains, or `None` (with the reason printed) where they are missing.
@@ -184,7 +195,7 @@ fn missing_bundle_is_built_first_and_reported() {
         .bundled
         .as_ref()
         .expect("the bundle was built first");
-    assert_eq!(bundled.index.kernels.len(), 6);
+    assert_eq!(bundled.index.kernels.len(), 7);
     assert!(shared.bundle.join("index.json").is_file());
     assert_eq!(shared.built.filename.to_string(), WHEEL_NAME);
     assert_eq!(shared.built.path.file_name().unwrap(), WHEEL_NAME);
@@ -215,7 +226,7 @@ fn metadata_pins_torch_and_the_kwheel_runtime() {
              Version: 0.1.0\n\
              Summary: AlphaFold3-style CUDA kernels, shipped prebuilt.\n\
              Requires-Python: >=3.9\n\
-             Requires-Dist: kwheel=={KWHEEL_VERSION}\n\
+             Requires-Dist: kwheel>=0.1.0,<0.2\n\
              Requires-Dist: torch==2.13.*\n"
         )
     );
@@ -230,7 +241,8 @@ fn wheel_file_has_one_tag_line_per_expanded_tag() {
             "Wheel-Version: 1.0\n\
              Generator: kwheel {KWHEEL_VERSION}\n\
              Root-Is-Purelib: false\n\
-             Tag: py3-none-manylinux_2_28_x86_64\n"
+             Tag: py3-none-manylinux_2_28_x86_64\n\
+             Tag: py3-none-manylinux_2_28_aarch64\n"
         )
     );
 }
@@ -330,7 +342,7 @@ fn verify_passes_the_built_wheel() {
     assert_eq!(report.bundles.len(), 1);
     let bundle = &report.bundles[0];
     assert_eq!(bundle.root, "af3_kernels/_prebuilt/");
-    assert_eq!(bundle.kernels, 6);
+    assert_eq!(bundle.kernels, 7);
     let variants: usize = shared
         .built
         .bundled
@@ -493,7 +505,7 @@ fn bundle_for_another_torch_pin_is_refused() {
     let Error::StaleBundle { stale, .. } = &error else {
         panic!("expected a stale bundle, got {}", chain(&error));
     };
-    assert_eq!(stale.len(), 6);
+    assert_eq!(stale.len(), 7);
     assert!(stale
         .iter()
         .all(|k| k.changes == ["torch pin: 2.13.* → 2.11.*"]));
@@ -812,7 +824,7 @@ fn unusable_paths_and_mismatched_metadata_are_refused() {
     assert_eq!(
         release::write_wheel(&unknown).unwrap_err().to_string(),
         "no audit policy for platform tag `manylinux_2_17_x86_64`: kwheel writes wheels tagged \
-         `manylinux_2_28_x86_64`, `linux_*` or `any`"
+         `manylinux_2_28_x86_64`, `manylinux_2_28_aarch64`, `linux_*` or `any`"
     );
     assert_eq!(
         std::fs::read_dir(dir.path()).unwrap().count(),
@@ -1190,49 +1202,69 @@ fn verify_names_files_missing_from_record_and_record_rows_without_files() {
 mod python_runtime {
     use super::*;
     use release::audit::ViolationKind;
-    use release::runtime::{find_cargo_zigbuild, find_zig, MODULE_PATH};
-    use release::{build_runtime_wheel, NativeModule, RuntimeWheelOptions};
+    use release::runtime::{command_path, find_cargo_zigbuild, find_zig, MODULE_PATH};
+    use release::{
+        build_runtime_wheel, NativeCommand, NativeModule, RuntimeArch, RuntimeWheelOptions,
+        MANYLINUX_2_28_AARCH64,
+    };
 
     const RUNTIME_DIST_INFO: &str = "kwheel-0.1.0.dist-info";
 
-    /// Where the Python module is built: `KWHEEL_PYTHON_TARGET_DIR`, else a directory in this
-    /// test target's scratch space that outlives the run (a second run builds nothing). Apart
-    /// from the workspace's target directory, whose lock the running `cargo test` holds.
+    /// Where the module and the command are built: `KWHEEL_PYTHON_TARGET_DIR` (`ci/test` keeps
+    /// it under ~/.cache), else the workspace's `target/kwheel/runtime`, as `release
+    /// build-kwheel` and `release check` build them (a second run builds nothing). Apart from
+    /// the workspace's own target directory, whose lock the running `cargo test` holds.
     fn module_target_dir() -> PathBuf {
-        std::env::var_os("KWHEEL_PYTHON_TARGET_DIR")
-            .filter(|dir| !dir.is_empty())
-            .map(PathBuf::from)
-            .unwrap_or_else(|| Path::new(env!("CARGO_TARGET_TMPDIR")).join("kwheel-python"))
+        release::runtime::default_target_dir(&workspace())
     }
 
-    /// The zig-built runtime wheel, built once per run (as `dev build-wheel` builds it).
+    /// A zig-built `kwheel` wheel, built once per run (as `release build-kwheel` builds it).
     struct Runtime {
         built: BuiltWheel,
         bytes: Vec<u8>,
     }
 
+    fn build_for(arch: RuntimeArch) -> Option<Runtime> {
+        if find_cargo_zigbuild().is_none() {
+            skip("cargo-zigbuild is not installed (`bash ci/setup` installs it)");
+            return None;
+        }
+        if find_zig().is_none() {
+            skip("no zig for cargo-zigbuild (`bash ci/setup` installs ziglang)");
+            return None;
+        }
+        if let Some(target) = release::runtime::missing_rust_target(arch) {
+            skip(&format!(
+                "no Rust standard library for {target} (`bash ci/setup` adds it)"
+            ));
+            return None;
+        }
+        let built = build_runtime_wheel(&RuntimeWheelOptions {
+            arch,
+            module: NativeModule::Build {
+                target_dir: Some(module_target_dir()),
+            },
+            ..RuntimeWheelOptions::new(workspace(), scratch(&format!("runtime-wheel-{arch}")))
+        })
+        .unwrap_or_else(|error| panic!("the {arch} kwheel wheel builds: {}", chain(&error)));
+        let bytes = std::fs::read(&built.path).unwrap();
+        Some(Runtime { built, bytes })
+    }
+
+    /// The x86_64 wheel, the one this machine installs.
     fn runtime() -> Option<&'static Runtime> {
         static RUNTIME: OnceLock<Option<Runtime>> = OnceLock::new();
         RUNTIME
-            .get_or_init(|| {
-                if find_cargo_zigbuild().is_none() {
-                    skip("cargo-zigbuild is not installed (`bash ci/setup` installs it)");
-                    return None;
-                }
-                if find_zig().is_none() {
-                    skip("no zig for cargo-zigbuild (`bash ci/setup` installs ziglang)");
-                    return None;
-                }
-                let built = build_runtime_wheel(&RuntimeWheelOptions {
-                    module: NativeModule::Build {
-                        target_dir: Some(module_target_dir()),
-                    },
-                    ..RuntimeWheelOptions::new(workspace(), scratch("runtime-wheel"))
-                })
-                .unwrap_or_else(|error| panic!("the runtime wheel builds: {}", chain(&error)));
-                let bytes = std::fs::read(&built.path).unwrap();
-                Some(Runtime { built, bytes })
-            })
+            .get_or_init(|| build_for(RuntimeArch::X86_64))
+            .as_ref()
+    }
+
+    /// The aarch64 wheel (cross-compiled: the slowest build of the suite, cached in
+    /// [`module_target_dir`]).
+    fn runtime_aarch64() -> Option<&'static Runtime> {
+        static RUNTIME: OnceLock<Option<Runtime>> = OnceLock::new();
+        RUNTIME
+            .get_or_init(|| build_for(RuntimeArch::Aarch64))
             .as_ref()
     }
 
@@ -1255,15 +1287,29 @@ mod python_runtime {
             .into_iter()
             .map(|(name, _)| name)
             .collect();
-        assert_eq!(
-            names,
-            [
-                "kwheel/__init__.py".to_owned(),
-                MODULE_PATH.to_owned(),
-                format!("{RUNTIME_DIST_INFO}/METADATA"),
-                format!("{RUNTIME_DIST_INFO}/WHEEL"),
-                format!("{RUNTIME_DIST_INFO}/RECORD"),
-            ]
+        // Every Python file of the package (the build backend among them), the module, the
+        // command; sorted, `.dist-info` last.
+        let mut expected = vec![command_path(), MODULE_PATH.to_owned()];
+        for entry in std::fs::read_dir(workspace().join("prebuilt/python/kwheel")).unwrap() {
+            let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+            if name.ends_with(".py") {
+                expected.push(format!("kwheel/{name}"));
+            }
+        }
+        assert!(expected.contains(&"kwheel/build.py".to_owned()));
+        expected.sort();
+        expected.extend(
+            ["METADATA", "WHEEL", "RECORD"].map(|file| format!("{RUNTIME_DIST_INFO}/{file}")),
+        );
+        assert_eq!(names, expected);
+        let command = entries(&runtime.bytes)
+            .into_iter()
+            .find(|(name, _)| *name == command_path())
+            .map(|(_, bytes)| bytes)
+            .unwrap();
+        assert!(
+            audit_elf(&MANYLINUX_2_28_X86_64, &command_path(), &command).is_empty(),
+            "the command keeps to manylinux_2_28"
         );
         let wheel = entry(&runtime.bytes, &format!("{RUNTIME_DIST_INFO}/WHEEL"));
         assert!(
@@ -1291,6 +1337,7 @@ mod python_runtime {
     fn runtime_wheel_builds_twice_to_identical_bytes() {
         let Some(runtime) = runtime() else { return };
         let again = build_runtime_wheel(&RuntimeWheelOptions {
+            arch: RuntimeArch::X86_64,
             module: NativeModule::Build {
                 target_dir: Some(module_target_dir()),
             },
@@ -1378,7 +1425,9 @@ mod python_runtime {
         // Packed as the runtime, it fails the writer's audit and leaves no wheel.
         let out = scratch("runtime-wheel-plain");
         let error = build_runtime_wheel(&RuntimeWheelOptions {
+            arch: RuntimeArch::X86_64,
             module: NativeModule::Prebuilt(plain),
+            command: NativeCommand::Omit,
             ..RuntimeWheelOptions::new(workspace(), &out)
         })
         .unwrap_err();
@@ -1506,7 +1555,7 @@ mod python_runtime {
              print(kwheel.__version__)\n\
              print(af3_kernels._registry.package, len(af3_kernels._registry.kernels))\n",
         );
-        assert_eq!(out, format!("{KWHEEL_VERSION}\naf3-kernels 6\n"));
+        assert_eq!(out, format!("{KWHEEL_VERSION}\naf3-kernels 7\n"));
     }
 
     #[test]
@@ -1527,6 +1576,431 @@ mod python_runtime {
             "{report}"
         );
         eprintln!("{report}");
+    }
+
+    /// The pinned torch that `ci/setup-torch` installs: `KWHEEL_TORCH`, else
+    /// `${XDG_CACHE_HOME:-~/.cache}/kwheel/torch`; `None` (skipped, or failed under
+    /// `KWHEEL_REQUIRE_TOOLCHAINS=1`) where it is not installed.
+    fn torch_site() -> Option<PathBuf> {
+        let dir = match std::env::var_os("KWHEEL_TORCH").filter(|dir| !dir.is_empty()) {
+            Some(dir) => PathBuf::from(dir),
+            None => std::env::var_os("XDG_CACHE_HOME")
+                .filter(|dir| !dir.is_empty())
+                .map(PathBuf::from)
+                .or_else(|| std::env::var_os("HOME").map(|home| Path::new(&home).join(".cache")))?
+                .join("kwheel/torch"),
+        };
+        if dir.join("torch/__init__.py").is_file() {
+            Some(dir)
+        } else {
+            skip(&format!(
+                "no torch in {} (`bash ci/setup-torch` installs the pinned one)",
+                dir.display()
+            ));
+            None
+        }
+    }
+
+    #[test]
+    fn torch_op_tests_pass_in_the_venv() {
+        let Some(venv) = venv() else { return };
+        let Some(torch) = torch_site() else { return };
+        for (dir, module) in [
+            ("prebuilt/python/tests", "test_torch"),
+            ("kernels/python/tests", "test_ops"),
+        ] {
+            let output = python_command(&venv.python)
+                .env("PYTHONPATH", &torch)
+                .args(["-m", "unittest", "-v", module])
+                .current_dir(workspace().join(dir))
+                .output()
+                .unwrap();
+            let report = String::from_utf8_lossy(&output.stderr);
+            assert!(output.status.success(), "{module} failed:\n{report}");
+            // Every test ran: nothing skips for want of torch.
+            assert!(report.trim_end().ends_with("OK"), "{report}");
+            eprintln!("{report}");
+        }
+    }
+    /// A fresh venv under `dir` (outside the repository when `dir` is); `None` (skipped)
+    /// without a Python that makes one.
+    fn fresh_venv(dir: &Path) -> Option<PathBuf> {
+        match Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(dir)
+            .output()
+        {
+            Ok(output) if output.status.success() => Some(dir.join("bin/python")),
+            Ok(output) => {
+                skip(&format!(
+                    "python3 -m venv failed: {}",
+                    String::from_utf8_lossy(&output.stderr)
+                ));
+                None
+            }
+            Err(error) => {
+                skip(&format!("no python3: {error}"));
+                None
+            }
+        }
+    }
+
+    /// `python -m pip install --no-index --disable-pip-version-check <args>`, which must pass.
+    fn pip_install(python: &Path, args: &[&std::ffi::OsStr]) -> String {
+        let output = python_command(python)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--no-index",
+                "--disable-pip-version-check",
+            ])
+            .args(args)
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(
+            output.status.success(),
+            "pip install {args:?} failed:\n{text}"
+        );
+        text
+    }
+
+    #[test]
+    fn the_kwheel_wheel_puts_kwheel_on_path_and_it_builds_a_library_outside_the_repository() {
+        let Some(runtime) = runtime() else { return };
+        let Some(shared) = shared() else { return };
+        let outside = tempfile::tempdir().unwrap();
+        let Some(python) = fresh_venv(&outside.path().join("venv")) else {
+            return;
+        };
+        pip_install(
+            &python,
+            &["--no-deps".as_ref(), runtime.built.path.as_os_str()],
+        );
+        let bin = python.parent().unwrap();
+        assert!(bin.join("kwheel").is_file(), "pip installs the command");
+        let path = std::env::join_paths(std::iter::once(bin.to_owned()).chain(
+            std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
+        ))
+        .unwrap();
+        let project = outside.path().join("project");
+        copy_library(&project);
+        // `kwheel` as a shell finds it on PATH, in a directory that is no kwheel checkout.
+        let run = |args: &[&str]| {
+            let output = Command::new("kwheel")
+                .args(args)
+                .env("PATH", &path)
+                .current_dir(&project)
+                .output()
+                .unwrap();
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            );
+            assert!(output.status.success(), "kwheel {args:?}:\n{text}");
+            text
+        };
+        assert_eq!(run(&["--version"]), format!("kwheel {KWHEEL_VERSION}\n"));
+        let cache = shared.cache.to_str().unwrap();
+        let bundled = run(&["dev", "bundle-kernels", "--quiet", "--cache-dir", cache]);
+        assert!(
+            bundled.contains("bundle target/kwheel/_prebuilt"),
+            "{bundled}"
+        );
+        let built = run(&["dev", "build-wheel", "--quiet", "--cache-dir", cache]);
+        let wheel = project.join("target/kwheel/wheels").join(WHEEL_NAME);
+        assert!(built.starts_with("target/kwheel/wheels/"), "{built}");
+        verify_wheel(&wheel).unwrap().into_result().unwrap();
+        let only = std::fs::read_dir(project.join("target/kwheel/wheels"))
+            .unwrap()
+            .count();
+        assert_eq!(only, 1, "dev build-wheel builds the library's wheel only");
+    }
+
+    /// What an installed `af3_kernels` says: cubins in its index, `select()`'s answer (or its
+    /// refusal), `status()` of one kernel.
+    const REPORT_SCRIPT: &str = r#"
+import json, os, af3_kernels, kwheel
+index = json.load(open(os.path.join(af3_kernels._registry.path, "index.json")))
+variants = sum(len(k["variants"]) for k in index["kernels"].values())
+sources = os.path.isdir(os.path.join(af3_kernels._registry.path, "sources"))
+try:
+    chosen = af3_kernels.select("layernorm_bf16", "sm_90", cuda="12.9")
+    selected = [str(chosen), chosen.location]
+except kwheel.NoFitError as error:
+    selected = [None, str(error)]
+print(json.dumps([variants, sources, selected, af3_kernels.status()["layernorm_bf16"]]))
+"#;
+
+    type Report = (usize, bool, (Option<String>, String), String);
+
+    fn report(python: &Path) -> Report {
+        let scratch = tempfile::tempdir().unwrap();
+        let output = python_command(python)
+            .args(["-c", REPORT_SCRIPT])
+            .current_dir(scratch.path())
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        serde_json::from_slice(&output.stdout).unwrap()
+    }
+
+    /// The JIT path, as an installed package built from source reports it.
+    fn assert_jit_path(report: &Report, how: &str) {
+        let (variants, sources, (chosen, refusal), status) = report;
+        assert_eq!(*variants, 0, "{how}: no cubin");
+        assert!(*sources, "{how}: the sources are shipped");
+        assert_eq!(*chosen, None, "{how}");
+        assert!(
+            refusal.contains(release::library::RECIPES_ONLY_REASON),
+            "{how}: select() names the JIT path: {refusal}"
+        );
+        // Without a GPU status() names the missing driver; with one, the compile to come.
+        assert!(
+            status.contains("compiles on first load")
+                || (status.starts_with("unavailable") && status.contains("driver")),
+            "{how}: {status}"
+        );
+    }
+
+    #[test]
+    fn pip_builds_the_library_from_its_directory_and_its_sdist_into_the_jit_path() {
+        let Some(runtime) = runtime() else { return };
+        let Some(shared) = shared() else { return };
+        let outside = tempfile::tempdir().unwrap();
+        let Some(python) = fresh_venv(&outside.path().join("venv")) else {
+            return;
+        };
+        // Build isolation installs `kwheel` for the backend from the same wheel, offline.
+        let find_links = runtime.built.path.parent().unwrap().as_os_str().to_owned();
+        let from = |target: &std::ffi::OsStr| {
+            pip_install(
+                &python,
+                &[
+                    "--find-links".as_ref(),
+                    &find_links,
+                    "--no-deps".as_ref(),
+                    "--force-reinstall".as_ref(),
+                    target,
+                ],
+            )
+        };
+        pip_install(
+            &python,
+            &["--no-deps".as_ref(), runtime.built.path.as_os_str()],
+        );
+        let project = outside.path().join("project");
+        let manifest = copy_library(&project);
+        let directory = from(manifest.parent().unwrap().as_os_str());
+        assert!(
+            directory.contains("Successfully installed af3-kernels-0.1.0"),
+            "{directory}"
+        );
+        assert_jit_path(&report(&python), "pip install <directory>");
+
+        let sdist = release::build_sdist(&release::SdistOptions {
+            manifest: manifest.clone(),
+            out: outside.path().join("sdist"),
+        })
+        .unwrap_or_else(|error| panic!("{}", chain(&error)));
+        from(sdist.path.as_os_str());
+        assert_jit_path(&report(&python), "pip install <sdist>");
+
+        // The wheel `dev build-wheel` builds instead: prebuilt cubins, in the wheel.
+        from(shared.built.path.as_os_str());
+        let (variants, _, (chosen, location), status) = report(&python);
+        assert!(variants > 0);
+        assert_eq!(chosen.as_deref(), Some("cu129/sm_90a"));
+        assert_eq!(location, "local (bundle)");
+        assert!(
+            status.contains("prebuilt")
+                || (status.starts_with("unavailable") && status.contains("driver")),
+            "{status}"
+        );
+    }
+
+    /// PyPA's auditwheel, as `ci/setup` installs it; `None` (skipped) without it.
+    fn auditwheel(wheel: &Path) -> Option<String> {
+        let dir = std::env::var_os("KWHEEL_AUDITWHEEL")
+            .map(PathBuf::from)
+            .or_else(|| {
+                let cache = std::env::var_os("XDG_CACHE_HOME")
+                    .map(PathBuf::from)
+                    .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache")))?;
+                Some(cache.join("kwheel/auditwheel"))
+            })
+            .filter(|dir| dir.join("auditwheel").is_dir());
+        let Some(dir) = dir else {
+            skip("no auditwheel (`bash ci/setup` installs it)");
+            return None;
+        };
+        let output = Command::new("python3")
+            .args(["-m", "auditwheel", "show"])
+            .arg(wheel)
+            .env("PYTHONPATH", &dir)
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(
+            output.status.success(),
+            "auditwheel show {}:\n{text}",
+            wheel.display()
+        );
+        Some(text.split_whitespace().collect::<Vec<_>>().join(" "))
+    }
+
+    #[test]
+    fn auditwheel_accepts_both_kwheel_wheels() {
+        for (runtime, arch) in [
+            (runtime(), RuntimeArch::X86_64),
+            (runtime_aarch64(), RuntimeArch::Aarch64),
+        ] {
+            let Some(runtime) = runtime else { return };
+            let Some(shown) = auditwheel(&runtime.built.path) else {
+                return;
+            };
+            let tag = arch.platform_tag();
+            assert!(
+                shown.contains(&format!(
+                    "consistent with the following platform tag: \"{tag}\""
+                )),
+                "{shown}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_aarch64_wheel_holds_aarch64_code_for_glibc_2_28() {
+        let Some(runtime) = runtime_aarch64() else {
+            return;
+        };
+        assert_eq!(
+            runtime.built.filename.to_string(),
+            format!("kwheel-{KWHEEL_VERSION}-cp39-abi3-manylinux_2_28_aarch64.whl")
+        );
+        for (name, bytes) in entries(&runtime.bytes) {
+            if name == MODULE_PATH || name == command_path() {
+                assert_eq!(
+                    u16::from_le_bytes([bytes[18], bytes[19]]),
+                    183,
+                    "{name}: EM_AARCH64"
+                );
+                let violations = audit_elf(&MANYLINUX_2_28_AARCH64, &name, &bytes);
+                assert!(violations.is_empty(), "{violations:?}");
+                // The x86_64 policy refuses it, naming the machine.
+                assert!(!audit_elf(&MANYLINUX_2_28_X86_64, &name, &bytes).is_empty());
+            }
+        }
+    }
+
+    /// `qemu-aarch64-static` and the arm64 sysroot `ci/setup` unpacks; `None` (skipped) without.
+    fn arm64_emulation() -> Option<(PathBuf, PathBuf)> {
+        let root = std::env::var_os("KWHEEL_ARM64_ROOT")
+            .map(PathBuf::from)
+            .or_else(|| {
+                let cache = std::env::var_os("XDG_CACHE_HOME")
+                    .map(PathBuf::from)
+                    .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache")))?;
+                Some(cache.join("kwheel/arm64"))
+            })?;
+        let qemu = root.join("qemu-aarch64-static");
+        let sysroot = root.join("sysroot");
+        if qemu.is_file() && sysroot.join("usr/bin/python3.11").is_file() {
+            Some((qemu, sysroot))
+        } else {
+            skip(&format!(
+                "no arm64 emulation at {} (`bash ci/setup` unpacks qemu-user and an arm64 Python)",
+                root.display()
+            ));
+            None
+        }
+    }
+
+    #[test]
+    fn the_aarch64_wheel_imports_and_answers_under_emulation() {
+        let Some(runtime) = runtime_aarch64() else {
+            return;
+        };
+        let Some(shared) = shared() else { return };
+        let Some((qemu, sysroot)) = arm64_emulation() else {
+            return;
+        };
+        // pip installs both wheels for an aarch64 CPython 3.11, as it would on the machine.
+        let target = scratch("arm64-site");
+        let output = Command::new("python3")
+            .args(["-m", "pip", "install", "--no-index", "--no-deps", "--quiet"])
+            .args(["--disable-pip-version-check", "--only-binary=:all:"])
+            .args([
+                "--platform",
+                "manylinux_2_28_aarch64",
+                "--python-version",
+                "3.11",
+            ])
+            .args(["--implementation", "cp", "--target"])
+            .arg(&target)
+            .arg(&runtime.built.path)
+            .arg(&shared.built.path)
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "pip install for aarch64:\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let script = "import json, platform, kwheel, af3_kernels\n\
+                      chosen = af3_kernels.select('layernorm_bf16', 'sm_90', cuda='12.9')\n\
+                      print(json.dumps([platform.machine(), kwheel.__version__, str(chosen),\n\
+                      af3_kernels.status()['layernorm_bf16']]))\n";
+        let output = Command::new(&qemu)
+            .arg("-L")
+            .arg(&sysroot)
+            .arg(sysroot.join("usr/bin/python3.11"))
+            .args(["-c", script])
+            .env("PYTHONPATH", &target)
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .env_remove("PYTHONHOME")
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "python under qemu-aarch64:\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let (machine, version, chosen, status): (String, String, String, String) =
+            serde_json::from_slice(&output.stdout).unwrap();
+        assert_eq!(machine, "aarch64");
+        assert_eq!(version, KWHEEL_VERSION);
+        assert_eq!(chosen, "cu129/sm_90a");
+        assert!(
+            status.starts_with("unavailable") && status.contains("driver"),
+            "{status}"
+        );
+        // The command from the wheel's scripts runs there too.
+        let output = Command::new(&qemu)
+            .arg("-L")
+            .arg(&sysroot)
+            .arg(target.join("bin/kwheel"))
+            .arg("--version")
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&output.stdout),
+            format!("kwheel {KWHEEL_VERSION}\n")
+        );
     }
 }
 
@@ -1562,7 +2036,7 @@ mod distribution {
                 panic!("KWHEEL_REQUIRE_STORE=1 but KWHEEL_TEST_STORE names no server")
             }
             _ => {
-                eprintln!("skipped: KWHEEL_TEST_STORE names no server (`.ci/run` starts one)");
+                skipped("KWHEEL_TEST_STORE names no server (`.ci/run` starts one)");
                 None
             }
         }
@@ -1632,9 +2106,12 @@ mod distribution {
                 remote += usize::from(!shipped);
             }
         }
-        assert_eq!(remote, 10, "5 kernels × 2 builds have sm_100a");
-        assert_eq!(built.report.bundles[0].remote, 10);
-        assert_eq!(built.report.bundles[0].variants, 12);
+        assert_eq!(
+            remote, 36,
+            "6 kernels × 2 builds have sm_100a, sm_100f and compute_90"
+        );
+        assert_eq!(built.report.bundles[0].remote, 36);
+        assert_eq!(built.report.bundles[0].variants, 14);
         assert!(built.size < shared.built.size);
         // The bundle on disk is unchanged: format 1, no store.
         assert_eq!(full.index().format, prebuilt::index::INDEX_FORMAT);
@@ -1653,7 +2130,7 @@ mod distribution {
         })
         .unwrap_err();
         assert!(
-            matches!(error, Error::NoStore { left_out: 10, .. }),
+            matches!(error, Error::NoStore { left_out: 36, .. }),
             "{error}"
         );
         assert!(error.to_string().contains("--store <url>"), "{error}");
@@ -1671,7 +2148,7 @@ mod distribution {
         assert!(
             error.to_string().starts_with(
                 "invalid --ship filter `cu128:sm_90a`: `cu128:sm_90a`: no variant of the bundle \
-                 matches it (it has cu129:sm_100a, cu129:sm_90a,"
+                 matches it (it has cu129:compute_90, cu129:sm_100a, cu129:sm_100f, cu129:sm_90a,"
             ),
             "{error}"
         );
@@ -1696,9 +2173,9 @@ mod distribution {
             ..PublishOptions::new(&store)
         };
         let report = publish(&options).unwrap();
-        // 22 variants; the wheel once, though named twice.
+        // 50 variants; the wheel once, though named twice.
         let cubins = report.objects.len() - 1;
-        assert!(cubins > 0 && cubins <= 22, "{report}");
+        assert!(cubins > 0 && cubins <= 50, "{report}");
         assert_eq!(report.uploaded(), report.objects.len(), "{report}");
         assert!(report.to_string().contains("all verified by download"));
         let again = publish(&options).unwrap();
@@ -1754,7 +2231,8 @@ mod distribution {
                 .iter()
                 .filter(|v| v.label() == "cu130/sm_100a")
             {
-                let cached = std::fs::read(cache.entry_path(&variant.artifact.digest)).unwrap();
+                let cached =
+                    std::fs::read(cache.entry_path(&variant.artifact.digest).unwrap()).unwrap();
                 let full = prebuilt::Bundle::open(&shared.bundle).unwrap();
                 assert_eq!(cached, full.read_artifact(name, variant).unwrap(), "{name}");
             }
@@ -1879,5 +2357,257 @@ mod distribution {
         store.fail_next([normally.clone(), normally, Fault::WrongBytes]);
         let error = publish(&options).unwrap_err().to_string();
         assert!(error.contains("failed verification"), "{error}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Building from source: the sdist and the recipes-only wheel the build backend ships
+
+mod from_source {
+    use super::*;
+    use release::library::RECIPES_ONLY_REASON;
+    use release::{build_sdist, verify_sdist, SdistOptions};
+
+    fn sdist_of(manifest: &Path, out: &Path) -> release::sdist::Sdist {
+        build_sdist(&SdistOptions {
+            manifest: manifest.to_owned(),
+            out: out.to_owned(),
+        })
+        .unwrap_or_else(|error| panic!("the sdist builds: {}", chain(&error)))
+    }
+
+    #[test]
+    fn the_sdist_holds_what_the_backend_needs_and_builds_to_identical_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let manifest = copy_library(dir.path());
+        let sdist = sdist_of(&manifest, &dir.path().join("one"));
+        assert_eq!(
+            sdist.path.file_name().unwrap(),
+            "af3_kernels-0.1.0.tar.gz",
+            "PEP 625: normalized name"
+        );
+        for expected in [
+            "PKG-INFO",
+            "pyproject.toml",
+            "kernels.toml",
+            "include/af3/common.cuh",
+            "layernorm/layernorm.cu",
+            "python/af3_kernels/__init__.py",
+        ] {
+            assert!(
+                sdist.files.iter().any(|file| file == expected),
+                "{expected} in {:?}",
+                sdist.files
+            );
+        }
+        assert!(
+            !sdist
+                .files
+                .iter()
+                .any(|file| file.starts_with("python/tests/")),
+            "only the manifest's Python package: {:?}",
+            sdist.files
+        );
+        let manifest_kernels = bundler::Manifest::load(&manifest).unwrap().kernels.len();
+        assert_eq!(sdist.kernels, manifest_kernels);
+        let bytes = std::fs::read(&sdist.path).unwrap();
+        // Another checkout, another time: the same bytes.
+        let other = tempfile::tempdir().unwrap();
+        let again = sdist_of(&copy_library(other.path()), &other.path().join("two"));
+        assert_eq!(std::fs::read(&again.path).unwrap(), bytes);
+
+        let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(bytes.as_slice()));
+        let mut names = Vec::new();
+        for entry in archive.entries().unwrap() {
+            let entry = entry.unwrap();
+            let header = entry.header();
+            assert_eq!(
+                header.mtime().unwrap(),
+                315_532_800,
+                "SOURCE_DATE_EPOCH default"
+            );
+            assert_eq!((header.uid().unwrap(), header.gid().unwrap()), (0, 0));
+            assert_eq!(header.mode().unwrap(), 0o644);
+            names.push(entry.path().unwrap().to_string_lossy().into_owned());
+        }
+        let mut sorted = names.clone();
+        sorted.sort();
+        assert_eq!(names, sorted, "entries are sorted");
+        assert!(names.iter().all(|n| n.starts_with("af3_kernels-0.1.0/")));
+        let pkg_info = entry_of(&bytes, "af3_kernels-0.1.0/PKG-INFO");
+        assert!(
+            pkg_info.starts_with("Metadata-Version: 2.1\nName: af3-kernels\nVersion: 0.1.0\n")
+                && pkg_info.contains("Requires-Dist: kwheel>=0.1.0,<0.2\n"),
+            "{pkg_info}"
+        );
+    }
+
+    fn entry_of(bytes: &[u8], name: &str) -> String {
+        let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(bytes));
+        for entry in archive.entries().unwrap() {
+            let mut entry = entry.unwrap();
+            if entry.path().unwrap().to_string_lossy() == name {
+                let mut text = String::new();
+                entry.read_to_string(&mut text).unwrap();
+                return text;
+            }
+        }
+        panic!("no {name}")
+    }
+
+    /// Writes `name` as a gzipped tar of `files` (path, bytes), as another tool might.
+    fn handmade(dir: &Path, name: &str, files: &[(&str, &[u8])]) -> PathBuf {
+        let path = dir.join(name);
+        let gzip = flate2::write::GzEncoder::new(
+            std::fs::File::create(&path).unwrap(),
+            flate2::Compression::fast(),
+        );
+        let mut builder = tar::Builder::new(gzip);
+        for (file, bytes) in files {
+            let mut header = tar::Header::new_gnu();
+            header.set_size(bytes.len() as u64);
+            header.set_mode(0o644);
+            header.set_cksum();
+            builder.append_data(&mut header, file, *bytes).unwrap();
+        }
+        builder.into_inner().unwrap().finish().unwrap();
+        path
+    }
+
+    #[test]
+    fn sdist_verification_names_every_problem() {
+        let dir = tempfile::tempdir().unwrap();
+        let manifest = copy_library(dir.path());
+        let good = sdist_of(&manifest, &dir.path().join("good"));
+        let bytes = std::fs::read(&good.path).unwrap();
+        let stem = "af3_kernels-0.1.0";
+        let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(bytes.as_slice()));
+        let mut files: Vec<(String, Vec<u8>)> = Vec::new();
+        for entry in archive.entries().unwrap() {
+            let mut entry = entry.unwrap();
+            let name = entry.path().unwrap().to_string_lossy().into_owned();
+            let mut data = Vec::new();
+            entry.read_to_end(&mut data).unwrap();
+            files.push((name, data));
+        }
+        // A source the manifest's layernorm compiles is gone, PKG-INFO says another version,
+        // and a file sits outside the top directory.
+        let mut broken: Vec<(&str, &[u8])> = files
+            .iter()
+            .filter(|(name, _)| name != &format!("{stem}/layernorm/layernorm.cu"))
+            .map(|(name, data)| {
+                if name.ends_with("/PKG-INFO") {
+                    (
+                        name.as_str(),
+                        b"Metadata-Version: 2.1\nName: af3-kernels\nVersion: 0.2.0\n".as_slice(),
+                    )
+                } else {
+                    (name.as_str(), data.as_slice())
+                }
+            })
+            .collect();
+        broken.push(("stray.txt", b"x"));
+        let path = handmade(dir.path(), "af3_kernels-0.1.0.tar.gz", &broken);
+        let report = verify_sdist(&path).unwrap();
+        let problems = report.problems.join("\n");
+        assert!(
+            problems.contains("`stray.txt` is outside the top directory"),
+            "{problems}"
+        );
+        assert!(
+            problems.contains("PKG-INFO has version `0.2.0`, the file name `0.1.0`"),
+            "{problems}"
+        );
+        assert!(
+            problems.contains("kernels.toml: ") && problems.contains("layernorm"),
+            "the missing source is named: {problems}"
+        );
+        let error = report.into_result().unwrap_err().to_string();
+        assert!(error.starts_with(&format!("`{}` failed verification:", path.display())));
+
+        // A name PEP 625 does not allow, and no pyproject.toml.
+        let bad = handmade(
+            dir.path(),
+            "AF3-Kernels-0.1.0.tar.gz",
+            &[("AF3-Kernels-0.1.0/PKG-INFO", b"")],
+        );
+        let problems = verify_sdist(&bad).unwrap().problems.join("\n");
+        assert!(
+            problems.contains("is not `{name}-{version}.tar.gz` with one `-`"),
+            "{problems}"
+        );
+        assert!(problems.contains("pyproject.toml is missing"), "{problems}");
+    }
+
+    #[test]
+    fn a_library_without_a_kwheel_pyproject_gets_no_sdist() {
+        let dir = tempfile::tempdir().unwrap();
+        let manifest = copy_library(dir.path());
+        let pyproject = manifest.parent().unwrap().join("pyproject.toml");
+        std::fs::remove_file(&pyproject).unwrap();
+        let options = SdistOptions {
+            manifest: manifest.clone(),
+            out: dir.path().join("out"),
+        };
+        let error = build_sdist(&options).unwrap_err().to_string();
+        assert!(
+            error.contains("pyproject.toml` is missing")
+                && error.contains("build-backend = \"kwheel.build\""),
+            "{error}"
+        );
+        std::fs::write(
+            &pyproject,
+            "[build-system]\nbuild-backend = \"setuptools.build_meta\"\n",
+        )
+        .unwrap();
+        let error = build_sdist(&options).unwrap_err().to_string();
+        assert!(
+            error.contains("names build backend `setuptools.build_meta`, not `kwheel.build`"),
+            "{error}"
+        );
+        assert!(!dir.path().join("out/af3_kernels-0.1.0.tar.gz").exists());
+    }
+
+    #[test]
+    fn the_recipes_only_wheel_ships_sources_and_recipes_and_no_cubin() {
+        let dir = tempfile::tempdir().unwrap();
+        let manifest = copy_library(dir.path());
+        let built = build_library_wheel(&LibraryWheelOptions {
+            out: dir.path().join("wheels"),
+            recipes_only: true,
+            // No toolchain: nothing is compiled or checked against a compiler.
+            toolchains: Some(Vec::new()),
+            ..LibraryWheelOptions::new(&manifest)
+        })
+        .unwrap_or_else(|error| panic!("{}", chain(&error)));
+        assert_eq!(built.filename.to_string(), WHEEL_NAME);
+        let bytes = std::fs::read(&built.path).unwrap();
+        let index: prebuilt::Index =
+            serde_json::from_str(&entry(&bytes, "af3_kernels/_prebuilt/index.json")).unwrap();
+        let planned = bundler::Manifest::load(&manifest).unwrap();
+        assert_eq!(index.kernels.len(), planned.kernels.len());
+        let names: Vec<String> = entries(&bytes).into_iter().map(|(name, _)| name).collect();
+        for (name, record) in &index.kernels {
+            assert!(record.variants.is_empty(), "{name}");
+            let recipe = record.recipe.as_ref().unwrap();
+            assert!(names.contains(&format!("af3_kernels/_prebuilt/sources/{}", recipe.source)));
+            for file in record.inputs.files.keys() {
+                assert!(
+                    names.contains(&format!("af3_kernels/_prebuilt/sources/{file}")),
+                    "{file}"
+                );
+            }
+            let targets = planned.library.archs.len() * planned.library.cuda_builds.len();
+            assert_eq!(record.skipped.len(), targets, "{name}: every target listed");
+            for skip in &record.skipped {
+                assert!(
+                    skip.reason == RECIPES_ONLY_REASON || skip.reason.starts_with("declared"),
+                    "{name}: {skip:?}"
+                );
+            }
+        }
+        assert!(!names.iter().any(|name| name.contains("/artifacts/")));
+        let report = verify_wheel(&built.path).unwrap().into_result().unwrap();
+        assert_eq!(report.cubins, 0);
     }
 }

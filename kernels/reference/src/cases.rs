@@ -26,6 +26,7 @@ pub const LAUNCH_CONSTANTS: &[(&str, &str, u32)] = &[
     ("swiglu", "BLOCK_SIZE", 256),
     ("masked_softmax_pair_bias", "BLOCK_SIZE", 128),
     ("sigmoid_gate", "BLOCK_SIZE", 256),
+    ("sigmoid_gate_backward", "BLOCK_SIZE", 256),
     ("scale_rows", "BLOCK_SIZE", 256),
     ("wgmma_matmul_bf16", "BLOCK_SIZE", 128),
     ("wgmma_matmul_bf16", "TILE_M", 64),
@@ -105,6 +106,7 @@ fn built() -> Vec<Built> {
         swiglu_case(),
         masked_softmax_case(),
         sigmoid_gate_case(),
+        sigmoid_gate_backward_case(),
         scale_rows_f32_case(),
         scale_rows_bf16_case(),
         wgmma_matmul_case(),
@@ -414,6 +416,34 @@ fn sigmoid_gate_case() -> Built {
             Arg::I32(to_i32(count)),
         ],
         vec![expected],
+    )
+}
+
+fn sigmoid_gate_backward_case() -> Built {
+    const KERNEL: &str = "sigmoid_gate_backward";
+    let count = 37 * 300;
+    let mut rng = Rng::new(0x1a7e_0008);
+    let grad_out = rng.uniform_bf16_vec(count, -2.0, 2.0);
+    let x = rng.uniform_bf16_vec(count, -3.0, 3.0);
+    let gate = rng.uniform_bf16_vec(count, -6.0, 6.0);
+    let (grad_x, grad_gate) = ops::sigmoid_gate_backward(&grad_out, &x, &gate);
+    let grad_x = Expected::bf16(&grad_x, Tolerance::BF16_ULP);
+    let grad_gate = Expected::bf16(&grad_gate, Tolerance::BF16_ULP);
+    let (grid, block) = elementwise_geometry(KERNEL, count);
+    build(
+        KERNEL,
+        "sigmoid_gate_backward",
+        grid,
+        block,
+        vec![
+            grad_x.output(),
+            grad_gate.output(),
+            Arg::Input(bytes::from_u16s(&grad_out)),
+            Arg::Input(bytes::from_u16s(&x)),
+            Arg::Input(bytes::from_u16s(&gate)),
+            Arg::I32(to_i32(count)),
+        ],
+        vec![grad_x, grad_gate],
     )
 }
 

@@ -12,6 +12,7 @@
 //! | `swiglu` | `swiglu` | [`ops::swiglu`] |
 //! | `masked_softmax_pair_bias` | `masked_softmax_pair_bias` | [`ops::masked_softmax_pair_bias`] |
 //! | `sigmoid_gate` | `sigmoid_gate` | [`ops::sigmoid_gate`] |
+//! | `sigmoid_gate_backward` | `sigmoid_gate_backward` | [`ops::sigmoid_gate_backward`] |
 //! | `scale_rows` | `scale_rows<float>`, `scale_rows<__nv_bfloat16>` | [`ops::scale_rows_f32`], [`ops::scale_rows_bf16`] |
 //! | `wgmma_matmul_bf16` (sm_90a only) | `wgmma_matmul_bf16` | [`ops::matmul_bf16`] |
 //!

@@ -127,6 +127,26 @@ pub fn sigmoid_gate(x: &[u16], gate: &[u16]) -> Vec<u16> {
         .collect()
 }
 
+/// The gradients of `x * sigmoid(gate)` (kernel `sigmoid_gate_backward`), each rounded to
+/// bf16: `(grad_out * s, grad_out * x * (s * (1 - s)))` with `s = sigmoid(gate)`.
+pub fn sigmoid_gate_backward(grad_out: &[u16], x: &[u16], gate: &[u16]) -> (Vec<u16>, Vec<u16>) {
+    assert_eq!(grad_out.len(), x.len(), "grad_out and x have one shape");
+    assert_eq!(x.len(), gate.len(), "x and gate have one shape");
+    grad_out
+        .iter()
+        .zip(x)
+        .zip(gate)
+        .map(|((&grad, &x), &gate)| {
+            let grad = bf16::to_f32(grad);
+            let s = sigmoid(bf16::to_f32(gate));
+            (
+                bf16::from_f32(grad * s),
+                bf16::from_f32(grad * bf16::to_f32(x) * (s * (1.0 - s))),
+            )
+        })
+        .unzip()
+}
+
 /// `out[r, c] = input[r, c] * scale[r]` on fp32 (kernel entry `scale_rows<float>`).
 pub fn scale_rows_f32(input: &[f32], scale: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     assert_eq!(input.len(), rows * cols, "input is [rows, cols]");
@@ -242,6 +262,32 @@ mod tests {
         );
         assert_eq!(bf16::to_f32_slice(&out)[..3], [1.0, 2.0, -0.0]);
         assert_eq!(out[3], bf16::from_f32(0.731_058_6));
+    }
+
+    #[test]
+    fn sigmoid_gate_backward_of_known_values() {
+        // sigmoid(0) = 0.5: grad_x = g / 2, grad_gate = g * x / 4; a saturated gate passes
+        // the whole gradient to x and none to the gate.
+        let (grad_x, grad_gate) = sigmoid_gate_backward(
+            &bf16s(&[1.0, 2.0, 3.0]),
+            &bf16s(&[4.0, -2.0, 5.0]),
+            &bf16s(&[0.0, 0.0, 100.0]),
+        );
+        assert_eq!(bf16::to_f32_slice(&grad_x), [0.5, 1.0, 3.0]);
+        assert_eq!(bf16::to_f32_slice(&grad_gate), [1.0, -1.0, 0.0]);
+    }
+
+    #[test]
+    fn sigmoid_gate_backward_matches_a_finite_difference_of_the_forward() {
+        let (x, gate, step) = (1.5f32, 0.75f32, 1e-3f32);
+        let forward = |gate: f32| x * sigmoid(gate);
+        let numeric = (forward(gate + step) - forward(gate - step)) / (2.0 * step);
+        let (_, grad_gate) = sigmoid_gate_backward(&bf16s(&[1.0]), &bf16s(&[x]), &bf16s(&[gate]));
+        let analytic = bf16::to_f32(grad_gate[0]);
+        assert!(
+            (analytic - numeric).abs() < numeric.abs() / 128.0,
+            "{analytic} vs {numeric}"
+        );
     }
 
     #[test]

@@ -20,9 +20,12 @@ Its users then ask what loads here and launch kernels on torch tensors::
 The runtime's CUDA build is torch's (``torch.version.cuda``) when torch is imported, else
 ``KWHEEL_CUDA_BUILD``, else the newest build of the bundle that the driver supports; the torch
 version checked against each variant's pin is ``torch.__version__`` when torch is imported.
-kwheel never imports torch itself. Both are read on the first call that needs the GPU, so a
+``import kwheel`` never imports torch. Both are read on the first call that needs the GPU, so a
 library may be imported before torch. ``<PACKAGE>_JIT_FALLBACK=0`` forbids compiling a kernel
 that no prebuilt cubin fits.
+
+``kwheel.torch`` (importable only where torch is) declares a kernel as a ``torch.library``
+operator with a fake, autograd and a launch on torch's current stream; see docs/torch.md.
 """
 
 import importlib.util
@@ -179,6 +182,7 @@ class Registry:
         self._device = device
         self._runtime = None
         self._lock = threading.Lock()
+        self._other_devices = {}
 
     @property
     def path(self):
@@ -243,6 +247,25 @@ class Registry:
                     device=device,
                 )
             return self._runtime
+
+    def on_device(self, device):
+        """This registry's kernels on device ordinal ``device``: itself when that is its own
+        device, else a registry with the same options for that device, made once."""
+        device = int(device)
+        if device == self.runtime().device:
+            return self
+        with self._lock:
+            other = self._other_devices.get(device)
+            if other is None:
+                other = Registry(
+                    self._bundle.path,
+                    cuda=self._cuda,
+                    torch=self._torch,
+                    jit=self._jit,
+                    device=device,
+                )
+                self._other_devices[device] = other
+            return other
 
     def status(self):
         """Every kernel and whether it loads here, as text (``available: prebuilt

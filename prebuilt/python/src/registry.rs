@@ -174,6 +174,18 @@ impl Bundle {
             for (variant, reason) in &coverage.refusals {
                 message.push_str(&format!("\n  {variant}: {reason}"));
             }
+            // What `load()` does instead: the JIT fallback, when the bundle can feed it.
+            let sources = self
+                .inner
+                .root()
+                .join(prebuilt::bundle::SOURCES_DIR)
+                .is_dir();
+            if record.recipe.is_some() && sources {
+                message.push_str(&format!(
+                    "\nload() would JIT-compile it from the shipped sources instead (unless {}=0)",
+                    prebuilt::jit::fallback_variable(&self.inner.index().package)
+                ));
+            }
             return Err(no_fit(py, message, coverage.refusals));
         };
         let compiler = &variant.compiler;
@@ -260,8 +272,8 @@ pub struct Selection {
     /// The simulated device, CUDA build, driver and torch.
     #[pyo3(get)]
     device: String,
-    /// Where its cubin is: `local (wheel)`, `local (cache)` (fetched before), or `remote`
-    /// (fetched from the store on first load).
+    /// Where its cubin is: `local (bundle)` (the wheel's `_prebuilt/`), `local (cache)`
+    /// (fetched before), or `remote` (fetched from the store on first load).
     #[pyo3(get)]
     location: String,
     /// Every other variant and skipped target, and why it does not fit: `[(variant, reason)]`.

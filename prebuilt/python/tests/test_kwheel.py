@@ -25,6 +25,7 @@ KERNELS = [
     "masked_softmax_pair_bias",
     "scale_rows",
     "sigmoid_gate",
+    "sigmoid_gate_backward",
     "swiglu",
     "wgmma_matmul_bf16",
 ]
@@ -151,7 +152,7 @@ class Select(unittest.TestCase):
         )
         self.assertTrue(chosen.compiler.startswith("nvrtc 12.9."), chosen.compiler)
         self.assertEqual(chosen.entries, ["layernorm_bf16"])
-        self.assertEqual(chosen.location, "local (wheel)")
+        self.assertEqual(chosen.location, "local (bundle)")
         self.assertEqual(
             [variant for variant, _ in chosen.refusals],
             ["cu129/sm_100a", "cu130/sm_90a", "cu130/sm_100a"],
@@ -199,7 +200,9 @@ class Select(unittest.TestCase):
             "  cu129/sm_90a: sm_90a cubins run only on compute capability 9.0, this device is 8.6\n"
             "  cu129/sm_100a: sm_100a cubins run only on compute capability 10.0, this device is 8.6\n"
             "  cu130/sm_90a: sm_90a cubins run only on compute capability 9.0, this device is 8.6\n"
-            "  cu130/sm_100a: sm_100a cubins run only on compute capability 10.0, this device is 8.6",
+            "  cu130/sm_100a: sm_100a cubins run only on compute capability 10.0, this device is 8.6\n"
+            "load() would JIT-compile it from the shipped sources instead (unless "
+            "AF3_KERNELS_JIT_FALLBACK=0)",
         )
         self.assertEqual(len(raised.exception.refusals), 4)
         self.assertIsInstance(raised.exception, kwheel.KwheelError)

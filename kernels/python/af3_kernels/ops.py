@@ -1,0 +1,365 @@
+"""The kernels as PyTorch operators, with the arguments of their torch equivalents.
+
+    import torch
+    from af3_kernels import ops
+
+    y = ops.layer_norm(x, (x.shape[-1],), weight, bias, 1e-5)   # as F.layer_norm
+    h = ops.swiglu(x)                                            # silu(x[..., :h]) * x[..., h:]
+    o = ops.sigmoid_gate(x, gate)                                # x * torch.sigmoid(gate)
+    p = ops.masked_softmax_pair_bias(logits, bias, mask, scale)  # triangle-attention softmax
+    s = ops.scale_rows(x, scale)                                 # x * scale[:, None]
+    c = ops.matmul(a, b)                                         # a.float() @ b.float(), sm_90a
+
+Each is a ``torch.library`` operator ``torch.ops.af3_kernels.<name>`` with a fake (so
+``torch.compile`` keeps one graph through it), a CUDA implementation that launches the
+prebuilt kernel on torch's current stream (safe to capture in a CUDA graph), and a CPU
+implementation that is the torch reference. ``sigmoid_gate`` has a backward made of the
+``sigmoid_gate_backward`` kernel.
+
+Dtypes and layouts are the kernels': bf16 for ``layer_norm`` (over the last dimension only),
+``swiglu`` and ``sigmoid_gate`` (same shapes, no broadcasting); fp32 for the softmax; fp32 or
+bf16 ``x`` with an fp32 ``scale`` for ``scale_rows``; bf16 in and fp32 out for ``matmul``.
+Anything else raises ``ValueError`` naming the op, also while tracing.
+
+Policy where a kernel cannot load: when no prebuilt variant fits the GPU and the JIT is
+disabled (``AF3_KERNELS_JIT_FALLBACK=0``: the loader's ``NoFitError``), the op runs its torch
+reference and warns once per op and device with ``kwheel.torch.FallbackWarning``, whose
+message is the loader's; make that warning an error to refuse instead. Every other loader error
+(no driver, a cubin that fails verification, a JIT compile that fails) is raised as is.
+
+``AF3_KERNELS_COMPILE_WRAP=disable``, read at import, defines no operators: each op is a plain
+Python call, and ``torch.compile`` breaks its graph at each.
+"""
+
+import torch
+import torch.nn.functional as F
+
+import kwheel.torch
+from kwheel.torch import Launch, ceil_div
+
+from . import _registry
+
+__all__ = [
+    "layer_norm",
+    "masked_softmax_pair_bias",
+    "matmul",
+    "scale_rows",
+    "sigmoid_gate",
+    "sigmoid_gate_backward",
+    "swiglu",
+]
+
+library = kwheel.torch.library(_registry, fallback=True)
+
+_INT_MAX = 2**31 - 1
+
+
+def _require(condition, op, message):
+    if not condition:
+        raise ValueError(f"af3_kernels.ops.{op}: {message}")
+
+
+def _require_dtype(tensor, dtypes, op, name):
+    if tensor.dtype not in dtypes:
+        wanted = " or ".join(str(dtype).replace("torch.", "") for dtype in dtypes)
+        _require(False, op, f"{name} must be {wanted}, not {str(tensor.dtype).replace('torch.', '')}")
+
+
+def _require_int(value, op, what):
+    _require(value <= _INT_MAX, op, f"{what} ({value}) must fit the kernel's 32-bit int")
+
+
+# --- layer_norm ------------------------------------------------------------------------
+
+
+def _layer_norm_shape(x, normalized_shape, weight, bias, eps):
+    _require_dtype(x, (torch.bfloat16,), "layer_norm", "x")
+    _require(
+        len(normalized_shape) == 1 and x.dim() >= 1 and normalized_shape[0] == x.shape[-1],
+        "layer_norm",
+        f"normalizes over the last dimension only: normalized_shape {list(normalized_shape)} "
+        f"for x of shape {list(x.shape)}",
+    )
+    for name, tensor in (("weight", weight), ("bias", bias)):
+        if tensor is not None:
+            _require_dtype(tensor, (torch.bfloat16,), "layer_norm", name)
+            _require(
+                list(tensor.shape) == list(normalized_shape),
+                "layer_norm",
+                f"{name} of shape {list(tensor.shape)} for normalized_shape "
+                f"{list(normalized_shape)}",
+            )
+    return [(x.shape, x.dtype)]
+
+
+def _layer_norm_launch(constants, outputs, x, normalized_shape, weight, bias, eps):
+    cols = x.shape[-1]
+    rows = x.numel() // cols if cols else 0
+    _require_int(rows, "layer_norm", "the number of rows")
+    if weight is None:
+        weight = x.new_ones(cols)
+    if bias is None:
+        bias = x.new_zeros(cols)
+    # One block per row.
+    return Launch(rows, constants["BLOCK_SIZE"], [outputs[0], x, weight, bias, rows, cols, eps])
+
+
+def _layer_norm_reference(x, normalized_shape, weight, bias, eps):
+    return F.layer_norm(x, normalized_shape, weight, bias, eps)
+
+
+layer_norm = library.define(
+    "layer_norm(Tensor x, SymInt[] normalized_shape, Tensor? weight=None, Tensor? bias=None, "
+    "float eps=1e-05) -> Tensor",
+    kernel="layernorm_bf16",
+    shape=_layer_norm_shape,
+    launch=_layer_norm_launch,
+    reference=_layer_norm_reference,
+)
+
+
+# --- swiglu ----------------------------------------------------------------------------
+
+
+def _swiglu_shape(x):
+    _require_dtype(x, (torch.bfloat16,), "swiglu", "x")
+    _require(
+        x.dim() >= 1 and x.shape[-1] % 2 == 0,
+        "swiglu",
+        f"the last dimension of x (shape {list(x.shape)}) must be even: [..., 2 * hidden]",
+    )
+    return [(tuple(x.shape[:-1]) + (x.shape[-1] // 2,), x.dtype)]
+
+
+def _swiglu_launch(constants, outputs, x):
+    hidden = x.shape[-1] // 2
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    _require_int(rows * hidden, "swiglu", "the number of outputs")
+    block = constants["BLOCK_SIZE"]
+    return Launch(ceil_div(rows * hidden, block), block, [outputs[0], x, rows, hidden])
+
+
+def _swiglu_reference(x):
+    a, b = x.float().chunk(2, dim=-1)
+    return (F.silu(a) * b).to(x.dtype)
+
+
+swiglu = library.define(
+    "swiglu(Tensor x) -> Tensor",
+    kernel="swiglu",
+    shape=_swiglu_shape,
+    launch=_swiglu_launch,
+    reference=_swiglu_reference,
+)
+
+
+# --- sigmoid_gate and its backward -----------------------------------------------------
+
+
+def _same_bf16(op, **tensors):
+    shapes = {name: list(tensor.shape) for name, tensor in tensors.items()}
+    for name, tensor in tensors.items():
+        _require_dtype(tensor, (torch.bfloat16,), op, name)
+    first = next(iter(shapes.values()))
+    _require(
+        # Compared, not hashed: symbolic sizes under dynamic shapes have no hash.
+        all(shape == first for shape in shapes.values()),
+        op,
+        "takes tensors of one shape (no broadcasting): "
+        + ", ".join(f"{name} {shape}" for name, shape in shapes.items()),
+    )
+
+
+def _sigmoid_gate_shape(x, gate):
+    _same_bf16("sigmoid_gate", x=x, gate=gate)
+    return [(x.shape, x.dtype)]
+
+
+def _sigmoid_gate_launch(constants, outputs, x, gate):
+    count = x.numel()
+    _require_int(count, "sigmoid_gate", "the number of elements")
+    block = constants["BLOCK_SIZE"]
+    return Launch(ceil_div(count, block), block, [outputs[0], x, gate, count])
+
+
+def _sigmoid_gate_reference(x, gate):
+    return (x.float() * torch.sigmoid(gate.float())).to(x.dtype)
+
+
+sigmoid_gate = library.define(
+    "sigmoid_gate(Tensor x, Tensor gate) -> Tensor",
+    kernel="sigmoid_gate",
+    shape=_sigmoid_gate_shape,
+    launch=_sigmoid_gate_launch,
+    reference=_sigmoid_gate_reference,
+)
+
+
+def _sigmoid_gate_backward_shape(grad, x, gate):
+    _same_bf16("sigmoid_gate_backward", grad=grad, x=x, gate=gate)
+    return [(x.shape, x.dtype), (gate.shape, gate.dtype)]
+
+
+def _sigmoid_gate_backward_launch(constants, outputs, grad, x, gate):
+    count = x.numel()
+    _require_int(count, "sigmoid_gate_backward", "the number of elements")
+    block = constants["BLOCK_SIZE"]
+    grad_x, grad_gate = outputs
+    return Launch(
+        ceil_div(count, block), block, [grad_x, grad_gate, grad, x, gate, count]
+    )
+
+
+def _sigmoid_gate_backward_reference(grad, x, gate):
+    grad = grad.float()
+    s = torch.sigmoid(gate.float())
+    return (grad * s).to(x.dtype), (grad * x.float() * (s * (1 - s))).to(gate.dtype)
+
+
+sigmoid_gate_backward = library.define(
+    "sigmoid_gate_backward(Tensor grad, Tensor x, Tensor gate) -> (Tensor, Tensor)",
+    kernel="sigmoid_gate_backward",
+    shape=_sigmoid_gate_backward_shape,
+    launch=_sigmoid_gate_backward_launch,
+    reference=_sigmoid_gate_backward_reference,
+)
+
+
+def _sigmoid_gate_setup_context(ctx, inputs, output):
+    x, gate = inputs
+    ctx.save_for_backward(x, gate)
+
+
+def _sigmoid_gate_grad(ctx, grad):
+    x, gate = ctx.saved_tensors
+    grad_x, grad_gate = sigmoid_gate_backward(grad.to(x.dtype), x, gate)
+    return grad_x, grad_gate
+
+
+library.autograd(sigmoid_gate, _sigmoid_gate_grad, _sigmoid_gate_setup_context)
+
+
+# --- masked_softmax_pair_bias ----------------------------------------------------------
+
+
+def _masked_softmax_shape(logits, bias, mask, scale):
+    op = "masked_softmax_pair_bias"
+    for name, tensor in (("logits", logits), ("bias", bias), ("mask", mask)):
+        _require_dtype(tensor, (torch.float32,), op, name)
+    _require(
+        logits.dim() == 4 and logits.shape[-1] == logits.shape[-2],
+        op,
+        f"logits must be [batch, heads, n, n], not {list(logits.shape)}",
+    )
+    if logits.dim() == 4:
+        batch, heads, n, _ = logits.shape
+        _require(
+            list(bias.shape) == [heads, n, n],
+            op,
+            f"bias must be [heads, n, n] = {[heads, n, n]}, not {list(bias.shape)}",
+        )
+        _require(
+            list(mask.shape) == [batch, n],
+            op,
+            f"mask must be [batch, n] = {[batch, n]}, not {list(mask.shape)}",
+        )
+    return [(logits.shape, logits.dtype)]
+
+
+def _masked_softmax_launch(constants, outputs, logits, bias, mask, scale):
+    batch, heads, n, _ = logits.shape
+    _require_int(batch * heads * n, "masked_softmax_pair_bias", "the number of rows")
+    # One block per (b, h, i) row.
+    return Launch(
+        batch * heads * n,
+        constants["BLOCK_SIZE"],
+        [outputs[0], logits, bias, mask, batch, heads, n, scale],
+    )
+
+
+def _masked_softmax_reference(logits, bias, mask, scale):
+    x = torch.addcmul(bias.unsqueeze(0), logits, logits.new_full((), scale))
+    x = x.masked_fill(mask[:, None, None, :] == 0, float("-inf"))
+    # A row with every key masked is all zeros, not NaN.
+    return torch.nan_to_num(torch.softmax(x, dim=-1), nan=0.0)
+
+
+masked_softmax_pair_bias = library.define(
+    "masked_softmax_pair_bias(Tensor logits, Tensor bias, Tensor mask, float scale) -> Tensor",
+    kernel="masked_softmax_pair_bias",
+    shape=_masked_softmax_shape,
+    launch=_masked_softmax_launch,
+    reference=_masked_softmax_reference,
+)
+
+
+# --- scale_rows ------------------------------------------------------------------------
+
+
+def _scale_rows_shape(x, scale):
+    _require_dtype(x, (torch.float32, torch.bfloat16), "scale_rows", "x")
+    _require_dtype(scale, (torch.float32,), "scale_rows", "scale")
+    _require(
+        x.dim() == 2 and list(scale.shape) == [x.shape[0]],
+        "scale_rows",
+        f"takes x [rows, cols] and scale [rows], not {list(x.shape)} and {list(scale.shape)}",
+    )
+    return [(x.shape, x.dtype)]
+
+
+def _scale_rows_launch(constants, outputs, x, scale):
+    rows, cols = x.shape
+    _require_int(rows * cols, "scale_rows", "the number of elements")
+    block = constants["BLOCK_SIZE"]
+    entry = "scale_rows<float>" if x.dtype == torch.float32 else "scale_rows<__nv_bfloat16>"
+    return Launch(
+        ceil_div(rows * cols, block), block, [outputs[0], x, scale, rows, cols], entry
+    )
+
+
+def _scale_rows_reference(x, scale):
+    return (x.float() * scale[:, None]).to(x.dtype)
+
+
+scale_rows = library.define(
+    "scale_rows(Tensor x, Tensor scale) -> Tensor",
+    kernel="scale_rows",
+    shape=_scale_rows_shape,
+    launch=_scale_rows_launch,
+    reference=_scale_rows_reference,
+)
+
+
+# --- matmul (sm_90a) -------------------------------------------------------------------
+
+
+def _matmul_shape(a, b):
+    _require_dtype(a, (torch.bfloat16,), "matmul", "a")
+    _require_dtype(b, (torch.bfloat16,), "matmul", "b")
+    _require(
+        a.dim() == 2 and b.dim() == 2 and a.shape[1] == b.shape[0],
+        "matmul",
+        f"takes a [m, k] and b [k, n], not {list(a.shape)} and {list(b.shape)}",
+    )
+    return [((a.shape[0], b.shape[1]), torch.float32)]
+
+
+def _matmul_launch(constants, outputs, a, b):
+    m, k = a.shape
+    n = b.shape[1]
+    # One warpgroup per TILE_M x TILE_N tile of the product.
+    grid = (ceil_div(n, constants["TILE_N"]), ceil_div(m, constants["TILE_M"]))
+    return Launch(grid, constants["BLOCK_SIZE"], [outputs[0], a, b, m, n, k])
+
+
+def _matmul_reference(a, b):
+    return torch.matmul(a.float(), b.float())
+
+
+matmul = library.define(
+    "matmul(Tensor a, Tensor b) -> Tensor",
+    kernel="wgmma_matmul_bf16",
+    shape=_matmul_shape,
+    launch=_matmul_launch,
+    reference=_matmul_reference,
+)

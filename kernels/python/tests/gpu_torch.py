@@ -1,0 +1,528 @@
+#!/usr/bin/env python3
+"""af3_kernels.ops on a GPU: correctness, one graph, CUDA graphs, gradients, and timings.
+
+With the `kwheel` and `af3-kernels` wheels installed next to torch, this script checks
+
+- every op against its torch equivalent, eager and under `torch.compile(fullgraph=True)`, at
+  a small ragged and a larger shape, and `torch.library.opcheck` on CUDA tensors;
+- a small AF3-style block built from the ops: `torch._dynamo.explain` reports 1 graph and 0
+  breaks (and, in a process with `AF3_KERNELS_COMPILE_WRAP=disable`, one break per op);
+  `mode="reduce-overhead"` and a manual `torch.cuda.graph` capture and replay match eager;
+- gradients of `sigmoid_gate` (its backward is the `sigmoid_gate_backward` kernel) against
+  torch's autograd, eager and compiled;
+- that every kernel came from a prebuilt cubin;
+
+and times, into the JSON report: the host cost of one op call (through the dispatcher)
+against the raw `launch` and the equivalent native torch op; the block eager, compiled and
+reduce-overhead; the first call of an op in a fresh process against torch's first
+`layer_norm`.
+
+usage: gpu_torch.py [--json results.json] [--skip-first-call]
+
+Exit status 0 only when every check passes.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+import kwheel
+import kwheel.torch
+from af3_kernels import ops
+
+FAILURES = []
+REPORT = {}
+
+
+def check(condition, message):
+    if not condition:
+        FAILURES.append(message)
+        print(f"FAILED: {message}", file=sys.stderr)
+    return condition
+
+
+def close(got, want, rtol, atol):
+    got, want = got.float(), want.float()
+    error = (got - want).abs()
+    ok = bool(torch.all((error <= atol + rtol * want.abs()) | (got == want)).item())
+    ok = ok and not bool(torch.isnan(got).any().item())
+    return ok, float(error.max().item()) if error.numel() else 0.0
+
+
+def bf16(*shape, low=-2.0, high=2.0, generator):
+    values = torch.rand(shape, generator=generator, device="cuda") * (high - low) + low
+    return values.to(torch.bfloat16)
+
+
+BF16 = (1 / 128, 1e-5)
+
+
+def cases(size):
+    """{op: (args, torch equivalent, tolerance)} at one size."""
+    generator = torch.Generator(device="cuda").manual_seed(5 + (size == "large"))
+    rows, cols = (37, 300) if size == "small" else (4096, 768)
+    batch, heads, n = (3, 2, 133) if size == "small" else (2, 4, 384)
+    m, nn, k = (100, 20, 40) if size == "small" else (1000, 264, 520)
+    mask = (torch.rand((batch, n), generator=generator, device="cuda") < 0.75).float()
+    mask[:, 0] = 1
+    mask[batch - 1] = 0  # a fully masked item: rows of zeros
+
+    def layer_norm_reference(x, shape, weight, bias, eps):
+        return F.layer_norm(x.float(), shape, weight.float(), bias.float(), eps).bfloat16()
+
+    def softmax_reference(logits, bias, mask, scale):
+        scores = torch.addcmul(bias.unsqueeze(0), logits, torch.tensor(scale, device="cuda"))
+        scores = scores.masked_fill(mask[:, None, None, :] == 0, float("-inf"))
+        return torch.softmax(scores, dim=-1).nan_to_num(0.0)
+
+    def gate_backward_reference(grad, x, gate):
+        s = torch.sigmoid(gate.float())
+        return (grad.float() * s).bfloat16(), (grad.float() * x.float() * (s * (1 - s))).bfloat16()
+
+    return {
+        "layer_norm": (
+            (
+                bf16(rows, cols, low=-2, high=4, generator=generator),
+                (cols,),
+                bf16(cols, low=0.5, high=1.5, generator=generator),
+                bf16(cols, low=-0.5, high=0.5, generator=generator),
+                1e-5,
+            ),
+            layer_norm_reference,
+            (1 / 128, 1 / 64),
+        ),
+        "swiglu": (
+            (bf16(rows, 2 * cols, low=-4, high=4, generator=generator),),
+            lambda x: (F.silu(x[:, :cols].float()) * x[:, cols:].float()).bfloat16(),
+            BF16,
+        ),
+        "sigmoid_gate": (
+            (bf16(rows, cols, low=-3, high=3, generator=generator), bf16(rows, cols, low=-6, high=6, generator=generator)),
+            lambda x, gate: (x.float() * torch.sigmoid(gate.float())).bfloat16(),
+            BF16,
+        ),
+        "sigmoid_gate_backward": (
+            (
+                bf16(rows, cols, generator=generator),
+                bf16(rows, cols, low=-3, high=3, generator=generator),
+                bf16(rows, cols, low=-6, high=6, generator=generator),
+            ),
+            gate_backward_reference,
+            BF16,
+        ),
+        "masked_softmax_pair_bias": (
+            (
+                torch.rand((batch, heads, n, n), generator=generator, device="cuda") * 16 - 8,
+                torch.rand((heads, n, n), generator=generator, device="cuda") * 4 - 2,
+                mask,
+                0.25,
+            ),
+            softmax_reference,
+            (1e-4, 1e-6),
+        ),
+        "scale_rows": (
+            (torch.randn((rows, cols), generator=generator, device="cuda"), torch.randn((rows,), generator=generator, device="cuda")),
+            lambda x, scale: x * scale[:, None],
+            (0, 0),
+        ),
+        "scale_rows_bf16": (
+            (bf16(rows, cols, generator=generator), torch.randn((rows,), generator=generator, device="cuda")),
+            lambda x, scale: (x.float() * scale[:, None]).bfloat16(),
+            (0, 0),
+        ),
+        "matmul": (
+            (bf16(m, k, low=-1, high=1, generator=generator), bf16(k, nn, low=-1, high=1, generator=generator)),
+            lambda a, b: a.float() @ b.float(),
+            (1e-3, 1e-3),
+        ),
+    }
+
+
+def op_of(name):
+    return getattr(ops, "scale_rows" if name == "scale_rows_bf16" else name)
+
+
+def check_ops():
+    rows = []
+    for size in ("small", "large"):
+        for name, (args, reference, (rtol, atol)) in cases(size).items():
+            op = op_of(name)
+            torch._dynamo.reset()  # one compiled lambda per op: no recompile limit to hit
+            want = reference(*args)
+            want = want if isinstance(want, tuple) else (want,)
+            compiled = torch.compile(lambda *a, op=op: op(*a), fullgraph=True, dynamic=False)
+            for mode, call in (("eager", op), ("compiled", compiled)):
+                got = call(*args)
+                got = got if isinstance(got, tuple) else (got,)
+                ok, worst = True, 0.0
+                for got_one, want_one in zip(got, want):
+                    within, error = close(got_one, want_one, rtol, atol)
+                    ok, worst = ok and within and got_one.dtype == want_one.dtype, max(worst, error)
+                if name == "masked_softmax_pair_bias":
+                    ok = ok and bool(torch.all(got[0][-1] == 0).item())
+                rows.append({"op": name, "size": size, "mode": mode, "max_abs_error": worst, "ok": ok})
+                check(ok, f"{name} {size} {mode}: max error {worst:.3g} (rtol {rtol}, atol {atol})")
+            if size == "small":
+                try:
+                    torch.library.opcheck(op, args)
+                    rows.append({"op": name, "size": size, "mode": "opcheck", "ok": True})
+                except Exception as error:  # report every op, not just the first failure
+                    check(False, f"{name}: opcheck: {error}")
+    REPORT["ops"] = rows
+    torch._dynamo.reset()
+
+
+# --- the block ---------------------------------------------------------------------------
+
+
+def block(x, weight, bias, gate, logits, pair_bias, mask, factors):
+    """A small AF3-style block: LayerNorm, a gated SwiGLU transition, the triangle-attention
+    softmax with pair bias, a row scale, and a bf16 projection on the tensor cores."""
+    h = ops.layer_norm(x, (x.shape[-1],), weight, bias, 1e-5)
+    t = ops.swiglu(torch.cat([h, x], dim=-1))
+    t = ops.sigmoid_gate(t, gate)
+    p = ops.masked_softmax_pair_bias(logits, pair_bias, mask, 0.125)
+    s = ops.scale_rows(t, factors)
+    y = ops.matmul(s, weight_matrix(s))
+    return y, p
+
+
+def weight_matrix(s):
+    return s[: s.shape[1]].transpose(0, 1).contiguous()
+
+
+BLOCK_OPS = 6
+
+
+def block_inputs(rows=256, cols=128, n=64, seed=11):
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    return [
+        bf16(rows, cols, generator=generator),
+        bf16(cols, low=0.5, high=1.5, generator=generator),
+        bf16(cols, generator=generator),
+        bf16(rows, cols, generator=generator),
+        torch.randn((1, 4, n, n), generator=generator, device="cuda"),
+        torch.randn((4, n, n), generator=generator, device="cuda"),
+        (torch.rand((1, n), generator=generator, device="cuda") < 0.8).float(),
+        torch.randn((rows,), generator=generator, device="cuda"),
+    ]
+
+
+def same(got, want):
+    return all(torch.equal(g, w) for g, w in zip(got, want))
+
+
+def check_block():
+    inputs = block_inputs()
+    eager = block(*inputs)
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(block)(*inputs)
+    REPORT["explain"] = {
+        "graphs": explained.graph_count,
+        "breaks": explained.graph_break_count,
+        "ops": explained.op_count,
+    }
+    check(
+        (explained.graph_count, explained.graph_break_count) == (1, 0),
+        f"explain: {explained.graph_count} graphs, {explained.graph_break_count} breaks "
+        f"({[str(b.reason) for b in explained.break_reasons]})",
+    )
+    torch._dynamo.reset()
+    compiled = torch.compile(block, fullgraph=True)
+    check(same(compiled(*inputs), eager), "compiled block differs from eager")
+    reduce = torch.compile(block, mode="reduce-overhead", fullgraph=True)
+    for step in range(4):  # warm-up, record, replays
+        fresh = block_inputs(seed=100 + step)
+        check(same(reduce(*fresh), block(*fresh)), f"reduce-overhead block differs, step {step}")
+    # Manual capture: static inputs, warm-up on a side stream, capture, then replay on new data.
+    static = block_inputs()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            block(*static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = block(*static)
+    for step in range(3):
+        fresh = block_inputs(seed=200 + step)
+        for target, value in zip(static, fresh):
+            target.copy_(value)
+        graph.replay()
+        torch.cuda.synchronize()
+        check(same(captured, block(*fresh)), f"CUDA graph replay {step} differs from eager")
+    REPORT["cuda_graph"] = "captured and replayed 3 times"
+    torch._dynamo.reset()
+
+
+# In a process of its own, since the variable is read at import. explain's
+# graph_break_count counts only breaks that split a graph (two ops in a row break once);
+# dynamo's graph_break counter counts every break, one per op here.
+ESCAPE_HATCH = r"""
+import json, sys, torch
+from torch._dynamo.utils import counters
+sys.path.insert(0, sys.argv[1])
+import gpu_torch
+explained = torch._dynamo.explain(gpu_torch.block)(*gpu_torch.block_inputs())
+torch._dynamo.reset()
+counters.clear()
+graphs = []
+def backend(gm, inputs):
+    graphs.append(gm)
+    return gm.forward
+got = torch.compile(gpu_torch.block, backend=backend)(*gpu_torch.block_inputs())
+print(json.dumps({"explain_graphs": explained.graph_count,
+                  "explain_breaks": explained.graph_break_count,
+                  "graphs": len(graphs),
+                  "breaks": sum(counters["graph_break"].values()),
+                  "reasons": sorted(counters["graph_break"]),
+                  "matches_eager": gpu_torch.same(got, gpu_torch.block(*gpu_torch.block_inputs())),
+                  "compile_wrap": gpu_torch.ops.library.compile_wrap}))
+"""
+
+
+def check_escape_hatch():
+    env = dict(os.environ, AF3_KERNELS_COMPILE_WRAP="disable")
+    here = os.path.dirname(os.path.abspath(__file__))
+    result = subprocess.run(
+        [sys.executable, "-c", ESCAPE_HATCH, here], capture_output=True, text=True, env=env
+    )
+    if not check(result.returncode == 0, f"escape hatch run failed: {result.stderr[-2000:]}"):
+        return
+    explained = json.loads(result.stdout.strip().splitlines()[-1])
+    REPORT["escape_hatch"] = explained
+    check(not explained["compile_wrap"], "AF3_KERNELS_COMPILE_WRAP=disable was not read")
+    check(
+        explained["breaks"] == BLOCK_OPS,
+        f"escape hatch: {explained['breaks']} breaks, want one per op ({BLOCK_OPS})",
+    )
+    check(explained["matches_eager"], "escape hatch: the compiled block differs from eager")
+
+
+def check_gradients():
+    generator = torch.Generator(device="cuda").manual_seed(9)
+    rows = []
+    for shape in ((37, 300), (64, 1024)):
+        x = bf16(*shape, low=-3, high=3, generator=generator)
+        gate = bf16(*shape, low=-6, high=6, generator=generator)
+        grad = bf16(*shape, generator=generator)
+        want_x = x.float().requires_grad_()
+        want_gate = gate.float().requires_grad_()
+        (want_x * torch.sigmoid(want_gate)).backward(grad.float())
+        for mode in ("eager", "compiled"):
+            got_x = x.clone().requires_grad_()
+            got_gate = gate.clone().requires_grad_()
+            call = ops.sigmoid_gate if mode == "eager" else torch.compile(ops.sigmoid_gate, fullgraph=True)
+            out = call(got_x, got_gate)
+            out.backward(grad)
+            ok_x, error_x = close(got_x.grad, want_x.grad.bfloat16(), *BF16)
+            ok_gate, error_gate = close(got_gate.grad, want_gate.grad.bfloat16(), *BF16)
+            rows.append({"shape": list(shape), "mode": mode, "grad_x_error": error_x, "grad_gate_error": error_gate})
+            check(ok_x and ok_gate, f"sigmoid_gate gradients {shape} {mode}: errors {error_x:.3g}, {error_gate:.3g}")
+    REPORT["gradients"] = rows
+    torch._dynamo.reset()
+
+
+# --- timings -----------------------------------------------------------------------------
+
+
+def per_call_us(call, count=2000, repeats=5):
+    """Host time of one call, µs: the median of `repeats` loops of `count` calls, each loop
+    timed from its first call to its last returning (the GPU keeps up with small kernels)."""
+    for _ in range(200):
+        call()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        for _ in range(count):
+            call()
+        samples.append((time.perf_counter() - began) / count * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
+def time_overhead():
+    generator = torch.Generator(device="cuda").manual_seed(1)
+    rows, cols = 64, 256
+    x = bf16(rows, cols, generator=generator)
+    gate = bf16(rows, cols, generator=generator)
+    out = torch.empty_like(x)
+    weight = bf16(cols, generator=generator)
+    bias = bf16(cols, generator=generator)
+    x32 = torch.randn((rows, cols), device="cuda")
+    factors = torch.randn((rows,), device="cuda")
+    out32 = torch.empty_like(x32)
+    import af3_kernels
+
+    gate_function = af3_kernels.load("sigmoid_gate").function("sigmoid_gate")
+    scale_function = af3_kernels.load("scale_rows").function("scale_rows<float>")
+    norm_function = af3_kernels.load("layernorm_bf16").function("layernorm_bf16")
+    count = rows * cols
+    stream = torch.cuda.current_stream().cuda_stream
+    p = {name: t.data_ptr() for name, t in dict(out=out, x=x, gate=gate, weight=weight, bias=bias, out32=out32, x32=x32, factors=factors).items()}
+    library_ops = ops.library.ops
+    results = {}
+    for name, op_call, implementation_call, raw_call, raw_int_call, native_call in (
+        (
+            "sigmoid_gate",
+            lambda: ops.sigmoid_gate(x, gate),
+            lambda: library_ops["sigmoid_gate"].cuda(x, gate),
+            lambda: gate_function.launch(count // 256, 256, [out, x, gate, count]),
+            lambda: gate_function.launch(count // 256, 256, [p["out"], p["x"], p["gate"], count], 0, stream),
+            lambda: x * torch.sigmoid(gate),
+        ),
+        (
+            "scale_rows",
+            lambda: ops.scale_rows(x32, factors),
+            lambda: library_ops["scale_rows"].cuda(x32, factors),
+            lambda: scale_function.launch(count // 256, 256, [out32, x32, factors, rows, cols]),
+            lambda: scale_function.launch(count // 256, 256, [p["out32"], p["x32"], p["factors"], rows, cols], 0, stream),
+            lambda: x32 * factors[:, None],
+        ),
+        (
+            "layer_norm",
+            lambda: ops.layer_norm(x, (cols,), weight, bias, 1e-5),
+            lambda: library_ops["layer_norm"].cuda(x, (cols,), weight, bias, 1e-5),
+            lambda: norm_function.launch(rows, 256, [out, x, weight, bias, rows, cols, 1e-5]),
+            lambda: norm_function.launch(rows, 256, [p["out"], p["x"], p["weight"], p["bias"], rows, cols, 1e-5], 0, stream),
+            lambda: F.layer_norm(x, (cols,), weight, bias, 1e-5),
+        ),
+    ):
+        row = {
+            "op_us": per_call_us(op_call),
+            "implementation_without_dispatcher_us": per_call_us(implementation_call),
+            "raw_launch_us": per_call_us(raw_call),
+            "raw_launch_ints_us": per_call_us(raw_int_call),
+            "native_us": per_call_us(native_call),
+        }
+        with torch.inference_mode():
+            row["op_inference_mode_us"] = per_call_us(op_call)
+            row["native_inference_mode_us"] = per_call_us(native_call)
+        row["op_vs_native"] = row["op_us"] / row["native_us"]
+        results[name] = row
+    REPORT["overhead_us"] = results
+    for name, row in results.items():
+        check(
+            row["op_vs_native"] <= 2.0,
+            f"{name}: op call {row['op_us']:.1f} µs is more than 2x native {row['native_us']:.1f} µs",
+        )
+
+
+def time_block():
+    results = {}
+    for label, shape in (("small", dict(rows=256, cols=128, n=64)), ("large", dict(rows=4096, cols=384, n=256))):
+        inputs = block_inputs(**shape)
+        torch._dynamo.reset()
+        modes = {
+            "eager": block,
+            "compiled": torch.compile(block, fullgraph=True),
+            "reduce-overhead": torch.compile(block, mode="reduce-overhead", fullgraph=True),
+        }
+        row = {}
+        for mode, call in modes.items():
+            for _ in range(5):
+                call(*inputs)
+            torch.cuda.synchronize()
+            samples = []
+            for _ in range(5):
+                began = time.perf_counter()
+                for _ in range(200):
+                    call(*inputs)
+                torch.cuda.synchronize()
+                samples.append((time.perf_counter() - began) / 200 * 1e6)
+            row[mode] = statistics.median(samples)
+        results[label] = {"shape": shape, "us_per_step": row}
+    REPORT["block_us"] = results
+    torch._dynamo.reset()
+
+
+FIRST_CALL = r"""
+import json, sys, time, torch
+which = sys.argv[1]
+torch.cuda.init()
+x = torch.randn((37, 300), device="cuda").bfloat16()
+w = torch.ones((300,), device="cuda", dtype=torch.bfloat16)
+b = torch.zeros((300,), device="cuda", dtype=torch.bfloat16)
+torch.cuda.synchronize()
+began = time.perf_counter()
+if which == "af3_kernels.ops":
+    from af3_kernels import ops
+    imported = time.perf_counter()
+    y = ops.layer_norm(x, (300,), w, b, 1e-5)
+else:
+    import torch.nn.functional as F
+    imported = time.perf_counter()
+    y = F.layer_norm(x, (300,), w, b, 1e-5)
+torch.cuda.synchronize()
+done = time.perf_counter()
+print(json.dumps({"import_ms": (imported - began) * 1e3, "total_ms": (done - began) * 1e3}))
+"""
+
+
+def time_first_call(processes=5):
+    results = {}
+    for which in ("af3_kernels.ops", "torch.nn.functional"):
+        samples = []
+        for _ in range(processes):
+            result = subprocess.run(
+                [sys.executable, "-c", FIRST_CALL, which], capture_output=True, text=True
+            )
+            if not check(result.returncode == 0, f"first call ({which}) failed: {result.stderr[-2000:]}"):
+                break
+            samples.append(json.loads(result.stdout.strip().splitlines()[-1]))
+        results[which] = samples
+    REPORT["first_call_ms"] = results
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", help="write the results as JSON here")
+    parser.add_argument("--skip-first-call", action="store_true")
+    options = parser.parse_args()
+    check(torch.cuda.is_available(), "torch sees no CUDA device")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    REPORT["device"] = torch.cuda.get_device_name()
+    REPORT["torch"] = torch.__version__
+    REPORT["kwheel"] = kwheel.__version__
+
+    steps = [check_ops, check_block, check_escape_hatch, check_gradients, time_overhead, time_block]
+    if not options.skip_first_call:
+        steps.append(time_first_call)
+    for step in steps:
+        began = time.perf_counter()
+        try:
+            step()
+        except Exception as error:  # keep going: one report with every failure
+            import traceback
+
+            traceback.print_exc()
+            check(False, f"{step.__name__} raised {type(error).__name__}: {error}")
+        print(f"{step.__name__}: {time.perf_counter() - began:.1f} s", flush=True)
+
+    provenance = {name: str(op.kernel.registry.load(op.kernel.name).provenance) for name, op in ops.library.ops.items()}
+    REPORT["provenance"] = provenance
+    for name, text in provenance.items():
+        check(text.startswith("prebuilt "), f"{name}: kernel not prebuilt ({text})")
+    REPORT["failures"] = FAILURES
+    text = json.dumps(REPORT, indent=2)
+    print(text)
+    if options.json:
+        with open(options.json, "w") as handle:
+            handle.write(text)
+    if FAILURES:
+        print(f"gpu_torch: {len(FAILURES)} failed", file=sys.stderr)
+        sys.exit(1)
+    print("gpu_torch: all checks passed")
+
+
+if __name__ == "__main__":
+    main()

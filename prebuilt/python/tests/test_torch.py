@@ -1,0 +1,403 @@
+"""kwheel.torch on a CPU: declaring ops, their registration, fakes, lazy loading, fallback.
+
+Needs torch importable next to the installed `kwheel` wheel (`release/tests/run.rs` puts the
+pinned torch of `ci/setup-torch` on PYTHONPATH); without torch, only the test that `kwheel.torch`
+then fails to import with a clear error runs. The ops here launch nothing: a CPU has no kernel
+to run, so a stub registry stands in for the loader, and the CUDA path is exercised on a GPU
+by `kernels/python/tests/gpu_torch.py`.
+
+    python -m unittest -v test_torch
+"""
+
+import importlib.util
+import os
+import subprocess
+import sys
+import threading
+import unittest
+import warnings
+
+import kwheel
+
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+NO_TORCH = "torch is not importable here (ci/setup-torch installs the pinned one; see docs/torch.md)"
+
+if HAS_TORCH:
+    import torch
+
+    import kwheel.torch as kt
+
+
+def run_python(code, **environment):
+    env = dict(os.environ)
+    env.update(environment)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False
+    )
+    return result.returncode, result.stdout, result.stderr
+
+
+class StubKernel:
+    """What `Registry.load` returns, for the parts kwheel.torch reads."""
+
+    def __init__(self, name, entries, constants):
+        self.name = name
+        self.entries = entries
+        self.constants = constants
+
+    def function(self, entry):
+        return ("function", self.name, entry)
+
+
+class StubRegistry:
+    """A registry whose `load` counts its calls and answers or raises as told."""
+
+    def __init__(self, package, error=None, constants=None):
+        self.package = package
+        self.error = error
+        self.constants = constants or {"BLOCK_SIZE": 128}
+        self.loads = []
+        self.lock = threading.Lock()
+
+    def load(self, name):
+        with self.lock:
+            self.loads.append(name)
+        if self.error is not None:
+            raise self.error
+        return StubKernel(name, [name], self.constants)
+
+
+def _double_shape(x):
+    return [(x.shape, x.dtype)]
+
+
+def _double_launch(constants, outputs, x):
+    return kt.Launch(kt.ceil_div(x.numel(), constants["BLOCK_SIZE"]), constants["BLOCK_SIZE"], [outputs[0], x, x.numel()])
+
+
+def _double_reference(x):
+    return x * 2
+
+
+class ImportWithoutTorch(unittest.TestCase):
+    def test_kwheel_never_imports_torch(self):
+        code, out, err = run_python(
+            "import sys, kwheel\nprint('torch' in sys.modules, hasattr(kwheel, 'torch'))"
+        )
+        self.assertEqual(code, 0, err)
+        self.assertEqual(out.split(), ["False", "False"])
+
+    def test_kwheel_torch_needs_torch(self):
+        # A `torch` that cannot be imported, whether or not a real one is installed.
+        code, out, err = run_python(
+            "import sys\nsys.modules['torch'] = None\nimport kwheel.torch\n"
+        )
+        self.assertNotEqual(code, 0)
+        self.assertIn("ModuleNotFoundError", err)
+        self.assertIn("torch", err)
+
+
+@unittest.skipUnless(HAS_TORCH, NO_TORCH)
+class Namespaces(unittest.TestCase):
+    def test_the_namespace_is_the_package(self):
+        library = kt.Library(StubRegistry("kwheel-test-ns.one"))
+        self.assertEqual(library.namespace, "kwheel_test_ns_one")
+        double = library.define(
+            "double(Tensor x) -> Tensor",
+            kernel="double",
+            shape=_double_shape,
+            launch=_double_launch,
+            reference=_double_reference,
+        )
+        self.assertIs(double, torch.ops.kwheel_test_ns_one.double.default)
+        self.assertEqual(
+            str(double._schema), "kwheel_test_ns_one::double(Tensor x) -> Tensor"
+        )
+
+    def test_two_libraries_define_the_same_op_name_apart(self):
+        first = kt.Library(StubRegistry("kwheel-test-a"))
+        second = kt.Library(StubRegistry("kwheel-test-b"))
+        one = first.define("double(Tensor x) -> Tensor", kernel="double", shape=_double_shape, launch=_double_launch, reference=_double_reference)
+        two = second.define("double(Tensor x) -> Tensor", kernel="double", shape=_double_shape, launch=_double_launch, reference=lambda x: x * 3)
+        x = torch.ones(3)
+        self.assertEqual(one(x).tolist(), [2.0] * 3)
+        self.assertEqual(two(x).tolist(), [3.0] * 3)
+
+    def test_library_keeps_one_per_namespace(self):
+        registry = StubRegistry("kwheel-test-once")
+        self.assertIs(kt.library(registry), kt.library(registry))
+        with self.assertRaises(ValueError) as raised:
+            kt.library(StubRegistry("kwheel-test-once"))
+        self.assertIn("the torch namespace `kwheel_test_once` is already taken", str(raised.exception))
+
+    def test_an_op_defined_twice_is_refused(self):
+        library = kt.Library(StubRegistry("kwheel-test-twice"))
+        library.define("double(Tensor x) -> Tensor", kernel="double", shape=_double_shape, launch=_double_launch)
+        with self.assertRaises(ValueError) as raised:
+            library.define("double(Tensor x) -> Tensor", kernel="double", shape=_double_shape, launch=_double_launch)
+        self.assertEqual(str(raised.exception), "`kwheel_test_twice::double` is already defined")
+
+
+@unittest.skipUnless(HAS_TORCH, NO_TORCH)
+class Declarations(unittest.TestCase):
+    def setUp(self):
+        self.library = kt.Library(StubRegistry(f"kwheel-test-{self._testMethodName}"))
+
+    def define(self, schema, **options):
+        arguments = dict(kernel="k", shape=_double_shape, launch=_double_launch)
+        arguments.update(options)
+        return self.library.define(schema, **arguments)
+
+    def test_schemas_that_cannot_be_kernels_are_refused(self):
+        for schema, message in [
+            ("f(Tensor(a!) x) -> Tensor", "ops are functional; no argument may alias or mutate"),
+            ("f(Tensor x, *, int n) -> Tensor", "keyword-only arguments are not supported"),
+            ("f(int n) -> Tensor", "an op needs a Tensor argument to take its device from"),
+            ("f(Tensor x) -> int", "an op returns one or more Tensors"),
+            ("f.out(Tensor x) -> Tensor", "declare the default overload only"),
+        ]:
+            with self.assertRaises(ValueError) as raised:
+                self.define(schema)
+            self.assertEqual(str(raised.exception), f"`{schema}`: {message}")
+
+    def test_fallback_needs_a_reference(self):
+        with self.assertRaises(ValueError) as raised:
+            self.define("f(Tensor x) -> Tensor", fallback=True)
+        self.assertEqual(str(raised.exception), "`f(Tensor x) -> Tensor`: fallback=True needs a reference")
+
+    def test_the_fake_comes_from_the_shape_function(self):
+        def shape(x, y):
+            return [((x.shape[0], y.shape[1]), torch.float32), (x.shape, torch.bfloat16)]
+
+        op = self.define("pair(Tensor x, Tensor y) -> (Tensor, Tensor)", shape=shape)
+        x = torch.empty(5, 3, device="meta", dtype=torch.bfloat16)
+        y = torch.empty(3, 7, device="meta", dtype=torch.bfloat16)
+        first, second = op(x, y)
+        self.assertEqual((first.shape, first.dtype), (torch.Size([5, 7]), torch.float32))
+        self.assertEqual((second.shape, second.dtype), (torch.Size([5, 3]), torch.bfloat16))
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        with FakeTensorMode():
+            x = torch.empty(2, 3, device="cuda", dtype=torch.bfloat16)
+            y = torch.empty(3, 4, device="cuda", dtype=torch.bfloat16)
+            first, _ = op(x, y)
+        self.assertEqual(first.shape, torch.Size([2, 4]))
+        self.assertEqual(first.device, torch.device("cuda", 0))
+
+    def test_defaults_the_dispatcher_leaves_out_are_filled_in(self):
+        seen = []
+
+        def reference(x, scale, bias):
+            seen.append((scale, bias))
+            return x * scale
+
+        op = self.define("scaled(Tensor x, float scale=2.0, Tensor? bias=None) -> Tensor", reference=reference)
+        op(torch.ones(2))
+        op(torch.ones(2), 3.0)
+        self.assertEqual(seen, [(2.0, None), (3.0, None)])
+
+    def test_an_op_without_reference_has_no_cpu_implementation(self):
+        op = self.define("f(Tensor x) -> Tensor")
+        with self.assertRaises(NotImplementedError) as raised:
+            op(torch.ones(2))
+        self.assertIn(
+            f"Could not run '{self.library.namespace}::f' with arguments from the 'CPU' backend",
+            str(raised.exception),
+        )
+        self.assertIn("only available for these backends: [CUDA, Meta,", str(raised.exception))
+
+    def test_opcheck_passes_on_the_reference(self):
+        op = self.define("f(Tensor x) -> Tensor", reference=_double_reference)
+        torch.library.opcheck(op, (torch.randn(4, 3),))
+
+
+@unittest.skipUnless(HAS_TORCH, NO_TORCH)
+class CompileWrap(unittest.TestCase):
+    def test_disable_defines_no_operator(self):
+        code = (
+            "import torch, kwheel.torch as kt\n"
+            "class R:\n"
+            "    package = 'kwheel-test-plain'\n"
+            "library = kt.Library(R())\n"
+            "op = library.define('double(Tensor x) -> Tensor', kernel='k', "
+            "shape=lambda x: [(x.shape, x.dtype)], launch=None, reference=lambda x: x * 2)\n"
+            "print(library.compile_wrap, type(op).__name__, op.__name__)\n"
+            "print(op(torch.ones(2), ).tolist())\n"
+            "print(hasattr(torch.ops.kwheel_test_plain, 'double'))\n"
+        )
+        code_, out, err = run_python(code, KWHEEL_TEST_PLAIN_COMPILE_WRAP="disable")
+        self.assertEqual(code_, 0, err)
+        self.assertEqual(out.splitlines(), ["False function double", "[2.0, 2.0]", "False"])
+        code_, out, err = run_python(code)
+        self.assertEqual(code_, 0, err)
+        self.assertEqual(out.splitlines()[0], "True OpOverload double.default")
+        self.assertEqual(out.splitlines()[2], "True")
+
+    def test_an_unknown_value_is_refused_naming_the_variable(self):
+        code = (
+            "import kwheel.torch as kt\n"
+            "class R:\n"
+            "    package = 'kwheel-test-bad'\n"
+            "kt.Library(R())\n"
+        )
+        status, _, err = run_python(code, KWHEEL_TEST_BAD_COMPILE_WRAP="off")
+        self.assertNotEqual(status, 0)
+        self.assertIn(
+            "ValueError: KWHEEL_TEST_BAD_COMPILE_WRAP='off': expected `disable` (plain Python "
+            "calls, a graph break at each op) or `enable` (the default)",
+            err,
+        )
+
+
+@unittest.skipUnless(HAS_TORCH, NO_TORCH)
+class Loading(unittest.TestCase):
+    def test_a_kernel_loads_once_per_device_across_threads(self):
+        registry = StubRegistry("kwheel-test-threads", constants={"BLOCK_SIZE": 64})
+        kernel = kt.LazyKernel(registry, "double")
+        barrier = threading.Barrier(8)
+        results = []
+
+        def first_use(device):
+            barrier.wait()
+            results.append(kernel.get(device))
+
+        threads = [threading.Thread(target=first_use, args=(index % 2,)) for index in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        self.assertEqual(registry.loads, ["double", "double"])
+        functions, constants = results[0]
+        self.assertEqual(constants, {"BLOCK_SIZE": 64})
+        self.assertEqual(functions[None], ("function", "double", "double"))
+
+    def test_a_failed_load_raises_the_loaders_error_and_tries_again(self):
+        error = kwheel.NoGpuError("no CUDA driver: libcuda.so.1 not found")
+        registry = StubRegistry("kwheel-test-fail", error=error)
+        kernel = kt.LazyKernel(registry, "double")
+        for _ in range(2):
+            with self.assertRaises(kwheel.NoGpuError) as raised:
+                kernel.get(0)
+            self.assertIs(raised.exception, error)
+        self.assertEqual(registry.loads, ["double", "double"])
+
+
+class RecordingFunction:
+    """A kernel entry whose launch records what it was given."""
+
+    def __init__(self):
+        self.launches = []
+
+    def launch(self, grid, block, args, shared_mem, stream):
+        self.launches.append((grid, block, list(args), shared_mem, stream))
+
+
+@unittest.skipUnless(HAS_TORCH, NO_TORCH)
+class Launching(unittest.TestCase):
+    """The CUDA implementation's bookkeeping, on CPU tensors (device -1) with a recording
+    kernel: what it passes to `launch`, and which calls reuse a launch plan."""
+
+    def setUp(self):
+        self.function = RecordingFunction()
+        self.calls = []
+        raw_stream = torch._C._cuda_getCurrentRawStream
+        torch._C._cuda_getCurrentRawStream = lambda device: 1234
+        self.addCleanup(setattr, torch._C, "_cuda_getCurrentRawStream", raw_stream)
+
+    def op(self, launch):
+        library = kt.Library(StubRegistry(f"kwheel-test-{self._testMethodName}"))
+
+        def shape(x, scale):
+            self.calls.append(tuple(x.shape))
+            return [(x.shape, x.dtype)]
+
+        library.define("f(Tensor x, float scale) -> Tensor", kernel="f", shape=shape, launch=launch)
+        op = library.ops["f"]
+        op.kernel._loaded[-1] = ({None: self.function, "f": self.function}, {"BLOCK_SIZE": 4})
+        return op
+
+    def test_tensors_go_as_pointers_and_a_plan_serves_the_same_shapes(self):
+        def launch(constants, outputs, x, scale):
+            block = constants["BLOCK_SIZE"]
+            return kt.Launch(kt.ceil_div(x.numel(), block), block, [outputs[0], x, x.numel(), scale])
+
+        op = self.op(launch)
+        x = torch.ones(3, 5)
+        first = op.cuda(x, 2.0)
+        second = op.cuda(x.t().contiguous().t(), 2.0)  # non-contiguous: copied first
+        other = op.cuda(torch.ones(2, 2), 2.0)
+        self.assertEqual(self.calls, [(3, 5), (2, 2)])  # the second call reused the plan
+        grid, block, args, shared_mem, stream = self.function.launches[0]
+        self.assertEqual((grid, block, shared_mem, stream), (4, 4, 0, 1234))
+        self.assertEqual(args, [first.data_ptr(), x.data_ptr(), 15, 2.0])
+        self.assertNotEqual(self.function.launches[1][2][1], x.data_ptr())
+        self.assertEqual(self.function.launches[2][2], [other.data_ptr(), self.function.launches[2][2][1], 4, 2.0])
+        self.assertEqual((first.shape, second.shape), (x.shape, x.shape))
+
+    def test_a_launch_with_a_tensor_of_its_own_is_never_cached(self):
+        def launch(constants, outputs, x, scale):
+            ones = x.new_ones(x.shape)
+            return kt.Launch(1, 4, [outputs[0], ones, x.numel(), scale])
+
+        op = self.op(launch)
+        x = torch.ones(3, 5)
+        op.cuda(x, 1.0)
+        op.cuda(x, 1.0)
+        self.assertEqual(self.calls, [(3, 5), (3, 5), (3, 5)])  # planned once, then uncached
+        self.assertEqual(len(self.function.launches), 2)
+
+
+@unittest.skipUnless(HAS_TORCH, NO_TORCH)
+class Fallback(unittest.TestCase):
+    """The CUDA implementation's choice between the kernel and the reference, reached
+    directly: on a CPU there is no CUDA tensor to dispatch on."""
+
+    MESSAGE = (
+        "no prebuilt variant of `double` fits device sm_120 (compute 12.0), CUDA build cu130, "
+        "driver 13.0, and the JIT fallback is disabled (KWHEEL_TEST_JIT_FALLBACK=0)"
+    )
+
+    def op(self, namespace, fallback):
+        registry = StubRegistry(namespace, error=kwheel.NoFitError(self.MESSAGE))
+        library = kt.Library(registry)
+        library.define(
+            "double(Tensor x) -> Tensor",
+            kernel="double",
+            shape=_double_shape,
+            launch=_double_launch,
+            reference=_double_reference,
+            fallback=fallback,
+        )
+        return library.ops["double"]
+
+    def test_no_fit_runs_the_reference_with_one_warning(self):
+        op = self.op("kwheel-test-fallback", fallback=True)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            first = op.cuda(torch.ones(3))
+            second = op.cuda(torch.ones(3))
+        self.assertEqual(first.tolist(), [2.0] * 3)
+        self.assertEqual(second.tolist(), [2.0] * 3)
+        self.assertEqual(len(caught), 1)
+        self.assertIs(caught[0].category, kt.FallbackWarning)
+        self.assertEqual(
+            str(caught[0].message),
+            f"kwheel_test_fallback::double on cpu runs its torch reference: {self.MESSAGE}",
+        )
+
+    def test_the_warning_as_an_error_refuses(self):
+        op = self.op("kwheel-test-strict", fallback=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", kt.FallbackWarning)
+            with self.assertRaises(kt.FallbackWarning):
+                op.cuda(torch.ones(3))
+
+    def test_without_fallback_the_no_fit_error_is_raised_as_is(self):
+        op = self.op("kwheel-test-refuse", fallback=False)
+        with self.assertRaises(kwheel.NoFitError) as raised:
+            op.cuda(torch.ones(3))
+        self.assertEqual(str(raised.exception), self.MESSAGE)
+
+
+if __name__ == "__main__":
+    unittest.main()

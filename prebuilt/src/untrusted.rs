@@ -1,0 +1,377 @@
+//! Metadata that comes from outside (a bundle's index, a shard manifest, a store, a wheel),
+//! parsed into types that cannot name a file outside the folder they are joined to, and the
+//! caps that keep every size read from a file or the network a limit, not an allocation.
+//!
+//! | type | holds | refuses |
+//! | --- | --- | --- |
+//! | [`Digest`] | a sha256, 64 lowercase hex digits | anything else (upper case, multi-byte characters, `..`, `/`) |
+//! | [`KernelName`] | a kernel's name, an identifier (`layernorm_bf16`) | separators, `..`, dots, control characters, empty or over [`MAX_NAME_LEN`] |
+//! | [`ArtifactPath`] | a relative path of `/`-separated normal components | absolute paths, `..`, `.`, empty components, `\`, control characters |
+//!
+//! [`check_index`] runs every check over a parsed index before any of its paths is joined;
+//! [`read_regular_file`] reads only a regular file and never more than a cap.
+//! `docs/security.md` gives the threat model and the caps.
+
+use std::fmt;
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
+
+use crate::index::{Index, StoredFile};
+
+/// Largest cubin (uncompressed) or stored artifact kwheel reads: a limit checked before any
+/// memory is reserved for it.
+pub const MAX_ARTIFACT_SIZE: u64 = 256 << 20;
+/// Largest zstd dictionary (the writer trains at most 112 KiB).
+pub const MAX_DICTIONARY_SIZE: u64 = 16 << 20;
+/// Largest `index.json` or `shard.json` (a 16,000-variant index is 18 MB).
+pub const MAX_INDEX_SIZE: u64 = 128 << 20;
+/// Largest shipped kernel source file.
+pub const MAX_SOURCE_SIZE: u64 = 64 << 20;
+/// Longest kernel name.
+pub const MAX_NAME_LEN: usize = 128;
+/// Longest relative path inside a bundle.
+pub const MAX_PATH_LEN: usize = 1024;
+
+/// Untrusted metadata that does not pass: what it is, the value (escaped, shortened) and why.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{what} `{value}` {reason}")]
+pub struct Untrusted {
+    /// What the value is (`the digest of kernel `x` (cu129/sm_90a)`).
+    pub what: String,
+    /// The value, with control characters escaped and at most 80 characters.
+    pub value: String,
+    /// Why it is refused.
+    pub reason: String,
+}
+
+impl Untrusted {
+    fn new(what: impl Into<String>, value: &str, reason: impl Into<String>) -> Untrusted {
+        let mut shown: String = value.chars().take(80).collect::<String>();
+        if shown.len() < value.len() {
+            shown.push('…');
+        }
+        Untrusted {
+            what: what.into(),
+            value: shown.escape_debug().to_string(),
+            reason: reason.into(),
+        }
+    }
+
+    /// The same refusal, said of `what`.
+    fn of(mut self, what: impl Into<String>) -> Untrusted {
+        self.what = what.into();
+        self
+    }
+}
+
+/// A sha256 digest: exactly 64 lowercase hex digits.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Digest(String);
+
+impl Digest {
+    /// Parses `text`, refusing anything but 64 lowercase hex digits.
+    pub fn parse(text: &str) -> Result<Digest, Untrusted> {
+        if text.len() == 64 && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+            Ok(Digest(text.to_owned()))
+        } else {
+            Err(Untrusted::new(
+                "digest",
+                text,
+                "is not a sha256 (64 lowercase hex digits)",
+            ))
+        }
+    }
+
+    /// The digest's text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// Its first two hex digits, the shard directory of content-addressed layouts.
+    pub fn prefix(&self) -> &str {
+        &self.0[..2]
+    }
+}
+
+impl fmt::Display for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A kernel's name: an identifier (`[A-Za-z_][A-Za-z0-9_]*`), as the manifest requires, so it
+/// is one path component and never `.` or `..`.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct KernelName(String);
+
+impl KernelName {
+    /// Parses `text`, refusing anything but an identifier of at most [`MAX_NAME_LEN`] bytes.
+    pub fn parse(text: &str) -> Result<KernelName, Untrusted> {
+        let mut chars = text.chars();
+        let identifier = matches!(chars.next(), Some(c) if c == '_' || c.is_ascii_alphabetic())
+            && chars.all(|c| c == '_' || c.is_ascii_alphanumeric());
+        if !identifier {
+            return Err(Untrusted::new(
+                "kernel name",
+                text,
+                "is not an identifier (letters, digits and `_`, not starting with a digit)",
+            ));
+        }
+        if text.len() > MAX_NAME_LEN {
+            return Err(Untrusted::new(
+                "kernel name",
+                text,
+                format!("is longer than {MAX_NAME_LEN} bytes"),
+            ));
+        }
+        Ok(KernelName(text.to_owned()))
+    }
+
+    /// The name's text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for KernelName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A path relative to a folder: `/`-separated normal components, so joining it to the folder
+/// names something inside it.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ArtifactPath(String);
+
+impl ArtifactPath {
+    /// Parses `text`, refusing absolute paths, `..`, `.`, empty components, `\`, control
+    /// characters, and paths over [`MAX_PATH_LEN`] bytes.
+    pub fn parse(text: &str) -> Result<ArtifactPath, Untrusted> {
+        let refuse = |reason: &str| Err(Untrusted::new("path", text, reason));
+        if text.is_empty() {
+            return refuse("is empty");
+        }
+        if text.len() > MAX_PATH_LEN {
+            return refuse(&format!("is longer than {MAX_PATH_LEN} bytes"));
+        }
+        if text.starts_with('/') {
+            return refuse("is absolute");
+        }
+        if text.contains('\\') {
+            return refuse("contains `\\`");
+        }
+        if text.chars().any(char::is_control) {
+            return refuse("contains a control character");
+        }
+        for component in text.split('/') {
+            match component {
+                "" => return refuse("has an empty component"),
+                "." | ".." => return refuse(&format!("has a `{component}` component")),
+                _ => {}
+            }
+        }
+        Ok(ArtifactPath(text.to_owned()))
+    }
+
+    /// The path's text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// `root` joined with this path: lexically inside `root`.
+    pub fn join_to(&self, root: &Path) -> PathBuf {
+        root.join(&self.0)
+    }
+}
+
+impl fmt::Display for ArtifactPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Checks every name, path, digest and size of an index before anything of it is used:
+/// kernel names are identifiers, stored paths and source paths are [`ArtifactPath`]s, digests
+/// are [`Digest`]s, sizes are within the caps.
+pub fn check_index(index: &Index) -> Result<(), Untrusted> {
+    if let Some(dictionary) = &index.dictionary {
+        check_stored(dictionary, MAX_DICTIONARY_SIZE, "the dictionary")?;
+    }
+    for (name, record) in &index.kernels {
+        KernelName::parse(name)?;
+        for variant in &record.variants {
+            let what = format!("`{name}` ({})", variant.label());
+            check_stored(&variant.artifact, MAX_ARTIFACT_SIZE, &what)?;
+            Digest::parse(&variant.key).map_err(|e| e.of(format!("the key of {what}")))?;
+        }
+        for (stable, digest) in &record.inputs.files {
+            Digest::parse(digest)
+                .map_err(|e| e.of(format!("the digest of input `{stable}` of `{name}`")))?;
+        }
+        if let Some(recipe) = &record.recipe {
+            // Shipped sources are joined under `sources/`: each must stay there.
+            for stable in record.inputs.files.keys() {
+                ArtifactPath::parse(stable)
+                    .map_err(|e| e.of(format!("source path of kernel `{name}`")))?;
+            }
+            ArtifactPath::parse(&recipe.source)
+                .map_err(|e| e.of(format!("the translation unit of kernel `{name}`")))?;
+            for dir in &recipe.include_dirs {
+                // `.` (the sources root itself) is an include directory; nothing else that
+                // is not a plain relative path is.
+                if dir != "." {
+                    ArtifactPath::parse(dir)
+                        .map_err(|e| e.of(format!("include directory of kernel `{name}`")))?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Checks a stored file's digest, path and sizes (`what` names it in the refusal).
+pub fn check_stored(stored: &StoredFile, cap: u64, what: &str) -> Result<(), Untrusted> {
+    Digest::parse(&stored.digest).map_err(|e| e.of(format!("the digest of {what}")))?;
+    // A bundle being written has no stored path yet; one read from disk always has.
+    if !stored.path.is_empty() {
+        ArtifactPath::parse(&stored.path).map_err(|e| e.of(format!("the path of {what}")))?;
+    }
+    for (size, name) in [(stored.size, "size"), (stored.stored_size, "stored size")] {
+        if size > cap {
+            return Err(Untrusted::new(
+                format!("the {name} of {what}"),
+                &size.to_string(),
+                format!("is over the {cap}-byte cap"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Reads the regular file at `path`, refusing anything else (a FIFO, a device such as
+/// `/dev/zero`, a directory) and anything over `cap` bytes, without reserving more than the
+/// file holds.
+pub fn read_regular_file(path: &Path, cap: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::{Error, ErrorKind};
+    // Looking before opening: opening a FIFO for reading blocks until a writer comes.
+    let metadata = std::fs::metadata(path)?;
+    let refuse_kind = |metadata: &std::fs::Metadata| -> std::io::Result<()> {
+        if metadata.is_file() {
+            Ok(())
+        } else {
+            Err(Error::new(ErrorKind::InvalidInput, "not a regular file"))
+        }
+    };
+    refuse_kind(&metadata)?;
+    let file = std::fs::File::open(path)?;
+    let metadata = file.metadata()?;
+    refuse_kind(&metadata)?;
+    let too_large = |size: u64| {
+        Error::new(
+            ErrorKind::InvalidData,
+            format!("{size} bytes, over the {cap}-byte cap"),
+        )
+    };
+    if metadata.len() > cap {
+        return Err(too_large(metadata.len()));
+    }
+    let mut bytes = Vec::with_capacity(metadata.len() as usize);
+    file.take(cap + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > cap {
+        return Err(too_large(bytes.len() as u64));
+    }
+    Ok(bytes)
+}
+
+/// `relative` under `root`, refused when a symbolic link on the way leads outside `root`.
+/// A path that does not exist yet resolves to itself (the caller reports it missing).
+pub fn resolve_inside(root: &Path, relative: &ArtifactPath) -> std::io::Result<PathBuf> {
+    let path = relative.join_to(root);
+    let Ok(resolved) = path.canonicalize() else {
+        return Ok(path);
+    };
+    let root = root.canonicalize()?;
+    if resolved.starts_with(&root) {
+        Ok(path)
+    } else {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "a symbolic link leads out of the bundle, to `{}`",
+                resolved.display()
+            ),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn digests_are_64_lowercase_hex_only() {
+        let good = "ab".repeat(32);
+        assert_eq!(Digest::parse(&good).unwrap().prefix(), "ab");
+        for bad in [
+            "".to_owned(),
+            "/tmp/x".to_owned(),
+            "../../x".to_owned(),
+            "AB".repeat(32),
+            format!("é{}", "a".repeat(62)),
+            "a".repeat(63),
+            "a".repeat(65),
+        ] {
+            let error = Digest::parse(&bad).unwrap_err();
+            assert!(error.to_string().contains("sha256"), "{error}");
+        }
+    }
+
+    #[test]
+    fn kernel_names_are_single_components() {
+        KernelName::parse("layernorm_bf16").unwrap();
+        for bad in [
+            "",
+            "..",
+            "../../escape",
+            "/tmp/x",
+            "a/b",
+            "a.b",
+            "1x",
+            "a\0b",
+        ] {
+            assert!(KernelName::parse(bad).is_err(), "{bad:?}");
+        }
+        assert!(KernelName::parse(&"k".repeat(MAX_NAME_LEN + 1)).is_err());
+    }
+
+    #[test]
+    fn artifact_paths_stay_inside() {
+        ArtifactPath::parse("artifacts/ab/ab.cubin.zst").unwrap();
+        for bad in [
+            "",
+            "/dev/zero",
+            "../x",
+            "a/../../x",
+            "a//b",
+            "./a",
+            "a\\b",
+            "a/\nb",
+        ] {
+            assert!(ArtifactPath::parse(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn only_regular_files_are_read_and_never_past_the_cap() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("f");
+        std::fs::write(&file, b"12345").unwrap();
+        assert_eq!(read_regular_file(&file, 5).unwrap(), b"12345");
+        let error = read_regular_file(&file, 4).unwrap_err();
+        assert!(error.to_string().contains("cap"), "{error}");
+        let error = read_regular_file(Path::new("/dev/zero"), 1 << 20).unwrap_err();
+        assert!(error.to_string().contains("not a regular file"), "{error}");
+        assert!(read_regular_file(dir.path(), 1 << 20).is_err());
+    }
+}

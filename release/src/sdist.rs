@@ -1,0 +1,511 @@
+//! A kernel library's source distribution: what `pip install <sdist>` builds through kwheel's
+//! PEP 517 backend (`kwheel.build`) into a wheel that JIT-compiles on first load.
+//!
+//! ```text
+//! kernels/kernels.toml, pyproject.toml ─┐
+//! include graph of every kernel        ─┼─► af3_kernels-0.1.0.tar.gz (PEP 625)
+//! python/af3_kernels/                  ─┘   └── af3_kernels-0.1.0/
+//!                                               ├── PKG-INFO           name, version, requirements
+//!                                               ├── pyproject.toml     build-backend = "kwheel.build"
+//!                                               ├── kernels.toml
+//!                                               ├── include/…, layernorm/…   every file a kernel includes
+//!                                               └── python/af3_kernels/…
+//! ```
+//!
+//! | rule | why |
+//! | --- | --- |
+//! | name `{normalized name}-{version}.tar.gz`, one top directory of the same stem | PEP 625, so installers find name and version without unpacking |
+//! | files: the manifest, `pyproject.toml`, `README*`/`LICENSE*` beside them, every file of every kernel's include graph under the manifest's directory, precompiled cubins, the Python package | what the backend needs to build the wheel again, nothing else (no `target/`, no caches) |
+//! | a header reached only through an include dir outside the manifest's directory is refused | it would have no path inside the sdist |
+//! | entries sorted, mode 0644 (0755 when executable), uid/gid 0, no user names, mtime `SOURCE_DATE_EPOCH` (default 1980-01-01), gzip without name or time | the same sources give the same bytes |
+//! | `pyproject.toml` must name `kwheel.build` | otherwise pip would build it with something that knows no bundle |
+//!
+//! [`verify_sdist`] checks the name, the layout, `PKG-INFO`, `pyproject.toml`, and that the
+//! manifest inside plans every kernel from the files inside.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io::{Read as _, Write as _};
+use std::path::{Path, PathBuf};
+
+use bundler::build::plan_kernel;
+use bundler::Manifest;
+use flate2::read::GzDecoder;
+use flate2::{Compression, GzBuilder};
+
+use crate::library::{kwheel_requirement, python_package_dir, summary, torch_requirement, walk};
+use crate::wheel::{
+    normalize_name, parse_headers, source_date_epoch, Metadata, DEFAULT_EPOCH, KWHEEL_VERSION,
+};
+use crate::Error;
+
+/// The build backend an sdist's `pyproject.toml` must name.
+pub const BUILD_BACKEND: &str = "kwheel.build";
+
+/// The project file every sdist carries.
+pub const PYPROJECT: &str = "pyproject.toml";
+
+/// What [`build_sdist`] writes.
+#[derive(Clone, Debug)]
+pub struct SdistOptions {
+    /// The kernel manifest; its directory is the sdist's root.
+    pub manifest: PathBuf,
+    /// The directory the sdist is written to.
+    pub out: PathBuf,
+}
+
+/// An sdist that [`build_sdist`] wrote, or that [`verify_sdist`] read.
+#[derive(Clone, Debug)]
+pub struct Sdist {
+    /// The file.
+    pub path: PathBuf,
+    /// The distribution name, normalized (`af3_kernels`).
+    pub name: String,
+    /// The version.
+    pub version: String,
+    /// Files inside, by path under the top directory, `PKG-INFO` included.
+    pub files: Vec<String>,
+    /// Kernels the manifest inside plans from the files inside (after verification).
+    pub kernels: usize,
+    /// The file's size in bytes.
+    pub size: u64,
+    /// What is wrong with it; empty when it passes.
+    pub problems: Vec<String>,
+}
+
+impl Sdist {
+    /// The sdist, or [`Error::SdistVerification`] listing every problem.
+    pub fn into_result(self) -> Result<Sdist, Error> {
+        if self.problems.is_empty() {
+            Ok(self)
+        } else {
+            Err(Error::SdistVerification {
+                sdist: self.path,
+                problems: self.problems,
+            })
+        }
+    }
+}
+
+impl fmt::Display for Sdist {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "{}: {} {}, {} files, {} kernels planned from its sources",
+            self.path.display(),
+            self.name,
+            self.version,
+            self.files.len(),
+            self.kernels
+        )?;
+        if self.problems.is_empty() {
+            writeln!(f, "ok")
+        } else {
+            for problem in &self.problems {
+                writeln!(f, "  problem: {problem}")?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Writes the library's sdist (see the module docs), verifies it (removing it again if it
+/// fails) and describes it.
+pub fn build_sdist(options: &SdistOptions) -> Result<Sdist, Error> {
+    let manifest = Manifest::load(&options.manifest)?;
+    let root = manifest.root.clone();
+    let refuse = |reason: String| Error::Sdist {
+        path: options.manifest.clone(),
+        reason,
+    };
+    let pyproject = root.join(PYPROJECT);
+    let text = std::fs::read_to_string(&pyproject).map_err(|_| {
+        refuse(format!(
+            "`{}` is missing: an sdist needs one that names kwheel's build backend, such as\n\n\
+             [build-system]\nrequires = [\"{}\"]\nbuild-backend = \"{BUILD_BACKEND}\"",
+            pyproject.display(),
+            kwheel_requirement(KWHEEL_VERSION)
+        ))
+    })?;
+    if let Err(reason) = check_pyproject(&text) {
+        return Err(refuse(format!("`{}` {reason}", pyproject.display())));
+    }
+
+    let mut files: BTreeMap<String, PathBuf> = BTreeMap::new();
+    let manifest_name = relative_name(&root, &manifest.path)
+        .ok_or_else(|| refuse("the manifest's file name is not valid UTF-8".to_owned()))?;
+    files.insert(manifest_name, manifest.path.clone());
+    files.insert(PYPROJECT.to_owned(), pyproject);
+    for entry in std::fs::read_dir(&root).map_err(|source| Error::Read {
+        path: root.clone(),
+        source,
+    })? {
+        let entry = entry.map_err(|source| Error::Read {
+            path: root.clone(),
+            source,
+        })?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let upper = name.to_ascii_uppercase();
+        if entry.path().is_file() && (upper.starts_with("README") || upper.starts_with("LICENSE")) {
+            files.insert(name, entry.path());
+        }
+    }
+    for (name, spec) in &manifest.kernels {
+        let planned = plan_kernel(&manifest, name, spec, &[])?;
+        if let Some(graph) = &planned.graph {
+            for stable in graph.files().keys() {
+                if stable.starts_with('[') {
+                    return Err(refuse(format!(
+                        "kernel `{name}` includes `{stable}` through an include dir outside \
+                         `{}`, which an sdist cannot hold: move the headers under the \
+                         manifest's directory",
+                        root.display()
+                    )));
+                }
+                if let Some(path) = graph.absolute_path(stable) {
+                    files.insert(stable.clone(), path.to_owned());
+                }
+            }
+        }
+        for cubin in &spec.cubins {
+            files.insert(cubin.path.clone(), root.join(&cubin.path));
+        }
+    }
+    let package_dir = python_package_dir(&manifest)?;
+    let package = relative_name(&root, &package_dir).ok_or_else(|| {
+        refuse(format!(
+            "the Python package `{}` is not under the manifest's directory",
+            package_dir.display()
+        ))
+    })?;
+    for (relative, path) in walk(&package_dir)? {
+        let hidden = relative
+            .split('/')
+            .any(|part| part.starts_with('.') || part == "__pycache__");
+        if hidden || relative.ends_with(".pyc") || relative.ends_with(".pyo") {
+            continue;
+        }
+        files.insert(format!("{package}/{relative}"), path);
+    }
+
+    let library = &manifest.library;
+    let name = normalize_name(&library.package);
+    let stem = format!("{name}-{}", library.version);
+    let metadata = Metadata {
+        name: library.package.clone(),
+        version: library.version.clone(),
+        summary: Some(
+            summary(&package_dir)
+                .unwrap_or_else(|| format!("Prebuilt CUDA kernels of {}", library.package)),
+        ),
+        requires_python: Some(crate::library::REQUIRES_PYTHON.to_owned()),
+        requires_dist: vec![
+            kwheel_requirement(KWHEEL_VERSION),
+            torch_requirement(&library.torch),
+        ],
+    };
+    let mut entries: BTreeMap<String, (Vec<u8>, bool)> = BTreeMap::new();
+    entries.insert(
+        "PKG-INFO".to_owned(),
+        (metadata.to_text().into_bytes(), false),
+    );
+    for (relative, path) in &files {
+        let bytes = std::fs::read(path).map_err(|source| Error::Read {
+            path: path.clone(),
+            source,
+        })?;
+        entries.insert(relative.clone(), (bytes, is_executable(path)));
+    }
+
+    let mtime = source_date_epoch()?.unwrap_or(DEFAULT_EPOCH);
+    let bytes = archive(&stem, &entries, mtime).map_err(|source| Error::Write {
+        path: options.out.join(format!("{stem}.tar.gz")),
+        source,
+    })?;
+    std::fs::create_dir_all(&options.out).map_err(|source| Error::Write {
+        path: options.out.clone(),
+        source,
+    })?;
+    let target = options.out.join(format!("{stem}.tar.gz"));
+    let mut temp = tempfile::Builder::new()
+        .prefix(&format!(".{stem}.tar.gz.tmp-"))
+        .tempfile_in(&options.out)
+        .map_err(|source| Error::Write {
+            path: options.out.clone(),
+            source,
+        })?;
+    temp.write_all(&bytes).map_err(|source| Error::Write {
+        path: target.clone(),
+        source,
+    })?;
+    temp.persist(&target).map_err(|error| Error::Write {
+        path: target.clone(),
+        source: error.error,
+    })?;
+    match verify_sdist(&target).and_then(Sdist::into_result) {
+        Ok(sdist) => Ok(sdist),
+        Err(error) => {
+            let _ = std::fs::remove_file(&target);
+            Err(error)
+        }
+    }
+}
+
+/// Whether a `pyproject.toml` names kwheel's backend; the reason when it does not.
+fn check_pyproject(text: &str) -> Result<(), String> {
+    let value: toml::Value =
+        toml::from_str(text).map_err(|error| format!("is not valid TOML: {error}"))?;
+    let backend = value
+        .get("build-system")
+        .and_then(|system| system.get("build-backend"))
+        .and_then(toml::Value::as_str);
+    match backend {
+        Some(BUILD_BACKEND) => Ok(()),
+        Some(other) => Err(format!(
+            "names build backend `{other}`, not `{BUILD_BACKEND}`, which builds kernel wheels"
+        )),
+        None => Err(format!(
+            "has no `build-system.build-backend`: set it to `{BUILD_BACKEND}`"
+        )),
+    }
+}
+
+/// `path` relative to `root`, with `/`, when it lies under it.
+fn relative_name(root: &Path, path: &Path) -> Option<String> {
+    let root = root.canonicalize().unwrap_or_else(|_| root.to_owned());
+    let path = path.canonicalize().unwrap_or_else(|_| path.to_owned());
+    let relative = path.strip_prefix(&root).ok()?;
+    let parts: Option<Vec<&str>> = relative
+        .components()
+        .map(|c| c.as_os_str().to_str())
+        .collect();
+    let parts = parts?;
+    (!parts.is_empty()).then(|| parts.join("/"))
+}
+
+#[cfg(unix)]
+fn is_executable(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).is_ok_and(|metadata| metadata.permissions().mode() & 0o100 != 0)
+}
+
+#[cfg(not(unix))]
+fn is_executable(_: &Path) -> bool {
+    false
+}
+
+/// The gzipped tar of `entries` under `stem/`, deterministic (see the module docs).
+fn archive(
+    stem: &str,
+    entries: &BTreeMap<String, (Vec<u8>, bool)>,
+    mtime: u64,
+) -> std::io::Result<Vec<u8>> {
+    // No file name and time 0 in the gzip header; miniz_oxide at a fixed level.
+    let gzip = GzBuilder::new()
+        .mtime(0)
+        .write(Vec::new(), Compression::new(9));
+    let mut builder = tar::Builder::new(gzip);
+    builder.mode(tar::HeaderMode::Deterministic);
+    for (relative, (bytes, executable)) in entries {
+        let mut header = tar::Header::new_ustar();
+        header.set_size(bytes.len() as u64);
+        header.set_mode(if *executable { 0o755 } else { 0o644 });
+        header.set_uid(0);
+        header.set_gid(0);
+        header.set_mtime(mtime);
+        header.set_entry_type(tar::EntryType::Regular);
+        builder.append_data(&mut header, format!("{stem}/{relative}"), bytes.as_slice())?;
+    }
+    builder.into_inner()?.finish()
+}
+
+/// Re-checks an sdist: its name (PEP 625), one top directory, regular files only with safe
+/// paths, `PKG-INFO` agreeing with the name, a `pyproject.toml` naming `kwheel.build`, and a
+/// manifest that plans every kernel from the files inside. Problems are listed, not raised;
+/// an unreadable file is an error.
+pub fn verify_sdist(path: &Path) -> Result<Sdist, Error> {
+    let file_name = path
+        .file_name()
+        .map(|name| name.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut problems = Vec::new();
+    let stem = file_name.strip_suffix(".tar.gz").unwrap_or_else(|| {
+        problems.push(format!("`{file_name}` does not end in `.tar.gz` (PEP 625)"));
+        file_name.as_str()
+    });
+    let (name, version) = match stem.split_once('-') {
+        Some((name, version)) if !version.contains('-') => (name.to_owned(), version.to_owned()),
+        _ => {
+            problems.push(format!(
+                "`{file_name}` is not `{{name}}-{{version}}.tar.gz` with one `-` (PEP 625)"
+            ));
+            (stem.to_owned(), String::new())
+        }
+    };
+    if normalize_name(&name) != name {
+        problems.push(format!(
+            "`{file_name}`: the name `{name}` is not normalized (PEP 625 wants `{}`)",
+            normalize_name(&name)
+        ));
+    }
+    let bytes = std::fs::read(path).map_err(|source| Error::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    let mut contents: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+    let mut archive = tar::Archive::new(GzDecoder::new(bytes.as_slice()));
+    let read = (|| -> std::io::Result<()> {
+        for entry in archive.entries()? {
+            let mut entry = entry?;
+            let entry_path = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
+            let kind = entry.header().entry_type();
+            if kind.is_dir() {
+                continue;
+            }
+            let Some(relative) = entry_path.strip_prefix(&format!("{stem}/")) else {
+                problems.push(format!(
+                    "`{entry_path}` is outside the top directory `{stem}/`"
+                ));
+                continue;
+            };
+            if relative
+                .split('/')
+                .any(|part| part.is_empty() || part == "." || part == "..")
+            {
+                problems.push(format!(
+                    "`{entry_path}` has an empty, `.` or `..` component"
+                ));
+                continue;
+            }
+            if !kind.is_file() {
+                problems.push(format!(
+                    "`{entry_path}` is not a regular file ({kind:?}): an sdist holds files only"
+                ));
+                continue;
+            }
+            let mut data = Vec::new();
+            entry.read_to_end(&mut data)?;
+            if contents.insert(relative.to_owned(), data).is_some() {
+                problems.push(format!("`{entry_path}` is in the archive twice"));
+            }
+        }
+        Ok(())
+    })();
+    if let Err(error) = read {
+        problems.push(format!("is not a readable gzipped tar: {error}"));
+    }
+
+    match contents
+        .get("PKG-INFO")
+        .map(|data| String::from_utf8_lossy(data).into_owned())
+    {
+        None => problems.push("PKG-INFO is missing".to_owned()),
+        Some(text) => {
+            let headers = parse_headers(&text);
+            let field = |key: &str| {
+                headers
+                    .iter()
+                    .find(|(k, _)| k.eq_ignore_ascii_case(key))
+                    .map(|(_, value)| value.clone())
+            };
+            if field("Metadata-Version").is_none() {
+                problems.push("PKG-INFO has no Metadata-Version".to_owned());
+            }
+            match field("Name") {
+                Some(found) if normalize_name(&found) == normalize_name(&name) => {}
+                found => problems.push(format!(
+                    "PKG-INFO names `{}`, the file name `{name}`",
+                    found.unwrap_or_default()
+                )),
+            }
+            match field("Version") {
+                Some(found) if found == version => {}
+                found => problems.push(format!(
+                    "PKG-INFO has version `{}`, the file name `{version}`",
+                    found.unwrap_or_default()
+                )),
+            }
+        }
+    }
+    let mut manifest_name = "kernels.toml".to_owned();
+    match contents
+        .get(PYPROJECT)
+        .map(|data| String::from_utf8_lossy(data).into_owned())
+    {
+        None => problems.push(format!(
+            "{PYPROJECT} is missing: pip would not know to build it with `{BUILD_BACKEND}`"
+        )),
+        Some(text) => {
+            if let Err(reason) = check_pyproject(&text) {
+                problems.push(format!("{PYPROJECT} {reason}"));
+            }
+            if let Some(name) = toml::from_str::<toml::Value>(&text).ok().and_then(|value| {
+                value
+                    .get("tool")?
+                    .get("kwheel")?
+                    .get("manifest")?
+                    .as_str()
+                    .map(str::to_owned)
+            }) {
+                manifest_name = name;
+            }
+        }
+    }
+
+    let mut kernels = 0;
+    if contents.contains_key(&manifest_name) {
+        match plan_unpacked(&contents, &manifest_name) {
+            Ok(planned) => kernels = planned,
+            Err(reason) => problems.push(format!("{manifest_name}: {reason}")),
+        }
+    } else {
+        problems.push(format!(
+            "the manifest `{manifest_name}` is missing (`[tool.kwheel] manifest` of {PYPROJECT})"
+        ));
+    }
+    let size = bytes.len() as u64;
+    Ok(Sdist {
+        path: path.to_owned(),
+        name,
+        version,
+        files: contents.into_keys().collect(),
+        kernels,
+        size,
+        problems,
+    })
+}
+
+/// Unpacks the files into a scratch directory and plans every kernel of the manifest there:
+/// the number of kernels, or why the sources inside do not build.
+fn plan_unpacked(
+    contents: &BTreeMap<String, Vec<u8>>,
+    manifest_name: &str,
+) -> Result<usize, String> {
+    let scratch = tempfile::tempdir().map_err(|error| format!("no scratch directory: {error}"))?;
+    for (relative, data) in contents {
+        let path = scratch.path().join(relative);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(|error| error.to_string())?;
+        }
+        std::fs::write(&path, data).map_err(|error| error.to_string())?;
+    }
+    let manifest = Manifest::load(&scratch.path().join(manifest_name))
+        .map_err(|error| error_text(&error, scratch.path()))?;
+    python_package_dir(&manifest).map_err(|error| error_text(&error, scratch.path()))?;
+    for (name, spec) in &manifest.kernels {
+        plan_kernel(&manifest, name, spec, &[])
+            .map_err(|error| error_text(&error, scratch.path()))?;
+    }
+    Ok(manifest.kernels.len())
+}
+
+/// An error and its causes, with the scratch directory left out of paths.
+fn error_text(error: &dyn std::error::Error, scratch: &Path) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(next) = cause {
+        text.push_str(&format!(": {next}"));
+        cause = next.source();
+    }
+    text.replace(&format!("{}/", scratch.display()), "")
+}
