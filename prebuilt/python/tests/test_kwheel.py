@@ -155,8 +155,17 @@ class Select(unittest.TestCase):
         self.assertEqual(chosen.location, "local (bundle)")
         self.assertEqual(
             [variant for variant, _ in chosen.refusals],
-            ["cu129/sm_100a", "cu130/sm_90a", "cu130/sm_100a"],
+            [
+                "cu129/sm_100f",
+                "cu129/sm_100a",
+                "cu130/compute_90",
+                "cu130/sm_90a",
+                "cu130/sm_100f",
+                "cu130/sm_100a",
+            ],
         )
+        # The PTX fits this device too, but a cubin for it is preferred: not a refusal.
+        self.assertNotIn("cu129/compute_90", dict(chosen.refusals))
 
     def test_blackwell_on_cuda_13_0_loads_the_sm_100a_cubin(self):
         import af3_kernels
@@ -178,7 +187,17 @@ class Select(unittest.TestCase):
             af3_kernels.select("wgmma_matmul_bf16", "sm_100", cuda="13.0")
         refusals = dict(raised.exception.refusals)
         self.assertEqual(
-            list(refusals), ["cu129/sm_90a", "cu130/sm_90a", "cu129/sm_100a", "cu130/sm_100a"]
+            list(refusals),
+            [
+                "cu129/sm_90a",
+                "cu130/sm_90a",
+                "cu129/compute_90",
+                "cu129/sm_100f",
+                "cu129/sm_100a",
+                "cu130/compute_90",
+                "cu130/sm_100f",
+                "cu130/sm_100a",
+            ],
         )
         self.assertEqual(
             refusals["cu130/sm_90a"],
@@ -197,14 +216,22 @@ class Select(unittest.TestCase):
             str(raised.exception),
             "no prebuilt variant of `layernorm_bf16` fits device sm_86 (compute 8.6), CUDA build "
             "cu129, driver 13.0, torch 2.13.0:\n"
+            "  cu129/compute_90: compute_90 PTX runs only on compute capability 9.0 or later, "
+            "this device is 8.6\n"
             "  cu129/sm_90a: sm_90a cubins run only on compute capability 9.0, this device is 8.6\n"
+            "  cu129/sm_100f: sm_100f cubins run only on their family, compute capability 10.0 or "
+            "a later 10.x, this device is 8.6\n"
             "  cu129/sm_100a: sm_100a cubins run only on compute capability 10.0, this device is 8.6\n"
+            "  cu130/compute_90: compute_90 PTX runs only on compute capability 9.0 or later, "
+            "this device is 8.6\n"
             "  cu130/sm_90a: sm_90a cubins run only on compute capability 9.0, this device is 8.6\n"
+            "  cu130/sm_100f: sm_100f cubins run only on their family, compute capability 10.0 or "
+            "a later 10.x, this device is 8.6\n"
             "  cu130/sm_100a: sm_100a cubins run only on compute capability 10.0, this device is 8.6\n"
             "load() would JIT-compile it from the shipped sources instead (unless "
             "AF3_KERNELS_JIT_FALLBACK=0)",
         )
-        self.assertEqual(len(raised.exception.refusals), 4)
+        self.assertEqual(len(raised.exception.refusals), 8)
         self.assertIsInstance(raised.exception, kwheel.KwheelError)
 
     def test_torch_outside_the_pin_is_refused(self):
