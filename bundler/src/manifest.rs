@@ -390,10 +390,7 @@ impl Manifest {
 
     /// The package name as an environment-variable prefix: `af3-kernels` → `AF3_KERNELS`.
     pub fn env_prefix(&self) -> String {
-        self.library
-            .package
-            .to_ascii_uppercase()
-            .replace(['-', '.'], "_")
+        prebuilt::env::package_prefix(&self.library.package)
     }
 }
 

@@ -593,14 +593,9 @@ fn inspect(bytes: &[u8]) -> Result<Inspection, CubinError> {
             param_sizes: parameter_sizes(name, info)?,
         });
     }
-    functions.sort_by(|a, b| a.symbol.cmp(&b.symbol));
-    if let Some(pair) = functions
-        .windows(2)
-        .find(|pair| pair[0].symbol == pair[1].symbol)
-    {
+    if let Some(twice) = sort_by_symbol(&mut functions) {
         return Err(malformed(format!(
-            "kernel entry `{}` is defined twice",
-            pair[0].symbol
+            "kernel entry `{twice}` is defined twice"
         )));
     }
     device_functions.sort();
@@ -754,15 +749,8 @@ fn inspect_ptx(bytes: &[u8]) -> Result<Inspection, CubinError> {
             "{found}: kernels are loaded as 64-bit code only"
         )));
     }
-    functions.sort_by(|a, b| a.symbol.cmp(&b.symbol));
-    if let Some(pair) = functions
-        .windows(2)
-        .find(|pair| pair[0].symbol == pair[1].symbol)
-    {
-        return Err(malformed_ptx(format!(
-            "`.entry {}` is defined twice",
-            pair[0].symbol
-        )));
+    if let Some(twice) = sort_by_symbol(&mut functions) {
+        return Err(malformed_ptx(format!("`.entry {twice}` is defined twice")));
     }
     device_functions.sort();
     Ok(Inspection {
@@ -1043,6 +1031,15 @@ fn parameter_sizes(symbol: &str, section: &[u8]) -> Result<Vec<u32>, CubinError>
         }
     }
     Ok(parameters.iter().map(|parameter| parameter.size).collect())
+}
+
+/// Sorts entries by symbol; returns a symbol that appears twice, if any.
+fn sort_by_symbol(functions: &mut [CubinFunction]) -> Option<String> {
+    functions.sort_by(|a, b| a.symbol.cmp(&b.symbol));
+    functions
+        .windows(2)
+        .find(|pair| pair[0].symbol == pair[1].symbol)
+        .map(|pair| pair[0].symbol.clone())
 }
 
 #[cfg(test)]

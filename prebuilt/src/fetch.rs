@@ -77,14 +77,7 @@ const PREBUILT_DIR: &str = "_prebuilt";
 /// The variable that forbids a package's loader to download: `af3-kernels` →
 /// `AF3_KERNELS_NO_DOWNLOAD`.
 pub fn no_download_variable(package: &str) -> String {
-    let name: String = package
-        .chars()
-        .map(|c| match c {
-            '-' | '.' => '_',
-            c => c.to_ascii_uppercase(),
-        })
-        .collect();
-    format!("{name}_NO_DOWNLOAD")
+    format!("{}_NO_DOWNLOAD", crate::env::package_prefix(package))
 }
 
 /// Whether the loader may download a variant the bundle leaves in its store.

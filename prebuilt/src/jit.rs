@@ -123,14 +123,7 @@ fn value_allows(value: Option<&str>) -> bool {
 /// The variable that controls the fallback for a package: `af3-kernels` →
 /// `AF3_KERNELS_JIT_FALLBACK`.
 pub fn fallback_variable(package: &str) -> String {
-    let name: String = package
-        .chars()
-        .map(|c| match c {
-            '-' | '.' => '_',
-            c => c.to_ascii_uppercase(),
-        })
-        .collect();
-    format!("{name}_JIT_FALLBACK")
+    format!("{}_JIT_FALLBACK", crate::env::package_prefix(package))
 }
 
 /// The JIT cache directory: `$KWHEEL_JIT_CACHE`, else `${XDG_CACHE_HOME:-~/.cache}/kwheel/jit`.

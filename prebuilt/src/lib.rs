@@ -13,6 +13,7 @@
 //! | [`select`] | which variant fits a device, as a pure function, and why the others do not |
 //! | [`registry`] | the runtime: status, load, launch with checked arguments |
 //! | [`driver`] | the CUDA driver, loaded at run time (no GPU or no driver is an error, not a panic) |
+//! | [`env`] | environment-variable names derived from a package name (`<PACKAGE>_JIT_FALLBACK`, …) |
 //! | [`nvrtc`] | NVRTC, loaded at run time from an explicit path |
 //! | [`jit`] | the JIT fallback from shipped sources, cached under the user's cache dir |
 //! | [`fetch`] | artifacts a slim wheel leaves in its store: locating, downloading, caching |
@@ -26,6 +27,7 @@
 pub mod bundle;
 pub mod cubin;
 pub mod driver;
+pub mod env;
 pub mod fetch;
 pub mod index;
 pub mod jit;

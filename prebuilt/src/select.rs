@@ -234,14 +234,7 @@ impl PtxJitPolicy {
 
 /// The variable that controls PTX loading for a package: `af3-kernels` → `AF3_KERNELS_PTX_JIT`.
 pub fn ptx_jit_variable(package: &str) -> String {
-    let name: String = package
-        .chars()
-        .map(|c| match c {
-            '-' | '.' => '_',
-            c => c.to_ascii_uppercase(),
-        })
-        .collect();
-    format!("{name}_PTX_JIT")
+    format!("{}_PTX_JIT", crate::env::package_prefix(package))
 }
 
 /// Whether a torch version (`2.13.1+cu129`) matches a pin (`2.13.*`, `2.13.0`, `==2.13.*`).
