@@ -447,7 +447,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Bundle(BundleCommand::List { bundle }) => {
             let bundle = open_bundle(&bundle)?;
-            print!("{}", bundler::explain::list_bundle(bundle.index()));
+            print!("{}", prebuilt::bundle::list_bundle(bundle.index()));
             Ok(())
         }
         Command::Bundle(BundleCommand::Extract { bundle, out }) => {
@@ -644,30 +644,20 @@ fn device_query(
     cuda: &str,
     driver: Option<&str>,
     torch: Option<String>,
-) -> Result<prebuilt::select::DeviceQuery> {
-    use prebuilt::select::{DeviceQuery, DriverVersion};
-    let cuda: prebuilt::CudaBuild = if cuda.starts_with("cu") {
-        cuda.parse()?
-    } else {
-        prebuilt::CudaBuild::from_version(cuda)?
-    };
-    let driver = match driver {
-        Some(text) => DriverVersion::parse(text)?,
-        None => DriverVersion {
-            major: cuda.major,
-            minor: cuda.minor,
-        },
-    };
-    Ok(DeviceQuery {
-        capability: DeviceQuery::parse_device(device)?,
+) -> Result<prebuilt::device::DeviceQuery> {
+    use prebuilt::device::{parse_cuda_build, DeviceQuery, DriverVersion};
+    let driver = driver.map(DriverVersion::parse).transpose()?;
+    Ok(DeviceQuery::simulated(
+        DeviceQuery::parse_device(device)?,
+        parse_cuda_build(cuda)?,
         driver,
-        cuda,
         torch,
-    })
+    ))
 }
 
 fn coverage(args: CoverageArgs) -> Result<()> {
-    use prebuilt::select::{fleet_coverage, ptx_jit_variable, FleetDevice};
+    use prebuilt::coverage::{fleet_coverage, FleetDevice};
+    use prebuilt::env::ptx_jit_variable;
     let bundle = open_bundle(&args.bundle)?;
     let ptx_forbidden_by = args.no_ptx_jit.then(|| {
         let variable = ptx_jit_variable(&bundle.index().package);
@@ -693,11 +683,11 @@ fn coverage(args: CoverageArgs) -> Result<()> {
     let device = args.device.as_deref().unwrap_or_default();
     let query = device_query(device, &args.cuda, args.driver.as_deref(), args.torch)?;
     refuse_unbuilt_cuda(&bundle, &query)?;
-    let cache = prebuilt::fetch::ArtifactCache::default();
-    let mut report = prebuilt::fetch::coverage(&bundle, &query, &cache);
+    let cache = prebuilt::cache::ArtifactCache::default();
+    let mut report = prebuilt::coverage::bundle_coverage(&bundle, &query, &cache);
     if let Some(by) = &ptx_forbidden_by {
         let locations = report.kernels.clone();
-        report = prebuilt::select::coverage_with(bundle.index(), &query, Some(by));
+        report = prebuilt::coverage::coverage_with(bundle.index(), &query, Some(by));
         for (name, kernel) in &mut report.kernels {
             if kernel.loads == locations[name].loads {
                 kernel.location = locations[name].location;
@@ -735,7 +725,7 @@ fn open_bundle(path: &Path) -> Result<prebuilt::Bundle> {
 /// kernel would be refused for the same reason, which the table would hide.
 fn refuse_unbuilt_cuda(
     bundle: &prebuilt::Bundle,
-    query: &prebuilt::select::DeviceQuery,
+    query: &prebuilt::device::DeviceQuery,
 ) -> Result<()> {
     let mut builds: Vec<prebuilt::CudaBuild> = bundle
         .index()
@@ -765,7 +755,7 @@ fn refuse_unbuilt_cuda(
 /// After a coverage table: what happens to kernels that load no prebuilt cubin (the JIT
 /// fallback compiles them from the shipped sources, if the bundle has them), and an error
 /// when no kernel loads at all.
-fn jit_note(bundle: &prebuilt::Bundle, report: &prebuilt::select::CoverageReport) -> Result<()> {
+fn jit_note(bundle: &prebuilt::Bundle, report: &prebuilt::coverage::CoverageReport) -> Result<()> {
     let none: Vec<&String> = report
         .kernels
         .iter()
@@ -776,7 +766,7 @@ fn jit_note(bundle: &prebuilt::Bundle, report: &prebuilt::select::CoverageReport
         return Ok(());
     }
     let sources = bundle.root().join(prebuilt::bundle::SOURCES_DIR).is_dir();
-    let variable = prebuilt::jit::fallback_variable(&bundle.index().package);
+    let variable = prebuilt::env::fallback_variable(&bundle.index().package);
     let fallback = if sources {
         format!(
             "load() would JIT-compile them from the shipped sources on first use (unless \
@@ -798,11 +788,11 @@ fn jit_note(bundle: &prebuilt::Bundle, report: &prebuilt::select::CoverageReport
 
 fn fetch(args: FetchArgs) -> Result<()> {
     let query = device_query(&args.device, &args.cuda, args.driver.as_deref(), args.torch)?;
-    let bundle = prebuilt::Bundle::open(prebuilt::fetch::find_bundle(&args.package)?)?;
+    let bundle = prebuilt::Bundle::open(prebuilt::bundle::find_bundle(&args.package)?)?;
     let report = prebuilt::fetch::prefetch(
         &bundle,
         &query,
-        &prebuilt::fetch::ArtifactCache::default(),
+        &prebuilt::cache::ArtifactCache::default(),
         &prebuilt::fetch::StoreOptions::default(),
     )?;
     if args.json {

@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use prebuilt::cubin::{inspect_cubin, validate_cubin};
+use prebuilt::compile::{resolve_entries, EntryError};
 use prebuilt::index::{
     CompilerRecord, Function, Index, KernelInputs, KernelRecord, Skip, SourceRecipe, StoredFile,
     Variant, INDEX_FORMAT,
@@ -825,7 +825,7 @@ fn run_job(job: &Job, kernel: &PlannedKernel, cache: &BuildCache) -> Result<Buil
                 .inputs
                 .entries
                 .iter()
-                .filter(|entry| prebuilt::jit::is_name_expression(entry))
+                .filter(|entry| prebuilt::compile::is_name_expression(entry))
                 .cloned()
                 .collect();
             let flags = kernel.inputs.flags_for(&job.compiler.kind);
@@ -895,95 +895,19 @@ fn check_cubin(
     kernel: &PlannedKernel,
     symbols: &BTreeMap<String, String>,
 ) -> Result<Vec<Function>, Error> {
-    let invalid = |source| Error::InvalidCubin {
-        kernel: kernel.name.clone(),
-        arch: job.arch,
-        build: job.build,
-        source,
-    };
-    let info = inspect_cubin(cubin).map_err(invalid)?;
-    let mut resolved = Vec::new();
-    for entry in &kernel.inputs.entries {
-        let symbol = symbols
-            .get(entry)
-            .filter(|symbol| info.function(symbol).is_some())
-            .cloned()
-            .or_else(|| info.resolve_entry(entry))
-            .ok_or_else(|| Error::MissingEntry {
-                kernel: kernel.name.clone(),
-                arch: job.arch,
-                build: job.build,
-                entry: entry.clone(),
-                found: info
-                    .functions
-                    .iter()
-                    .map(|f| pasteable_entry(&f.symbol))
-                    .collect(),
-            })?;
-        resolved.push(symbol);
-    }
-    let symbol_refs: Vec<&str> = resolved.iter().map(String::as_str).collect();
-    let info = validate_cubin(cubin, job.arch, &symbol_refs).map_err(invalid)?;
-    Ok(kernel
-        .inputs
-        .entries
-        .iter()
-        .zip(resolved)
-        .map(|(name, symbol)| Function {
-            name: name.clone(),
-            param_sizes: info
-                .function(&symbol)
-                .map(|f| f.param_sizes.clone())
-                .unwrap_or_default(),
-            symbol,
-        })
-        .collect())
-}
-
-/// A kernel symbol as a manifest entry would spell it: demangled without parameters, and a
-/// function-pointer template argument as `&name` rather than the demangler's `&name(float
-/// const&)`. `extern "C"` names and symbols that do not demangle stay as they are.
-pub fn pasteable_entry(symbol: &str) -> String {
-    let Ok(parsed) = cpp_demangle::Symbol::new(symbol.as_bytes()) else {
-        return symbol.to_owned();
-    };
-    let options = cpp_demangle::DemangleOptions::new()
-        .no_return_type()
-        .no_params();
-    let Ok(demangled) = parsed.demangle(&options) else {
-        return symbol.to_owned();
-    };
-    // Drop the parameter list after `&qualified::name` (a function pointer argument).
-    let mut out = String::with_capacity(demangled.len());
-    let mut chars = demangled.chars().peekable();
-    while let Some(c) = chars.next() {
-        out.push(c);
-        if c != '&' {
-            continue;
-        }
-        while let Some(&next) = chars.peek() {
-            if next == '_' || next == ':' || next.is_ascii_alphanumeric() {
-                out.push(next);
-                chars.next();
-            } else {
-                break;
-            }
-        }
-        if chars.peek() == Some(&'(') && !out.ends_with('&') {
-            let mut depth = 0;
-            for skipped in chars.by_ref() {
-                match skipped {
-                    '(' => depth += 1,
-                    ')' => {
-                        depth -= 1;
-                        if depth == 0 {
-                            break;
-                        }
-                    }
-                    _ => {}
-                }
-            }
-        }
-    }
-    out
+    resolve_entries(cubin, job.arch, &kernel.inputs.entries, symbols).map_err(|error| match error {
+        EntryError::Invalid(source) => Error::InvalidCubin {
+            kernel: kernel.name.clone(),
+            arch: job.arch,
+            build: job.build,
+            source,
+        },
+        EntryError::Missing { entry, found } => Error::MissingEntry {
+            kernel: kernel.name.clone(),
+            arch: job.arch,
+            build: job.build,
+            entry,
+            found,
+        },
+    })
 }

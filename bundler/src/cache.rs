@@ -15,7 +15,6 @@
 //! A cache may also have a [`RemoteCache`] behind it, shared by many machines: asked when
 //! the local cache misses, told about every cubin compiled (see [`crate::remote`]).
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -27,18 +26,9 @@ pub const LAYOUT: &str = "kernels-v1";
 
 /// The default cache directory: `${XDG_CACHE_HOME:-~/.cache}/kwheel/build`.
 pub fn default_cache_dir() -> PathBuf {
-    user_cache_dir().join("kwheel").join("build")
-}
-
-/// `$XDG_CACHE_HOME`, else `~/.cache`.
-pub fn user_cache_dir() -> PathBuf {
-    match std::env::var_os("XDG_CACHE_HOME") {
-        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
-        _ => std::env::var_os("HOME")
-            .map(PathBuf::from)
-            .unwrap_or_else(std::env::temp_dir)
-            .join(".cache"),
-    }
+    prebuilt::cache::user_cache_dir()
+        .join("kwheel")
+        .join("build")
 }
 
 /// A content-addressed store of cubins by key.
@@ -118,20 +108,10 @@ impl BuildCache {
     }
 }
 
-/// Writes `bytes` to `path` through a temporary file in the same directory and a rename.
+/// [`prebuilt::cache::write_atomically`], its failure naming `path`.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), Error> {
-    let write_error = |source| Error::Write {
+    prebuilt::cache::write_atomically(path, bytes).map_err(|source| Error::Write {
         path: path.to_owned(),
         source,
-    };
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(write_error)?;
-    let mut file = tempfile::Builder::new()
-        .prefix(".tmp-")
-        .tempfile_in(dir)
-        .map_err(write_error)?;
-    file.write_all(bytes).map_err(write_error)?;
-    file.persist(path)
-        .map_err(|error| write_error(error.error))?;
-    Ok(())
+    })
 }

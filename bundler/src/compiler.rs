@@ -28,8 +28,8 @@ use prebuilt::target::{Arch, CudaBuild};
 use crate::toolchain::{
     max_ptx_isa, nvcc_command, ptxas_version, CompilerId, CompilerKind, Toolchain,
 };
+use prebuilt::compile;
 use prebuilt::index::CompilerRecord;
-use prebuilt::jit;
 use prebuilt::nvrtc::{self, NvrtcError, NvrtcLibrary};
 
 /// One kernel, one architecture: everything a compiler needs.
@@ -341,7 +341,7 @@ impl Nvcc {
     /// The arguments nvcc gets for `request`, writing the cubin to `output`.
     pub fn arguments(&self, request: &CompileRequest<'_>, output: &Path) -> Vec<OsString> {
         let include_dirs = absolute_dirs(request.include_dirs);
-        jit::nvcc_arguments(
+        compile::nvcc_arguments(
             &compile_options(request, &include_dirs),
             &absolute(request.source),
             output,
@@ -387,7 +387,7 @@ impl Compiler for Nvcc {
             // For a `compute_XY` target the output is that PTX itself.
             Some(probes) if request.arch.is_ptx() => probes.read(&String::from_utf8_lossy(&cubin)),
             Some(probes) => {
-                let ptx_path = work.path().join(jit::ENTRY_PROBES_PTX);
+                let ptx_path = work.path().join(compile::ENTRY_PROBES_PTX);
                 let ptx = fs::read_to_string(&ptx_path).map_err(|error| {
                     identity.io(request, "read the PTX nvcc kept in", &ptx_path, error)
                 })?;
@@ -404,9 +404,9 @@ impl Compiler for Nvcc {
 }
 
 /// The record of an nvcc compile: nvcc's version and the host compiler it preprocessed with,
-/// by the JIT's definition ([`jit::nvcc_record`]), so the two keys agree.
+/// by the JIT's definition ([`compile::nvcc_record`]), so the two keys agree.
 fn nvcc_record(id: &CompilerId, host_compiler: &str) -> CompilerRecord {
-    jit::nvcc_record(&id.kind.to_string(), &id.version, host_compiler)
+    compile::nvcc_record(&id.kind.to_string(), &id.version, host_compiler)
 }
 
 /// A work dir of our own: nvcc writes its intermediate files to TMPDIR, so concurrent compiles
@@ -482,8 +482,9 @@ impl EntryProbes {
         if request.name_expressions.is_empty() {
             return Ok(None);
         }
-        let text = jit::entry_probes_source(&absolute(request.source), request.name_expressions);
-        let source = work.join(jit::ENTRY_PROBES_SOURCE);
+        let text =
+            compile::entry_probes_source(&absolute(request.source), request.name_expressions);
+        let source = work.join(compile::ENTRY_PROBES_SOURCE);
         fs::write(&source, text)
             .map_err(|error| identity.io(request, "write the entry probes to", &source, error))?;
         Ok(Some(EntryProbes {
@@ -531,7 +532,7 @@ impl EntryProbes {
 
     /// Each entry with the symbol its probe holds in `ptx`.
     fn read(&self, ptx: &str) -> BTreeMap<String, String> {
-        jit::read_entry_probes(ptx, &self.entries)
+        compile::read_entry_probes(ptx, &self.entries)
     }
 }
 
@@ -624,7 +625,7 @@ impl NvccPtxas {
     ) -> Vec<OsString> {
         let include_dirs = absolute_dirs(request.include_dirs);
         let mut arguments =
-            jit::nvcc_arguments(&compile_options(request, &include_dirs), source, output);
+            compile::nvcc_arguments(&compile_options(request, &include_dirs), source, output);
         for argument in &mut arguments {
             if argument == "-cubin" {
                 *argument = "-ptx".into();
@@ -806,7 +807,7 @@ impl Nvrtc {
 
 fn nvrtc_options(request: &CompileRequest<'_>, toolkit_include_dirs: &[PathBuf]) -> Vec<String> {
     let include_dirs = absolute_dirs(request.include_dirs);
-    jit::nvrtc_options(
+    compile::nvrtc_options(
         &compile_options(request, &include_dirs),
         toolkit_include_dirs,
     )
@@ -817,8 +818,8 @@ fn nvrtc_options(request: &CompileRequest<'_>, toolkit_include_dirs: &[PathBuf])
 fn compile_options<'a>(
     request: &CompileRequest<'a>,
     include_dirs: &'a [PathBuf],
-) -> jit::CompileOptions<'a> {
-    jit::CompileOptions {
+) -> compile::CompileOptions<'a> {
+    compile::CompileOptions {
         arch: request.arch,
         cxx_std: request.cxx_std,
         include_dirs,

@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 use std::fmt::{self, Write};
 use std::path::{Path, PathBuf};
 
-use prebuilt::bundle::{parse_index, INDEX_FILE};
+use prebuilt::bundle::read_index;
 use prebuilt::index::{CompilerRecord, Index, KernelInputs};
 use prebuilt::key::KeyInputs;
 use prebuilt::{Arch, CudaBuild, KernelKey};
@@ -144,21 +144,6 @@ pub fn explain(
         targets,
         changes,
     })
-}
-
-/// Reads an index from a bundle directory or an `index.json` path.
-pub fn read_index(path: &Path) -> Result<Index, Error> {
-    let file = if path.is_dir() {
-        path.join(INDEX_FILE)
-    } else {
-        path.to_owned()
-    };
-    let bytes = prebuilt::untrusted::read_regular_file(&file, prebuilt::untrusted::MAX_INDEX_SIZE)
-        .map_err(|source| Error::Read {
-            path: file.clone(),
-            source,
-        })?;
-    Ok(parse_index(&file, &bytes)?)
 }
 
 /// The differences between what `index` recorded for `kernel` and its current inputs, one
@@ -324,67 +309,4 @@ impl fmt::Display for Explanation {
         }
         f.write_str(&out)
     }
-}
-
-/// The `bundle list` table: one row per variant and per skip.
-pub fn list_bundle(index: &Index) -> String {
-    let mut rows = vec![[
-        "kernel".to_owned(),
-        "build".into(),
-        "arch".into(),
-        "compiler".into(),
-        "size".into(),
-        "stored".into(),
-        "key".into(),
-        "skipped because".into(),
-    ]];
-    for (kernel, record) in &index.kernels {
-        for variant in &record.variants {
-            rows.push([
-                kernel.clone(),
-                variant.cuda.to_string(),
-                variant.arch.to_string(),
-                variant.compiler.to_string(),
-                variant.artifact.size.to_string(),
-                variant.artifact.stored_size.to_string(),
-                variant.key[..12.min(variant.key.len())].to_owned(),
-                String::new(),
-            ]);
-        }
-        for skip in &record.skipped {
-            rows.push([
-                kernel.clone(),
-                skip.cuda.to_string(),
-                skip.arch.to_string(),
-                "-".into(),
-                "-".into(),
-                "-".into(),
-                "-".into(),
-                skip.reason.clone(),
-            ]);
-        }
-    }
-    let mut widths = [0usize; 8];
-    for row in &rows {
-        for (width, cell) in widths.iter_mut().zip(row) {
-            *width = (*width).max(cell.chars().count());
-        }
-    }
-    let mut out = String::new();
-    for row in &rows {
-        let mut line = String::new();
-        for (n, (cell, width)) in row.iter().zip(widths).enumerate() {
-            if n > 0 {
-                line.push_str("  ");
-            }
-            if n == 4 || n == 5 {
-                let _ = write!(line, "{cell:>width$}");
-            } else {
-                let _ = write!(line, "{cell:<width$}");
-            }
-        }
-        out.push_str(line.trim_end());
-        out.push('\n');
-    }
-    out
 }

@@ -40,7 +40,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use prebuilt::fetch::{error_chain, FetchError, Store, StoreOptions};
+use prebuilt::error_chain;
+use prebuilt::fetch::{FetchError, Store, StoreOptions};
 use serde::{Deserialize, Serialize};
 
 use crate::Error;

@@ -170,16 +170,16 @@ pub fn write_shard(
     text.push('\n');
     stage_directory(out, SHARD_FILE, |root| {
         for (digest, cubin) in cubins {
-            write_file(&root.join(cubin_path(digest)), cubin)?;
+            crate::cache::write_atomically(&root.join(cubin_path(digest)), cubin)?;
         }
         for (stable, path) in sources {
             let bytes = std::fs::read(path).map_err(|source| Error::Read {
                 path: path.clone(),
                 source,
             })?;
-            write_file(&root.join(SOURCES_DIR).join(stable), &bytes)?;
+            crate::cache::write_atomically(&root.join(SOURCES_DIR).join(stable), &bytes)?;
         }
-        write_file(&root.join(SHARD_FILE), text.as_bytes())
+        crate::cache::write_atomically(&root.join(SHARD_FILE), text.as_bytes())
     })?;
     Ok(WriteOutcome::Written)
 }
@@ -191,19 +191,6 @@ fn cubin_path(digest: &str) -> String {
         "{CUBINS_DIR}/{}/{digest}.cubin",
         digest.get(..2).unwrap_or(digest)
     )
-}
-
-fn write_file(path: &Path, bytes: &[u8]) -> Result<(), Error> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|source| Error::Write {
-            path: dir.to_owned(),
-            source,
-        })?;
-    }
-    std::fs::write(path, bytes).map_err(|source| Error::Write {
-        path: path.to_owned(),
-        source,
-    })
 }
 
 /// What [`merge_shards`] did.

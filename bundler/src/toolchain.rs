@@ -41,35 +41,12 @@ use std::process::Command;
 use prebuilt::target::{Arch, CudaBuild};
 use serde::{Deserialize, Serialize};
 
-use prebuilt::jit::{self, parse_nvcc_version};
+pub use prebuilt::compile::CompilerKind;
+use prebuilt::compile::{host_compiler, nvrtc_package_version, parse_nvcc_version};
 use prebuilt::nvrtc;
 
 /// The environment variable that points every build at `$KWHEEL_TOOLCHAINS/<build>`.
 pub const TOOLCHAINS_ENV: &str = "KWHEEL_TOOLCHAINS";
-
-/// Which compiler a CUDA build uses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum CompilerKind {
-    /// The `nvcc` driver, run as a process.
-    Nvcc,
-    /// NVRTC, the runtime compiler library, loaded into this process.
-    Nvrtc,
-    /// A newer toolkit's nvcc emitting PTX, assembled by this build's own `ptxas`: how a build
-    /// whose packages carry `ptxas` but no nvcc (CUDA 12.9) compiles code with host parts.
-    #[serde(rename = "nvcc+ptxas")]
-    NvccPtxas,
-}
-
-impl fmt::Display for CompilerKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            CompilerKind::Nvcc => "nvcc",
-            CompilerKind::Nvrtc => "nvrtc",
-            CompilerKind::NvccPtxas => "nvcc+ptxas",
-        })
-    }
-}
 
 /// A compiler and its exact version, as it enters kernel keys: `nvcc 13.0.88`.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -287,7 +264,7 @@ pub fn discover_at(build: CudaBuild, dir: &Path) -> Result<Toolchain, ToolchainE
     } else if let Some(library_path) = &layout.nvrtc {
         // Settle the version before loading, so that a wrong toolkit is reported as such
         // rather than taking this process's one libnvrtc.
-        let packaged = nvrtc_package_version(dir);
+        let packaged = nvrtc_package_version(dir, None);
         if let Some(version) = &packaged {
             check_version(version)?;
         }
@@ -322,7 +299,7 @@ pub fn discover_at(build: CudaBuild, dir: &Path) -> Result<Toolchain, ToolchainE
     };
 
     let host_compiler = match &layout.nvcc {
-        Some(_) => Some(jit::host_compiler().map_err(|error| {
+        Some(_) => Some(host_compiler().map_err(|error| {
             probe_error(
                 "read the host compiler nvcc runs".to_owned(),
                 Box::new(error),
@@ -446,39 +423,6 @@ fn parse_gpu_codes(text: &str) -> BTreeSet<u32> {
         .filter_map(|code| code.strip_prefix("sm_"))
         .filter_map(|sm| sm.trim_end_matches(['a', 'f']).parse().ok())
         .collect()
-}
-
-/// NVRTC's exact version from package metadata: a wheel's `nvidia_cuda_nvrtc*-X.Y.Z.dist-info`
-/// (its `METADATA`, else its name), else a toolkit root's `version.json`.
-fn nvrtc_package_version(dir: &Path) -> Option<String> {
-    let mut dist_infos: Vec<(PathBuf, String)> = fs::read_dir(dir)
-        .ok()?
-        .filter_map(|entry| {
-            let entry = entry.ok()?;
-            let name = entry.file_name().into_string().ok()?;
-            let (package, version) = name.strip_suffix(".dist-info")?.rsplit_once('-')?;
-            let is_nvrtc = package == "nvidia_cuda_nvrtc"
-                || package
-                    .strip_prefix("nvidia_cuda_nvrtc_cu")
-                    .is_some_and(|major| major.bytes().all(|b| b.is_ascii_digit()));
-            is_nvrtc.then(|| (entry.path(), version.to_owned()))
-        })
-        .collect();
-    dist_infos.sort();
-    if let Some((path, name_version)) = dist_infos.into_iter().next() {
-        let metadata = fs::read_to_string(path.join("METADATA")).unwrap_or_default();
-        let version = metadata
-            .lines()
-            .take_while(|line| !line.is_empty())
-            .find_map(|line| line.strip_prefix("Version:"))
-            .map(|version| version.trim().to_owned());
-        return Some(version.unwrap_or(name_version));
-    }
-    let manifest = fs::read_to_string(dir.join("version.json")).ok()?;
-    let manifest: serde_json::Value = serde_json::from_str(&manifest).ok()?;
-    manifest["cuda_nvrtc"]["version"]
-        .as_str()
-        .map(str::to_owned)
 }
 
 /// What a toolchain folder holds, before anything is run.
@@ -673,7 +617,7 @@ mod tests {
         let info = dir.path().join("nvidia_cuda_nvrtc_cu12-12.9.86.dist-info");
         fs::create_dir(&info).unwrap();
         assert_eq!(
-            nvrtc_package_version(dir.path()).as_deref(),
+            nvrtc_package_version(dir.path(), None).as_deref(),
             Some("12.9.86")
         );
         fs::write(
@@ -682,7 +626,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            nvrtc_package_version(dir.path()).as_deref(),
+            nvrtc_package_version(dir.path(), None).as_deref(),
             Some("12.9.86.post1")
         );
     }
@@ -696,7 +640,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            nvrtc_package_version(dir.path()).as_deref(),
+            nvrtc_package_version(dir.path(), None).as_deref(),
             Some("12.9.86")
         );
     }

@@ -76,7 +76,7 @@ pub fn write_bundle(
         let (dictionary, stored) = compress_all(&samples, jobs);
         if let Some(dictionary) = &dictionary {
             let digest = sha256_hex(dictionary);
-            write_file(&root.join(DICTIONARY_FILE), dictionary)?;
+            crate::cache::write_atomically(&root.join(DICTIONARY_FILE), dictionary)?;
             index.dictionary = Some(StoredFile {
                 digest,
                 size: dictionary.len() as u64,
@@ -87,7 +87,7 @@ pub fn write_bundle(
         let mut stored_by_digest = BTreeMap::new();
         for (digest, compressed) in cubins.keys().zip(stored) {
             let path = artifact_path(digest);
-            write_file(&root.join(&path), &compressed)?;
+            crate::cache::write_atomically(&root.join(&path), &compressed)?;
             stored_by_digest.insert(digest.clone(), (path, compressed.len() as u64));
         }
         for record in index.kernels.values_mut() {
@@ -102,9 +102,9 @@ pub fn write_bundle(
                 path: path.clone(),
                 source,
             })?;
-            write_file(&root.join(SOURCES_DIR).join(stable), &bytes)?;
+            crate::cache::write_atomically(&root.join(SOURCES_DIR).join(stable), &bytes)?;
         }
-        write_file(&root.join(INDEX_FILE), index.to_json().as_bytes())
+        crate::cache::write_atomically(&root.join(INDEX_FILE), index.to_json().as_bytes())
     })?;
     Ok((index, WriteOutcome::Written))
 }
@@ -492,28 +492,6 @@ fn compress_parallel(samples: &[&[u8]], dictionary: Option<&[u8]>, jobs: usize) 
     })
 }
 
-fn write_file(path: &Path, bytes: &[u8]) -> Result<(), Error> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(|source| Error::Write {
-            path: dir.to_owned(),
-            source,
-        })?;
-    }
-    std::fs::write(path, bytes).map_err(|source| Error::Write {
-        path: path.to_owned(),
-        source,
-    })
-}
-
-/// The file extension of an extracted artifact: `ptx` for a `compute_XY` target, else `cubin`.
-fn extension(arch: prebuilt::Arch) -> &'static str {
-    if arch.is_ptx() {
-        "ptx"
-    } else {
-        "cubin"
-    }
-}
-
 /// Writes the cubins of a bundle as plain files `DIR/<kernel>/<build>/<arch>.cubin` (PTX as
 /// `<arch>.ptx`): all of them into a staging folder, renamed to `out` once every one is
 /// verified, so a failure leaves nothing half-written. `out` must be absent, empty, or an earlier extraction.
@@ -523,21 +501,8 @@ pub fn extract_bundle(bundle: &prebuilt::Bundle, out: &Path) -> Result<Vec<PathB
     let output = Output::lock(out, Replaceable::Extracted)?;
     let mut written = Vec::new();
     output.stage(|root| {
-        for (kernel, record) in &bundle.index().kernels {
-            let kernel_dir = prebuilt::untrusted::KernelName::parse(kernel).map_err(|source| {
-                prebuilt::BundleError::Refused {
-                    path: bundle.root().join(INDEX_FILE),
-                    source,
-                }
-            })?;
-            for variant in &record.variants {
-                let cubin = bundle.read_artifact(kernel, variant)?;
-                let relative = Path::new(kernel_dir.as_str())
-                    .join(variant.cuda.to_string())
-                    .join(format!("{}.{}", variant.arch, extension(variant.arch)));
-                write_file(&root.join(&relative), &cubin)?;
-                written.push(out.join(relative));
-            }
+        for relative in bundle.extract_to(root)? {
+            written.push(out.join(relative));
         }
         Ok(())
     })?;

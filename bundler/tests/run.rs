@@ -1277,7 +1277,7 @@ fn thirdparty(test: &str, name: &str) -> Option<PathBuf> {
     let root = std::env::var_os("KWHEEL_THIRDPARTY")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
-            bundler::cache::user_cache_dir()
+            prebuilt::cache::user_cache_dir()
                 .join("kwheel")
                 .join("thirdparty")
         });

@@ -27,11 +27,13 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use prebuilt::bundle::{Bundle, INDEX_FILE};
+use prebuilt::device::DriverVersion;
 use prebuilt::driver::{Context, Driver};
-use prebuilt::jit::{CompilerSearch, JitPolicy};
+use prebuilt::jit::CompilerSearch;
 use prebuilt::registry::{ProvenanceKind, Registry, RegistryOptions};
-use prebuilt::select::{select_variant, DriverVersion};
+use prebuilt::select::select_variant;
 use prebuilt::CudaBuild;
+use prebuilt::JitPolicy;
 
 struct Arguments {
     bundle: PathBuf,

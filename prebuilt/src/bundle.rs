@@ -20,13 +20,18 @@
 //! files are read, never past a cap, and no stored path leads out of the bundle, through `..`
 //! or a symbolic link.
 
+use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use crate::index::{Index, StoredFile, Variant, INDEX_FORMAT, STORE_INDEX_FORMAT};
+use crate::cache::{write_atomically, ArtifactCache};
+use crate::index::{
+    ArtifactLocation, Index, StoredFile, Variant, INDEX_FORMAT, STORE_INDEX_FORMAT,
+};
 use crate::key::sha256_hex;
+use crate::target::Arch;
 use crate::untrusted::{
-    check_index, check_stored, read_regular_file, resolve_inside, ArtifactPath, Untrusted,
-    MAX_ARTIFACT_SIZE, MAX_DICTIONARY_SIZE, MAX_INDEX_SIZE,
+    check_index, check_stored, read_regular_file, resolve_inside, ArtifactPath, KernelName,
+    Untrusted, MAX_ARTIFACT_SIZE, MAX_DICTIONARY_SIZE, MAX_INDEX_SIZE,
 };
 
 /// File name of the index inside a bundle.
@@ -47,6 +52,9 @@ pub fn artifact_path(digest: &str) -> String {
         digest.get(..2).unwrap_or(digest)
     )
 }
+
+/// The bundle's directory inside a kernel library's Python package.
+pub const PREBUILT_DIR: &str = "_prebuilt";
 
 /// A failure reading a bundle.
 #[derive(Debug, thiserror::Error)]
@@ -90,6 +98,15 @@ pub enum BundleError {
         /// The format found.
         found: u32,
     },
+    /// A file could not be written (extraction).
+    #[error("cannot write `{}`", path.display())]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
     /// An artifact's stored bytes do not decompress.
     #[error("artifact of `{kernel}` ({variant}) at `{}` is corrupt", path.display())]
     Corrupt {
@@ -120,6 +137,29 @@ pub enum BundleError {
         /// The digest of the bytes found.
         actual: String,
     },
+}
+
+/// No installed package has a bundle under the name given.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "no installed package `{package}` with a `_prebuilt/` bundle in {}; give the bundle \
+     directory instead",
+    searched_list(searched)
+)]
+pub struct PackageNotFound {
+    /// The name given.
+    pub package: String,
+    /// The site-packages directories searched.
+    pub searched: Vec<PathBuf>,
+}
+
+/// The file extension of an extracted artifact: `ptx` for a `compute_XY` target, else `cubin`.
+fn extension(arch: Arch) -> &'static str {
+    if arch.is_ptx() {
+        "ptx"
+    } else {
+        "cubin"
+    }
 }
 
 /// An opened bundle: its index, and access to its verified artifacts.
@@ -193,6 +233,65 @@ impl Bundle {
         )?;
         Ok(Some(bytes))
     }
+
+    /// Writes every artifact, verified, as `root/<kernel>/<build>/<arch>.cubin` (`<arch>.ptx`
+    /// for PTX); the paths written, relative to `root`. Kernel names are checked identifiers
+    /// (one path component each), so nothing lands outside `root`.
+    pub fn extract_to(&self, root: &Path) -> Result<Vec<PathBuf>, BundleError> {
+        let mut written = Vec::new();
+        for (kernel, record) in &self.index.kernels {
+            let kernel_dir = KernelName::parse(kernel).map_err(|source| BundleError::Refused {
+                path: self.root.join(INDEX_FILE),
+                source,
+            })?;
+            for variant in &record.variants {
+                let cubin = self.read_artifact(kernel, variant)?;
+                let relative = Path::new(kernel_dir.as_str())
+                    .join(variant.cuda.to_string())
+                    .join(format!("{}.{}", variant.arch, extension(variant.arch)));
+                let path = root.join(&relative);
+                write_atomically(&path, &cubin)
+                    .map_err(|source| BundleError::Write { path, source })?;
+                written.push(relative);
+            }
+        }
+        Ok(written)
+    }
+}
+
+/// The bundle a command means: a bundle directory (with `index.json`), a package directory
+/// (with `_prebuilt/index.json`), or the name of an installed package, looked up in the
+/// site-packages of `$KWHEEL_SITE_PACKAGES`, `$VIRTUAL_ENV`, `$CONDA_PREFIX` and
+/// `python3`'s own.
+pub fn find_bundle(package_or_path: &str) -> Result<PathBuf, PackageNotFound> {
+    let path = Path::new(package_or_path);
+    for candidate in [path.to_path_buf(), path.join(PREBUILT_DIR)] {
+        if candidate.join(INDEX_FILE).is_file() {
+            return Ok(candidate);
+        }
+    }
+    let searched = crate::site::site_packages();
+    let wanted = crate::site::normalize_package(package_or_path);
+    for site in &searched {
+        let Ok(entries) = std::fs::read_dir(site) else {
+            continue;
+        };
+        let mut dirs: Vec<PathBuf> = entries.flatten().map(|entry| entry.path()).collect();
+        dirs.sort();
+        for dir in dirs {
+            let bundle = dir.join(PREBUILT_DIR);
+            let Ok(opened) = Bundle::open(&bundle) else {
+                continue;
+            };
+            if crate::site::normalize_package(&opened.index().package) == wanted {
+                return Ok(bundle);
+            }
+        }
+    }
+    Err(PackageNotFound {
+        package: package_or_path.to_owned(),
+        searched,
+    })
 }
 
 /// Parses an index, refusing formats this reader does not know and anything
@@ -322,4 +421,106 @@ fn verify(
         });
     }
     Ok(())
+}
+
+fn searched_list(searched: &[PathBuf]) -> String {
+    if searched.is_empty() {
+        return "no site-packages directory (none found)".to_owned();
+    }
+    searched
+        .iter()
+        .map(|path| format!("`{}`", path.display()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Reads an index from a bundle directory or an `index.json` path.
+pub fn read_index(path: &Path) -> Result<Index, BundleError> {
+    let file = if path.is_dir() {
+        path.join(INDEX_FILE)
+    } else {
+        path.to_owned()
+    };
+    let bytes = read_regular_file(&file, MAX_INDEX_SIZE).map_err(|source| BundleError::Read {
+        path: file.clone(),
+        source,
+    })?;
+    parse_index(&file, &bytes)
+}
+
+/// The `bundle list` table: one row per variant and per skip.
+pub fn list_bundle(index: &Index) -> String {
+    let mut rows = vec![[
+        "kernel".to_owned(),
+        "build".into(),
+        "arch".into(),
+        "compiler".into(),
+        "size".into(),
+        "stored".into(),
+        "key".into(),
+        "skipped because".into(),
+    ]];
+    for (kernel, record) in &index.kernels {
+        for variant in &record.variants {
+            rows.push([
+                kernel.clone(),
+                variant.cuda.to_string(),
+                variant.arch.to_string(),
+                variant.compiler.to_string(),
+                variant.artifact.size.to_string(),
+                variant.artifact.stored_size.to_string(),
+                variant.key[..12.min(variant.key.len())].to_owned(),
+                String::new(),
+            ]);
+        }
+        for skip in &record.skipped {
+            rows.push([
+                kernel.clone(),
+                skip.cuda.to_string(),
+                skip.arch.to_string(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                skip.reason.clone(),
+            ]);
+        }
+    }
+    let mut widths = [0usize; 8];
+    for row in &rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for row in &rows {
+        let mut line = String::new();
+        for (n, (cell, width)) in row.iter().zip(widths).enumerate() {
+            if n > 0 {
+                line.push_str("  ");
+            }
+            if n == 4 || n == 5 {
+                let _ = write!(line, "{cell:>width$}");
+            } else {
+                let _ = write!(line, "{cell:<width$}");
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// Where `variant`'s cubin is: the bundle, the cache, the store, or nowhere. Looks at file
+/// presence and sizes only; reading verifies.
+pub fn locate(bundle: &Bundle, variant: &Variant, cache: &ArtifactCache) -> ArtifactLocation {
+    if bundle.root().join(&variant.artifact.path).is_file() {
+        ArtifactLocation::Bundle
+    } else if cache.contains(&variant.artifact) {
+        ArtifactLocation::Cache
+    } else if bundle.index().store.is_some() {
+        ArtifactLocation::Store
+    } else {
+        ArtifactLocation::Missing
+    }
 }

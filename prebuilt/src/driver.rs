@@ -1,5 +1,5 @@
-//! The CUDA driver API, loaded from `libcuda.so.1` when first needed: this crate's only
-//! driver FFI and its only driver `unsafe`.
+//! The CUDA driver API, through `cudarc`'s bindings, loaded from libcuda when first needed:
+//! this crate's only driver `unsafe`.
 //!
 //! ```text
 //! Driver (process-wide: libcuda loaded once, cuInit once, version)
@@ -9,42 +9,65 @@
 //!         └── DeviceBuffer (cuMemAlloc / cuMemFree, copies to and from the host)
 //! ```
 //!
-//! The library is opened with `libloading` and its entry points resolved once, the way
-//! [`crate::nvrtc`] opens libnvrtc, rather than through generated bindings, for two reasons:
+//! `cudarc` (driver only, `dynamic-loading`) opens libcuda at run time, so nothing CUDA is
+//! needed to build, and resolves each entry point on its first call. Its `sys` layer panics
+//! when the library or an entry point is missing, so [`Driver::get`] checks both before any
+//! call: `is_culib_present()` first (a CPU-only machine gets [`DriverError::Missing`]), then
+//! every entry point this module calls (a driver too old for one gets
+//! [`DriverError::Symbol`]). Nothing here panics on a machine without a GPU.
 //!
-//! - **Nothing panics.** A missing `libcuda.so.1` (every CPU-only machine) or a missing entry
-//!   point (a driver older than kwheel expects) is a [`DriverError`] that `status()` reports,
-//!   never a panic inside a binding.
-//! - **Result codes stay integers.** `CUresult` is a C enum that grows with every CUDA release
-//!   (97 codes in 12.9, 100 in 13.0). A Rust enum bound to one release would hold a value it
-//!   does not list as soon as a newer driver returned a new code, which Rust does not allow;
-//!   an `int` holds any code, and `cuGetErrorName` names it.
+//! Its `result` layer turns a `CUresult` into an error; [`DriverError::Call`] adds the call
+//! that failed and the driver's own name and description of the code. `CUresult` is a Rust
+//! enum in those bindings, which must never hold a code it does not list, and drivers add
+//! codes with CUDA releases; so the workspace pins the newest bindings `cudarc` has (CUDA
+//! 13.4, 106 codes), and moves the `cuda-*` feature up with each CUDA release.
 //!
 //! Every call that works on a context's objects makes that context current for the call
 //! (`cuCtxPushCurrent` / `cuCtxPopCurrent`), so the caller's thread keeps whatever context it
 //! had. The primary context is retained by every [`Context`] value and released when the last
 //! one is dropped; a process that also runs PyTorch shares the same context with it.
 
-use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
+use std::ffi::{c_uint, CString};
 use std::sync::{Arc, OnceLock};
 
-/// `CUresult`: 0 is success. Kept as an integer, see the module docs.
-type CuResult = c_int;
-/// `CUdevice`: an ordinal-like handle.
-type CuDevice = c_int;
-/// `CUcontext`, `CUmodule`, `CUfunction`, `CUstream`: opaque pointers.
-type CuHandle = *mut c_void;
-/// `CUdeviceptr`: a device address.
-type CuDevicePointer = u64;
+use cudarc::driver::{result, sys};
 
-const CUDA_SUCCESS: CuResult = 0;
-const CUDA_ERROR_NO_DEVICE: CuResult = 100;
-const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: c_int = 75;
-const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: c_int = 76;
-
-/// The file names the driver library is looked up by, in order: the soname every driver
-/// install provides, then the development symlink.
+/// The file names a missing driver library is reported by: the soname every driver install
+/// provides, then the development symlink. The search itself is `cudarc`'s, which tries these
+/// among others.
 pub const DRIVER_LIBRARIES: [&str; 2] = ["libcuda.so.1", "libcuda.so"];
+
+/// The driver library's base names, in the order `cudarc` searches them (`libcuda.so…` on
+/// Linux, `nvcuda.dll` on Windows).
+const CUDARC_LIBRARY_NAMES: [&str; 2] = ["cuda", "nvcuda"];
+
+/// Every entry point the calls below reach through `cudarc`, by the name it resolves (the
+/// names `cuda.h`'s macros map to: `cuMemAlloc` is `cuMemAlloc_v2`). Checked once, when the
+/// library loads, because `cudarc` panics on the first call of a missing one.
+const ENTRY_POINTS: [&str; 22] = [
+    "cuInit",
+    "cuDriverGetVersion",
+    "cuGetErrorName",
+    "cuGetErrorString",
+    "cuDeviceGetCount",
+    "cuDeviceGet",
+    "cuDeviceGetAttribute",
+    "cuDeviceGetName",
+    "cuDevicePrimaryCtxRetain",
+    "cuDevicePrimaryCtxRelease_v2",
+    "cuCtxPushCurrent_v2",
+    "cuCtxPopCurrent_v2",
+    "cuCtxSynchronize",
+    "cuModuleLoadData",
+    "cuModuleUnload",
+    "cuModuleGetFunction",
+    "cuLaunchKernel",
+    "cuMemAlloc_v2",
+    "cuMemFree_v2",
+    "cuMemcpyHtoD_v2",
+    "cuMemcpyDtoH_v2",
+    "cuStreamSynchronize",
+];
 
 /// Something the CUDA driver could not do, or a machine without one.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -108,95 +131,50 @@ fn describe_no_device(ordinal: u32, count: u32) -> String {
     }
 }
 
-/// The driver entry points kwheel calls, resolved once when the library loads. Signatures
-/// are transcribed from `cuda.h`; the names are the ones its macros map to (`cuMemAlloc` is
-/// `cuMemAlloc_v2`).
-struct Api {
-    init: unsafe extern "C" fn(c_uint) -> CuResult,
-    driver_get_version: unsafe extern "C" fn(*mut c_int) -> CuResult,
-    get_error_name: unsafe extern "C" fn(CuResult, *mut *const c_char) -> CuResult,
-    get_error_string: unsafe extern "C" fn(CuResult, *mut *const c_char) -> CuResult,
-    device_get_count: unsafe extern "C" fn(*mut c_int) -> CuResult,
-    device_get: unsafe extern "C" fn(*mut CuDevice, c_int) -> CuResult,
-    device_get_attribute: unsafe extern "C" fn(*mut c_int, c_int, CuDevice) -> CuResult,
-    device_get_name: unsafe extern "C" fn(*mut c_char, c_int, CuDevice) -> CuResult,
-    primary_ctx_retain: unsafe extern "C" fn(*mut CuHandle, CuDevice) -> CuResult,
-    primary_ctx_release: unsafe extern "C" fn(CuDevice) -> CuResult,
-    ctx_push_current: unsafe extern "C" fn(CuHandle) -> CuResult,
-    ctx_pop_current: unsafe extern "C" fn(*mut CuHandle) -> CuResult,
-    ctx_synchronize: unsafe extern "C" fn() -> CuResult,
-    module_load_data: unsafe extern "C" fn(*mut CuHandle, *const c_void) -> CuResult,
-    module_unload: unsafe extern "C" fn(CuHandle) -> CuResult,
-    module_get_function: unsafe extern "C" fn(*mut CuHandle, CuHandle, *const c_char) -> CuResult,
-    #[allow(clippy::type_complexity)]
-    launch_kernel: unsafe extern "C" fn(
-        CuHandle,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        CuHandle,
-        *mut *mut c_void,
-        *mut *mut c_void,
-    ) -> CuResult,
-    mem_alloc: unsafe extern "C" fn(*mut CuDevicePointer, usize) -> CuResult,
-    mem_free: unsafe extern "C" fn(CuDevicePointer) -> CuResult,
-    memcpy_htod: unsafe extern "C" fn(CuDevicePointer, *const c_void, usize) -> CuResult,
-    memcpy_dtoh: unsafe extern "C" fn(*mut c_void, CuDevicePointer, usize) -> CuResult,
-    stream_synchronize: unsafe extern "C" fn(CuHandle) -> CuResult,
+/// What the dynamic loader said (`dlerror`): libloading keeps it as the source of its own
+/// error, whose message is only the failed call (`dlopen failed`).
+fn loader_message(error: &libloading::Error) -> String {
+    std::error::Error::source(error).map_or_else(|| error.to_string(), |source| source.to_string())
+}
+
+/// The error for `call` returning `error`, with the driver's own name and description of
+/// the code.
+fn call_failed(call: &'static str, error: result::DriverError) -> DriverError {
+    let code = error.0 as i32;
+    DriverError::Call {
+        call,
+        code,
+        name: error
+            .error_name()
+            .map(|name| name.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| format!("CUDA error {code}")),
+        description: error
+            .error_string()
+            .map(|description| description.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| "unknown to this driver".to_owned()),
+    }
+}
+
+/// `result` with a failure named after `call`.
+fn checked<T>(
+    call: &'static str,
+    result: Result<T, result::DriverError>,
+) -> Result<T, DriverError> {
+    result.map_err(|error| call_failed(call, error))
 }
 
 /// The loaded CUDA driver. Obtained from [`Driver::get`]; lives until the process exits.
+#[derive(Debug)]
 pub struct Driver {
     library_name: String,
     version: i32,
-    api: Api,
-    // The function pointers in `api` point into this library, which is never unloaded: the
-    // `Driver` lives in a process-wide `OnceLock`.
-    _library: libloading::Library,
-}
-
-impl std::fmt::Debug for Driver {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Driver")
-            .field("library", &self.library_name)
-            .field("version", &self.version)
-            .finish_non_exhaustive()
-    }
 }
 
 static DRIVER: OnceLock<Result<Driver, DriverError>> = OnceLock::new();
 
-/// Resolves one entry point and copies the function pointer out of the library.
-///
-/// # Safety
-///
-/// `T` must be the function's true C signature, and the pointer must not be called after
-/// `library` is unloaded.
-unsafe fn symbol<T: Copy>(
-    library: &libloading::Library,
-    library_name: &str,
-    name: &'static str,
-) -> Result<T, DriverError> {
-    let mut bytes = Vec::with_capacity(name.len() + 1);
-    bytes.extend_from_slice(name.as_bytes());
-    bytes.push(0);
-    // SAFETY: the caller guarantees `T` is the symbol's signature and keeps `library` loaded.
-    let symbol = unsafe { library.get::<T>(&bytes) };
-    symbol
-        .map(|symbol| *symbol)
-        .map_err(|_| DriverError::Symbol {
-            library: library_name.to_owned(),
-            symbol: name,
-        })
-}
-
 impl Driver {
-    /// The process's driver: loads `libcuda.so.1` and runs `cuInit` the first time, and
-    /// returns the same result (the driver, or why there is none) every time after.
+    /// The process's driver: loads libcuda and runs `cuInit` the first time, and returns the
+    /// same result (the driver, or why there is none) every time after.
     pub fn get() -> Result<&'static Driver, DriverError> {
         DRIVER
             .get_or_init(Driver::open)
@@ -205,72 +183,70 @@ impl Driver {
     }
 
     fn open() -> Result<Driver, DriverError> {
-        let mut first_failure = None;
-        for name in DRIVER_LIBRARIES {
-            // SAFETY: libcuda's initialisers have no preconditions on the calling process.
-            match unsafe { libloading::Library::new(name) } {
-                Ok(library) => return Driver::init(library, name),
-                Err(error) => {
-                    first_failure.get_or_insert_with(|| error.to_string());
-                }
+        // SAFETY: the check only opens and closes the library; libcuda's initialisers have no
+        // preconditions on the calling process.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(Driver::missing());
+        }
+        // SAFETY: the library is present (checked above), so `culib` loads it instead of
+        // panicking; it keeps it loaded for the rest of the process.
+        let library = unsafe { sys::culib() };
+        // Named after `culib` loaded it, so that finding the name only reopens a loaded library.
+        let library_name = Driver::library_found().unwrap_or_else(|| "libcuda".to_owned());
+        for symbol in ENTRY_POINTS {
+            // SAFETY: the symbol is only looked up, never called through this pointer type.
+            if unsafe { library.get::<*const std::ffi::c_void>(symbol) }.is_err() {
+                return Err(DriverError::Symbol {
+                    library: library_name,
+                    symbol,
+                });
             }
         }
-        Err(DriverError::Missing {
-            library: DRIVER_LIBRARIES[0].to_owned(),
-            detail: first_failure.unwrap_or_default(),
+        let mut version = 0;
+        // SAFETY: `version` is valid for writes of one `int`; this call needs no cuInit, and
+        // its entry point exists (checked above).
+        let status = unsafe { sys::cuDriverGetVersion(&mut version) };
+        checked("cuDriverGetVersion", status.result())?;
+        match result::init() {
+            Err(result::DriverError(sys::CUresult::CUDA_ERROR_NO_DEVICE)) => {
+                Err(DriverError::NoDevice {
+                    ordinal: 0,
+                    count: 0,
+                })
+            }
+            other => checked("cuInit", other),
+        }?;
+        Ok(Driver {
+            library_name,
+            version,
         })
     }
 
-    fn init(library: libloading::Library, name: &str) -> Result<Driver, DriverError> {
-        // SAFETY: each signature in `Api` is transcribed from `cuda.h` (CUDA 12 and 13 agree);
-        // the pointers live in `api`, which is stored next to `library` and never outlives it.
-        let api = unsafe {
-            Api {
-                init: symbol(&library, name, "cuInit")?,
-                driver_get_version: symbol(&library, name, "cuDriverGetVersion")?,
-                get_error_name: symbol(&library, name, "cuGetErrorName")?,
-                get_error_string: symbol(&library, name, "cuGetErrorString")?,
-                device_get_count: symbol(&library, name, "cuDeviceGetCount")?,
-                device_get: symbol(&library, name, "cuDeviceGet")?,
-                device_get_attribute: symbol(&library, name, "cuDeviceGetAttribute")?,
-                device_get_name: symbol(&library, name, "cuDeviceGetName")?,
-                primary_ctx_retain: symbol(&library, name, "cuDevicePrimaryCtxRetain")?,
-                primary_ctx_release: symbol(&library, name, "cuDevicePrimaryCtxRelease_v2")?,
-                ctx_push_current: symbol(&library, name, "cuCtxPushCurrent_v2")?,
-                ctx_pop_current: symbol(&library, name, "cuCtxPopCurrent_v2")?,
-                ctx_synchronize: symbol(&library, name, "cuCtxSynchronize")?,
-                module_load_data: symbol(&library, name, "cuModuleLoadData")?,
-                module_unload: symbol(&library, name, "cuModuleUnload")?,
-                module_get_function: symbol(&library, name, "cuModuleGetFunction")?,
-                launch_kernel: symbol(&library, name, "cuLaunchKernel")?,
-                mem_alloc: symbol(&library, name, "cuMemAlloc_v2")?,
-                mem_free: symbol(&library, name, "cuMemFree_v2")?,
-                memcpy_htod: symbol(&library, name, "cuMemcpyHtoD_v2")?,
-                memcpy_dtoh: symbol(&library, name, "cuMemcpyDtoH_v2")?,
-                stream_synchronize: symbol(&library, name, "cuStreamSynchronize")?,
+    /// Why there is no driver: the dynamic loader's own words for the soname every driver
+    /// install provides.
+    fn missing() -> DriverError {
+        let mut first_failure = None;
+        for name in DRIVER_LIBRARIES {
+            // SAFETY: as in `open`; the library is closed again when the value drops.
+            if let Err(error) = unsafe { libloading::Library::new(name) } {
+                first_failure.get_or_insert_with(|| loader_message(&error));
             }
-        };
-        let mut driver = Driver {
-            library_name: name.to_owned(),
-            version: 0,
-            api,
-            _library: library,
-        };
-        let mut version: c_int = 0;
-        // SAFETY: `version` is valid for writes of one `int`; this call needs no cuInit.
-        let result = unsafe { (driver.api.driver_get_version)(&mut version) };
-        driver.check("cuDriverGetVersion", result)?;
-        driver.version = version;
-        // SAFETY: cuInit takes flags, which must be 0.
-        let result = unsafe { (driver.api.init)(0) };
-        if result == CUDA_ERROR_NO_DEVICE {
-            return Err(DriverError::NoDevice {
-                ordinal: 0,
-                count: 0,
-            });
         }
-        driver.check("cuInit", result)?;
-        Ok(driver)
+        DriverError::Missing {
+            library: DRIVER_LIBRARIES[0].to_owned(),
+            detail: first_failure
+                .unwrap_or_else(|| "not found under any name cudarc looks for".to_owned()),
+        }
+    }
+
+    /// The name `cudarc` loaded the driver by: the first of its candidates that opens, which is
+    /// where its own search, in the same order, stopped.
+    fn library_found() -> Option<String> {
+        CUDARC_LIBRARY_NAMES
+            .iter()
+            .flat_map(|name| cudarc::get_lib_name_candidates(name))
+            // SAFETY: as in `open`; the library is closed again when the value drops.
+            .find(|candidate| unsafe { libloading::Library::new(candidate) }.is_ok())
     }
 
     /// The CUDA version the driver supports, as `cuDriverGetVersion` reports it (`13000` for
@@ -279,17 +255,15 @@ impl Driver {
         self.version
     }
 
-    /// The file the driver was loaded from, as it was looked up (`libcuda.so.1`).
+    /// The file the driver was loaded from, as it was looked up (`libcuda.so`, or
+    /// `libcuda.so.1` where the development symlink is absent).
     pub fn library(&self) -> &str {
         &self.library_name
     }
 
     /// How many devices the driver sees.
     pub fn device_count(&self) -> Result<u32, DriverError> {
-        let mut count: c_int = 0;
-        // SAFETY: `count` is valid for writes of one `int`.
-        let result = unsafe { (self.api.device_get_count)(&mut count) };
-        self.check("cuDeviceGetCount", result)?;
+        let count = checked("cuDeviceGetCount", result::device::get_count())?;
         Ok(u32::try_from(count).unwrap_or(0))
     }
 
@@ -299,22 +273,17 @@ impl Driver {
         if ordinal >= count {
             return Err(DriverError::NoDevice { ordinal, count });
         }
-        let mut handle: CuDevice = 0;
-        // SAFETY: `handle` is valid for writes; the ordinal is below the device count.
-        let result = unsafe { (self.api.device_get)(&mut handle, ordinal as c_int) };
-        self.check("cuDeviceGet", result)?;
-        let major = self.attribute(handle, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
-        let minor = self.attribute(handle, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
-        let mut name = [0 as c_char; 256];
-        // SAFETY: `name` has room for the 256 bytes passed as its length; the driver writes a
-        // NUL-terminated string that fits.
-        let result =
-            unsafe { (self.api.device_get_name)(name.as_mut_ptr(), name.len() as c_int, handle) };
-        self.check("cuDeviceGetName", result)?;
-        // SAFETY: the driver NUL-terminated the name within the buffer.
-        let name = unsafe { CStr::from_ptr(name.as_ptr()) }
-            .to_string_lossy()
-            .into_owned();
+        // The ordinal is below the device count, which is an `int`.
+        let handle = checked("cuDeviceGet", result::device::get(ordinal as i32))?;
+        let major = attribute(
+            handle,
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+        )?;
+        let minor = attribute(
+            handle,
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+        )?;
+        let name = checked("cuDeviceGetName", result::device::get_name(handle))?;
         Ok(Device {
             ordinal,
             handle,
@@ -322,57 +291,22 @@ impl Driver {
             name,
         })
     }
+}
 
-    fn attribute(&self, device: CuDevice, attribute: c_int) -> Result<u32, DriverError> {
-        let mut value: c_int = 0;
-        // SAFETY: `value` is valid for writes; `device` came from cuDeviceGet.
-        let result = unsafe { (self.api.device_get_attribute)(&mut value, attribute, device) };
-        self.check("cuDeviceGetAttribute", result)?;
-        Ok(u32::try_from(value).unwrap_or(0))
-    }
-
-    fn check(&self, call: &'static str, result: CuResult) -> Result<(), DriverError> {
-        if result == CUDA_SUCCESS {
-            return Ok(());
-        }
-        Err(DriverError::Call {
-            call,
-            code: result,
-            name: self
-                .error_text(self.api.get_error_name, result)
-                .unwrap_or_else(|| format!("CUDA error {result}")),
-            description: self
-                .error_text(self.api.get_error_string, result)
-                .unwrap_or_else(|| "unknown to this driver".to_owned()),
-        })
-    }
-
-    fn error_text(
-        &self,
-        lookup: unsafe extern "C" fn(CuResult, *mut *const c_char) -> CuResult,
-        code: CuResult,
-    ) -> Option<String> {
-        let mut text: *const c_char = std::ptr::null();
-        // SAFETY: `text` is valid for writes; the driver answers any code, with an error for
-        // codes it does not know, and otherwise points `text` at a static string.
-        let result = unsafe { lookup(code, &mut text) };
-        if result != CUDA_SUCCESS || text.is_null() {
-            return None;
-        }
-        // SAFETY: non-null, NUL-terminated, static.
-        Some(
-            unsafe { CStr::from_ptr(text) }
-                .to_string_lossy()
-                .into_owned(),
-        )
-    }
+fn attribute(
+    device: sys::CUdevice,
+    attribute: sys::CUdevice_attribute,
+) -> Result<u32, DriverError> {
+    // SAFETY: `device` came from cuDeviceGet.
+    let value = unsafe { result::device::get_attribute(device, attribute) };
+    Ok(u32::try_from(checked("cuDeviceGetAttribute", value)?).unwrap_or(0))
 }
 
 /// A GPU as the driver reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Device {
     ordinal: u32,
-    handle: CuDevice,
+    handle: sys::CUdevice,
     capability: (u32, u32),
     name: String,
 }
@@ -402,7 +336,7 @@ impl Device {
 pub struct Context {
     driver: &'static Driver,
     device: Device,
-    handle: CuHandle,
+    handle: sys::CUcontext,
 }
 
 // SAFETY: a CUDA context handle may be used from any thread (the driver API is thread-safe);
@@ -424,10 +358,9 @@ impl Context {
     pub fn primary(ordinal: u32) -> Result<Arc<Context>, DriverError> {
         let driver = Driver::get()?;
         let device = driver.device(ordinal)?;
-        let mut handle: CuHandle = std::ptr::null_mut();
-        // SAFETY: `handle` is valid for writes; `device.handle` came from cuDeviceGet.
-        let result = unsafe { (driver.api.primary_ctx_retain)(&mut handle, device.handle) };
-        driver.check("cuDevicePrimaryCtxRetain", result)?;
+        // SAFETY: `device.handle` came from cuDeviceGet.
+        let handle = unsafe { result::primary_ctx::retain(device.handle) };
+        let handle = checked("cuDevicePrimaryCtxRetain", handle)?;
         Ok(Arc::new(Context {
             driver,
             device,
@@ -449,52 +382,61 @@ impl Context {
     /// raised (a kernel's illegal address, say).
     pub fn synchronize(&self) -> Result<(), DriverError> {
         let _current = self.make_current()?;
-        // SAFETY: the context is current on this thread.
-        let result = unsafe { (self.driver.api.ctx_synchronize)() };
-        self.driver.check("cuCtxSynchronize", result)
+        checked("cuCtxSynchronize", result::ctx::synchronize())
     }
 
     /// Waits for the work on one stream (`0`: the legacy default stream) to finish.
-    pub fn synchronize_stream(&self, stream: u64) -> Result<(), DriverError> {
+    ///
+    /// # Safety
+    ///
+    /// `stream` must be 0 or a live stream of this context (from PyTorch,
+    /// `torch.cuda.current_stream().cuda_stream`): the driver dereferences the handle, and
+    /// cannot tell a stale or foreign one from a live one.
+    pub unsafe fn synchronize_stream(&self, stream: u64) -> Result<(), DriverError> {
         let _current = self.make_current()?;
-        // SAFETY: the stream handle is the caller's: 0 or a stream of this context.
-        let result = unsafe { (self.driver.api.stream_synchronize)(stream as usize as CuHandle) };
-        self.driver.check("cuStreamSynchronize", result)
+        // SAFETY: the caller guarantees the handle is 0 (the legacy default stream) or a live
+        // stream of this context, which is current.
+        let result = unsafe { result::stream::synchronize(stream as usize as sys::CUstream) };
+        checked("cuStreamSynchronize", result)
     }
 
     fn make_current(&self) -> Result<Current<'_>, DriverError> {
-        // SAFETY: `handle` is a retained primary context.
-        let result = unsafe { (self.driver.api.ctx_push_current)(self.handle) };
-        self.driver.check("cuCtxPushCurrent", result)?;
-        Ok(Current { context: self })
+        // SAFETY: `handle` is a primary context this value retains, so it stays alive while it
+        // is current; `Current` pops it again on this thread.
+        let result = unsafe { sys::cuCtxPushCurrent_v2(self.handle) };
+        checked("cuCtxPushCurrent", result.result())?;
+        Ok(Current { _context: self })
     }
 }
 
 impl Drop for Context {
     fn drop(&mut self) {
-        // SAFETY: this value retained the primary context once, and releases it once.
-        unsafe { (self.driver.api.primary_ctx_release)(self.device.handle) };
+        // SAFETY: this value retained the primary context of a device that came from
+        // cuDeviceGet once, and releases it once. A failure is ignored: there is no one to
+        // report it to, and the context is the driver's to clean up at exit.
+        let _ = unsafe { result::primary_ctx::release(self.device.handle) };
     }
 }
 
 /// The context made current on this thread until dropped; the previous one is restored.
+/// Borrows the context so that it cannot be released while current.
 struct Current<'a> {
-    context: &'a Context,
+    _context: &'a Context,
 }
 
 impl Drop for Current<'_> {
     fn drop(&mut self) {
-        let mut popped: CuHandle = std::ptr::null_mut();
-        // SAFETY: `make_current` pushed this context on this thread; popping restores the
-        // caller's context.
-        unsafe { (self.context.driver.api.ctx_pop_current)(&mut popped) };
+        let mut popped: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: `make_current` pushed this context on this thread, so the stack is not
+        // empty; popping restores the caller's context; `popped` is valid for writes.
+        let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
     }
 }
 
 /// A cubin loaded into a context. Unloaded when the last [`Function`] of it is dropped.
 pub struct Module {
     context: Arc<Context>,
-    handle: CuHandle,
+    handle: sys::CUmodule,
 }
 
 // SAFETY: module handles are usable from any thread with their context current, which every
@@ -518,7 +460,6 @@ impl Module {
     /// Crate-private on purpose: the only callers hand over bytes whose sha256 was checked
     /// against the bundle index, or that the JIT fallback just compiled or verified.
     pub(crate) fn load(context: &Arc<Context>, cubin: &[u8]) -> Result<Arc<Module>, DriverError> {
-        let driver = context.driver;
         // The driver reads PTX as a NUL-terminated string; the artifact has no NUL of its own.
         let terminated;
         let image = if cubin.starts_with(b"\x7fELF") || cubin.last() == Some(&0) {
@@ -528,12 +469,11 @@ impl Module {
             &terminated
         };
         let _current = context.make_current()?;
-        let mut handle: CuHandle = std::ptr::null_mut();
         // SAFETY: `image` is a whole ELF image or NUL-terminated PTX (validated before it
-        // reached here), readable for the duration of the call, which copies it; `handle` is
-        // valid for writes.
-        let result = unsafe { (driver.api.module_load_data)(&mut handle, image.as_ptr().cast()) };
-        driver.check("cuModuleLoadData", result)?;
+        // reached here), readable for the duration of the call, which copies it; the context
+        // is current.
+        let handle = unsafe { result::module::load_data(image.as_ptr().cast()) };
+        let handle = checked("cuModuleLoadData", handle)?;
         Ok(Arc::new(Module {
             context: Arc::clone(context),
             handle,
@@ -547,7 +487,6 @@ impl Module {
 
     /// The kernel entry with this symbol (mangled, for a C++ template).
     pub fn function(self: &Arc<Self>, symbol: &str) -> Result<Function, DriverError> {
-        let driver = self.context.driver;
         let name = CString::new(symbol).map_err(|_| DriverError::Call {
             call: "cuModuleGetFunction",
             code: 1,
@@ -555,11 +494,10 @@ impl Module {
             description: format!("the symbol {symbol:?} contains a NUL byte"),
         })?;
         let _current = self.context.make_current()?;
-        let mut handle: CuHandle = std::ptr::null_mut();
-        // SAFETY: the module is loaded; `name` is NUL-terminated; `handle` is valid for writes.
-        let result =
-            unsafe { (driver.api.module_get_function)(&mut handle, self.handle, name.as_ptr()) };
-        driver.check("cuModuleGetFunction", result)?;
+        // SAFETY: the module is loaded (this value unloads it only when dropped) and its
+        // context is current.
+        let handle = unsafe { result::module::get_function(self.handle, name) };
+        let handle = checked("cuModuleGetFunction", handle)?;
         Ok(Function {
             module: Arc::clone(self),
             handle,
@@ -572,7 +510,7 @@ impl Drop for Module {
         if let Ok(_current) = self.context.make_current() {
             // SAFETY: the module was loaded by `Module::load` and is unloaded exactly once; no
             // `Function` of it is alive, since each holds an `Arc` of this module.
-            unsafe { (self.context.driver.api.module_unload)(self.handle) };
+            let _ = unsafe { result::module::unload(self.handle) };
         }
     }
 }
@@ -581,7 +519,7 @@ impl Drop for Module {
 #[derive(Clone)]
 pub struct Function {
     module: Arc<Module>,
-    handle: CuHandle,
+    handle: sys::CUfunction,
 }
 
 // SAFETY: function handles are usable from any thread with their context current, which
@@ -632,33 +570,28 @@ impl Function {
         params: &[&[u8]],
     ) -> Result<(), DriverError> {
         let context = &self.module.context;
-        let driver = context.driver;
-        let mut pointers: Vec<*mut c_void> = params
+        let mut pointers: Vec<*mut std::ffi::c_void> = params
             .iter()
             .map(|param| param.as_ptr().cast_mut().cast())
             .collect();
         let _current = context.make_current()?;
         let [grid_x, grid_y, grid_z] = config.grid;
         let [block_x, block_y, block_z] = config.block;
-        // SAFETY: the function is loaded in the current context; `pointers` holds one pointer
-        // per parameter into `params`, which the driver copies before returning (the caller
-        // vouches for their sizes and meaning); `extra` is null.
+        // SAFETY: the function is loaded (its `Arc` of the module keeps it so) in the current
+        // context; `pointers` holds one pointer per parameter into `params`, which the driver
+        // copies before returning (the caller vouches for their sizes and meaning, and for
+        // the stream).
         let result = unsafe {
-            (driver.api.launch_kernel)(
+            result::launch_kernel(
                 self.handle,
-                grid_x,
-                grid_y,
-                grid_z,
-                block_x,
-                block_y,
-                block_z,
-                config.shared_mem_bytes,
-                config.stream as usize as CuHandle,
-                pointers.as_mut_ptr(),
-                std::ptr::null_mut(),
+                (grid_x, grid_y, grid_z),
+                (block_x, block_y, block_z),
+                config.shared_mem_bytes as c_uint,
+                config.stream as usize as sys::CUstream,
+                &mut pointers,
             )
         };
-        driver.check("cuLaunchKernel", result)
+        checked("cuLaunchKernel", result)
     }
 }
 
@@ -666,7 +599,7 @@ impl Function {
 /// library that runs with PyTorch passes PyTorch's tensors instead.
 pub struct DeviceBuffer {
     context: Arc<Context>,
-    pointer: CuDevicePointer,
+    pointer: sys::CUdeviceptr,
     len: usize,
 }
 
@@ -688,12 +621,11 @@ impl std::fmt::Debug for DeviceBuffer {
 impl DeviceBuffer {
     /// Allocates `len` bytes of uninitialised device memory (at least one byte is allocated).
     pub fn alloc(context: &Arc<Context>, len: usize) -> Result<DeviceBuffer, DriverError> {
-        let driver = context.driver;
         let _current = context.make_current()?;
-        let mut pointer: CuDevicePointer = 0;
-        // SAFETY: `pointer` is valid for writes; the context is current.
-        let result = unsafe { (driver.api.mem_alloc)(&mut pointer, len.max(1)) };
-        driver.check("cuMemAlloc", result)?;
+        // SAFETY: the context is current; the memory is handed out as bytes, which any
+        // content is valid for, and only ever read back as bytes.
+        let pointer = unsafe { result::malloc_sync(len.max(1)) };
+        let pointer = checked("cuMemAlloc", pointer)?;
         Ok(DeviceBuffer {
             context: Arc::clone(context),
             pointer,
@@ -730,13 +662,11 @@ impl DeviceBuffer {
         if count == 0 {
             return Ok(());
         }
-        let driver = self.context.driver;
         let _current = self.context.make_current()?;
-        // SAFETY: the allocation holds `self.len ≥ count` bytes; `bytes` is readable for
-        // `count` bytes; the copy is synchronous.
-        let result =
-            unsafe { (driver.api.memcpy_htod)(self.pointer, bytes.as_ptr().cast(), count) };
-        driver.check("cuMemcpyHtoD", result)
+        // SAFETY: the allocation is live and holds `self.len ≥ count` bytes; the source is
+        // the first `count` bytes of `bytes`; the copy is synchronous.
+        let result = unsafe { result::memcpy_htod_sync(self.pointer, &bytes[..count]) };
+        checked("cuMemcpyHtoD", result)
     }
 
     /// Copies the whole buffer to the host, after the work queued on the legacy default
@@ -746,13 +676,11 @@ impl DeviceBuffer {
         if self.len == 0 {
             return Ok(bytes);
         }
-        let driver = self.context.driver;
         let _current = self.context.make_current()?;
-        // SAFETY: `bytes` is writable for `self.len` bytes, the allocation holds as many; the
-        // copy is synchronous.
-        let result =
-            unsafe { (driver.api.memcpy_dtoh)(bytes.as_mut_ptr().cast(), self.pointer, self.len) };
-        driver.check("cuMemcpyDtoH", result)?;
+        // SAFETY: `bytes` is writable for `self.len` bytes, the live allocation holds as
+        // many; the copy is synchronous.
+        let result = unsafe { result::memcpy_dtoh_sync(&mut bytes, self.pointer) };
+        checked("cuMemcpyDtoH", result)?;
         Ok(bytes)
     }
 }
@@ -761,7 +689,7 @@ impl Drop for DeviceBuffer {
     fn drop(&mut self) {
         if let Ok(_current) = self.context.make_current() {
             // SAFETY: the allocation came from cuMemAlloc and is freed exactly once.
-            unsafe { (self.context.driver.api.mem_free)(self.pointer) };
+            let _ = unsafe { result::free_sync(self.pointer) };
         }
     }
 }
@@ -813,19 +741,39 @@ mod tests {
     }
 
     #[test]
-    fn driver_is_loaded_once_and_never_panics() {
+    fn driver_is_there_or_its_absence_is_named() {
         // Whatever this machine has, asking twice gives the same answer and no panic.
-        let first = Driver::get().map(|driver| driver.version());
-        let second = Driver::get().map(|driver| driver.version());
-        assert_eq!(first, second);
-        if let Err(error) = first {
-            assert!(
-                matches!(
-                    error,
-                    DriverError::Missing { .. } | DriverError::NoDevice { .. }
-                ),
-                "{error}"
-            );
+        let first = Driver::get();
+        let second = Driver::get();
+        assert_eq!(
+            first.clone().map(|driver| driver.version()),
+            second.map(|driver| driver.version())
+        );
+        // SAFETY: the check only opens and closes the library.
+        let present = unsafe { sys::is_culib_present() };
+        match first {
+            Ok(driver) => {
+                assert!(present, "a driver loaded where cudarc finds no libcuda");
+                assert!(driver.version() > 0, "{driver:?}");
+                assert!(driver.library().contains("cuda"), "{driver:?}");
+            }
+            // A CPU-only machine, this one: the error names the library and says it is absent.
+            Err(error @ DriverError::Missing { .. }) => {
+                assert!(!present, "libcuda is present but reported missing: {error}");
+                let message = error.to_string();
+                assert!(
+                    message.starts_with("no CUDA driver: libcuda.so.1 "),
+                    "{message}"
+                );
+                // The dynamic loader's own words, which name the file.
+                assert!(message.contains("(libcuda.so.1: "), "{message}");
+            }
+            // A driver installed without a usable GPU (or with none visible).
+            Err(error @ DriverError::NoDevice { .. }) => {
+                assert!(present, "{error}");
+                assert!(error.to_string().starts_with("no CUDA device"), "{error}");
+            }
+            Err(error) => panic!("unexpected driver error: {error}"),
         }
     }
 }

@@ -5,6 +5,7 @@
 //! `docs/bundle-format.md` for the field reference.
 
 use std::collections::BTreeMap;
+use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
@@ -232,5 +233,37 @@ impl Index {
         let mut text = serde_json::to_string_pretty(self).expect("index serializes");
         text.push('\n');
         text
+    }
+}
+
+/// Where a variant's cubin is, as seen from this machine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ArtifactLocation {
+    /// In the bundle (the wheel).
+    Bundle,
+    /// In the user's artifact cache (fetched before).
+    Cache,
+    /// Only in the store: fetched on first load.
+    Store,
+    /// Nowhere: the bundle lacks it and records no store.
+    Missing,
+}
+
+impl ArtifactLocation {
+    /// Whether loading it needs no network.
+    pub fn is_local(self) -> bool {
+        matches!(self, ArtifactLocation::Bundle | ArtifactLocation::Cache)
+    }
+}
+
+impl fmt::Display for ArtifactLocation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ArtifactLocation::Bundle => "local (bundle)",
+            ArtifactLocation::Cache => "local (cache)",
+            ArtifactLocation::Store => "remote",
+            ArtifactLocation::Missing => "missing",
+        })
     }
 }

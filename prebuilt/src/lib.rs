@@ -3,45 +3,63 @@
 //! `prebuilt` owns the contract between building and loading, so both sides agree by
 //! construction:
 //!
-//! | module | owns |
-//! | --- | --- |
-//! | [`target`] | compile targets (`sm_90a`, `sm_100f`, `sm_90`, `compute_90`) and CUDA builds (`cu129`) |
-//! | [`index`] | the bundle index: kernels, variants, skips, constants |
-//! | [`key`] | the versioned kernel key over the include graph and the target |
-//! | [`cubin`] | cubin ELF facts: SM number, entry symbols, parameter sizes |
-//! | [`bundle`] | the on-disk layout, and reading verified artifacts out of it |
-//! | [`select`] | which variant fits a device, as a pure function, and why the others do not |
-//! | [`registry`] | the runtime: status, load, launch with checked arguments |
-//! | [`driver`] | the CUDA driver, loaded at run time (no GPU or no driver is an error, not a panic) |
-//! | [`env`] | environment-variable names derived from a package name (`<PACKAGE>_JIT_FALLBACK`, …) |
-//! | [`nvrtc`] | NVRTC, loaded at run time from an explicit path |
-//! | [`jit`] | the JIT fallback from shipped sources, cached under the user's cache dir |
-//! | [`fetch`] | artifacts a slim wheel leaves in its store: locating, downloading, caching |
-//! | [`untrusted`] | names, paths, digests and sizes read from outside, checked, and the caps |
+//! Modules in floors; imports point down, never back up (a test checks that no module imports
+//! one that imports it back):
+//!
+//! | floor | module | owns |
+//! | --- | --- | --- |
+//! | 1 | [`target`] | compile targets (`sm_90a`, `sm_100f`, `sm_90`, `compute_90`) and CUDA builds (`cu129`) |
+//! | 1 | [`device`] | what the process has: compute capability, driver version ([`device::DeviceQuery`]), and how they parse |
+//! | 1 | [`env`] | every environment variable the runtime reads, and the policies they set |
+//! | 1 | [`site`] | the Python environment's site-packages |
+//! | 2 | [`index`] | the bundle index: kernels, variants, skips, constants, where an artifact is |
+//! | 2 | [`key`] | the versioned kernel key over the include graph and the target |
+//! | 2 | [`untrusted`] | names, paths, digests and sizes read from outside, checked, and the caps |
+//! | 2 | [`cubin`] | cubin and PTX facts: SM number, kind, entry symbols, parameter sizes |
+//! | 3 | [`cache`] | the user's cache directories, the one atomic writer, the artifact cache |
+//! | 4 | [`bundle`] | the on-disk layout: open, read verified artifacts, list, extract, find |
+//! | 3 | [`select`] | which variant fits a device, as a pure function, and why the others do not |
+//! | 3 | [`compile`] | the one compile recipe the bundler and the JIT share |
+//! | 5 | [`coverage`] | selection over a whole bundle, for one device or a fleet |
+//! | 5 | [`driver`], [`nvrtc`] | the CUDA driver (cudarc) and NVRTC (from an explicit path) |
+//! | 5 | [`fetch`] | the store client (read-only in the runtime), fetching and prefetching |
+//! | 6 | [`jit`] | the JIT fallback: compiler search, its cache, one compile |
+//! | 7 | [`registry`] | the runtime: status, load in order (wheel, cache, store, JIT), launch |
 //!
 //! Foreign calls live in [`driver`] and [`nvrtc`] only. It does not build bundles (that is the
 //! `bundler` crate) and does not write wheels (the `release` crate). It stays small: no
-//! command-line parsing, and no network unless the cargo feature `fetch` asks for it.
+//! command-line parsing, no network unless the cargo feature `fetch` asks for it, and no
+//! uploads unless `upload` does (the build tools'; the runtime never writes to a store).
 #![deny(missing_docs)]
 
 pub mod bundle;
+pub mod cache;
+pub mod compile;
+pub mod coverage;
 pub mod cubin;
+pub mod device;
 pub mod driver;
 pub mod env;
 pub mod fetch;
 pub mod index;
 pub mod jit;
 pub mod key;
+#[cfg(test)]
+mod layering;
 pub mod nvrtc;
 pub mod registry;
 pub mod select;
+pub mod site;
 pub mod target;
+#[cfg(test)]
+mod testing;
 pub mod untrusted;
 
 pub use bundle::{Bundle, BundleError};
-pub use fetch::{ArtifactLocation, DownloadPolicy, FetchError};
+pub use env::{DownloadPolicy, JitPolicy, PtxJitPolicy};
+pub use fetch::FetchError;
+pub use index::ArtifactLocation;
 pub use index::{Index, KernelInputs, KernelRecord, Variant};
-pub use jit::JitPolicy;
 pub use key::KernelKey;
 pub use registry::{Kernel, KernelArg, LoadError, Provenance, Registry, RegistryOptions, Status};
 pub use target::{Arch, ArchKind, CudaBuild, ParseTargetError};
@@ -60,23 +78,4 @@ pub fn error_chain(error: &dyn std::error::Error) -> String {
         cause = error.source();
     }
     text
-}
-
-/// A kwheel cache directory: `$<override_var>` when set, else
-/// `${XDG_CACHE_HOME:-~/.cache}/kwheel/<leaf>`; `env` reads the environment (tests inject it).
-pub(crate) fn cache_dir_from(
-    env: impl Fn(&str) -> Option<std::ffi::OsString>,
-    override_var: &str,
-    leaf: &str,
-) -> std::path::PathBuf {
-    use std::path::PathBuf;
-    let env = |name: &str| env(name).filter(|value| !value.is_empty());
-    if let Some(dir) = env(override_var) {
-        return PathBuf::from(dir);
-    }
-    let cache = env("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| env("HOME").map(|home| PathBuf::from(home).join(".cache")))
-        .unwrap_or_else(|| std::env::temp_dir().join("kwheel-cache"));
-    cache.join("kwheel").join(leaf)
 }

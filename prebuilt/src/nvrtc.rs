@@ -4,6 +4,11 @@
 //! the library with `libloading`, resolves the fifteen entry points kwheel uses, and offers
 //! one safe operation on top of them: [`NvrtcLibrary::compile`], source in, cubin out.
 //!
+//! It is written by hand, unlike the driver binding, which is `cudarc`'s: `cudarc` finds NVRTC
+//! by library name through the loader's search, and kwheel must load it from an explicit path,
+//! the one libnvrtc of the CUDA build being compiled for (a pip wheel's, found by the JIT's
+//! search), never whichever one the loader happens to find first.
+//!
 //! Two facts of the library shape it:
 //!
 //! - `libnvrtc` opens its `libnvrtc-builtins.so.X.Y` by soname when it compiles. A wheel's
@@ -210,11 +215,8 @@ unsafe fn symbol<T: Copy>(
     path: &Path,
     name: &'static str,
 ) -> Result<T, NvrtcError> {
-    let mut bytes = Vec::with_capacity(name.len() + 1);
-    bytes.extend_from_slice(name.as_bytes());
-    bytes.push(0);
     // SAFETY: the caller guarantees `T` is the symbol's signature and keeps `library` loaded.
-    let symbol = unsafe { library.get::<T>(&bytes) };
+    let symbol = unsafe { library.get::<T>(name) };
     symbol
         .map(|symbol| *symbol)
         .map_err(|source| NvrtcError::Symbol {

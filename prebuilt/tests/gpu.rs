@@ -40,15 +40,12 @@ use prebuilt::index::{
     CompilerRecord, Function, Index, KernelInputs, KernelRecord, SourceRecipe, StoredFile, Variant,
     INDEX_FORMAT,
 };
-use prebuilt::jit::{
-    compile_cached, entry_paths, CompilerSearch, JitCompiler, JitPolicy, JitRequest,
-};
+use prebuilt::jit::{compile_cached, entry_paths, CompilerSearch, JitCompiler, JitRequest};
 use prebuilt::key::{sha256_hex, KernelKey, KeyInputs};
 use prebuilt::registry::{
     KernelArg, LoadError, Provenance, ProvenanceKind, Registry, RegistryOptions, Status,
 };
-use prebuilt::select::PtxJitPolicy;
-use prebuilt::{Arch, CudaBuild};
+use prebuilt::{Arch, CudaBuild, JitPolicy, PtxJitPolicy};
 
 /// `eprintln!` for a test that passes without testing, past the test harness's capture, so
 /// that `ci/test` lists it: `SKIPPED: <test>: <message>`.
@@ -863,7 +860,7 @@ fn gpu_bundle() -> Option<PathBuf> {
 
 /// Runs one reference case with `kernel`: device buffers in, launch, outputs back, check.
 fn run_case(kernel: &prebuilt::registry::Kernel, case: &Case) {
-    let context = kernel.context();
+    let context = kernel.context().expect("a CUDA kernel has a context");
     let mut buffers = Vec::new();
     let mut args = Vec::new();
     let mut outputs = Vec::new();
@@ -1161,7 +1158,7 @@ fn jit_disabled_names_device_build_and_variants() {
         "the loader's JIT policy (as AF3_KERNELS_JIT_FALLBACK=0 would)",
     );
     let package = Bundle::open(&bundle).unwrap().index().package.clone();
-    let variable = prebuilt::jit::fallback_variable(&package);
+    let variable = prebuilt::env::fallback_variable(&package);
     let output = test_child(TEST, "no-fit")
         .env(&variable, "0")
         .env("KWHEEL_TEST_VARIABLE", &variable)
@@ -1328,7 +1325,7 @@ fn arguments_are_checked_before_launch() {
         error.to_string(),
         "`sigmoid_gate` has no entry `nope`; its entries are `sigmoid_gate`"
     );
-    kernel.context().synchronize().unwrap();
+    kernel.context().unwrap().synchronize().unwrap();
     // Loading again returns the same kernel.
     let again = registry.load("sigmoid_gate").unwrap();
     assert_eq!(again.provenance(), kernel.provenance());
@@ -1348,11 +1345,14 @@ mod loopback_store;
 mod slim {
     use super::loopback_store::{Fault, LoopbackStore};
     use super::*;
+    use prebuilt::cache::ArtifactCache;
+    use prebuilt::coverage::bundle_coverage as coverage;
+    use prebuilt::device::{DeviceQuery, DriverVersion};
     use prebuilt::fetch::{
-        coverage, obtain_remote, prefetch, ArtifactCache, ArtifactLocation, DownloadPolicy,
-        FetchError, Prefetched, StoreHandle, StoreOptions,
+        obtain_remote, prefetch, FetchError, Prefetched, StoreHandle, StoreOptions,
     };
-    use prebuilt::select::{DeviceQuery, DriverVersion};
+    use prebuilt::index::ArtifactLocation;
+    use prebuilt::DownloadPolicy;
 
     /// Short timeouts and backoff, so that the fault cases take well under a second each.
     pub(super) fn quick() -> StoreOptions {
@@ -1576,7 +1576,7 @@ mod slim {
         assert!(DownloadPolicy::Allowed.allows_download("kwheel-fixtures"));
         assert!(!DownloadPolicy::Forbidden.allows_download("kwheel-fixtures"));
         assert_eq!(
-            prebuilt::fetch::no_download_variable("kwheel-fixtures"),
+            prebuilt::env::no_download_variable("kwheel-fixtures"),
             "KWHEEL_FIXTURES_NO_DOWNLOAD"
         );
     }

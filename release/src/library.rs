@@ -33,9 +33,9 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use bundler::build::plan_kernel;
-use bundler::explain::{changes_since, read_index, TargetKey};
+use bundler::explain::{changes_since, TargetKey};
 use bundler::{BuildToolchain, BundleOptions, BundleSummary, Manifest};
-use prebuilt::bundle::{INDEX_FILE, SOURCES_DIR};
+use prebuilt::bundle::{read_index, INDEX_FILE, SOURCES_DIR};
 use prebuilt::index::CompilerRecord;
 use prebuilt::key::KeyInputs;
 use prebuilt::{Bundle, CudaBuild, KernelKey};

@@ -23,7 +23,8 @@ use std::collections::BTreeSet;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use prebuilt::fetch::{error_chain, FetchError, Store, StoreOptions};
+use prebuilt::error_chain;
+use prebuilt::fetch::{FetchError, Store, StoreOptions};
 use prebuilt::index::{Index, Variant};
 use prebuilt::key::sha256_hex;
 use prebuilt::{Arch, Bundle, CudaBuild};

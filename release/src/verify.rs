@@ -850,7 +850,8 @@ fn error_path(error: &BundleError) -> &Path {
         | BundleError::UnsupportedFormat { path, .. }
         | BundleError::Refused { path, .. }
         | BundleError::Corrupt { path, .. }
-        | BundleError::DigestMismatch { path, .. } => path,
+        | BundleError::DigestMismatch { path, .. }
+        | BundleError::Write { path, .. } => path,
     }
 }
 

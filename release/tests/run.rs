@@ -2015,9 +2015,12 @@ mod loopback_store;
 mod distribution {
     use super::loopback_store::{Fault, LoopbackStore};
     use super::*;
-    use prebuilt::fetch::{coverage, find_bundle, prefetch, ArtifactCache, ArtifactLocation};
-    use prebuilt::fetch::{Prefetched, StoreOptions};
-    use prebuilt::select::{DeviceQuery, DriverVersion};
+    use prebuilt::bundle::find_bundle;
+    use prebuilt::cache::ArtifactCache;
+    use prebuilt::coverage::bundle_coverage as coverage;
+    use prebuilt::device::{DeviceQuery, DriverVersion};
+    use prebuilt::fetch::{prefetch, Prefetched, StoreOptions};
+    use prebuilt::index::ArtifactLocation;
     use release::publish::{publish, PublishOptions, Published, ShipFilter};
     use std::time::Duration;
 

@@ -19,7 +19,7 @@ pub fn from_u16s(values: &[u16]) -> Vec<u8> {
 
 /// Reads `bytes` as little-endian f32 values; `None` if the length is not a multiple of 4.
 pub fn to_f32s(bytes: &[u8]) -> Option<Vec<f32>> {
-    if bytes.len() % 4 != 0 {
+    if !bytes.len().is_multiple_of(4) {
         return None;
     }
     Some(
@@ -32,7 +32,7 @@ pub fn to_f32s(bytes: &[u8]) -> Option<Vec<f32>> {
 
 /// Reads `bytes` as little-endian u16 values; `None` if the length is odd.
 pub fn to_u16s(bytes: &[u8]) -> Option<Vec<u16>> {
-    if bytes.len() % 2 != 0 {
+    if !bytes.len().is_multiple_of(2) {
         return None;
     }
     Some(

@@ -134,7 +134,10 @@ impl Kernel {
 
     /// Waits for all work in the kernel's context, and raises the first error any of it hit.
     fn synchronize(&self, py: Python<'_>) -> PyResult<()> {
-        let context = self.inner.context().clone();
+        let Some(context) = self.inner.context().cloned() else {
+            // Only a CUDA device has a context; the runtime loads on nothing else.
+            return Ok(());
+        };
         py.detach(move || context.synchronize())
             .map_err(|error| driver_error(&error))
     }

@@ -4,9 +4,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use prebuilt::device::{parse_cuda_build, DeviceQuery, DriverVersion};
 use prebuilt::index::Constant;
 use prebuilt::jit::CompilerSearch;
-use prebuilt::select::{DeviceQuery, DriverVersion};
 use prebuilt::{CudaBuild, JitPolicy, LoadError, RegistryOptions, Status};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -37,18 +37,10 @@ impl Bundle {
             .map(|text| DriverVersion::parse(text).map_err(value_error))
             .transpose()?;
         let cuda = match cuda {
-            Some(text) => parse_build(text)?,
+            Some(text) => parse_cuda_build(text).map_err(value_error)?,
             None => default_build(self.inner.index(), driver),
         };
-        Ok(DeviceQuery {
-            capability,
-            driver: driver.unwrap_or(DriverVersion {
-                major: cuda.major,
-                minor: cuda.minor,
-            }),
-            cuda,
-            torch,
-        })
+        Ok(DeviceQuery::simulated(capability, cuda, driver, torch))
     }
 }
 
@@ -120,7 +112,7 @@ impl Bundle {
                 prebuilt::fetch::prefetch(
                     &self.inner,
                     &query,
-                    &prebuilt::fetch::ArtifactCache::default(),
+                    &prebuilt::cache::ArtifactCache::default(),
                     &prebuilt::fetch::StoreOptions::default(),
                 )
             })
@@ -152,10 +144,10 @@ impl Bundle {
         let device = describe(&query);
         // `coverage` runs `select_variant`'s rules, keeps every refusal, chosen or not, and
         // says where the chosen cubin is: in the wheel, in the user's cache, or in the store.
-        let mut report = prebuilt::fetch::coverage(
+        let mut report = prebuilt::coverage::bundle_coverage(
             &self.inner,
             &query,
-            &prebuilt::fetch::ArtifactCache::default(),
+            &prebuilt::cache::ArtifactCache::default(),
         );
         let Some(coverage) = report.kernels.remove(name) else {
             return Err(KwheelError::new_err(format!(
@@ -183,7 +175,7 @@ impl Bundle {
             if record.recipe.is_some() && sources {
                 message.push_str(&format!(
                     "\nload() would JIT-compile it from the shipped sources instead (unless {}=0)",
-                    prebuilt::jit::fallback_variable(&self.inner.index().package)
+                    prebuilt::env::fallback_variable(&self.inner.index().package)
                 ));
             }
             return Err(no_fit(py, message, coverage.refusals));
@@ -329,7 +321,10 @@ impl Registry {
             }
         }
         let options = RegistryOptions {
-            cuda: cuda.map(parse_build).transpose()?,
+            cuda: cuda
+                .map(parse_cuda_build)
+                .transpose()
+                .map_err(value_error)?,
             torch,
             jit: match jit {
                 None => JitPolicy::FromEnvironment,
@@ -519,17 +514,6 @@ fn describe(query: &DeviceQuery) -> String {
         text.push_str(&format!(", torch {torch}"));
     }
     text
-}
-
-/// `"12.9"`, `"12.9.1"` or `"cu129"`.
-fn parse_build(text: &str) -> PyResult<CudaBuild> {
-    let text = text.trim();
-    let parsed = if text.starts_with("cu") {
-        text.parse()
-    } else {
-        CudaBuild::from_version(text)
-    };
-    parsed.map_err(value_error)
 }
 
 /// `"sm_90"`, `"sm_90a"`, `"9.0"`, or `(9, 0)`.

@@ -26,6 +26,18 @@
 //! Loaded kernels are kept: a second `load` of the same name returns the same module.
 //! `docs/jit.md` describes the fallback and its cache.
 
+mod error;
+mod kernel;
+#[cfg(test)]
+mod load_order;
+mod seams;
+
+use error::shipped;
+pub use error::{DriverFailure, LoadError};
+use kernel::KernelInner;
+pub use kernel::{Function, Kernel, KernelArg};
+pub use seams::{CudaDevice, Device, DeviceFacts, LoadedModule, ModuleFailure};
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::PathBuf;
@@ -33,26 +45,24 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use serde::Serialize;
 
+use crate::bundle::locate;
 use crate::bundle::{read_stored, Bundle, BundleError};
-use crate::driver::{self, Context, DeviceBuffer, Driver, DriverError, LaunchConfig, Module};
-use crate::fetch::{
-    self, locate, no_download_variable, obtain_remote, ArtifactCache, ArtifactLocation,
-    DownloadPolicy, FetchError, StoreHandle, StoreOptions,
+use crate::cache::ArtifactCache;
+use crate::device::device_arch;
+use crate::device::{DeviceQuery, DriverVersion};
+use crate::driver::DriverError;
+use crate::env::{
+    fallback_variable, no_download_variable, DownloadPolicy, JitPolicy, PtxJitPolicy,
+    CUDA_BUILD_ENV,
 };
-use crate::index::{Constant, Function as EntryRecord, Index, KernelRecord, Variant};
-use crate::jit::{
-    self, compile_cached, device_arch, fallback_variable, CompilerSearch, JitCompiler, JitError,
-    JitPolicy, JitRequest,
+use crate::fetch::{self, obtain_remote, ArtifactStore, FetchError, StoreHandle, StoreOptions};
+use crate::index::{
+    ArtifactLocation, Constant, Function as EntryRecord, Index, KernelRecord, Variant,
 };
+use crate::jit::{self, compile_cached, CompilerSearch, JitCompiler, JitError, JitRequest};
 use crate::key::sha256_hex;
-use crate::select::{
-    select_variant_with, Choice, DeviceQuery, DriverVersion, NoFit, PtxJitPolicy, Refusal,
-    RefusalReason,
-};
+use crate::select::{select_variant_with, Choice, NoFit, Refusal, RefusalReason};
 use crate::{error_chain, CudaBuild};
-
-/// Names the runtime's CUDA build (`cu129`) when [`RegistryOptions::cuda`] does not.
-pub const CUDA_BUILD_ENV: &str = "KWHEEL_CUDA_BUILD";
 
 /// How a [`Registry`] loads: for which CUDA build, torch, device, and whether it may compile.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -94,7 +104,7 @@ impl Default for RegistryOptions {
             device: 0,
             downloads: DownloadPolicy::FromEnvironment,
             ptx_jit: PtxJitPolicy::FromEnvironment,
-            artifact_cache: fetch::default_cache_dir(),
+            artifact_cache: crate::cache::default_artifact_cache_dir(),
             store: StoreOptions::default(),
         }
     }
@@ -199,230 +209,6 @@ pub enum Status {
     },
 }
 
-/// A failure to open a bundle, reach the GPU, or load or launch a kernel.
-#[derive(Debug, thiserror::Error)]
-pub enum LoadError {
-    /// The bundle's index or one of its artifacts could not be read or did not verify.
-    #[error(transparent)]
-    Bundle(Box<BundleError>),
-    /// A setting from the environment is not valid.
-    #[error("{variable}=`{value}` is not a CUDA build: {reason}")]
-    Setting {
-        /// The variable.
-        variable: &'static str,
-        /// Its value.
-        value: String,
-        /// What is wrong with it.
-        reason: String,
-    },
-    /// No CUDA driver, no device, or a driver that cannot be used.
-    #[error(transparent)]
-    NoGpu(DriverError),
-    /// The bundle has no kernel of that name.
-    #[error("no kernel `{kernel}` in the bundle at {}; it has {}", bundle.display(), quoted(.known))]
-    UnknownKernel {
-        /// The name asked for.
-        kernel: String,
-        /// The bundle.
-        bundle: PathBuf,
-        /// The kernels it has.
-        known: Vec<String>,
-    },
-    /// No prebuilt variant fits and the JIT fallback is disabled.
-    #[error(
-        "`{kernel}` has no prebuilt cubin for this GPU and {disabled_by} forbids compiling: \
-         {device}; shipped: {}",
-        shipped(.refusals)
-    )]
-    NoFit {
-        /// The kernel.
-        kernel: String,
-        /// What disabled the fallback: `AF3_KERNELS_JIT_FALLBACK=0`.
-        disabled_by: String,
-        /// The device, CUDA build and driver: `device sm_90 (compute 9.0), CUDA build cu130,
-        /// driver 13.0`.
-        device: String,
-        /// Every shipped variant (and skipped target) and why it does not fit.
-        refusals: Box<NoFit>,
-    },
-    /// No prebuilt variant fits and the JIT fallback failed.
-    #[error(
-        "`{kernel}` has no prebuilt cubin for this GPU ({device}; shipped: {}) and compiling it \
-         from the shipped sources failed",
-        shipped(.refusals)
-    )]
-    Jit {
-        /// The kernel.
-        kernel: String,
-        /// The device, CUDA build and driver.
-        device: String,
-        /// Every shipped variant and why it does not fit.
-        refusals: Box<NoFit>,
-        /// Why the fallback failed.
-        #[source]
-        source: Arc<JitError>,
-    },
-    /// The variant that fits is only in the store, and downloading it failed.
-    #[error(
-        "`{kernel}` ({variant}) is not in the wheel and could not be fetched; run `kwheel fetch` \
-         where the store is reachable, or set {no_download}=1 to use the JIT rules instead"
-    )]
-    Fetch {
-        /// The kernel.
-        kernel: String,
-        /// The variant label.
-        variant: String,
-        /// The variable that forbids downloading: `AF3_KERNELS_NO_DOWNLOAD`.
-        no_download: String,
-        /// What failed, with the URL.
-        #[source]
-        source: Box<FetchError>,
-    },
-    /// A driver call failed while loading or launching a kernel.
-    #[error(transparent)]
-    Driver(Box<DriverFailure>),
-    /// The kernel has no entry of that name.
-    #[error("`{kernel}` has no entry `{entry}`; its entries are {}", quoted(.entries))]
-    UnknownEntry {
-        /// The kernel.
-        kernel: String,
-        /// The entry asked for.
-        entry: String,
-        /// The entries it has, as declared.
-        entries: Vec<String>,
-    },
-    /// A launch was given the wrong number of arguments.
-    #[error(
-        "`{entry}` (kernel `{kernel}`) takes {} arguments of {} bytes, but {} were given",
-        .expected.len(),
-        sizes(.expected),
-        .given.len()
-    )]
-    ArgumentCount {
-        /// The kernel.
-        kernel: String,
-        /// The entry.
-        entry: String,
-        /// Each parameter's size, from the index.
-        expected: Vec<u32>,
-        /// Each argument's size.
-        given: Vec<usize>,
-    },
-    /// A launch argument's size differs from its parameter's.
-    #[error(
-        "argument {index} of `{entry}` (kernel `{kernel}`) is {given} bytes, but parameter \
-         {index} is {expected} bytes"
-    )]
-    Argument {
-        /// The kernel.
-        kernel: String,
-        /// The entry.
-        entry: String,
-        /// The parameter's position, from 0.
-        index: usize,
-        /// The parameter's size, from the index.
-        expected: u32,
-        /// The argument's size.
-        given: usize,
-    },
-}
-
-/// A driver call that failed while loading or launching a kernel, with what it was for.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "cannot {action} `{kernel}` ({variant}) on {device}: `{call}` failed: {name} ({code}): \
-     {description}"
-)]
-pub struct DriverFailure {
-    /// The kernel.
-    pub kernel: String,
-    /// The variant label, or the JIT target.
-    pub variant: String,
-    /// The device, CUDA build and driver.
-    pub device: String,
-    /// What was being done: `load`, `look up an entry of`, `launch`.
-    pub action: &'static str,
-    /// The driver function.
-    pub call: &'static str,
-    /// The `CUresult` code.
-    pub code: i32,
-    /// The driver's name for the code (`CUDA_ERROR_NO_BINARY_FOR_GPU`).
-    pub name: String,
-    /// The driver's description of the code.
-    pub description: String,
-}
-
-impl From<BundleError> for LoadError {
-    fn from(error: BundleError) -> Self {
-        LoadError::Bundle(Box::new(error))
-    }
-}
-
-impl LoadError {
-    /// A driver error while doing `action` to a kernel: a failed call, or no usable GPU.
-    fn driver(
-        error: DriverError,
-        action: &'static str,
-        kernel: &str,
-        variant: &str,
-        device: &str,
-    ) -> LoadError {
-        match error {
-            DriverError::Call {
-                call,
-                code,
-                name,
-                description,
-            } => LoadError::Driver(Box::new(DriverFailure {
-                kernel: kernel.to_owned(),
-                variant: variant.to_owned(),
-                device: device.to_owned(),
-                action,
-                call,
-                code,
-                name,
-                description,
-            })),
-            other => LoadError::NoGpu(other),
-        }
-    }
-}
-
-fn quoted(names: &[String]) -> String {
-    if names.is_empty() {
-        return "none".to_owned();
-    }
-    names
-        .iter()
-        .map(|name| format!("`{name}`"))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-fn sizes(sizes: &[u32]) -> String {
-    if sizes.is_empty() {
-        return "0".to_owned();
-    }
-    sizes
-        .iter()
-        .map(u32::to_string)
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// Every refusal on one line: `cu129/sm_90a: …; cu130/sm_90a: …`, or `none`.
-fn shipped(no_fit: &NoFit) -> String {
-    if no_fit.refusals.is_empty() {
-        return "none".to_owned();
-    }
-    no_fit
-        .refusals
-        .iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join("; ")
-}
-
 /// What the process runs on, found once per registry.
 #[derive(Clone, Debug)]
 struct Gpu {
@@ -468,8 +254,8 @@ pub struct Registry {
     ptx_forbidden_by: Option<String>,
     artifact_cache: ArtifactCache,
     store: OnceLock<StoreHandle>,
+    device: Arc<dyn Device>,
     gpu: OnceLock<Result<Gpu, DriverError>>,
-    context: OnceLock<Result<Arc<Context>, DriverError>>,
     compiler: OnceLock<Result<JitCompiler, Arc<JitError>>>,
     dictionary: OnceLock<Option<Vec<u8>>>,
     kernels: BTreeMap<String, Mutex<Option<Kernel>>>,
@@ -497,7 +283,18 @@ impl Registry {
     /// GPU.
     pub fn open_with(
         bundle_dir: impl Into<PathBuf>,
+        options: RegistryOptions,
+    ) -> Result<Registry, LoadError> {
+        Registry::open_on(bundle_dir, options, Arc::new(CudaDevice::default()), None)
+    }
+
+    /// [`Registry::open_with`] on `device`, with `store` (when given) in place of an HTTP
+    /// client for the bundle's store: the seams a test drives the whole load order through.
+    pub fn open_on(
+        bundle_dir: impl Into<PathBuf>,
         mut options: RegistryOptions,
+        device: Arc<dyn Device>,
+        store: Option<Arc<dyn ArtifactStore>>,
     ) -> Result<Registry, LoadError> {
         let bundle = Bundle::open(bundle_dir)?;
         if options.cuda.is_none() {
@@ -532,9 +329,12 @@ impl Registry {
             no_download,
             ptx_forbidden_by,
             artifact_cache,
-            store: OnceLock::new(),
+            store: store
+                .map(StoreHandle::new)
+                .map(OnceLock::from)
+                .unwrap_or_default(),
+            device,
             gpu: OnceLock::new(),
-            context: OnceLock::new(),
             compiler: OnceLock::new(),
             dictionary: OnceLock::new(),
             kernels,
@@ -575,14 +375,6 @@ impl Registry {
     /// torch. Loads the driver the first time; creates no context.
     pub fn device_query(&self) -> Result<DeviceQuery, LoadError> {
         self.gpu().map(|gpu| gpu.query())
-    }
-
-    /// The device's primary context, retained for this registry (created if no one has).
-    pub fn context(&self) -> Result<Arc<Context>, LoadError> {
-        self.context
-            .get_or_init(|| Context::primary(self.options.device))
-            .clone()
-            .map_err(LoadError::NoGpu)
     }
 
     /// Every kernel of the bundle and whether it can load here: the variant that fits and
@@ -635,16 +427,14 @@ impl Registry {
     fn gpu(&self) -> Result<Gpu, LoadError> {
         self.gpu
             .get_or_init(|| {
-                let driver = Driver::get()?;
-                let device = driver.device(self.options.device)?;
-                let driver_version = DriverVersion::from_api(driver.version());
+                let facts = self.device.facts(self.options.device)?;
                 let cuda = self
                     .options
                     .cuda
-                    .unwrap_or_else(|| default_build(self.index(), driver_version));
+                    .unwrap_or_else(|| default_build(self.index(), facts.driver));
                 Ok(Gpu {
-                    capability: device.capability(),
-                    driver: driver_version,
+                    capability: facts.capability,
+                    driver: facts.driver,
                     cuda,
                     torch: self.options.torch.clone(),
                 })
@@ -1032,24 +822,32 @@ impl Registry {
         reason: String,
         provenance: Provenance,
     ) -> Result<Kernel, LoadError> {
-        let context = self.context()?;
         let device = gpu.describe();
-        let driver_error =
-            |action, error| LoadError::driver(error, action, name, &variant, &device);
-        let module = Module::load(&context, cubin).map_err(|error| driver_error("load", error))?;
-        let mut functions = Vec::with_capacity(entries.len());
-        for entry in entries {
-            let handle = module
-                .function(&entry.symbol)
-                .map_err(|error| driver_error("look up an entry of", error))?;
-            functions.push(Function {
+        let symbols: Vec<&str> = entries.iter().map(|entry| entry.symbol.as_str()).collect();
+        let module = self
+            .device
+            .load(self.options.device, cubin, &symbols)
+            .map_err(|failure| match failure {
+                ModuleFailure::Context(error) => LoadError::NoGpu(error),
+                ModuleFailure::Load(error) => {
+                    LoadError::driver(error, "load", name, &variant, &device)
+                }
+                ModuleFailure::Lookup(error) => {
+                    LoadError::driver(error, "look up an entry of", name, &variant, &device)
+                }
+            })?;
+        let functions = entries
+            .iter()
+            .enumerate()
+            .map(|(index, entry)| Function {
                 kernel: name.to_owned(),
                 variant: variant.clone(),
-                device: gpu.describe(),
+                device: device.clone(),
                 entry: entry.clone(),
-                handle,
-            });
-        }
+                module: Arc::clone(&module),
+                index,
+            })
+            .collect();
         Ok(Kernel {
             inner: Arc::new(KernelInner {
                 name: name.to_owned(),
@@ -1059,7 +857,7 @@ impl Registry {
                 location: None,
                 constants: record.constants.clone(),
                 functions,
-                context,
+                module,
             }),
         })
     }
@@ -1108,359 +906,10 @@ fn default_build(index: &Index, driver: DriverVersion) -> CudaBuild {
         })
 }
 
-/// A loaded kernel: its module, entries and constants. Cheap to clone.
-#[derive(Clone)]
-pub struct Kernel {
-    inner: Arc<KernelInner>,
-}
-
-#[derive(Clone)]
-struct KernelInner {
-    name: String,
-    variant: String,
-    reason: String,
-    provenance: Provenance,
-    location: Option<ArtifactLocation>,
-    constants: BTreeMap<String, Constant>,
-    functions: Vec<Function>,
-    context: Arc<Context>,
-}
-
-impl fmt::Debug for Kernel {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Kernel")
-            .field("name", &self.inner.name)
-            .field("provenance", &self.inner.provenance)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Kernel {
-    /// The kernel's name.
-    pub fn name(&self) -> &str {
-        &self.inner.name
-    }
-
-    /// Where its cubin came from, with the key.
-    pub fn provenance(&self) -> &Provenance {
-        &self.inner.provenance
-    }
-
-    /// Why this cubin was chosen (or compiled).
-    pub fn reason(&self) -> &str {
-        &self.inner.reason
-    }
-
-    /// Where a prebuilt cubin was read from: the wheel, or the artifact cache (after a
-    /// download, or from an earlier one). `None` for the JIT.
-    pub fn location(&self) -> Option<ArtifactLocation> {
-        self.inner.location
-    }
-
-    fn with_location(self, location: ArtifactLocation) -> Kernel {
-        let mut inner = Arc::try_unwrap(self.inner).unwrap_or_else(|shared| (*shared).clone());
-        inner.location = Some(location);
-        Kernel {
-            inner: Arc::new(inner),
-        }
-    }
-
-    /// The manifest's exported constants (`BLOCK_SIZE`), so callers never hard-code them.
-    pub fn constants(&self) -> &BTreeMap<String, Constant> {
-        &self.inner.constants
-    }
-
-    /// Every entry, in declaration order.
-    pub fn functions(&self) -> &[Function] {
-        &self.inner.functions
-    }
-
-    /// The entry declared as `entry` (`scale_rows<float>`), or with that symbol.
-    pub fn function(&self, entry: &str) -> Result<Function, LoadError> {
-        self.find_function(entry).cloned()
-    }
-
-    fn find_function(&self, entry: &str) -> Result<&Function, LoadError> {
-        self.inner
-            .functions
-            .iter()
-            .find(|function| function.entry.name == entry || function.entry.symbol == entry)
-            .ok_or_else(|| LoadError::UnknownEntry {
-                kernel: self.inner.name.clone(),
-                entry: entry.to_owned(),
-                entries: self
-                    .inner
-                    .functions
-                    .iter()
-                    .map(|function| function.entry.name.clone())
-                    .collect(),
-            })
-    }
-
-    /// The primary context the kernel is loaded in, to allocate [`DeviceBuffer`]s in.
-    pub fn context(&self) -> &Arc<Context> {
-        &self.inner.context
-    }
-
-    /// Launches `entry` on the legacy default stream (0). The arguments are checked against
-    /// the parameter sizes the index records before anything is launched.
-    ///
-    /// # Safety
-    ///
-    /// As [`Function::launch`]: every pointer argument must be a device address the kernel
-    /// may access over the whole range it accesses, alive until the kernel finishes.
-    pub unsafe fn launch(
-        &self,
-        entry: &str,
-        grid: [u32; 3],
-        block: [u32; 3],
-        shared_mem_bytes: u32,
-        args: &[KernelArg],
-    ) -> Result<(), LoadError> {
-        let config = LaunchConfig {
-            grid,
-            block,
-            shared_mem_bytes,
-            stream: 0,
-        };
-        // SAFETY: the caller upholds `Function::launch`'s contract for these arguments.
-        unsafe { self.launch_with(entry, &config, args) }
-    }
-
-    /// Launches `entry` with `config`, on `config.stream` (PyTorch's current stream, say).
-    ///
-    /// # Safety
-    ///
-    /// As [`Function::launch`].
-    pub unsafe fn launch_with(
-        &self,
-        entry: &str,
-        config: &LaunchConfig,
-        args: &[KernelArg],
-    ) -> Result<(), LoadError> {
-        // SAFETY: the caller upholds `Function::launch`'s contract for these arguments.
-        unsafe { self.find_function(entry)?.launch(config, args) }
-    }
-}
-
-/// One kernel argument, by value: its bytes are what the kernel's parameter receives.
-#[derive(Clone, Debug, PartialEq)]
-pub enum KernelArg {
-    /// A device pointer (8 bytes), from [`DeviceBuffer::pointer`] or `tensor.data_ptr()`.
-    Ptr(u64),
-    /// An `int`.
-    I32(i32),
-    /// An `unsigned int`.
-    U32(u32),
-    /// A `long long` / `int64_t`.
-    I64(i64),
-    /// An `unsigned long long` / `uint64_t`.
-    U64(u64),
-    /// A `float`.
-    F32(f32),
-    /// A `double`.
-    F64(f64),
-    /// Any other parameter (a struct, a `char`), as its exact bytes.
-    Bytes(Vec<u8>),
-}
-
-impl KernelArg {
-    /// The argument's size in bytes.
-    pub fn size(&self) -> usize {
-        match self {
-            KernelArg::I32(_) | KernelArg::U32(_) | KernelArg::F32(_) => 4,
-            KernelArg::Ptr(_) | KernelArg::I64(_) | KernelArg::U64(_) | KernelArg::F64(_) => 8,
-            KernelArg::Bytes(bytes) => bytes.len(),
-        }
-    }
-
-    /// The argument's bytes, as the parameter receives them (native byte order).
-    pub fn to_bytes(&self) -> Vec<u8> {
-        match self {
-            KernelArg::Ptr(value) | KernelArg::U64(value) => value.to_ne_bytes().to_vec(),
-            KernelArg::I32(value) => value.to_ne_bytes().to_vec(),
-            KernelArg::U32(value) => value.to_ne_bytes().to_vec(),
-            KernelArg::I64(value) => value.to_ne_bytes().to_vec(),
-            KernelArg::F32(value) => value.to_ne_bytes().to_vec(),
-            KernelArg::F64(value) => value.to_ne_bytes().to_vec(),
-            KernelArg::Bytes(bytes) => bytes.clone(),
-        }
-    }
-}
-
-impl From<&DeviceBuffer> for KernelArg {
-    fn from(buffer: &DeviceBuffer) -> Self {
-        KernelArg::Ptr(buffer.pointer())
-    }
-}
-
-/// One entry of a loaded kernel, ready to launch.
-#[derive(Clone)]
-pub struct Function {
-    kernel: String,
-    variant: String,
-    device: String,
-    entry: EntryRecord,
-    handle: driver::Function,
-}
-
-impl fmt::Debug for Function {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Function")
-            .field("kernel", &self.kernel)
-            .field("entry", &self.entry)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Function {
-    /// The entry as declared (`scale_rows<float>`).
-    pub fn name(&self) -> &str {
-        &self.entry.name
-    }
-
-    /// The symbol in the cubin (mangled for a template).
-    pub fn symbol(&self) -> &str {
-        &self.entry.symbol
-    }
-
-    /// Each parameter's size in bytes, from the index.
-    pub fn param_sizes(&self) -> &[u32] {
-        &self.entry.param_sizes
-    }
-
-    /// Checks `args` against the parameter sizes: the count, then each size in order.
-    pub fn check_arguments(&self, args: &[KernelArg]) -> Result<(), LoadError> {
-        check_arguments(&self.kernel, &self.entry, args)
-    }
-
-    /// Launches the entry after checking the arguments against the recorded parameter sizes.
-    ///
-    /// # Safety
-    ///
-    /// The sizes are checked, their meaning cannot be: every pointer argument must be a device
-    /// address the kernel may access over the whole range it accesses, alive until the kernel
-    /// finishes, and `config.stream` 0 or a live stream of the kernel's context. A kernel
-    /// given wrong pointers can write anywhere the device reaches, host memory included on
-    /// systems with unified memory.
-    pub unsafe fn launch(
-        &self,
-        config: &LaunchConfig,
-        args: &[KernelArg],
-    ) -> Result<(), LoadError> {
-        self.check_arguments(args)?;
-        let images: Vec<Vec<u8>> = args.iter().map(KernelArg::to_bytes).collect();
-        let params: Vec<&[u8]> = images.iter().map(Vec::as_slice).collect();
-        // SAFETY: the count and sizes match the cubin's parameters (checked above); the
-        // caller vouches for the pointers and the stream.
-        unsafe { self.handle.launch(config, &params) }.map_err(|error| {
-            LoadError::driver(error, "launch", &self.kernel, &self.variant, &self.device)
-        })
-    }
-}
-
-fn check_arguments(kernel: &str, entry: &EntryRecord, args: &[KernelArg]) -> Result<(), LoadError> {
-    if args.len() != entry.param_sizes.len() {
-        return Err(LoadError::ArgumentCount {
-            kernel: kernel.to_owned(),
-            entry: entry.name.clone(),
-            expected: entry.param_sizes.clone(),
-            given: args.iter().map(KernelArg::size).collect(),
-        });
-    }
-    for (index, (arg, &expected)) in args.iter().zip(&entry.param_sizes).enumerate() {
-        if arg.size() != expected as usize {
-            return Err(LoadError::Argument {
-                kernel: kernel.to_owned(),
-                entry: entry.name.clone(),
-                index,
-                expected,
-                given: arg.size(),
-            });
-        }
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::select::{Refusal, RefusalReason};
-
-    fn entry() -> EntryRecord {
-        EntryRecord {
-            name: "layernorm_bf16".into(),
-            symbol: "layernorm_bf16".into(),
-            param_sizes: vec![8, 8, 8, 8, 4, 4, 4],
-        }
-    }
-
-    fn good_args() -> Vec<KernelArg> {
-        vec![
-            KernelArg::Ptr(1),
-            KernelArg::Ptr(2),
-            KernelArg::Ptr(3),
-            KernelArg::Ptr(4),
-            KernelArg::I32(37),
-            KernelArg::I32(300),
-            KernelArg::F32(1e-5),
-        ]
-    }
-
-    #[test]
-    fn loaded_things_cross_threads() {
-        fn send_sync<T: Send + Sync>() {}
-        send_sync::<Registry>();
-        send_sync::<Kernel>();
-        send_sync::<Function>();
-        send_sync::<LoadError>();
-    }
-
-    #[test]
-    fn matching_arguments_pass() {
-        check_arguments("layernorm_bf16", &entry(), &good_args()).unwrap();
-    }
-
-    #[test]
-    fn a_wrong_size_names_the_parameter() {
-        let mut args = good_args();
-        args[5] = KernelArg::I64(300);
-        let error = check_arguments("layernorm_bf16", &entry(), &args).unwrap_err();
-        assert!(matches!(
-            error,
-            LoadError::Argument {
-                index: 5,
-                expected: 4,
-                given: 8,
-                ..
-            }
-        ));
-        assert_eq!(
-            error.to_string(),
-            "argument 5 of `layernorm_bf16` (kernel `layernorm_bf16`) is 8 bytes, but parameter \
-             5 is 4 bytes"
-        );
-    }
-
-    #[test]
-    fn a_wrong_count_lists_the_parameters() {
-        let mut args = good_args();
-        args.pop();
-        let error = check_arguments("layernorm_bf16", &entry(), &args).unwrap_err();
-        assert_eq!(
-            error.to_string(),
-            "`layernorm_bf16` (kernel `layernorm_bf16`) takes 7 arguments of 8, 8, 8, 8, 4, 4, 4 \
-             bytes, but 6 were given"
-        );
-    }
-
-    #[test]
-    fn argument_bytes_are_native() {
-        assert_eq!(KernelArg::I32(-2).to_bytes(), (-2i32).to_ne_bytes());
-        assert_eq!(KernelArg::F64(1.5).to_bytes(), 1.5f64.to_ne_bytes());
-        assert_eq!(KernelArg::Bytes(vec![1, 2, 3]).size(), 3);
-        assert_eq!(KernelArg::Ptr(7).size(), 8);
-    }
 
     fn gpu() -> Gpu {
         Gpu {

@@ -1,0 +1,249 @@
+//! The user's caches: where they live, how files enter them, and the artifact cache.
+//!
+//! Every kwheel cache sits under `${XDG_CACHE_HOME:-~/.cache}/kwheel/<bucket>` unless its own
+//! variable overrides it ([`cache_dir_from`]), is never inside site-packages or a bundle, and
+//! has a versioned layout directory, so a format change starts a new bucket instead of
+//! misreading an old one:
+//!
+//! ```text
+//! ~/.cache/kwheel/
+//! ├── artifacts/cubins-v1/        verified cubins a slim wheel's store provided (ArtifactCache)
+//! ├── jit/kernels-v1/             JIT-compiled cubins by kernel key (crate::jit)
+//! └── build/                      the bundler's build cache (bundler::cache)
+//! ```
+//!
+//! Every file another process may read is written by [`write_atomically`]: a temp file in the
+//! same directory, flushed, renamed over the target.
+//!
+//! # The artifact cache
+//!
+//! ```text
+//! ${KWHEEL_ARTIFACT_CACHE:-${XDG_CACHE_HOME:-~/.cache}/kwheel/artifacts}/
+//! └── cubins-v1/                  layout version (CACHE_LAYOUT): bump when an entry changes
+//!     └── 5a/                     first two hex digits of the digest
+//!         ├── 5a0d…e1.cubin       the cubin, named by its sha256, renamed into place whole
+//!         └── .5a0d…e1.cubin.*.tmp  a write in progress (never read as an entry)
+//! ```
+//!
+//! An entry is checked against the index each time it is read, and a damaged one is removed.
+//! Entry paths come from digests parsed as [`Digest`] (64 lowercase hex digits), so an index
+//! cannot make the cache read, write or remove anything but its own entries.
+
+use std::ffi::OsString;
+use std::fs::{self, File};
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::env::ARTIFACT_CACHE_ENV;
+use crate::index::StoredFile;
+use crate::key::sha256_hex;
+use crate::untrusted::{read_regular_file, Digest, MAX_ARTIFACT_SIZE};
+
+/// A kwheel cache directory: `$<override_var>` when set, else
+/// `${XDG_CACHE_HOME:-~/.cache}/kwheel/<leaf>`; `env` reads the environment (tests inject it).
+pub fn cache_dir_from(
+    env: impl Fn(&str) -> Option<OsString>,
+    override_var: &str,
+    leaf: &str,
+) -> PathBuf {
+    let env = |name: &str| env(name).filter(|value| !value.is_empty());
+    if let Some(dir) = env(override_var) {
+        return PathBuf::from(dir);
+    }
+    user_cache_dir_from(env).join("kwheel").join(leaf)
+}
+
+/// The user's cache directory: `$XDG_CACHE_HOME`, else `~/.cache` (a temp directory when
+/// there is no home).
+pub fn user_cache_dir() -> PathBuf {
+    user_cache_dir_from(|name| std::env::var_os(name).filter(|value| !value.is_empty()))
+}
+
+fn user_cache_dir_from(env: impl Fn(&str) -> Option<OsString>) -> PathBuf {
+    env("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| env("HOME").map(|home| PathBuf::from(home).join(".cache")))
+        .unwrap_or_else(|| std::env::temp_dir().join("kwheel-cache"))
+}
+
+static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// Writes `bytes` to a temp file next to `path` (creating the directory) and renames it over
+/// `path`: readers see the old file or the new one, never a part. The temp file is named
+/// `.<file name>.<pid>.<n>.tmp`, so the owner of a lock over `path` can find what a killed
+/// writer left. There is no `fsync`: every reader of these files verifies them (by digest or
+/// validation), so a file cut short by a power loss reads as a miss, never as a wrong cubin.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    fs::create_dir_all(dir)?;
+    let name = path
+        .file_name()
+        .map(|name| name.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let temp = dir.join(format!(
+        ".{name}.{}.{}.tmp",
+        std::process::id(),
+        TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
+    ));
+    let result = (|| {
+        let mut file = File::options().write(true).create_new(true).open(&temp)?;
+        file.write_all(bytes)?;
+        fs::rename(&temp, path)
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&temp);
+    }
+    result
+}
+
+/// The cache layout's directory name. Bump it when the entry format or the file names change.
+pub const CACHE_LAYOUT: &str = "cubins-v1";
+/// The artifact cache directory: `$KWHEEL_ARTIFACT_CACHE`, else
+/// `${XDG_CACHE_HOME:-~/.cache}/kwheel/artifacts`.
+pub fn default_artifact_cache_dir() -> PathBuf {
+    cache_dir_from(
+        |name| std::env::var_os(name),
+        ARTIFACT_CACHE_ENV,
+        "artifacts",
+    )
+}
+
+/// The user's cache of verified cubins, by digest (layout in the module docs).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ArtifactCache {
+    root: PathBuf,
+}
+
+impl Default for ArtifactCache {
+    /// The cache at [`default_artifact_cache_dir`].
+    fn default() -> Self {
+        ArtifactCache::new(default_artifact_cache_dir())
+    }
+}
+
+impl ArtifactCache {
+    /// The cache under `dir` (created on first write).
+    pub fn new(dir: impl Into<PathBuf>) -> ArtifactCache {
+        ArtifactCache {
+            root: dir.into().join(CACHE_LAYOUT),
+        }
+    }
+
+    /// The directory the cache was made with (holding [`CACHE_LAYOUT`]).
+    pub fn dir(&self) -> &Path {
+        self.root.parent().unwrap_or(&self.root)
+    }
+
+    /// Where the cubin with sha256 `digest` lives; `None` when `digest` is not a sha256 (so
+    /// no text from an index becomes a path outside the cache).
+    pub fn entry_path(&self, digest: &str) -> Option<PathBuf> {
+        let digest = Digest::parse(digest).ok()?;
+        Some(self.entry_path_of(&digest))
+    }
+
+    fn entry_path_of(&self, digest: &Digest) -> PathBuf {
+        self.root
+            .join(digest.prefix())
+            .join(format!("{digest}.cubin"))
+    }
+
+    /// Whether an entry of the right size is present (not verified: [`ArtifactCache::read`]
+    /// verifies).
+    pub fn contains(&self, stored: &StoredFile) -> bool {
+        self.entry_path(&stored.digest)
+            .and_then(|path| std::fs::symlink_metadata(path).ok())
+            .is_some_and(|metadata| metadata.is_file() && metadata.len() == stored.size)
+    }
+
+    /// The cached cubin for `stored`, verified against its digest and size. A damaged entry
+    /// (a regular file of the cache whose bytes do not match) is removed and reads as absent.
+    pub fn read(&self, stored: &StoredFile) -> Option<Vec<u8>> {
+        let path = self.entry_path(&stored.digest)?;
+        let metadata = std::fs::symlink_metadata(&path).ok()?;
+        if !metadata.is_file() {
+            return None;
+        }
+        let bytes = read_regular_file(&path, stored.size.min(MAX_ARTIFACT_SIZE)).ok();
+        match bytes {
+            Some(bytes)
+                if bytes.len() as u64 == stored.size && sha256_hex(&bytes) == stored.digest =>
+            {
+                Some(bytes)
+            }
+            _ => {
+                let _ = std::fs::remove_file(&path);
+                None
+            }
+        }
+    }
+
+    /// Stores verified `bytes` under `digest` with [`write_atomically`]; the entry's path.
+    pub fn write(&self, digest: &str, bytes: &[u8]) -> std::io::Result<PathBuf> {
+        let parsed = Digest::parse(digest)
+            .map_err(|refusal| std::io::Error::new(std::io::ErrorKind::InvalidInput, refusal))?;
+        let path = self.entry_path_of(&parsed);
+        write_atomically(&path, bytes)?;
+        Ok(path)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cache_dir_follows_the_environment() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                pairs
+                    .iter()
+                    .find(|(key, _)| *key == name)
+                    .map(|(_, value)| OsString::from(value))
+            }
+        };
+        assert_eq!(
+            cache_dir_from(
+                env(&[("KWHEEL_ARTIFACT_CACHE", "/a"), ("HOME", "/h")]),
+                ARTIFACT_CACHE_ENV,
+                "artifacts"
+            ),
+            PathBuf::from("/a")
+        );
+        assert_eq!(
+            cache_dir_from(
+                env(&[("XDG_CACHE_HOME", "/x"), ("HOME", "/h")]),
+                ARTIFACT_CACHE_ENV,
+                "artifacts"
+            ),
+            PathBuf::from("/x/kwheel/artifacts")
+        );
+        assert_eq!(
+            cache_dir_from(
+                env(&[("XDG_CACHE_HOME", ""), ("HOME", "/h")]),
+                ARTIFACT_CACHE_ENV,
+                "artifacts"
+            ),
+            PathBuf::from("/h/.cache/kwheel/artifacts")
+        );
+    }
+
+    #[test]
+    fn a_damaged_cache_entry_reads_as_absent_and_is_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = ArtifactCache::new(dir.path());
+        let bytes = b"cubin bytes".to_vec();
+        let stored = StoredFile {
+            digest: sha256_hex(&bytes),
+            size: bytes.len() as u64,
+            path: String::new(),
+            stored_size: 0,
+        };
+        let path = cache.write(&stored.digest, &bytes).unwrap();
+        assert_eq!(cache.read(&stored), Some(bytes));
+        std::fs::write(&path, b"cubin bytez").unwrap();
+        assert!(cache.contains(&stored));
+        assert_eq!(cache.read(&stored), None);
+        assert!(!path.exists());
+    }
+}

@@ -1,0 +1,579 @@
+//! The one compile recipe, shared by the bundler and the JIT so that a JIT cubin is the cubin
+//! the bundler would have built: the compiler kinds, how their exact versions are read, the
+//! option lists in order, the entry probes that name templated entries for nvcc, and how a
+//! compiled cubin's entries are resolved and checked.
+//!
+//! | piece | used for |
+//! | --- | --- |
+//! | [`CompilerKind`] | which compiler built a variant; its text is the index's `compiler.kind` |
+//! | [`parse_nvcc_version`], [`nvrtc_package_version`], [`host_compiler`], [`nvcc_record`] | the exact versions that enter the key |
+//! | [`nvrtc_options`], [`nvcc_arguments`] | the options, in order |
+//! | [`entry_probes_source`], [`read_entry_probes`] | the mangled symbol of each name expression under nvcc |
+//! | [`resolve_entries`] | a cubin's entries as the index records them, validated for the target |
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::fmt;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde::{Deserialize, Serialize};
+
+use crate::cubin::{inspect_cubin, validate_cubin, CubinError};
+use crate::index::{CompilerRecord, Function};
+use crate::target::Arch;
+
+/// Which compiler built a cubin; its text (`nvcc`, `nvrtc`, `nvcc+ptxas`) is the index's
+/// `compiler.kind`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CompilerKind {
+    /// The `nvcc` driver, run as a process.
+    Nvcc,
+    /// NVRTC, the runtime compiler library, loaded into this process.
+    Nvrtc,
+    /// A newer toolkit's nvcc emitting PTX, assembled by this build's own `ptxas`: how a build
+    /// whose packages carry `ptxas` but no nvcc (CUDA 12.9) compiles code with host parts. The
+    /// bundler's route only; the JIT runs NVRTC or nvcc.
+    #[serde(rename = "nvcc+ptxas")]
+    NvccPtxas,
+}
+
+impl CompilerKind {
+    /// The index's spelling: `nvcc`, `nvrtc`, `nvcc+ptxas`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CompilerKind::Nvcc => "nvcc",
+            CompilerKind::Nvrtc => "nvrtc",
+            CompilerKind::NvccPtxas => "nvcc+ptxas",
+        }
+    }
+}
+
+impl fmt::Display for CompilerKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// nvcc, or the host compiler it runs, could not tell its version.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("could not run `{} --version`: {detail}", program.display())]
+pub struct ProbeError {
+    /// The nvcc (or host compiler) executable.
+    pub program: PathBuf,
+    /// What went wrong.
+    pub detail: String,
+}
+
+/// NVRTC's exact version from package metadata in `dir`: a wheel's
+/// `nvidia_cuda_nvrtc*-X.Y.Z.dist-info` (its `METADATA`, else its name; of CUDA `major` when
+/// given), else a toolkit root's `version.json`.
+pub fn nvrtc_package_version(dir: &Path, major: Option<u32>) -> Option<String> {
+    let mut dist_infos: Vec<(PathBuf, String)> = fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .filter_map(|entry| {
+            let entry = entry.ok()?;
+            let name = entry.file_name().into_string().ok()?;
+            let (package, version) = name.strip_suffix(".dist-info")?.rsplit_once('-')?;
+            let is_nvrtc = package == "nvidia_cuda_nvrtc"
+                || package
+                    .strip_prefix("nvidia_cuda_nvrtc_cu")
+                    .is_some_and(|major| major.bytes().all(|b| b.is_ascii_digit()));
+            let same_major = match major {
+                Some(major) => version.split('.').next() == Some(major.to_string().as_str()),
+                None => true,
+            };
+            (is_nvrtc && same_major).then(|| (entry.path(), version.to_owned()))
+        })
+        .collect();
+    dist_infos.sort();
+    if let Some((path, name_version)) = dist_infos.into_iter().next() {
+        let metadata = fs::read_to_string(path.join("METADATA")).unwrap_or_default();
+        let version = metadata
+            .lines()
+            .take_while(|line| !line.is_empty())
+            .find_map(|line| line.strip_prefix("Version:"))
+            .map(|version| version.trim().to_owned());
+        return Some(version.unwrap_or(name_version));
+    }
+    let manifest = fs::read_to_string(dir.join("version.json")).ok()?;
+    let manifest: serde_json::Value = serde_json::from_str(&manifest).ok()?;
+    manifest["cuda_nvrtc"]["version"]
+        .as_str()
+        .map(str::to_owned)
+}
+
+/// A `Command` for nvcc that does not depend on the caller's environment: `NVCC_PREPEND_FLAGS`
+/// and the like would change what gets built without changing the key. Only `PATH` is kept,
+/// for the host compiler nvcc runs. The bundler runs nvcc the same way.
+pub fn nvcc_command(nvcc: &Path) -> Command {
+    let mut command = Command::new(nvcc);
+    command.env_clear();
+    if let Some(path) = std::env::var_os("PATH") {
+        command.env("PATH", path);
+    }
+    command
+}
+
+/// nvcc's exact version, from `nvcc --version`.
+pub fn nvcc_version(nvcc: &Path) -> Result<String, ProbeError> {
+    let probe = |detail: String| ProbeError {
+        program: nvcc.to_path_buf(),
+        detail,
+    };
+    let output = nvcc_command(nvcc)
+        .arg("--version")
+        .output()
+        .map_err(|error| probe(error.to_string()))?;
+    if !output.status.success() {
+        return Err(probe(format!(
+            "{}: {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        )));
+    }
+    let text = String::from_utf8_lossy(&output.stdout);
+    parse_nvcc_version(&text).ok_or_else(|| probe(format!("no version in its output:\n{text}")))
+}
+
+/// The host compiler nvcc runs to preprocess device code (`gcc` on `PATH`, as nvcc itself finds
+/// it), named by the first line of its `--version`: the distribution's build of gcc, and so its
+/// libstdc++ and the system headers nvcc reads, is part of every nvcc key. The bundler and the
+/// JIT both record it through [`nvcc_record`], so their nvcc keys agree on one machine.
+pub fn host_compiler() -> Result<String, ProbeError> {
+    let gcc = Path::new("gcc");
+    let probe = |detail: String| ProbeError {
+        program: gcc.to_path_buf(),
+        detail,
+    };
+    let output = nvcc_command(gcc)
+        .arg("--version")
+        .output()
+        .map_err(|error| probe(error.to_string()))?;
+    if !output.status.success() {
+        return Err(probe(format!(
+            "{}: {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        )));
+    }
+    parse_host_compiler(&String::from_utf8_lossy(&output.stdout))
+        .ok_or_else(|| probe("it printed nothing".to_owned()))
+}
+
+/// The first line of `gcc --version`, trimmed: `gcc (Debian 12.2.0-14+deb12u1) 12.2.0`.
+fn parse_host_compiler(text: &str) -> Option<String> {
+    text.lines()
+        .next()
+        .map(|line| line.trim().to_owned())
+        .filter(|line| !line.is_empty())
+}
+
+/// The record of an nvcc compile (`kind` is `nvcc`, or `nvcc+ptxas` for the bundler's route
+/// through another build's `ptxas`): the compiler's version and the host compiler it
+/// preprocessed with, `13.0.88, host gcc (Debian 12.2.0-14+deb12u1) 12.2.0`.
+pub fn nvcc_record(kind: &str, version: &str, host_compiler: &str) -> CompilerRecord {
+    CompilerRecord {
+        kind: kind.to_owned(),
+        version: format!("{version}, host {host_compiler}"),
+    }
+}
+
+/// nvcc's exact version from `nvcc --version`: `13.0.88` from
+/// `Cuda compilation tools, release 13.0, V13.0.88` (the release, `12.9`, when there is no
+/// `V` part). The bundler's toolchain discovery and the JIT's compiler search both use it.
+pub fn parse_nvcc_version(text: &str) -> Option<String> {
+    let line = text.lines().find(|line| line.contains("release "))?;
+    let exact = line
+        .split([',', ' '])
+        .filter_map(|word| word.strip_prefix('V'))
+        .find(|version| version.starts_with(|c: char| c.is_ascii_digit()));
+    match exact {
+        Some(version) => Some(version.to_owned()),
+        None => {
+            let release = line.split("release ").nth(1)?;
+            Some(release.split(',').next()?.trim().to_owned())
+        }
+    }
+}
+
+/// The target-dependent compile settings both compilers take.
+#[derive(Clone, Copy, Debug)]
+pub struct CompileOptions<'a> {
+    /// The target architecture.
+    pub arch: Arch,
+    /// The C++ standard, `c++17`.
+    pub cxx_std: &'a str,
+    /// The kernel's include directories (absolute), in `-I` order.
+    pub include_dirs: &'a [PathBuf],
+    /// Preprocessor definitions, as `-DNAME=value` in name order.
+    pub defines: &'a BTreeMap<String, String>,
+    /// Further flags, last and as given.
+    pub flags: &'a [String],
+}
+
+/// NVRTC's options, in the bundler's order: architecture, standard, the kernel's include
+/// dirs, the toolkit's, defines, flags.
+pub fn nvrtc_options(
+    options: &CompileOptions<'_>,
+    toolkit_include_dirs: &[PathBuf],
+) -> Vec<String> {
+    let mut arguments = vec![
+        format!("--gpu-architecture={}", options.arch),
+        format!("-std={}", options.cxx_std),
+    ];
+    let include_dirs = options
+        .include_dirs
+        .iter()
+        .chain(toolkit_include_dirs)
+        .map(|dir| format!("-I{}", dir.display()));
+    arguments.extend(include_dirs);
+    arguments.extend(
+        options
+            .defines
+            .iter()
+            .map(|(name, value)| format!("-D{name}={value}")),
+    );
+    arguments.extend(options.flags.iter().cloned());
+    arguments
+}
+
+/// nvcc's arguments, in the bundler's order: `-cubin` (`-ptx` for a `compute_XY` target),
+/// architecture, standard, include dirs, defines, flags, output, source.
+pub fn nvcc_arguments(options: &CompileOptions<'_>, source: &Path, output: &Path) -> Vec<OsString> {
+    // A `compute_XY` target's artifact is PTX.
+    let output_kind = if options.arch.is_ptx() {
+        "-ptx"
+    } else {
+        "-cubin"
+    };
+    let mut arguments: Vec<OsString> = vec![
+        output_kind.into(),
+        format!("-arch={}", options.arch).into(),
+        format!("-std={}", options.cxx_std).into(),
+    ];
+    for dir in options.include_dirs {
+        let mut flag = OsString::from("-I");
+        flag.push(dir);
+        arguments.push(flag);
+    }
+    arguments.extend(
+        options
+            .defines
+            .iter()
+            .map(|(name, value)| OsString::from(format!("-D{name}={value}"))),
+    );
+    arguments.extend(options.flags.iter().map(OsString::from));
+    arguments.push("-o".into());
+    arguments.push(output.into());
+    arguments.push(source.into());
+    arguments
+}
+
+/// The translation unit nvcc compiles when a kernel has name expressions: the kernel's source,
+/// then one probe per name expression (see [`entry_probes_source`]).
+pub const ENTRY_PROBES_SOURCE: &str = "kwheel-entries.cu";
+/// The PTX nvcc leaves (`-keep`) of [`ENTRY_PROBES_SOURCE`] in its work dir.
+pub const ENTRY_PROBES_PTX: &str = "kwheel-entries.ptx";
+/// The prefix of the device variables that make nvcc name an entry's symbol.
+const PROBE_PREFIX: &str = "__kwheel_entry_";
+
+/// Whether an entry is a name expression (`scale<half>`, `ns::kernel`) rather than a plain
+/// `extern "C"` symbol: NVRTC lowers those, and nvcc compiles them through entry probes.
+pub fn is_name_expression(entry: &str) -> bool {
+    !entry.chars().all(|c| c == '_' || c.is_ascii_alphanumeric())
+}
+
+/// [`ENTRY_PROBES_SOURCE`]'s text: how nvcc is asked for the symbol of a name expression
+/// (`scale<half>`, `act<float, &silu>`). It includes `source` (absolute) and stores each
+/// entry's address in a device variable; nvcc then instantiates the template exactly as C++
+/// reads the expression (typedefs, `half`, integer and enum arguments, function pointers),
+/// and its PTX initializes `__kwheel_entry_<n>` with the mangled symbol ([`read_entry_probes`]).
+/// NVRTC does the same with `nvrtcAddNameExpression`. Entry `n` is on line `3 + 2n`. The
+/// bundler and the JIT compile this same text, so their cubins are the same bytes.
+pub fn entry_probes_source(source: &Path, name_expressions: &[String]) -> String {
+    let mut text = format!(
+        "#include \"{}\"\n",
+        source
+            .display()
+            .to_string()
+            .replace('\\', "\\\\")
+            .replace('"', "\\\"")
+    );
+    for (n, entry) in name_expressions.iter().enumerate() {
+        text.push_str(&format!(
+            "// entry `{entry}`\n__device__ void* {PROBE_PREFIX}{n} = (void*)&{entry};\n"
+        ));
+    }
+    text
+}
+
+/// Each name expression with the symbol its probe holds in `ptx` (nvcc's PTX of
+/// [`entry_probes_source`]); an entry whose probe is missing is left out.
+pub fn read_entry_probes(ptx: &str, name_expressions: &[String]) -> BTreeMap<String, String> {
+    name_expressions
+        .iter()
+        .enumerate()
+        .filter_map(|(n, entry)| {
+            let needle = format!("{PROBE_PREFIX}{n} = ");
+            let line = ptx.lines().find(|line| line.contains(&needle))?;
+            let value = line.split_once(&needle)?.1;
+            let value = value.trim_end().trim_end_matches(';').trim();
+            let value = value
+                .strip_prefix("generic(")
+                .and_then(|inner| inner.strip_suffix(')'))
+                .unwrap_or(value);
+            Some((entry.clone(), value.to_owned()))
+        })
+        .collect()
+}
+
+/// Why a compiled cubin's entries cannot be recorded.
+#[derive(Debug, thiserror::Error)]
+pub enum EntryError {
+    /// The output is not a valid cubin (or PTX) for the target.
+    #[error(transparent)]
+    Invalid(#[from] CubinError),
+    /// An entry of the manifest is not among the cubin's functions.
+    #[error("entry `{entry}` is not in the output; it has {}", if found.is_empty() { "no entry functions".to_owned() } else { found.join(", ") })]
+    Missing {
+        /// The entry as the manifest spells it.
+        entry: String,
+        /// The entries the output has, as a manifest would spell them ([`pasteable_entry`]).
+        found: Vec<String>,
+    },
+}
+
+/// The index's record of each of `entries` in a compiled `cubin` for `arch`: its symbol (the
+/// one the compiler gave a name expression in `symbols`, else the entry itself or the mangled
+/// symbol that demangles to it) and its parameter sizes, after validating the cubin for the
+/// target with every symbol present as an entry function. The bundler and the JIT both record
+/// entries through this.
+pub fn resolve_entries(
+    cubin: &[u8],
+    arch: Arch,
+    entries: &[String],
+    symbols: &BTreeMap<String, String>,
+) -> Result<Vec<Function>, EntryError> {
+    let info = inspect_cubin(cubin)?;
+    let mut resolved = Vec::new();
+    for entry in entries {
+        let symbol = symbols
+            .get(entry)
+            .filter(|symbol| info.function(symbol).is_some())
+            .cloned()
+            .or_else(|| info.resolve_entry(entry))
+            .ok_or_else(|| EntryError::Missing {
+                entry: entry.clone(),
+                found: info
+                    .functions
+                    .iter()
+                    .map(|function| pasteable_entry(&function.symbol))
+                    .collect(),
+            })?;
+        resolved.push(symbol);
+    }
+    let symbol_refs: Vec<&str> = resolved.iter().map(String::as_str).collect();
+    let info = validate_cubin(cubin, arch, &symbol_refs)?;
+    Ok(entries
+        .iter()
+        .zip(resolved)
+        .map(|(name, symbol)| Function {
+            name: name.clone(),
+            param_sizes: info
+                .function(&symbol)
+                .map(|function| function.param_sizes.clone())
+                .unwrap_or_default(),
+            symbol,
+        })
+        .collect())
+}
+
+/// A kernel symbol as a manifest entry would spell it: demangled without parameters, and a
+/// function-pointer template argument as `&name` rather than the demangler's `&name(float
+/// const&)`. `extern "C"` names and symbols that do not demangle stay as they are.
+pub fn pasteable_entry(symbol: &str) -> String {
+    let Ok(parsed) = cpp_demangle::Symbol::new(symbol.as_bytes()) else {
+        return symbol.to_owned();
+    };
+    let options = cpp_demangle::DemangleOptions::new()
+        .no_return_type()
+        .no_params();
+    let Ok(demangled) = parsed.demangle(&options) else {
+        return symbol.to_owned();
+    };
+    // Drop the parameter list after `&qualified::name` (a function pointer argument).
+    let mut out = String::with_capacity(demangled.len());
+    let mut chars = demangled.chars().peekable();
+    while let Some(c) = chars.next() {
+        out.push(c);
+        if c != '&' {
+            continue;
+        }
+        while let Some(&next) = chars.peek() {
+            if next == '_' || next == ':' || next.is_ascii_alphanumeric() {
+                out.push(next);
+                chars.next();
+            } else {
+                break;
+            }
+        }
+        if chars.peek() == Some(&'(') && !out.ends_with('&') {
+            let mut depth = 0;
+            for skipped in chars.by_ref() {
+                match skipped {
+                    '(' => depth += 1,
+                    ')' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            break;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_compiler_is_the_first_line_of_its_version() {
+        let text = "gcc (Debian 12.2.0-14+deb12u1) 12.2.0\nCopyright (C) 2022 Free Software \
+                    Foundation, Inc.\n";
+        assert_eq!(
+            parse_host_compiler(text).as_deref(),
+            Some("gcc (Debian 12.2.0-14+deb12u1) 12.2.0")
+        );
+        assert_eq!(parse_host_compiler("\n"), None);
+        assert_eq!(parse_host_compiler(""), None);
+    }
+
+    #[test]
+    fn host_compiler_is_found_on_path() {
+        // The machine's gcc, as nvcc finds it; where there is none, the probe says so.
+        match host_compiler() {
+            Ok(host) => assert!(!host.contains('\n') && !host.is_empty(), "{host:?}"),
+            Err(error) => assert!(
+                error
+                    .to_string()
+                    .starts_with("could not run `gcc --version`: "),
+                "{error}"
+            ),
+        }
+    }
+
+    #[test]
+    fn entry_probes_name_each_entry() {
+        let entries: Vec<String> = vec!["scale<float>".into(), "ns::k".into()];
+        let text = entry_probes_source(Path::new("/src/a \"b\".cu"), &entries);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], r#"#include "/src/a \"b\".cu""#);
+        // Entry `n` is on line `3 + 2n` (1-based), as nvcc's errors count.
+        assert_eq!(
+            lines[2],
+            "__device__ void* __kwheel_entry_0 = (void*)&scale<float>;"
+        );
+        assert_eq!(
+            lines[4],
+            "__device__ void* __kwheel_entry_1 = (void*)&ns::k;"
+        );
+        let ptx = ".global .align 8 .u64 __kwheel_entry_0 = _Z5scaleIfEvv;\n\
+                   .global .align 8 .u64 __kwheel_entry_1 = generic(_ZN2ns1kEv);\n";
+        let names = read_entry_probes(ptx, &entries);
+        assert_eq!(names["scale<float>"], "_Z5scaleIfEvv");
+        assert_eq!(names["ns::k"], "_ZN2ns1kEv");
+        assert!(is_name_expression("scale<float>") && is_name_expression("ns::k"));
+        assert!(!is_name_expression("layernorm_bf16"));
+    }
+
+    #[test]
+    fn nvcc_version_is_exact() {
+        let text = "Cuda compilation tools, release 13.0, V13.0.88\n";
+        assert_eq!(parse_nvcc_version(text).as_deref(), Some("13.0.88"));
+        assert_eq!(
+            parse_nvcc_version("Cuda compilation tools, release 12.9\n").as_deref(),
+            Some("12.9")
+        );
+        assert_eq!(parse_nvcc_version("hello"), None);
+    }
+
+    fn options_fixture() -> (Vec<PathBuf>, BTreeMap<String, String>, Vec<String>) {
+        (
+            vec![PathBuf::from("/src/include")],
+            BTreeMap::from([
+                ("B".to_owned(), "2".to_owned()),
+                ("A".to_owned(), "x y".to_owned()),
+            ]),
+            vec!["--use_fast_math".to_owned()],
+        )
+    }
+
+    #[test]
+    fn nvrtc_options_are_the_bundlers() {
+        let (include_dirs, defines, flags) = options_fixture();
+        let options = CompileOptions {
+            arch: "sm_100a".parse().unwrap(),
+            cxx_std: "c++20",
+            include_dirs: &include_dirs,
+            defines: &defines,
+            flags: &flags,
+        };
+        let toolkit = [PathBuf::from("/tk/runtime"), PathBuf::from("/tk/cccl")];
+        assert_eq!(
+            nvrtc_options(&options, &toolkit),
+            [
+                "--gpu-architecture=sm_100a",
+                "-std=c++20",
+                "-I/src/include",
+                "-I/tk/runtime",
+                "-I/tk/cccl",
+                "-DA=x y",
+                "-DB=2",
+                "--use_fast_math"
+            ]
+        );
+    }
+
+    #[test]
+    fn nvcc_arguments_are_the_bundlers() {
+        let (include_dirs, defines, flags) = options_fixture();
+        let options = CompileOptions {
+            arch: "sm_90a".parse().unwrap(),
+            cxx_std: "c++17",
+            include_dirs: &include_dirs,
+            defines: &defines,
+            flags: &flags,
+        };
+        let arguments: Vec<String> = nvcc_arguments(
+            &options,
+            Path::new("/src/k.cu"),
+            Path::new("/tmp/out.cubin"),
+        )
+        .into_iter()
+        .map(|argument| argument.into_string().unwrap())
+        .collect();
+        assert_eq!(
+            arguments,
+            [
+                "-cubin",
+                "-arch=sm_90a",
+                "-std=c++17",
+                "-I/src/include",
+                "-DA=x y",
+                "-DB=2",
+                "--use_fast_math",
+                "-o",
+                "/tmp/out.cubin",
+                "/src/k.cu"
+            ]
+        );
+    }
+}
