@@ -36,6 +36,7 @@ use fs4::fs_std::FileExt;
 use prebuilt::bundle::{artifact_path, parse_index, DICTIONARY_FILE, INDEX_FILE, SOURCES_DIR};
 use prebuilt::index::{Index, StoredFile};
 use prebuilt::key::sha256_hex;
+use prebuilt::lookup::LOOKUP_FILE;
 use prebuilt::untrusted::{read_regular_file, MAX_INDEX_SIZE};
 
 use crate::Error;
@@ -104,7 +105,8 @@ pub fn write_bundle(
             })?;
             crate::cache::write_atomically(&root.join(SOURCES_DIR).join(stable), &bytes)?;
         }
-        crate::cache::write_atomically(&root.join(INDEX_FILE), index.to_json().as_bytes())
+        crate::cache::write_atomically(&root.join(INDEX_FILE), index.to_json().as_bytes())?;
+        crate::cache::write_atomically(&root.join(LOOKUP_FILE), &prebuilt::lookup::encode(&index))
     })?;
     Ok((index, WriteOutcome::Written))
 }
@@ -400,6 +402,11 @@ fn unchanged_bundle(out: &Path, planned: &Index) -> Option<Index> {
     let bytes = std::fs::read(&path).ok()?;
     let existing = parse_index(&path, &bytes).ok()?;
     if without_storage(&existing) != without_storage(planned) {
+        return None;
+    }
+    // The loader's index is derived from `index.json`: a bundle without it, or with another,
+    // is rewritten.
+    if std::fs::read(out.join(LOOKUP_FILE)).ok()? != prebuilt::lookup::encode(&existing) {
         return None;
     }
     let stored = existing.dictionary.iter().chain(

@@ -128,12 +128,16 @@ fn phases(arguments: &Arguments, name: &str, cache: &Path) -> Result<Phases, Str
     let open = started.elapsed();
     let started = Instant::now();
     let query = registry.device_query().map_err(|error| error.to_string())?;
-    let record = &registry.index().kernels[name];
-    let choice = select_variant(name, record, &query).map_err(|no_fit| no_fit.to_string())?;
+    let record = registry
+        .catalog()
+        .record(name)
+        .map_err(|error| error.to_string())?
+        .ok_or_else(|| format!("no kernel `{name}`"))?;
+    let choice = select_variant(name, &record, &query).map_err(|no_fit| no_fit.to_string())?;
     let select = started.elapsed();
     let started = Instant::now();
     registry
-        .bundle()
+        .catalog()
         .read_artifact(name, choice.variant)
         .map_err(|error| error.to_string())?;
     let read = started.elapsed();
@@ -167,7 +171,7 @@ fn run() -> Result<(), String> {
     )
     .map_err(|error| error.to_string())?;
     let query = probe.device_query().map_err(|error| error.to_string())?;
-    let names: Vec<String> = probe.index().kernels.keys().cloned().collect();
+    let names: Vec<String> = probe.catalog().names().map_err(|error| error.to_string())?;
     drop(probe);
 
     // The JIT copy: the same bundle without any cubin, so every kernel compiles.

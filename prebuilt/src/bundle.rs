@@ -107,6 +107,18 @@ pub enum BundleError {
         #[source]
         source: std::io::Error,
     },
+    /// The loader's index was written by a newer or older format.
+    #[error(
+        "loader index `{}` has format {found}; this kwheel reads format {}: install the kwheel the bundle was built with, or rebuild the bundle",
+        path.display(),
+        crate::lookup::LOOKUP_FORMAT
+    )]
+    UnsupportedLookup {
+        /// The file.
+        path: PathBuf,
+        /// The format found.
+        found: u32,
+    },
     /// An artifact's stored bytes do not decompress.
     #[error("artifact of `{kernel}` ({variant}) at `{}` is corrupt", path.display())]
     Corrupt {
@@ -195,7 +207,15 @@ impl Bundle {
 
     /// Reads, decompresses and verifies the cubin of one variant of `kernel`.
     pub fn read_artifact(&self, kernel: &str, variant: &Variant) -> Result<Vec<u8>, BundleError> {
-        let dictionary = self.read_dictionary(kernel, variant)?;
+        let dictionary = match &self.index.dictionary {
+            Some(stored) => Some(read_dictionary(
+                &self.root,
+                stored,
+                kernel,
+                &variant.label(),
+            )?),
+            None => None,
+        };
         read_stored(
             &self.root,
             &variant.artifact,
@@ -203,35 +223,6 @@ impl Bundle {
             kernel,
             &variant.label(),
         )
-    }
-
-    fn read_dictionary(
-        &self,
-        kernel: &str,
-        variant: &Variant,
-    ) -> Result<Option<Vec<u8>>, BundleError> {
-        let Some(dictionary) = &self.index.dictionary else {
-            return Ok(None);
-        };
-        let path = stored_path(
-            &self.root,
-            dictionary,
-            MAX_DICTIONARY_SIZE,
-            "the dictionary",
-        )?;
-        let bytes =
-            read_regular_file(&path, MAX_DICTIONARY_SIZE).map_err(|source| BundleError::Read {
-                path: path.clone(),
-                source,
-            })?;
-        verify(
-            &bytes,
-            dictionary,
-            &path,
-            kernel,
-            &format!("{} dictionary", variant.label()),
-        )?;
-        Ok(Some(bytes))
     }
 
     /// Writes every artifact, verified, as `root/<kernel>/<build>/<arch>.cubin` (`<arch>.ptx`
@@ -382,6 +373,29 @@ pub fn read_stored(
     Ok(bytes)
 }
 
+/// Reads and verifies the bundle's zstd dictionary; `label` names the variant that needs it.
+pub fn read_dictionary(
+    root: &Path,
+    dictionary: &StoredFile,
+    kernel: &str,
+    label: &str,
+) -> Result<Vec<u8>, BundleError> {
+    let path = stored_path(root, dictionary, MAX_DICTIONARY_SIZE, "the dictionary")?;
+    let bytes =
+        read_regular_file(&path, MAX_DICTIONARY_SIZE).map_err(|source| BundleError::Read {
+            path: path.clone(),
+            source,
+        })?;
+    verify(
+        &bytes,
+        dictionary,
+        &path,
+        kernel,
+        &format!("{label} dictionary"),
+    )?;
+    Ok(bytes)
+}
+
 /// Decompresses one zstd frame, stopping one byte past `size` (the recorded size, at most
 /// [`MAX_ARTIFACT_SIZE`]): a frame that claims or holds more is never inflated whole, and
 /// "longer than recorded" becomes a digest mismatch.
@@ -511,14 +525,19 @@ pub fn list_bundle(index: &Index) -> String {
     out
 }
 
-/// Where `variant`'s cubin is: the bundle, the cache, the store, or nowhere. Looks at file
-/// presence and sizes only; reading verifies.
-pub fn locate(bundle: &Bundle, variant: &Variant, cache: &ArtifactCache) -> ArtifactLocation {
-    if bundle.root().join(&variant.artifact.path).is_file() {
+/// Where `variant`'s cubin is: the bundle at `root`, the cache, the bundle's `store`, or
+/// nowhere. Looks at file presence and sizes only; reading verifies.
+pub fn locate(
+    root: &Path,
+    store: Option<&str>,
+    variant: &Variant,
+    cache: &ArtifactCache,
+) -> ArtifactLocation {
+    if root.join(&variant.artifact.path).is_file() {
         ArtifactLocation::Bundle
     } else if cache.contains(&variant.artifact) {
         ArtifactLocation::Cache
-    } else if bundle.index().store.is_some() {
+    } else if store.is_some() {
         ArtifactLocation::Store
     } else {
         ArtifactLocation::Missing

@@ -60,22 +60,10 @@ pub fn coverage_with(
         .kernels
         .iter()
         .map(|(name, record)| {
-            let (choice, refusals) = evaluate(record, query, ptx_forbidden_by);
-            let (loads, reason) = match choice {
-                Some(choice) => (Some(choice.variant.label()), choice.reason),
-                None => (None, nothing_fits(record)),
-            };
-            let refusals = refusals
-                .iter()
-                .map(|refusal| (refusal.variant.clone(), refusal.reason.to_string()))
-                .collect();
-            let coverage = KernelCoverage {
-                loads,
-                reason,
-                refusals,
-                location: None,
-            };
-            (name.clone(), coverage)
+            (
+                name.clone(),
+                kernel_coverage(record, query, ptx_forbidden_by),
+            )
         })
         .collect();
     CoverageReport {
@@ -84,6 +72,29 @@ pub fn coverage_with(
         driver: query.driver.to_string(),
         torch: query.torch.clone(),
         kernels,
+    }
+}
+
+/// One kernel's line of [`coverage_with`]: what loads and why, or why nothing does.
+pub fn kernel_coverage(
+    record: &KernelRecord,
+    query: &DeviceQuery,
+    ptx_forbidden_by: Option<&str>,
+) -> KernelCoverage {
+    let (choice, refusals) = evaluate(record, query, ptx_forbidden_by);
+    let (loads, reason) = match choice {
+        Some(choice) => (Some(choice.variant.label()), choice.reason),
+        None => (None, nothing_fits(record)),
+    };
+    let refusals = refusals
+        .iter()
+        .map(|refusal| (refusal.variant.clone(), refusal.reason.to_string()))
+        .collect();
+    KernelCoverage {
+        loads,
+        reason,
+        refusals,
+        location: None,
     }
 }
 
@@ -408,7 +419,14 @@ pub fn bundle_coverage(
             .variants
             .iter()
             .find(|variant| &variant.label() == label);
-        kernel.location = variant.map(|variant| locate(bundle, variant, cache));
+        kernel.location = variant.map(|variant| {
+            locate(
+                bundle.root(),
+                bundle.index().store.as_deref(),
+                variant,
+                cache,
+            )
+        });
     }
     report
 }

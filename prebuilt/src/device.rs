@@ -240,6 +240,31 @@ pub fn device_arch(capability: (u32, u32)) -> Arch {
     Arch { sm, kind }
 }
 
+/// The runtime's CUDA build when torch does not say: the newest of `builds` (a bundle's, in
+/// order) that the driver supports (the newest, without a driver), else the oldest; with no
+/// build at all, the driver's own version (13.0 without a driver).
+pub fn default_build(builds: &[CudaBuild], driver: Option<DriverVersion>) -> CudaBuild {
+    let supported = |build: &&CudaBuild| driver.is_none_or(|driver| driver.supports(**build));
+    builds
+        .iter()
+        .rev()
+        .find(supported)
+        .or_else(|| builds.first())
+        .copied()
+        .unwrap_or_else(|| {
+            driver.map_or(
+                CudaBuild {
+                    major: 13,
+                    minor: 0,
+                },
+                |driver| CudaBuild {
+                    major: driver.major,
+                    minor: driver.minor,
+                },
+            )
+        })
+}
+
 /// A CUDA build as a user spells it: `cu129`, `12.9` or `12.9.1`.
 pub fn parse_cuda_build(text: &str) -> Result<CudaBuild, ParseTargetError> {
     let text = text.trim();

@@ -46,6 +46,7 @@ pub mod jit;
 pub mod key;
 #[cfg(test)]
 mod layering;
+pub mod lookup;
 pub mod nvrtc;
 pub mod registry;
 pub mod select;

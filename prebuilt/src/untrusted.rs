@@ -16,7 +16,7 @@ use std::fmt;
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
 
-use crate::index::{Index, StoredFile};
+use crate::index::{Index, KernelRecord, StoredFile};
 
 /// Largest cubin (uncompressed) or stored artifact kwheel reads: a limit checked before any
 /// memory is reserved for it.
@@ -199,31 +199,37 @@ pub fn check_index(index: &Index) -> Result<(), Untrusted> {
         check_stored(dictionary, MAX_DICTIONARY_SIZE, "the dictionary")?;
     }
     for (name, record) in &index.kernels {
-        KernelName::parse(name)?;
-        for variant in &record.variants {
-            let what = format!("`{name}` ({})", variant.label());
-            check_stored(&variant.artifact, MAX_ARTIFACT_SIZE, &what)?;
-            Digest::parse(&variant.key).map_err(|e| e.of(format!("the key of {what}")))?;
+        check_kernel(name, record)?;
+    }
+    Ok(())
+}
+
+/// [`check_index`] for one kernel: its name, its artifacts, its keys and its source paths.
+pub fn check_kernel(name: &str, record: &KernelRecord) -> Result<(), Untrusted> {
+    KernelName::parse(name)?;
+    for variant in &record.variants {
+        let what = format!("`{name}` ({})", variant.label());
+        check_stored(&variant.artifact, MAX_ARTIFACT_SIZE, &what)?;
+        Digest::parse(&variant.key).map_err(|e| e.of(format!("the key of {what}")))?;
+    }
+    for (stable, digest) in &record.inputs.files {
+        Digest::parse(digest)
+            .map_err(|e| e.of(format!("the digest of input `{stable}` of `{name}`")))?;
+    }
+    if let Some(recipe) = &record.recipe {
+        // Shipped sources are joined under `sources/`: each must stay there.
+        for stable in record.inputs.files.keys() {
+            ArtifactPath::parse(stable)
+                .map_err(|e| e.of(format!("source path of kernel `{name}`")))?;
         }
-        for (stable, digest) in &record.inputs.files {
-            Digest::parse(digest)
-                .map_err(|e| e.of(format!("the digest of input `{stable}` of `{name}`")))?;
-        }
-        if let Some(recipe) = &record.recipe {
-            // Shipped sources are joined under `sources/`: each must stay there.
-            for stable in record.inputs.files.keys() {
-                ArtifactPath::parse(stable)
-                    .map_err(|e| e.of(format!("source path of kernel `{name}`")))?;
-            }
-            ArtifactPath::parse(&recipe.source)
-                .map_err(|e| e.of(format!("the translation unit of kernel `{name}`")))?;
-            for dir in &recipe.include_dirs {
-                // `.` (the sources root itself) is an include directory; nothing else that
-                // is not a plain relative path is.
-                if dir != "." {
-                    ArtifactPath::parse(dir)
-                        .map_err(|e| e.of(format!("include directory of kernel `{name}`")))?;
-                }
+        ArtifactPath::parse(&recipe.source)
+            .map_err(|e| e.of(format!("the translation unit of kernel `{name}`")))?;
+        for dir in &recipe.include_dirs {
+            // `.` (the sources root itself) is an include directory; nothing else that is
+            // not a plain relative path is.
+            if dir != "." {
+                ArtifactPath::parse(dir)
+                    .map_err(|e| e.of(format!("include directory of kernel `{name}`")))?;
             }
         }
     }

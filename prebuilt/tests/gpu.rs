@@ -280,7 +280,7 @@ fn status_names_the_missing_gpu_for_every_kernel() {
                 let registry =
                     Registry::open_with(real, options(None, JitPolicy::Allowed, &cache)).unwrap();
                 let status = registry.status();
-                assert_eq!(status.len(), registry.index().kernels.len());
+                assert_eq!(status.len(), registry.index().unwrap().kernels.len());
                 for (name, status) in status {
                     assert_eq!(
                         status,
@@ -918,7 +918,7 @@ fn prebuilt_variants_match_their_references() {
         )
         .unwrap();
         let mut loaded = Vec::new();
-        for (name, record) in &registry.index().kernels {
+        for (name, record) in &registry.index().unwrap().kernels.clone() {
             let Some(variant) = record
                 .variants
                 .iter()
@@ -996,7 +996,7 @@ fn ptx_only_variants_load_through_the_driver_and_match() {
         let registry = Registry::open_with(&ptx_only, options.clone()).unwrap();
         let status = registry.status();
         let mut loaded = Vec::new();
-        for (name, record) in &registry.index().kernels {
+        for (name, record) in &registry.index().unwrap().kernels.clone() {
             let Some(variant) = record.variants.iter().find(|v| v.cuda == build(cuda)) else {
                 continue;
             };
@@ -1109,7 +1109,7 @@ fn jit_fallback_compiles_once_then_hits_the_cache() {
                 Status::Unavailable { reason } => panic!("{name}: {reason}"),
             }
         }
-        for name in registry.index().kernels.keys() {
+        for name in registry.index().unwrap().kernels.keys() {
             let started = Instant::now();
             let kernel = registry
                 .load(name)
@@ -1184,7 +1184,7 @@ fn check_no_fit(bundle: &Path, policy: JitPolicy, disabled_by: &str) {
     let registry = Registry::open_with(&stripped, options(Some(&cuda), policy, &cache)).unwrap();
     assert!(!registry.jit_allowed());
     let status = registry.status();
-    for (name, record) in &registry.index().kernels {
+    for (name, record) in &registry.index().unwrap().kernels.clone() {
         let error = registry.load(name).unwrap_err();
         assert!(matches!(error, LoadError::NoFit { .. }), "{name}: {error}");
         let message = error.to_string();
@@ -1486,8 +1486,15 @@ mod slim {
             .unwrap();
         let url = format!("{}/cas/{}", store.url(), variant.artifact.digest);
         let connect = || StoreHandle::connect(&store.url(), &quick());
-        let result = obtain_remote(&bundle, "fixture_axpy", variant, &cache, &connect)
-            .map(|(bytes, _)| bytes);
+        let result = obtain_remote(
+            bundle.root(),
+            bundle.index().store.as_deref(),
+            "fixture_axpy",
+            variant,
+            &cache,
+            &connect,
+        )
+        .map(|(bytes, _)| bytes);
         (result, dir, url)
     }
 
@@ -1558,9 +1565,16 @@ mod slim {
         let cache = ArtifactCache::new(dir.path().join("artifacts"));
         let variant = &bundle.index().kernels["fixture_scalars"].variants[1];
         let connect = || StoreHandle::connect(&empty.url(), &quick());
-        let error = obtain_remote(&bundle, "fixture_scalars", variant, &cache, &connect)
-            .unwrap_err()
-            .to_string();
+        let error = obtain_remote(
+            bundle.root(),
+            bundle.index().store.as_deref(),
+            "fixture_scalars",
+            variant,
+            &cache,
+            &connect,
+        )
+        .unwrap_err()
+        .to_string();
         assert!(
             error.contains("answered 404; the store does not have it"),
             "{error}"
@@ -1619,7 +1633,7 @@ mod slim {
             kernel.provenance(),
             &Provenance::Prebuilt {
                 variant: "cu130/sm_90a".into(),
-                key: registry.index().kernels["fixture_axpy"].variants[2]
+                key: registry.index().unwrap().kernels["fixture_axpy"].variants[2]
                     .key
                     .clone(),
             }

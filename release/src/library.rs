@@ -38,6 +38,7 @@ use bundler::{BuildToolchain, BundleOptions, BundleSummary, Manifest};
 use prebuilt::bundle::{read_index, INDEX_FILE, SOURCES_DIR};
 use prebuilt::index::CompilerRecord;
 use prebuilt::key::KeyInputs;
+use prebuilt::lookup::{encode, LOOKUP_FILE};
 use prebuilt::{Bundle, CudaBuild, KernelKey};
 
 use crate::publish::ShipFilter;
@@ -313,10 +314,10 @@ pub fn recipe_files(manifest: &Manifest, torch: &str, root: &str) -> Result<Vec<
             },
         );
     }
-    let mut files = vec![WheelFile::from_bytes(
-        format!("{root}/{INDEX_FILE}"),
-        index.to_json(),
-    )];
+    let mut files = vec![
+        WheelFile::from_bytes(format!("{root}/{INDEX_FILE}"), index.to_json()),
+        WheelFile::from_bytes(format!("{root}/{LOOKUP_FILE}"), encode(&index)),
+    ];
     for (stable, path) in sources {
         files.push(WheelFile::from_disk(
             format!("{root}/{SOURCES_DIR}/{stable}"),
@@ -594,8 +595,13 @@ fn bundle_files(
             format!("{root}/{INDEX_FILE}"),
             slim.to_json(),
         ));
+        files.push(WheelFile::from_bytes(
+            format!("{root}/{LOOKUP_FILE}"),
+            encode(&slim),
+        ));
     } else {
         stored.insert(INDEX_FILE.to_owned());
+        stored.insert(LOOKUP_FILE.to_owned());
     }
     for relative in stored {
         files.push(WheelFile::from_disk(

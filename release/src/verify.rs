@@ -851,7 +851,8 @@ fn error_path(error: &BundleError) -> &Path {
         | BundleError::Refused { path, .. }
         | BundleError::Corrupt { path, .. }
         | BundleError::DigestMismatch { path, .. }
-        | BundleError::Write { path, .. } => path,
+        | BundleError::Write { path, .. }
+        | BundleError::UnsupportedLookup { path, .. } => path,
     }
 }
 

@@ -2315,8 +2315,15 @@ mod distribution {
                 let record = &bundle.index().kernels[name];
                 let choice = select_variant(name, record, &h200).unwrap();
                 let connect = || Ok(handle.clone());
-                let (fetched, _) =
-                    obtain_remote(&bundle, name, choice.variant, &cache, &connect).unwrap();
+                let (fetched, _) = obtain_remote(
+                    bundle.root(),
+                    bundle.index().store.as_deref(),
+                    name,
+                    choice.variant,
+                    &cache,
+                    &connect,
+                )
+                .unwrap();
                 fetch.push(started.elapsed().as_secs_f64() * 1e3);
                 assert_eq!(fetched, cubin);
 

@@ -1,13 +1,14 @@
 //! `Bundle` (the index, and selection as a dry run) and `Registry` (the runtime).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use prebuilt::device::{parse_cuda_build, DeviceQuery, DriverVersion};
+use prebuilt::device::{default_build, parse_cuda_build, DeviceQuery, DriverVersion};
 use prebuilt::index::Constant;
 use prebuilt::jit::CompilerSearch;
-use prebuilt::{CudaBuild, JitPolicy, LoadError, RegistryOptions, Status};
+use prebuilt::lookup::{Catalog, Meta};
+use prebuilt::{JitPolicy, LoadError, RegistryOptions, Status};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
@@ -15,11 +16,12 @@ use pyo3::types::{PyDict, PyTuple};
 use crate::errors::{load_error, no_fit, KwheelError};
 use crate::kernel::Kernel;
 
-/// A bundle's index, read once. Answers without a GPU: the kernels, their constants, and
-/// which variant a device would load (`select`).
+/// A bundle, read one kernel at a time (its loader index). Answers without a GPU: the
+/// kernels, their constants, and which variant a device would load (`select`).
 #[pyclass(frozen, module = "kwheel._kwheel")]
 pub struct Bundle {
-    inner: prebuilt::Bundle,
+    inner: Catalog,
+    meta: Meta,
 }
 
 impl Bundle {
@@ -38,7 +40,7 @@ impl Bundle {
             .transpose()?;
         let cuda = match cuda {
             Some(text) => parse_cuda_build(text).map_err(value_error)?,
-            None => default_build(self.inner.index(), driver),
+            None => default_build(&self.meta.builds, driver),
         };
         Ok(DeviceQuery::simulated(capability, cuda, driver, torch))
     }
@@ -50,9 +52,10 @@ impl Bundle {
     #[new]
     fn new(py: Python<'_>, path: PathBuf) -> PyResult<Bundle> {
         let inner = py
-            .detach(|| prebuilt::Bundle::open(path))
+            .detach(|| Catalog::open(path))
             .map_err(|error| load_error(py, &LoadError::from(error)))?;
-        Ok(Bundle { inner })
+        let meta = inner.meta();
+        Ok(Bundle { inner, meta })
     }
 
     /// The bundle directory.
@@ -64,28 +67,27 @@ impl Bundle {
     /// The kernel library's distribution name (`af3-kernels`).
     #[getter]
     fn package(&self) -> String {
-        self.inner.index().package.clone()
+        self.meta.package.clone()
     }
 
     /// The torch pin the cubins were built against (`2.13.*`).
     #[getter]
     fn torch(&self) -> String {
-        self.inner.index().torch.clone()
+        self.meta.torch.clone()
     }
 
     /// Every kernel, by name, sorted.
     #[getter]
-    fn kernels(&self) -> Vec<String> {
-        self.inner.index().kernels.keys().cloned().collect()
+    fn kernels(&self, py: Python<'_>) -> PyResult<Vec<String>> {
+        self.inner
+            .names()
+            .map_err(|error| load_error(py, &LoadError::from(error)))
     }
 
     /// The CUDA builds any variant was built for (`["cu129", "cu130"]`), oldest first.
     #[getter]
     fn cuda_builds(&self) -> Vec<String> {
-        builds(self.inner.index())
-            .iter()
-            .map(ToString::to_string)
-            .collect()
+        self.meta.builds.iter().map(ToString::to_string).collect()
     }
 
     /// The manifest's exported constants of kernel `name` (`{"BLOCK_SIZE": 256}`).
@@ -107,10 +109,13 @@ impl Bundle {
         driver: Option<&str>,
     ) -> PyResult<String> {
         let query = self.simulated(device, cuda, torch, driver)?;
+        let bundle = py
+            .detach(|| prebuilt::Bundle::open(self.inner.root()))
+            .map_err(|error| load_error(py, &LoadError::from(error)))?;
         let report = py
             .detach(|| {
                 prebuilt::fetch::prefetch(
-                    &self.inner,
+                    &bundle,
                     &query,
                     &prebuilt::cache::ArtifactCache::default(),
                     &prebuilt::fetch::StoreOptions::default(),
@@ -142,22 +147,21 @@ impl Bundle {
         let record = self.record(py, name)?;
         let query = self.simulated(device, cuda, torch, driver)?;
         let device = describe(&query);
-        // `coverage` runs `select_variant`'s rules, keeps every refusal, chosen or not, and
-        // says where the chosen cubin is: in the wheel, in the user's cache, or in the store.
-        let mut report = prebuilt::coverage::bundle_coverage(
-            &self.inner,
-            &query,
-            &prebuilt::cache::ArtifactCache::default(),
-        );
-        let Some(coverage) = report.kernels.remove(name) else {
-            return Err(KwheelError::new_err(format!(
-                "selection did not report on `{name}`, a kernel of the index"
-            )));
-        };
+        // `kernel_coverage` runs `select_variant`'s rules and keeps every refusal, chosen or
+        // not; `locate` says where the chosen cubin is: the wheel, the user's cache, the store.
+        let mut coverage = prebuilt::coverage::kernel_coverage(&record, &query, None);
         let chosen = coverage
             .loads
             .as_ref()
             .and_then(|label| record.variants.iter().find(|v| &v.label() == label));
+        coverage.location = chosen.map(|variant| {
+            prebuilt::bundle::locate(
+                self.inner.root(),
+                self.meta.store.as_deref(),
+                variant,
+                &prebuilt::cache::ArtifactCache::default(),
+            )
+        });
         let Some(variant) = chosen else {
             let mut message = format!("no prebuilt variant of `{name}` fits {device}:");
             if coverage.refusals.is_empty() {
@@ -175,7 +179,7 @@ impl Bundle {
             if record.recipe.is_some() && sources {
                 message.push_str(&format!(
                     "\nload() would JIT-compile it from the shipped sources instead (unless {}=0)",
-                    prebuilt::env::fallback_variable(&self.inner.index().package)
+                    prebuilt::env::fallback_variable(&self.meta.package)
                 ));
             }
             return Err(no_fit(py, message, coverage.refusals));
@@ -207,27 +211,27 @@ impl Bundle {
 
     fn __repr__(&self) -> String {
         format!(
-            "Bundle({:?}, package={:?}, kernels={})",
+            "Bundle({:?}, package={:?})",
             self.inner.root().display().to_string(),
-            self.inner.index().package,
-            self.inner.index().kernels.len()
+            self.meta.package,
         )
     }
 }
 
 impl Bundle {
-    fn record(&self, py: Python<'_>, name: &str) -> PyResult<&prebuilt::KernelRecord> {
-        let index = self.inner.index();
-        index.kernels.get(name).ok_or_else(|| {
-            load_error(
+    fn record(&self, py: Python<'_>, name: &str) -> PyResult<prebuilt::KernelRecord> {
+        let error = |error: prebuilt::BundleError| load_error(py, &LoadError::from(error));
+        match self.inner.record(name).map_err(error)? {
+            Some(record) => Ok(record),
+            None => Err(load_error(
                 py,
                 &LoadError::UnknownKernel {
                     kernel: name.to_owned(),
                     bundle: self.inner.root().to_path_buf(),
-                    known: index.kernels.keys().cloned().collect(),
+                    known: self.inner.names().map_err(error)?,
                 },
-            )
-        })
+            )),
+        }
     }
 }
 
@@ -346,19 +350,22 @@ impl Registry {
     /// The bundle directory.
     #[getter]
     fn path(&self) -> PathBuf {
-        self.inner.bundle().root().to_path_buf()
+        self.inner.catalog().root().to_path_buf()
     }
 
     /// The kernel library's distribution name (`af3-kernels`).
     #[getter]
     fn package(&self) -> String {
-        self.inner.index().package.clone()
+        self.inner.meta().package.clone()
     }
 
     /// Every kernel, by name, sorted.
     #[getter]
-    fn kernels(&self) -> Vec<String> {
-        self.inner.index().kernels.keys().cloned().collect()
+    fn kernels(&self, py: Python<'_>) -> PyResult<Vec<String>> {
+        self.inner
+            .catalog()
+            .names()
+            .map_err(|error| load_error(py, &LoadError::from(error)))
     }
 
     /// The device ordinal.
@@ -437,8 +444,8 @@ impl Registry {
     fn __repr__(&self) -> String {
         format!(
             "Registry({:?}, package={:?}, device={})",
-            self.inner.bundle().root().display().to_string(),
-            self.inner.index().package,
+            self.inner.catalog().root().display().to_string(),
+            self.inner.meta().package,
             self.inner.options().device
         )
     }
@@ -472,35 +479,6 @@ pub(crate) fn constants_dict<'py>(
         }
     }
     Ok(dict)
-}
-
-/// Every CUDA build in the index, variants and skipped targets alike.
-fn builds(index: &prebuilt::Index) -> BTreeSet<CudaBuild> {
-    index
-        .kernels
-        .values()
-        .flat_map(|record| {
-            let variants = record.variants.iter().map(|variant| variant.cuda);
-            variants.chain(record.skipped.iter().map(|skip| skip.cuda))
-        })
-        .collect()
-}
-
-/// The dry run's CUDA build when none is given: the newest of the bundle that the driver
-/// supports (any, without a driver), else the oldest, as the runtime picks.
-fn default_build(index: &prebuilt::Index, driver: Option<DriverVersion>) -> CudaBuild {
-    let builds = builds(index);
-    let supported = |build: &&CudaBuild| driver.is_none_or(|driver| driver.supports(**build));
-    builds
-        .iter()
-        .rev()
-        .find(supported)
-        .or_else(|| builds.iter().next())
-        .copied()
-        .unwrap_or(CudaBuild {
-            major: 13,
-            minor: 0,
-        })
 }
 
 /// `device sm_90 (compute 9.0), CUDA build cu129, driver 13.0, torch 2.13.0`.

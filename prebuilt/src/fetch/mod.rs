@@ -51,7 +51,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -335,7 +335,8 @@ pub trait ArtifactStore: Send + Sync {
 /// made on first need.
 #[cfg_attr(not(feature = "fetch"), allow(unused_variables))]
 pub fn obtain_remote(
-    bundle: &Bundle,
+    root: &Path,
+    store_url: Option<&str>,
     kernel: &str,
     variant: &Variant,
     cache: &ArtifactCache,
@@ -345,10 +346,10 @@ pub fn obtain_remote(
         return Ok((bytes, ArtifactLocation::Cache));
     }
     let what = describe(kernel, variant);
-    let Some(url) = &bundle.index().store else {
+    let Some(url) = store_url else {
         return Err(FetchError::NoStore {
             what,
-            path: bundle.root().join(&variant.artifact.path),
+            path: root.join(&variant.artifact.path),
         });
     };
     let _ = url;
@@ -544,9 +545,21 @@ pub fn prefetch(
             },
             Ok(choice) => {
                 let variant = choice.variant.label();
-                match locate(bundle, choice.variant, cache) {
+                match locate(
+                    bundle.root(),
+                    bundle.index().store.as_deref(),
+                    choice.variant,
+                    cache,
+                ) {
                     ArtifactLocation::Bundle => Prefetched::InBundle { variant },
-                    _ => match obtain_remote(bundle, name, choice.variant, cache, &connect) {
+                    _ => match obtain_remote(
+                        bundle.root(),
+                        bundle.index().store.as_deref(),
+                        name,
+                        choice.variant,
+                        cache,
+                        &connect,
+                    ) {
                         Ok((_, ArtifactLocation::Cache)) => Prefetched::Cached { variant },
                         Ok((bytes, _)) => Prefetched::Fetched {
                             variant,

@@ -2,6 +2,7 @@
 //! to do about it.
 
 use super::*;
+use crate::bundle::BundleError;
 
 /// A failure to open a bundle, reach the GPU, or load or launch a kernel.
 #[derive(Debug, thiserror::Error)]

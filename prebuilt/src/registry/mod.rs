@@ -38,7 +38,7 @@ use kernel::KernelInner;
 pub use kernel::{Function, Kernel, KernelArg};
 pub use seams::{CudaDevice, Device, DeviceFacts, LoadedModule, ModuleFailure};
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
@@ -46,10 +46,10 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use serde::Serialize;
 
 use crate::bundle::locate;
-use crate::bundle::{read_stored, Bundle, BundleError};
+use crate::bundle::{read_dictionary, read_stored};
 use crate::cache::ArtifactCache;
 use crate::device::device_arch;
-use crate::device::{DeviceQuery, DriverVersion};
+use crate::device::{default_build, DeviceQuery, DriverVersion};
 use crate::driver::DriverError;
 use crate::env::{
     fallback_variable, no_download_variable, DownloadPolicy, JitPolicy, PtxJitPolicy,
@@ -60,7 +60,7 @@ use crate::index::{
     ArtifactLocation, Constant, Function as EntryRecord, Index, KernelRecord, Variant,
 };
 use crate::jit::{self, compile_cached, CompilerSearch, JitCompiler, JitError, JitRequest};
-use crate::key::sha256_hex;
+use crate::lookup::{Catalog, Meta};
 use crate::select::{select_variant_with, Choice, NoFit, Refusal, RefusalReason};
 use crate::{error_chain, CudaBuild};
 
@@ -244,7 +244,8 @@ impl Gpu {
 
 /// A bundle's kernels, loaded on demand for one GPU. Cheap to open; thread-safe.
 pub struct Registry {
-    bundle: Bundle,
+    catalog: Catalog,
+    meta: Meta,
     options: RegistryOptions,
     jit_allowed: bool,
     disabled_by: String,
@@ -258,13 +259,20 @@ pub struct Registry {
     gpu: OnceLock<Result<Gpu, DriverError>>,
     compiler: OnceLock<Result<JitCompiler, Arc<JitError>>>,
     dictionary: OnceLock<Option<Vec<u8>>>,
-    kernels: BTreeMap<String, Mutex<Option<Kernel>>>,
+    /// Kernels asked for so far, with their records; a kernel's record is read on first use.
+    kernels: Mutex<BTreeMap<String, Arc<Slot>>>,
+}
+
+/// One kernel's record and, once loaded, the kernel.
+struct Slot {
+    record: KernelRecord,
+    kernel: Mutex<Option<Kernel>>,
 }
 
 impl fmt::Debug for Registry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Registry")
-            .field("bundle", &self.bundle.root())
+            .field("bundle", &self.catalog.root())
             .field("options", &self.options)
             .field("jit_allowed", &self.jit_allowed)
             .finish_non_exhaustive()
@@ -296,11 +304,12 @@ impl Registry {
         device: Arc<dyn Device>,
         store: Option<Arc<dyn ArtifactStore>>,
     ) -> Result<Registry, LoadError> {
-        let bundle = Bundle::open(bundle_dir)?;
+        let catalog = Catalog::open(bundle_dir)?;
+        let meta = catalog.meta();
         if options.cuda.is_none() {
             options.cuda = build_from_env()?;
         }
-        let package = bundle.index().package.clone();
+        let package = meta.package.clone();
         let variable = fallback_variable(&package);
         let jit_allowed = options.jit.allows_compiling(&package);
         let disabled_by = match options.jit {
@@ -314,14 +323,9 @@ impl Registry {
         let no_download = no_download_variable(&package);
         let ptx_forbidden_by = options.ptx_jit.forbidden_by(&package);
         let artifact_cache = ArtifactCache::new(&options.artifact_cache);
-        let kernels = bundle
-            .index()
-            .kernels
-            .keys()
-            .map(|name| (name.clone(), Mutex::new(None)))
-            .collect();
         Ok(Registry {
-            bundle,
+            catalog,
+            meta,
             options,
             jit_allowed,
             disabled_by,
@@ -337,18 +341,23 @@ impl Registry {
             gpu: OnceLock::new(),
             compiler: OnceLock::new(),
             dictionary: OnceLock::new(),
-            kernels,
+            kernels: Mutex::new(BTreeMap::new()),
         })
     }
 
-    /// The bundle.
-    pub fn bundle(&self) -> &Bundle {
-        &self.bundle
+    /// The bundle, as the loader reads it.
+    pub fn catalog(&self) -> &Catalog {
+        &self.catalog
     }
 
-    /// The bundle's index.
-    pub fn index(&self) -> &Index {
-        self.bundle.index()
+    /// Package, torch pin, store and dictionary of the bundle.
+    pub fn meta(&self) -> &Meta {
+        &self.meta
+    }
+
+    /// The bundle's whole index (`index.json`): for tools and tests, never on a load's path.
+    pub fn index(&self) -> Result<Index, LoadError> {
+        Ok(self.catalog.index()?)
     }
 
     /// The options, with the CUDA build from the environment filled in when it was set there.
@@ -368,7 +377,12 @@ impl Registry {
 
     /// Where `variant`'s cubin is: the wheel, the artifact cache, or only the store.
     pub fn locate(&self, variant: &Variant) -> ArtifactLocation {
-        locate(&self.bundle, variant, &self.artifact_cache)
+        locate(
+            self.catalog.root(),
+            self.meta.store.as_deref(),
+            variant,
+            &self.artifact_cache,
+        )
     }
 
     /// What selection sees: the device's compute capability, the driver, the CUDA build and
@@ -381,10 +395,17 @@ impl Registry {
     /// why, the JIT fallback that would compile it, or the reason it cannot. Never compiles,
     /// never creates a context, never panics: without a driver every kernel names it.
     pub fn status(&self) -> BTreeMap<String, Status> {
-        self.kernels
-            .keys()
-            .map(|name| (name.clone(), self.status_of(name)))
-            .collect()
+        match self.catalog.names() {
+            Ok(names) => names
+                .into_iter()
+                .map(|name| {
+                    let status = self.status_of(&name);
+                    (name, status)
+                })
+                .collect(),
+            // An unreadable table: no kernel can be named, so none is listed.
+            Err(_) => BTreeMap::new(),
+        }
     }
 
     /// Why `name` cannot load here, or `None` when it can.
@@ -403,25 +424,35 @@ impl Registry {
     /// The kernel `name`, loaded into the device's primary context: the prebuilt cubin that
     /// fits, else (when allowed) the JIT fallback's. Loaded once; later calls return it again.
     pub fn load(&self, name: &str) -> Result<Kernel, LoadError> {
-        let (slot, record) = self.slot(name)?;
-        let mut slot = slot.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(kernel) = &*slot {
+        let slot = self.slot(name)?;
+        let mut loaded = slot.kernel.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(kernel) = &*loaded {
             return Ok(kernel.clone());
         }
-        let kernel = self.load_uncached(name, record)?;
-        *slot = Some(kernel.clone());
+        let kernel = self.load_uncached(name, &slot.record)?;
+        *loaded = Some(kernel.clone());
         Ok(kernel)
     }
 
-    fn slot(&self, name: &str) -> Result<(&Mutex<Option<Kernel>>, &KernelRecord), LoadError> {
-        match (self.kernels.get(name), self.index().kernels.get(name)) {
-            (Some(slot), Some(record)) => Ok((slot, record)),
-            _ => Err(LoadError::UnknownKernel {
-                kernel: name.to_owned(),
-                bundle: self.bundle.root().to_path_buf(),
-                known: self.kernels.keys().cloned().collect(),
-            }),
+    /// The slot of `name`, its record read from the bundle on first use.
+    fn slot(&self, name: &str) -> Result<Arc<Slot>, LoadError> {
+        let mut kernels = self.kernels.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(slot) = kernels.get(name) {
+            return Ok(Arc::clone(slot));
         }
+        let Some(record) = self.catalog.record(name)? else {
+            return Err(LoadError::UnknownKernel {
+                kernel: name.to_owned(),
+                bundle: self.catalog.root().to_path_buf(),
+                known: self.catalog.names()?,
+            });
+        };
+        let slot = Arc::new(Slot {
+            record,
+            kernel: Mutex::new(None),
+        });
+        kernels.insert(name.to_owned(), Arc::clone(&slot));
+        Ok(slot)
     }
 
     fn gpu(&self) -> Result<Gpu, LoadError> {
@@ -431,7 +462,7 @@ impl Registry {
                 let cuda = self
                     .options
                     .cuda
-                    .unwrap_or_else(|| default_build(self.index(), facts.driver));
+                    .unwrap_or_else(|| default_build(&self.meta.builds, Some(facts.driver)));
                 Ok(Gpu {
                     capability: facts.capability,
                     driver: facts.driver,
@@ -455,7 +486,7 @@ impl Registry {
     }
 
     fn status_of(&self, name: &str) -> Status {
-        let (slot, record) = match self.slot(name) {
+        let slot = match self.slot(name) {
             Ok(found) => found,
             Err(error) => {
                 return Status::Unavailable {
@@ -463,7 +494,8 @@ impl Registry {
                 }
             }
         };
-        if let Some(kernel) = &*slot.lock().unwrap_or_else(PoisonError::into_inner) {
+        let record = &slot.record;
+        if let Some(kernel) = &*slot.kernel.lock().unwrap_or_else(PoisonError::into_inner) {
             return Status::Available {
                 variant: kernel.inner.variant.clone(),
                 reason: kernel.inner.reason.clone(),
@@ -499,7 +531,16 @@ impl Registry {
                 reason: self.no_fit_error(name, &gpu, no_fit).to_string(),
             };
         }
-        let planned = self.jit_plan(name, record, &gpu);
+        // The JIT's key needs the kernel's key inputs, read only now.
+        let record = match self.with_inputs(name, record) {
+            Ok(record) => record,
+            Err(error) => {
+                return Status::Unavailable {
+                    reason: error_chain(&error),
+                }
+            }
+        };
+        let planned = self.jit_plan(name, &record, &gpu);
         match planned {
             Ok((compiler, request_key, arch)) => {
                 let cached = jit::is_cached(&self.options.jit_cache, &request_key);
@@ -533,6 +574,15 @@ impl Registry {
         }
     }
 
+    /// `record` with the key inputs the loader's record leaves out, for the JIT.
+    fn with_inputs(&self, name: &str, record: &KernelRecord) -> Result<KernelRecord, LoadError> {
+        let inputs = self.catalog.inputs(name)?.unwrap_or_default();
+        Ok(KernelRecord {
+            inputs,
+            ..record.clone()
+        })
+    }
+
     /// The compiler, key and architecture the JIT fallback would use for `name`.
     fn jit_plan(
         &self,
@@ -558,10 +608,10 @@ impl Registry {
         gpu: &Gpu,
     ) -> JitRequest<'r> {
         JitRequest {
-            bundle_root: self.bundle.root(),
+            bundle_root: self.catalog.root(),
             kernel: name,
             record,
-            torch: &self.index().torch,
+            torch: &self.meta.torch,
             arch: device_arch(gpu.capability),
             cuda: gpu.cuda,
         }
@@ -616,7 +666,7 @@ impl Registry {
                 ))
             }
             Err(mut no_fit) => {
-                let store = self.index().store.clone().unwrap_or_default();
+                let store = self.meta.store.clone().unwrap_or_default();
                 for variant in remote {
                     let alone = KernelRecord {
                         variants: vec![variant.clone()],
@@ -679,20 +729,27 @@ impl Registry {
                         })
                     }
                 };
-                obtain_remote(&self.bundle, name, variant, &self.artifact_cache, &store)
-                    .map(|(cubin, _)| (cubin, ArtifactLocation::Cache))
-                    .map_err(|source| LoadError::Fetch {
-                        kernel: name.to_owned(),
-                        variant: label.clone(),
-                        no_download: self.no_download.clone(),
-                        source: Box::new(source),
-                    })?
+                obtain_remote(
+                    self.catalog.root(),
+                    self.meta.store.as_deref(),
+                    name,
+                    variant,
+                    &self.artifact_cache,
+                    &store,
+                )
+                .map(|(cubin, _)| (cubin, ArtifactLocation::Cache))
+                .map_err(|source| LoadError::Fetch {
+                    kernel: name.to_owned(),
+                    variant: label.clone(),
+                    no_download: self.no_download.clone(),
+                    source: Box::new(source),
+                })?
             }
             ArtifactLocation::Bundle | ArtifactLocation::Missing => {
                 let dictionary = self.dictionary(name, &label)?;
                 // `read_stored` hands out nothing whose sha256 differs from the index's.
                 let cubin = read_stored(
-                    self.bundle.root(),
+                    self.catalog.root(),
                     &variant.artifact,
                     dictionary,
                     name,
@@ -723,35 +780,20 @@ impl Registry {
         if let Some(handle) = self.store.get() {
             return Ok(handle.clone());
         }
-        let url = self.index().store.as_deref().unwrap_or_default();
+        let url = self.meta.store.as_deref().unwrap_or_default();
         let handle = StoreHandle::connect(url, &self.options.store)?;
         Ok(self.store.get_or_init(|| handle).clone())
     }
 
     /// The bundle's zstd dictionary, read and verified once per registry.
     fn dictionary(&self, kernel: &str, label: &str) -> Result<Option<&[u8]>, LoadError> {
-        let Some(stored) = &self.index().dictionary else {
+        let Some(stored) = &self.meta.dictionary else {
             return Ok(None);
         };
         if let Some(bytes) = self.dictionary.get() {
             return Ok(bytes.as_deref());
         }
-        let path = self.bundle.root().join(&stored.path);
-        let bytes = std::fs::read(&path).map_err(|source| BundleError::Read {
-            path: path.clone(),
-            source,
-        })?;
-        let actual = sha256_hex(&bytes);
-        if actual != stored.digest || bytes.len() as u64 != stored.size {
-            return Err(BundleError::DigestMismatch {
-                kernel: kernel.to_owned(),
-                variant: format!("{label} dictionary"),
-                path,
-                expected: stored.digest.clone(),
-                actual,
-            }
-            .into());
-        }
+        let bytes = read_dictionary(self.catalog.root(), stored, kernel, label)?;
         Ok(self.dictionary.get_or_init(|| Some(bytes)).as_deref())
     }
 
@@ -762,6 +804,7 @@ impl Registry {
         no_fit: NoFit,
         gpu: &Gpu,
     ) -> Result<Kernel, LoadError> {
+        let record = &self.with_inputs(name, record)?;
         let (compiler, _, arch) = match self.jit_plan(name, record, gpu) {
             Ok(plan) => plan,
             Err(source) => return Err(self.jit_error(name, gpu, no_fit, source)),
@@ -883,29 +926,6 @@ fn build_from_env() -> Result<Option<CudaBuild>, LoadError> {
         })
 }
 
-/// The newest CUDA build of the bundle that the driver supports; else the oldest (so that
-/// selection says which driver each variant needs); else the driver's own version.
-fn default_build(index: &Index, driver: DriverVersion) -> CudaBuild {
-    let builds: BTreeSet<CudaBuild> = index
-        .kernels
-        .values()
-        .flat_map(|record| {
-            let variants = record.variants.iter().map(|variant| variant.cuda);
-            variants.chain(record.skipped.iter().map(|skip| skip.cuda))
-        })
-        .collect();
-    builds
-        .iter()
-        .rev()
-        .find(|build| driver.supports(**build))
-        .or_else(|| builds.iter().next())
-        .copied()
-        .unwrap_or(CudaBuild {
-            major: driver.major,
-            minor: driver.minor,
-        })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -997,13 +1017,22 @@ mod tests {
             )]),
         };
         let driver = |text| DriverVersion::parse(text).unwrap();
-        assert_eq!(default_build(&index, driver("13.0")).to_string(), "cu130");
-        assert_eq!(default_build(&index, driver("12.9")).to_string(), "cu129");
-        assert_eq!(default_build(&index, driver("12.4")).to_string(), "cu129");
-        let empty = Index {
-            kernels: BTreeMap::new(),
-            ..index
-        };
-        assert_eq!(default_build(&empty, driver("12.4")).to_string(), "cu124");
+        let builds = Meta::of(&index).builds;
+        assert_eq!(
+            default_build(&builds, Some(driver("13.0"))).to_string(),
+            "cu130"
+        );
+        assert_eq!(
+            default_build(&builds, Some(driver("12.9"))).to_string(),
+            "cu129"
+        );
+        assert_eq!(
+            default_build(&builds, Some(driver("12.4"))).to_string(),
+            "cu129"
+        );
+        assert_eq!(
+            default_build(&[], Some(driver("12.4"))).to_string(),
+            "cu124"
+        );
     }
 }

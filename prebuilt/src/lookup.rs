@@ -1,0 +1,719 @@
+//! The loader's index, `kernels.idx`: what a first call reads to find one kernel, in time that
+//! does not grow with the number of kernels in the bundle.
+//!
+//! `index.json` is the whole bundle as the build sees it: every kernel's key inputs (for a
+//! CUTLASS kernel, hundreds of headers with their digests), variants and skips. A loader that
+//! parses it pays for every kernel on every first call (18 MB and ~80 ms at 16,000 variants).
+//! `kernels.idx` holds the same records, split so the loader reads one:
+//!
+//! ```text
+//! offset  size  field
+//!      0     8  magic  "KWHEELIX"
+//!      8     4  format (LOOKUP_FORMAT, little-endian like every number here)
+//!     12     4  kernel count N
+//!     16     8  meta offset    ─┐ JSON: package, torch, store, dictionary, index format
+//!     24     8  meta length    ─┘
+//!     32     8  table offset      N entries of 32 bytes, sorted by kernel name (bytes)
+//!     40     8  names offset      the names, concatenated
+//!     48     8  records offset    per kernel: its load record, then its inputs record
+//!     56     8  file length       a cut or padded file is refused
+//! table entry: name offset u64, name length u32, load length u32,
+//!              record offset u64, inputs length u32, reserved u32 (0)
+//! ```
+//!
+//! A kernel's *load record* is compact JSON of what loading needs: `recipe` (whether the JIT
+//! can compile it), `constants`, `variants`, `skipped`. Its *inputs record* is its key inputs
+//! (`files`, `entries`, `defines`, flags), read only by the JIT, `dev explain` and tools.
+//! Finding a kernel is a binary search that reads ⌈log2 N⌉+1 table entries and names with
+//! positioned reads; nothing else of the file is read. Every record is checked as
+//! `index.json` is ([`crate::untrusted`]) before it is used.
+//!
+//! The file is written from the bundle's `index.json` by one function ([`encode`]), so the two
+//! never disagree by construction, and `wheel verify` checks that they agree in every wheel.
+//! It is deterministic (sorted names, sorted JSON, no times). A reader refuses a format it
+//! does not know, naming the format it reads.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::File;
+use std::os::unix::fs::FileExt as _;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::bundle::{read_dictionary, read_index, read_stored, BundleError};
+use crate::index::{
+    Constant, Index, KernelInputs, KernelRecord, Skip, SourceRecipe, StoredFile, Variant,
+};
+use crate::target::CudaBuild;
+use crate::untrusted::{
+    check_kernel, check_stored, Untrusted, MAX_DICTIONARY_SIZE, MAX_INDEX_SIZE,
+};
+
+/// File name of the loader's index inside a bundle.
+pub const LOOKUP_FILE: &str = "kernels.idx";
+/// The format this reader reads and this writer writes. Bump it when the layout changes.
+pub const LOOKUP_FORMAT: u32 = 1;
+
+const MAGIC: &[u8; 8] = b"KWHEELIX";
+const HEADER_LEN: u64 = 64;
+const ENTRY_LEN: u64 = 32;
+/// Caps on what a header may claim, so a crafted file cannot make the reader allocate.
+const MAX_META_LEN: u64 = 1 << 20;
+const MAX_KERNELS: u64 = 1 << 24;
+
+/// Everything of the index but its kernels.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Meta {
+    /// The `format` of the `index.json` this was written from.
+    pub format: u32,
+    /// The kernel library's Python package name.
+    pub package: String,
+    /// The torch pin of the build.
+    pub torch: String,
+    /// The store a slim wheel's artifacts can be fetched from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store: Option<String>,
+    /// The zstd dictionary, if one was trained.
+    pub dictionary: Option<StoredFile>,
+    /// Every CUDA build a variant or skip names, in order: the runtime's default build is the
+    /// newest of them the driver supports.
+    pub builds: Vec<CudaBuild>,
+}
+
+impl Meta {
+    /// The meta of a whole index.
+    pub fn of(index: &Index) -> Meta {
+        let builds: BTreeSet<CudaBuild> = index
+            .kernels
+            .values()
+            .flat_map(|record| {
+                let variants = record.variants.iter().map(|variant| variant.cuda);
+                variants.chain(record.skipped.iter().map(|skip| skip.cuda))
+            })
+            .collect();
+        Meta {
+            format: index.format,
+            package: index.package.clone(),
+            torch: index.torch.clone(),
+            store: index.store.clone(),
+            dictionary: index.dictionary.clone(),
+            builds: builds.into_iter().collect(),
+        }
+    }
+}
+
+/// What loading one kernel needs.
+#[derive(Serialize, Deserialize)]
+struct LoadRecord {
+    recipe: Option<SourceRecipe>,
+    constants: BTreeMap<String, Constant>,
+    variants: Vec<Variant>,
+    skipped: Vec<Skip>,
+}
+
+/// Writes the loader's index for `index`.
+pub fn encode(index: &Index) -> Vec<u8> {
+    let meta = serde_json::to_vec(&Meta::of(index)).expect("meta serializes");
+    let count = index.kernels.len() as u64;
+    let meta_offset = HEADER_LEN;
+    let table_offset = meta_offset + meta.len() as u64;
+    let names_offset = table_offset + count * ENTRY_LEN;
+    let mut table = Vec::with_capacity((count * ENTRY_LEN) as usize);
+    let mut names = Vec::new();
+    let mut records = Vec::new();
+    // `index.kernels` is a BTreeMap: its order is the byte order the reader searches in.
+    for (name, record) in &index.kernels {
+        let load = serde_json::to_vec(&LoadRecord {
+            recipe: record.recipe.clone(),
+            constants: record.constants.clone(),
+            variants: record.variants.clone(),
+            skipped: record.skipped.clone(),
+        })
+        .expect("record serializes");
+        let inputs = serde_json::to_vec(&record.inputs).expect("inputs serialize");
+        table.extend_from_slice(&(names.len() as u64).to_le_bytes());
+        table.extend_from_slice(&(name.len() as u32).to_le_bytes());
+        table.extend_from_slice(&(load.len() as u32).to_le_bytes());
+        table.extend_from_slice(&(records.len() as u64).to_le_bytes());
+        table.extend_from_slice(&(inputs.len() as u32).to_le_bytes());
+        table.extend_from_slice(&0u32.to_le_bytes());
+        names.extend_from_slice(name.as_bytes());
+        records.extend_from_slice(&load);
+        records.extend_from_slice(&inputs);
+    }
+    let records_offset = names_offset + names.len() as u64;
+    let length = records_offset + records.len() as u64;
+    let mut out = Vec::with_capacity(length as usize);
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&LOOKUP_FORMAT.to_le_bytes());
+    out.extend_from_slice(&(count as u32).to_le_bytes());
+    for field in [
+        meta_offset,
+        meta.len() as u64,
+        table_offset,
+        names_offset,
+        records_offset,
+        length,
+    ] {
+        out.extend_from_slice(&field.to_le_bytes());
+    }
+    out.extend_from_slice(&meta);
+    out.extend_from_slice(&table);
+    out.extend_from_slice(&names);
+    out.extend_from_slice(&records);
+    out
+}
+
+/// An open `kernels.idx`: its header and meta read, kernels read on demand.
+#[derive(Debug)]
+pub struct Lookup {
+    path: PathBuf,
+    file: File,
+    count: u64,
+    table_offset: u64,
+    names_offset: u64,
+    records_offset: u64,
+    length: u64,
+    meta: Meta,
+}
+
+/// One table entry, located.
+struct Entry {
+    name: (u64, u32),
+    load: (u64, u32),
+    inputs: (u64, u32),
+}
+
+impl Lookup {
+    /// Opens `path`, reading its header and meta (a few hundred bytes, whatever the bundle's
+    /// size).
+    pub fn open(path: &Path) -> Result<Lookup, BundleError> {
+        let read_error = |source| BundleError::Read {
+            path: path.to_owned(),
+            source,
+        };
+        let file = File::open(path).map_err(read_error)?;
+        let metadata = file.metadata().map_err(read_error)?;
+        if !metadata.is_file() {
+            return Err(refused(
+                path,
+                "the loader index",
+                "a directory or device",
+                "is not a regular file",
+            ));
+        }
+        let mut header = [0u8; HEADER_LEN as usize];
+        file.read_exact_at(&mut header, 0).map_err(|_| {
+            refused(
+                path,
+                "the loader index",
+                &metadata.len().to_string(),
+                "is shorter than its 64-byte header",
+            )
+        })?;
+        if &header[..8] != MAGIC {
+            return Err(refused(
+                path,
+                "the loader index's magic",
+                &format!("{:?}", String::from_utf8_lossy(&header[..8])),
+                "is not KWHEELIX",
+            ));
+        }
+        let u32_at = |at: usize| u32::from_le_bytes(header[at..at + 4].try_into().unwrap());
+        let u64_at = |at: usize| u64::from_le_bytes(header[at..at + 8].try_into().unwrap());
+        let format = u32_at(8);
+        if format != LOOKUP_FORMAT {
+            return Err(BundleError::UnsupportedLookup {
+                path: path.to_owned(),
+                found: format,
+            });
+        }
+        let count = u64::from(u32_at(12));
+        let (meta_offset, meta_len) = (u64_at(16), u64_at(24));
+        let (table_offset, names_offset, records_offset, length) =
+            (u64_at(32), u64_at(40), u64_at(48), u64_at(56));
+        let bad =
+            |what: &str, value: u64, reason: &str| refused(path, what, &value.to_string(), reason);
+        if length != metadata.len() || length > MAX_INDEX_SIZE {
+            return Err(bad(
+                "the loader index's recorded length",
+                length,
+                &format!(
+                    "is not its size on disk ({}) or is over the cap",
+                    metadata.len()
+                ),
+            ));
+        }
+        if count > MAX_KERNELS {
+            return Err(bad("the kernel count", count, "is over the cap"));
+        }
+        if meta_offset != HEADER_LEN
+            || meta_len > MAX_META_LEN
+            || table_offset != meta_offset + meta_len
+            || names_offset != table_offset + count * ENTRY_LEN
+            || records_offset < names_offset
+            || records_offset > length
+        {
+            return Err(bad(
+                "the loader index's layout",
+                length,
+                "has sections out of order or out of the file",
+            ));
+        }
+        let mut meta = vec![0u8; meta_len as usize];
+        file.read_exact_at(&mut meta, meta_offset)
+            .map_err(read_error)?;
+        let meta: Meta =
+            serde_json::from_slice(&meta).map_err(|source| BundleError::InvalidIndex {
+                path: path.to_owned(),
+                source,
+            })?;
+        if let Some(dictionary) = &meta.dictionary {
+            check_stored(dictionary, MAX_DICTIONARY_SIZE, "the dictionary").map_err(|source| {
+                BundleError::Refused {
+                    path: path.to_owned(),
+                    source,
+                }
+            })?;
+        }
+        Ok(Lookup {
+            path: path.to_owned(),
+            file,
+            count,
+            table_offset,
+            names_offset,
+            records_offset,
+            length,
+            meta,
+        })
+    }
+
+    /// Package, torch pin, store and dictionary.
+    pub fn meta(&self) -> &Meta {
+        &self.meta
+    }
+
+    /// How many kernels the bundle has.
+    pub fn len(&self) -> usize {
+        self.count as usize
+    }
+
+    /// Whether the bundle has no kernel.
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// Every kernel name, in order (reads the whole table: for `status()` and listings).
+    pub fn names(&self) -> Result<Vec<String>, BundleError> {
+        (0..self.count)
+            .map(|position| {
+                let entry = self.entry(position)?;
+                self.name(&entry)
+            })
+            .collect()
+    }
+
+    /// The record of `kernel` without its key inputs (`inputs` is empty), or `None` when the
+    /// bundle has no such kernel.
+    pub fn record(&self, kernel: &str) -> Result<Option<KernelRecord>, BundleError> {
+        let Some(entry) = self.find(kernel)? else {
+            return Ok(None);
+        };
+        let load: LoadRecord = self.json(entry.load)?;
+        let record = KernelRecord {
+            inputs: KernelInputs::default(),
+            recipe: load.recipe,
+            constants: load.constants,
+            variants: load.variants,
+            skipped: load.skipped,
+        };
+        check_kernel(kernel, &record).map_err(|source| self.refused_by(source))?;
+        Ok(Some(record))
+    }
+
+    /// The key inputs of `kernel` (for the JIT and `dev explain`), or `None` when the bundle
+    /// has no such kernel.
+    pub fn inputs(&self, kernel: &str) -> Result<Option<KernelInputs>, BundleError> {
+        let Some(entry) = self.find(kernel)? else {
+            return Ok(None);
+        };
+        // The recipe decides which input paths must stay under `sources/`: check them together.
+        let load: LoadRecord = self.json(entry.load)?;
+        let record = KernelRecord {
+            inputs: self.json(entry.inputs)?,
+            recipe: load.recipe,
+            constants: load.constants,
+            variants: load.variants,
+            skipped: load.skipped,
+        };
+        check_kernel(kernel, &record).map_err(|source| self.refused_by(source))?;
+        Ok(Some(record.inputs))
+    }
+
+    /// Binary search over the sorted table.
+    fn find(&self, kernel: &str) -> Result<Option<Entry>, BundleError> {
+        let (mut low, mut high) = (0, self.count);
+        while low < high {
+            let middle = low + (high - low) / 2;
+            let entry = self.entry(middle)?;
+            let name = self.bytes(entry.name)?;
+            match name.as_slice().cmp(kernel.as_bytes()) {
+                std::cmp::Ordering::Equal => return Ok(Some(entry)),
+                std::cmp::Ordering::Less => low = middle + 1,
+                std::cmp::Ordering::Greater => high = middle,
+            }
+        }
+        Ok(None)
+    }
+
+    fn entry(&self, position: u64) -> Result<Entry, BundleError> {
+        let mut bytes = [0u8; ENTRY_LEN as usize];
+        self.file
+            .read_exact_at(&mut bytes, self.table_offset + position * ENTRY_LEN)
+            .map_err(|source| BundleError::Read {
+                path: self.path.clone(),
+                source,
+            })?;
+        let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
+        let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
+        let records = |offset: u64| self.records_offset.checked_add(offset);
+        let name = self.names_offset.checked_add(u64_at(0));
+        let load = records(u64_at(16));
+        let inputs = load.and_then(|load| load.checked_add(u64::from(u32_at(12))));
+        match (name, load, inputs) {
+            (Some(name), Some(load), Some(inputs)) => Ok(Entry {
+                name: (name, u32_at(8)),
+                load: (load, u32_at(12)),
+                inputs: (inputs, u32_at(24)),
+            }),
+            _ => Err(refused(
+                &self.path,
+                "a table entry",
+                &position.to_string(),
+                "points past the end of the file",
+            )),
+        }
+    }
+
+    fn name(&self, entry: &Entry) -> Result<String, BundleError> {
+        let bytes = self.bytes(entry.name)?;
+        String::from_utf8(bytes)
+            .map_err(|_| refused(&self.path, "a kernel name", "(not UTF-8)", "is not a name"))
+    }
+
+    /// `length` bytes at `offset`, never past the file's end.
+    fn bytes(&self, (offset, length): (u64, u32)) -> Result<Vec<u8>, BundleError> {
+        if offset
+            .checked_add(u64::from(length))
+            .is_none_or(|end| end > self.length)
+        {
+            return Err(refused(
+                &self.path,
+                "a record",
+                &format!("{length} bytes at {offset}"),
+                "runs past the end of the file",
+            ));
+        }
+        let mut bytes = vec![0u8; length as usize];
+        self.file
+            .read_exact_at(&mut bytes, offset)
+            .map_err(|source| BundleError::Read {
+                path: self.path.clone(),
+                source,
+            })?;
+        Ok(bytes)
+    }
+
+    fn json<T: for<'de> Deserialize<'de>>(&self, span: (u64, u32)) -> Result<T, BundleError> {
+        let bytes = self.bytes(span)?;
+        serde_json::from_slice(&bytes).map_err(|source| BundleError::InvalidIndex {
+            path: self.path.clone(),
+            source,
+        })
+    }
+
+    fn refused_by(&self, source: Untrusted) -> BundleError {
+        BundleError::Refused {
+            path: self.path.clone(),
+            source,
+        }
+    }
+}
+
+fn refused(path: &Path, what: &str, value: &str, reason: &str) -> BundleError {
+    BundleError::Refused {
+        path: path.to_owned(),
+        source: Untrusted {
+            what: what.to_owned(),
+            value: value.to_owned(),
+            reason: reason.to_owned(),
+        },
+    }
+}
+
+/// The runtime's view of a bundle: its meta at once, one kernel at a time after that. Reads
+/// `kernels.idx`; a bundle written before it existed is read from `index.json` whole.
+#[derive(Debug)]
+pub struct Catalog {
+    root: PathBuf,
+    source: Source,
+}
+
+#[derive(Debug)]
+enum Source {
+    Lookup(Box<Lookup>),
+    Index(Box<Index>),
+}
+
+impl Catalog {
+    /// Opens the bundle at `root`: the loader index's header and meta only.
+    pub fn open(root: impl Into<PathBuf>) -> Result<Catalog, BundleError> {
+        let root = root.into();
+        let lookup = root.join(LOOKUP_FILE);
+        let source = if lookup.exists() {
+            Source::Lookup(Box::new(Lookup::open(&lookup)?))
+        } else {
+            Source::Index(Box::new(read_index(&root)?))
+        };
+        Ok(Catalog { root, source })
+    }
+
+    /// The bundle's root directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Package, torch pin, store and dictionary.
+    pub fn meta(&self) -> Meta {
+        match &self.source {
+            Source::Lookup(lookup) => lookup.meta().clone(),
+            Source::Index(index) => Meta::of(index),
+        }
+    }
+
+    /// Every kernel name, in order.
+    pub fn names(&self) -> Result<Vec<String>, BundleError> {
+        match &self.source {
+            Source::Lookup(lookup) => lookup.names(),
+            Source::Index(index) => Ok(index.kernels.keys().cloned().collect()),
+        }
+    }
+
+    /// The record of `kernel` without its key inputs, or `None` when there is none.
+    pub fn record(&self, kernel: &str) -> Result<Option<KernelRecord>, BundleError> {
+        match &self.source {
+            Source::Lookup(lookup) => lookup.record(kernel),
+            Source::Index(index) => Ok(index.kernels.get(kernel).map(|record| KernelRecord {
+                inputs: KernelInputs::default(),
+                ..record.clone()
+            })),
+        }
+    }
+
+    /// The key inputs of `kernel`, or `None` when there is none.
+    pub fn inputs(&self, kernel: &str) -> Result<Option<KernelInputs>, BundleError> {
+        match &self.source {
+            Source::Lookup(lookup) => lookup.inputs(kernel),
+            Source::Index(index) => Ok(index.kernels.get(kernel).map(|r| r.inputs.clone())),
+        }
+    }
+
+    /// Reads, decompresses and verifies the artifact of one variant of `kernel` (and the
+    /// dictionary it needs, verified too).
+    pub fn read_artifact(&self, kernel: &str, variant: &Variant) -> Result<Vec<u8>, BundleError> {
+        let label = variant.label();
+        let dictionary = match &self.meta().dictionary {
+            Some(stored) => Some(read_dictionary(&self.root, stored, kernel, &label)?),
+            None => None,
+        };
+        read_stored(
+            &self.root,
+            &variant.artifact,
+            dictionary.as_deref(),
+            kernel,
+            &label,
+        )
+    }
+
+    /// The whole index (`index.json`), for tools and `status()` over every kernel.
+    pub fn index(&self) -> Result<Index, BundleError> {
+        match &self.source {
+            Source::Lookup(_) => read_index(&self.root),
+            Source::Index(index) => Ok((**index).clone()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::index::{CompilerRecord, INDEX_FORMAT};
+
+    /// An index of `count` kernels `k00000`…, each with one variant and a few inputs.
+    fn index(count: usize) -> Index {
+        let kernels = (0..count)
+            .map(|n| {
+                let name = format!("k{n:05}");
+                let digest = crate::key::sha256_hex(name.as_bytes());
+                let record = KernelRecord {
+                    inputs: KernelInputs {
+                        entries: vec![name.clone()],
+                        files: BTreeMap::from([(format!("{name}.cu"), digest.clone())]),
+                        ..KernelInputs::default()
+                    },
+                    recipe: Some(SourceRecipe {
+                        source: format!("{name}.cu"),
+                        include_dirs: vec![".".to_owned()],
+                    }),
+                    constants: BTreeMap::from([("BLOCK".to_owned(), Constant::Integer(n as i64))]),
+                    variants: vec![Variant {
+                        arch: "sm_90a".parse().unwrap(),
+                        cuda: "cu130".parse().unwrap(),
+                        torch: "2.13.*".to_owned(),
+                        compiler: CompilerRecord {
+                            kind: "nvrtc".to_owned(),
+                            version: "13.0.88".to_owned(),
+                        },
+                        key: digest.clone(),
+                        artifact: StoredFile {
+                            path: crate::bundle::artifact_path(&digest),
+                            digest,
+                            size: 10,
+                            stored_size: 8,
+                        },
+                        functions: Vec::new(),
+                    }],
+                    skipped: Vec::new(),
+                };
+                (name, record)
+            })
+            .collect();
+        Index {
+            format: INDEX_FORMAT,
+            package: "many-kernels".to_owned(),
+            torch: "2.13.*".to_owned(),
+            store: None,
+            dictionary: None,
+            kernels,
+        }
+    }
+
+    fn written(index: &Index) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(LOOKUP_FILE);
+        std::fs::write(&path, encode(index)).unwrap();
+        (dir, path)
+    }
+
+    #[test]
+    fn every_kernel_is_found_with_its_record_and_inputs_and_nothing_else_is() {
+        let index = index(3001);
+        let (_dir, path) = written(&index);
+        let lookup = Lookup::open(&path).unwrap();
+        assert_eq!(lookup.len(), 3001);
+        assert_eq!(lookup.meta(), &Meta::of(&index));
+        for (name, record) in &index.kernels {
+            let found = lookup.record(name).unwrap().unwrap();
+            assert_eq!(found.variants, record.variants, "{name}");
+            assert_eq!(found.constants, record.constants, "{name}");
+            assert_eq!(found.recipe, record.recipe, "{name}");
+            assert_eq!(found.inputs, KernelInputs::default(), "{name}");
+            assert_eq!(
+                lookup.inputs(name).unwrap().unwrap(),
+                record.inputs,
+                "{name}"
+            );
+        }
+        for absent in ["", "a", "k", "k0300", "k030000", "k99999", "zzz"] {
+            assert!(lookup.record(absent).unwrap().is_none(), "{absent}");
+        }
+        assert_eq!(
+            lookup.names().unwrap(),
+            index.kernels.keys().cloned().collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn the_encoding_is_deterministic_and_an_empty_bundle_works() {
+        assert_eq!(encode(&index(50)), encode(&index(50)));
+        let (_dir, path) = written(&index(0));
+        let lookup = Lookup::open(&path).unwrap();
+        assert!(lookup.is_empty());
+        assert!(lookup.record("anything").unwrap().is_none());
+    }
+
+    #[test]
+    fn another_format_is_refused_naming_the_format_this_reads() {
+        let mut bytes = encode(&index(3));
+        bytes[8..12].copy_from_slice(&7u32.to_le_bytes());
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(LOOKUP_FILE);
+        std::fs::write(&path, bytes).unwrap();
+        let message = Lookup::open(&path).unwrap_err().to_string();
+        assert!(message.contains("format 7"), "{message}");
+        assert!(
+            message.contains(&format!("reads format {LOOKUP_FORMAT}")),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn cut_padded_or_crafted_files_are_refused_never_read_past() {
+        let good = encode(&index(40));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(LOOKUP_FILE);
+        let cases: Vec<(&str, Vec<u8>)> = vec![
+            ("cut", good[..good.len() - 1].to_vec()),
+            ("padded", [good.clone(), vec![0]].concat()),
+            ("header only", good[..30].to_vec()),
+            ("magic", [b"NOTMAGIC".to_vec(), good[8..].to_vec()].concat()),
+            ("count", {
+                let mut bytes = good.clone();
+                bytes[12..16].copy_from_slice(&u32::MAX.to_le_bytes());
+                bytes
+            }),
+        ];
+        for (case, bytes) in cases {
+            std::fs::write(&path, bytes).unwrap();
+            assert!(Lookup::open(&path).is_err(), "{case}");
+        }
+        // A table entry pointing past the end: found on lookup, refused, not read.
+        let mut bytes = good.clone();
+        let table = u64::from_le_bytes(bytes[32..40].try_into().unwrap()) as usize;
+        for entry in 0..40 {
+            let at = table + entry * 32 + 16;
+            bytes[at..at + 8].copy_from_slice(&(u64::MAX / 2).to_le_bytes());
+        }
+        std::fs::write(&path, bytes).unwrap();
+        let lookup = Lookup::open(&path).unwrap();
+        let message = lookup.record("k00020").unwrap_err().to_string();
+        assert!(message.contains("refused"), "{message}");
+        // A record whose kernel name would leave the bundle is refused like `index.json`'s.
+        let mut crafted = index(1);
+        let record = crafted.kernels.remove("k00000").unwrap();
+        crafted.kernels.insert("../escape".to_owned(), record);
+        std::fs::write(&path, encode(&crafted)).unwrap();
+        let lookup = Lookup::open(&path).unwrap();
+        assert!(lookup.record("../escape").is_err());
+    }
+
+    #[test]
+    fn a_bundle_without_the_loader_index_is_read_from_index_json() {
+        let dir = tempfile::tempdir().unwrap();
+        let index = index(5);
+        std::fs::write(dir.path().join(crate::bundle::INDEX_FILE), index.to_json()).unwrap();
+        let catalog = Catalog::open(dir.path()).unwrap();
+        assert_eq!(catalog.meta(), Meta::of(&index));
+        let record = catalog.record("k00003").unwrap().unwrap();
+        assert_eq!(record.variants, index.kernels["k00003"].variants);
+        assert_eq!(
+            catalog.inputs("k00003").unwrap().unwrap(),
+            index.kernels["k00003"].inputs
+        );
+        // With it, the same answers.
+        std::fs::write(dir.path().join(LOOKUP_FILE), encode(&index)).unwrap();
+        let catalog = Catalog::open(dir.path()).unwrap();
+        assert_eq!(catalog.record("k00003").unwrap().unwrap(), record);
+        assert_eq!(catalog.names().unwrap().len(), 5);
+    }
+}
