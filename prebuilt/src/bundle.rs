@@ -109,15 +109,16 @@ pub enum BundleError {
     },
     /// The loader's index was written by a newer or older format.
     #[error(
-        "loader index `{}` has format {found}; this kwheel reads format {}: install the kwheel the bundle was built with, or rebuild the bundle",
-        path.display(),
-        crate::lookup::LOOKUP_FORMAT
+        "loader index `{}` has format {found}; this kwheel reads format {reads}: install the kwheel the bundle was built with, or rebuild the bundle",
+        path.display()
     )]
     UnsupportedLookup {
         /// The file.
         path: PathBuf,
         /// The format found.
         found: u32,
+        /// The format this reader reads.
+        reads: u32,
     },
     /// An artifact's stored bytes do not decompress.
     #[error("artifact of `{kernel}` ({variant}) at `{}` is corrupt", path.display())]

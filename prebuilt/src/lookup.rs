@@ -226,6 +226,7 @@ impl Lookup {
             return Err(BundleError::UnsupportedLookup {
                 path: path.to_owned(),
                 found: format,
+                reads: LOOKUP_FORMAT,
             });
         }
         let count = u64::from(u32_at(12));
