@@ -42,6 +42,10 @@ struct Arguments {
     repetitions: usize,
     jit_repetitions: usize,
     json: Option<PathBuf>,
+    /// Only these kernels (all when empty).
+    kernels: Vec<String>,
+    /// Whether to measure the JIT column.
+    jit: bool,
 }
 
 fn parse_arguments() -> Result<Arguments, String> {
@@ -52,6 +56,8 @@ fn parse_arguments() -> Result<Arguments, String> {
         repetitions: 25,
         jit_repetitions: 3,
         json: None,
+        kernels: Vec::new(),
+        jit: true,
     };
     let mut bundle = None;
     let mut words = std::env::args().skip(1);
@@ -74,10 +80,15 @@ fn parse_arguments() -> Result<Arguments, String> {
                     .map_err(|error| format!("--jit-repetitions: {error}"))?;
             }
             "--json" => arguments.json = Some(PathBuf::from(value("--json")?)),
+            "--kernels" => {
+                arguments.kernels = value("--kernels")?.split(',').map(str::to_owned).collect();
+            }
+            "--no-jit" => arguments.jit = false,
             "-h" | "--help" => {
                 return Err(
                     "usage: first_call <bundle> [--cuda cu130] [--torch 2.11.0] \
-                     [--repetitions 25] [--jit-repetitions 3] [--json out.json]"
+                     [--repetitions 25] [--jit-repetitions 3] [--json out.json] \
+                     [--kernels a,b] [--no-jit]"
                         .to_owned(),
                 )
             }
@@ -171,27 +182,44 @@ fn run() -> Result<(), String> {
     )
     .map_err(|error| error.to_string())?;
     let query = probe.device_query().map_err(|error| error.to_string())?;
-    let names: Vec<String> = probe.catalog().names().map_err(|error| error.to_string())?;
+    let names: Vec<String> = if arguments.kernels.is_empty() {
+        probe.catalog().names().map_err(|error| error.to_string())?
+    } else {
+        arguments.kernels.clone()
+    };
     drop(probe);
 
     // The JIT copy: the same bundle without any cubin, so every kernel compiles.
     let stripped = scratch.path().join("_prebuilt");
-    copy_dir(&arguments.bundle, &stripped)?;
-    let mut index = Bundle::open(&stripped)
-        .map_err(|error| error.to_string())?
-        .index()
-        .clone();
-    for record in index.kernels.values_mut() {
-        record.variants.clear();
-    }
-    std::fs::write(stripped.join(INDEX_FILE), index.to_json())
+    let compiler = if arguments.jit {
+        copy_dir(&arguments.bundle, &stripped)?;
+        let mut index = Bundle::open(&stripped)
+            .map_err(|error| error.to_string())?
+            .index()
+            .clone();
+        for record in index.kernels.values_mut() {
+            record.variants.clear();
+        }
+        std::fs::write(stripped.join(INDEX_FILE), index.to_json())
+            .map_err(|error| error.to_string())?;
+        std::fs::write(
+            stripped.join(prebuilt::lookup::LOOKUP_FILE),
+            prebuilt::lookup::encode(&index),
+        )
         .map_err(|error| error.to_string())?;
-    let compiler = CompilerSearch::from_env()
-        .find(query.cuda, Some(query.driver))
-        .map_err(|error| error.to_string())?;
+        let compiler = CompilerSearch::from_env()
+            .find(query.cuda, Some(query.driver))
+            .map_err(|error| error.to_string())?;
+        Some(compiler)
+    } else {
+        None
+    };
+    let compiler_name = compiler
+        .as_ref()
+        .map_or_else(|| "none (--no-jit)".to_owned(), ToString::to_string);
 
     println!(
-        "device {} (compute {}), driver CUDA {}, CUDA build {}, JIT with {compiler}",
+        "device {} (compute {}), driver CUDA {}, CUDA build {}, JIT with {compiler_name}",
         device.name(),
         query.device(),
         DriverVersion::from_api(driver.version()),
@@ -257,7 +285,12 @@ fn run() -> Result<(), String> {
             }
         }
         let mut jit_calls = Vec::new();
-        for repetition in 0..arguments.jit_repetitions {
+        let jit_repetitions = if arguments.jit {
+            arguments.jit_repetitions
+        } else {
+            0
+        };
+        for repetition in 0..jit_repetitions {
             let cache = scratch.path().join(format!("jit-{name}-{repetition}"));
             let started = Instant::now();
             let result =
@@ -284,7 +317,11 @@ fn run() -> Result<(), String> {
             *first_calls.iter().max().unwrap(),
         );
         let first_call = median(&mut first_calls);
-        let jit = median(&mut jit_calls);
+        let jit = if jit_calls.is_empty() {
+            Duration::ZERO
+        } else {
+            median(&mut jit_calls)
+        };
         let ratio = jit.as_secs_f64() / first_call.as_secs_f64();
         rows.push(format!(
             "| `{name}` | {variant} | {:.3} ms ({:.3}–{:.3}) | {:.1} ms | {ratio:.0}× |",
@@ -307,7 +344,9 @@ fn run() -> Result<(), String> {
     }
     println!(
         "| kernel | loads | first call, median of {} (min–max) | {} JIT, median of {} | JIT / first call |",
-        arguments.repetitions, compiler.kind(), arguments.jit_repetitions
+        arguments.repetitions,
+        compiler.as_ref().map_or_else(|| "no".to_owned(), |c| c.kind().to_string()),
+        arguments.jit_repetitions
     );
     println!("| --- | --- | ---: | ---: | ---: |");
     for row in &rows {
@@ -319,7 +358,7 @@ fn run() -> Result<(), String> {
             "capability": query.device(),
             "driver": DriverVersion::from_api(driver.version()).to_string(),
             "cuda": query.cuda.to_string(),
-            "jit_compiler": compiler.to_string(),
+            "jit_compiler": compiler_name,
             "context_ms": ms(context_time),
             "kernels": report,
         });

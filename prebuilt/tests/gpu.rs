@@ -218,7 +218,7 @@ fn fixture_bundle(dir: &Path) -> PathBuf {
         dictionary: None,
         kernels,
     };
-    fs::write(root.join(INDEX_FILE), index.to_json()).unwrap();
+    write_index(&root, &index);
     root
 }
 
@@ -969,6 +969,16 @@ fn bundle_without_sm_90a(bundle: &Path, dir: &Path) -> PathBuf {
 }
 
 /// A copy of `bundle` under `dir` whose index keeps only the variants `keep` accepts.
+/// Writes `index` as a bundle does: `index.json` and the loader index derived from it.
+fn write_index(root: &Path, index: &Index) {
+    fs::write(root.join(INDEX_FILE), index.to_json()).unwrap();
+    fs::write(
+        root.join(prebuilt::lookup::LOOKUP_FILE),
+        prebuilt::lookup::encode(index),
+    )
+    .unwrap();
+}
+
 fn bundle_keeping(bundle: &Path, dir: &Path, keep: impl Fn(&Variant) -> bool) -> PathBuf {
     let copy = dir.join("_prebuilt");
     copy_dir(bundle, &copy);
@@ -977,7 +987,7 @@ fn bundle_keeping(bundle: &Path, dir: &Path, keep: impl Fn(&Variant) -> bool) ->
     for record in index.kernels.values_mut() {
         record.variants.retain(&keep);
     }
-    fs::write(copy.join(INDEX_FILE), index.to_json()).unwrap();
+    write_index(&copy, &index);
     copy
 }
 
@@ -1381,7 +1391,7 @@ mod slim {
             }
         }
         index.set_store(Some(store.url()));
-        fs::write(root.join(INDEX_FILE), index.to_json()).unwrap();
+        write_index(&root, &index);
         root
     }
 

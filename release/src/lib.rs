@@ -177,6 +177,16 @@ pub enum Error {
         /// The manifest's package.
         expected: String,
     },
+    /// The bundle's loader index is missing, or is not the one its `index.json` gives.
+    #[error(
+        "bundle `{}` has no `kernels.idx` matching its `index.json` (written by an older kwheel, \
+         or edited by hand); rebuild it with `kwheel dev bundle-kernels`",
+        bundle.display()
+    )]
+    LoaderIndex {
+        /// The bundle directory.
+        bundle: PathBuf,
+    },
     /// The bundle's keys do not match the current sources.
     #[error(
         "bundle `{}` is stale; rebuild it with `kwheel dev bundle-kernels` before building the \

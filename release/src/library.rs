@@ -358,6 +358,11 @@ pub fn check_bundle_current(
             expected: manifest.library.package.clone(),
         });
     }
+    if std::fs::read(bundle.join(LOOKUP_FILE)).ok() != Some(encode(&index)) {
+        return Err(Error::LoaderIndex {
+            bundle: bundle.to_owned(),
+        });
+    }
     let needs_compiler = manifest.kernels.values().any(|k| k.cubins.is_empty());
     let found: Vec<(CudaBuild, Option<BuildToolchain>)> = manifest
         .library
