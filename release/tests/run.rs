@@ -140,6 +140,24 @@ fn shared() -> Option<&'static Shared> {
         .as_ref()
 }
 
+/// Everything a command printed, stdout first.
+fn output_text(output: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+/// Asserts that a command succeeded, showing its stderr where it did not.
+fn assert_succeeded(output: &std::process::Output) {
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
 fn chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut cause = error.source();
@@ -392,11 +410,7 @@ print("checked", len(rows))
         .arg(&shared.built.path)
         .output()
         .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    assert_succeeded(&output);
     assert!(String::from_utf8_lossy(&output.stdout).starts_with("checked "));
 }
 
@@ -429,9 +443,8 @@ fn pip_installs_the_wheel_offline() {
         .unwrap();
     assert!(
         output.status.success(),
-        "pip install failed:\n{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
+        "pip install failed:\n{}",
+        output_text(&output)
     );
     let installed = target.path().join("af3_kernels");
     assert!(installed.join("__init__.py").is_file());
@@ -1496,9 +1509,8 @@ mod python_runtime {
                 .unwrap();
             assert!(
                 output.status.success(),
-                "pip install of both wheels failed:\n{}{}",
-                String::from_utf8_lossy(&output.stdout),
-                String::from_utf8_lossy(&output.stderr)
+                "pip install of both wheels failed:\n{}",
+                output_text(&output)
             );
             let site_packages =
                 python_output(&python, "import site; print(site.getsitepackages()[0])");
@@ -1658,11 +1670,7 @@ mod python_runtime {
             .args(args)
             .output()
             .unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
+        let text = output_text(&output);
         assert!(
             output.status.success(),
             "pip install {args:?} failed:\n{text}"
@@ -1698,11 +1706,7 @@ mod python_runtime {
                 .current_dir(&project)
                 .output()
                 .unwrap();
-            let text = format!(
-                "{}{}",
-                String::from_utf8_lossy(&output.stdout),
-                String::from_utf8_lossy(&output.stderr)
-            );
+            let text = output_text(&output);
             assert!(output.status.success(), "kwheel {args:?}:\n{text}");
             text
         };
@@ -1747,11 +1751,7 @@ print(json.dumps([variants, sources, selected, af3_kernels.status()["layernorm_b
             .current_dir(scratch.path())
             .output()
             .unwrap();
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
+        assert_succeeded(&output);
         serde_json::from_slice(&output.stdout).unwrap()
     }
 
@@ -1850,11 +1850,7 @@ print(json.dumps([variants, sources, selected, af3_kernels.status()["layernorm_b
             .env("PYTHONPATH", &dir)
             .output()
             .unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
+        let text = output_text(&output);
         assert!(
             output.status.success(),
             "auditwheel show {}:\n{text}",
@@ -2020,6 +2016,19 @@ mod distribution {
     use prebuilt::select::{DeviceQuery, DriverVersion};
     use release::publish::{publish, PublishOptions, Published, ShipFilter};
     use std::time::Duration;
+
+    /// A device of `capability` with a CUDA 13.0 driver and runtime, any torch.
+    fn cuda_13_0_device(capability: (u32, u32)) -> DeviceQuery {
+        DeviceQuery {
+            capability,
+            driver: DriverVersion {
+                major: 13,
+                minor: 0,
+            },
+            cuda: "cu130".parse().unwrap(),
+            torch: None,
+        }
+    }
 
     /// The server `.ci/run` starts, under a path prefix of this run's own; `None` (skipped)
     /// without one.
@@ -2189,15 +2198,7 @@ mod distribution {
         let bundle_dir = find_bundle(site.join("af3_kernels").to_str().unwrap()).unwrap();
         let bundle = prebuilt::Bundle::open(&bundle_dir).unwrap();
         let cache = ArtifactCache::new(site.join("artifact-cache"));
-        let b200 = DeviceQuery {
-            capability: (10, 0),
-            driver: DriverVersion {
-                major: 13,
-                minor: 0,
-            },
-            cuda: "cu130".parse().unwrap(),
-            torch: None,
-        };
+        let b200 = cuda_13_0_device((10, 0));
         let before = coverage(&bundle, &b200, &cache);
         assert!(before.to_string().contains("remote"), "{before}");
 
@@ -2265,15 +2266,7 @@ mod distribution {
         let site = scratch("bench-site");
         install(&built.path, &site);
         let slim = site.join("af3_kernels/_prebuilt");
-        let h200 = DeviceQuery {
-            capability: (9, 0),
-            driver: DriverVersion {
-                major: 13,
-                minor: 0,
-            },
-            cuda: "cu130".parse().unwrap(),
-            torch: None,
-        };
+        let h200 = cuda_13_0_device((9, 0));
         let median = |mut times: Vec<f64>| {
             times.sort_by(f64::total_cmp);
             times[times.len() / 2]
