@@ -1,367 +1,20 @@
-//! The `kwheel` command line: argument parsing and one library call per command.
+//! The `kwheel` command line: argument parsing (`cli`), one library call per command (here),
+//! and an exit code that says what failed (`exit`).
 
-use std::path::{Path, PathBuf};
+mod cli;
+mod exit;
+
+use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
-use clap::{Args, Parser, Subcommand};
+use clap::Parser;
 
-/// Ship prebuilt CUDA kernels in Python wheels.
-#[derive(Parser)]
-#[command(name = "kwheel", version, about, propagate_version = true)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Kernel-library development: bundling, key inspection.
-    #[command(subcommand)]
-    Dev(DevCommand),
-    /// Inspect a built bundle.
-    #[command(subcommand)]
-    Bundle(BundleCommand),
-    /// Inspect a built wheel.
-    #[command(subcommand)]
-    Wheel(WheelCommand),
-    /// Release gates.
-    #[command(subcommand)]
-    Release(ReleaseCommand),
-    /// List the CUDA toolchains found for the manifest's CUDA builds.
-    Toolchains(ManifestArg),
-    /// Download, verify and cache what a given device would load, for machines that go offline.
-    Fetch(FetchArgs),
-}
-
-#[derive(Subcommand)]
-enum DevCommand {
-    /// Compile every kernel × arch × CUDA build that the cache lacks and write the bundle.
-    BundleKernels(BundleKernelsArgs),
-    /// Print a kernel's include tree and every input of its key.
-    Explain(ExplainArgs),
-    /// Show, per kernel, which variant of a bundle would load on a given device, and why.
-    Coverage(CoverageArgs),
-    /// Write the kernel library's manylinux wheel with its bundle (bundling first if needed).
-    BuildWheel(BuildWheelArgs),
-    /// Write the kernel library's source distribution (PEP 625), which pip builds with kwheel's
-    /// build backend (`kwheel.build`) into a wheel that JIT-compiles on first load.
-    BuildSdist(BuildSdistArgs),
-    /// Assemble shard directories into one bundle, identical to a single-machine build.
-    MergeBundles(MergeArgs),
-}
-
-#[derive(Subcommand)]
-enum ReleaseCommand {
-    /// Run every release gate and print the checklist; fails if any gate fails.
-    Check(CheckArgs),
-    /// Upload wheels and bundle artifacts to a content-addressed HTTP store, skipping what is
-    /// there, then verify by download.
-    Publish(PublishArgs),
-    /// Build kwheel's own wheels (the `kwheel` command, the runtime module and the build
-    /// backend) for manylinux_2_28 from this source tree, with cargo zigbuild.
-    BuildKwheel(BuildKwheelArgs),
-}
-
-#[derive(Args)]
-struct BuildKwheelArgs {
-    /// Where the wheels go.
-    #[arg(long, default_value = "target/kwheel/wheels")]
-    out: PathBuf,
-    /// The architectures, comma-separated [default: this machine's].
-    #[arg(long, value_delimiter = ',')]
-    arch: Vec<release::RuntimeArch>,
-    /// The kwheel source tree [default: the one this binary was built from].
-    #[arg(long)]
-    workspace: Option<PathBuf>,
-    /// Cargo's target directory for the cross builds [default: <workspace>/target/kwheel/runtime].
-    #[arg(long)]
-    target_dir: Option<PathBuf>,
-    /// Pack this already built Python module instead of building it (one architecture only).
-    #[arg(long)]
-    module: Option<PathBuf>,
-    /// Pack this already built `kwheel` executable instead of building it (one architecture
-    /// only).
-    #[arg(long)]
-    command: Option<PathBuf>,
-    /// No cargo output.
-    #[arg(long)]
-    quiet: bool,
-}
-
-#[derive(Args)]
-struct BuildSdistArgs {
-    #[command(flatten)]
-    manifest: ManifestArg,
-    /// Where the sdist goes.
-    #[arg(long, default_value = "target/kwheel/sdist")]
-    out: PathBuf,
-}
-
-#[derive(Args)]
-struct CheckArgs {
-    #[command(flatten)]
-    manifest: ManifestArg,
-    /// The bundle to check (built first when missing, unless --no-rebuild).
-    #[arg(long, default_value = "target/kwheel/_prebuilt")]
-    bundle: PathBuf,
-    /// The directory of the wheels to check.
-    #[arg(long, default_value = "target/kwheel/wheels")]
-    wheels: PathBuf,
-    /// Override the manifest's torch pin.
-    #[arg(long)]
-    torch: Option<String>,
-    /// Fail instead of building a missing bundle or wheel.
-    #[arg(long)]
-    no_rebuild: bool,
-    /// The largest acceptable wheel, in bytes.
-    #[arg(long, default_value_t = release::check::DEFAULT_SIZE_BUDGET)]
-    size_budget: u64,
-    /// Release tags are this prefix and the version.
-    #[arg(long, default_value = "v")]
-    tag_prefix: String,
-    /// The build cache directory [default: ${XDG_CACHE_HOME:-~/.cache}/kwheel/build].
-    #[arg(long)]
-    cache_dir: Option<PathBuf>,
-    /// Also publish the bundle's artifacts and the wheels to this store and verify them (a
-    /// bearer token is read from $KWHEEL_STORE_TOKEN).
-    #[arg(long)]
-    publish: Option<String>,
-    /// Print the checklist as JSON.
-    #[arg(long)]
-    json: bool,
-}
-
-#[derive(Subcommand)]
-enum WheelCommand {
-    /// Re-check a wheel: RECORD, tags, zip hygiene, bundle digests, manylinux audit; or an
-    /// sdist (`.tar.gz`): name, layout, PKG-INFO, pyproject.toml, and every kernel's sources.
-    Verify {
-        /// The wheel or sdist file.
-        wheel: PathBuf,
-    },
-}
-
-#[derive(Subcommand)]
-enum BundleCommand {
-    /// Print one row per variant and per skip.
-    List {
-        /// The bundle directory.
-        bundle: PathBuf,
-    },
-    /// Write the cubins as plain files: DIR/<kernel>/<build>/<arch>.cubin.
-    Extract {
-        /// The bundle directory.
-        bundle: PathBuf,
-        /// Where to write.
-        #[arg(long)]
-        out: PathBuf,
-    },
-}
-
-#[derive(Args)]
-struct ManifestArg {
-    /// The kernel manifest [default: the embedded library, kernels/kernels.toml].
-    #[arg(long)]
-    manifest: Option<PathBuf>,
-}
-
-#[derive(Args)]
-struct BundleKernelsArgs {
-    #[command(flatten)]
-    manifest: ManifestArg,
-    /// The bundle directory to write.
-    #[arg(long, default_value = "target/kwheel/_prebuilt")]
-    out: PathBuf,
-    /// Parallel compile jobs [default: the number of cores].
-    #[arg(long)]
-    jobs: Option<usize>,
-    /// Build only these kernels (comma-separated) [default: $KWHEEL_KERNELS, else all].
-    #[arg(long, value_delimiter = ',')]
-    only: Vec<String>,
-    /// Make every skipped or failed target an error (also `KWHEEL_REQUIRE=1`).
-    #[arg(long)]
-    require: bool,
-    /// Override the manifest's torch pin (for example `2.11.*`).
-    #[arg(long)]
-    torch: Option<String>,
-    /// The build cache directory [default: ${XDG_CACHE_HOME:-~/.cache}/kwheel/build].
-    #[arg(long)]
-    cache_dir: Option<PathBuf>,
-    /// No progress bar.
-    #[arg(long)]
-    quiet: bool,
-    /// Build only shard I of N of the compile jobs (`2/4`), into a shard directory for
-    /// `dev merge-bundles`.
-    #[arg(long)]
-    shard: Option<String>,
-    /// A shared build cache speaking the bazel-remote HTTP protocol [default:
-    /// $KWHEEL_REMOTE_CACHE, then ~/.config/kwheel/config.toml].
-    #[arg(long)]
-    remote_cache: Option<String>,
-    /// Read the remote cache but never upload to it.
-    #[arg(long)]
-    remote_cache_read_only: bool,
-}
-
-#[derive(Args)]
-struct MergeArgs {
-    /// The shard directories written by `bundle-kernels --shard`.
-    #[arg(required = true)]
-    shards: Vec<PathBuf>,
-    /// The bundle directory to write.
-    #[arg(long)]
-    out: PathBuf,
-    /// Parallel compression jobs [default: the number of cores].
-    #[arg(long)]
-    jobs: Option<usize>,
-}
-
-#[derive(Args)]
-struct PublishArgs {
-    /// The store's base URL; artifacts go to `<url>/cas/<sha256>`. A bearer token is read
-    /// from $KWHEEL_STORE_TOKEN.
-    #[arg(long)]
-    to: String,
-    /// Bundles whose artifacts to publish.
-    #[arg(long)]
-    bundle: Vec<PathBuf>,
-    /// Wheels to publish.
-    wheels: Vec<PathBuf>,
-    /// Print the report as JSON.
-    #[arg(long)]
-    json: bool,
-}
-
-#[derive(Args)]
-struct FetchArgs {
-    /// An installed package (`af3_kernels`) or a bundle directory.
-    package: String,
-    /// The device: `sm_100`, or a compute capability such as `10.0`.
-    #[arg(long)]
-    device: String,
-    /// The runtime's CUDA build: `13.0` or `cu130`.
-    #[arg(long)]
-    cuda: String,
-    /// The runtime's torch version (not checked when absent).
-    #[arg(long)]
-    torch: Option<String>,
-    /// The driver: the CUDA version it supports (`13.0`) or its release (`580.65`).
-    #[arg(long)]
-    driver: Option<String>,
-    /// Print the report as JSON.
-    #[arg(long)]
-    json: bool,
-}
-
-#[derive(Args)]
-struct ExplainArgs {
-    /// The kernel.
-    kernel: String,
-    #[command(flatten)]
-    manifest: ManifestArg,
-    /// Compare with this index (a bundle directory or its index.json).
-    #[arg(long)]
-    against: Option<PathBuf>,
-    /// Override the manifest's torch pin.
-    #[arg(long)]
-    torch: Option<String>,
-}
-
-#[derive(Args)]
-struct BuildWheelArgs {
-    #[command(flatten)]
-    manifest: ManifestArg,
-    /// The bundle to ship (built first when missing).
-    #[arg(long, default_value = "target/kwheel/_prebuilt")]
-    bundle: PathBuf,
-    /// Where the wheel goes.
-    #[arg(long, default_value = "target/kwheel/wheels")]
-    out: PathBuf,
-    /// Override the manifest's torch pin (for example `2.11.*`).
-    #[arg(long)]
-    torch: Option<String>,
-    /// Leave the kernel sources out (no JIT fallback from this wheel).
-    #[arg(long)]
-    no_sources: bool,
-    /// Ship no cubins: the sources and an index of recipes only, so every kernel JIT-compiles
-    /// on first load (what the build backend does for an sdist or git install). Needs no
-    /// CUDA toolchain.
-    #[arg(long, conflicts_with_all = ["no_sources", "ship"])]
-    recipes_only: bool,
-    /// Accepted for older scripts: `dev build-wheel` builds only the library's wheel (kwheel's
-    /// own wheels come from `kwheel release build-kwheel`).
-    #[arg(long, hide = true)]
-    no_runtime: bool,
-    /// Ship only these variants in the wheel (`sm_90a`, `cu130:sm_100a`, comma-separated);
-    /// the index lists the rest with the store they are fetched from.
-    #[arg(long)]
-    ship: Option<String>,
-    /// The store that holds the variants left out [default: the manifest's `store`].
-    #[arg(long)]
-    store: Option<String>,
-    /// Parallel compile jobs when bundling [default: the number of cores].
-    #[arg(long)]
-    jobs: Option<usize>,
-    /// The build cache directory [default: ${XDG_CACHE_HOME:-~/.cache}/kwheel/build].
-    #[arg(long)]
-    cache_dir: Option<PathBuf>,
-    /// No progress output.
-    #[arg(long)]
-    quiet: bool,
-}
-
-#[derive(Args)]
-#[command(group(clap::ArgGroup::new("devices").required(true).args(["device", "fleet"])))]
-struct CoverageArgs {
-    /// The bundle directory.
-    bundle: PathBuf,
-    /// The device: `sm_90`, `sm_100`, or a compute capability such as `9.0`.
-    #[arg(long)]
-    device: Option<String>,
-    /// Several devices at once, comma-separated, printed as one table: known GPUs (`H100`,
-    /// `B200`, `B300`, `Thor`, `RTX-PRO-6000`, `GB10`, ...), `NAME=10.3`, or capabilities.
-    #[arg(long, value_delimiter = ',', conflicts_with = "device")]
-    fleet: Vec<String>,
-    /// Refuse PTX variants, as `<PACKAGE>_PTX_JIT=0` does at run time.
-    #[arg(long)]
-    no_ptx_jit: bool,
-    /// The runtime's CUDA build: `12.9` or `cu129`.
-    #[arg(long)]
-    cuda: String,
-    /// The runtime's torch version (not checked when absent).
-    #[arg(long)]
-    torch: Option<String>,
-    /// The driver: the CUDA version it supports (`13.0`) or its release (`580.65`)
-    /// [default: the minimum driver of the CUDA build].
-    #[arg(long)]
-    driver: Option<String>,
-    /// Print JSON instead of a table.
-    #[arg(long)]
-    json: bool,
-}
-
-impl ManifestArg {
-    /// The manifest given, else `kernels/kernels.toml` under the current directory, else the
-    /// embedded library of this checkout.
-    fn resolve(&self) -> PathBuf {
-        if let Some(path) = &self.manifest {
-            return path.clone();
-        }
-        let local = Path::new("kernels/kernels.toml");
-        if local.is_file() {
-            return local.to_owned();
-        }
-        // An installed `kwheel` (pip, cargo install) has no checkout to fall back to: then the
-        // error names the file looked for here.
-        let embedded = Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels/kernels.toml");
-        if embedded.is_file() {
-            embedded
-        } else {
-            local.to_owned()
-        }
-    }
-}
+use cli::{
+    BuildKwheelArgs, BuildWheelArgs, BundleCommand, BundleKernelsArgs, CheckArgs, Cli, Command,
+    CoverageArgs, DevCommand, FetchArgs, ReleaseCommand, WheelCommand,
+};
+use exit::{CommandFailed, Failure};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -369,7 +22,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("error: {error:#}");
-            ExitCode::FAILURE
+            ExitCode::from(Failure::of(&error).code())
         }
     }
 }
@@ -485,7 +138,7 @@ fn release_check(args: CheckArgs) -> Result<()> {
         print!("{checklist}");
     }
     if !checklist.passed() {
-        anyhow::bail!("release check failed");
+        return Err(CommandFailed::new(Failure::Verification, "release check failed").into());
     }
     Ok(())
 }
@@ -838,7 +491,11 @@ fn toolchains(manifest: &Path) -> Result<()> {
         }
     }
     if missing > 0 {
-        anyhow::bail!("{missing} CUDA build(s) have no toolchain");
+        return Err(CommandFailed::new(
+            Failure::NotFound,
+            format!("{missing} CUDA build(s) have no toolchain"),
+        )
+        .into());
     }
     Ok(())
 }

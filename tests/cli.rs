@@ -1,55 +1,12 @@
 //! The `kwheel` binary end to end: the README's commands, every verb, and the errors a user
 //! meets, on the embedded library with the real toolchains.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-fn workspace() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn kwheel() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_kwheel"));
-    command.current_dir(workspace());
-    command
-}
-
-fn stdout(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
-}
-
-/// Whether the toolchains are installed; without them a test skips with the reason, unless
-/// `KWHEEL_REQUIRE_TOOLCHAINS=1` (CI), where it fails.
-fn have_toolchains() -> bool {
-    let output = kwheel().arg("toolchains").output().unwrap();
-    if output.status.success() {
-        return true;
-    }
-    if std::env::var("KWHEEL_REQUIRE_TOOLCHAINS").as_deref() == Ok("1") {
-        panic!(
-            "toolchains required but missing:\n{}{}",
-            stdout(&output),
-            stderr(&output)
-        );
-    }
-    skipped(&format!("no toolchains ({})", stdout(&output).trim()));
-    false
-}
-
-/// Says that the running test passes without testing: `SKIPPED: <test>: <reason>`, written
-/// to stderr past the test harness's capture, so that `ci/test` lists it in its summary.
-fn skipped(reason: &str) {
-    use std::io::Write as _;
-    let test = std::thread::current()
-        .name()
-        .unwrap_or("(unnamed test)")
-        .to_owned();
-    let _ = writeln!(std::io::stderr(), "SKIPPED: {test}: {reason}");
-}
+use support::*;
 
 /// The shell commands of the README's "Set up" section, in order.
 fn readme_commands() -> Vec<String> {
@@ -162,6 +119,20 @@ fn help_lists_every_command() {
     );
 }
 
+#[test]
+fn help_lists_the_exit_codes_the_readme_lists() {
+    let output = kwheel().arg("--help").output().unwrap();
+    let help = stdout(&output);
+    let readme = std::fs::read_to_string(workspace().join("README.md")).unwrap();
+    for code in [USAGE, NOT_FOUND, VERIFICATION, BUILD, NETWORK] {
+        assert!(help.contains(&format!("\n  {code}  ")), "{code}: {help}");
+        assert!(
+            readme.contains(&format!("\n| {code} | ")),
+            "{code} in README"
+        );
+    }
+}
+
 fn build_into(dir: &Path, extra: &[&str]) -> Output {
     kwheel()
         .args(["dev", "bundle-kernels", "--quiet", "--out"])
@@ -193,7 +164,7 @@ fn missing_toolchain_names_the_build_and_how_to_install_it() {
         .arg(dir.path().join("out"))
         .output()
         .unwrap();
-    assert_eq!(output.status.code(), Some(1));
+    assert_eq!(output.status.code(), Some(NOT_FOUND), "{}", stderr(&output));
     let text = stderr(&output);
     assert!(
         text.contains("cu129") && text.contains("ci/setup"),
@@ -212,11 +183,7 @@ fn list_extract_and_explain_work_on_a_bundle() {
     assert!(output.status.success(), "{}", stderr(&output));
     assert!(stdout(&output).contains(" built, "), "{}", stdout(&output));
 
-    let output = kwheel()
-        .args(["bundle", "list"])
-        .arg(dir.path().join("bundle"))
-        .output()
-        .unwrap();
+    let output = bundle_list(&dir.path().join("bundle"));
     let text = stdout(&output);
     assert!(text.starts_with("kernel"), "{text}");
     let rows: Vec<String> = text
@@ -237,13 +204,7 @@ fn list_extract_and_explain_work_on_a_bundle() {
     );
 
     let extracted = dir.path().join("cubins");
-    let output = kwheel()
-        .args(["bundle", "extract"])
-        .arg(dir.path().join("bundle"))
-        .arg("--out")
-        .arg(&extracted)
-        .output()
-        .unwrap();
+    let output = bundle_extract(&dir.path().join("bundle"), &extracted);
     assert!(output.status.success(), "{}", stderr(&output));
     let cubin = std::fs::read(extracted.join("swiglu/cu130/sm_100a.cubin")).unwrap();
     let info = prebuilt::cubin::inspect_cubin(&cubin).unwrap();
@@ -433,11 +394,7 @@ fn coverage_says_what_would_jit_and_refuses_a_cuda_build_the_bundle_lacks() {
     assert_eq!(stdout(&output), "");
 
     // A bundle's parent directory: the hint names the bundle.
-    let output = kwheel()
-        .args(["bundle", "list"])
-        .arg(dir.path().join("target/kwheel"))
-        .output()
-        .unwrap();
+    let output = bundle_list(&dir.path().join("target/kwheel"));
     assert!(!output.status.success());
     let text = stderr(&output);
     assert!(
@@ -448,11 +405,7 @@ fn coverage_says_what_would_jit_and_refuses_a_cuda_build_the_bundle_lacks() {
         )),
         "{text}"
     );
-    let output = kwheel()
-        .args(["bundle", "list"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
+    let output = bundle_list(dir.path());
     let text = stderr(&output);
     assert!(
         text.contains(
@@ -585,27 +538,6 @@ fn explain_against_names_the_edited_header() {
         !text.contains("swiglu/swiglu.cu: content changed"),
         "{text}"
     );
-}
-
-fn copy_library(dir: &Path) -> PathBuf {
-    fn copy(from: &Path, to: &Path) {
-        std::fs::create_dir_all(to).unwrap();
-        for entry in std::fs::read_dir(from).unwrap() {
-            let entry = entry.unwrap();
-            let name = entry.file_name();
-            if name == "reference" {
-                continue;
-            }
-            if entry.file_type().unwrap().is_dir() {
-                copy(&entry.path(), &to.join(&name));
-            } else {
-                std::fs::copy(entry.path(), to.join(&name)).unwrap();
-            }
-        }
-    }
-    let to = dir.join("kernels");
-    copy(&workspace().join("kernels"), &to);
-    to
 }
 
 #[test]
@@ -933,4 +865,141 @@ fn release_check_refuses_a_version_below_the_last_tag() {
         .unwrap()
         .to_owned();
     assert!(reason.contains("says 0.3.0"), "{reason}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Exit codes: each kind of failure, from a real failing input.
+
+#[test]
+fn an_unknown_command_exits_with_usage() {
+    let output = kwheel().arg("bundel").output().unwrap();
+    let text = failure(&output, USAGE);
+    assert!(text.contains("unrecognized subcommand 'bundel'"), "{text}");
+}
+
+#[test]
+fn a_missing_bundle_manifest_or_kernel_exits_with_not_found() {
+    let output = bundle_list(Path::new("/nonexistent"));
+    let text = failure(&output, NOT_FOUND);
+    assert!(text.contains("`/nonexistent` is not a bundle"), "{text}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = dir.path().join("kernels.toml");
+    let output = kwheel()
+        .arg("toolchains")
+        .arg("--manifest")
+        .arg(&manifest)
+        .output()
+        .unwrap();
+    let text = failure(&output, NOT_FOUND);
+    assert!(
+        text.contains(&format!("cannot read `{}`", manifest.display())),
+        "{text}"
+    );
+
+    let output = kwheel()
+        .args(["dev", "explain", "no_such_kernel"])
+        .output()
+        .unwrap();
+    let text = failure(&output, NOT_FOUND);
+    assert!(text.contains("no kernel `no_such_kernel`"), "{text}");
+}
+
+#[test]
+fn a_wheel_that_is_not_a_zip_exits_with_verification() {
+    let dir = tempfile::tempdir().unwrap();
+    let wheel = dir.path().join("broken-1.0-py3-none-any.whl");
+    std::fs::write(&wheel, "not a zip archive").unwrap();
+    let output = kwheel()
+        .args(["wheel", "verify"])
+        .arg(&wheel)
+        .output()
+        .unwrap();
+    let text = failure(&output, VERIFICATION);
+    assert!(text.contains("is not a zip archive"), "{text}");
+}
+
+#[test]
+fn a_cubin_swapped_for_another_in_a_copied_bundle_exits_with_verification() {
+    if !have_toolchains() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let output = build_into(dir.path(), &["--only", "swiglu"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let bundle = dir.path().join("tampered");
+    copy_tree(&dir.path().join("bundle"), &bundle, &[]);
+    // The sm_100a cubin's file now holds the sm_90a cubin: a valid artifact, the wrong bytes.
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(bundle.join("index.json")).unwrap()).unwrap();
+    let variants = index["kernels"]["swiglu"]["variants"].as_array().unwrap();
+    let path_of = |arch: &str| {
+        let variant = variants
+            .iter()
+            .find(|variant| variant["cuda"] == "cu130" && variant["arch"] == arch)
+            .unwrap();
+        bundle.join(variant["artifact"]["path"].as_str().unwrap())
+    };
+    std::fs::copy(path_of("sm_90a"), path_of("sm_100a")).unwrap();
+
+    let output = bundle_extract(&bundle, &dir.path().join("cubins"));
+    let text = failure(&output, VERIFICATION);
+    assert!(
+        text.contains("artifact of `swiglu` (cu130/sm_100a) failed verification: expected sha256"),
+        "{text}"
+    );
+    assert!(!dir.path().join("cubins").exists(), "{text}");
+    // The bundle it was copied from is untouched.
+    let output = bundle_extract(&dir.path().join("bundle"), &dir.path().join("cubins"));
+    assert!(output.status.success(), "{}", stderr(&output));
+}
+
+#[test]
+fn a_kernel_that_does_not_compile_exits_with_build() {
+    if !have_toolchains() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let library = copy_library(dir.path());
+    let source = library.join("swiglu/swiglu.cu");
+    let mut text = std::fs::read_to_string(&source).unwrap();
+    text.push_str("\nthis is not C++;\n");
+    std::fs::write(&source, text).unwrap();
+    let output = build_into(
+        dir.path(),
+        &[
+            "--manifest",
+            library.join("kernels.toml").to_str().unwrap(),
+            "--only",
+            "swiglu",
+            "--require",
+        ],
+    );
+    let text = failure(&output, BUILD);
+    assert!(text.contains("failed to compile `swiglu` for "), "{text}");
+    assert!(text.contains("this is not C++;"), "{text}");
+}
+
+#[test]
+fn a_store_that_refuses_connections_exits_with_network() {
+    // A port that was just free: nothing listens there once the listener is dropped.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = tempfile::tempdir().unwrap();
+    let wheel = dir.path().join("any-1.0-py3-none-any.whl");
+    std::fs::write(&wheel, "wheel bytes").unwrap();
+    let output = kwheel()
+        .args(["release", "publish", "--to"])
+        .arg(format!("http://127.0.0.1:{port}/"))
+        .arg(&wheel)
+        .output()
+        .unwrap();
+    let text = failure(&output, NETWORK);
+    assert!(
+        text.contains("cannot publish wheel `any-1.0-py3-none-any.whl`"),
+        "{text}"
+    );
 }

@@ -75,6 +75,11 @@ fn options(
     }
 }
 
+/// [`options`] with the bundle at `dir/out` and the build cache at `dir/cache`.
+fn options_in(dir: &Path, manifest: &Path, toolchains: Vec<BuildToolchain>) -> BundleOptions {
+    options(manifest, &dir.join("out"), &dir.join("cache"), toolchains)
+}
+
 /// Copies the embedded library (sources and manifest, not the Rust references) to `dir`.
 fn copy_library(dir: &Path) -> PathBuf {
     fn copy(from: &Path, to: &Path) {
@@ -123,6 +128,38 @@ fn default_build() -> Option<&'static DefaultBuild> {
             })
         })
         .as_ref()
+}
+
+/// Options for the default library that bundle into `dir/bundle` from the shared build's
+/// cache, with that build; `None` where the toolchains are missing.
+fn from_default_build(dir: &Path) -> Option<(BundleOptions, &'static DefaultBuild)> {
+    let toolchains = toolchains()?;
+    let build = default_build()?;
+    let options = options(
+        &default_manifest(),
+        &dir.join("bundle"),
+        &build.cache,
+        toolchains,
+    );
+    Some((options, build))
+}
+
+/// Runs `nvcc -M …` and returns the files its dependency rule lists, canonical; the rule's
+/// target is left out.
+fn nvcc_dependencies(command: &mut std::process::Command) -> Vec<PathBuf> {
+    let output = command.output().unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = String::from_utf8(output.stdout)
+        .unwrap()
+        .replace("\\\n", " ");
+    text.split_whitespace()
+        .skip(1)
+        .filter_map(|path| Path::new(path).canonicalize().ok())
+        .collect()
 }
 
 fn tree_bytes(dir: &Path) -> BTreeMap<String, Vec<u8>> {
@@ -346,19 +383,8 @@ fn scanned_includes_are_a_superset_of_nvcc_dependencies() {
             command.arg(format!("-D{define}={value}"));
         }
         command.arg(manifest.root.join(&spec.sources[0]));
-        let output = command.output().unwrap();
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        let text = String::from_utf8(output.stdout)
-            .unwrap()
-            .replace("\\\n", " ");
-        let nvcc_files: BTreeSet<String> = text
-            .split_whitespace()
-            .skip(1)
-            .filter_map(|path| Path::new(path).canonicalize().ok())
+        let nvcc_files: BTreeSet<String> = nvcc_dependencies(&mut command)
+            .into_iter()
             .filter_map(|path| {
                 path.strip_prefix(&kernels_dir)
                     .ok()
@@ -385,13 +411,10 @@ fn scanned_includes_are_a_superset_of_nvcc_dependencies() {
 
 #[test]
 fn only_builds_a_subset_and_unknown_names_are_errors() {
-    let Some(toolchains) = toolchains() else {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((mut opts, _)) = from_default_build(dir.path()) else {
         return;
     };
-    let Some(build) = default_build() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("bundle");
-    let mut opts = options(&default_manifest(), &out, &build.cache, toolchains);
     opts.only = vec!["swiglu".into(), "sigmoid_gate".into()];
     let summary = bundle_kernels(&opts).unwrap();
     let names: Vec<&String> = summary.index.kernels.keys().collect();
@@ -409,17 +432,10 @@ fn only_builds_a_subset_and_unknown_names_are_errors() {
 
 #[test]
 fn require_turns_a_declared_skip_into_an_error() {
-    let Some(toolchains) = toolchains() else {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((mut opts, _)) = from_default_build(dir.path()) else {
         return;
     };
-    let Some(build) = default_build() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let mut opts = options(
-        &default_manifest(),
-        &dir.path().join("bundle"),
-        &build.cache,
-        toolchains,
-    );
     opts.require = true;
     opts.only = vec!["wgmma_matmul_bf16".into()];
     let error = bundle_kernels(&opts).unwrap_err().to_string();
@@ -436,17 +452,10 @@ fn require_turns_a_declared_skip_into_an_error() {
 
 #[test]
 fn torch_pin_override_changes_keys_and_the_index() {
-    let Some(toolchains) = toolchains() else {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((mut opts, build)) = from_default_build(dir.path()) else {
         return;
     };
-    let Some(build) = default_build() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let mut opts = options(
-        &default_manifest(),
-        &dir.path().join("bundle"),
-        &build.cache,
-        toolchains,
-    );
     opts.torch = Some("2.11.*".into());
     opts.only = vec!["swiglu".into()];
     let summary = bundle_kernels(&opts).unwrap();
@@ -566,13 +575,7 @@ fn missing_header_names_the_include_chain() {
             ),
         ],
     );
-    let error = bundle_kernels(&options(
-        &manifest,
-        &dir.path().join("out"),
-        &dir.path().join("c"),
-        toolchains,
-    ))
-    .unwrap_err();
+    let error = bundle_kernels(&options_in(dir.path(), &manifest, toolchains)).unwrap_err();
     let text = format!("{:#}", anyhow_like(&error));
     assert!(text.contains("`add`"), "{text}");
     assert!(text.contains("tiny/helpers.cuh"), "{text}");
@@ -598,13 +601,7 @@ fn computed_include_is_refused_with_its_location() {
             ("include/tiny/common.cuh", COMMON_HEADER),
         ],
     );
-    let error = bundle_kernels(&options(
-        &manifest,
-        &dir.path().join("out"),
-        &dir.path().join("c"),
-        toolchains,
-    ))
-    .unwrap_err();
+    let error = bundle_kernels(&options_in(dir.path(), &manifest, toolchains)).unwrap_err();
     let text = anyhow_like(&error);
     assert!(text.contains("add.cu:2"), "{text}");
     assert!(text.contains("HEADER"), "{text}");
@@ -629,12 +626,7 @@ fn compile_error_shows_the_log_with_kernel_arch_and_build() {
     );
     for toolchain in toolchains {
         let build = toolchain.build;
-        let mut opts = options(
-            &manifest,
-            &dir.path().join("out"),
-            &dir.path().join("c"),
-            vec![toolchain],
-        );
+        let mut opts = options_in(dir.path(), &manifest, vec![toolchain]);
         let text = std::fs::read_to_string(&manifest)
             .unwrap()
             .replace("[\"cu129\", \"cu130\"]", &format!("[\"{build}\"]"));
@@ -839,12 +831,7 @@ fn jobs_run_in_parallel_up_to_the_limit_and_hit_the_cache_after() {
         include_dirs: Vec::new(),
         nvcc_route: None,
     };
-    let mut opts = options(
-        &manifest,
-        &dir.path().join("out"),
-        &dir.path().join("c"),
-        vec![toolchain],
-    );
+    let mut opts = options_in(dir.path(), &manifest, vec![toolchain]);
     opts.jobs = 3;
     let summary = bundle_kernels(&opts).unwrap();
     assert_eq!(summary.compiled.len(), 8);
@@ -1317,12 +1304,7 @@ fn flashinfer_activation_norm_and_quantization_build_for_the_whole_matrix() {
         .replace("@FLASHINFER_INCLUDE@", &flashinfer.display().to_string())
         .replace("@CUDA_LIBRARIES_INCLUDE@", &libraries.display().to_string());
     std::fs::write(dir.path().join("kernels.toml"), manifest).unwrap();
-    let mut opts = options(
-        &dir.path().join("kernels.toml"),
-        &dir.path().join("out"),
-        &dir.path().join("cache"),
-        toolchains,
-    );
+    let mut opts = options_in(dir.path(), &dir.path().join("kernels.toml"), toolchains);
     opts.require = true;
     let started = std::time::Instant::now();
     let summary = bundle_kernels(&opts).unwrap_or_else(|error| panic!("{}", anyhow_like(&error)));
@@ -1406,27 +1388,16 @@ fn flashinfer_activation_norm_and_quantization_build_for_the_whole_matrix() {
     ];
     for (name, record) in &bundle.index().kernels {
         let recipe = record.recipe.as_ref().unwrap();
-        let output = std::process::Command::new(&nvcc)
-            .args(["-M", "-arch=sm_90a", "-std=c++17"])
-            .arg(format!("-I{}", flashinfer.display()))
-            .arg(format!("-I{}", libraries.display()))
-            .arg(dir.path().join(&recipe.source))
-            .output()
-            .unwrap();
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        let text = String::from_utf8(output.stdout)
-            .unwrap()
-            .replace("\\\n", " ");
-        let nvcc_files: BTreeSet<PathBuf> = text
-            .split_whitespace()
-            .skip(1)
-            .filter_map(|path| Path::new(path).canonicalize().ok())
-            .filter(|path| library_roots.iter().any(|root| path.starts_with(root)))
-            .collect();
+        let nvcc_files: BTreeSet<PathBuf> = nvcc_dependencies(
+            std::process::Command::new(&nvcc)
+                .args(["-M", "-arch=sm_90a", "-std=c++17"])
+                .arg(format!("-I{}", flashinfer.display()))
+                .arg(format!("-I{}", libraries.display()))
+                .arg(dir.path().join(&recipe.source)),
+        )
+        .into_iter()
+        .filter(|path| library_roots.iter().any(|root| path.starts_with(root)))
+        .collect();
         let ours: BTreeSet<PathBuf> = record
             .inputs
             .files
@@ -1508,12 +1479,7 @@ fn a_library_header_reached_through_a_toolkit_header_is_in_the_key() {
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    let opts = options(
-        &manifest,
-        &dir.path().join("out"),
-        &dir.path().join("cache"),
-        cu130.clone(),
-    );
+    let opts = options_in(dir.path(), &manifest, cu130.clone());
     let first = bundle_kernels(&opts).unwrap_or_else(|error| panic!("{}", anyhow_like(&error)));
     assert_eq!(first.compiled.len(), 1);
     std::fs::write(
@@ -1588,12 +1554,7 @@ fn a_target_that_fails_is_recorded_and_the_rest_is_bundled() {
             ("newest.cu", NEWEST_KERNEL),
         ],
     );
-    let opts = options(
-        &manifest,
-        &dir.path().join("out"),
-        &dir.path().join("cache"),
-        toolchains,
-    );
+    let opts = options_in(dir.path(), &manifest, toolchains);
     let summary = bundle_kernels(&opts).unwrap_or_else(|error| panic!("{}", anyhow_like(&error)));
     assert_eq!(summary.compiled.len(), 9);
     assert_eq!(summary.skipped, 2, "newest is declared cu130-only");
@@ -1703,12 +1664,7 @@ fn a_kernel_built_for_no_target_fails_the_build() {
         include_dirs: Vec::new(),
         nvcc_route: None,
     };
-    let opts = options(
-        &manifest,
-        &dir.path().join("out"),
-        &dir.path().join("cache"),
-        vec![toolchain],
-    );
+    let opts = options_in(dir.path(), &manifest, vec![toolchain]);
     let error = bundle_kernels(&opts).unwrap_err();
     assert_eq!(
         error.to_string(),
@@ -1742,12 +1698,7 @@ fn an_unknown_entry_lists_the_candidates_as_entries_spell_them() {
         .into_iter()
         .filter(|t| t.build.to_string() == "cu130")
         .collect();
-    let mut opts = options(
-        &manifest,
-        &dir.path().join("out"),
-        &dir.path().join("cache"),
-        toolchains,
-    );
+    let mut opts = options_in(dir.path(), &manifest, toolchains);
     opts.require = true;
     let error = bundle_kernels(&opts).unwrap_err();
     let text = anyhow_like(&error);

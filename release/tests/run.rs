@@ -140,6 +140,24 @@ fn shared() -> Option<&'static Shared> {
         .as_ref()
 }
 
+/// Everything a command printed, stdout first.
+fn output_text(output: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+/// Asserts that a command succeeded, showing its stderr where it did not.
+fn assert_succeeded(output: &std::process::Output) {
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
 fn chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut cause = error.source();
@@ -392,11 +410,7 @@ print("checked", len(rows))
         .arg(&shared.built.path)
         .output()
         .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    assert_succeeded(&output);
     assert!(String::from_utf8_lossy(&output.stdout).starts_with("checked "));
 }
 
@@ -429,9 +443,8 @@ fn pip_installs_the_wheel_offline() {
         .unwrap();
     assert!(
         output.status.success(),
-        "pip install failed:\n{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
+        "pip install failed:\n{}",
+        output_text(&output)
     );
     let installed = target.path().join("af3_kernels");
     assert!(installed.join("__init__.py").is_file());
@@ -671,6 +684,88 @@ fn tampered_artifact_fails_verify_naming_the_file() {
         report.problems.iter().any(|p| p.file == artifact),
         "{report}"
     );
+}
+
+#[test]
+fn a_loader_index_that_disagrees_with_the_index_fails_verify() {
+    let Some(shared) = shared() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let original = entries(&shared.bytes);
+    let index_name = "af3_kernels/_prebuilt/index.json";
+    let lookup_name = "af3_kernels/_prebuilt/kernels.idx";
+    let index: prebuilt::Index =
+        serde_json::from_slice(&original.iter().find(|(n, _)| n == index_name).unwrap().1).unwrap();
+    assert_eq!(
+        original.iter().find(|(n, _)| n == lookup_name).unwrap().1,
+        prebuilt::lookup::encode(&index),
+        "the built wheel's kernels.idx is its index's"
+    );
+    // A kernel dropped from the loader's index only: RECORD rewritten to match, so only the
+    // bundle check can see it.
+    let mut fewer = index.clone();
+    fewer.kernels.remove("swiglu");
+    let cases: [(&str, Option<Vec<u8>>); 2] = [
+        ("disagrees", Some(prebuilt::lookup::encode(&fewer))),
+        ("missing", None),
+    ];
+    for (case, replacement) in cases {
+        let files: Vec<(String, Vec<u8>)> = original
+            .iter()
+            .filter(|(name, _)| !name.ends_with("RECORD"))
+            .filter_map(|(name, data)| match (name.as_str(), &replacement) {
+                (n, None) if n == lookup_name => None,
+                (n, Some(bytes)) if n == lookup_name => Some((name.clone(), bytes.clone())),
+                _ => Some((name.clone(), data.clone())),
+            })
+            .collect();
+        let record_name = original
+            .iter()
+            .map(|(name, _)| name)
+            .find(|name| name.ends_with("RECORD"))
+            .unwrap()
+            .clone();
+        let mut record = String::new();
+        for (name, data) in &files {
+            record.push_str(&format!("{name},{},{}\n", record_hash(data), data.len()));
+        }
+        record.push_str(&format!("{record_name},,\n"));
+        let path = dir.path().join(case).join(WHEEL_NAME);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let mut writer = zip::ZipWriter::new(std::fs::File::create(&path).unwrap());
+        for (name, data) in files
+            .iter()
+            .chain([&(record_name.clone(), record.into_bytes())])
+        {
+            let stored = name.ends_with(".zst") || name.ends_with(".zdict");
+            let options = SimpleFileOptions::default().compression_method(if stored {
+                zip::CompressionMethod::Stored
+            } else {
+                zip::CompressionMethod::Deflated
+            });
+            writer.start_file(name.as_str(), options).unwrap();
+            writer.write_all(data).unwrap();
+        }
+        writer.finish().unwrap();
+        let report = verify_wheel(&path).unwrap();
+        let about: Vec<&str> = report
+            .problems
+            .iter()
+            .filter(|p| p.file == lookup_name)
+            .map(|p| p.message.as_str())
+            .collect();
+        assert_eq!(about.len(), 1, "{case}: {report}");
+        let expected = if replacement.is_some() {
+            "does not match"
+        } else {
+            "is missing"
+        };
+        assert!(about[0].contains(expected), "{case}: {report}");
+        assert_eq!(
+            report.problems.len(),
+            1,
+            "{case}: only kernels.idx is wrong: {report}"
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1496,9 +1591,8 @@ mod python_runtime {
                 .unwrap();
             assert!(
                 output.status.success(),
-                "pip install of both wheels failed:\n{}{}",
-                String::from_utf8_lossy(&output.stdout),
-                String::from_utf8_lossy(&output.stderr)
+                "pip install of both wheels failed:\n{}",
+                output_text(&output)
             );
             let site_packages =
                 python_output(&python, "import site; print(site.getsitepackages()[0])");
@@ -1658,11 +1752,7 @@ mod python_runtime {
             .args(args)
             .output()
             .unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
+        let text = output_text(&output);
         assert!(
             output.status.success(),
             "pip install {args:?} failed:\n{text}"
@@ -1698,11 +1788,7 @@ mod python_runtime {
                 .current_dir(&project)
                 .output()
                 .unwrap();
-            let text = format!(
-                "{}{}",
-                String::from_utf8_lossy(&output.stdout),
-                String::from_utf8_lossy(&output.stderr)
-            );
+            let text = output_text(&output);
             assert!(output.status.success(), "kwheel {args:?}:\n{text}");
             text
         };
@@ -1747,11 +1833,7 @@ print(json.dumps([variants, sources, selected, af3_kernels.status()["layernorm_b
             .current_dir(scratch.path())
             .output()
             .unwrap();
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
+        assert_succeeded(&output);
         serde_json::from_slice(&output.stdout).unwrap()
     }
 
@@ -1850,11 +1932,7 @@ print(json.dumps([variants, sources, selected, af3_kernels.status()["layernorm_b
             .env("PYTHONPATH", &dir)
             .output()
             .unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
+        let text = output_text(&output);
         assert!(
             output.status.success(),
             "auditwheel show {}:\n{text}",
@@ -2024,6 +2102,19 @@ mod distribution {
     use release::publish::{publish, PublishOptions, Published, ShipFilter};
     use std::time::Duration;
 
+    /// A device of `capability` with a CUDA 13.0 driver and runtime, any torch.
+    fn cuda_13_0_device(capability: (u32, u32)) -> DeviceQuery {
+        DeviceQuery {
+            capability,
+            driver: DriverVersion {
+                major: 13,
+                minor: 0,
+            },
+            cuda: "cu130".parse().unwrap(),
+            torch: None,
+        }
+    }
+
     /// The server `.ci/run` starts, under a path prefix of this run's own; `None` (skipped)
     /// without one.
     fn test_store(test: &str) -> Option<String> {
@@ -2192,15 +2283,7 @@ mod distribution {
         let bundle_dir = find_bundle(site.join("af3_kernels").to_str().unwrap()).unwrap();
         let bundle = prebuilt::Bundle::open(&bundle_dir).unwrap();
         let cache = ArtifactCache::new(site.join("artifact-cache"));
-        let b200 = DeviceQuery {
-            capability: (10, 0),
-            driver: DriverVersion {
-                major: 13,
-                minor: 0,
-            },
-            cuda: "cu130".parse().unwrap(),
-            torch: None,
-        };
+        let b200 = cuda_13_0_device((10, 0));
         let before = coverage(&bundle, &b200, &cache);
         assert!(before.to_string().contains("remote"), "{before}");
 
@@ -2268,15 +2351,7 @@ mod distribution {
         let site = scratch("bench-site");
         install(&built.path, &site);
         let slim = site.join("af3_kernels/_prebuilt");
-        let h200 = DeviceQuery {
-            capability: (9, 0),
-            driver: DriverVersion {
-                major: 13,
-                minor: 0,
-            },
-            cuda: "cu130".parse().unwrap(),
-            torch: None,
-        };
+        let h200 = cuda_13_0_device((9, 0));
         let median = |mut times: Vec<f64>| {
             times.sort_by(f64::total_cmp);
             times[times.len() / 2]

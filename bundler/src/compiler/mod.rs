@@ -1,0 +1,350 @@
+//! The compilers: nvcc as a process, NVRTC in this process, and for a CUDA build that has
+//! `ptxas` but no nvcc (12.9 from its wheels) a newer nvcc's PTX assembled by that `ptxas`.
+//! Each turns one kernel's source into a cubin for one architecture.
+//!
+//! [`Compiler`] is the seam the scheduler uses, so scheduling and error paths are tested with
+//! fakes; [`compiler_for`] picks the real one a [`Toolchain`] names.
+//!
+//! | | [`Nvcc`] | [`Nvrtc`] | [`NvccPtxas`] |
+//! | --- | --- | --- | --- |
+//! | runs as | `nvcc -cubin` in a temp dir, clean environment | `libnvrtc` calls, one program per compile | `nvcc -ptx -arch=compute_XYa`, PTX ISA lowered, then the build's `ptxas -arch=sm_XYa` |
+//! | toolkit headers | nvcc's own (its `nvcc.profile`) | `-I` each of the toolchain's include dirs | the newer nvcc's own |
+//! | host code, system headers | yes (the host compiler preprocesses) | no | yes |
+//! | name expressions in `entries` | a generated unit takes each entry's address; the symbol is read from the PTX | `nvrtcAddNameExpression` / `nvrtcGetLoweredName` | as nvcc |
+//! | recorded as | `nvcc 13.0.88, host gcc …` | `nvrtc 12.9.86` | `nvcc+ptxas 13.0.88 + ptxas 12.9.86, host gcc …` |
+//! | log | stdout and stderr | the program log, with a note when it failed on host code | both tools' output |
+//!
+//! Every error names the kernel, the architecture, the CUDA build and the compiler with its
+//! version, and a failed compile carries the compiler's full log.
+//!
+//! | module | owns |
+//! | --- | --- |
+//! | this one | [`CompileRequest`], [`Compiler`], [`CompileError`], [`compiler_for`], the option order all three share |
+//! | `nvcc` | [`Nvcc`], and the work dir, tool runs and entry probes the nvcc+ptxas route shares |
+//! | `nvcc_ptxas` | [`NvccPtxas`]: PTX from a newer nvcc, its ISA lowered, assembled by the build's `ptxas` |
+//! | `nvrtc` | [`Nvrtc`] and the notes on its failures ([`explain_nvrtc_log`]) |
+
+mod nvcc;
+mod nvcc_ptxas;
+mod nvrtc;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use prebuilt::compile;
+use prebuilt::index::CompilerRecord;
+use prebuilt::nvrtc::NvrtcError;
+use prebuilt::target::{Arch, CudaBuild};
+
+use crate::toolchain::{CompilerId, CompilerKind, Toolchain};
+
+pub use nvcc::Nvcc;
+pub use nvcc_ptxas::NvccPtxas;
+pub use nvrtc::{explain_nvrtc_log, Nvrtc};
+
+/// One kernel, one architecture: everything a compiler needs.
+#[derive(Clone, Copy, Debug)]
+pub struct CompileRequest<'a> {
+    /// The kernel's name, for messages.
+    pub kernel: &'a str,
+    /// The `.cu` file to compile.
+    pub source: &'a Path,
+    /// The kernel's include directories, searched before the toolkit's.
+    pub include_dirs: &'a [PathBuf],
+    /// Preprocessor definitions, passed as `-DNAME=value`.
+    pub defines: &'a BTreeMap<String, String>,
+    /// Further compiler flags, passed as given after everything else.
+    pub flags: &'a [String],
+    /// The C++ standard, `c++17`.
+    pub cxx_std: &'a str,
+    /// The target architecture.
+    pub arch: Arch,
+    /// Templated entry points to instantiate and lower, like `scale_rows<float>`.
+    pub name_expressions: &'a [String],
+}
+
+/// What a successful compile produced.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CompileOutput {
+    /// The cubin.
+    pub cubin: Vec<u8>,
+    /// The compiler's output: warnings, or empty.
+    pub log: String,
+    /// NVRTC: each name expression with its mangled symbol. nvcc: empty.
+    pub lowered_names: BTreeMap<String, String>,
+}
+
+/// Compiles one kernel for one architecture. The scheduler holds these; tests substitute fakes.
+pub trait Compiler: Send + Sync {
+    /// Which compiler this is, with its exact version.
+    fn id(&self) -> &CompilerId;
+    /// Compiles `request` into a cubin.
+    fn compile(&self, request: &CompileRequest<'_>) -> Result<CompileOutput, CompileError>;
+    /// What the index and the key record as having produced the cubins: the compiler, its
+    /// version, and for nvcc the assembler and host compiler it used.
+    fn record(&self) -> CompilerRecord {
+        CompilerRecord {
+            kind: self.id().kind.to_string(),
+            version: self.id().version.clone(),
+        }
+    }
+}
+
+/// A kernel that did not compile, or a compiler that could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum CompileError {
+    /// The compiler rejected the source; `log` is everything it printed.
+    #[error("failed to compile `{kernel}` for {arch} ({build}, {compiler}):\n{log}")]
+    Failed {
+        /// The kernel.
+        kernel: String,
+        /// The target architecture.
+        arch: Arch,
+        /// The CUDA build.
+        build: CudaBuild,
+        /// The compiler and its version.
+        compiler: CompilerId,
+        /// The compiler's full output.
+        log: String,
+    },
+    /// nvcc's PTX needs a newer PTX ISA than this build's `ptxas` assembles.
+    #[error(
+        "cannot compile `{kernel}` for {arch} ({build}, {compiler}): the PTX uses a feature of \
+         PTX ISA {}.{} that ptxas of CUDA {} (PTX ISA {}.{} at most) cannot assemble; ptxas \
+         said:\n{log}",
+        .emitted.0, .emitted.1, .build.version(), .supported.0, .supported.1
+    )]
+    NewerPtx {
+        /// The kernel.
+        kernel: String,
+        /// The target architecture.
+        arch: Arch,
+        /// The CUDA build.
+        build: CudaBuild,
+        /// The compiler route and its versions.
+        compiler: CompilerId,
+        /// The PTX ISA nvcc wrote, (9, 0) for `9.0`.
+        emitted: (u32, u32),
+        /// The newest PTX ISA the build's ptxas reads, (8, 8) for `8.8`.
+        supported: (u32, u32),
+        /// What ptxas printed.
+        log: String,
+    },
+    /// The compiler cannot target the architecture at all.
+    #[error(
+        "cannot compile `{kernel}` for {arch} ({build}, {compiler}): the compiler targets only {}",
+        sm_list(.supported)
+    )]
+    Unsupported {
+        /// The kernel.
+        kernel: String,
+        /// The target architecture.
+        arch: Arch,
+        /// The CUDA build.
+        build: CudaBuild,
+        /// The compiler and its version.
+        compiler: CompilerId,
+        /// The SM numbers it does target.
+        supported: Vec<u32>,
+    },
+    /// nvcc could not be started.
+    #[error("could not run {program} to compile `{kernel}` for {arch} ({build}, {compiler})")]
+    Spawn {
+        /// The kernel.
+        kernel: String,
+        /// The target architecture.
+        arch: Arch,
+        /// The CUDA build.
+        build: CudaBuild,
+        /// The compiler and its version.
+        compiler: CompilerId,
+        /// The nvcc executable.
+        program: PathBuf,
+        /// Why it could not start.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file the compile needs could not be read or written.
+    #[error("could not {action} {path} to compile `{kernel}` for {arch} ({build}, {compiler})")]
+    Io {
+        /// The kernel.
+        kernel: String,
+        /// The target architecture.
+        arch: Arch,
+        /// The CUDA build.
+        build: CudaBuild,
+        /// The compiler and its version.
+        compiler: CompilerId,
+        /// What was being done: "read the source", "read the cubin".
+        action: &'static str,
+        /// The file or folder.
+        path: PathBuf,
+        /// What went wrong.
+        #[source]
+        source: std::io::Error,
+    },
+    /// An NVRTC call failed for a reason other than the source (an option it rejects, say).
+    #[error("NVRTC could not compile `{kernel}` for {arch} ({build}, {compiler})")]
+    Nvrtc {
+        /// The kernel.
+        kernel: String,
+        /// The target architecture.
+        arch: Arch,
+        /// The CUDA build.
+        build: CudaBuild,
+        /// The compiler and its version.
+        compiler: CompilerId,
+        /// What NVRTC said.
+        #[source]
+        source: Box<NvrtcError>,
+    },
+    /// The toolchain's libnvrtc could not be loaded.
+    #[error("could not load NVRTC for {build} ({compiler})")]
+    Library {
+        /// The CUDA build.
+        build: CudaBuild,
+        /// The compiler and its version.
+        compiler: CompilerId,
+        /// Why.
+        #[source]
+        source: Box<NvrtcError>,
+    },
+    /// The toolchain does not compile with the compiler asked for, or lacks its files.
+    #[error("the {build} toolchain at {root} ({compiler}) has no usable {wanted}")]
+    NotInToolchain {
+        /// The CUDA build.
+        build: CudaBuild,
+        /// The compiler the toolchain names.
+        compiler: CompilerId,
+        /// The toolchain's folder.
+        root: PathBuf,
+        /// The compiler asked for.
+        wanted: CompilerKind,
+    },
+}
+
+fn sm_list(archs: &[u32]) -> String {
+    let names: Vec<String> = archs.iter().map(|sm| format!("sm_{sm}")).collect();
+    names.join(", ")
+}
+
+/// The compiler `toolchain` uses: nvcc where the build has it, NVRTC otherwise.
+pub fn compiler_for(toolchain: &Toolchain) -> Result<Box<dyn Compiler>, CompileError> {
+    Ok(match toolchain.compiler.kind {
+        CompilerKind::Nvcc => Box::new(Nvcc::new(toolchain)?),
+        CompilerKind::Nvrtc => Box::new(Nvrtc::new(toolchain)?),
+        CompilerKind::NvccPtxas => {
+            let front_end = crate::toolchain::front_end_for(toolchain.build);
+            let front_end = front_end.ok_or_else(|| CompileError::NotInToolchain {
+                build: toolchain.build,
+                compiler: toolchain.compiler.clone(),
+                root: toolchain.root.clone(),
+                wanted: CompilerKind::NvccPtxas,
+            })?;
+            Box::new(NvccPtxas::new(toolchain, &front_end)?)
+        }
+    })
+}
+
+/// The toolchain behind a compiler: every error carries its build and compiler.
+#[derive(Debug, Clone)]
+struct Identity {
+    toolchain: Toolchain,
+}
+
+impl Identity {
+    /// The identity of `toolchain`'s compiler, which must be of `kind` and present.
+    fn new(toolchain: &Toolchain, kind: CompilerKind) -> Result<Identity, CompileError> {
+        let present = match kind {
+            CompilerKind::Nvcc => toolchain.nvcc.is_some(),
+            CompilerKind::Nvrtc => toolchain.nvrtc.is_some(),
+            CompilerKind::NvccPtxas => toolchain.ptxas.is_some(),
+        };
+        if toolchain.compiler.kind != kind || !present {
+            return Err(CompileError::NotInToolchain {
+                build: toolchain.build,
+                compiler: toolchain.compiler.clone(),
+                root: toolchain.root.clone(),
+                wanted: kind,
+            });
+        }
+        Ok(Identity {
+            toolchain: toolchain.clone(),
+        })
+    }
+
+    fn build(&self) -> CudaBuild {
+        self.toolchain.build
+    }
+
+    fn compiler(&self) -> &CompilerId {
+        &self.toolchain.compiler
+    }
+
+    fn check_arch(&self, request: &CompileRequest<'_>) -> Result<(), CompileError> {
+        if self.toolchain.supports(request.arch) {
+            return Ok(());
+        }
+        Err(CompileError::Unsupported {
+            kernel: request.kernel.to_owned(),
+            arch: request.arch,
+            build: self.build(),
+            compiler: self.compiler().clone(),
+            supported: self.toolchain.supported_archs.iter().copied().collect(),
+        })
+    }
+
+    fn failed(&self, request: &CompileRequest<'_>, log: String) -> CompileError {
+        CompileError::Failed {
+            kernel: request.kernel.to_owned(),
+            arch: request.arch,
+            build: self.build(),
+            compiler: self.compiler().clone(),
+            log,
+        }
+    }
+
+    fn io(
+        &self,
+        request: &CompileRequest<'_>,
+        action: &'static str,
+        path: &Path,
+        source: std::io::Error,
+    ) -> CompileError {
+        CompileError::Io {
+            kernel: request.kernel.to_owned(),
+            arch: request.arch,
+            build: self.build(),
+            compiler: self.compiler().clone(),
+            action,
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
+/// A path that does not depend on the working directory, since nvcc runs in a temp dir.
+fn absolute(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
+/// The settings both compilers take, in the one order the bundler and the runtime's JIT share
+/// (so a JIT compile reproduces a bundled cubin).
+fn compile_options<'a>(
+    request: &CompileRequest<'a>,
+    include_dirs: &'a [PathBuf],
+) -> compile::CompileOptions<'a> {
+    compile::CompileOptions {
+        arch: request.arch,
+        cxx_std: request.cxx_std,
+        include_dirs,
+        defines: request.defines,
+        flags: request.flags,
+    }
+}
+
+fn absolute_dirs(dirs: &[PathBuf]) -> Vec<PathBuf> {
+    dirs.iter().map(|dir| absolute(dir)).collect()
+}

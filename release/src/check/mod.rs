@@ -1,0 +1,295 @@
+//! `kwheel release check`: the release checklist as one command.
+//!
+//! Each gate verifies one promise of a release and reports ✔, ✘ or a skip, with the reason and,
+//! when it fails, the fix. A gate never crashes the check: a broken tree is a failing gate. The
+//! check builds only what is missing (and says so); with `no_rebuild` a missing artifact is a
+//! failure instead. The gates and the commands behind them are listed in
+//! `docs/release-checklist.md`.
+//!
+//! | gate | passes when |
+//! | --- | --- |
+//! | `version` | the version is semver, above the last release, and stated the same everywhere |
+//! | `bundle` | the bundle exists (or was just built) and covers the whole matrix or declares each skip |
+//! | `keys` | every bundled key matches the current sources |
+//! | `cubins` | every artifact verifies against its digest and validates as a cubin for its target |
+//! | `reproducible` | two builds of the wheel are byte-identical |
+//! | `wheel` | `wheel verify` and the manylinux audit pass on the wheel |
+//! | `install` | the wheels install into a fresh venv and every kernel selects on simulated devices |
+//! | `gpu` | with a GPU: every kernel loads prebuilt with the JIT disabled |
+//! | `size` | the wheel is within the size budget |
+//! | `publish` | optional: the artifacts and wheels are in the store and read back intact |
+//!
+//! | module | gates |
+//! | --- | --- |
+//! | `source` | `version`, `bundle`, `keys`, `cubins`: the tree and the bundle built from it |
+//! | `wheel` | `reproducible`, `wheel`, `install`, `size`: the wheels built from the bundle |
+//! | `delivery` | `gpu`, `publish`: the bundle on a device, the artifacts in the store |
+
+mod delivery;
+mod source;
+mod wheel;
+
+use std::fmt;
+use std::path::PathBuf;
+
+use bundler::{BuildToolchain, Manifest};
+use prebuilt::error_chain;
+use serde::Serialize;
+
+use delivery::{check_gpu, check_publish};
+use source::{check_bundle, check_cubins, check_keys, check_version};
+use wheel::{check_install, check_reproducible, check_size, check_wheel};
+
+use crate::library::LibraryWheelOptions;
+
+/// PyPI's default limit on one file, the default size budget.
+pub const DEFAULT_SIZE_BUDGET: u64 = 100 * 1000 * 1000;
+
+/// What `release check` checks.
+#[derive(Clone)]
+pub struct CheckOptions {
+    /// The kernel manifest.
+    pub manifest: PathBuf,
+    /// The bundle.
+    pub bundle: PathBuf,
+    /// The directory holding the wheels.
+    pub wheels: PathBuf,
+    /// Override of the manifest's torch pin.
+    pub torch: Option<String>,
+    /// A missing bundle or wheel fails its gate instead of being built.
+    pub no_rebuild: bool,
+    /// Largest acceptable wheel, in bytes.
+    pub size_budget: u64,
+    /// Release tags are `<prefix><version>`.
+    pub tag_prefix: String,
+    /// The build cache, for what must be built.
+    pub cache_dir: PathBuf,
+    /// Parallel compile jobs, for what must be built.
+    pub jobs: usize,
+    /// Toolchains; `None` discovers them.
+    pub toolchains: Option<Vec<BuildToolchain>>,
+    /// The kwheel workspace to build the runtime wheel from when the wheel directory lacks
+    /// one; `None` uses only a runtime wheel already there (and skips the install gate
+    /// without one).
+    pub runtime_workspace: Option<PathBuf>,
+    /// The Python interpreter that makes the fresh environment.
+    pub python: PathBuf,
+    /// Publish the bundle's artifacts and the wheels to this store and verify them by
+    /// download (the optional `publish` gate); `None` skips it.
+    pub publish: Option<String>,
+}
+
+impl CheckOptions {
+    /// The defaults of `kwheel release check` for the manifest at `manifest`.
+    pub fn new(manifest: impl Into<PathBuf>) -> CheckOptions {
+        let wheel = LibraryWheelOptions::new(PathBuf::new());
+        CheckOptions {
+            manifest: manifest.into(),
+            bundle: wheel.bundle,
+            wheels: wheel.out,
+            torch: None,
+            no_rebuild: false,
+            size_budget: DEFAULT_SIZE_BUDGET,
+            tag_prefix: "v".to_owned(),
+            cache_dir: wheel.cache_dir,
+            jobs: wheel.jobs,
+            toolchains: None,
+            runtime_workspace: crate::runtime::source_workspace(),
+            python: PathBuf::from("python3"),
+            publish: None,
+        }
+    }
+}
+
+/// How a gate ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GateStatus {
+    /// The promise holds.
+    Pass,
+    /// The promise is broken.
+    Fail,
+    /// The gate could not run here (with the reason).
+    Skip,
+}
+
+/// One line of the checklist.
+#[derive(Clone, Debug, Serialize)]
+pub struct Gate {
+    /// The gate's name.
+    pub name: &'static str,
+    /// How it ended.
+    pub status: GateStatus,
+    /// What was found.
+    pub reason: String,
+    /// How to fix a failure.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fix: Option<String>,
+}
+
+/// The whole checklist.
+#[derive(Clone, Debug, Serialize)]
+pub struct Checklist {
+    /// The gates, in order.
+    pub gates: Vec<Gate>,
+    /// What the check built because it was missing.
+    pub built: Vec<String>,
+}
+
+impl Checklist {
+    /// Whether every gate passed or was skipped.
+    pub fn passed(&self) -> bool {
+        self.gates.iter().all(|g| g.status != GateStatus::Fail)
+    }
+
+    /// The gate named `name`.
+    pub fn gate(&self, name: &str) -> Option<&Gate> {
+        self.gates.iter().find(|g| g.name == name)
+    }
+}
+
+impl fmt::Display for Checklist {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for built in &self.built {
+            writeln!(f, "  built {built}")?;
+        }
+        let width = self.gates.iter().map(|g| g.name.len()).max().unwrap_or(0);
+        for gate in &self.gates {
+            let mark = match gate.status {
+                GateStatus::Pass => "✔",
+                GateStatus::Fail => "✘",
+                GateStatus::Skip => "-",
+            };
+            writeln!(f, "{mark} {:<width$}  {}", gate.name, gate.reason)?;
+            if let Some(fix) = &gate.fix {
+                writeln!(f, "  {:<width$}  fix: {fix}", "")?;
+            }
+        }
+        let failed = self
+            .gates
+            .iter()
+            .filter(|g| g.status == GateStatus::Fail)
+            .count();
+        if failed == 0 {
+            writeln!(f, "release check passed")
+        } else {
+            writeln!(f, "release check failed: {failed} gate(s)")
+        }
+    }
+}
+
+struct Run {
+    gates: Vec<Gate>,
+    built: Vec<String>,
+}
+
+impl Run {
+    fn pass(&mut self, name: &'static str, reason: impl Into<String>) {
+        self.push(name, GateStatus::Pass, reason.into(), None);
+    }
+
+    fn fail(&mut self, name: &'static str, reason: impl Into<String>, fix: impl Into<String>) {
+        self.push(name, GateStatus::Fail, reason.into(), Some(fix.into()));
+    }
+
+    fn skip(&mut self, name: &'static str, reason: impl Into<String>) {
+        self.push(name, GateStatus::Skip, reason.into(), None);
+    }
+
+    fn push(
+        &mut self,
+        name: &'static str,
+        status: GateStatus,
+        reason: String,
+        fix: Option<String>,
+    ) {
+        self.gates.push(Gate {
+            name,
+            status,
+            reason,
+            fix,
+        });
+    }
+}
+
+/// Runs every gate.
+pub fn release_check(options: &CheckOptions) -> Checklist {
+    let mut run = Run {
+        gates: Vec::new(),
+        built: Vec::new(),
+    };
+    let manifest = match Manifest::load(&options.manifest) {
+        Ok(manifest) => manifest,
+        Err(error) => {
+            run.fail(
+                "manifest",
+                format!("{:#}", error_chain(&error)),
+                "fix the manifest",
+            );
+            return Checklist {
+                gates: run.gates,
+                built: run.built,
+            };
+        }
+    };
+    let torch = options
+        .torch
+        .clone()
+        .unwrap_or_else(|| manifest.library.torch.clone());
+
+    check_version(&mut run, &manifest, &options.tag_prefix);
+    let bundle = check_bundle(&mut run, &manifest, options, &torch);
+    match &bundle {
+        Some(bundle) => {
+            check_keys(&mut run, &manifest, options, &torch);
+            check_cubins(&mut run, bundle);
+        }
+        None => {
+            for name in ["keys", "cubins"] {
+                run.skip(name, "no bundle to check");
+            }
+        }
+    }
+    let wheel = if bundle.is_some() {
+        check_reproducible(&mut run, options)
+    } else {
+        run.skip("reproducible", "no bundle to build wheels from");
+        None
+    };
+    match &wheel {
+        Some(wheel) => {
+            check_wheel(&mut run, wheel);
+            check_install(&mut run, &manifest, options, wheel);
+        }
+        None => {
+            for name in ["wheel", "install"] {
+                run.skip(name, "no wheel to check");
+            }
+        }
+    }
+    match &bundle {
+        Some(bundle) => check_gpu(&mut run, bundle),
+        None => run.skip("gpu", "no bundle to load from"),
+    }
+    match &wheel {
+        Some(wheel) => check_size(&mut run, wheel, options.size_budget),
+        None => run.skip("size", "no wheel to measure"),
+    }
+    match (&options.publish, &wheel) {
+        (None, _) => run.skip(
+            "publish",
+            "optional: give --publish <store URL> to publish and verify",
+        ),
+        (Some(_), None) => run.skip("publish", "no wheel to publish"),
+        (Some(store), Some(_)) if run.gates.iter().any(|g| g.status == GateStatus::Fail) => run
+            .skip(
+                "publish",
+                format!("not publishing to {store}: an earlier gate failed"),
+            ),
+        (Some(store), Some(_)) => check_publish(&mut run, options, store),
+    }
+    Checklist {
+        gates: run.gates,
+        built: run.built,
+    }
+}

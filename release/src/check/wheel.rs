@@ -1,0 +1,384 @@
+//! The gates on the wheels built from the bundle: `reproducible`, `wheel`, `install`, `size`.
+
+use std::path::{Path, PathBuf};
+
+use bundler::Manifest;
+use prebuilt::error_chain;
+
+use super::{CheckOptions, Run};
+use crate::library::{build_library_wheel, LibraryWheelOptions};
+use crate::verify::verify_wheel;
+
+/// Builds the wheel twice into scratch directories and compares; writes the release wheel
+/// into the wheel directory only when it is missing. Returns the release wheel's path.
+pub(super) fn check_reproducible(run: &mut Run, options: &CheckOptions) -> Option<PathBuf> {
+    let scratch = match tempfile::tempdir() {
+        Ok(dir) => dir,
+        Err(error) => {
+            run.fail(
+                "reproducible",
+                format!("no scratch directory: {error}"),
+                "free disk space",
+            );
+            return None;
+        }
+    };
+    let build = |out: PathBuf| {
+        build_library_wheel(&LibraryWheelOptions {
+            manifest: options.manifest.clone(),
+            bundle: options.bundle.clone(),
+            out,
+            torch: options.torch.clone(),
+            ship_sources: true,
+            cache_dir: options.cache_dir.clone(),
+            jobs: options.jobs,
+            progress: false,
+            toolchains: options.toolchains.clone(),
+            ship: None,
+            store: None,
+            recipes_only: false,
+        })
+    };
+    let mut digests = Vec::new();
+    for n in 0..2 {
+        match build(scratch.path().join(format!("build-{n}"))) {
+            Ok(built) => match std::fs::read(&built.path) {
+                Ok(bytes) => digests.push((
+                    built.filename.to_string(),
+                    prebuilt::key::sha256_hex(&bytes),
+                )),
+                Err(error) => {
+                    run.fail(
+                        "reproducible",
+                        format!("{}: {error}", built.path.display()),
+                        "retry",
+                    );
+                    return None;
+                }
+            },
+            Err(error) => {
+                run.fail(
+                    "reproducible",
+                    format!("the wheel does not build: {}", error_chain(&error)),
+                    "run `kwheel dev build-wheel` to see the error",
+                );
+                return None;
+            }
+        }
+    }
+    let (name, first) = digests[0].clone();
+    if first != digests[1].1 {
+        run.fail(
+            "reproducible",
+            format!(
+                "two builds of {name} differ: sha256 {} and {}",
+                &first[..12],
+                &digests[1].1[..12]
+            ),
+            "find the nondeterministic input (a time, an unordered map, a host path)",
+        );
+        return None;
+    }
+    let released = options.wheels.join(&name);
+    if !released.is_file() {
+        if options.no_rebuild {
+            run.fail(
+                "reproducible",
+                format!("no wheel {} (--no-rebuild)", released.display()),
+                "run `kwheel dev build-wheel`",
+            );
+            return None;
+        }
+        if let Err(error) = std::fs::create_dir_all(&options.wheels)
+            .and_then(|()| std::fs::copy(scratch.path().join("build-0").join(&name), &released))
+        {
+            run.fail(
+                "reproducible",
+                format!("{}: {error}", released.display()),
+                "check permissions",
+            );
+            return None;
+        }
+        run.built
+            .push(format!("the missing wheel {}", released.display()));
+    }
+    match std::fs::read(&released) {
+        Ok(bytes) if prebuilt::key::sha256_hex(&bytes) == first => run.pass(
+            "reproducible",
+            format!("two builds of {name} are byte-identical (sha256 {}), and so is the wheel in {}", &first[..12], options.wheels.display()),
+        ),
+        Ok(bytes) => run.fail(
+            "reproducible",
+            format!(
+                "{} (sha256 {}) differs from a fresh build of the same inputs (sha256 {}): it was edited or built from other inputs",
+                released.display(),
+                &prebuilt::key::sha256_hex(&bytes)[..12],
+                &first[..12]
+            ),
+            "delete it and run `kwheel dev build-wheel`",
+        ),
+        Err(error) => run.fail("reproducible", format!("{}: {error}", released.display()), "rebuild it"),
+    }
+    Some(released)
+}
+
+pub(super) fn check_wheel(run: &mut Run, wheel: &Path) {
+    match verify_wheel(wheel) {
+        Ok(report) if report.problems.is_empty() => run.pass(
+            "wheel",
+            format!(
+                "{}: RECORD, tags, zip hygiene, {} bundle(s) and the manylinux_2_28 audit pass",
+                wheel.display(),
+                report.bundles.len()
+            ),
+        ),
+        Ok(report) => run.fail(
+            "wheel",
+            report
+                .problems
+                .iter()
+                .map(|p| p.to_string())
+                .collect::<Vec<_>>()
+                .join("; "),
+            "rebuild the wheel with `kwheel dev build-wheel`",
+        ),
+        Err(error) => run.fail("wheel", error_chain(&error), "rebuild the wheel"),
+    }
+}
+
+/// The simulated devices and CUDA builds the install gate selects for.
+const SIMULATED: [(&str, &str); 4] = [
+    ("sm_90", "12.9"),
+    ("sm_90", "13.0"),
+    ("sm_100", "12.9"),
+    ("sm_100", "13.0"),
+];
+
+/// Installs the library wheel and the kwheel runtime wheel into a fresh virtual environment,
+/// with no index, and asks the installed package to select every kernel for simulated
+/// devices: each must select, or be refused only because its manifest declares the target
+/// skipped.
+pub(super) fn check_install(
+    run: &mut Run,
+    manifest: &Manifest,
+    options: &CheckOptions,
+    wheel: &Path,
+) {
+    let runtime = match runtime_wheel(run, options) {
+        Ok(Some(runtime)) => runtime,
+        Ok(None) => return run.skip("install", "no kwheel runtime wheel and no kwheel sources to build one"),
+        Err(reason) => {
+            return run.fail(
+                "install",
+                reason,
+                "run `kwheel release build-kwheel` (it builds kwheel's wheel with cargo zigbuild; `bash ci/setup` installs zig)",
+            )
+        }
+    };
+    let Some(module) = manifest
+        .library
+        .python_package
+        .as_deref()
+        .and_then(|p| Path::new(p).file_name())
+        .map(|n| n.to_string_lossy().into_owned())
+    else {
+        return run.skip("install", "the manifest names no Python package");
+    };
+    match install_and_select(options, wheel, &runtime, &module) {
+        Ok(summary) => run.pass("install", summary),
+        Err(reason) => run.fail(
+            "install",
+            reason,
+            "install both wheels into a fresh venv and call select() to see the error",
+        ),
+    }
+}
+
+/// The runtime wheel in the wheel directory, built there first when missing (and allowed).
+fn runtime_wheel(run: &mut Run, options: &CheckOptions) -> Result<Option<PathBuf>, String> {
+    let existing = std::fs::read_dir(&options.wheels).ok().and_then(|entries| {
+        entries.flatten().map(|e| e.path()).find(|p| {
+            let name = p
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            // This machine's: the install gate runs it here.
+            let host =
+                crate::runtime::RuntimeArch::host().unwrap_or(crate::runtime::RuntimeArch::X86_64);
+            crate::runtime::runtime_wheel_filename(host)
+                .is_ok_and(|wheel| name == wheel.to_string())
+        })
+    });
+    if let Some(existing) = existing {
+        return Ok(Some(existing));
+    }
+    let Some(workspace) = &options.runtime_workspace else {
+        return Ok(None);
+    };
+    if options.no_rebuild {
+        return Err(format!(
+            "no kwheel runtime wheel in {} (--no-rebuild)",
+            options.wheels.display()
+        ));
+    }
+    let built = crate::runtime::build_runtime_wheel(&crate::runtime::RuntimeWheelOptions::new(
+        workspace,
+        &options.wheels,
+    ))
+    .map_err(|error| format!("the runtime wheel does not build: {}", error_chain(&error)))?;
+    run.built.push(format!(
+        "the missing runtime wheel {}",
+        built.path.display()
+    ));
+    Ok(Some(built.path))
+}
+
+const SELECT_SCRIPT: &str = r#"
+import json, sys
+package = __import__(sys.argv[1])
+simulated = json.loads(sys.argv[2])
+results = []
+for name in sorted(package.status()):
+    for device, cuda in simulated:
+        try:
+            chosen = package.select(name, device, cuda=cuda, driver="13.0")
+            results.append([name, device, cuda, str(chosen), []])
+        except Exception as error:
+            refusals = [list(r) for r in getattr(error, "refusals", [])] or [["", str(error)]]
+            results.append([name, device, cuda, None, refusals])
+print(json.dumps(results))
+"#;
+
+fn install_and_select(
+    options: &CheckOptions,
+    wheel: &Path,
+    runtime: &Path,
+    module: &str,
+) -> Result<String, String> {
+    let scratch = tempfile::tempdir().map_err(|e| format!("no scratch directory: {e}"))?;
+    let venv = scratch.path().join("venv");
+    let run_command = |command: &mut std::process::Command, what: &str| {
+        let output = command
+            .output()
+            .map_err(|e| format!("{what}: cannot run {:?}: {e}", command.get_program()))?;
+        if output.status.success() {
+            Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+        } else {
+            Err(format!(
+                "{what} failed: {}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            ))
+        }
+    };
+    run_command(
+        std::process::Command::new(&options.python)
+            .arg("-m")
+            .arg("venv")
+            .arg(&venv),
+        "creating a venv",
+    )?;
+    let python = venv.join("bin").join("python");
+    run_command(
+        std::process::Command::new(&python)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--no-index",
+                "--no-deps",
+                "--disable-pip-version-check",
+            ])
+            .arg(wheel)
+            .arg(runtime),
+        "pip install of both wheels",
+    )?;
+    let simulated = serde_json::to_string(&SIMULATED).expect("serializes");
+    let output = run_command(
+        std::process::Command::new(&python)
+            .arg("-c")
+            .arg(SELECT_SCRIPT)
+            .arg(module)
+            .arg(simulated)
+            .current_dir(scratch.path()),
+        "select() from the installed package",
+    )?;
+    type Row = (
+        String,
+        String,
+        String,
+        Option<String>,
+        Vec<(String, String)>,
+    );
+    let rows: Vec<Row> = serde_json::from_str(output.trim())
+        .map_err(|e| format!("unexpected output of select(): {e}: {output}"))?;
+    if rows.is_empty() {
+        return Err("the installed package lists no kernels".to_owned());
+    }
+    let mut selected = 0;
+    let mut declared = 0;
+    let mut failures = Vec::new();
+    for (name, device, cuda, chosen, refusals) in &rows {
+        if chosen.is_some() {
+            selected += 1;
+        } else if refusals.iter().any(|(variant, reason)| {
+            // The target this device would load is the one the manifest declares skipped.
+            *variant == format!("cu{}/{device}a", cuda.replace('.', ""))
+                && reason.contains("not built: declared")
+        }) {
+            declared += 1;
+        } else {
+            let reasons: Vec<String> = refusals.iter().map(|(v, r)| format!("{v}: {r}")).collect();
+            failures.push(format!(
+                "`{name}` on {device} with CUDA {cuda}: {}",
+                reasons.join("; ")
+            ));
+        }
+    }
+    if failures.is_empty() {
+        Ok(format!(
+            "both wheels install into a fresh venv; {selected} of {} selections for sm_90/sm_100 × CUDA 12.9/13.0 load, {declared} refused only by a declared skip",
+            rows.len()
+        ))
+    } else {
+        Err(failures.join("; "))
+    }
+}
+
+pub(super) fn check_size(run: &mut Run, wheel: &Path, budget: u64) {
+    let size = std::fs::metadata(wheel).map(|m| m.len()).unwrap_or(0);
+    if size <= budget {
+        return run.pass(
+            "size",
+            format!("{size} bytes, within the budget of {budget}"),
+        );
+    }
+    let largest = largest_entries(wheel).unwrap_or_default();
+    run.fail(
+        "size",
+        format!(
+            "{size} bytes, over the budget of {budget}; largest: {}",
+            largest.join(", ")
+        ),
+        "ship fewer variants in the wheel, or raise --size-budget",
+    );
+}
+
+fn largest_entries(wheel: &Path) -> Option<Vec<String>> {
+    let file = std::fs::File::open(wheel).ok()?;
+    let mut archive = zip::ZipArchive::new(file).ok()?;
+    let mut entries = Vec::new();
+    for n in 0..archive.len() {
+        let entry = archive.by_index(n).ok()?;
+        entries.push((entry.compressed_size(), entry.name().to_owned()));
+    }
+    entries.sort_by(|a, b| b.cmp(a));
+    Some(
+        entries
+            .into_iter()
+            .take(5)
+            .map(|(size, name)| format!("{name} ({size} bytes)"))
+            .collect(),
+    )
+}

@@ -1,0 +1,186 @@
+//! The bundles inside a wheel: each `…/_prebuilt/` is extracted to scratch and read the way
+//! the loader reads it, every artifact against its digest and every source against its hash.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use prebuilt::bundle::{BundleError, INDEX_FILE, SOURCES_DIR};
+use prebuilt::key::sha256_hex;
+use prebuilt::lookup::{encode, LOOKUP_FILE};
+
+use super::{BundleCheck, VerifyReport};
+
+pub(super) fn check_bundles(report: &mut VerifyReport, contents: &BTreeMap<String, Vec<u8>>) {
+    let index_suffix = format!("_prebuilt/{INDEX_FILE}");
+    let roots: Vec<String> = contents
+        .keys()
+        .filter(|name| *name == &index_suffix || name.ends_with(&format!("/{index_suffix}")))
+        .map(|name| name[..name.len() - INDEX_FILE.len()].to_owned())
+        .collect();
+    for root in roots {
+        check_bundle(report, contents, &root);
+    }
+}
+
+/// Checks the bundle at `root` (`af3_kernels/_prebuilt/`) by extracting it and reading every
+/// artifact the way the loader does.
+fn check_bundle(report: &mut VerifyReport, contents: &BTreeMap<String, Vec<u8>>, root: &str) {
+    let index_path = format!("{root}{INDEX_FILE}");
+    let scratch = match tempfile::Builder::new().prefix("kwheel-verify-").tempdir() {
+        Ok(dir) => dir,
+        Err(error) => {
+            report.problem(
+                &index_path,
+                format!("cannot be checked: no temporary directory ({error})"),
+            );
+            return;
+        }
+    };
+    for (name, bytes) in contents.range(root.to_owned()..) {
+        let Some(relative) = name.strip_prefix(root) else {
+            break;
+        };
+        let target = scratch.path().join(relative);
+        let written = target
+            .parent()
+            .map_or(Ok(()), std::fs::create_dir_all)
+            .and_then(|()| std::fs::write(&target, bytes));
+        if let Err(error) = written {
+            report.problem(name, format!("cannot be extracted to check it: {error}"));
+            return;
+        }
+    }
+    let bundle = match prebuilt::Bundle::open(scratch.path()) {
+        Ok(bundle) => bundle,
+        Err(error) => {
+            report.problem(&index_path, bundle_message(&error, scratch.path(), root));
+            return;
+        }
+    };
+    let index = bundle.index();
+    // The loader reads kernels.idx, never index.json: the two must be one index.
+    let lookup_path = format!("{root}{LOOKUP_FILE}");
+    match contents.get(&lookup_path) {
+        None => report.problem(
+            &lookup_path,
+            "is missing: the loader reads this kernel table, not index.json; rebuild the \
+             bundle with `kwheel dev bundle-kernels`"
+                .to_owned(),
+        ),
+        Some(bytes) if *bytes != encode(index) => report.problem(
+            &lookup_path,
+            format!(
+                "does not match {index_path}: the loader would read other kernels than the \
+                 index lists (sha256 {}, expected {})",
+                sha256_hex(bytes),
+                sha256_hex(&encode(index))
+            ),
+        ),
+        Some(_) => {}
+    }
+    let mut failed = BTreeSet::new();
+    let mut variants = 0;
+    let mut remote = 0;
+    for (kernel, record) in &index.kernels {
+        for variant in &record.variants {
+            let shipped = contents.contains_key(&format!("{root}{}", variant.artifact.path));
+            if !shipped && index.store.is_some() {
+                remote += 1;
+                continue;
+            }
+            match bundle.read_artifact(kernel, variant) {
+                Ok(_) => variants += 1,
+                Err(error) => {
+                    let file = error_path(&error)
+                        .strip_prefix(scratch.path())
+                        .ok()
+                        .map(|path| format!("{root}{}", path.to_string_lossy()))
+                        .unwrap_or_else(|| format!("{root}{}", variant.artifact.path));
+                    if failed.insert(file.clone()) {
+                        report.problem(file, bundle_message(&error, scratch.path(), root));
+                    }
+                }
+            }
+        }
+    }
+
+    let sources_root = format!("{root}{SOURCES_DIR}/");
+    let sources = contents.keys().any(|name| name.starts_with(&sources_root));
+    if sources {
+        for (kernel, record) in &index.kernels {
+            if record.recipe.is_none() {
+                continue;
+            }
+            for (stable, digest) in &record.inputs.files {
+                let path = format!("{sources_root}{stable}");
+                match contents.get(&path) {
+                    None => report.problem(
+                        &path,
+                        format!("is missing: kernel `{kernel}` includes it, and the JIT fallback compiles it"),
+                    ),
+                    Some(bytes) if sha256_hex(bytes) != *digest => report.problem(
+                        &path,
+                        format!(
+                            "has sha256 {}, but the index records {digest} for kernel `{kernel}`",
+                            sha256_hex(bytes)
+                        ),
+                    ),
+                    Some(_) => {}
+                }
+            }
+        }
+    }
+    report.bundles.push(BundleCheck {
+        root: root.to_owned(),
+        kernels: index.kernels.len(),
+        variants,
+        remote,
+        sources,
+    });
+}
+
+fn error_path(error: &BundleError) -> &Path {
+    match error {
+        BundleError::Read { path, .. }
+        | BundleError::InvalidIndex { path, .. }
+        | BundleError::UnsupportedFormat { path, .. }
+        | BundleError::Refused { path, .. }
+        | BundleError::Corrupt { path, .. }
+        | BundleError::DigestMismatch { path, .. }
+        | BundleError::Write { path, .. }
+        | BundleError::UnsupportedLookup { path, .. } => path,
+    }
+}
+
+/// A bundle error as a message about a file of the wheel: scratch paths become wheel paths.
+fn bundle_message(error: &BundleError, scratch: &Path, root: &str) -> String {
+    match error {
+        BundleError::Read { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+            "is missing, but the index lists it".to_owned()
+        }
+        BundleError::DigestMismatch {
+            kernel,
+            variant,
+            expected,
+            actual,
+            ..
+        } => format!(
+            "decompresses to sha256 {actual}, but the index records {expected} (kernel `{kernel}`, {variant})"
+        ),
+        BundleError::Corrupt {
+            kernel,
+            variant,
+            source,
+            ..
+        } => format!("does not decompress (kernel `{kernel}`, {variant}): {source}"),
+        other => {
+            let mut message = other.to_string();
+            let mut cause = std::error::Error::source(other);
+            while let Some(error) = cause {
+                message.push_str(&format!(": {error}"));
+                cause = error.source();
+            }
+            message.replace(&format!("{}/", scratch.display()), root)
+        }
+    }
+}

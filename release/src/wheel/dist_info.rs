@@ -1,0 +1,222 @@
+//! The `.dist-info` texts: `METADATA`, `WHEEL` and `RECORD`, written and parsed.
+
+use base64::Engine as _;
+use sha2::{Digest, Sha256};
+
+use super::{WheelFilename, KWHEEL_VERSION, METADATA_VERSION, WHEEL_VERSION};
+
+/// The core metadata of a distribution (`METADATA`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Metadata {
+    /// The distribution name as the project spells it (`af3-kernels`).
+    pub name: String,
+    /// The version (`0.1.0`).
+    pub version: String,
+    /// A one-line summary.
+    pub summary: Option<String>,
+    /// The Python versions it supports (`>=3.9`).
+    pub requires_python: Option<String>,
+    /// Requirements, one `Requires-Dist` line each (`torch==2.13.*`).
+    pub requires_dist: Vec<String>,
+}
+
+impl Metadata {
+    /// The `METADATA` file.
+    pub fn to_text(&self) -> String {
+        let mut fields = vec![
+            ("Metadata-Version", METADATA_VERSION.to_owned()),
+            ("Name", self.name.clone()),
+            ("Version", self.version.clone()),
+        ];
+        if let Some(summary) = &self.summary {
+            fields.push(("Summary", summary.clone()));
+        }
+        if let Some(requires_python) = &self.requires_python {
+            fields.push(("Requires-Python", requires_python.clone()));
+        }
+        for requirement in &self.requires_dist {
+            fields.push(("Requires-Dist", requirement.clone()));
+        }
+        headers(&fields)
+    }
+}
+
+/// The `WHEEL` file of a wheel with this file name.
+pub fn wheel_text(filename: &WheelFilename) -> String {
+    let mut fields = vec![
+        ("Wheel-Version", WHEEL_VERSION.to_owned()),
+        ("Generator", format!("kwheel {KWHEEL_VERSION}")),
+        ("Root-Is-Purelib", filename.is_purelib().to_string()),
+    ];
+    if let Some(build) = filename.build() {
+        fields.push(("Build", build.to_owned()));
+    }
+    for tag in filename.tags() {
+        fields.push(("Tag", tag));
+    }
+    headers(&fields)
+}
+
+/// `Name: value` lines; a value is kept on one line.
+pub(super) fn headers(fields: &[(&str, String)]) -> String {
+    let mut out = String::new();
+    for (name, value) in fields {
+        let value: String = value
+            .chars()
+            .map(|c| if c == '\n' || c == '\r' { ' ' } else { c })
+            .collect();
+        out.push_str(name);
+        out.push_str(": ");
+        out.push_str(value.trim());
+        out.push('\n');
+    }
+    out
+}
+
+/// Parses `Name: value` lines (METADATA, WHEEL) up to the first blank line, in order.
+pub fn parse_headers(text: &str) -> Vec<(String, String)> {
+    text.lines()
+        .take_while(|line| !line.trim().is_empty())
+        .filter_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            Some((name.trim().to_owned(), value.trim().to_owned()))
+        })
+        .collect()
+}
+
+/// One row of `RECORD`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecordEntry {
+    /// The path inside the wheel.
+    pub path: String,
+    /// `sha256=<urlsafe base64, no padding>`, empty for RECORD itself.
+    pub hash: String,
+    /// The size in bytes, empty for RECORD itself.
+    pub size: String,
+}
+
+/// The `RECORD` hash of `bytes`: `sha256=` and the urlsafe base64 of the digest, unpadded.
+pub fn record_hash(bytes: &[u8]) -> String {
+    format!(
+        "sha256={}",
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(Sha256::digest(bytes))
+    )
+}
+
+/// Renders RECORD rows as CSV (fields quoted when they need it), one `\n`-ended line each.
+pub fn record_text(entries: &[RecordEntry]) -> String {
+    let mut out = String::new();
+    for entry in entries {
+        out.push_str(&csv_field(&entry.path));
+        out.push(',');
+        out.push_str(&csv_field(&entry.hash));
+        out.push(',');
+        out.push_str(&csv_field(&entry.size));
+        out.push('\n');
+    }
+    out
+}
+
+pub(super) fn csv_field(field: &str) -> String {
+    if field.contains([',', '"', '\r', '\n']) {
+        format!("\"{}\"", field.replace('"', "\"\""))
+    } else {
+        field.to_owned()
+    }
+}
+
+/// Parses `RECORD` CSV into rows; an error names the 1-based line.
+pub fn parse_record(text: &str) -> Result<Vec<RecordEntry>, String> {
+    let mut rows = Vec::new();
+    let mut chars = text.chars().peekable();
+    let mut line = 1;
+    while chars.peek().is_some() {
+        let start_line = line;
+        let mut fields = Vec::new();
+        let mut field = String::new();
+        let mut quoted = false;
+        let mut in_quotes = false;
+        loop {
+            let Some(c) = chars.next() else {
+                if in_quotes {
+                    return Err(format!("line {start_line}: unterminated quoted field"));
+                }
+                fields.push(std::mem::take(&mut field));
+                break;
+            };
+            if in_quotes {
+                match c {
+                    '"' if chars.peek() == Some(&'"') => {
+                        chars.next();
+                        field.push('"');
+                    }
+                    '"' => in_quotes = false,
+                    '\n' => {
+                        line += 1;
+                        field.push(c);
+                    }
+                    _ => field.push(c),
+                }
+                continue;
+            }
+            match c {
+                '"' if field.is_empty() && !quoted => {
+                    quoted = true;
+                    in_quotes = true;
+                }
+                ',' => {
+                    fields.push(std::mem::take(&mut field));
+                    quoted = false;
+                }
+                '\r' if chars.peek() == Some(&'\n') => {}
+                '\n' => {
+                    line += 1;
+                    fields.push(std::mem::take(&mut field));
+                    break;
+                }
+                _ => field.push(c),
+            }
+        }
+        if fields.len() == 1 && fields[0].is_empty() {
+            continue;
+        }
+        match <[String; 3]>::try_from(fields) {
+            Ok([path, hash, size]) => rows.push(RecordEntry { path, hash, size }),
+            Err(fields) => {
+                return Err(format!(
+                    "line {start_line}: {} fields, not 3 (path, hash, size)",
+                    fields.len()
+                ))
+            }
+        }
+    }
+    Ok(rows)
+}
+
+/// Why a path cannot name a file inside a wheel, if it cannot.
+pub(crate) fn path_problem(path: &str) -> Option<String> {
+    if path.is_empty() {
+        return Some("the path is empty".into());
+    }
+    if let Some(c) = path.chars().find(|c| c.is_control()) {
+        return Some(format!("the path holds control character {c:?}"));
+    }
+    let drive = matches!(path.as_bytes(), [letter, b':', ..] if letter.is_ascii_alphabetic());
+    if path.starts_with('/') || drive {
+        return Some("the path is absolute".into());
+    }
+    if path.contains('\\') {
+        return Some("the path holds `\\`; wheel paths use `/`".into());
+    }
+    if path.ends_with('/') {
+        return Some("it is a directory entry; wheels list files only".into());
+    }
+    for component in path.split('/') {
+        match component {
+            "" => return Some("the path has an empty component (`//`)".into()),
+            "." | ".." => return Some(format!("the path has a `{component}` component")),
+            _ => {}
+        }
+    }
+    None
+}

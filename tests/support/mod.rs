@@ -1,0 +1,133 @@
+//! What the `kwheel` binary's integration tests share: running the binary on the embedded
+//! library, reading what it printed, skipping without toolchains, copying trees, and the exit
+//! codes `kwheel --help` documents.
+
+// Each test binary uses part of this module; the rest would be dead code in that binary.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// clap's exit code for arguments it cannot parse.
+pub const USAGE: i32 = 2;
+/// The exit code of a missing manifest, bundle, wheel, kernel, file or toolchain.
+pub const NOT_FOUND: i32 = 3;
+/// The exit code of an artifact that failed its checks.
+pub const VERIFICATION: i32 = 4;
+/// The exit code of a kernel that did not compile.
+pub const BUILD: i32 = 5;
+/// The exit code of a store that could not be reached.
+pub const NETWORK: i32 = 6;
+
+pub fn workspace() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The binary under test, run from the workspace, where the embedded library is the default.
+pub fn kwheel() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_kwheel"));
+    command.current_dir(workspace());
+    command
+}
+
+pub fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+pub fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// Everything the command printed, stdout first.
+pub fn text(output: &Output) -> String {
+    format!("{}{}", stdout(output), stderr(output))
+}
+
+/// What a command that must fail with exit code `code` printed; it must not have panicked.
+pub fn failure(output: &Output, code: i32) -> String {
+    let text = text(output);
+    assert_eq!(output.status.code(), Some(code), "{text}");
+    assert!(!text.contains("panicked"), "{text}");
+    text
+}
+
+/// What a command that must fail (with any exit code) printed; it must not have panicked.
+pub fn failed(output: &Output) -> String {
+    let text = text(output);
+    assert!(!output.status.success(), "{text}");
+    assert!(!text.contains("panicked"), "{text}");
+    text
+}
+
+/// Says that the running test passes without testing: `SKIPPED: <test>: <reason>`, written
+/// to stderr past the test harness's capture, so that `ci/test` lists it in its summary.
+pub fn skipped(reason: &str) {
+    use std::io::Write as _;
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("(unnamed test)")
+        .to_owned();
+    let _ = writeln!(std::io::stderr(), "SKIPPED: {test}: {reason}");
+}
+
+/// Whether the toolchains are installed; without them a test skips with the reason, unless
+/// `KWHEEL_REQUIRE_TOOLCHAINS=1` (CI), where it fails.
+pub fn have_toolchains() -> bool {
+    let output = kwheel().arg("toolchains").output().unwrap();
+    if output.status.success() {
+        return true;
+    }
+    assert!(
+        std::env::var("KWHEEL_REQUIRE_TOOLCHAINS").as_deref() != Ok("1"),
+        "toolchains required but missing:\n{}",
+        text(&output)
+    );
+    skipped(&format!("no toolchains ({})", stdout(&output).trim()));
+    false
+}
+
+/// Copies the tree at `from` to `to`, leaving out entries named in `except`.
+pub fn copy_tree(from: &Path, to: &Path, except: &[&str]) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name();
+        if except.iter().any(|skip| name == *skip) {
+            continue;
+        }
+        let target = to.join(&name);
+        if entry.file_type().unwrap().is_dir() {
+            copy_tree(&entry.path(), &target, except);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
+/// A copy of the embedded library under `dir` (without its CPU references); its manifest is
+/// `<returned>/kernels.toml`.
+pub fn copy_library(dir: &Path) -> PathBuf {
+    let to = dir.join("kernels");
+    copy_tree(&workspace().join("kernels"), &to, &["reference"]);
+    to
+}
+
+/// `kwheel bundle list <bundle>`.
+pub fn bundle_list(bundle: &Path) -> Output {
+    kwheel()
+        .args(["bundle", "list"])
+        .arg(bundle)
+        .output()
+        .unwrap()
+}
+
+/// `kwheel bundle extract <bundle> --out <out>`.
+pub fn bundle_extract(bundle: &Path, out: &Path) -> Output {
+    kwheel()
+        .args(["bundle", "extract"])
+        .arg(bundle)
+        .arg("--out")
+        .arg(out)
+        .output()
+        .unwrap()
+}
