@@ -481,6 +481,7 @@ pub fn bundle_kernels_shared(
                     size: built.cubin.len() as u64,
                     path: String::new(),
                     stored_size: 0,
+                    dictionary: None,
                 },
                 functions: built.functions.clone(),
             });

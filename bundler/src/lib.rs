@@ -26,6 +26,7 @@ pub mod toolchain;
 
 pub mod build;
 pub mod cache;
+pub mod compress;
 pub mod explain;
 pub mod manifest;
 pub mod remote;

@@ -1,8 +1,9 @@
 //! Writes a bundle directory (layout in [`prebuilt::bundle`]) and swaps it into place.
 //!
 //! Output is byte-identical for identical inputs: cubins are compressed one zstd frame each
-//! at a fixed level, with a dictionary trained on the bundle's own cubins when that makes the
-//! bundle smaller; the index is sorted JSON; nothing records a time or a host path.
+//! at a fixed level, either with one dictionary trained on the bundle's own cubins or against
+//! family dictionaries ([`crate::compress`]), whichever makes the bundle smaller; the index is
+//! sorted JSON; nothing records a time or a host path.
 //!
 //! # The output folder
 //!
@@ -32,8 +33,11 @@ use std::path::{Path, PathBuf};
 use std::fs::File;
 
 // Called by path: `File` has inherent lock methods of the same names in newer Rust.
+use crate::compress::{plan_compression, CompressionPlan};
 use fs4::fs_std::FileExt;
-use prebuilt::bundle::{artifact_path, parse_index, DICTIONARY_FILE, INDEX_FILE, SOURCES_DIR};
+use prebuilt::bundle::{
+    artifact_path, dictionary_path, parse_index, DICTIONARY_FILE, INDEX_FILE, SOURCES_DIR,
+};
 use prebuilt::index::{Index, StoredFile};
 use prebuilt::key::sha256_hex;
 use prebuilt::lookup::LOOKUP_FILE;
@@ -73,31 +77,56 @@ pub fn write_bundle(
         return Ok((existing, WriteOutcome::Unchanged));
     }
     output.stage(|root| {
-        let samples: Vec<&[u8]> = cubins.values().map(Vec::as_slice).collect();
-        let (dictionary, stored) = compress_all(&samples, jobs);
-        if let Some(dictionary) = &dictionary {
-            let digest = sha256_hex(dictionary);
-            crate::cache::write_atomically(&root.join(DICTIONARY_FILE), dictionary)?;
-            index.dictionary = Some(StoredFile {
-                digest,
-                size: dictionary.len() as u64,
-                path: DICTIONARY_FILE.to_owned(),
-                stored_size: dictionary.len() as u64,
-            });
-        }
         let mut stored_by_digest = BTreeMap::new();
-        for (digest, compressed) in cubins.keys().zip(stored) {
-            let path = artifact_path(digest);
-            crate::cache::write_atomically(&root.join(&path), &compressed)?;
-            stored_by_digest.insert(digest.clone(), (path, compressed.len() as u64));
-        }
-        for record in index.kernels.values_mut() {
-            for variant in &mut record.variants {
-                let (path, size) = &stored_by_digest[&variant.artifact.digest];
-                variant.artifact.path = path.clone();
-                variant.artifact.stored_size = *size;
+        match compress_bundle(cubins, jobs) {
+            Compressed::Trained { dictionary, frames } => {
+                if let Some(dictionary) = &dictionary {
+                    let digest = sha256_hex(dictionary);
+                    crate::cache::write_atomically(&root.join(DICTIONARY_FILE), dictionary)?;
+                    index.dictionary = Some(StoredFile {
+                        digest,
+                        size: dictionary.len() as u64,
+                        path: DICTIONARY_FILE.to_owned(),
+                        stored_size: dictionary.len() as u64,
+                        dictionary: None,
+                    });
+                }
+                for (digest, compressed) in cubins.keys().zip(frames) {
+                    stored_by_digest.insert(digest.clone(), (compressed, None));
+                }
+            }
+            Compressed::Families(plan) => {
+                for dictionary in &plan.dictionaries {
+                    let path = root.join(dictionary_path(&dictionary.digest));
+                    crate::cache::write_atomically(&path, &dictionary.stored)?;
+                }
+                for (digest, frame) in plan.frames {
+                    let family = frame
+                        .dictionary
+                        .map(|n| plan.dictionaries[n].digest.clone());
+                    stored_by_digest.insert(digest, (frame.bytes, family));
+                }
             }
         }
+        let mut stored_by_digest: BTreeMap<String, (String, u64, Option<String>)> =
+            stored_by_digest
+                .into_iter()
+                .map(|(digest, (compressed, family))| {
+                    let path = artifact_path(&digest);
+                    crate::cache::write_atomically(&root.join(&path), &compressed)?;
+                    Ok((digest, (path, compressed.len() as u64, family)))
+                })
+                .collect::<Result<_, Error>>()?;
+        for record in index.kernels.values_mut() {
+            for variant in &mut record.variants {
+                let (path, size, family) = &stored_by_digest[&variant.artifact.digest];
+                variant.artifact.path = path.clone();
+                variant.artifact.stored_size = *size;
+                variant.artifact.dictionary = family.clone();
+            }
+        }
+        stored_by_digest.clear();
+        index.format = index.required_format();
         for (stable, path) in sources {
             let bytes = std::fs::read(path).map_err(|source| Error::Read {
                 path: path.clone(),
@@ -420,6 +449,11 @@ fn unchanged_bundle(out: &Path, planned: &Index) -> Option<Index> {
         if metadata.len() != file.stored_size {
             return None;
         }
+        if let Some(family) = &file.dictionary {
+            if !out.join(dictionary_path(family)).is_file() {
+                return None;
+            }
+        }
     }
     let sources = planned.kernels.values().flat_map(|k| k.inputs.files.keys());
     for stable in sources {
@@ -438,9 +472,43 @@ pub fn without_storage(index: &Index) -> Index {
         for variant in &mut record.variants {
             variant.artifact.path.clear();
             variant.artifact.stored_size = 0;
+            variant.artifact.dictionary = None;
         }
     }
+    // The format follows how the artifacts are stored.
+    index.format = index.required_format();
     index
+}
+
+/// How a bundle's cubins are stored.
+enum Compressed {
+    /// One frame per cubin, with one dictionary trained on all of them when that pays.
+    Trained {
+        dictionary: Option<Vec<u8>>,
+        frames: Vec<Vec<u8>>,
+    },
+    /// One frame per cubin, against its family's dictionary where that pays ([`compress`]).
+    Families(CompressionPlan),
+}
+
+/// The smaller of the two ways to store `cubins` (by digest): a library of a few unrelated
+/// kernels is best served by one trained dictionary, one of whole template families by family
+/// dictionaries (docs/benchmarks.md, "Bundle size"). Both are deterministic, so the choice is.
+fn compress_bundle(cubins: &BTreeMap<String, Vec<u8>>, jobs: usize) -> Compressed {
+    let samples: Vec<&[u8]> = cubins.values().map(Vec::as_slice).collect();
+    let (dictionary, frames) = compress_all(&samples, jobs);
+    let trained =
+        dictionary.as_ref().map_or(0, Vec::len) + frames.iter().map(Vec::len).sum::<usize>();
+    let keyed: Vec<(&str, &[u8])> = cubins
+        .iter()
+        .map(|(digest, bytes)| (digest.as_str(), bytes.as_slice()))
+        .collect();
+    let plan = plan_compression(&keyed, LEVEL, jobs);
+    if !plan.dictionaries.is_empty() && plan.stored_size() < trained {
+        Compressed::Families(plan)
+    } else {
+        Compressed::Trained { dictionary, frames }
+    }
 }
 
 /// Compresses every sample, with a trained dictionary when that is smaller in total

@@ -25,12 +25,12 @@ use std::path::{Path, PathBuf};
 
 use crate::cache::{write_atomically, ArtifactCache};
 use crate::index::{
-    ArtifactLocation, Index, StoredFile, Variant, INDEX_FORMAT, STORE_INDEX_FORMAT,
+    ArtifactLocation, Index, StoredFile, Variant, FAMILY_INDEX_FORMAT, INDEX_FORMAT,
 };
 use crate::key::sha256_hex;
 use crate::target::Arch;
 use crate::untrusted::{
-    check_index, check_stored, read_regular_file, resolve_inside, ArtifactPath, KernelName,
+    check_index, check_stored, read_regular_file, resolve_inside, ArtifactPath, Digest, KernelName,
     Untrusted, MAX_ARTIFACT_SIZE, MAX_DICTIONARY_SIZE, MAX_INDEX_SIZE,
 };
 
@@ -89,7 +89,7 @@ pub enum BundleError {
     },
     /// The index was written by a newer or older format.
     #[error(
-        "bundle index `{}` has format {found}, this kwheel reads formats {INDEX_FORMAT} to {STORE_INDEX_FORMAT}: rebuild the bundle with this version",
+        "bundle index `{}` has format {found}, this kwheel reads formats {INDEX_FORMAT} to {FAMILY_INDEX_FORMAT}: rebuild the bundle with this version",
         path.display()
     )]
     UnsupportedFormat {
@@ -208,22 +208,7 @@ impl Bundle {
 
     /// Reads, decompresses and verifies the cubin of one variant of `kernel`.
     pub fn read_artifact(&self, kernel: &str, variant: &Variant) -> Result<Vec<u8>, BundleError> {
-        let dictionary = match &self.index.dictionary {
-            Some(stored) => Some(read_dictionary(
-                &self.root,
-                stored,
-                kernel,
-                &variant.label(),
-            )?),
-            None => None,
-        };
-        read_stored(
-            &self.root,
-            &variant.artifact,
-            dictionary.as_deref(),
-            kernel,
-            &variant.label(),
-        )
+        read_artifact(&self.root, self.index.dictionary.as_ref(), kernel, variant)
     }
 
     /// Writes every artifact, verified, as `root/<kernel>/<build>/<arch>.cubin` (`<arch>.ptx`
@@ -309,7 +294,7 @@ pub fn parse_index(path: &Path, bytes: &[u8]) -> Result<Index, BundleError> {
             path: path.to_owned(),
             source,
         })?;
-    if !(INDEX_FORMAT..=STORE_INDEX_FORMAT).contains(&format.format) {
+    if !(INDEX_FORMAT..=FAMILY_INDEX_FORMAT).contains(&format.format) {
         return Err(BundleError::UnsupportedFormat {
             path: path.to_owned(),
             found: format.format,
@@ -348,7 +333,7 @@ fn stored_path(
 pub fn read_stored(
     root: &Path,
     stored: &StoredFile,
-    dictionary: Option<&[u8]>,
+    dictionary: FrameDictionary<'_>,
     kernel: &str,
     variant: &str,
 ) -> Result<Vec<u8>, BundleError> {
@@ -369,8 +354,153 @@ pub fn read_stored(
         path: path.clone(),
         source,
     };
-    let bytes = decompress_bounded(&compressed, dictionary, stored.size).map_err(corrupt)?;
+    let bytes = match dictionary {
+        FrameDictionary::None => decompress_bounded(&compressed, None, stored.size),
+        FrameDictionary::Trained(dictionary) => {
+            decompress_bounded(&compressed, Some(dictionary), stored.size)
+        }
+        FrameDictionary::Prefix(prefix) => decompress_with_prefix(&compressed, prefix, stored.size),
+    }
+    .map_err(corrupt)?;
     verify(&bytes, stored, &path, kernel, variant)?;
+    Ok(bytes)
+}
+
+/// Reads one variant's artifact from the bundle at `root` with whichever dictionary its frame
+/// needs (`trained`: the bundle's trained dictionary, when it has one), every file verified:
+/// the tools' read, which names a bad dictionary file. The loader keeps dictionaries instead.
+pub fn read_artifact(
+    root: &Path,
+    trained: Option<&StoredFile>,
+    kernel: &str,
+    variant: &Variant,
+) -> Result<Vec<u8>, BundleError> {
+    let label = variant.label();
+    let bytes;
+    let dictionary = match (&variant.artifact.dictionary, trained) {
+        (Some(digest), _) => {
+            bytes = read_prefix(root, digest, true, kernel, &label)?;
+            FrameDictionary::Prefix(&bytes)
+        }
+        (None, Some(stored)) => {
+            bytes = read_dictionary(root, stored, kernel, &label)?;
+            FrameDictionary::Trained(&bytes)
+        }
+        (None, None) => FrameDictionary::None,
+    };
+    read_stored(root, &variant.artifact, dictionary, kernel, &label)
+}
+
+/// What an artifact's zstd frame was compressed against.
+#[derive(Clone, Copy, Debug)]
+pub enum FrameDictionary<'d> {
+    /// Nothing: a plain frame.
+    None,
+    /// The bundle's trained zstd dictionary (`dictionary.zdict`, bundles of index format 1
+    /// and 2).
+    Trained(&'d [u8]),
+    /// The raw content of its family's dictionary (`dictionaries/…`, index format 3): the
+    /// frame's matches reach back into it as into a prefix.
+    Prefix(&'d [u8]),
+}
+
+/// Decompresses one zstd frame compressed against the raw-content `prefix`. The frame must
+/// declare its content size, and at most `size` (the recorded size, at most
+/// [`MAX_ARTIFACT_SIZE`]) before anything is allocated; the window is capped, so a crafted
+/// frame cannot make the decoder allocate more.
+pub fn decompress_with_prefix(
+    compressed: &[u8],
+    prefix: &[u8],
+    size: u64,
+) -> std::io::Result<Vec<u8>> {
+    use zstd::zstd_safe::{self, DParameter};
+    let invalid = |what: String| std::io::Error::new(std::io::ErrorKind::InvalidData, what);
+    let zstd = |code| invalid(zstd_safe::get_error_name(code).to_owned());
+    let declared = match zstd_safe::get_frame_content_size(compressed) {
+        Ok(Some(declared)) => declared,
+        _ => return Err(invalid("the frame does not declare its size".to_owned())),
+    };
+    let limit = size.min(MAX_ARTIFACT_SIZE);
+    if declared > limit {
+        return Err(invalid(format!(
+            "the frame declares {declared} bytes, more than the {limit} recorded"
+        )));
+    }
+    let mut context = zstd_safe::DCtx::create();
+    // The writer's window reaches from a cubin back over its prefix: a dictionary is at most
+    // MAX_DICTIONARY_SIZE and a cubin MAX_ARTIFACT_SIZE, so 2^29 covers every frame it writes.
+    context
+        .set_parameter(DParameter::WindowLogMax(29))
+        .map_err(zstd)?;
+    context.ref_prefix(prefix).map_err(zstd)?;
+    let mut bytes = Vec::with_capacity(declared as usize);
+    let decoded = context.decompress(&mut bytes, compressed).map_err(zstd)?;
+    if decoded as u64 != declared {
+        return Err(invalid(format!(
+            "the frame declares {declared} bytes but holds {decoded}"
+        )));
+    }
+    Ok(bytes)
+}
+
+/// Directory of the family dictionaries.
+pub const DICTIONARIES_DIR: &str = "dictionaries";
+
+/// The stored path of the family dictionary whose raw content has sha256 `digest`.
+pub fn dictionary_path(digest: &str) -> String {
+    format!(
+        "{DICTIONARIES_DIR}/{}/{digest}.zst",
+        digest.get(..2).unwrap_or(digest)
+    )
+}
+
+/// Reads the family dictionary with raw-content sha256 `digest` (a plain zstd frame) and
+/// decompresses it; with `verify`, checks its sha256 too. The loader does not: a frame
+/// decompressed against other bytes fails its checksum or the cubin's own sha256, which is
+/// always checked, so hashing the dictionary would only name the file in the error.
+pub fn read_prefix(
+    root: &Path,
+    digest: &str,
+    verify_digest: bool,
+    kernel: &str,
+    variant: &str,
+) -> Result<Vec<u8>, BundleError> {
+    let index = root.join(INDEX_FILE);
+    let refused = |source| BundleError::Refused {
+        path: index.clone(),
+        source,
+    };
+    Digest::parse(digest)
+        .map_err(|e| refused(e.of(format!("the dictionary of `{kernel}` ({variant})"))))?;
+    let relative = ArtifactPath::parse(&dictionary_path(digest)).map_err(refused)?;
+    let path = resolve_inside(root, &relative).map_err(|source| BundleError::Read {
+        path: relative.join_to(root),
+        source,
+    })?;
+    let stored =
+        read_regular_file(&path, MAX_DICTIONARY_SIZE).map_err(|source| BundleError::Read {
+            path: path.clone(),
+            source,
+        })?;
+    let corrupt = |source| BundleError::Corrupt {
+        kernel: kernel.to_owned(),
+        variant: format!("{variant} dictionary"),
+        path: path.clone(),
+        source,
+    };
+    let bytes = decompress_with_prefix(&stored, &[], MAX_DICTIONARY_SIZE).map_err(corrupt)?;
+    if verify_digest {
+        let actual = sha256_hex(&bytes);
+        if actual != digest {
+            return Err(BundleError::DigestMismatch {
+                kernel: kernel.to_owned(),
+                variant: format!("{variant} dictionary"),
+                path,
+                expected: digest.to_owned(),
+                actual,
+            });
+        }
+    }
     Ok(bytes)
 }
 

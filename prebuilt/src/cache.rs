@@ -238,6 +238,7 @@ mod tests {
             size: bytes.len() as u64,
             path: String::new(),
             stored_size: 0,
+            dictionary: None,
         };
         let path = cache.write(&stored.digest, &bytes).unwrap();
         assert_eq!(cache.read(&stored), Some(bytes));

@@ -20,6 +20,10 @@ pub const INDEX_FORMAT: u32 = 1;
 /// index by its format, saying which version reads it, instead of failing on a field it does
 /// not know.
 pub const STORE_INDEX_FORMAT: u32 = 2;
+/// The index format of a bundle whose artifacts are compressed against family dictionaries
+/// ([`StoredFile::dictionary`]): a reader of format 2 could not decompress them, so it must
+/// refuse the index. A store may be recorded too.
+pub const FAMILY_INDEX_FORMAT: u32 = 3;
 
 /// The whole index of a bundle (`index.json`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -190,6 +194,11 @@ pub struct StoredFile {
     pub path: String,
     /// Size of the stored file.
     pub stored_size: u64,
+    /// For an artifact compressed against its family's dictionary: the sha256 of the
+    /// dictionary's raw content, stored at [`crate::bundle::dictionary_path`]. Absent (and not
+    /// written) for a plain frame or one compressed with the bundle's trained `dictionary`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dictionary: Option<String>,
 }
 
 /// An entry function of a cubin.
@@ -217,15 +226,29 @@ pub struct Skip {
 }
 
 impl Index {
-    /// Records `store` (or none) and the format that goes with it: [`STORE_INDEX_FORMAT`] with
-    /// a store, [`INDEX_FORMAT`] without.
+    /// Records `store` (or none), and the format that goes with the index's contents.
     pub fn set_store(&mut self, store: Option<String>) {
-        self.format = if store.is_some() {
+        self.store = store;
+        self.format = self.required_format();
+    }
+
+    /// The oldest format whose readers can read this index: [`FAMILY_INDEX_FORMAT`] when an
+    /// artifact needs a family dictionary, [`STORE_INDEX_FORMAT`] with a store, else
+    /// [`INDEX_FORMAT`], so an index without the newer features stays readable by older
+    /// readers byte for byte.
+    pub fn required_format(&self) -> u32 {
+        let families = self
+            .kernels
+            .values()
+            .flat_map(|record| &record.variants)
+            .any(|variant| variant.artifact.dictionary.is_some());
+        if families {
+            FAMILY_INDEX_FORMAT
+        } else if self.store.is_some() {
             STORE_INDEX_FORMAT
         } else {
             INDEX_FORMAT
-        };
-        self.store = store;
+        }
     }
 
     /// Serializes the index as the bundle stores it: pretty JSON with a final newline.

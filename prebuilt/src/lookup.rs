@@ -40,7 +40,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::bundle::{read_dictionary, read_index, read_stored, BundleError};
+use crate::bundle::{read_artifact, read_index, BundleError};
 use crate::index::{
     Constant, Index, KernelInputs, KernelRecord, Skip, SourceRecipe, StoredFile, Variant,
 };
@@ -522,18 +522,7 @@ impl Catalog {
     /// Reads, decompresses and verifies the artifact of one variant of `kernel` (and the
     /// dictionary it needs, verified too).
     pub fn read_artifact(&self, kernel: &str, variant: &Variant) -> Result<Vec<u8>, BundleError> {
-        let label = variant.label();
-        let dictionary = match &self.meta().dictionary {
-            Some(stored) => Some(read_dictionary(&self.root, stored, kernel, &label)?),
-            None => None,
-        };
-        read_stored(
-            &self.root,
-            &variant.artifact,
-            dictionary.as_deref(),
-            kernel,
-            &label,
-        )
+        read_artifact(&self.root, self.meta().dictionary.as_ref(), kernel, variant)
     }
 
     /// The whole index (`index.json`), for tools and `status()` over every kernel.
@@ -581,6 +570,7 @@ mod tests {
                             digest,
                             size: 10,
                             stored_size: 8,
+                            dictionary: None,
                         },
                         functions: Vec::new(),
                     }],

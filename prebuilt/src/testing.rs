@@ -32,6 +32,7 @@ pub(crate) fn variant(label: &str) -> Variant {
             size: 1,
             path: format!("artifacts/{label}.cubin.zst"),
             stored_size: 1,
+            dictionary: None,
         },
         functions: Vec::new(),
     }

@@ -58,7 +58,7 @@ impl Untrusted {
     }
 
     /// The same refusal, said of `what`.
-    fn of(mut self, what: impl Into<String>) -> Untrusted {
+    pub(crate) fn of(mut self, what: impl Into<String>) -> Untrusted {
         self.what = what.into();
         self
     }
@@ -239,6 +239,9 @@ pub fn check_kernel(name: &str, record: &KernelRecord) -> Result<(), Untrusted> 
 /// Checks a stored file's digest, path and sizes (`what` names it in the refusal).
 pub fn check_stored(stored: &StoredFile, cap: u64, what: &str) -> Result<(), Untrusted> {
     Digest::parse(&stored.digest).map_err(|e| e.of(format!("the digest of {what}")))?;
+    if let Some(dictionary) = &stored.dictionary {
+        Digest::parse(dictionary).map_err(|e| e.of(format!("the dictionary of {what}")))?;
+    }
     // A bundle being written has no stored path yet; one read from disk always has.
     if !stored.path.is_empty() {
         ArtifactPath::parse(&stored.path).map_err(|e| e.of(format!("the path of {what}")))?;

@@ -584,6 +584,10 @@ fn bundle_files(
         for variant in &record.variants {
             if ship.is_none_or(|filter| filter.ships(variant)) {
                 stored.insert(variant.artifact.path.clone());
+                // The family dictionary a shipped frame needs ships with it.
+                if let Some(family) = &variant.artifact.dictionary {
+                    stored.insert(prebuilt::bundle::dictionary_path(family));
+                }
             }
         }
     }

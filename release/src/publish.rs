@@ -342,6 +342,7 @@ mod tests {
                 size: 0,
                 path: String::new(),
                 stored_size: 0,
+                dictionary: None,
             },
             functions: Vec::new(),
         }

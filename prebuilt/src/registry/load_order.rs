@@ -140,6 +140,7 @@ fn write_bundle(dir: &Path, labels: &[&str], shipped: &[&str]) {
                 size: bytes.len() as u64,
                 path,
                 stored_size: frame.len() as u64,
+                dictionary: None,
             },
             functions: vec![EntryRecord {
                 name: "scale".to_owned(),

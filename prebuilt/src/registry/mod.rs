@@ -46,7 +46,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use serde::Serialize;
 
 use crate::bundle::locate;
-use crate::bundle::{read_dictionary, read_stored};
+use crate::bundle::{read_dictionary, read_prefix, read_stored, FrameDictionary};
 use crate::cache::ArtifactCache;
 use crate::device::device_arch;
 use crate::device::{default_build, DeviceQuery, DriverVersion};
@@ -259,6 +259,8 @@ pub struct Registry {
     gpu: OnceLock<Result<Gpu, DriverError>>,
     compiler: OnceLock<Result<JitCompiler, Arc<JitError>>>,
     dictionary: OnceLock<Option<Vec<u8>>>,
+    /// Family dictionaries read so far, by the sha256 of their raw content.
+    prefixes: Mutex<BTreeMap<String, Arc<Vec<u8>>>>,
     /// Kernels asked for so far, with their records; a kernel's record is read on first use.
     kernels: Mutex<BTreeMap<String, Arc<Slot>>>,
 }
@@ -341,6 +343,7 @@ impl Registry {
             gpu: OnceLock::new(),
             compiler: OnceLock::new(),
             dictionary: OnceLock::new(),
+            prefixes: Mutex::new(BTreeMap::new()),
             kernels: Mutex::new(BTreeMap::new()),
         })
     }
@@ -746,7 +749,17 @@ impl Registry {
                 })?
             }
             ArtifactLocation::Bundle | ArtifactLocation::Missing => {
-                let dictionary = self.dictionary(name, &label)?;
+                let prefix;
+                let dictionary = match &variant.artifact.dictionary {
+                    Some(digest) => {
+                        prefix = self.prefix(digest, name, &label)?;
+                        FrameDictionary::Prefix(&prefix)
+                    }
+                    None => match self.dictionary(name, &label)? {
+                        Some(trained) => FrameDictionary::Trained(trained),
+                        None => FrameDictionary::None,
+                    },
+                };
                 // `read_stored` hands out nothing whose sha256 differs from the index's.
                 let cubin = read_stored(
                     self.catalog.root(),
@@ -783,6 +796,31 @@ impl Registry {
         let url = self.meta.store.as_deref().unwrap_or_default();
         let handle = StoreHandle::connect(url, &self.options.store)?;
         Ok(self.store.get_or_init(|| handle).clone())
+    }
+
+    /// The family dictionary with raw-content sha256 `digest`, read once per registry and kept
+    /// for the family's other kernels. Not hashed: see [`read_prefix`].
+    fn prefix(&self, digest: &str, kernel: &str, label: &str) -> Result<Arc<Vec<u8>>, LoadError> {
+        if let Some(bytes) = self
+            .prefixes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(digest)
+        {
+            return Ok(Arc::clone(bytes));
+        }
+        let bytes = Arc::new(read_prefix(
+            self.catalog.root(),
+            digest,
+            false,
+            kernel,
+            label,
+        )?);
+        self.prefixes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(digest.to_owned(), Arc::clone(&bytes));
+        Ok(bytes)
     }
 
     /// The bundle's zstd dictionary, read and verified once per registry.
@@ -996,6 +1034,7 @@ mod tests {
                 size: 0,
                 path: String::new(),
                 stored_size: 0,
+                dictionary: None,
             },
             functions: Vec::new(),
         };
