@@ -1247,7 +1247,8 @@ fn tampered_artifact_is_never_loaded() {
         .find(|variant| variant.cuda == build(&cuda) && variant.arch == arch("sm_90a"))
         .unwrap();
     // The smallest other cubin decompresses within the victim's recorded size, so the check
-    // that fails is the digest; a larger one would fail decompression first. Both refuse.
+    // that fails is the digest; a larger one, or one of another family, would fail
+    // decompression first. Every way refuses.
     let donor = index
         .kernels
         .values()
@@ -1290,9 +1291,13 @@ fn tampered_artifact_is_never_loaded() {
                 )
             );
         }
+        // A larger donor, or one compressed against another family's dictionary, fails to
+        // decompress (size bound, frame checksum) before its digest can be checked.
         BundleError::Corrupt {
             kernel, variant, ..
-        } if donor.artifact.size > victim.artifact.size => {
+        } if donor.artifact.size > victim.artifact.size
+            || donor.artifact.dictionary != victim.artifact.dictionary =>
+        {
             assert_eq!((kernel, variant), (name, &victim.label()));
         }
         other => panic!("expected a digest mismatch, got {}", error_chain(other)),
