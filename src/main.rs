@@ -380,17 +380,7 @@ fn refuse_unbuilt_cuda(
     bundle: &prebuilt::Bundle,
     query: &prebuilt::device::DeviceQuery,
 ) -> Result<()> {
-    let mut builds: Vec<prebuilt::CudaBuild> = bundle
-        .index()
-        .kernels
-        .values()
-        .flat_map(|record| {
-            let variants = record.variants.iter().map(|variant| variant.cuda);
-            variants.chain(record.skipped.iter().map(|skip| skip.cuda))
-        })
-        .collect();
-    builds.sort();
-    builds.dedup();
+    let builds = prebuilt::lookup::Meta::of(bundle.index()).builds;
     if builds.is_empty() || builds.contains(&query.cuda) {
         return Ok(());
     }

@@ -120,23 +120,9 @@ pub fn nvcc_command(nvcc: &Path) -> Command {
 
 /// nvcc's exact version, from `nvcc --version`.
 pub fn nvcc_version(nvcc: &Path) -> Result<String, ProbeError> {
-    let probe = |detail: String| ProbeError {
-        program: nvcc.to_path_buf(),
-        detail,
-    };
-    let output = nvcc_command(nvcc)
-        .arg("--version")
-        .output()
-        .map_err(|error| probe(error.to_string()))?;
-    if !output.status.success() {
-        return Err(probe(format!(
-            "{}: {}",
-            output.status,
-            String::from_utf8_lossy(&output.stderr).trim()
-        )));
-    }
-    let text = String::from_utf8_lossy(&output.stdout);
-    parse_nvcc_version(&text).ok_or_else(|| probe(format!("no version in its output:\n{text}")))
+    probe_version(nvcc, |text| {
+        parse_nvcc_version(text).ok_or_else(|| format!("no version in its output:\n{text}"))
+    })
 }
 
 /// The host compiler nvcc runs to preprocess device code (`gcc` on `PATH`, as nvcc itself finds
@@ -144,12 +130,22 @@ pub fn nvcc_version(nvcc: &Path) -> Result<String, ProbeError> {
 /// libstdc++ and the system headers nvcc reads, is part of every nvcc key. The bundler and the
 /// JIT both record it through [`nvcc_record`], so their nvcc keys agree on one machine.
 pub fn host_compiler() -> Result<String, ProbeError> {
-    let gcc = Path::new("gcc");
+    probe_version(Path::new("gcc"), |text| {
+        parse_host_compiler(text).ok_or_else(|| "it printed nothing".to_owned())
+    })
+}
+
+/// Runs `program --version` (with [`nvcc_command`]'s environment) and reads its output with
+/// `parse`; every failure names the program.
+fn probe_version(
+    program: &Path,
+    parse: impl FnOnce(&str) -> Result<String, String>,
+) -> Result<String, ProbeError> {
     let probe = |detail: String| ProbeError {
-        program: gcc.to_path_buf(),
+        program: program.to_path_buf(),
         detail,
     };
-    let output = nvcc_command(gcc)
+    let output = nvcc_command(program)
         .arg("--version")
         .output()
         .map_err(|error| probe(error.to_string()))?;
@@ -160,8 +156,7 @@ pub fn host_compiler() -> Result<String, ProbeError> {
             String::from_utf8_lossy(&output.stderr).trim()
         )));
     }
-    parse_host_compiler(&String::from_utf8_lossy(&output.stdout))
-        .ok_or_else(|| probe("it printed nothing".to_owned()))
+    parse(&String::from_utf8_lossy(&output.stdout)).map_err(probe)
 }
 
 /// The first line of `gcc --version`, trimmed: `gcc (Debian 12.2.0-14+deb12u1) 12.2.0`.
