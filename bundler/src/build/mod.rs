@@ -1,0 +1,418 @@
+//! `bundle-kernels`: plan the (kernel × CUDA build × arch) matrix, compile what the cache
+//! lacks, validate every cubin, and write the bundle.
+//!
+//! ```text
+//! manifest ─► scan include graphs ─► keys ─► cache hit? ──yes──► validate ─┐
+//!                                             │                           ├─► write bundle
+//!                                             └─no─► compile ─► validate ─┘   (atomic swap)
+//! ```
+//!
+//! Compile jobs run on `jobs` threads and every target is attempted. A target a toolchain
+//! cannot build, that a kernel narrows away with `arch = [...]` or `cuda-builds = [...]`, or
+//! whose compile or validation fails, is a skip recorded in the index with its reason (a failure
+//! with the compiler's log); `require` turns every skip into an error. A kernel left with no
+//! variant at all fails the build.
+//!
+//! Which compiler builds a target: the build's nvcc where it has one; otherwise NVRTC, or, for
+//! a kernel whose include graph reaches a system header (or that says `compiler = "nvcc"`),
+//! the newer toolkit's nvcc and this build's `ptxas` ([`crate::compiler::NvccPtxas`]).
+//!
+//! [`bundle_kernels_shared`] also takes a [`SharedBuild`]: a remote cache asked after the
+//! local one and told about every compile ([`crate::remote`]), and a shard, which builds one
+//! deterministic share of the jobs into a shard directory for [`crate::shard::merge_shards`].
+
+mod plan;
+mod run;
+
+use plan::{plan_job, select_kernels, Job, Work};
+pub use plan::{plan_kernel, PlannedKernel};
+use run::{describe, index_reason, run_jobs};
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use prebuilt::compile::{resolve_entries, EntryError};
+use prebuilt::index::{
+    CompilerRecord, Function, Index, KernelInputs, KernelRecord, Skip, SourceRecipe, StoredFile,
+    Variant, INDEX_FORMAT,
+};
+use prebuilt::key::{sha256_hex, KeyInputs};
+use prebuilt::{Arch, CudaBuild, KernelKey};
+
+use crate::cache::BuildCache;
+use crate::compiler::{compiler_for, CompileRequest, Compiler, NvccPtxas};
+use crate::include::{scan_includes, IncludeGraph, ScanRoots};
+use crate::manifest::{CompilerChoice, KernelSpec, Manifest};
+use crate::remote::{RemoteCache, RemoteStats};
+use crate::shard::{write_shard, PlannedJob, Shard, SharedBuild};
+use crate::toolchain::{discover, front_end_for, CompilerId};
+use crate::writer::{write_bundle, WriteOutcome};
+use crate::Error;
+
+/// A CUDA build ready to compile: the seam tests use to substitute compilers.
+#[derive(Clone)]
+pub struct BuildToolchain {
+    /// The CUDA build.
+    pub build: CudaBuild,
+    /// The compiler of that build.
+    pub compiler: Arc<dyn Compiler>,
+    /// SM numbers the compiler can target.
+    pub supported_sms: BTreeSet<u32>,
+    /// The toolkit's own include directories (headers there are not part of the key: the
+    /// compiler's exact version stands for them).
+    pub include_dirs: Vec<PathBuf>,
+    /// For a build without nvcc of its own: the newer toolkit's nvcc with this build's `ptxas`,
+    /// for kernels NVRTC cannot compile (see [`NvccPtxas`]). `None` where there is none.
+    pub nvcc_route: Option<Arc<dyn Compiler>>,
+}
+
+impl BuildToolchain {
+    /// Discovers the installed toolchain of `build` (see [`crate::toolchain`]).
+    pub fn discover(build: CudaBuild) -> Result<BuildToolchain, Error> {
+        let toolchain = discover(build)?;
+        let compiler = compiler_for(&toolchain).map_err(Box::new)?;
+        let nvcc_route = match (&toolchain.nvcc, &toolchain.ptxas) {
+            (None, Some(_)) => front_end_for(build)
+                .and_then(|front_end| NvccPtxas::new(&toolchain, &front_end).ok())
+                .map(|route| Arc::new(route) as Arc<dyn Compiler>),
+            _ => None,
+        };
+        Ok(BuildToolchain {
+            build,
+            compiler: Arc::from(compiler),
+            supported_sms: toolchain.supported_archs.clone(),
+            include_dirs: toolchain.include_dirs.clone(),
+            nvcc_route,
+        })
+    }
+
+    /// The compiler this build uses for `kernel`: its nvcc or NVRTC, or for a kernel NVRTC
+    /// cannot compile (it reaches system headers, or asks for nvcc) the nvcc route, when the
+    /// build has one.
+    pub fn compiler_for_kernel(
+        &self,
+        manifest: &Manifest,
+        spec: &KernelSpec,
+        kernel: &PlannedKernel,
+    ) -> &Arc<dyn Compiler> {
+        let wants_nvcc = match manifest.compiler_of(spec) {
+            CompilerChoice::Nvrtc => false,
+            CompilerChoice::Nvcc => true,
+            CompilerChoice::Auto => !kernel.system_headers.is_empty(),
+        };
+        match &self.nvcc_route {
+            Some(route) if wants_nvcc => route,
+            _ => &self.compiler,
+        }
+    }
+
+    /// The record (and key input) of the compiler that builds `kernel` with this build.
+    pub fn record_for(
+        &self,
+        manifest: &Manifest,
+        spec: &KernelSpec,
+        kernel: &PlannedKernel,
+    ) -> CompilerRecord {
+        self.compiler_for_kernel(manifest, spec, kernel).record()
+    }
+}
+
+/// The index's record of a compiler.
+pub fn compiler_record(id: &CompilerId) -> CompilerRecord {
+    CompilerRecord {
+        kind: id.kind.to_string(),
+        version: id.version.clone(),
+    }
+}
+
+/// What `bundle-kernels` does.
+#[derive(Clone)]
+pub struct BundleOptions {
+    /// The manifest.
+    pub manifest: PathBuf,
+    /// Where the bundle goes (replaced atomically).
+    pub out: PathBuf,
+    /// The build cache directory.
+    pub cache_dir: PathBuf,
+    /// Parallel compile jobs.
+    pub jobs: usize,
+    /// Build only these kernels (all when empty).
+    pub only: Vec<String>,
+    /// Make every skip an error.
+    pub require: bool,
+    /// Override the manifest's torch pin.
+    pub torch: Option<String>,
+    /// Show a progress bar on a terminal.
+    pub progress: bool,
+    /// The toolchains to use; `None` discovers the manifest's CUDA builds.
+    pub toolchains: Option<Vec<BuildToolchain>>,
+}
+
+/// What a `bundle-kernels` run did.
+#[derive(Debug)]
+pub struct BundleSummary {
+    /// The bundle directory.
+    pub out: PathBuf,
+    /// The index written (or found unchanged).
+    pub index: Index,
+    /// Variants compiled in this run, as (kernel, build, arch).
+    pub compiled: Vec<(String, CudaBuild, Arch)>,
+    /// Targets skipped as declared or unbuildable with the toolchains at hand (not failures).
+    pub skipped: usize,
+    /// Targets whose compile or validation failed, as (kernel, build, arch, error with the
+    /// compiler's log); each is also a skip in the index.
+    pub failed: Vec<(String, CudaBuild, Arch, String)>,
+    /// Variants served by the build cache (local or remote).
+    pub cached: usize,
+    /// Of those, variants the remote cache served.
+    pub from_remote: usize,
+    /// What the remote cache did, when there is one.
+    pub remote: Option<RemoteStats>,
+    /// The shard built, when this run built one (then `out` is a shard directory and `index`
+    /// has only the shard's variants).
+    pub shard: Option<Shard>,
+    /// Whether the bundle was rewritten or already matched.
+    pub written: WriteOutcome,
+    /// Wall time of the whole run.
+    pub elapsed: Duration,
+}
+
+/// Runs `bundle-kernels`.
+pub fn bundle_kernels(options: &BundleOptions) -> Result<BundleSummary, Error> {
+    bundle_kernels_shared(options, &SharedBuild::default())
+}
+
+/// Runs `bundle-kernels` with a remote cache, or for one shard, as `shared` says.
+pub fn bundle_kernels_shared(
+    options: &BundleOptions,
+    shared: &SharedBuild,
+) -> Result<BundleSummary, Error> {
+    let started = Instant::now();
+    crate::writer::check_output(&options.out, shared.shard.is_some())?;
+    let manifest = Manifest::load(&options.manifest)?;
+    let torch = options
+        .torch
+        .clone()
+        .unwrap_or_else(|| manifest.library.torch.clone());
+    let selected = select_kernels(&manifest, &options.only)?;
+
+    let toolchains = match &options.toolchains {
+        Some(toolchains) => toolchains.clone(),
+        None => {
+            let builds: BTreeSet<CudaBuild> =
+                manifest.library.cuda_builds.iter().copied().collect();
+            let needs_compiler = selected
+                .iter()
+                .any(|name| manifest.kernels[*name].cubins.is_empty());
+            if needs_compiler {
+                builds
+                    .into_iter()
+                    .map(BuildToolchain::discover)
+                    .collect::<Result<_, _>>()?
+            } else {
+                Vec::new()
+            }
+        }
+    };
+    let external_dirs: Vec<PathBuf> = toolchains
+        .iter()
+        .flat_map(|t| t.include_dirs.iter().cloned())
+        .collect();
+
+    let mut kernels = Vec::new();
+    for name in &selected {
+        kernels.push(plan_kernel(
+            &manifest,
+            name,
+            &manifest.kernels[*name],
+            &external_dirs,
+        )?);
+    }
+
+    let mut jobs = Vec::new();
+    let mut skipped_count = 0;
+    let mut skipped: BTreeMap<usize, Vec<Skip>> = BTreeMap::new();
+    for (index, kernel) in kernels.iter().enumerate() {
+        let spec = &manifest.kernels[&kernel.name];
+        for &build in &manifest.library.cuda_builds {
+            for &arch in &manifest.library.archs {
+                match plan_job(
+                    &manifest,
+                    spec,
+                    index,
+                    kernel,
+                    build,
+                    arch,
+                    &torch,
+                    &toolchains,
+                ) {
+                    Ok(job) => jobs.push(job),
+                    Err(reason) => {
+                        skipped_count += 1;
+                        if options.require {
+                            return Err(Error::Skipped {
+                                kernel: kernel.name.clone(),
+                                arch,
+                                build,
+                                reason,
+                            });
+                        }
+                        eprintln!("skipping `{}` for {arch} ({build}): {reason}", kernel.name);
+                        skipped.entry(index).or_default().push(Skip {
+                            arch,
+                            cuda: build,
+                            reason,
+                        });
+                    }
+                }
+            }
+        }
+    }
+
+    let mut cache = BuildCache::new(&options.cache_dir);
+    if let Some(remote) = &shared.remote_cache {
+        cache = cache.with_remote(Arc::new(RemoteCache::new(remote)?));
+    }
+    let plan: Vec<PlannedJob> = jobs
+        .iter()
+        .map(|job| PlannedJob {
+            key: job.key.clone(),
+            kernel: kernels[job.kernel].name.clone(),
+            cuda: job.build,
+            arch: job.arch,
+        })
+        .collect();
+    if let Some(shard) = shared.shard {
+        let owned: BTreeSet<String> = shard
+            .owned_keys(plan.iter().map(|job| job.key.as_str()))
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
+        jobs.retain(|job| owned.contains(&job.key));
+    }
+    let results = run_jobs(&jobs, &kernels, &cache, options)?;
+    let mut failed = Vec::new();
+    for (job, result) in jobs.iter().zip(&results) {
+        if let Err(error) = result {
+            let name = &kernels[job.kernel].name;
+            let reason = describe(error);
+            eprintln!(
+                "failed: `{name}` for {} ({}), recorded as a skip:\n{reason}",
+                job.arch, job.build
+            );
+            skipped.entry(job.kernel).or_default().push(Skip {
+                arch: job.arch,
+                cuda: job.build,
+                reason: format!("failed: {}", index_reason(&reason)),
+            });
+            failed.push((name.clone(), job.build, job.arch, reason));
+        }
+    }
+
+    let mut index = Index {
+        format: INDEX_FORMAT,
+        store: None,
+        package: manifest.library.package.clone(),
+        torch: torch.clone(),
+        dictionary: None,
+        kernels: BTreeMap::new(),
+    };
+    let mut cubins = BTreeMap::new();
+    let mut compiled = Vec::new();
+    let mut cached = 0;
+    let mut from_remote = 0;
+    for (position, kernel) in kernels.iter().enumerate() {
+        let spec = &manifest.kernels[&kernel.name];
+        let mut variants = Vec::new();
+        for (job, built) in jobs
+            .iter()
+            .zip(&results)
+            .filter(|(job, _)| job.kernel == position)
+            .filter_map(|(job, result)| Some((job, result.as_ref().ok()?)))
+        {
+            let digest = sha256_hex(&built.cubin);
+            if built.compiled {
+                compiled.push((kernel.name.clone(), job.build, job.arch));
+            } else {
+                cached += 1;
+                from_remote += usize::from(built.remote);
+            }
+            variants.push(Variant {
+                arch: job.arch,
+                cuda: job.build,
+                torch: torch.clone(),
+                compiler: job.compiler.clone(),
+                key: job.key.clone(),
+                artifact: StoredFile {
+                    digest: digest.clone(),
+                    size: built.cubin.len() as u64,
+                    path: String::new(),
+                    stored_size: 0,
+                    dictionary: None,
+                },
+                functions: built.functions.clone(),
+            });
+            cubins.insert(digest, built.cubin.clone());
+        }
+        variants.sort_by_key(|v| (v.cuda, v.arch));
+        let mut skips = skipped.remove(&position).unwrap_or_default();
+        skips.sort_by_key(|s| (s.cuda, s.arch));
+        // A shard may own none of a kernel's jobs; the merged bundle is checked as a whole.
+        if variants.is_empty() && shared.shard.is_none() {
+            let reasons: Vec<String> = skips
+                .iter()
+                .map(|skip| format!("{} ({}): {}", skip.arch, skip.cuda, skip.reason))
+                .collect();
+            return Err(Error::NoTarget {
+                kernel: kernel.name.clone(),
+                reasons,
+            });
+        }
+        index.kernels.insert(
+            kernel.name.clone(),
+            KernelRecord {
+                inputs: kernel.inputs.clone(),
+                recipe: kernel.recipe.clone(),
+                constants: spec.constants.clone(),
+                variants,
+                skipped: skips,
+            },
+        );
+    }
+
+    let sources: BTreeMap<String, PathBuf> = kernels
+        .iter()
+        .filter_map(|k| k.graph.as_ref())
+        .flat_map(|graph| {
+            graph.files().keys().filter_map(|stable| {
+                graph
+                    .absolute_path(stable)
+                    .map(|path| (stable.clone(), path.to_owned()))
+            })
+        })
+        .collect();
+    let remote = cache.remote().map(RemoteCache::stats);
+    let (index, written) = match shared.shard {
+        Some(shard) => {
+            let written = write_shard(&options.out, shard, plan, &index, &cubins, &sources)?;
+            (index, written)
+        }
+        None => write_bundle(&options.out, index, &cubins, &sources, options.jobs)?,
+    };
+    Ok(BundleSummary {
+        out: options.out.clone(),
+        index,
+        compiled,
+        skipped: skipped_count,
+        failed,
+        cached,
+        from_remote,
+        remote,
+        shard: shared.shard,
+        written,
+        elapsed: started.elapsed(),
+    })
+}

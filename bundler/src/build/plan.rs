@@ -1,0 +1,246 @@
+//! Planning a build: the kernels asked for, each one's key inputs and include graph, and one
+//! job per target (compile, take from the cache, or skip with the reason).
+
+use super::*;
+
+/// A kernel's planned inputs, shared by its jobs.
+pub struct PlannedKernel {
+    /// The kernel's name.
+    pub name: String,
+    /// Its include graph (`None` for precompiled cubins).
+    pub graph: Option<IncludeGraph>,
+    /// Its target-independent key inputs.
+    pub inputs: KernelInputs,
+    /// How to compile it from shipped sources.
+    pub recipe: Option<SourceRecipe>,
+    /// Angle includes found neither in the kernel's include dirs nor in a toolkit's: system
+    /// headers (`cstdio`), which NVRTC does not have.
+    pub system_headers: Vec<String>,
+}
+
+pub(super) enum Work {
+    Compile {
+        source: PathBuf,
+        include_dirs: Vec<PathBuf>,
+        compiler: Arc<dyn Compiler>,
+    },
+    Precompiled {
+        path: PathBuf,
+    },
+}
+
+pub(super) struct Job {
+    pub(super) kernel: usize,
+    pub(super) arch: Arch,
+    pub(super) build: CudaBuild,
+    pub(super) compiler: CompilerRecord,
+    pub(super) key: String,
+    pub(super) work: Work,
+}
+
+/// Scans a kernel's include graph and assembles its target-independent key inputs.
+pub fn plan_kernel(
+    manifest: &Manifest,
+    name: &str,
+    spec: &KernelSpec,
+    external_dirs: &[PathBuf],
+) -> Result<PlannedKernel, Error> {
+    let include_dirs = manifest.include_dirs_of(spec);
+    let mut inputs = KernelInputs {
+        entries: spec.entries.clone(),
+        files: BTreeMap::new(),
+        defines: manifest.defines_of(spec),
+        flags: manifest.flags_of(spec),
+        nvcc_flags: manifest.nvcc_flags_of(spec),
+        nvrtc_flags: manifest.nvrtc_flags_of(spec),
+        cxx_std: manifest.cxx_std_of(spec),
+    };
+    if !spec.cubins.is_empty() {
+        // Precompiled cubins are keyed by their content; compile settings do not apply.
+        inputs.defines.clear();
+        inputs.flags.clear();
+        inputs.nvcc_flags.clear();
+        inputs.nvrtc_flags.clear();
+        inputs.cxx_std.clear();
+        for cubin in &spec.cubins {
+            let path = manifest.root.join(&cubin.path);
+            let bytes = std::fs::read(&path).map_err(|source| Error::Read { path, source })?;
+            inputs.files.insert(cubin.path.clone(), sha256_hex(&bytes));
+        }
+        return Ok(PlannedKernel {
+            name: name.to_owned(),
+            graph: None,
+            inputs,
+            recipe: None,
+            system_headers: Vec::new(),
+        });
+    }
+    let source = manifest.root.join(&spec.sources[0]);
+    // Toolkit headers, then the host compiler's: followed for library files they reach, but
+    // not hashed themselves (the compiler record names the toolkit and the host compiler).
+    let roots = ScanRoots {
+        root: manifest.root.clone(),
+        include_dirs: include_dirs.clone(),
+        external_dirs: external_dirs
+            .iter()
+            .cloned()
+            .chain(crate::toolchain::host_include_dirs())
+            .collect(),
+    };
+    let graph =
+        scan_includes(std::slice::from_ref(&source), &roots).map_err(|source| Error::Scan {
+            kernel: name.to_owned(),
+            source,
+        })?;
+    inputs.files = graph.files().clone();
+    let system_headers = graph
+        .externals()
+        .iter()
+        .filter(|name| {
+            !include_dirs
+                .iter()
+                .chain(external_dirs)
+                .any(|dir| dir.join(name.as_str()).is_file())
+        })
+        .cloned()
+        .collect();
+    let stable_dirs = include_dirs
+        .iter()
+        .enumerate()
+        .map(|(n, dir)| stable_dir(&manifest.root, dir, n))
+        .collect();
+    Ok(PlannedKernel {
+        name: name.to_owned(),
+        graph: Some(graph),
+        inputs,
+        recipe: Some(SourceRecipe {
+            source: spec.sources[0].clone(),
+            include_dirs: stable_dirs,
+        }),
+        system_headers,
+    })
+}
+
+/// The stable name of include dir `n`: relative to the root when under it, else `[n]`
+/// (the same rule the scanner uses for file paths).
+pub(super) fn stable_dir(root: &Path, dir: &Path, n: usize) -> String {
+    let root = root.canonicalize().unwrap_or_else(|_| root.to_owned());
+    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_owned());
+    match dir.strip_prefix(&root) {
+        Ok(relative) if relative.as_os_str().is_empty() => ".".to_owned(),
+        Ok(relative) => relative.to_string_lossy().replace('\\', "/"),
+        Err(_) => format!("[{n}]"),
+    }
+}
+
+pub(super) fn select_kernels<'m>(
+    manifest: &'m Manifest,
+    only: &[String],
+) -> Result<Vec<&'m String>, Error> {
+    if only.is_empty() {
+        return Ok(manifest.kernels.keys().collect());
+    }
+    let mut selected = Vec::new();
+    for name in only {
+        match manifest.kernels.get_key_value(name) {
+            Some((name, _)) => selected.push(name),
+            None => {
+                return Err(Error::UnknownKernel {
+                    name: name.clone(),
+                    manifest: manifest.path.clone(),
+                    known: manifest.kernels.keys().cloned().collect(),
+                })
+            }
+        }
+    }
+    selected.sort();
+    selected.dedup();
+    Ok(selected)
+}
+
+/// One cell of the matrix: its job, or why it is skipped.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn plan_job(
+    manifest: &Manifest,
+    spec: &KernelSpec,
+    kernel_index: usize,
+    kernel: &PlannedKernel,
+    build: CudaBuild,
+    arch: Arch,
+    torch: &str,
+    toolchains: &[BuildToolchain],
+) -> Result<Job, String> {
+    if !manifest.cuda_builds_of(spec).contains(&build) {
+        let list: Vec<String> = manifest
+            .cuda_builds_of(spec)
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        return Err(format!(
+            "declared: the kernel builds only with {}",
+            list.join(", ")
+        ));
+    }
+    if let Some(narrowed) = &spec.arch {
+        if !narrowed.contains(&arch) {
+            let list: Vec<String> = narrowed.iter().map(ToString::to_string).collect();
+            return Err(format!(
+                "declared: the kernel targets only {}",
+                list.join(", ")
+            ));
+        }
+    }
+    let (compiler, work) = if spec.cubins.is_empty() {
+        let toolchain = toolchains
+            .iter()
+            .find(|t| t.build == build)
+            .ok_or_else(|| format!("no toolchain for {build}"))?;
+        let compiler = toolchain.compiler_for_kernel(manifest, spec, kernel);
+        if !toolchain.supported_sms.contains(&arch.sm) {
+            return Err(format!("{} cannot target {arch}", compiler.id()));
+        }
+        let recipe = kernel
+            .recipe
+            .as_ref()
+            .expect("source kernels have a recipe");
+        (
+            compiler.record(),
+            Work::Compile {
+                source: manifest.root.join(&recipe.source),
+                include_dirs: manifest.include_dirs_of(spec),
+                compiler: compiler.clone(),
+            },
+        )
+    } else {
+        let cubin = spec
+            .cubins
+            .iter()
+            .find(|c| c.arch == arch && c.cuda == build)
+            .ok_or_else(|| "no precompiled cubin is listed for this target".to_owned())?;
+        (
+            CompilerRecord {
+                kind: "cubin".into(),
+                version: String::new(),
+            },
+            Work::Precompiled {
+                path: manifest.root.join(&cubin.path),
+            },
+        )
+    };
+    let key = KernelKey::compute(&KeyInputs {
+        kernel: &kernel.name,
+        inputs: &kernel.inputs,
+        arch,
+        cuda: build,
+        torch,
+        compiler: &compiler,
+    });
+    Ok(Job {
+        kernel: kernel_index,
+        arch,
+        build,
+        compiler,
+        key: key.0,
+        work,
+    })
+}
