@@ -687,6 +687,38 @@ fn tampered_artifact_fails_verify_naming_the_file() {
 }
 
 #[test]
+fn a_local_header_naming_another_path_fails_verify() {
+    let Some(shared) = shared() else { return };
+    let (artifact, _) = entries(&shared.bytes)
+        .into_iter()
+        .find(|(name, _)| name.ends_with(".cubin.zst"))
+        .unwrap();
+    // The first occurrence of the name is its local header (the central directory is last);
+    // one character changed there only, as a byte flipped in transit or a crafted zip does.
+    let mut bytes = shared.bytes.clone();
+    let at = bytes
+        .windows(artifact.len())
+        .position(|window| window == artifact.as_bytes())
+        .unwrap();
+    let digit = at + artifact.len() - ".cubin.zst".len() - 1;
+    bytes[digit] = if bytes[digit] == b'0' { b'1' } else { b'0' };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(WHEEL_NAME);
+    std::fs::write(&path, bytes).unwrap();
+    let report = verify_wheel(&path).unwrap();
+    let about: Vec<&str> = report
+        .problems
+        .iter()
+        .filter(|p| p.file == artifact)
+        .map(|p| p.message.as_str())
+        .collect();
+    assert!(
+        about.iter().any(|m| m.contains("by its local header")),
+        "{report}"
+    );
+}
+
+#[test]
 fn a_loader_index_that_disagrees_with_the_index_fails_verify() {
     let Some(shared) = shared() else { return };
     let dir = tempfile::tempdir().unwrap();

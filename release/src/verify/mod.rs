@@ -40,7 +40,7 @@ use std::path::{Path, PathBuf};
 
 use bundles::check_bundles;
 use dist_info::check_dist_info;
-use zip_directory::{central_directory, RawEntry, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
+use zip_directory::{central_directory, local_name, RawEntry, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
 
 use crate::audit::{audit_file, AuditTarget, ElfKind};
 use crate::wheel::{path_problem, WheelFilename};
@@ -240,6 +240,27 @@ pub fn verify_wheel_bytes(path: &Path, bytes: &[u8]) -> VerifyReport {
         if std::str::from_utf8(&entry.name).is_err() {
             report.problem(&name, "the name is not UTF-8");
             skip.insert(name.clone());
+        }
+        match local_name(bytes, entry.local_offset) {
+            Some(local) if local == entry.name.as_slice() => {}
+            Some(local) => {
+                report.problem(
+                    &name,
+                    format!(
+                        "is named `{}` by its local header: a reader of local headers would \
+                         write that path, and pip refuses the wheel",
+                        String::from_utf8_lossy(local).escape_debug()
+                    ),
+                );
+                skip.insert(name.clone());
+            }
+            None => {
+                report.problem(
+                    &name,
+                    "has no local header where the central directory says",
+                );
+                skip.insert(name.clone());
+            }
         }
         if let Some(unicode) = entry.unicode_path.as_ref().filter(|u| **u != entry.name) {
             report.problem(

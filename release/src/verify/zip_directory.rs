@@ -129,3 +129,21 @@ pub(super) fn extra_fields(mut extra: &[u8]) -> Vec<(u16, &[u8])> {
     }
     fields
 }
+
+/// The file name in the local header at `offset`, as stored; `None` when there is no local
+/// header there. Readers that stream a zip (and pip, which compares the two) take this name.
+pub(super) fn local_name(bytes: &[u8], offset: u64) -> Option<&[u8]> {
+    const LOCAL: u32 = 0x0403_4b50;
+    let at = usize::try_from(offset).ok()?;
+    let u16_at = |at: usize| -> Option<usize> {
+        Some(usize::from(u16::from_le_bytes(
+            bytes.get(at..at + 2)?.try_into().ok()?,
+        )))
+    };
+    let signature = u32::from_le_bytes(bytes.get(at..at + 4)?.try_into().ok()?);
+    if signature != LOCAL {
+        return None;
+    }
+    let length = u16_at(at + 26)?;
+    bytes.get(at + 30..at + 30 + length)
+}
