@@ -775,9 +775,23 @@ fn release_check_fails_gates_on_a_broken_tree_without_crashing() {
         .find(|path| path.to_string_lossy().contains("af3_kernels-"))
         .unwrap();
     let original = std::fs::read(&wheel).unwrap();
+    // One byte inside a stored artifact (its bytes appear verbatim in the zip).
+    let artifact = prebuilt::Bundle::open(dir.path().join("bundle"))
+        .unwrap()
+        .index()
+        .kernels
+        .values()
+        .flat_map(|record| &record.variants)
+        .map(|variant| std::fs::read(dir.path().join("bundle").join(&variant.artifact.path)))
+        .next()
+        .unwrap()
+        .unwrap();
+    let at = original
+        .windows(artifact.len())
+        .position(|window| window == artifact.as_slice())
+        .expect("stored artifacts appear verbatim in the wheel");
     let mut edited = original.clone();
-    let middle = edited.len() / 2;
-    edited[middle] ^= 0x5a;
+    edited[at + artifact.len() / 2] ^= 0x5a;
     std::fs::write(&wheel, &edited).unwrap();
     let (passed, json) = release_check(dir.path(), &library, &["--no-rebuild"]);
     assert!(!passed);
