@@ -42,11 +42,7 @@ impl PtxJitPolicy {
             PtxJitPolicy::Forbidden => Some(format!("the loader's policy (as {variable}=0 would)")),
             PtxJitPolicy::FromEnvironment => {
                 let value = std::env::var(&variable).ok()?;
-                let forbids = matches!(
-                    value.trim().to_ascii_lowercase().as_str(),
-                    "0" | "false" | "no" | "off"
-                );
-                forbids.then(|| format!("{variable}={value}"))
+                (switch(&value) == Some(false)).then(|| format!("{variable}={value}"))
             }
         }
     }
@@ -64,6 +60,7 @@ pub const ARTIFACT_CACHE_ENV: &str = "KWHEEL_ARTIFACT_CACHE";
 pub const JIT_CACHE_ENV: &str = "KWHEEL_JIT_CACHE";
 /// Points the search at one `libnvrtc.so.N`.
 pub const NVRTC_ENV: &str = "KWHEEL_NVRTC";
+
 /// Whether a kernel without a fitting prebuilt cubin may be compiled from its sources.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum JitPolicy {
@@ -93,11 +90,17 @@ impl JitPolicy {
 }
 
 fn value_allows(value: Option<&str>) -> bool {
-    let Some(value) = value else { return true };
-    !matches!(
-        value.trim().to_ascii_lowercase().as_str(),
-        "0" | "false" | "no" | "off"
-    )
+    value.and_then(switch) != Some(false)
+}
+
+/// A switch as people write it: `0`, `false`, `no`, `off` → off; `1`, `true`, `yes`, `on` →
+/// on; any case, surrounding spaces ignored; anything else → `None`.
+fn switch(value: &str) -> Option<bool> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "0" | "false" | "no" | "off" => Some(false),
+        "1" | "true" | "yes" | "on" => Some(true),
+        _ => None,
+    }
 }
 
 /// The variable that controls the fallback for a package: `af3-kernels` →
@@ -149,10 +152,7 @@ impl DownloadPolicy {
 }
 
 fn forbids(value: &str) -> bool {
-    matches!(
-        value.trim().to_ascii_lowercase().as_str(),
-        "1" | "true" | "yes" | "on"
-    )
+    switch(value) == Some(true)
 }
 
 /// Extra site-packages directories to search, `:`-separated.
