@@ -458,6 +458,8 @@ fn refused(path: &Path, what: &str, value: &str, reason: &str) -> BundleError {
 pub struct Catalog {
     root: PathBuf,
     source: Source,
+    /// Read from `kernels.idx`'s header, or made from the whole index once.
+    meta: Meta,
 }
 
 #[derive(Debug)]
@@ -471,12 +473,16 @@ impl Catalog {
     pub fn open(root: impl Into<PathBuf>) -> Result<Catalog, BundleError> {
         let root = root.into();
         let lookup = root.join(LOOKUP_FILE);
-        let source = if lookup.exists() {
-            Source::Lookup(Box::new(Lookup::open(&lookup)?))
+        let (source, meta) = if lookup.exists() {
+            let lookup = Lookup::open(&lookup)?;
+            let meta = lookup.meta().clone();
+            (Source::Lookup(Box::new(lookup)), meta)
         } else {
-            Source::Index(Box::new(read_index(&root)?))
+            let index = read_index(&root)?;
+            let meta = Meta::of(&index);
+            (Source::Index(Box::new(index)), meta)
         };
-        Ok(Catalog { root, source })
+        Ok(Catalog { root, source, meta })
     }
 
     /// The bundle's root directory.
@@ -484,12 +490,9 @@ impl Catalog {
         &self.root
     }
 
-    /// Package, torch pin, store and dictionary.
-    pub fn meta(&self) -> Meta {
-        match &self.source {
-            Source::Lookup(lookup) => lookup.meta().clone(),
-            Source::Index(index) => Meta::of(index),
-        }
+    /// Package, torch pin, store, dictionary and CUDA builds.
+    pub fn meta(&self) -> &Meta {
+        &self.meta
     }
 
     /// Every kernel name, in order.
@@ -694,7 +697,7 @@ mod tests {
         let index = index(5);
         std::fs::write(dir.path().join(crate::bundle::INDEX_FILE), index.to_json()).unwrap();
         let catalog = Catalog::open(dir.path()).unwrap();
-        assert_eq!(catalog.meta(), Meta::of(&index));
+        assert_eq!(catalog.meta(), &Meta::of(&index));
         let record = catalog.record("k00003").unwrap().unwrap();
         assert_eq!(record.variants, index.kernels["k00003"].variants);
         assert_eq!(

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use prebuilt::device::{default_build, parse_cuda_build, DeviceQuery, DriverVersion};
 use prebuilt::index::Constant;
 use prebuilt::jit::CompilerSearch;
-use prebuilt::lookup::{Catalog, Meta};
+use prebuilt::lookup::Catalog;
 use prebuilt::{JitPolicy, LoadError, RegistryOptions, Status};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -21,7 +21,6 @@ use crate::kernel::Kernel;
 #[pyclass(frozen, module = "kwheel._kwheel")]
 pub struct Bundle {
     inner: Catalog,
-    meta: Meta,
 }
 
 impl Bundle {
@@ -40,7 +39,7 @@ impl Bundle {
             .transpose()?;
         let cuda = match cuda {
             Some(text) => parse_cuda_build(text).map_err(value_error)?,
-            None => default_build(&self.meta.builds, driver),
+            None => default_build(&self.inner.meta().builds, driver),
         };
         Ok(DeviceQuery::simulated(capability, cuda, driver, torch))
     }
@@ -54,8 +53,7 @@ impl Bundle {
         let inner = py
             .detach(|| Catalog::open(path))
             .map_err(|error| load_error(py, &LoadError::from(error)))?;
-        let meta = inner.meta();
-        Ok(Bundle { inner, meta })
+        Ok(Bundle { inner })
     }
 
     /// The bundle directory.
@@ -67,13 +65,13 @@ impl Bundle {
     /// The kernel library's distribution name (`af3-kernels`).
     #[getter]
     fn package(&self) -> String {
-        self.meta.package.clone()
+        self.inner.meta().package.clone()
     }
 
     /// The torch pin the cubins were built against (`2.13.*`).
     #[getter]
     fn torch(&self) -> String {
-        self.meta.torch.clone()
+        self.inner.meta().torch.clone()
     }
 
     /// Every kernel, by name, sorted.
@@ -87,7 +85,12 @@ impl Bundle {
     /// The CUDA builds any variant was built for (`["cu129", "cu130"]`), oldest first.
     #[getter]
     fn cuda_builds(&self) -> Vec<String> {
-        self.meta.builds.iter().map(ToString::to_string).collect()
+        self.inner
+            .meta()
+            .builds
+            .iter()
+            .map(ToString::to_string)
+            .collect()
     }
 
     /// The manifest's exported constants of kernel `name` (`{"BLOCK_SIZE": 256}`).
@@ -157,7 +160,7 @@ impl Bundle {
         coverage.location = chosen.map(|variant| {
             prebuilt::bundle::locate(
                 self.inner.root(),
-                self.meta.store.as_deref(),
+                self.inner.meta().store.as_deref(),
                 variant,
                 &prebuilt::cache::ArtifactCache::default(),
             )
@@ -179,7 +182,7 @@ impl Bundle {
             if record.recipe.is_some() && sources {
                 message.push_str(&format!(
                     "\nload() would JIT-compile it from the shipped sources instead (unless {}=0)",
-                    prebuilt::env::fallback_variable(&self.meta.package)
+                    prebuilt::env::fallback_variable(&self.inner.meta().package)
                 ));
             }
             return Err(no_fit(py, message, coverage.refusals));
@@ -213,7 +216,7 @@ impl Bundle {
         format!(
             "Bundle({:?}, package={:?})",
             self.inner.root().display().to_string(),
-            self.meta.package,
+            self.inner.meta().package,
         )
     }
 }

@@ -245,7 +245,6 @@ impl Gpu {
 /// A bundle's kernels, loaded on demand for one GPU. Cheap to open; thread-safe.
 pub struct Registry {
     catalog: Catalog,
-    meta: Meta,
     options: RegistryOptions,
     jit_allowed: bool,
     disabled_by: String,
@@ -307,11 +306,10 @@ impl Registry {
         store: Option<Arc<dyn ArtifactStore>>,
     ) -> Result<Registry, LoadError> {
         let catalog = Catalog::open(bundle_dir)?;
-        let meta = catalog.meta();
         if options.cuda.is_none() {
             options.cuda = build_from_env()?;
         }
-        let package = meta.package.clone();
+        let package = catalog.meta().package.clone();
         let variable = fallback_variable(&package);
         let jit_allowed = options.jit.allows_compiling(&package);
         let disabled_by = match options.jit {
@@ -327,7 +325,6 @@ impl Registry {
         let artifact_cache = ArtifactCache::new(&options.artifact_cache);
         Ok(Registry {
             catalog,
-            meta,
             options,
             jit_allowed,
             disabled_by,
@@ -355,7 +352,7 @@ impl Registry {
 
     /// Package, torch pin, store and dictionary of the bundle.
     pub fn meta(&self) -> &Meta {
-        &self.meta
+        self.catalog.meta()
     }
 
     /// The bundle's whole index (`index.json`): for tools and tests, never on a load's path.
@@ -382,7 +379,7 @@ impl Registry {
     pub fn locate(&self, variant: &Variant) -> ArtifactLocation {
         locate(
             self.catalog.root(),
-            self.meta.store.as_deref(),
+            self.meta().store.as_deref(),
             variant,
             &self.artifact_cache,
         )
@@ -465,7 +462,7 @@ impl Registry {
                 let cuda = self
                     .options
                     .cuda
-                    .unwrap_or_else(|| default_build(&self.meta.builds, Some(facts.driver)));
+                    .unwrap_or_else(|| default_build(&self.meta().builds, Some(facts.driver)));
                 Ok(Gpu {
                     capability: facts.capability,
                     driver: facts.driver,
@@ -614,7 +611,7 @@ impl Registry {
             bundle_root: self.catalog.root(),
             kernel: name,
             record,
-            torch: &self.meta.torch,
+            torch: &self.meta().torch,
             arch: device_arch(gpu.capability),
             cuda: gpu.cuda,
         }
@@ -669,7 +666,7 @@ impl Registry {
                 ))
             }
             Err(mut no_fit) => {
-                let store = self.meta.store.clone().unwrap_or_default();
+                let store = self.meta().store.clone().unwrap_or_default();
                 for variant in remote {
                     let alone = KernelRecord {
                         variants: vec![variant.clone()],
@@ -734,7 +731,7 @@ impl Registry {
                 };
                 obtain_remote(
                     self.catalog.root(),
-                    self.meta.store.as_deref(),
+                    self.meta().store.as_deref(),
                     name,
                     variant,
                     &self.artifact_cache,
@@ -793,7 +790,7 @@ impl Registry {
         if let Some(handle) = self.store.get() {
             return Ok(handle.clone());
         }
-        let url = self.meta.store.as_deref().unwrap_or_default();
+        let url = self.meta().store.as_deref().unwrap_or_default();
         let handle = StoreHandle::connect(url, &self.options.store)?;
         Ok(self.store.get_or_init(|| handle).clone())
     }
@@ -825,7 +822,7 @@ impl Registry {
 
     /// The bundle's zstd dictionary, read and verified once per registry.
     fn dictionary(&self, kernel: &str, label: &str) -> Result<Option<&[u8]>, LoadError> {
-        let Some(stored) = &self.meta.dictionary else {
+        let Some(stored) = &self.meta().dictionary else {
             return Ok(None);
         };
         if let Some(bytes) = self.dictionary.get() {
