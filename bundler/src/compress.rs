@@ -102,14 +102,27 @@ impl CompressionPlan {
 pub fn plan_compression(artifacts: &[(&str, &[u8])], level: i32, jobs: usize) -> CompressionPlan {
     let mut sorted: Vec<(&str, &[u8])> = artifacts.to_vec();
     sorted.sort_by(|a, b| a.0.cmp(b.0));
-    let plain = compress_many(
-        &sorted
-            .iter()
-            .map(|(_, bytes)| (*bytes, None))
-            .collect::<Vec<_>>(),
-        level,
-        jobs,
-    );
+    let samples: Vec<&[u8]> = sorted.iter().map(|(_, bytes)| *bytes).collect();
+    let plain = plain_frames(&samples, level, jobs);
+    plan_with_plain(&sorted, &plain, level, jobs)
+}
+
+/// Each of `samples` alone as one zstd frame at `level` (checksum and content size on), in
+/// order: what a cubin costs without a dictionary, which every plan compares against.
+pub fn plain_frames(samples: &[&[u8]], level: i32, jobs: usize) -> Vec<Vec<u8>> {
+    let work: Vec<(&[u8], Option<&[u8]>)> = samples.iter().map(|bytes| (*bytes, None)).collect();
+    compress_many(&work, level, jobs)
+}
+
+/// [`plan_compression`] for artifacts already sorted by key, with their [`plain_frames`]
+/// computed once by the caller (who may weigh other ways to store them against the same).
+pub fn plan_with_plain(
+    sorted: &[(&str, &[u8])],
+    plain: &[Vec<u8>],
+    level: i32,
+    jobs: usize,
+) -> CompressionPlan {
+    debug_assert!(sorted.windows(2).all(|pair| pair[0].0 < pair[1].0));
     let mut frames: Vec<Frame> = plain
         .iter()
         .map(|bytes| Frame {
@@ -119,10 +132,10 @@ pub fn plan_compression(artifacts: &[(&str, &[u8])], level: i32, jobs: usize) ->
         .collect();
     let mut dictionaries = Vec::new();
     if sorted.len() >= MIN_CUBINS {
-        let sketches: Vec<Sketch> = run_parallel(&sorted, jobs, |(_, bytes)| sketch(bytes));
+        let sketches: Vec<Sketch> = run_parallel(sorted, jobs, |(_, bytes)| sketch(bytes));
         let mut groups = Vec::new();
         for slice in slices(&sketches) {
-            groups.extend(group_slice(&slice, &sketches, &sorted));
+            groups.extend(group_slice(&slice, &sketches, sorted));
         }
         // Compress every member of every group against that group's dictionary.
         let contents: Vec<Vec<u8>> = groups

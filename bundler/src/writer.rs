@@ -33,7 +33,7 @@ use std::path::{Path, PathBuf};
 use std::fs::File;
 
 // Called by path: `File` has inherent lock methods of the same names in newer Rust.
-use crate::compress::{plan_compression, CompressionPlan};
+use crate::compress::{plain_frames, plan_with_plain, CompressionPlan};
 use fs4::fs_std::FileExt;
 use prebuilt::bundle::{
     artifact_path, dictionary_path, parse_index, DICTIONARY_FILE, INDEX_FILE, SOURCES_DIR,
@@ -496,46 +496,54 @@ enum Compressed {
 /// dictionaries (docs/benchmarks.md, "Bundle size"). Both are deterministic, so the choice is.
 fn compress_bundle(cubins: &BTreeMap<String, Vec<u8>>, jobs: usize) -> Compressed {
     let samples: Vec<&[u8]> = cubins.values().map(Vec::as_slice).collect();
-    let (dictionary, frames) = compress_all(&samples, jobs);
-    let trained =
-        dictionary.as_ref().map_or(0, Vec::len) + frames.iter().map(Vec::len).sum::<usize>();
+    // Both ways are weighed against the same plain frames, made once: the slowest pass.
+    let plain = plain_frames(&samples, LEVEL, jobs);
+    let plain_size: usize = plain.iter().map(Vec::len).sum();
+    let trained = train_dictionary(&samples, plain_size, jobs);
+    let trained_size = trained.as_ref().map_or(plain_size, |(dictionary, frames)| {
+        dictionary.len() + frames.iter().map(Vec::len).sum::<usize>()
+    });
+    // A BTreeMap by digest: the keys are sorted as the plan needs them.
     let keyed: Vec<(&str, &[u8])> = cubins
         .iter()
         .map(|(digest, bytes)| (digest.as_str(), bytes.as_slice()))
         .collect();
-    let plan = plan_compression(&keyed, LEVEL, jobs);
-    if !plan.dictionaries.is_empty() && plan.stored_size() < trained {
-        Compressed::Families(plan)
-    } else {
-        Compressed::Trained { dictionary, frames }
+    let plan = plan_with_plain(&keyed, &plain, LEVEL, jobs);
+    if !plan.dictionaries.is_empty() && plan.stored_size() < trained_size {
+        return Compressed::Families(plan);
+    }
+    match trained {
+        Some((dictionary, frames)) => Compressed::Trained {
+            dictionary: Some(dictionary),
+            frames,
+        },
+        None => Compressed::Trained {
+            dictionary: None,
+            frames: plain,
+        },
     }
 }
 
-/// Compresses every sample, with a trained dictionary when that is smaller in total
-/// (dictionary included). Returns the dictionary, if used, and the frames in input order.
-fn compress_all(samples: &[&[u8]], jobs: usize) -> (Option<Vec<u8>>, Vec<Vec<u8>>) {
-    let plain = compress_parallel(samples, None, jobs);
+/// A dictionary trained on `samples` and their frames compressed with it, when that is
+/// smaller in total (dictionary included) than `plain_size`, the samples' plain frames.
+fn train_dictionary(
+    samples: &[&[u8]],
+    plain_size: usize,
+    jobs: usize,
+) -> Option<(Vec<u8>, Vec<Vec<u8>>)> {
     let total: usize = samples.iter().map(|s| s.len()).sum();
     let dictionary_size = (total / 10).min(MAX_DICTIONARY);
     // zstd's trainer needs several samples and some bytes to say anything useful.
     if samples.len() < 8 || dictionary_size < 1024 {
-        return (None, plain);
+        return None;
     }
-    let Ok(dictionary) = zstd::dict::from_samples(samples, dictionary_size) else {
-        return (None, plain);
-    };
-    let with_dictionary = compress_parallel(samples, Some(&dictionary), jobs);
-    let plain_size: usize = plain.iter().map(Vec::len).sum();
-    let dictionary_total: usize =
-        dictionary.len() + with_dictionary.iter().map(Vec::len).sum::<usize>();
-    if dictionary_total < plain_size {
-        (Some(dictionary), with_dictionary)
-    } else {
-        (None, plain)
-    }
+    let dictionary = zstd::dict::from_samples(samples, dictionary_size).ok()?;
+    let frames = compress_with(samples, &dictionary, jobs);
+    let size = dictionary.len() + frames.iter().map(Vec::len).sum::<usize>();
+    (size < plain_size).then_some((dictionary, frames))
 }
 
-fn compress_parallel(samples: &[&[u8]], dictionary: Option<&[u8]>, jobs: usize) -> Vec<Vec<u8>> {
+fn compress_with(samples: &[&[u8]], dictionary: &[u8], jobs: usize) -> Vec<Vec<u8>> {
     let threads = jobs.max(1).min(samples.len().max(1));
     let chunk = samples.len().div_ceil(threads).max(1);
     std::thread::scope(|scope| {
@@ -543,13 +551,8 @@ fn compress_parallel(samples: &[&[u8]], dictionary: Option<&[u8]>, jobs: usize) 
             .chunks(chunk)
             .map(|part| {
                 scope.spawn(move || {
-                    let mut compressor = match dictionary {
-                        Some(dictionary) => {
-                            zstd::bulk::Compressor::with_dictionary(LEVEL, dictionary)
-                        }
-                        None => zstd::bulk::Compressor::new(LEVEL),
-                    }
-                    .expect("zstd accepts a valid level and a trained dictionary");
+                    let mut compressor = zstd::bulk::Compressor::with_dictionary(LEVEL, dictionary)
+                        .expect("zstd accepts a valid level and a trained dictionary");
                     // Checksums and sizes make every frame self-describing on its own.
                     compressor
                         .set_parameter(zstd::zstd_safe::CParameter::ChecksumFlag(true))
