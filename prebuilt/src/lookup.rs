@@ -46,7 +46,7 @@ use crate::index::{
 };
 use crate::target::CudaBuild;
 use crate::untrusted::{
-    check_kernel, check_stored, Untrusted, MAX_DICTIONARY_SIZE, MAX_INDEX_SIZE,
+    check_kernel, check_stored, open_regular_file, Untrusted, MAX_DICTIONARY_SIZE, MAX_INDEX_SIZE,
 };
 
 /// File name of the loader's index inside a bundle.
@@ -192,16 +192,8 @@ impl Lookup {
             path: path.to_owned(),
             source,
         };
-        let file = File::open(path).map_err(read_error)?;
+        let file = open_regular_file(path).map_err(read_error)?;
         let metadata = file.metadata().map_err(read_error)?;
-        if !metadata.is_file() {
-            return Err(refused(
-                path,
-                "the loader index",
-                "a directory or device",
-                "is not a regular file",
-            ));
-        }
         let mut header = [0u8; HEADER_LEN as usize];
         file.read_exact_at(&mut header, 0).map_err(|_| {
             refused(
@@ -689,6 +681,19 @@ mod tests {
         std::fs::write(&path, encode(&crafted)).unwrap();
         let lookup = Lookup::open(&path).unwrap();
         assert!(lookup.record("../escape").is_err());
+    }
+
+    #[test]
+    fn a_fifo_in_its_place_is_refused_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(LOOKUP_FILE);
+        let status = std::process::Command::new("mkfifo")
+            .arg(&path)
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let message = crate::error_chain(&Catalog::open(dir.path()).unwrap_err());
+        assert!(message.contains("not a regular file"), "{message}");
     }
 
     #[test]

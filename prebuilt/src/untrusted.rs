@@ -258,24 +258,32 @@ pub fn check_stored(stored: &StoredFile, cap: u64, what: &str) -> Result<(), Unt
     Ok(())
 }
 
+/// Opens `path` for reading only if it is a regular file, looked at before opening (opening a
+/// FIFO for reading blocks until a writer comes) and again after (it may have been swapped).
+pub fn open_regular_file(path: &Path) -> std::io::Result<std::fs::File> {
+    let refuse_kind = |metadata: std::fs::Metadata| -> std::io::Result<()> {
+        if metadata.is_file() {
+            Ok(())
+        } else {
+            Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "not a regular file",
+            ))
+        }
+    };
+    refuse_kind(std::fs::metadata(path)?)?;
+    let file = std::fs::File::open(path)?;
+    refuse_kind(file.metadata()?)?;
+    Ok(file)
+}
+
 /// Reads the regular file at `path`, refusing anything else (a FIFO, a device such as
 /// `/dev/zero`, a directory) and anything over `cap` bytes, without reserving more than the
 /// file holds.
 pub fn read_regular_file(path: &Path, cap: u64) -> std::io::Result<Vec<u8>> {
     use std::io::{Error, ErrorKind};
-    // Looking before opening: opening a FIFO for reading blocks until a writer comes.
-    let metadata = std::fs::metadata(path)?;
-    let refuse_kind = |metadata: &std::fs::Metadata| -> std::io::Result<()> {
-        if metadata.is_file() {
-            Ok(())
-        } else {
-            Err(Error::new(ErrorKind::InvalidInput, "not a regular file"))
-        }
-    };
-    refuse_kind(&metadata)?;
-    let file = std::fs::File::open(path)?;
+    let file = open_regular_file(path)?;
     let metadata = file.metadata()?;
-    refuse_kind(&metadata)?;
     let too_large = |size: u64| {
         Error::new(
             ErrorKind::InvalidData,
