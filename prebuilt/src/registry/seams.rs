@@ -3,7 +3,8 @@
 //! (wheel → cache → store → JIT → refusal), its tamper refusals and its JIT policy are tested
 //! on a CPU through fakes of both; [`CudaDevice`] is the real device, tested on a GPU.
 
-use std::sync::{Arc, OnceLock};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::device::DriverVersion;
 use crate::driver::{self, Context, Driver, DriverError, LaunchConfig, Module};
@@ -67,17 +68,20 @@ pub trait LoadedModule: Send + Sync {
 }
 
 /// The CUDA driver: device facts from `cuDeviceGetAttribute`/`cuDriverGetVersion`, modules
-/// in the device's primary context (PyTorch's), retained once per [`CudaDevice`].
+/// in each device's primary context (PyTorch's), retained once per device and [`CudaDevice`].
 #[derive(Default)]
 pub struct CudaDevice {
-    context: OnceLock<Result<Arc<Context>, DriverError>>,
+    contexts: Mutex<BTreeMap<u32, Result<Arc<Context>, DriverError>>>,
 }
 
 impl CudaDevice {
     /// The primary context of `ordinal`, retained on first use.
     pub fn context(&self, ordinal: u32) -> Result<Arc<Context>, DriverError> {
-        self.context
-            .get_or_init(|| Context::primary(ordinal))
+        self.contexts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(ordinal)
+            .or_insert_with(|| Context::primary(ordinal))
             .clone()
     }
 }
