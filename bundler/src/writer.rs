@@ -77,8 +77,8 @@ pub fn write_bundle(
         return Ok((existing, WriteOutcome::Unchanged));
     }
     output.stage(|root| {
-        let mut stored_by_digest = BTreeMap::new();
-        match compress_bundle(cubins, jobs) {
+        // (digest, frame, the family dictionary it needs) for every cubin.
+        let frames: Vec<(String, Vec<u8>, Option<String>)> = match compress_bundle(cubins, jobs) {
             Compressed::Trained { dictionary, frames } => {
                 if let Some(dictionary) = &dictionary {
                     let digest = sha256_hex(dictionary);
@@ -91,32 +91,35 @@ pub fn write_bundle(
                         dictionary: None,
                     });
                 }
-                for (digest, compressed) in cubins.keys().zip(frames) {
-                    stored_by_digest.insert(digest.clone(), (compressed, None));
-                }
+                cubins
+                    .keys()
+                    .cloned()
+                    .zip(frames)
+                    .map(|(digest, frame)| (digest, frame, None))
+                    .collect()
             }
             Compressed::Families(plan) => {
                 for dictionary in &plan.dictionaries {
                     let path = root.join(dictionary_path(&dictionary.digest));
                     crate::cache::write_atomically(&path, &dictionary.stored)?;
                 }
-                for (digest, frame) in plan.frames {
-                    let family = frame
-                        .dictionary
-                        .map(|n| plan.dictionaries[n].digest.clone());
-                    stored_by_digest.insert(digest, (frame.bytes, family));
-                }
+                plan.frames
+                    .into_iter()
+                    .map(|(digest, frame)| {
+                        let family = frame
+                            .dictionary
+                            .map(|n| plan.dictionaries[n].digest.clone());
+                        (digest, frame.bytes, family)
+                    })
+                    .collect()
             }
+        };
+        let mut stored_by_digest = BTreeMap::new();
+        for (digest, frame, family) in frames {
+            let path = artifact_path(&digest);
+            crate::cache::write_atomically(&root.join(&path), &frame)?;
+            stored_by_digest.insert(digest, (path, frame.len() as u64, family));
         }
-        let mut stored_by_digest: BTreeMap<String, (String, u64, Option<String>)> =
-            stored_by_digest
-                .into_iter()
-                .map(|(digest, (compressed, family))| {
-                    let path = artifact_path(&digest);
-                    crate::cache::write_atomically(&root.join(&path), &compressed)?;
-                    Ok((digest, (path, compressed.len() as u64, family)))
-                })
-                .collect::<Result<_, Error>>()?;
         for record in index.kernels.values_mut() {
             for variant in &mut record.variants {
                 let (path, size, family) = &stored_by_digest[&variant.artifact.digest];
@@ -125,7 +128,6 @@ pub fn write_bundle(
                 variant.artifact.dictionary = family.clone();
             }
         }
-        stored_by_digest.clear();
         index.format = index.required_format();
         for (stable, path) in sources {
             let bytes = std::fs::read(path).map_err(|source| Error::Read {
