@@ -57,6 +57,7 @@
 //! cubin), `.address_size 64`, and every declared entry as a `.entry` whose `.param` list gives
 //! the parameter sizes. [`inspect_cubin`] and [`validate_cubin`] take either, by content.
 
+pub mod identity;
 mod nvinfo;
 mod ptx;
 
