@@ -86,6 +86,9 @@ pub enum Error {
         /// What is wrong.
         message: String,
     },
+    /// A torch pin (`--torch`) that is not a PEP 440 specifier set.
+    #[error(transparent)]
+    TorchPin(#[from] prebuilt::select::InvalidPin),
     /// The manifest parses but says something impossible.
     #[error(
         "{}:{line}: invalid manifest{}: {message}",

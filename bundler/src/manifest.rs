@@ -230,6 +230,19 @@ impl Manifest {
                 ),
             ));
         }
+        if let Err(error) = prebuilt::select::TorchPin::parse(&library.torch) {
+            return Err(invalid(None, format!("`torch`: {error}")));
+        }
+        let library_flags = [
+            ("flags", &library.flags),
+            ("nvcc-flags", &library.nvcc_flags),
+            ("nvrtc-flags", &library.nvrtc_flags),
+        ];
+        for (key, flags) in library_flags {
+            if let Some(message) = include_path_flag(key, flags) {
+                return Err(invalid(None, message));
+            }
+        }
         if library.archs.is_empty() || library.cuda_builds.is_empty() {
             return Err(invalid(
                 None,
@@ -242,6 +255,16 @@ impl Manifest {
                     Some(name),
                     format!("kernel name `{name}` must be a C identifier"),
                 ));
+            }
+            let kernel_flags = [
+                ("flags", &kernel.flags),
+                ("nvcc-flags", &kernel.nvcc_flags),
+                ("nvrtc-flags", &kernel.nvrtc_flags),
+            ];
+            for (key, flags) in kernel_flags {
+                if let Some(message) = include_path_flag(key, flags) {
+                    return Err(invalid(Some(name), message));
+                }
             }
             if let Some(builds) = &kernel.cuda_builds {
                 if let Some(build) = builds
@@ -399,6 +422,48 @@ fn line_column(text: &str, offset: usize) -> (usize, usize) {
     let line = before.matches('\n').count() + 1;
     let column = before.len() - before.rfind('\n').map_or(0, |n| n + 1) + 1;
     (line, column)
+}
+
+/// Compiler options that add a header search path or a forced include. A header found
+/// through one would be read by the compiler but not by the include scanner, so it would
+/// escape the key: the manifest's `include-dirs` is the one way to name them.
+const INCLUDE_PATH_FLAGS: &[&str] = &[
+    "-I",
+    "--include-path",
+    "-isystem",
+    "--system-include",
+    "-idirafter",
+    "-iquote",
+    "-include",
+    "--pre-include",
+    "-imacros",
+    "--options-file",
+    "-optf",
+];
+
+/// The message for the first include-path option in `flags` (the manifest key `key`), if any.
+fn include_path_flag(key: &str, flags: &[String]) -> Option<String> {
+    let is_include_path = |piece: &str| {
+        INCLUDE_PATH_FLAGS.iter().find(|option| {
+            piece == **option
+                || piece.starts_with(&format!("{option}="))
+                // The short forms glue the value on: `-Iinclude`, `-isystem/usr/x`.
+                || (!option.starts_with("--") && piece.starts_with(**option))
+        })
+    };
+    flags.iter().find_map(|flag| {
+        // Options handed on to the host compiler or ptxas: `-Xcompiler=-I/x,-O2`.
+        let passed_on = (flag.starts_with("-X") || flag.starts_with("--compiler-options"))
+            .then(|| flag.split_once('=').map_or("", |(_, value)| value))
+            .unwrap_or_default();
+        let option =
+            is_include_path(flag).or_else(|| passed_on.split(',').find_map(is_include_path))?;
+        Some(format!(
+            "`{key}` holds `{flag}`: headers found through `{option}` would be compiled but not \
+             hashed into the key; list the directory in `include-dirs` instead (a forced \
+             include is an `#include` at the top of the source)"
+        ))
+    })
 }
 
 fn is_identifier(text: &str) -> bool {

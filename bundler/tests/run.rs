@@ -521,6 +521,99 @@ fn manifest_syntax_error_names_file_line_and_column() {
     );
 }
 
+/// Include paths given as compiler flags are read by nvcc but not by the include scanner, so
+/// the headers found there would escape the key: the manifest refuses them by name.
+#[test]
+fn include_dirs_in_flags_are_refused_naming_the_key_and_the_flag() {
+    let cases = [
+        (
+            "nvcc-flags = [\"-Ithird_party/cutlass/include\"]",
+            "`nvcc-flags` holds `-Ithird_party",
+        ),
+        (
+            "nvcc-flags = [\"-isystem\", \"/opt/x\"]",
+            "`nvcc-flags` holds `-isystem`",
+        ),
+        (
+            "flags = [\"--include-path=inc\"]",
+            "`flags` holds `--include-path=inc`",
+        ),
+        (
+            "nvcc-flags = [\"-include\", \"pre.h\"]",
+            "`nvcc-flags` holds `-include`",
+        ),
+        (
+            "nvcc-flags = [\"--pre-include=pre.h\"]",
+            "`nvcc-flags` holds `--pre-include=pre.h`",
+        ),
+        (
+            "nvcc-flags = [\"-idirafter/x\"]",
+            "`nvcc-flags` holds `-idirafter/x`",
+        ),
+        (
+            "nvcc-flags = [\"-Xcompiler=-O2,-I/x\"]",
+            "`nvcc-flags` holds `-Xcompiler=-O2,-I/x`",
+        ),
+        (
+            "nvrtc-flags = [\"--system-include=/x\"]",
+            "`nvrtc-flags` holds `--system-include=/x`",
+        ),
+    ];
+    for (line, expected) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let text = SMALL_LIBRARY.replace(
+            "entries = [\"add\"]",
+            &format!("entries = [\"add\"]\n{line}"),
+        );
+        let manifest = write_library(dir.path(), &text, &[]);
+        let error = bundler::Manifest::load(&manifest).unwrap_err().to_string();
+        assert!(error.contains("(kernel `add`)"), "{line}: {error}");
+        assert!(error.contains(expected), "{line}: {error}");
+        assert!(error.contains("`include-dirs`"), "{line}: {error}");
+        // The same at library level.
+        let text = SMALL_LIBRARY.replace(
+            "include-dirs = [\"include\"]",
+            &format!("include-dirs = [\"include\"]\n{line}"),
+        );
+        let manifest = write_library(dir.path(), &text, &[]);
+        let error = bundler::Manifest::load(&manifest).unwrap_err().to_string();
+        assert!(
+            error.contains(expected) && !error.contains("(kernel"),
+            "{line}: {error}"
+        );
+    }
+    // Flags that only look alike pass.
+    let dir = tempfile::tempdir().unwrap();
+    let text = SMALL_LIBRARY.replace(
+        "entries = [\"add\"]",
+        "entries = [\"add\"]\nnvcc-flags = [\"-Xptxas=-v\", \"--use_fast_math\", \"-lineinfo\"]",
+    );
+    bundler::Manifest::load(&write_library(dir.path(), &text, &[])).unwrap();
+}
+
+/// A torch pin is a PEP 440 specifier set, checked when the manifest is read.
+#[test]
+fn torch_pins_are_checked_when_the_manifest_is_read() {
+    for pin in [">=2.9", "~=2.11", "==2.11.*", "2.13.*", ">=2.11,<2.14"] {
+        let dir = tempfile::tempdir().unwrap();
+        let text = SMALL_LIBRARY.replace("torch = \"2.13.*\"", &format!("torch = \"{pin}\""));
+        let manifest = bundler::Manifest::load(&write_library(dir.path(), &text, &[]))
+            .unwrap_or_else(|error| panic!("{pin}: {error}"));
+        assert_eq!(manifest.library.torch, pin);
+    }
+    for pin in ["latest", "=>2.9", ">=", "2.x"] {
+        let dir = tempfile::tempdir().unwrap();
+        let text = SMALL_LIBRARY.replace("torch = \"2.13.*\"", &format!("torch = \"{pin}\""));
+        let error = bundler::Manifest::load(&write_library(dir.path(), &text, &[]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains(&format!("`torch`: invalid torch pin `{pin}`")),
+            "{error}"
+        );
+    }
+}
+
 #[test]
 fn unknown_manifest_key_names_line_and_column() {
     let dir = tempfile::tempdir().unwrap();

@@ -22,7 +22,7 @@
 
 use std::fmt;
 
-use crate::device::{dotted_numbers, minimum_release, DeviceQuery, DriverVersion};
+use crate::device::{minimum_release, DeviceQuery, DriverVersion};
 use crate::index::{KernelRecord, Variant};
 use crate::target::{Arch, ArchKind, CudaBuild};
 
@@ -40,64 +40,97 @@ pub fn runs_on(arch: Arch, capability: (u32, u32)) -> bool {
     }
 }
 
-/// Whether a torch version (`2.13.1+cu129`) matches a pin (`2.13.*`, `2.13.0`, `==2.13.*`).
+/// A torch pin: a PEP 440 version specifier set (`==2.13.*`, `>=2.9`, `~=2.11`,
+/// `>=2.11,<2.14`), read the way pip reads a wheel's `Requires-Dist`, so the pin the loader
+/// checks is the requirement pip installed against. A bare version (`2.13.*`, `2.13.0`)
+/// means `==` that version; `*` means any torch.
 ///
-/// The version's local label (`+cu129`) is ignored. A wildcard pin matches on whole release
-/// numbers (`2.13.10` matches `2.13.*`, `2.130.0` does not) and ignores pre-, post- and dev
-/// suffixes; an exact pin needs the same release (missing numbers count as 0) and the same
-/// suffix. `*` matches every version; any other pin matches nothing.
-pub fn torch_matches(pin: &str, version: &str) -> bool {
-    let pin = pin.trim();
-    let pin = pin.strip_prefix("==").unwrap_or(pin).trim();
-    let version = version.trim();
-    let public = version
-        .split_once('+')
-        .map_or(version, |(public, _)| public);
-    let Some(version) = Release::parse(public) else {
-        return false;
-    };
-    if pin == "*" {
-        return true;
-    }
-    if let Some(prefix) = pin.strip_suffix(".*") {
-        return match dotted_numbers(prefix) {
-            Some(prefix) => prefix
-                .iter()
-                .enumerate()
-                .all(|(position, number)| version.number(position) == *number),
-            None => false,
+/// One implementation for both ends: the manifest's pin is parsed here when the manifest is
+/// read, `Requires-Dist` is [`TorchPin::requirement`], and selection is
+/// [`TorchPin::matches`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TorchPin {
+    /// The specifiers; `None` for `*`.
+    specifiers: Option<pep440_rs::VersionSpecifiers>,
+}
+
+/// A torch pin that is not a PEP 440 specifier set.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "invalid torch pin `{pin}`: {reason} (write a PEP 440 specifier such as `2.13.*`, \
+     `==2.13.*`, `>=2.9`, `~=2.11` or `>=2.11,<2.14`)"
+)]
+pub struct InvalidPin {
+    /// The pin as written.
+    pub pin: String,
+    /// What the parser found wrong.
+    pub reason: String,
+}
+
+impl TorchPin {
+    /// Parses a pin; see the type's docs for the forms taken.
+    pub fn parse(pin: &str) -> Result<TorchPin, InvalidPin> {
+        let text = pin.trim();
+        let invalid = |reason: String| InvalidPin {
+            pin: pin.to_owned(),
+            reason,
         };
-    }
-    match Release::parse(pin) {
-        Some(pin) => {
-            let length = pin.numbers.len().max(version.numbers.len());
-            (0..length).all(|position| pin.number(position) == version.number(position))
-                && pin.suffix.eq_ignore_ascii_case(version.suffix)
+        if text == "*" {
+            return Ok(TorchPin { specifiers: None });
         }
-        None => false,
+        if text.is_empty() {
+            return Err(invalid("it is empty".to_owned()));
+        }
+        let text = if text.starts_with(|c: char| c.is_ascii_digit()) {
+            format!("=={text}")
+        } else {
+            text.to_owned()
+        };
+        let specifiers: pep440_rs::VersionSpecifiers =
+            text.parse()
+                .map_err(|error: pep440_rs::VersionSpecifiersParseError| {
+                    invalid(
+                        error
+                            .to_string()
+                            .lines()
+                            .next()
+                            .unwrap_or_default()
+                            .to_owned(),
+                    )
+                })?;
+        if specifiers.is_empty() {
+            return Err(invalid("it has no specifier".to_owned()));
+        }
+        Ok(TorchPin {
+            specifiers: Some(specifiers),
+        })
+    }
+
+    /// Whether a torch version (`2.13.1+cu129`, as `torch.__version__` gives it) satisfies the
+    /// pin. An unparsable version satisfies nothing but `*`.
+    pub fn matches(&self, version: &str) -> bool {
+        let Some(specifiers) = &self.specifiers else {
+            return true;
+        };
+        version
+            .trim()
+            .parse::<pep440_rs::Version>()
+            .is_ok_and(|version| specifiers.contains(&version))
+    }
+
+    /// The wheel's requirement on torch: `torch==2.13.*`, `torch>=2.9`; `torch` for `*`.
+    pub fn requirement(&self) -> String {
+        match &self.specifiers {
+            Some(specifiers) => format!("torch{specifiers}"),
+            None => "torch".to_owned(),
+        }
     }
 }
 
-/// A public version split into its release numbers and whatever follows (`rc1`, `dev2025`).
-struct Release<'t> {
-    numbers: Vec<u32>,
-    suffix: &'t str,
-}
-
-impl<'t> Release<'t> {
-    fn parse(text: &'t str) -> Option<Release<'t>> {
-        let end = text
-            .find(|c: char| !c.is_ascii_digit() && c != '.')
-            .unwrap_or(text.len());
-        let numbers = dotted_numbers(text[..end].trim_end_matches('.'))?;
-        let suffix = text[end..].trim_start_matches(['.', '-', '_']);
-        Some(Release { numbers, suffix })
-    }
-
-    /// The release number at `position`, 0 past the end (PEP 440 zero padding).
-    fn number(&self, position: usize) -> u32 {
-        self.numbers.get(position).copied().unwrap_or(0)
-    }
+/// Whether a torch version (`2.13.1+cu129`) matches a pin (`2.13.*`, `==2.13.*`, `>=2.9`):
+/// [`TorchPin::matches`]; an invalid pin matches nothing.
+pub fn torch_matches(pin: &str, version: &str) -> bool {
+    TorchPin::parse(pin).is_ok_and(|pin| pin.matches(version))
 }
 
 /// The variant a kernel loads, and why it fits.
@@ -283,7 +316,21 @@ pub fn select_variant_with<'i>(
     query: &DeviceQuery,
     ptx_forbidden_by: Option<&str>,
 ) -> Result<Choice<'i>, NoFit> {
-    let (chosen, refusals) = evaluate(record, query, ptx_forbidden_by);
+    select_available(kernel, record, query, ptx_forbidden_by, &|_| Ok(()))
+}
+
+/// [`select_variant_with`], where `available` says whether a variant's bytes can be had here
+/// (a slim wheel leaves some in its store, which a policy may forbid downloading from). It is
+/// asked last, of variants that pass every other check; its refusal is the variant's, in index
+/// order with the others, and the preferred available variant is chosen.
+pub fn select_available<'i>(
+    kernel: &str,
+    record: &'i KernelRecord,
+    query: &DeviceQuery,
+    ptx_forbidden_by: Option<&str>,
+    available: &dyn Fn(&Variant) -> Result<(), RefusalReason>,
+) -> Result<Choice<'i>, NoFit> {
+    let (chosen, refusals) = evaluate_available(record, query, ptx_forbidden_by, available);
     chosen.ok_or_else(|| NoFit {
         kernel: kernel.to_owned(),
         refusals,
@@ -297,10 +344,19 @@ pub(crate) fn evaluate<'i>(
     query: &DeviceQuery,
     ptx_forbidden_by: Option<&str>,
 ) -> (Option<Choice<'i>>, Vec<Refusal>) {
+    evaluate_available(record, query, ptx_forbidden_by, &|_| Ok(()))
+}
+
+fn evaluate_available<'i>(
+    record: &'i KernelRecord,
+    query: &DeviceQuery,
+    ptx_forbidden_by: Option<&str>,
+    available: &dyn Fn(&Variant) -> Result<(), RefusalReason>,
+) -> (Option<Choice<'i>>, Vec<Refusal>) {
     let mut best: Option<&Variant> = None;
     let mut refusals = Vec::new();
     for variant in &record.variants {
-        match check(variant, query, ptx_forbidden_by) {
+        match check(variant, query, ptx_forbidden_by).and_then(|()| available(variant)) {
             // Strictly greater: on a tie the earlier variant stays, so the choice never
             // depends on anything but the index.
             Ok(()) => {
@@ -649,11 +705,55 @@ mod tests {
             ("2.13.0", "2.13.1", false), ("2.13.0", "2.13.0rc1", false),
             ("2.13.0rc1", "2.13.0rc1+cu129", true), ("==2.13.0", "2.13.0", true),
             ("*", "2.11.0", true), ("2.*", "2.13.0", true),
-            ("", "2.13.0", false), (">=2.13", "2.13.0", false), ("2.13.*", "", false),
+            ("", "2.13.0", false), ("2.13.*", "", false),
             ("2.13.*", "garbage", false), ("x.*", "2.13.0", false),
+            // Operators, as pip reads them; the local label (`+cu130`) never stops a match.
+            (">=2.13", "2.13.0", true), (">=2.9", "2.11.0+cu130", true),
+            (">=2.9", "2.8.1", false), ("~=2.11", "2.11.0+cu130", true),
+            ("~=2.11", "2.12.3", true), ("~=2.11", "3.0.0", false),
+            ("==2.11.*", "2.11.0+cu130", true), (">=2.11,<2.14", "2.13.4", true),
+            (">=2.11,<2.14", "2.14.0", false), ("!=2.11.0", "2.11.0+cu130", false),
+            ("< 2.12", "2.11.0", true),
         ];
         for (pin, version, expected) in table {
             assert_eq!(torch_matches(pin, version), expected, "{pin} vs {version}");
+        }
+    }
+
+    #[test]
+    fn torch_pins_are_pep440_specifiers() {
+        for (pin, requirement) in [
+            ("2.13.*", "torch==2.13.*"),
+            ("==2.11.*", "torch==2.11.*"),
+            ("  2.13.0 ", "torch==2.13.0"),
+            (">=2.9", "torch>=2.9"),
+            ("~=2.11", "torch~=2.11"),
+            (">=2.11,<2.14", "torch>=2.11, <2.14"),
+            ("*", "torch"),
+        ] {
+            let parsed = TorchPin::parse(pin).unwrap_or_else(|error| panic!("{error}"));
+            assert_eq!(parsed.requirement(), requirement, "{pin}");
+            // The requirement pip sees reads back as the same pin.
+            let back = TorchPin::parse(requirement.trim_start_matches("torch").trim());
+            if pin != "*" {
+                assert_eq!(back.as_ref().ok(), Some(&parsed), "{requirement}");
+            }
+        }
+        for pin in [
+            "",
+            ">=",
+            "2.13.*.*",
+            "=>2.9",
+            "torch>=2.9",
+            ">=2.9;",
+            "latest",
+            "2.x",
+        ] {
+            let error = TorchPin::parse(pin).expect_err(pin).to_string();
+            assert!(
+                error.starts_with(&format!("invalid torch pin `{pin}`")),
+                "{error}"
+            );
         }
     }
 

@@ -231,7 +231,10 @@ fn write_library_wheel(
                 .unwrap_or_else(|| format!("Prebuilt CUDA kernels of {}", library.package)),
         ),
         requires_python: Some(REQUIRES_PYTHON.to_owned()),
-        requires_dist: vec![kwheel_requirement(KWHEEL_VERSION), torch_requirement(torch)],
+        requires_dist: vec![
+            kwheel_requirement(KWHEEL_VERSION),
+            torch_requirement(torch)?,
+        ],
     };
     write_verified_wheel(
         WheelSpec {
@@ -327,14 +330,12 @@ pub fn recipe_files(manifest: &Manifest, torch: &str, root: &str) -> Result<Vec<
     Ok(files)
 }
 
-/// `torch==2.13.*` for pin `2.13.*`; a pin that starts with an operator is kept as it is.
-pub fn torch_requirement(pin: &str) -> String {
-    let pin = pin.trim();
-    if pin.starts_with(['=', '<', '>', '!', '~']) {
-        format!("torch{pin}")
-    } else {
-        format!("torch=={pin}")
-    }
+/// The wheel's requirement on torch for a pin: `torch==2.13.*` for `2.13.*`, `torch>=2.9` for
+/// `>=2.9` ([`prebuilt::select::TorchPin`], the loader's reading of the same pin).
+pub fn torch_requirement(pin: &str) -> Result<String, Error> {
+    prebuilt::select::TorchPin::parse(pin)
+        .map(|pin| pin.requirement())
+        .map_err(|error| Error::Bundler(Box::new(bundler::Error::TorchPin(error))))
 }
 
 /// Refuses a bundle whose keys do not match the manifest's kernels as they are now: changed
@@ -729,9 +730,12 @@ mod tests {
 
     #[test]
     fn torch_pins_become_requirements() {
-        assert_eq!(torch_requirement("2.13.*"), "torch==2.13.*");
-        assert_eq!(torch_requirement("==2.11.*"), "torch==2.11.*");
-        assert_eq!(torch_requirement(">=2.11,<2.14"), "torch>=2.11,<2.14");
+        let requirement = |pin| torch_requirement(pin).unwrap();
+        assert_eq!(requirement("2.13.*"), "torch==2.13.*");
+        assert_eq!(requirement("==2.11.*"), "torch==2.11.*");
+        assert_eq!(requirement(">=2.11,<2.14"), "torch>=2.11, <2.14");
+        let error = torch_requirement("latest").unwrap_err().to_string();
+        assert!(error.starts_with("invalid torch pin `latest`"), "{error}");
     }
 
     #[test]

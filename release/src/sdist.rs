@@ -201,7 +201,7 @@ pub fn build_sdist(options: &SdistOptions) -> Result<Sdist, Error> {
         requires_python: Some(crate::library::REQUIRES_PYTHON.to_owned()),
         requires_dist: vec![
             kwheel_requirement(KWHEEL_VERSION),
-            torch_requirement(&library.torch),
+            torch_requirement(&library.torch)?,
         ],
     };
     let mut entries: BTreeMap<String, (Vec<u8>, bool)> = BTreeMap::new();

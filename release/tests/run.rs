@@ -811,7 +811,7 @@ fn small_spec(out: &Path, platform: &str, files: Vec<WheelFile>) -> WheelSpec {
             version: "1.2.0".into(),
             summary: Some("Demo.".into()),
             requires_python: None,
-            requires_dist: vec![torch_requirement("2.13.*")],
+            requires_dist: vec![torch_requirement("2.13.*").unwrap()],
         },
         files,
         out_dir: out.to_owned(),

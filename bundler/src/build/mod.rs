@@ -197,6 +197,7 @@ pub fn bundle_kernels_shared(
         .torch
         .clone()
         .unwrap_or_else(|| manifest.library.torch.clone());
+    prebuilt::select::TorchPin::parse(&torch).map_err(Error::TorchPin)?;
     let selected = select_kernels(&manifest, &options.only)?;
 
     let toolchains = match &options.toolchains {
