@@ -7,6 +7,7 @@
 //! | `<PACKAGE>_NO_DOWNLOAD` | [`DownloadPolicy`]: whether a slim wheel's store may be used |
 //! | `KWHEEL_CUDA_BUILD` | the runtime's CUDA build when torch is not asked ([`CUDA_BUILD_ENV`]) |
 //! | `KWHEEL_JIT_CACHE`, `KWHEEL_ARTIFACT_CACHE` | where the caches live ([`crate::cache`]) |
+//! | `KWHEEL_JIT_LOCK_TIMEOUT` | seconds the JIT waits for another process compiling the same key ([`crate::jit`]) |
 //! | `KWHEEL_NVRTC`, `KWHEEL_SITE_PACKAGES` | where the JIT looks for NVRTC and toolchain wheels |
 //! | `KWHEEL_STORE_TOKEN` | the bearer token sent to stores |
 //!
@@ -58,6 +59,8 @@ pub const ARTIFACT_CACHE_ENV: &str = "KWHEEL_ARTIFACT_CACHE";
 
 /// Overrides where the JIT cache lives.
 pub const JIT_CACHE_ENV: &str = "KWHEEL_JIT_CACHE";
+/// How long (seconds) the JIT waits for another process's lock on a key it compiles.
+pub const JIT_LOCK_TIMEOUT_ENV: &str = "KWHEEL_JIT_LOCK_TIMEOUT";
 /// Points the search at one `libnvrtc.so.N`.
 pub const NVRTC_ENV: &str = "KWHEEL_NVRTC";
 

@@ -1,7 +1,11 @@
 //! The JIT cache: one entry per kernel key, written whole, found by key (layout in the module
 //! docs of [`crate::jit`]).
 
+use std::io::{Seek as _, Write as _};
+use std::time::{Duration, Instant};
+
 use super::*;
+use crate::untrusted::{read_regular_file, MAX_ARTIFACT_SIZE};
 
 /// The cache layout's directory name. Bump it when the entry format or the file names change.
 pub const CACHE_LAYOUT: &str = "kernels-v1";
@@ -60,21 +64,49 @@ pub(super) struct CacheEntry {
 
 /// Whether a complete entry for `key` is in the cache (without verifying its cubin).
 pub fn is_cached(cache_dir: &Path, key: &KernelKey) -> bool {
-    entry_paths(cache_dir, key).metadata.is_file()
+    let paths = entry_paths(cache_dir, key);
+    real_dirs(cache_dir, &paths.dir).is_ok()
+        && fs::symlink_metadata(&paths.metadata).is_ok_and(|metadata| metadata.is_file())
+}
+
+/// How long a process waits for another one's lock on a key when
+/// `KWHEEL_JIT_LOCK_TIMEOUT` is unset: longer than any real compile.
+pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Largest `.json` of an entry read (its entries' symbols and parameter sizes).
+const MAX_ENTRY_METADATA: u64 = 4 << 20;
+
+/// The lock wait from `KWHEEL_JIT_LOCK_TIMEOUT` (whole seconds; `0` does not wait), else
+/// [`DEFAULT_LOCK_TIMEOUT`].
+pub fn lock_timeout_from(env: impl Fn(&str) -> Option<OsString>) -> Result<Duration, JitError> {
+    let Some(value) = env(JIT_LOCK_TIMEOUT_ENV).filter(|value| !value.is_empty()) else {
+        return Ok(DEFAULT_LOCK_TIMEOUT);
+    };
+    let value = value.to_string_lossy();
+    value
+        .trim()
+        .parse::<u64>()
+        .map(Duration::from_secs)
+        .map_err(|_| JitError::LockTimeoutSetting {
+            value: value.into_owned(),
+        })
 }
 
 /// The cubin of `request`: from the cache under `cache_dir`, else compiled with `compiler`
 /// and cached. Needs no GPU. Safe to call from many processes and threads at once: one
-/// compiles, the others wait for it and read its result.
+/// compiles, the others wait for it (at most `KWHEEL_JIT_LOCK_TIMEOUT`) and read its result.
+/// A kernel whose recorded flags are off the allowlist is refused first ([`check_inputs`]).
 pub fn compile_cached(
     request: &JitRequest<'_>,
     compiler: &JitCompiler,
     cache_dir: &Path,
 ) -> Result<JitOutput, JitError> {
+    check_inputs(request.kernel, request.record)?;
+    let timeout = lock_timeout_from(|name| std::env::var_os(name))?;
     let record = compiler.record();
     let key = request.key(&record);
     let paths = entry_paths(cache_dir, &key);
-    if let Some(hit) = read_entry(&paths, request, &key) {
+    if let Some(hit) = read_entry(cache_dir, &paths, request, &key) {
         return Ok(hit);
     }
     let cache_error = |action, path: &Path| {
@@ -85,20 +117,17 @@ pub fn compile_cached(
             source,
         }
     };
-    fs::create_dir_all(&paths.dir).map_err(cache_error("create", &paths.dir))?;
-    let lock = File::options()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&paths.lock)
-        .map_err(cache_error("open", &paths.lock))?;
-    FileExt::lock_exclusive(&lock).map_err(cache_error("lock", &paths.lock))?;
+    create_dirs(cache_dir, &paths.dir)?;
+    let lock = lock_entry(request.kernel, &paths.lock, timeout)?;
     // Whoever held the lock before may have just written the entry.
-    if let Some(hit) = read_entry(&paths, request, &key) {
+    if let Some(hit) = read_entry(cache_dir, &paths, request, &key) {
         return Ok(hit);
     }
     remove_leftovers(&paths.dir, &key);
+    if let Some(recipe) = &request.record.recipe {
+        let sources = request.bundle_root.join(SOURCES_DIR);
+        check_source_tree(request.kernel, &sources, recipe)?;
+    }
     let (cubin, functions) = compile(request, compiler)?;
     let entry = CacheEntry {
         format: ENTRY_FORMAT,
@@ -128,18 +157,167 @@ pub fn compile_cached(
     })
 }
 
-/// The cached entry, if it is complete, matches the request and verifies.
+/// Checks that the layout folder and the shard folder under `cache_dir` are folders, not
+/// links: an entry is written and read only inside the cache. (`cache_dir` itself is the
+/// user's choice and may be a link.)
+fn real_dirs(cache_dir: &Path, shard: &Path) -> std::io::Result<()> {
+    real_dir(&cache_dir.join(CACHE_LAYOUT))?;
+    real_dir(shard)
+}
+
+fn real_dir(dir: &Path) -> std::io::Result<()> {
+    let metadata = fs::symlink_metadata(dir)?;
+    if metadata.is_dir() {
+        return Ok(());
+    }
+    Err(std::io::Error::new(
+        std::io::ErrorKind::InvalidInput,
+        format!(
+            "{} is {}, not a folder: the JIT cache never follows a link out of its root; \
+             remove it",
+            dir.display(),
+            if metadata.file_type().is_symlink() {
+                "a symbolic link"
+            } else {
+                "a file"
+            }
+        ),
+    ))
+}
+
+/// Creates the layout and shard folders of an entry, each checked before the next is made
+/// in it, so that nothing is created through a link.
+fn create_dirs(cache_dir: &Path, shard: &Path) -> Result<(), JitError> {
+    let failed = |dir: &Path| {
+        let path = dir.to_path_buf();
+        move |source| JitError::Cache {
+            action: "use",
+            path,
+            source,
+        }
+    };
+    fs::create_dir_all(cache_dir).map_err(|source| JitError::Cache {
+        action: "create",
+        path: cache_dir.to_path_buf(),
+        source,
+    })?;
+    for dir in [&cache_dir.join(CACHE_LAYOUT), shard] {
+        match fs::create_dir(dir) {
+            Ok(()) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(source) => {
+                return Err(JitError::Cache {
+                    action: "create",
+                    path: dir.to_path_buf(),
+                    source,
+                })
+            }
+        }
+        real_dir(dir).map_err(failed(dir))?;
+    }
+    Ok(())
+}
+
+/// Opens and locks `<key>.lock` (a regular file, not a link), waiting at most `timeout` for
+/// another holder, then records this process's pid in it for whoever waits next.
+pub(super) fn lock_entry(kernel: &str, path: &Path, timeout: Duration) -> Result<File, JitError> {
+    let failed = |action, source| JitError::Cache {
+        action,
+        path: path.to_path_buf(),
+        source,
+    };
+    let before = fs::symlink_metadata(path);
+    if let Ok(metadata) = &before {
+        if !metadata.is_file() {
+            return Err(failed("lock", not_a_cache_file()));
+        }
+    }
+    let mut lock = File::options()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(|source| failed("open", source))?;
+    // The file opened is the one looked at: not a FIFO, nor a link swapped in between.
+    let opened = lock.metadata().map_err(|source| failed("open", source))?;
+    let same = match &before {
+        Ok(before) => {
+            use std::os::unix::fs::MetadataExt;
+            before.dev() == opened.dev() && before.ino() == opened.ino()
+        }
+        Err(_) => true,
+    };
+    if !opened.is_file() || !same {
+        return Err(failed("lock", not_a_cache_file()));
+    }
+    let started = Instant::now();
+    let mut pause = Duration::from_millis(5);
+    loop {
+        match FileExt::try_lock_exclusive(&lock) {
+            Ok(true) => break,
+            Ok(false) => {}
+            Err(source) => return Err(failed("lock", source)),
+        }
+        let waited = started.elapsed();
+        if waited >= timeout {
+            return Err(JitError::LockTimeout {
+                kernel: kernel.to_owned(),
+                path: path.to_path_buf(),
+                waited_s: waited.as_secs(),
+                holder: lock_holder(path),
+            });
+        }
+        std::thread::sleep(pause.min(timeout - waited));
+        pause = (pause * 2).min(Duration::from_millis(200));
+    }
+    let pid = format!("{}\n", std::process::id());
+    let recorded = lock
+        .set_len(0)
+        .and_then(|()| lock.seek(std::io::SeekFrom::Start(0)))
+        .and_then(|_| lock.write_all(pid.as_bytes()));
+    recorded.map_err(|source| failed("write", source))?;
+    Ok(lock)
+}
+
+/// The pid the lock's holder wrote into it, if any.
+fn lock_holder(path: &Path) -> Option<u32> {
+    let bytes = read_regular_file(path, 64).ok()?;
+    std::str::from_utf8(&bytes).ok()?.trim().parse().ok()
+}
+
+fn not_a_cache_file() -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::InvalidInput,
+        "not a regular file (a link, a FIFO or a device has no place in the JIT cache; remove \
+         it)",
+    )
+}
+
+/// A cache file's bytes: a regular file (not a link, a FIFO or a device), at most `cap`.
+fn read_cache_file(path: &Path, cap: u64) -> Option<Vec<u8>> {
+    if !fs::symlink_metadata(path).ok()?.is_file() {
+        return None;
+    }
+    read_regular_file(path, cap).ok()
+}
+
+/// The cached entry, if it is complete, matches the request and verifies: its `.json` names
+/// the key and the architecture, and the `.cubin` has the size and sha256 the `.json` records
+/// and validates with every entry. Anything else is a miss.
 pub(super) fn read_entry(
+    cache_dir: &Path,
     paths: &CacheEntryPaths,
     request: &JitRequest<'_>,
     key: &KernelKey,
 ) -> Option<JitOutput> {
-    let metadata = fs::read(&paths.metadata).ok()?;
+    real_dirs(cache_dir, &paths.dir).ok()?;
+    let metadata = read_cache_file(&paths.metadata, MAX_ENTRY_METADATA)?;
     let entry: CacheEntry = serde_json::from_slice(&metadata).ok()?;
     if entry.format != ENTRY_FORMAT || entry.key != key.0 || entry.arch != request.arch {
         return None;
     }
-    let cubin = fs::read(&paths.cubin).ok()?;
+    let cubin = read_cache_file(&paths.cubin, entry.size.min(MAX_ARTIFACT_SIZE))?;
     if cubin.len() as u64 != entry.size || sha256_hex(&cubin) != entry.digest {
         return None;
     }
@@ -229,5 +407,185 @@ mod tests {
         remove_leftovers(dir.path(), &key);
         assert!(!leftover.exists());
         assert!(foreign.exists() && entry.exists());
+    }
+
+    fn mkfifo(path: &Path) {
+        let status = std::process::Command::new("mkfifo")
+            .arg(path)
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    fn request_fixture() -> KernelRecord {
+        KernelRecord {
+            inputs: crate::index::KernelInputs {
+                entries: vec!["k".into()],
+                cxx_std: "c++17".into(),
+                ..Default::default()
+            },
+            recipe: None,
+            constants: BTreeMap::new(),
+            variants: Vec::new(),
+            skipped: Vec::new(),
+        }
+    }
+
+    fn request(record: &KernelRecord) -> JitRequest<'_> {
+        JitRequest {
+            bundle_root: Path::new("/nonexistent-bundle"),
+            kernel: "k",
+            record,
+            torch: "2.13.*",
+            arch: "sm_90a".parse().unwrap(),
+            cuda: "cu130".parse().unwrap(),
+        }
+    }
+
+    #[test]
+    fn case_9_a_fifo_cache_entry_is_a_miss_not_a_hang() {
+        let cache = tempfile::tempdir().unwrap();
+        let record = request_fixture();
+        let request = request(&record);
+        let key = KernelKey("5a".repeat(32));
+        let paths = entry_paths(cache.path(), &key);
+        fs::create_dir_all(&paths.dir).unwrap();
+        mkfifo(&paths.metadata);
+        mkfifo(&paths.cubin);
+        let started = Instant::now();
+        assert!(read_entry(cache.path(), &paths, &request, &key).is_none());
+        assert!(started.elapsed() < Duration::from_secs(5));
+        // A `.json` linked to a regular file is not an entry either.
+        fs::remove_file(&paths.metadata).unwrap();
+        let elsewhere = cache.path().join("planted.json");
+        fs::write(&elsewhere, b"{}").unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &paths.metadata).unwrap();
+        assert!(!is_cached(cache.path(), &key));
+        assert!(read_entry(cache.path(), &paths, &request, &key).is_none());
+    }
+
+    #[test]
+    fn case_9_a_tampered_cubin_is_a_miss() {
+        let cache = tempfile::tempdir().unwrap();
+        let record = request_fixture();
+        let request = request(&record);
+        let key = KernelKey("5a".repeat(32));
+        let paths = entry_paths(cache.path(), &key);
+        fs::create_dir_all(&paths.dir).unwrap();
+        let cubin = b"not what the json records".to_vec();
+        let entry = CacheEntry {
+            format: ENTRY_FORMAT,
+            kernel: "k".into(),
+            key: key.0.clone(),
+            arch: request.arch,
+            cuda: request.cuda,
+            torch: request.torch.into(),
+            compiler: CompilerRecord {
+                kind: "nvrtc".into(),
+                version: "13.0.88".into(),
+            },
+            digest: sha256_hex(b"another cubin"),
+            size: cubin.len() as u64,
+            functions: Vec::new(),
+        };
+        fs::write(&paths.metadata, serde_json::to_vec(&entry).unwrap()).unwrap();
+        fs::write(&paths.cubin, &cubin).unwrap();
+        // The `.json` is complete, but the cubin is not the one it records.
+        assert!(is_cached(cache.path(), &key));
+        assert!(read_entry(cache.path(), &paths, &request, &key).is_none());
+    }
+
+    #[test]
+    fn case_9_a_symlinked_shard_folder_is_never_followed() {
+        let cache = tempfile::tempdir().unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        let record = request_fixture();
+        let request = request(&record);
+        let compiler = crate::jit::tests::nvcc_with_host("gcc 12");
+        let key = request.key(&compiler.record());
+        let paths = entry_paths(cache.path(), &key);
+        fs::create_dir_all(paths.dir.parent().unwrap()).unwrap();
+        std::os::unix::fs::symlink(elsewhere.path(), &paths.dir).unwrap();
+        let error = compile_cached(&request, &compiler, cache.path()).unwrap_err();
+        let message = error_chain(&error);
+        assert!(
+            matches!(error, JitError::Cache { action: "use", .. })
+                && message.contains("is a symbolic link, not a folder"),
+            "{message}"
+        );
+        assert_eq!(fs::read_dir(elsewhere.path()).unwrap().count(), 0);
+
+        // The layout folder linked away is refused the same way.
+        let cache = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(elsewhere.path(), cache.path().join(CACHE_LAYOUT)).unwrap();
+        let error = error_chain(&compile_cached(&request, &compiler, cache.path()).unwrap_err());
+        assert!(error.contains("is a symbolic link"), "{error}");
+        assert_eq!(fs::read_dir(elsewhere.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn case_9_a_held_lock_times_out_naming_the_holder() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("k.lock");
+        let held = lock_entry("k", &path, Duration::from_secs(1)).unwrap();
+        assert_eq!(
+            fs::read_to_string(&path).unwrap(),
+            format!("{}\n", std::process::id())
+        );
+        let started = Instant::now();
+        let error = lock_entry("k", &path, Duration::from_millis(300)).unwrap_err();
+        let waited = started.elapsed();
+        assert!(
+            waited >= Duration::from_millis(300) && waited < Duration::from_secs(5),
+            "{waited:?}"
+        );
+        let message = error.to_string();
+        assert!(
+            matches!(error, JitError::LockTimeout { holder: Some(pid), .. } if pid == std::process::id()),
+            "{message}"
+        );
+        assert!(
+            message.contains(&format!("process {} holds it", std::process::id()))
+                && message.contains("KWHEEL_JIT_LOCK_TIMEOUT"),
+            "{message}"
+        );
+        drop(held);
+        // Released, the lock is taken at once.
+        lock_entry("k", &path, Duration::ZERO).unwrap();
+    }
+
+    #[test]
+    fn case_9_a_lock_file_that_is_a_fifo_or_a_link_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo.lock");
+        mkfifo(&fifo);
+        let error = lock_entry("k", &fifo, Duration::ZERO).unwrap_err();
+        assert!(
+            error_chain(&error).contains("not a regular file"),
+            "{error}"
+        );
+        // A dangling link would otherwise create its target, wherever it points.
+        let target = dir.path().join("outside").join("created");
+        fs::create_dir_all(target.parent().unwrap()).unwrap();
+        let link = dir.path().join("link.lock");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        assert!(lock_entry("k", &link, Duration::ZERO).is_err());
+        assert!(!target.exists());
+    }
+
+    #[test]
+    fn lock_timeout_follows_the_environment() {
+        assert_eq!(lock_timeout_from(env(&[])).unwrap(), DEFAULT_LOCK_TIMEOUT);
+        let pairs = [("KWHEEL_JIT_LOCK_TIMEOUT", "5")];
+        assert_eq!(
+            lock_timeout_from(env(&pairs)).unwrap(),
+            Duration::from_secs(5)
+        );
+        let pairs = [("KWHEEL_JIT_LOCK_TIMEOUT", "soon")];
+        let error = lock_timeout_from(env(&pairs)).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "KWHEEL_JIT_LOCK_TIMEOUT=`soon` is not a whole number of seconds"
+        );
     }
 }

@@ -52,15 +52,20 @@
 //! The cache never lives inside site-packages or the bundle: wheels are read-only and shared.
 
 mod cache;
+mod flags;
 mod run;
 mod search;
+mod sources;
 
 pub use cache::{
-    compile_cached, default_cache_dir, entry_paths, is_cached, CacheEntryPaths, CACHE_LAYOUT,
+    compile_cached, default_cache_dir, entry_paths, is_cached, lock_timeout_from, CacheEntryPaths,
+    CACHE_LAYOUT, DEFAULT_LOCK_TIMEOUT,
 };
+pub use flags::{check_define, check_flags, refused_inputs, RefusedInput};
 use run::{compile, describe_failure};
 use search::nvrtc_candidate;
 pub use search::{Candidate, CompilerSearch};
+use sources::{check_source_tree, verify_sources};
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -83,8 +88,8 @@ use crate::compile::{
 };
 use crate::cubin::{validate_cubin, CubinError};
 use crate::device::DriverVersion;
-use crate::env::{JIT_CACHE_ENV, NVRTC_ENV};
-use crate::index::{CompilerRecord, Function, KernelRecord};
+use crate::env::{JIT_CACHE_ENV, JIT_LOCK_TIMEOUT_ENV, NVRTC_ENV};
+use crate::index::{CompilerRecord, Function, KernelRecord, SourceRecipe};
 use crate::key::{sha256_hex, KernelKey, KeyInputs};
 use crate::nvrtc::{self, NvrtcError, NvrtcLibrary};
 use crate::{error_chain, Arch, CudaBuild};
@@ -152,6 +157,59 @@ pub enum JitError {
         /// The cause.
         #[source]
         source: std::io::Error,
+    },
+    /// The bundle asks the compiler for something the JIT does not pass on: a flag off the
+    /// allowlist ([`flags`]), a define, standard or recipe path that could smuggle one.
+    #[error(
+        "`{kernel}` is not compiled from its shipped sources: the bundle index's {refused}. The \
+         JIT passes a bundle's compiler flags only from a list that cannot name a file, a \
+         folder or a program (see kwheel's docs/jit.md), so that a wheel cannot make the \
+         compiler write files or run programs; its prebuilt cubins still load where they fit. \
+         Ask the package's maintainers for a build without it"
+    )]
+    UnsafeInput {
+        /// The kernel.
+        kernel: String,
+        /// What is refused, where in the index, and why.
+        refused: RefusedInput,
+    },
+    /// Something under the bundle's `sources/` that the compiler would open is not a regular
+    /// file or folder inside the bundle.
+    #[error("`{kernel}` is not compiled from its shipped sources: {} is refused", path.display())]
+    SourceTree {
+        /// The kernel.
+        kernel: String,
+        /// The file, folder or link.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Another process held the cache lock of a key for longer than the lock timeout.
+    #[error(
+        "waited {waited_s} s for the JIT cache lock {} of `{kernel}`: {}; if that process is \
+         stuck, end it, or set {JIT_LOCK_TIMEOUT_ENV} to wait longer (seconds)",
+        path.display(),
+        match .holder {
+            Some(pid) => format!("process {pid} holds it, compiling this kernel"),
+            None => "another process holds it (it recorded no pid)".to_owned(),
+        }
+    )]
+    LockTimeout {
+        /// The kernel.
+        kernel: String,
+        /// The lock file.
+        path: PathBuf,
+        /// How long this process waited, in seconds.
+        waited_s: u64,
+        /// The holder's pid, as it wrote it into the lock file.
+        holder: Option<u32>,
+    },
+    /// The lock timeout setting is not a number of seconds.
+    #[error("{JIT_LOCK_TIMEOUT_ENV}=`{value}` is not a whole number of seconds")]
+    LockTimeoutSetting {
+        /// The value.
+        value: String,
     },
     /// A shipped source is not the file the index was built from.
     #[error(
@@ -244,6 +302,22 @@ pub enum JitError {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// Checks everything of `record` that the JIT would put on a compiler's command line
+/// ([`refused_inputs`]): the first refusal, as the error [`compile_cached`] returns for it.
+/// The registry's status and load both ask this, so they say the same.
+pub fn check_inputs(kernel: &str, record: &KernelRecord) -> Result<(), JitError> {
+    match refused_inputs(&record.inputs, record.recipe.as_ref())
+        .into_iter()
+        .next()
+    {
+        Some(refused) => Err(JitError::UnsafeInput {
+            kernel: kernel.to_owned(),
+            refused,
+        }),
+        None => Ok(()),
+    }
 }
 
 /// A compiler ready to build: NVRTC loaded into this process, or nvcc with its version.
@@ -459,7 +533,7 @@ pub(crate) mod tests {
         fs::write(path, b"").unwrap();
     }
 
-    fn nvcc_with_host(host: &str) -> JitCompiler {
+    pub(crate) fn nvcc_with_host(host: &str) -> JitCompiler {
         JitCompiler {
             kind: CompilerKind::Nvcc,
             version: "13.0.88".into(),
