@@ -60,9 +60,11 @@
 pub mod identity;
 mod nvinfo;
 mod ptx;
+mod stub;
 
 use nvinfo::{attributes, parameter_sizes};
 use ptx::inspect_ptx;
+pub use stub::{stub_entries, StubEntry};
 
 use std::collections::BTreeMap;
 
