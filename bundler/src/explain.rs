@@ -5,24 +5,14 @@ use std::fmt::{self, Write};
 use std::path::{Path, PathBuf};
 
 use prebuilt::bundle::read_index;
-use prebuilt::index::{CompilerRecord, Index, KernelInputs};
-use prebuilt::key::KeyInputs;
-use prebuilt::{Arch, CudaBuild, KernelKey};
+use prebuilt::index::{Index, KernelInputs};
+use prebuilt::CudaBuild;
 
-use crate::build::{plan_kernel, BuildToolchain};
+use crate::build::{plan_kernel, target_keys, BuildToolchain};
 use crate::manifest::Manifest;
 use crate::Error;
 
-/// One (CUDA build, arch) cell of a kernel, as `explain` sees it now.
-#[derive(Debug)]
-pub struct TargetKey {
-    /// The CUDA build.
-    pub build: CudaBuild,
-    /// The architecture.
-    pub arch: Arch,
-    /// The compiler and the key, or why there is none.
-    pub key: Result<(CompilerRecord, KernelKey), String>,
-}
+pub use crate::build::TargetKey;
 
 /// Everything `dev explain` prints about one kernel.
 #[derive(Debug)]
@@ -81,38 +71,11 @@ pub fn explain(
         .collect();
     let planned = plan_kernel(&manifest, kernel, spec, &external_dirs)?;
 
-    let mut targets = Vec::new();
-    for (build, toolchain) in &toolchains {
-        for &arch in &manifest.library.archs {
-            let compiler = if spec.cubins.is_empty() {
-                toolchain
-                    .as_ref()
-                    .map(|t| t.record_for(&manifest, spec, &planned))
-                    .map_err(Clone::clone)
-            } else {
-                Ok(CompilerRecord {
-                    kind: "cubin".into(),
-                    version: String::new(),
-                })
-            };
-            let key = compiler.map(|compiler| {
-                let key = KernelKey::compute(&KeyInputs {
-                    kernel,
-                    inputs: &planned.inputs,
-                    arch,
-                    cuda: *build,
-                    torch: &torch,
-                    compiler: &compiler,
-                });
-                (compiler, key)
-            });
-            targets.push(TargetKey {
-                build: *build,
-                arch,
-                key,
-            });
-        }
-    }
+    let found: Vec<(CudaBuild, Result<&BuildToolchain, String>)> = toolchains
+        .iter()
+        .map(|(build, toolchain)| (*build, toolchain.as_ref().map_err(Clone::clone)))
+        .collect();
+    let targets = target_keys(&manifest, spec, &planned, &torch, &found);
 
     let changes = match against {
         Some(path) => {

@@ -5,26 +5,9 @@
 //! headers, and settles which compiler the build uses and its exact version, because both are
 //! part of every kernel key.
 //!
-//! Where a build's toolchain is looked up, first match wins:
-//!
-//! | source | example |
-//! | --- | --- |
-//! | `KWHEEL_CUDA_<BUILD>` | `KWHEEL_CUDA_CU129=/usr/local/cuda-12.9` |
-//! | `$KWHEEL_TOOLCHAINS/<build>` | `$KWHEEL_TOOLCHAINS/cu129` |
-//! | the user cache | `${XDG_CACHE_HOME:-$HOME/.cache}/kwheel/toolchains/cu129` |
-//!
-//! Layouts understood inside that folder:
-//!
-//! ```text
-//! cu130/                                   cu129/
-//! ├── nvidia/cu13/                         ├── nvidia/cuda_nvrtc/lib/libnvrtc.so.12
-//! │   ├── bin/nvcc                         ├── nvidia/cuda_runtime/include/
-//! │   ├── lib/libnvrtc.so.13               ├── nvidia/cuda_cccl/include/
-//! │   └── include/ (+ include/cccl/)       ├── nvidia/cuda_nvcc/bin/ptxas (no nvcc)
-//! └── nvidia_cuda_nvcc-13.0.88.dist-info   └── nvidia_cuda_nvrtc_cu12-12.9.86.dist-info
-//!
-//! a toolkit root (CUDA_HOME): bin/nvcc, lib64/ or lib/libnvrtc.so.N, include/, version.json
-//! ```
+//! Where a build's toolchain folder is, and the layouts understood inside it, are the
+//! runtime's one description ([`prebuilt::compile::layout`]), which the JIT's compiler search
+//! reads too.
 //!
 //! The compiler is nvcc where the build has it and NVRTC otherwise. Its exact version comes from
 //! `nvcc --version`, or for NVRTC from the wheel's metadata (a toolkit's `version.json`, and
@@ -32,21 +15,20 @@
 //! [`crate::nvrtc`] for why a process holds only one).
 
 use std::collections::BTreeSet;
-use std::ffi::OsString;
 use std::fmt;
-use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use prebuilt::target::{Arch, CudaBuild};
 use serde::{Deserialize, Serialize};
 
+pub use prebuilt::compile::layout::{toolchain_env_var, TOOLCHAINS_ENV};
+pub(crate) use prebuilt::compile::nvcc_command;
+pub use prebuilt::compile::ptxas::max_ptx_isa;
 pub use prebuilt::compile::CompilerKind;
-use prebuilt::compile::{host_compiler, nvrtc_package_version, parse_nvcc_version};
+use prebuilt::compile::{
+    host_compiler, nvrtc_package_version, parse_nvcc_version, toolchain_dir_from, ToolkitLayout,
+};
 use prebuilt::nvrtc;
-
-/// The environment variable that points every build at `$KWHEEL_TOOLCHAINS/<build>`.
-pub const TOOLCHAINS_ENV: &str = "KWHEEL_TOOLCHAINS";
 
 /// A compiler and its exact version, as it enters kernel keys: `nvcc 13.0.88`.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -184,32 +166,9 @@ pub enum ToolchainError {
     },
 }
 
-/// The variable that points one build at a toolkit: `KWHEEL_CUDA_CU129`.
-pub fn toolchain_env_var(build: CudaBuild) -> String {
-    format!("KWHEEL_CUDA_{}", build.to_string().to_uppercase())
-}
-
 /// Where `build`'s toolchain is looked up (see the module docs for the order).
 pub fn toolchain_dir(build: CudaBuild) -> PathBuf {
     toolchain_dir_from(build, |name| std::env::var_os(name))
-}
-
-fn toolchain_dir_from(build: CudaBuild, env: impl Fn(&str) -> Option<OsString>) -> PathBuf {
-    let env = |name: &str| env(name).filter(|value| !value.is_empty());
-    if let Some(dir) = env(&toolchain_env_var(build)) {
-        return PathBuf::from(dir);
-    }
-    if let Some(root) = env(TOOLCHAINS_ENV) {
-        return PathBuf::from(root).join(build.to_string());
-    }
-    let cache = env("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| env("HOME").map(|home| PathBuf::from(home).join(".cache")))
-        .unwrap_or_else(|| PathBuf::from(".cache"));
-    cache
-        .join("kwheel")
-        .join("toolchains")
-        .join(build.to_string())
 }
 
 /// Discovers `build`'s toolchain where [`toolchain_dir`] says it lives.
@@ -225,7 +184,7 @@ pub fn discover_at(build: CudaBuild, dir: &Path) -> Result<Toolchain, ToolchainE
             dir: dir.to_path_buf(),
         });
     }
-    let layout = Layout::scan(dir);
+    let layout = ToolkitLayout::scan(dir);
     let probe_error =
         |what: String, source: Box<dyn std::error::Error + Send + Sync>| ToolchainError::Probe {
             build,
@@ -320,18 +279,6 @@ pub fn discover_at(build: CudaBuild, dir: &Path) -> Result<Toolchain, ToolchainE
     })
 }
 
-/// A `Command` for nvcc that does not depend on the caller's environment: `NVCC_PREPEND_FLAGS`,
-/// `NVCC_APPEND_FLAGS` and the like would change what gets built without changing the key.
-/// Only `PATH` is kept, because nvcc runs the system's host compiler to preprocess.
-pub(crate) fn nvcc_command(nvcc: &Path) -> Command {
-    let mut command = Command::new(nvcc);
-    command.env_clear();
-    if let Some(path) = std::env::var_os("PATH") {
-        command.env("PATH", path);
-    }
-    command
-}
-
 type ProbeFailure = (String, Box<dyn std::error::Error + Send + Sync>);
 
 /// The directories the host compiler searches for `#include <…>` in C++ (libstdc++, glibc),
@@ -375,18 +322,6 @@ pub(crate) fn ptxas_version(ptxas: &Path) -> Result<String, ProbeFailure> {
     })
 }
 
-/// The newest PTX ISA a `ptxas` of CUDA `version` assembles, as (major, minor): CUDA 12.9 reads
-/// PTX ISA 8.8, 12.8 reads 8.7. `None` for a version this table does not know.
-pub fn max_ptx_isa(version: &str) -> Option<(u32, u32)> {
-    let build = CudaBuild::from_version(version).ok()?;
-    match (build.major, build.minor) {
-        (12, 9) => Some((8, 8)),
-        (12, 8) => Some((8, 7)),
-        (13, 0) => Some((9, 0)),
-        _ => None,
-    }
-}
-
 /// The toolchain whose nvcc compiles device code for `build` when `build` has `ptxas` but no
 /// nvcc of its own (the CUDA 12.9 wheels): the next major release's `.0` toolchain (`cu130` for
 /// `cu129`), if it is installed and has nvcc.
@@ -423,69 +358,6 @@ fn parse_gpu_codes(text: &str) -> BTreeSet<u32> {
         .filter_map(|code| code.strip_prefix("sm_"))
         .filter_map(|sm| sm.trim_end_matches(['a', 'f']).parse().ok())
         .collect()
-}
-
-/// What a toolchain folder holds, before anything is run.
-#[derive(Debug, Default)]
-struct Layout {
-    nvcc: Option<PathBuf>,
-    nvrtc: Option<PathBuf>,
-    ptxas: Option<PathBuf>,
-    include_dirs: Vec<PathBuf>,
-}
-
-impl Layout {
-    fn scan(dir: &Path) -> Layout {
-        // A toolkit root is its own component; a pip target spreads the toolkit over
-        // `nvidia/cu13/` (CUDA 13) or `nvidia/cuda_nvrtc/`, `nvidia/cuda_runtime/`, … (CUDA 12).
-        let mut components = vec![dir.to_path_buf()];
-        if let Ok(entries) = fs::read_dir(dir.join("nvidia")) {
-            let mut nested: Vec<PathBuf> = entries
-                .filter_map(|entry| entry.ok())
-                .filter(|entry| entry.path().is_dir())
-                .filter(|entry| entry.file_name().to_string_lossy().starts_with("cu"))
-                .map(|entry| entry.path())
-                .collect();
-            nested.sort();
-            components.extend(nested);
-        }
-
-        let mut layout = Layout::default();
-        let mut runtime_include = None;
-        let mut cccl_include = None;
-        for component in &components {
-            let nvcc = component.join("bin").join("nvcc");
-            if layout.nvcc.is_none() && nvcc.is_file() {
-                layout.nvcc = Some(nvcc);
-            }
-            let ptxas = component.join("bin").join("ptxas");
-            if layout.ptxas.is_none() && ptxas.is_file() {
-                layout.ptxas = Some(ptxas);
-            }
-            if layout.nvrtc.is_none() {
-                layout.nvrtc = ["lib64", "lib"]
-                    .iter()
-                    .find_map(|lib| nvrtc::find_libnvrtc(&component.join(lib)));
-            }
-            let include = component.join("include");
-            if runtime_include.is_none() && include.join("cuda_runtime.h").is_file() {
-                runtime_include = Some(include.clone());
-            }
-            if cccl_include.is_none() {
-                if include.join("cccl").join("cub").is_dir() {
-                    cccl_include = Some(include.join("cccl"));
-                } else if include.join("cub").is_dir() {
-                    cccl_include = Some(include);
-                }
-            }
-        }
-        for include in [runtime_include, cccl_include].into_iter().flatten() {
-            if !layout.include_dirs.contains(&include) {
-                layout.include_dirs.push(include);
-            }
-        }
-        layout
-    }
 }
 
 #[cfg(test)]
@@ -531,6 +403,8 @@ pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::ffi::OsString;
+    use std::fs;
 
     fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<OsString> + 'a {
         move |name| {
@@ -661,7 +535,7 @@ mod tests {
         ] {
             fs::write(root.join(file), b"").unwrap();
         }
-        let layout = Layout::scan(root);
+        let layout = ToolkitLayout::scan(root);
         assert_eq!(layout.nvcc, Some(root.join("bin/nvcc")));
         assert_eq!(layout.nvrtc, Some(root.join("lib64/libnvrtc.so.12")));
         assert_eq!(layout.include_dirs, vec![root.join("include")]);

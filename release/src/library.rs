@@ -32,14 +32,12 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use bundler::build::plan_kernel;
-use bundler::explain::{changes_since, TargetKey};
+use bundler::build::{plan_kernel, target_keys};
+use bundler::explain::changes_since;
 use bundler::{BuildToolchain, BundleOptions, BundleSummary, Manifest};
 use prebuilt::bundle::{read_index, INDEX_FILE, SOURCES_DIR};
-use prebuilt::index::CompilerRecord;
-use prebuilt::key::KeyInputs;
 use prebuilt::lookup::{encode, LOOKUP_FILE};
-use prebuilt::{Bundle, CudaBuild, KernelKey};
+use prebuilt::{Bundle, CudaBuild};
 
 use crate::publish::ShipFilter;
 use crate::verify::{verify_wheel, VerifyReport};
@@ -387,38 +385,17 @@ pub fn check_bundle_current(
     let mut stale = Vec::new();
     for (name, spec) in &manifest.kernels {
         let planned = plan_kernel(manifest, name, spec, &external_dirs)?;
-        let mut targets = Vec::new();
-        for (build, toolchain) in &found {
-            for &arch in &manifest.library.archs {
-                let compiler = if !spec.cubins.is_empty() {
-                    Ok(CompilerRecord {
-                        kind: "cubin".into(),
-                        version: String::new(),
-                    })
-                } else {
-                    toolchain
-                        .as_ref()
-                        .map(|t| t.record_for(manifest, spec, &planned))
-                        .ok_or_else(|| format!("no toolchain for {build}"))
-                };
-                let key = compiler.map(|compiler| {
-                    let key = KernelKey::compute(&KeyInputs {
-                        kernel: name,
-                        inputs: &planned.inputs,
-                        arch,
-                        cuda: *build,
-                        torch,
-                        compiler: &compiler,
-                    });
-                    (compiler, key)
-                });
-                targets.push(TargetKey {
-                    build: *build,
-                    arch,
-                    key,
-                });
-            }
-        }
+        let toolchains: Vec<(CudaBuild, Result<&BuildToolchain, String>)> = found
+            .iter()
+            .map(|(build, toolchain)| {
+                let toolchain = toolchain.as_ref();
+                (
+                    *build,
+                    toolchain.ok_or_else(|| format!("no toolchain for {build}")),
+                )
+            })
+            .collect();
+        let targets = target_keys(manifest, spec, &planned, torch, &toolchains);
         let mut changes = changes_since(&index, name, &planned.inputs, torch, &targets);
         if changes.is_empty() {
             // Inputs, torch and compilers agree; a different key means its definition changed.

@@ -25,8 +25,8 @@ mod plan;
 mod run;
 
 use plan::{plan_job, select_kernels, Job, Work};
-pub use plan::{plan_kernel, PlannedKernel};
-use run::{describe, index_reason, run_jobs};
+pub use plan::{plan_kernel, target_key, target_keys, PlannedKernel, TargetKey};
+use run::{describe, index_reason, run_jobs, stub_reason};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -35,6 +35,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use prebuilt::compile::{resolve_entries, EntryError};
+use prebuilt::cubin::{stub_entries, StubEntry};
 use prebuilt::index::{
     CompilerRecord, Function, Index, KernelInputs, KernelRecord, Skip, SourceRecipe, StoredFile,
     Variant, INDEX_FORMAT,
@@ -101,7 +102,10 @@ impl BuildToolchain {
         let wants_nvcc = match manifest.compiler_of(spec) {
             CompilerChoice::Nvrtc => false,
             CompilerChoice::Nvcc => true,
-            CompilerChoice::Auto => !kernel.system_headers.is_empty(),
+            // `nvcc-flags` are meant for nvcc: NVRTC would drop them.
+            CompilerChoice::Auto => {
+                !kernel.system_headers.is_empty() || !kernel.inputs.nvcc_flags.is_empty()
+            }
         };
         match &self.nvcc_route {
             Some(route) if wants_nvcc => route,
@@ -296,20 +300,67 @@ pub fn bundle_kernels_shared(
     }
     let results = run_jobs(&jobs, &kernels, &cache, options)?;
     let mut failed = Vec::new();
-    for (job, result) in jobs.iter().zip(&results) {
-        if let Err(error) = result {
-            let name = &kernels[job.kernel].name;
-            let reason = describe(error);
-            eprintln!(
-                "failed: `{name}` for {} ({}), recorded as a skip:\n{reason}",
-                job.arch, job.build
-            );
-            skipped.entry(job.kernel).or_default().push(Skip {
-                arch: job.arch,
-                cuda: job.build,
-                reason: format!("failed: {}", index_reason(&reason)),
-            });
-            failed.push((name.clone(), job.build, job.arch, reason));
+    // Jobs whose cubin is a stub on its target: skips, not variants.
+    let mut stubs = BTreeSet::new();
+    for (n, (job, result)) in jobs.iter().zip(&results).enumerate() {
+        let name = &kernels[job.kernel].name;
+        match result {
+            Err(error) => {
+                let reason = describe(error);
+                eprintln!(
+                    "failed: `{name}` for {} ({}), recorded as a skip:\n{reason}",
+                    job.arch, job.build
+                );
+                // A failure kept from an earlier build is recorded as that build recorded it.
+                let recorded = match error {
+                    Error::CachedFailure { reason, .. } => reason,
+                    _ => &reason,
+                };
+                skipped.entry(job.kernel).or_default().push(Skip {
+                    arch: job.arch,
+                    cuda: job.build,
+                    reason: format!("failed: {}", index_reason(recorded)),
+                });
+                failed.push((name.clone(), job.build, job.arch, reason));
+            }
+            Ok(built) if built.stubs.is_empty() || manifest.kernels[name].allow_stub => {}
+            Ok(built) if built.stubs.len() < built.functions.len() => {
+                let entries: Vec<String> = built
+                    .stubs
+                    .iter()
+                    .map(|(entry, stub)| format!("`{entry}` ({})", stub.describe()))
+                    .collect();
+                eprintln!(
+                    "warning: `{name}` for {} ({}): {} a stub there, kept for the kernel's other \
+                     entries; launching it there fails",
+                    job.arch,
+                    job.build,
+                    if entries.len() == 1 {
+                        format!("entry {} is", entries[0])
+                    } else {
+                        format!("entries {} are", entries.join(", "))
+                    }
+                );
+            }
+            Ok(built) => {
+                let reason = stub_reason(name, job.arch, &built.stubs);
+                if options.require {
+                    return Err(Error::Skipped {
+                        kernel: name.clone(),
+                        arch: job.arch,
+                        build: job.build,
+                        reason,
+                    });
+                }
+                eprintln!("skipping `{name}` for {} ({}): {reason}", job.arch, job.build);
+                skipped_count += 1;
+                stubs.insert(n);
+                skipped.entry(job.kernel).or_default().push(Skip {
+                    arch: job.arch,
+                    cuda: job.build,
+                    reason,
+                });
+            }
         }
     }
 
@@ -331,8 +382,9 @@ pub fn bundle_kernels_shared(
         for (job, built) in jobs
             .iter()
             .zip(&results)
-            .filter(|(job, _)| job.kernel == position)
-            .filter_map(|(job, result)| Some((job, result.as_ref().ok()?)))
+            .enumerate()
+            .filter(|(n, (job, _))| job.kernel == position && !stubs.contains(n))
+            .filter_map(|(_, (job, result))| Some((job, result.as_ref().ok()?)))
         {
             let digest = sha256_hex(&built.cubin);
             if built.compiled {

@@ -2,6 +2,7 @@
 //! job per target (compile, take from the cache, or skip with the reason).
 
 use super::*;
+use prebuilt::compile::{precompiled_record, SourceTree};
 
 /// A kernel's planned inputs, shared by its jobs.
 pub struct PlannedKernel {
@@ -20,8 +21,12 @@ pub struct PlannedKernel {
 
 pub(super) enum Work {
     Compile {
-        source: PathBuf,
-        include_dirs: Vec<PathBuf>,
+        /// The library's files, as a bundle's `sources/` lays them out.
+        tree: SourceTree,
+        /// The translation unit's stable path.
+        source: String,
+        /// The include dirs' stable names.
+        include_dirs: Vec<String>,
         compiler: Arc<dyn Compiler>,
     },
     Precompiled {
@@ -121,6 +126,20 @@ pub fn plan_kernel(
     })
 }
 
+/// The library as a compile sees it: the root, with each include dir outside it as `[n]` (the
+/// layout of a bundle's `sources/`, so the bundler and the JIT compile the same paths).
+pub(super) fn source_tree(root: &Path, include_dirs: &[PathBuf]) -> SourceTree {
+    SourceTree {
+        root: root.to_path_buf(),
+        outside: include_dirs
+            .iter()
+            .enumerate()
+            .filter(|(n, dir)| stable_dir(root, dir, *n).starts_with('['))
+            .map(|(n, dir)| (n, dir.clone()))
+            .collect(),
+    }
+}
+
 /// The stable name of include dir `n`: relative to the root when under it, else `[n]`
 /// (the same rule the scanner uses for file paths).
 pub(super) fn stable_dir(root: &Path, dir: &Path, n: usize) -> String {
@@ -206,8 +225,9 @@ pub(super) fn plan_job(
         (
             compiler.record(),
             Work::Compile {
-                source: manifest.root.join(&recipe.source),
-                include_dirs: manifest.include_dirs_of(spec),
+                tree: source_tree(&manifest.root, &manifest.include_dirs_of(spec)),
+                source: recipe.source.clone(),
+                include_dirs: recipe.include_dirs.clone(),
                 compiler: compiler.clone(),
             },
         )
@@ -218,23 +238,13 @@ pub(super) fn plan_job(
             .find(|c| c.arch == arch && c.cuda == build)
             .ok_or_else(|| "no precompiled cubin is listed for this target".to_owned())?;
         (
-            CompilerRecord {
-                kind: "cubin".into(),
-                version: String::new(),
-            },
+            precompiled_record(),
             Work::Precompiled {
                 path: manifest.root.join(&cubin.path),
             },
         )
     };
-    let key = KernelKey::compute(&KeyInputs {
-        kernel: &kernel.name,
-        inputs: &kernel.inputs,
-        arch,
-        cuda: build,
-        torch,
-        compiler: &compiler,
-    });
+    let key = target_key(kernel, build, arch, torch, &compiler);
     Ok(Job {
         kernel: kernel_index,
         arch,
@@ -243,4 +253,69 @@ pub(super) fn plan_job(
         key: key.0,
         work,
     })
+}
+
+/// One (CUDA build, arch) cell of a kernel: its compiler and key, or why it has none.
+#[derive(Debug)]
+pub struct TargetKey {
+    /// The CUDA build.
+    pub build: CudaBuild,
+    /// The architecture.
+    pub arch: Arch,
+    /// The compiler and the key, or why there is none.
+    pub key: Result<(CompilerRecord, KernelKey), String>,
+}
+
+/// The key of `kernel` for one target compiled by `compiler`: the one definition the build,
+/// `dev explain` and the release checks share.
+pub fn target_key(
+    kernel: &PlannedKernel,
+    build: CudaBuild,
+    arch: Arch,
+    torch: &str,
+    compiler: &CompilerRecord,
+) -> KernelKey {
+    KernelKey::compute(&KeyInputs {
+        kernel: &kernel.name,
+        inputs: &kernel.inputs,
+        arch,
+        cuda: build,
+        torch,
+        compiler,
+    })
+}
+
+/// Every target of `kernel` (each of `toolchains`' builds × the manifest's archs) with its
+/// compiler record and key: a precompiled cubin's record (`cubin`), else the compiler its
+/// build's toolchain picks for the kernel, or the reason there is no toolchain.
+pub fn target_keys(
+    manifest: &Manifest,
+    spec: &KernelSpec,
+    kernel: &PlannedKernel,
+    torch: &str,
+    toolchains: &[(CudaBuild, Result<&BuildToolchain, String>)],
+) -> Vec<TargetKey> {
+    let mut targets = Vec::new();
+    for (build, toolchain) in toolchains {
+        for &arch in &manifest.library.archs {
+            let compiler = if spec.cubins.is_empty() {
+                toolchain
+                    .as_ref()
+                    .map(|toolchain| toolchain.record_for(manifest, spec, kernel))
+                    .map_err(Clone::clone)
+            } else {
+                Ok(precompiled_record())
+            };
+            let key = compiler.map(|compiler| {
+                let key = target_key(kernel, *build, arch, torch, &compiler);
+                (compiler, key)
+            });
+            targets.push(TargetKey {
+                build: *build,
+                arch,
+                key,
+            });
+        }
+    }
+    targets
 }

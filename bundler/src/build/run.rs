@@ -8,6 +8,8 @@ pub(super) struct Built {
     pub(super) functions: Vec<Function>,
     pub(super) compiled: bool,
     pub(super) remote: bool,
+    /// The declared entries whose bodies are stubs on this target, as (entry, stub).
+    pub(super) stubs: Vec<(String, StubEntry)>,
 }
 
 /// Runs every job. A job whose compile or validation fails gives its error in place of a
@@ -77,8 +79,31 @@ pub(super) fn run_jobs(
 pub(super) fn is_target_failure(error: &Error) -> bool {
     matches!(
         error,
-        Error::Compile(_) | Error::InvalidCubin { .. } | Error::MissingEntry { .. }
+        Error::Compile(_)
+            | Error::InvalidCubin { .. }
+            | Error::MissingEntry { .. }
+            | Error::CachedFailure { .. }
     )
+}
+
+/// Whether a compile job's failure follows from its key's inputs alone, so that the build
+/// cache may keep it: the compiler rejected the source (its log reports an error), cannot
+/// honour a flag or a target, or the cubin is not the kernel's. A compiler that could not
+/// start, a file it could not read, or a log without an error (a killed compiler) may go
+/// another way next time.
+pub(super) fn is_lasting_failure(error: &Error) -> bool {
+    use crate::compiler::CompileError;
+    match error {
+        Error::Compile(error) => match error.as_ref() {
+            CompileError::Failed { log, .. } => log.to_lowercase().contains("error"),
+            CompileError::NewerPtx { .. }
+            | CompileError::Unhonoured { .. }
+            | CompileError::Unsupported { .. } => true,
+            _ => false,
+        },
+        Error::InvalidCubin { .. } | Error::MissingEntry { .. } => true,
+        _ => false,
+    }
 }
 
 /// An error and its causes, one per line, as a skip's reason and the failure report.
@@ -86,19 +111,53 @@ pub(super) fn describe(error: &Error) -> String {
     prebuilt::error_chain(error)
 }
 
-/// A failure's reason as the index keeps it: the whole message when short, else its first line
-/// and the last lines of the log (the full log is printed by the build).
+/// A failure's reason as the index keeps it: the whole message when short, else its first
+/// line, the first lines that report an error (where a compiler names the first thing that went
+/// wrong: ptxas's first `error`, the first missing header), and the last lines of the log; each
+/// part bounded (the full log is printed by the build).
 pub(super) fn index_reason(reason: &str) -> String {
     const LIMIT: usize = 2000;
+    const ERROR_LINES: usize = 20;
+    const LINE: usize = 300;
     if reason.len() <= LIMIT {
         return reason.to_owned();
     }
-    let first = reason.lines().next().unwrap_or_default();
-    let mut start = reason.len() - (LIMIT - first.len()).min(reason.len());
+    let clip = |line: &str, limit: usize| -> String {
+        if line.len() <= limit {
+            return line.to_owned();
+        }
+        let mut end = limit;
+        while !line.is_char_boundary(end) {
+            end -= 1;
+        }
+        format!("{}…", &line[..end])
+    };
+    let (first, rest) = reason.split_once('\n').unwrap_or((reason, ""));
+    // The tail: the last LIMIT bytes, from a line start where there is one.
+    let mut start = reason.len() - LIMIT;
     while !reason.is_char_boundary(start) {
         start += 1;
     }
-    format!("{first}\n[…]\n{}", &reason[start..])
+    if let Some(newline) = reason[start..].find('\n') {
+        if newline + 1 < reason.len() - start {
+            start += newline + 1;
+        }
+    }
+    let body_start = first.len() + 1;
+    let errors: Vec<String> = rest[..start.saturating_sub(body_start).min(rest.len())]
+        .lines()
+        .filter(|line| line.to_lowercase().contains("error"))
+        .take(ERROR_LINES)
+        .map(|line| clip(line, LINE))
+        .collect();
+    let mut kept = clip(first, LINE);
+    kept.push_str("\n[…]\n");
+    if !errors.is_empty() {
+        kept.push_str(&errors.join("\n"));
+        kept.push_str("\n[…]\n");
+    }
+    kept.push_str(&reason[start..]);
+    kept
 }
 
 pub(super) fn progress_bar(len: usize, enabled: bool) -> indicatif::ProgressBar {
@@ -114,11 +173,122 @@ pub(super) fn progress_bar(len: usize, enabled: bool) -> indicatif::ProgressBar 
     bar
 }
 
+/// Runs one job: its cubin from the caches or the compiler, checked, with the entries that
+/// are stubs on the target. A compile that failed for good before (same key) is not run again:
+/// the build cache keeps the failure beside where the cubin would be.
 pub(super) fn run_job(
     job: &Job,
     kernel: &PlannedKernel,
     cache: &BuildCache,
 ) -> Result<Built, Error> {
+    let compiles = matches!(job.work, Work::Compile { .. });
+    let record = failure_record_path(cache, &job.key);
+    if compiles && !cache.entry_path(&job.key).is_file() {
+        if let Some(reason) = read_failure(&record) {
+            return Err(Error::CachedFailure {
+                kernel: kernel.name.clone(),
+                arch: job.arch,
+                build: job.build,
+                record,
+                reason,
+            });
+        }
+    }
+    match fetch_or_compile(job, kernel, cache) {
+        Ok(mut built) => {
+            built.stubs = entry_stubs(&built.cubin, job, kernel, &built.functions)?;
+            Ok(built)
+        }
+        Err(error) => {
+            if compiles && is_lasting_failure(&error) {
+                write_failure(&record, &describe(&error));
+            }
+            Err(error)
+        }
+    }
+}
+
+/// Where the build cache keeps the failure of `key`: beside its cubin's place.
+pub(super) fn failure_record_path(cache: &BuildCache, key: &str) -> PathBuf {
+    cache.entry_path(key).with_extension("failed.json")
+}
+
+/// A failure record: the version of its layout and the failure as the build described it.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct FailureRecord {
+    format: u32,
+    reason: String,
+}
+
+/// Bump when [`FailureRecord`] changes; records of another format are ignored.
+const FAILURE_FORMAT: u32 = 1;
+
+/// The reason a failure record at `path` keeps, if there is a readable one.
+fn read_failure(path: &Path) -> Option<String> {
+    let bytes = std::fs::read(path).ok()?;
+    let record: FailureRecord = serde_json::from_slice(&bytes).ok()?;
+    (record.format == FAILURE_FORMAT).then_some(record.reason)
+}
+
+/// Keeps a failure for the next build; a record that cannot be written is a warning (the
+/// target is then compiled again next time).
+fn write_failure(path: &Path, reason: &str) {
+    let record = FailureRecord {
+        format: FAILURE_FORMAT,
+        reason: reason.to_owned(),
+    };
+    let bytes = serde_json::to_vec(&record).expect("a record of strings serializes");
+    if let Err(error) = crate::cache::write_atomically(path, &bytes) {
+        eprintln!(
+            "warning: cannot keep the failure in the build cache ({}); the target is compiled \
+             again next time",
+            prebuilt::error_chain(&error)
+        );
+    }
+}
+
+/// The declared entries of a checked cubin whose bodies are stubs on its target (see
+/// [`prebuilt::cubin::stub_entries`]).
+pub(super) fn entry_stubs(
+    cubin: &[u8],
+    job: &Job,
+    kernel: &PlannedKernel,
+    functions: &[Function],
+) -> Result<Vec<(String, StubEntry)>, Error> {
+    let stubs = stub_entries(cubin).map_err(|source| Error::InvalidCubin {
+        kernel: kernel.name.clone(),
+        arch: job.arch,
+        build: job.build,
+        source,
+    })?;
+    Ok(functions
+        .iter()
+        .filter_map(|function| {
+            let stub = stubs.iter().find(|stub| stub.symbol == function.symbol)?;
+            Some((function.name.clone(), stub.clone()))
+        })
+        .collect())
+}
+
+/// The skip reason of a target whose every entry is a stub there.
+pub(super) fn stub_reason(kernel: &str, arch: Arch, stubs: &[(String, StubEntry)]) -> String {
+    let what = if stubs.iter().all(|(_, stub)| stub.aborts()) {
+        "a stub that aborts"
+    } else {
+        "a stub that prints or aborts and computes nothing"
+    };
+    let entries: Vec<String> = stubs
+        .iter()
+        .map(|(entry, stub)| format!("`{entry}`: {}", stub.describe()))
+        .collect();
+    format!(
+        "stub: the source compiles `{kernel}` only for other targets; its {arch} body is {what} \
+         ({}); `allow-stub = true` would keep it",
+        entries.join("; ")
+    )
+}
+
+fn fetch_or_compile(job: &Job, kernel: &PlannedKernel, cache: &BuildCache) -> Result<Built, Error> {
     let symbols_key = symbols_key(&job.key);
     let symbols_path = cache.entry_path(&job.key).with_extension("entries.json");
     if let Some(cubin) = cache.get(&job.key)? {
@@ -133,6 +303,7 @@ pub(super) fn run_job(
                     functions,
                     compiled: false,
                     remote: false,
+                    stubs: Vec::new(),
                 })
             }
             // A damaged entry (or one whose entry symbols were lost) is rebuilt, not bundled.
@@ -143,28 +314,35 @@ pub(super) fn run_job(
     let output = format!("{}/{}/{}.cubin", kernel.name, job.build, job.arch);
     let compiles = matches!(job.work, Work::Compile { .. });
     if compiles {
-        if let Some(cubin) = cache.get_remote(&job.key, &what) {
-            let symbols = cache
-                .get_remote(&symbols_key, &what)
+        // A served cubin counts as a hit only once it is the key's: its entries, target and
+        // toolkit (a refusal is a warning and a miss, and the job compiles here).
+        let served = cache.get_remote(&job.key, &what, |cubin| {
+            let symbols: BTreeMap<String, String> = cache
+                .get_remote_file(&symbols_key, &what)
                 .and_then(|bytes| serde_json::from_slice(&bytes).ok())
                 .unwrap_or_default();
-            match check_cubin(&cubin, job, kernel, &symbols) {
-                Ok(functions) => {
-                    cache.put(&job.key, &cubin)?;
-                    put_symbols(cache, &symbols_path, &symbols, None)?;
-                    return Ok(Built {
-                        cubin,
-                        functions,
-                        compiled: false,
-                        remote: true,
-                    });
-                }
-                Err(error) => eprintln!(
-                    "warning: the remote cache's cubin of {what} is not valid ({}); compiling it \
-                     here",
-                    prebuilt::error_chain(&error)
-                ),
-            }
+            let functions = check_cubin(cubin, job, kernel, &symbols)
+                .map_err(|error| prebuilt::error_chain(&error))?;
+            let expected = prebuilt::cubin::identity::ExpectedCubin {
+                arch: job.arch,
+                cuda: job.build,
+                compiler: &job.compiler,
+                functions: &functions,
+            };
+            prebuilt::cubin::identity::check_identity(cubin, &expected)
+                .map_err(|error| error.to_string())?;
+            Ok((functions, symbols))
+        });
+        if let Some((cubin, (functions, symbols))) = served {
+            cache.put(&job.key, &cubin)?;
+            put_symbols(cache, &symbols_path, &symbols, None)?;
+            return Ok(Built {
+                cubin,
+                functions,
+                compiled: false,
+                remote: true,
+                stubs: Vec::new(),
+            });
         }
     }
     let (cubin, symbols) = match &job.work {
@@ -176,6 +354,7 @@ pub(super) fn run_job(
             (cubin, BTreeMap::new())
         }
         Work::Compile {
+            tree,
             source,
             include_dirs,
             compiler,
@@ -190,6 +369,8 @@ pub(super) fn run_job(
             let flags = kernel.inputs.flags_for(&job.compiler.kind);
             let request = CompileRequest {
                 kernel: &kernel.name,
+                key: &job.key,
+                tree,
                 source,
                 include_dirs,
                 defines: &kernel.inputs.defines,
@@ -215,6 +396,7 @@ pub(super) fn run_job(
         functions,
         compiled: true,
         remote: false,
+        stubs: Vec::new(),
     })
 }
 
@@ -267,6 +449,20 @@ pub(super) fn check_cubin(
             build: job.build,
             entry,
             found,
+        },
+        EntryError::NotExternC {
+            entry,
+            symbol,
+            expression,
+        } => Error::MissingEntry {
+            kernel: kernel.name.clone(),
+            arch: job.arch,
+            build: job.build,
+            entry,
+            found: vec![format!(
+                "{symbol}, a C++ kernel: a plain entry names an `extern \"C\"` one, so write \
+                 it as `{expression}`"
+            )],
         },
     })
 }

@@ -1,13 +1,15 @@
 //! The compilers: nvcc as a process, NVRTC in this process, and for a CUDA build that has
 //! `ptxas` but no nvcc (12.9 from its wheels) a newer nvcc's PTX assembled by that `ptxas`.
-//! Each turns one kernel's source into a cubin for one architecture.
+//! Each turns one kernel's source into a cubin for one architecture by calling the runtime's
+//! one compile executor ([`prebuilt::compile::compile`]), the same function the JIT calls, in
+//! the key's work folder (see `prebuilt::compile::work`).
 //!
 //! [`Compiler`] is the seam the scheduler uses, so scheduling and error paths are tested with
 //! fakes; [`compiler_for`] picks the real one a [`Toolchain`] names.
 //!
 //! | | [`Nvcc`] | [`Nvrtc`] | [`NvccPtxas`] |
 //! | --- | --- | --- | --- |
-//! | runs as | `nvcc -cubin` in a temp dir, clean environment | `libnvrtc` calls, one program per compile | `nvcc -ptx -arch=compute_XYa`, PTX ISA lowered, then the build's `ptxas -arch=sm_XYa` |
+//! | runs as | `nvcc -cubin` in the work folder, clean environment | `libnvrtc` calls, one program per compile | `nvcc -ptx -arch=compute_XYa`, PTX ISA lowered, then the build's `ptxas -arch=sm_XYa` with the options nvcc would give its own (a flag it cannot honour is refused by name) |
 //! | toolkit headers | nvcc's own (its `nvcc.profile`) | `-I` each of the toolchain's include dirs | the newer nvcc's own |
 //! | host code, system headers | yes (the host compiler preprocesses) | no | yes |
 //! | name expressions in `entries` | a generated unit takes each entry's address; the symbol is read from the PTX | `nvrtcAddNameExpression` / `nvrtcGetLoweredName` | as nvcc |
@@ -19,9 +21,9 @@
 //!
 //! | module | owns |
 //! | --- | --- |
-//! | this one | [`CompileRequest`], [`Compiler`], [`CompileError`], [`compiler_for`], the option order all three share |
-//! | `nvcc` | [`Nvcc`], and the work dir, tool runs and entry probes the nvcc+ptxas route shares |
-//! | `nvcc_ptxas` | [`NvccPtxas`]: PTX from a newer nvcc, its ISA lowered, assembled by the build's `ptxas` |
+//! | this one | [`CompileRequest`], [`Compiler`], [`CompileError`], [`compiler_for`], the executor's failures as errors |
+//! | `nvcc` | [`Nvcc`], and the note on failed entry probes the nvcc+ptxas route shares |
+//! | `nvcc_ptxas` | [`NvccPtxas`]: PTX from a newer nvcc, assembled by the build's `ptxas` |
 //! | `nvrtc` | [`Nvrtc`] and the notes on its failures ([`explain_nvrtc_log`]) |
 
 mod nvcc;
@@ -31,9 +33,9 @@ mod nvrtc;
 mod tests;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use prebuilt::compile;
+use prebuilt::compile::{self, CompileFailure, CompileJob, CompilerTool, SourceTree};
 use prebuilt::index::CompilerRecord;
 use prebuilt::nvrtc::NvrtcError;
 use prebuilt::target::{Arch, CudaBuild};
@@ -49,10 +51,15 @@ pub use nvrtc::{explain_nvrtc_log, Nvrtc};
 pub struct CompileRequest<'a> {
     /// The kernel's name, for messages.
     pub kernel: &'a str,
-    /// The `.cu` file to compile.
-    pub source: &'a Path,
-    /// The kernel's include directories, searched before the toolkit's.
-    pub include_dirs: &'a [PathBuf],
+    /// The target's key, which names the folder the compile runs in.
+    pub key: &'a str,
+    /// The library's files, laid out as a bundle's `sources/`.
+    pub tree: &'a SourceTree,
+    /// The `.cu` file to compile, by stable path (relative to the library root).
+    pub source: &'a str,
+    /// The kernel's include directories by stable name (`.`, `include`, `[0]`), searched
+    /// before the toolkit's.
+    pub include_dirs: &'a [String],
     /// Preprocessor definitions, passed as `-DNAME=value`.
     pub defines: &'a BTreeMap<String, String>,
     /// Further compiler flags, passed as given after everything else.
@@ -131,6 +138,26 @@ pub enum CompileError {
         supported: (u32, u32),
         /// What ptxas printed.
         log: String,
+    },
+    /// The nvcc+ptxas route cannot pass a flag on to the tool that obeys it.
+    #[error(
+        "cannot compile `{kernel}` for {arch} ({build}, {compiler}): {flag} {reason}; the \
+         route compiles PTX with nvcc and assembles it with this build's ptxas (see \
+         docs/toolchains.md)",
+        flag = format!("`{}`", .flag.flag),
+        reason = .flag.reason
+    )]
+    Unhonoured {
+        /// The kernel.
+        kernel: String,
+        /// The target architecture.
+        arch: Arch,
+        /// The CUDA build.
+        build: CudaBuild,
+        /// The compiler route and its versions.
+        compiler: CompilerId,
+        /// The flag and why.
+        flag: compile::ptxas::UnhonouredFlag,
     },
     /// The compiler cannot target the architecture at all.
     #[error(
@@ -235,6 +262,14 @@ pub fn compiler_for(toolchain: &Toolchain) -> Result<Box<dyn Compiler>, CompileE
     Ok(match toolchain.compiler.kind {
         CompilerKind::Nvcc => Box::new(Nvcc::new(toolchain)?),
         CompilerKind::Nvrtc => Box::new(Nvrtc::new(toolchain)?),
+        CompilerKind::Precompiled => {
+            return Err(CompileError::NotInToolchain {
+                build: toolchain.build,
+                compiler: toolchain.compiler.clone(),
+                root: toolchain.root.clone(),
+                wanted: CompilerKind::Precompiled,
+            })
+        }
         CompilerKind::NvccPtxas => {
             let front_end = crate::toolchain::front_end_for(toolchain.build);
             let front_end = front_end.ok_or_else(|| CompileError::NotInToolchain {
@@ -261,6 +296,7 @@ impl Identity {
             CompilerKind::Nvcc => toolchain.nvcc.is_some(),
             CompilerKind::Nvrtc => toolchain.nvrtc.is_some(),
             CompilerKind::NvccPtxas => toolchain.ptxas.is_some(),
+            CompilerKind::Precompiled => false,
         };
         if toolchain.compiler.kind != kind || !present {
             return Err(CompileError::NotInToolchain {
@@ -296,55 +332,97 @@ impl Identity {
         })
     }
 
-    fn failed(&self, request: &CompileRequest<'_>, log: String) -> CompileError {
-        CompileError::Failed {
-            kernel: request.kernel.to_owned(),
-            arch: request.arch,
-            build: self.build(),
-            compiler: self.compiler().clone(),
-            log,
-        }
-    }
-
-    fn io(
+    /// Runs the executor for `request` with `tool`; its failures as this crate's errors.
+    fn run(
         &self,
+        tool: &CompilerTool<'_>,
         request: &CompileRequest<'_>,
-        action: &'static str,
-        path: &Path,
-        source: std::io::Error,
-    ) -> CompileError {
-        CompileError::Io {
-            kernel: request.kernel.to_owned(),
+    ) -> Result<compile::Compiled, CompileError> {
+        self.check_arch(request)?;
+        let job = CompileJob {
+            key: request.key,
+            tree: request.tree,
+            source: request.source,
+            include_dirs: request.include_dirs,
             arch: request.arch,
-            build: self.build(),
-            compiler: self.compiler().clone(),
-            action,
-            path: path.to_path_buf(),
-            source,
+            cxx_std: request.cxx_std,
+            defines: request.defines,
+            flags: request.flags,
+            name_expressions: request.name_expressions,
+        };
+        compile::compile(tool, &job).map_err(|failure| self.error(request, failure))
+    }
+
+    fn error(&self, request: &CompileRequest<'_>, failure: CompileFailure) -> CompileError {
+        let kernel = request.kernel.to_owned();
+        let arch = request.arch;
+        let build = self.build();
+        let compiler = self.compiler().clone();
+        match failure {
+            CompileFailure::Rejected { log } => CompileError::Failed {
+                kernel,
+                arch,
+                build,
+                compiler,
+                log,
+            },
+            CompileFailure::NewerPtx {
+                emitted,
+                supported,
+                log,
+            } => CompileError::NewerPtx {
+                kernel,
+                arch,
+                build,
+                compiler,
+                emitted,
+                supported,
+                log,
+            },
+            CompileFailure::Unhonoured(flag) => CompileError::Unhonoured {
+                kernel,
+                arch,
+                build,
+                compiler,
+                flag,
+            },
+            CompileFailure::Spawn { program, source } => CompileError::Spawn {
+                kernel,
+                arch,
+                build,
+                compiler,
+                program,
+                source,
+            },
+            CompileFailure::Io {
+                action,
+                path,
+                source,
+            } => CompileError::Io {
+                kernel,
+                arch,
+                build,
+                compiler,
+                action,
+                path,
+                source,
+            },
+            CompileFailure::Nvrtc(source) => CompileError::Nvrtc {
+                kernel,
+                arch,
+                build,
+                compiler,
+                source,
+            },
         }
     }
 }
 
-/// A path that does not depend on the working directory, since nvcc runs in a temp dir.
-fn absolute(path: &Path) -> PathBuf {
-    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
-}
-
-/// The settings both compilers take, in the one order the bundler and the runtime's JIT share
-/// (so a JIT compile reproduces a bundled cubin).
-fn compile_options<'a>(
-    request: &CompileRequest<'a>,
-    include_dirs: &'a [PathBuf],
-) -> compile::CompileOptions<'a> {
-    compile::CompileOptions {
-        arch: request.arch,
-        cxx_std: request.cxx_std,
-        include_dirs,
-        defines: request.defines,
-        flags: request.flags,
+/// What the executor produced, as the scheduler takes it.
+fn output(compiled: compile::Compiled) -> CompileOutput {
+    CompileOutput {
+        cubin: compiled.cubin,
+        log: compiled.log,
+        lowered_names: compiled.lowered_names,
     }
-}
-
-fn absolute_dirs(dirs: &[PathBuf]) -> Vec<PathBuf> {
-    dirs.iter().map(|dir| absolute(dir)).collect()
 }

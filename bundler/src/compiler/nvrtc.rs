@@ -1,16 +1,12 @@
 //! NVRTC in this process, through the toolchain's libnvrtc.
 
-use std::fs;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use prebuilt::compile;
-use prebuilt::nvrtc::{self, NvrtcError, NvrtcLibrary};
+use prebuilt::compile::CompilerTool;
+use prebuilt::nvrtc::{self, NvrtcLibrary};
 
-use super::{
-    absolute, absolute_dirs, compile_options, CompileError, CompileOutput, CompileRequest,
-    Compiler, Identity,
-};
+use super::{output, CompileError, CompileOutput, CompileRequest, Compiler, Identity};
 use crate::toolchain::{CompilerId, CompilerKind, Toolchain};
 
 /// NVRTC, through the toolchain's libnvrtc loaded into this process.
@@ -37,25 +33,6 @@ impl Nvrtc {
             toolkit_include_dirs: toolchain.include_dirs.clone(),
         })
     }
-
-    /// The NVRTC options for `request`: the kernel's include dirs, then the toolkit's.
-    ///
-    /// The program is named by the source's absolute path, which is how NVRTC, compiling a
-    /// string, still resolves quoted includes next to the source the way nvcc does.
-    pub fn options(&self, request: &CompileRequest<'_>) -> Vec<String> {
-        nvrtc_options(request, &self.toolkit_include_dirs)
-    }
-}
-
-pub(super) fn nvrtc_options(
-    request: &CompileRequest<'_>,
-    toolkit_include_dirs: &[PathBuf],
-) -> Vec<String> {
-    let include_dirs = absolute_dirs(request.include_dirs);
-    compile::nvrtc_options(
-        &compile_options(request, &include_dirs),
-        toolkit_include_dirs,
-    )
 }
 
 impl Compiler for Nvrtc {
@@ -64,35 +41,29 @@ impl Compiler for Nvrtc {
     }
 
     fn compile(&self, request: &CompileRequest<'_>) -> Result<CompileOutput, CompileError> {
-        let identity = &self.identity;
-        identity.check_arch(request)?;
-        let source_path = absolute(request.source);
-        let source = fs::read_to_string(&source_path)
-            .map_err(|error| identity.io(request, "read the source", &source_path, error))?;
-        let name = source_path.display().to_string();
-        let output = self
-            .library
-            .compile(
-                &source,
-                &name,
-                &self.options(request),
-                request.name_expressions,
-            )
+        let tool = CompilerTool::Nvrtc {
+            library: &self.library,
+            include_dirs: &self.toolkit_include_dirs,
+        };
+        self.identity
+            .run(&tool, request)
+            .map(output)
             .map_err(|error| match error {
-                NvrtcError::Compilation { log } => identity.failed(request, explain_nvrtc_log(log)),
-                error => CompileError::Nvrtc {
-                    kernel: request.kernel.to_owned(),
-                    arch: request.arch,
-                    build: identity.build(),
-                    compiler: identity.compiler().clone(),
-                    source: Box::new(error),
+                CompileError::Failed {
+                    kernel,
+                    arch,
+                    build,
+                    compiler,
+                    log,
+                } => CompileError::Failed {
+                    kernel,
+                    arch,
+                    build,
+                    compiler,
+                    log: explain_nvrtc_log(log),
                 },
-            })?;
-        Ok(CompileOutput {
-            cubin: output.cubin,
-            log: output.log,
-            lowered_names: output.lowered_names,
-        })
+                error => error,
+            })
     }
 }
 

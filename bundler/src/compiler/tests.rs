@@ -3,11 +3,10 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use prebuilt::compile::SourceTree;
+use prebuilt::key::sha256_hex;
 use prebuilt::target::CudaBuild;
 
-use super::nvcc::EntryProbes;
-use super::nvcc_ptxas::{lower_ptx_isa, ptx_isa, ptxas_options};
-use super::nvrtc::nvrtc_options;
 use super::*;
 use crate::toolchain::{error_chain, toolchain_for_tests, CUDA_12_9, CUDA_13_0};
 
@@ -43,15 +42,15 @@ void launch(float* x) {
 
 struct Fixture {
     _dir: tempfile::TempDir,
-    source: PathBuf,
-    include_dir: PathBuf,
+    tree: SourceTree,
     defines: BTreeMap<String, String>,
+    include: Vec<String>,
 }
 
+/// A library in a temp dir: `scale.cu` (`source`), `scale.cuh` beside it, `include/common.cuh`.
 fn fixture(source: &str) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
-    let source_path = dir.path().join("scale.cu");
-    fs::write(&source_path, source).unwrap();
+    fs::write(dir.path().join("scale.cu"), source).unwrap();
     // A header next to the source, found the way nvcc finds quoted includes.
     fs::write(
         dir.path().join("scale.cuh"),
@@ -62,49 +61,40 @@ fn fixture(source: &str) -> Fixture {
     fs::create_dir(&include_dir).unwrap();
     fs::write(include_dir.join("common.cuh"), "#pragma once\n").unwrap();
     Fixture {
-        source: source_path,
-        include_dir,
+        tree: SourceTree {
+            root: dir.path().to_path_buf(),
+            outside: Vec::new(),
+        },
         defines: BTreeMap::from([("SCALE".to_owned(), "2".to_owned())]),
+        include: vec!["include".to_owned()],
         _dir: dir,
     }
 }
 
-/// A request for `scale_rows` in `fixture`'s source.
+/// A key of its own for each fixture and target, as the build gives each job.
+fn fixture_key(fixture: &Fixture, arch: &str) -> String {
+    sha256_hex(format!("{} {arch}", fixture.tree.root.display()).as_bytes())
+}
+
+/// A request for `scale_rows` in `fixture`'s source, with its include dir when `include`.
 fn request<'a>(
     fixture: &'a Fixture,
-    include_dirs: &'a [PathBuf],
+    key: &'a str,
+    include: bool,
     arch: &str,
     name_expressions: &'a [String],
 ) -> CompileRequest<'a> {
     CompileRequest {
         kernel: "scale_rows",
-        source: &fixture.source,
-        include_dirs,
+        key,
+        tree: &fixture.tree,
+        source: "scale.cu",
+        include_dirs: if include { &fixture.include } else { &[] },
         defines: &fixture.defines,
         flags: &[],
         cxx_std: "c++17",
         arch: arch.parse().unwrap(),
         name_expressions,
-    }
-}
-
-/// A request that only builds a command line: its source need not exist.
-fn command_line_request<'a>(
-    source: &'a str,
-    include_dirs: &'a [PathBuf],
-    defines: &'a BTreeMap<String, String>,
-    flags: &'a [String],
-    arch: &str,
-) -> CompileRequest<'a> {
-    CompileRequest {
-        kernel: "k",
-        source: Path::new(source),
-        include_dirs,
-        defines,
-        flags,
-        cxx_std: "c++17",
-        arch: arch.parse().unwrap(),
-        name_expressions: &[],
     }
 }
 
@@ -154,12 +144,12 @@ fn compile_both_archs(build: CudaBuild, kind: CompilerKind) {
     };
     assert_eq!(compiler.id().kind, kind);
     let fixture = fixture(KERNEL);
-    let include_dirs = [fixture.include_dir.clone()];
+    let key = fixture_key(&fixture, "");
     let expressions = ["scale_rows<float>".to_owned()];
     for arch in ["sm_90a", "sm_100a"] {
         let started = Instant::now();
         let output = compiler
-            .compile(&request(&fixture, &include_dirs, arch, &expressions))
+            .compile(&request(&fixture, &key, true, arch, &expressions))
             .unwrap_or_else(|error| panic!("{}", error_chain(&error)));
         eprintln!("{} {arch}: {:?}", compiler.id(), started.elapsed());
         assert_cubin(&output.cubin);
@@ -182,13 +172,13 @@ fn nvrtc_lowers_name_expressions() {
         return;
     };
     let fixture = fixture(KERNEL);
-    let include_dirs = [fixture.include_dir.clone()];
+    let key = fixture_key(&fixture, "");
     let expressions = [
         "scale_rows<float>".to_owned(),
         "scale_rows<double>".to_owned(),
     ];
     let output = compiler
-        .compile(&request(&fixture, &include_dirs, "sm_90a", &expressions))
+        .compile(&request(&fixture, &key, true, "sm_90a", &expressions))
         .unwrap_or_else(|error| panic!("{}", error_chain(&error)));
     assert_eq!(
         output.lowered_names,
@@ -210,7 +200,13 @@ fn syntax_error_fails(build: CudaBuild, compiler_name: &str) {
         return;
     };
     let fixture = fixture("__global__ void broken(float* x) { x[0] = ; }\n");
-    let (error, log) = failure_log(compiler.compile(&request(&fixture, &[], "sm_90a", &[])));
+    let (error, log) = failure_log(compiler.compile(&request(
+        &fixture,
+        &fixture_key(&fixture, ""),
+        false,
+        "sm_90a",
+        &[],
+    )));
     assert!(log.contains("expected an expression"), "{log}");
     assert!(log.contains("scale.cu"), "{log}");
     let message = error.to_string();
@@ -239,7 +235,13 @@ fn unsupported_arch_is_refused_before_compiling() {
     };
     let fixture = fixture(KERNEL);
     let error = compiler
-        .compile(&request(&fixture, &[], "sm_50", &[]))
+        .compile(&request(
+            &fixture,
+            &fixture_key(&fixture, ""),
+            false,
+            "sm_50",
+            &[],
+        ))
         .unwrap_err();
     assert!(matches!(error, CompileError::Unsupported { .. }), "{error}");
     assert!(
@@ -252,58 +254,16 @@ fn unsupported_arch_is_refused_before_compiling() {
 }
 
 #[test]
-fn missing_source_names_the_file() {
-    let Some(compiler) = installed_compiler(CUDA_12_9) else {
-        return;
-    };
-    let defines = BTreeMap::new();
-    let request = CompileRequest {
-        kernel: "ghost",
-        ..command_line_request("/nonexistent/ghost.cu", &[], &defines, &[], "sm_90a")
-    };
-    let error = compiler.compile(&request).unwrap_err();
-    assert_eq!(
-        error.to_string(),
-        "could not read the source /nonexistent/ghost.cu to compile `ghost` for sm_90a \
-         (cu129, nvrtc 12.9.86)"
-    );
-}
-
-#[test]
-fn nvrtc_options_put_kernel_includes_before_the_toolkit() {
-    let defines = BTreeMap::from([("BLOCK".to_owned(), "256".to_owned())]);
-    let include_dirs = [PathBuf::from("/src/include")];
-    let flags = ["--use_fast_math".to_owned()];
-    let request = CompileRequest {
-        cxx_std: "c++20",
-        ..command_line_request("/src/k.cu", &include_dirs, &defines, &flags, "sm_100a")
-    };
-    let toolkit = [PathBuf::from("/tk/runtime"), PathBuf::from("/tk/cccl")];
-    assert_eq!(
-        nvrtc_options(&request, &toolkit),
-        [
-            "--gpu-architecture=sm_100a",
-            "-std=c++20",
-            "-I/src/include",
-            "-I/tk/runtime",
-            "-I/tk/cccl",
-            "-DBLOCK=256",
-            "--use_fast_math"
-        ]
-    );
-}
-
-#[test]
 fn nvrtc_rejected_option_names_the_kernel_and_compiler() {
     let Some(compiler) = installed_compiler(CUDA_12_9) else {
         return;
     };
     let fixture = fixture(KERNEL);
-    let include_dirs = [fixture.include_dir.clone()];
+    let key = fixture_key(&fixture, "");
     let flags = ["--no-such-option".to_owned()];
     let request = CompileRequest {
         flags: &flags,
-        ..request(&fixture, &include_dirs, "sm_90a", &[])
+        ..request(&fixture, &key, true, "sm_90a", &[])
     };
     let error = compiler.compile(&request).unwrap_err();
     assert!(matches!(error, CompileError::Nvrtc { .. }), "{error}");
@@ -332,96 +292,6 @@ fn compiler_must_be_the_toolchains_own() {
 }
 
 #[test]
-fn nvcc_command_line_is_fixed() {
-    let toolchain = Toolchain {
-        nvcc: Some(PathBuf::from("/tk/bin/nvcc")),
-        host_compiler: Some("gcc (GCC) 12.2.0".into()),
-        include_dirs: vec![PathBuf::from("/tk/include")],
-        ..described_toolchain(CUDA_13_0, CompilerKind::Nvcc, "13.0.88")
-    };
-    let nvcc = Nvcc::new(&toolchain).unwrap();
-    let defines = BTreeMap::from([
-        ("B".to_owned(), "2".to_owned()),
-        ("A".to_owned(), "x y".to_owned()),
-    ]);
-    let include_dirs = [PathBuf::from("/src/include")];
-    let flags = ["--use_fast_math".to_owned()];
-    let request = command_line_request("/src/k.cu", &include_dirs, &defines, &flags, "sm_90a");
-    let arguments: Vec<String> = nvcc
-        .arguments(&request, Path::new("/tmp/out.cubin"))
-        .into_iter()
-        .map(|argument| argument.into_string().unwrap())
-        .collect();
-    assert_eq!(
-        arguments,
-        [
-            "-cubin",
-            "-arch=sm_90a",
-            "-std=c++17",
-            "-I/src/include",
-            "-DA=x y",
-            "-DB=2",
-            "--use_fast_math",
-            "-o",
-            "/tmp/out.cubin",
-            "/src/k.cu"
-        ]
-    );
-}
-
-#[test]
-fn ptx_isa_is_lowered_only_when_newer() {
-    let ptx =
-        "//\n// Generated by NVIDIA NVVM Compiler\n.version 9.0\n.target sm_90a\n.address_size 64\n";
-    assert_eq!(ptx_isa(ptx), Some((9, 0)));
-    let lowered = lower_ptx_isa(ptx, (8, 8));
-    assert_eq!(lowered, ptx.replace(".version 9.0", ".version 8.8"));
-    assert_eq!(lower_ptx_isa(&lowered, (8, 8)), lowered);
-    assert_eq!(lower_ptx_isa(ptx, (9, 0)), ptx);
-}
-
-#[test]
-fn probes_name_each_entry_from_the_ptx() {
-    let probes = EntryProbes {
-        source: PathBuf::from("kwheel-entries.cu"),
-        entries: (0..11).map(|n| format!("e<{n}>")).collect(),
-    };
-    let mut ptx = String::new();
-    for n in 0..11 {
-        ptx.push_str(&format!(
-            ".global .align 8 .u64 __kwheel_entry_{n} = _Z1eILi{n}EEvv;\n"
-        ));
-    }
-    ptx = ptx.replace("_Z1eILi10EEvv;", "generic(_Z1eILi10EEvv);");
-    let names = probes.read(&ptx);
-    assert_eq!(names["e<1>"], "_Z1eILi1EEvv");
-    assert_eq!(names["e<10>"], "_Z1eILi10EEvv");
-    assert_eq!(names.len(), 11);
-}
-
-#[test]
-fn ptxas_options_come_from_the_nvcc_flags() {
-    let flags: Vec<String> = [
-        "-lineinfo",
-        "-Xptxas",
-        "-v",
-        "-Xptxas=-O2,-warn-spills",
-        "--ptxas-options=--allow-expensive-optimizations=true",
-    ]
-    .map(str::to_owned)
-    .to_vec();
-    assert_eq!(
-        ptxas_options(&flags),
-        [
-            "-v",
-            "-O2",
-            "-warn-spills",
-            "--allow-expensive-optimizations=true"
-        ]
-    );
-}
-
-#[test]
 fn host_code_builds_for_cu129_through_nvcc_and_ptxas() {
     let (Some(cu129), Some(cu130)) = (
         toolchain_for_tests(CUDA_12_9),
@@ -439,7 +309,13 @@ fn host_code_builds_for_cu129_through_nvcc_and_ptxas() {
     let expressions = ["twice<floatX>".to_owned()];
     for (arch, header) in [("sm_90a", (7, 0x5a0d5a)), ("sm_100a", (8, 0x600640a))] {
         let output = route
-            .compile(&request(&fixture, &[], arch, &expressions))
+            .compile(&request(
+                &fixture,
+                &fixture_key(&fixture, ""),
+                false,
+                arch,
+                &expressions,
+            ))
             .unwrap_or_else(|error| panic!("{}", error_chain(&error)));
         let info = prebuilt::cubin::inspect_cubin(&output.cubin).unwrap();
         // The header CUDA 12.9 writes (NVRTC 12.9's too), so a 12.9 driver loads it.
@@ -455,7 +331,13 @@ fn nvrtc_explains_host_headers_and_host_code() {
         return;
     };
     let fixture = fixture(HOST_CODE_KERNEL);
-    let (_, log) = failure_log(compiler.compile(&request(&fixture, &[], "sm_90a", &[])));
+    let (_, log) = failure_log(compiler.compile(&request(
+        &fixture,
+        &fixture_key(&fixture, ""),
+        false,
+        "sm_90a",
+        &[],
+    )));
     assert!(log.contains("cannot open source file"), "{log}");
     assert!(
         log.contains(
@@ -477,13 +359,13 @@ fn an_entry_that_names_nothing_points_at_the_generated_line() {
         return;
     };
     let fixture = fixture(KERNEL);
-    let include_dirs = [fixture.include_dir.clone()];
+    let key = fixture_key(&fixture, "");
     let expressions = [
         "scale_rows<float>".to_owned(),
         "scale_rows<float, 3>".to_owned(),
     ];
     let (_, log) =
-        failure_log(compiler.compile(&request(&fixture, &include_dirs, "sm_90a", &expressions)));
+        failure_log(compiler.compile(&request(&fixture, &key, true, "sm_90a", &expressions)));
     assert!(
         log.contains(
             "note: `kwheel-entries.cu` is the kernel's source followed by one line per name \
@@ -492,4 +374,251 @@ fn an_entry_that_names_nothing_points_at_the_generated_line() {
         ),
         "{log}"
     );
+}
+
+/// The registers each kernel of `cubin` uses, by symbol: the `EIATTR_REGCOUNT` (0x2f) records
+/// of its `.nv.info` section, each (symbol index, count).
+fn register_counts(cubin: &[u8]) -> BTreeMap<String, u32> {
+    let u16_at = |at: usize| u16::from_le_bytes(cubin[at..at + 2].try_into().unwrap()) as usize;
+    let u32_at = |at: usize| u32::from_le_bytes(cubin[at..at + 4].try_into().unwrap()) as usize;
+    let u64_at = |at: usize| u64::from_le_bytes(cubin[at..at + 8].try_into().unwrap()) as usize;
+    let (shoff, shentsize, shnum, shstrndx) =
+        (u64_at(0x28), u16_at(0x3a), u16_at(0x3c), u16_at(0x3e));
+    // (name offset, type, offset, size, link) of section `n`.
+    let section = |n: usize| {
+        let at = shoff + n * shentsize;
+        (
+            u32_at(at),
+            u32_at(at + 4),
+            u64_at(at + 0x18),
+            u64_at(at + 0x20),
+            u32_at(at + 0x28),
+        )
+    };
+    let text = |at: usize| {
+        let end = cubin[at..].iter().position(|&b| b == 0).unwrap();
+        String::from_utf8_lossy(&cubin[at..at + end]).into_owned()
+    };
+    let names = section(shstrndx).2;
+    let sections: Vec<_> = (0..shnum).map(section).collect();
+    let (_, _, symtab, _, strtab) = *sections.iter().find(|s| s.1 == 2).expect(".symtab");
+    let strings = sections[strtab].2;
+    let symbol = |index: usize| text(strings + u32_at(symtab + index * 24));
+    let (_, _, info, size, _) = *sections
+        .iter()
+        .find(|s| text(names + s.0) == ".nv.info")
+        .expect(".nv.info");
+    let mut counts = BTreeMap::new();
+    let mut at = info;
+    while at < info + size {
+        let (format, attribute) = (cubin[at], cubin[at + 1]);
+        if format != 4 {
+            at += 4;
+            continue;
+        }
+        let length = u16_at(at + 2);
+        if attribute == 0x2f {
+            counts.insert(symbol(u32_at(at + 4)), u32_at(at + 8) as u32);
+        }
+        at += 4 + length;
+    }
+    counts
+}
+
+/// Enough live values that ptxas wants far more than 32 registers unless it is capped.
+const REGISTER_HUNGRY: &str = r#"
+extern "C" __global__ void hungry(float* out, const float* in, int n) {
+    float v[48];
+#pragma unroll
+    for (int j = 0; j < 48; ++j) v[j] = in[threadIdx.x + j * n];
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 48; ++j) acc += v[j] * v[(j * 7) % 48];
+    out[threadIdx.x] = acc;
+}
+"#;
+
+/// Both CUDA builds' compilers, the way a kernel with host code (or `nvcc-flags`) builds:
+/// cu130's nvcc and cu129's nvcc+ptxas route.
+fn nvcc_and_route() -> Option<(Box<dyn Compiler>, NvccPtxas)> {
+    let (Some(cu129), Some(cu130)) = (
+        toolchain_for_tests(CUDA_12_9),
+        toolchain_for_tests(CUDA_13_0),
+    ) else {
+        return None;
+    };
+    Some((
+        compiler_for(&cu130).unwrap(),
+        NvccPtxas::new(&cu129, &cu130).unwrap(),
+    ))
+}
+
+#[test]
+fn maxrregcount_reaches_ptxas_on_the_cu129_route_as_on_cu130() {
+    let Some((nvcc, route)) = nvcc_and_route() else {
+        return;
+    };
+    let fixture = fixture(REGISTER_HUNGRY);
+    let key = fixture_key(&fixture, "");
+    let registers = |compiler: &dyn Compiler, flags: &[String]| {
+        let request = CompileRequest {
+            kernel: "hungry",
+            flags,
+            ..request(&fixture, &key, false, "sm_90a", &[])
+        };
+        let output = compiler
+            .compile(&request)
+            .unwrap_or_else(|error| panic!("{}", error_chain(&error)));
+        register_counts(&output.cubin)["hungry"]
+    };
+    let capped = ["-maxrregcount=32".to_owned()];
+    let (cu130_free, cu129_free) = (registers(&*nvcc, &[]), registers(&route, &[]));
+    let (cu130, cu129) = (registers(&*nvcc, &capped), registers(&route, &capped));
+    eprintln!("registers: cu130 {cu130_free} → {cu130}, cu129 {cu129_free} → {cu129}");
+    // Uncapped, the kernel wants more; capped, both builds' cubins obey the cap alike.
+    assert!(
+        cu130_free > 32 && cu129_free > 32,
+        "{cu130_free} {cu129_free}"
+    );
+    assert!(cu130 <= 32 && cu129 <= 32, "cu130 {cu130}, cu129 {cu129}");
+    assert_eq!(cu130, cu129);
+}
+
+#[test]
+fn a_flag_the_cu129_route_cannot_honour_is_refused_by_name() {
+    let Some((_, route)) = nvcc_and_route() else {
+        return;
+    };
+    let fixture = fixture(REGISTER_HUNGRY);
+    let key = fixture_key(&fixture, "");
+    let flags = ["-lineinfo".to_owned(), "-rdc=true".to_owned()];
+    let request = CompileRequest {
+        kernel: "hungry",
+        flags: &flags,
+        ..request(&fixture, &key, false, "sm_90a", &[])
+    };
+    let error = route.compile(&request).unwrap_err();
+    assert!(matches!(error, CompileError::Unhonoured { .. }), "{error}");
+    let message = error.to_string();
+    assert!(
+        message.starts_with(
+            "cannot compile `hungry` for sm_90a (cu129, nvcc+ptxas 13.0.88 + ptxas 12.9.86): \
+             `-rdc=true` asks for relocatable or link-time device code"
+        ),
+        "{message}"
+    );
+}
+
+/// A library whose cubins carry everything that could name where it was built: `__FILE__`
+/// through `assert`, internal-linkage kernels and device functions (whose symbols nvcc
+/// prefixes with a hash of the compiled file's path), and a header found relative to the
+/// source.
+const PLACE_SENSITIVE: [(&str, &str); 2] = [
+    (
+        "ops/k.cu",
+        r#"#include "../include/util.cuh"
+#ifndef __CUDACC_RTC__
+#include <cassert>
+#endif
+namespace {
+__device__ __noinline__ float twice(float x) { return 2.0f * x; }
+__global__ void hidden(float* out) { out[0] = twice(1.0f); }
+}
+static __global__ void hidden_static(float* out) { out[1] = thrice(2.0f); }
+extern "C" __global__ void k(float* out, const float* in, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    assert(n > 0);
+    if (i < n) out[i] = twice(in[i]) + thrice(in[i]);
+}
+#ifndef __CUDACC_RTC__
+void launch(float* out) { hidden<<<1, 1>>>(out); hidden_static<<<1, 1>>>(out); }
+#endif
+"#,
+    ),
+    (
+        "include/util.cuh",
+        "#pragma once\nstatic __device__ __noinline__ float thrice(float x) {\n    \
+         assert(x == x);\n    return 3.0f * x;\n}\n",
+    ),
+];
+
+/// A copy of [`PLACE_SENSITIVE`] at `root`.
+fn place_sensitive_library(root: &Path) -> SourceTree {
+    for (path, text) in PLACE_SENSITIVE {
+        fs::create_dir_all(root.join(path).parent().unwrap()).unwrap();
+        fs::write(root.join(path), text).unwrap();
+    }
+    SourceTree {
+        root: root.to_path_buf(),
+        outside: Vec::new(),
+    }
+}
+
+/// `haystack` contains `needle`.
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack
+        .windows(needle.len())
+        .any(|window| window == needle)
+}
+
+#[test]
+fn cubins_are_the_same_from_any_checkout_and_name_none() {
+    let (Some(cu129), Some(cu130)) = (
+        toolchain_for_tests(CUDA_12_9),
+        toolchain_for_tests(CUDA_13_0),
+    ) else {
+        return;
+    };
+    let compilers: Vec<Box<dyn Compiler>> = vec![
+        compiler_for(&cu130).unwrap(),
+        Box::new(NvccPtxas::new(&cu129, &cu130).unwrap()),
+        compiler_for(&cu129).unwrap(),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let first = dir.path().join("checkout");
+    let second = dir.path().join("elsewhere/deeper/checkout-2");
+    let trees = [
+        place_sensitive_library(&first),
+        place_sensitive_library(&second),
+    ];
+    let include = ["include".to_owned()];
+    for compiler in &compilers {
+        for flags in [Vec::new(), vec!["-lineinfo".to_owned()]] {
+            let key = sha256_hex(format!("{} {flags:?}", compiler.id()).as_bytes());
+            let build = |tree: &SourceTree| {
+                let request = CompileRequest {
+                    kernel: "k",
+                    key: &key,
+                    tree,
+                    source: "ops/k.cu",
+                    include_dirs: &include,
+                    defines: &BTreeMap::new(),
+                    flags: &flags,
+                    cxx_std: "c++17",
+                    arch: "sm_90a".parse().unwrap(),
+                    name_expressions: &[],
+                };
+                compiler
+                    .compile(&request)
+                    .unwrap_or_else(|error| panic!("{}", error_chain(&error)))
+                    .cubin
+            };
+            let what = format!("{} {flags:?}", compiler.id());
+            // Cold twice from one checkout, then from another at another path.
+            let cubin = build(&trees[0]);
+            assert_eq!(cubin, build(&trees[0]), "{what}: a second build differs");
+            assert_eq!(cubin, build(&trees[1]), "{what}: another checkout differs");
+            for place in [dir.path(), &cu130.root, &cu129.root] {
+                let place = place.display().to_string();
+                assert!(!contains(&cubin, place.as_bytes()), "{what} names {place}");
+            }
+            // `assert`'s `__FILE__` is the library's own stable path.
+            assert!(contains(&cubin, b"src/ops/k.cu"), "{what}");
+            let symbols = prebuilt::cubin::inspect_cubin(&cubin).unwrap().symbols();
+            assert!(
+                symbols.iter().any(|symbol| symbol.contains("_GLOBAL__N_")),
+                "{what}: no internal-linkage kernel among {symbols:?}"
+            );
+        }
+    }
 }

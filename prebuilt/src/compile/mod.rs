@@ -1,15 +1,26 @@
-//! The one compile recipe, shared by the bundler and the JIT so that a JIT cubin is the cubin
-//! the bundler would have built: the compiler kinds, how their exact versions are read, the
-//! option lists in order, the entry probes that name templated entries for nvcc, and how a
-//! compiled cubin's entries are resolved and checked.
+//! The one compile recipe and executor, shared by the bundler and the JIT so that a JIT cubin
+//! is the cubin the bundler would have built: the compiler kinds, how their exact versions are
+//! read, the option lists in order, the entry probes that name templated entries for nvcc, the
+//! run itself, and how a compiled cubin's entries are resolved and checked.
 //!
 //! | piece | used for |
 //! | --- | --- |
 //! | [`CompilerKind`] | which compiler built a variant; its text is the index's `compiler.kind` |
 //! | [`parse_nvcc_version`], [`nvrtc_package_version`], [`host_compiler`], [`nvcc_record`] | the exact versions that enter the key |
-//! | [`nvrtc_options`], [`nvcc_arguments`] | the options, in order |
+//! | [`ToolkitLayout`], [`toolchain_dir`] | where a toolkit keeps nvcc, ptxas, libnvrtc and headers ([`layout`]) |
+//! | [`compile`], [`CompilerTool`], [`CompileJob`] | one compile, in the key's work folder ([`execute`], [`work`]) |
+//! | [`nvrtc_options`], [`nvcc_arguments`], [`ptxas::ptxas_options`] | the options, in order |
 //! | [`entry_probes_source`], [`read_entry_probes`] | the mangled symbol of each name expression under nvcc |
 //! | [`resolve_entries`] | a cubin's entries as the index records them, validated for the target |
+
+pub mod execute;
+pub mod layout;
+pub mod ptxas;
+pub mod work;
+
+pub use execute::{compile, CompileFailure, CompileJob, Compiled, CompilerTool};
+pub use layout::{toolchain_dir, toolchain_dir_from, toolchain_env_var, ToolkitLayout};
+pub use work::SourceTree;
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -24,8 +35,8 @@ use crate::cubin::{inspect_cubin, validate_cubin, CubinError};
 use crate::index::{CompilerRecord, Function};
 use crate::target::Arch;
 
-/// Which compiler built a cubin; its text (`nvcc`, `nvrtc`, `nvcc+ptxas`) is the index's
-/// `compiler.kind`.
+/// Which compiler built a cubin; its text (`nvcc`, `nvrtc`, `nvcc+ptxas`, `cubin`) is the
+/// index's `compiler.kind`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum CompilerKind {
@@ -38,17 +49,46 @@ pub enum CompilerKind {
     /// bundler's route only; the JIT runs NVRTC or nvcc.
     #[serde(rename = "nvcc+ptxas")]
     NvccPtxas,
+    /// No compiler: a precompiled cubin the manifest lists, taken as it is.
+    #[serde(rename = "cubin")]
+    Precompiled,
 }
 
 impl CompilerKind {
-    /// The index's spelling: `nvcc`, `nvrtc`, `nvcc+ptxas`.
+    /// The index's spelling: `nvcc`, `nvrtc`, `nvcc+ptxas`, `cubin`.
     pub fn as_str(self) -> &'static str {
         match self {
             CompilerKind::Nvcc => "nvcc",
             CompilerKind::Nvrtc => "nvrtc",
             CompilerKind::NvccPtxas => "nvcc+ptxas",
+            CompilerKind::Precompiled => "cubin",
         }
     }
+
+    /// The kind an index spells `text`, if it is one.
+    pub fn parse(text: &str) -> Option<CompilerKind> {
+        [
+            CompilerKind::Nvcc,
+            CompilerKind::Nvrtc,
+            CompilerKind::NvccPtxas,
+            CompilerKind::Precompiled,
+        ]
+        .into_iter()
+        .find(|kind| kind.as_str() == text)
+    }
+
+    /// The index's record of this compiler at `version`.
+    pub fn record(self, version: &str) -> CompilerRecord {
+        CompilerRecord {
+            kind: self.as_str().to_owned(),
+            version: version.to_owned(),
+        }
+    }
+}
+
+/// The record of a precompiled cubin: kind `cubin`, no version.
+pub fn precompiled_record() -> CompilerRecord {
+    CompilerKind::Precompiled.record("")
 }
 
 impl fmt::Display for CompilerKind {
@@ -170,11 +210,8 @@ fn parse_host_compiler(text: &str) -> Option<String> {
 /// The record of an nvcc compile (`kind` is `nvcc`, or `nvcc+ptxas` for the bundler's route
 /// through another build's `ptxas`): the compiler's version and the host compiler it
 /// preprocessed with, `13.0.88, host gcc (Debian 12.2.0-14+deb12u1) 12.2.0`.
-pub fn nvcc_record(kind: &str, version: &str, host_compiler: &str) -> CompilerRecord {
-    CompilerRecord {
-        kind: kind.to_owned(),
-        version: format!("{version}, host {host_compiler}"),
-    }
+pub fn nvcc_record(kind: CompilerKind, version: &str, host_compiler: &str) -> CompilerRecord {
+    kind.record(&format!("{version}, host {host_compiler}"))
 }
 
 /// nvcc's exact version from `nvcc --version`: `13.0.88` from
@@ -340,13 +377,26 @@ pub enum EntryError {
         /// The entries the output has, as a manifest would spell them ([`pasteable_entry`]).
         found: Vec<String>,
     },
+    /// A plain entry names a C++ kernel (a `static` or namespaced one), not an `extern "C"` one.
+    #[error(
+        "entry `{entry}` is a plain name, which means an `extern \"C\"` kernel, but the output \
+         has it only as the C++ kernel `{symbol}`: write it as the name expression `{expression}`"
+    )]
+    NotExternC {
+        /// The entry as the manifest spells it.
+        entry: String,
+        /// The mangled symbol found.
+        symbol: String,
+        /// How the manifest should spell it.
+        expression: String,
+    },
 }
 
-/// The index's record of each of `entries` in a compiled `cubin` for `arch`: its symbol (the
-/// one the compiler gave a name expression in `symbols`, else the entry itself or the mangled
-/// symbol that demangles to it) and its parameter sizes, after validating the cubin for the
-/// target with every symbol present as an entry function. The bundler and the JIT both record
-/// entries through this.
+/// The index's record of each of `entries` in a compiled `cubin` for `arch`: its symbol (for a
+/// plain name the `extern "C"` symbol itself; for a name expression the one the compiler gave
+/// it in `symbols`, else the mangled symbol that demangles to it) and its parameter sizes,
+/// after validating the cubin for the target with every symbol present as an entry function.
+/// The bundler and the JIT both record entries through this.
 pub fn resolve_entries(
     cubin: &[u8],
     arch: Arch,
@@ -356,19 +406,19 @@ pub fn resolve_entries(
     let info = inspect_cubin(cubin)?;
     let mut resolved = Vec::new();
     for entry in entries {
-        let symbol = symbols
-            .get(entry)
-            .filter(|symbol| info.function(symbol).is_some())
-            .cloned()
-            .or_else(|| info.resolve_entry(entry))
-            .ok_or_else(|| EntryError::Missing {
-                entry: entry.clone(),
-                found: info
-                    .functions
-                    .iter()
-                    .map(|function| pasteable_entry(&function.symbol))
-                    .collect(),
-            })?;
+        let symbol = if is_name_expression(entry) {
+            symbols
+                .get(entry)
+                .filter(|symbol| info.function(symbol).is_some())
+                .cloned()
+                .or_else(|| info.resolve_entry(entry))
+        } else {
+            info.function(entry).map(|function| function.symbol.clone())
+        };
+        let symbol = match symbol {
+            Some(symbol) => symbol,
+            None => return Err(missing_entry(&info, entry)),
+        };
         resolved.push(symbol);
     }
     let symbol_refs: Vec<&str> = resolved.iter().map(String::as_str).collect();
@@ -385,6 +435,39 @@ pub fn resolve_entries(
             symbol,
         })
         .collect())
+}
+
+/// The error for an entry not found: a plain name whose kernel is there only mangled (its
+/// demangled name, or that name's last `::` part, is the entry) says how to write it.
+fn missing_entry(info: &crate::cubin::CubinInfo, entry: &str) -> EntryError {
+    if !is_name_expression(entry) {
+        let mangled = info.functions.iter().find(|function| {
+            let pasted = pasteable_entry(&function.symbol);
+            pasted != function.symbol && pasted.rsplit("::").next() == Some(entry)
+        });
+        if let Some(function) = mangled {
+            let pasted = pasteable_entry(&function.symbol).replace("(anonymous namespace)::", "");
+            let expression = if is_name_expression(&pasted) {
+                pasted
+            } else {
+                // `::k` names a `static` kernel, or one in an anonymous namespace.
+                format!("::{pasted}")
+            };
+            return EntryError::NotExternC {
+                entry: entry.to_owned(),
+                symbol: function.symbol.clone(),
+                expression,
+            };
+        }
+    }
+    EntryError::Missing {
+        entry: entry.to_owned(),
+        found: info
+            .functions
+            .iter()
+            .map(|function| pasteable_entry(&function.symbol))
+            .collect(),
+    }
 }
 
 /// A kernel symbol as a manifest entry would spell it: demangled without parameters, and a

@@ -82,9 +82,8 @@ use serde::{Deserialize, Serialize};
 use crate::bundle::SOURCES_DIR;
 use crate::cache::{cache_dir_from as cache_dir_in, write_atomically};
 use crate::compile::{
-    entry_probes_source, is_name_expression, nvcc_arguments, nvcc_command, nvcc_record,
-    nvcc_version, nvrtc_options, nvrtc_package_version, read_entry_probes, resolve_entries,
-    CompileOptions, CompilerKind, EntryError, ProbeError, ENTRY_PROBES_PTX, ENTRY_PROBES_SOURCE,
+    is_name_expression, nvcc_record, nvcc_version, nvrtc_package_version, resolve_entries,
+    CompilerKind, EntryError, ProbeError,
 };
 use crate::cubin::{validate_cubin, CubinError};
 use crate::device::DriverVersion;
@@ -383,7 +382,7 @@ impl JitCompiler {
         let compiler = match candidate.kind {
             // The search finds nvcc executables and NVRTC libraries only; `nvcc+ptxas` is the
             // bundler's route and never a candidate.
-            CompilerKind::Nvcc | CompilerKind::NvccPtxas => {
+            CompilerKind::Nvcc | CompilerKind::NvccPtxas | CompilerKind::Precompiled => {
                 let version = match &candidate.version {
                     Some(version) => version.clone(),
                     None => nvcc_version(&candidate.location)?,
@@ -458,7 +457,7 @@ impl JitCompiler {
     /// version; nvcc's with its host compiler ([`nvcc_record`]).
     pub fn record(&self) -> CompilerRecord {
         match &self.host_compiler {
-            Some(host) => nvcc_record(&self.kind.to_string(), &self.version, host),
+            Some(host) => nvcc_record(self.kind, &self.version, host),
             None => CompilerRecord {
                 kind: self.kind.to_string(),
                 version: self.version.clone(),

@@ -2,6 +2,7 @@
 //! per place, ranked by the runtime's CUDA build and what the driver runs.
 
 use super::*;
+use crate::compile::ToolkitLayout;
 
 /// A compiler the search found, before it is loaded or run.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -290,15 +291,19 @@ pub(super) fn nvrtc_candidate(library: &Path, origin: &'static str) -> Candidate
     let nvidia_dir = component
         .and_then(Path::parent)
         .filter(|dir| dir.file_name().is_some_and(|name| name == "nvidia"));
-    let (version, components) = match (component, nvidia_dir) {
-        (Some(component), Some(nvidia_dir)) => {
+    let (version, layout) = match (component, nvidia_dir) {
+        (Some(_), Some(nvidia_dir)) => {
             let site_packages = nvidia_dir.parent().unwrap_or(nvidia_dir);
-            let mut components = vec![component.to_path_buf()];
-            components.extend(release_components(nvidia_dir, major));
-            (nvrtc_package_version(site_packages, major), components)
+            (
+                nvrtc_package_version(site_packages, major),
+                ToolkitLayout::scan_release(nvidia_dir, major),
+            )
         }
-        (Some(root), None) => (nvrtc_package_version(root, None), vec![root.to_path_buf()]),
-        _ => (None, Vec::new()),
+        (Some(root), None) => (
+            nvrtc_package_version(root, None),
+            ToolkitLayout::of_components(&[root.to_path_buf()]),
+        ),
+        _ => (None, ToolkitLayout::default()),
     };
     Candidate {
         kind: CompilerKind::Nvrtc,
@@ -306,54 +311,8 @@ pub(super) fn nvrtc_candidate(library: &Path, origin: &'static str) -> Candidate
         origin,
         version,
         major,
-        include_dirs: toolkit_include_dirs(&components),
+        include_dirs: layout.include_dirs,
     }
-}
-
-/// The `nvidia/` packages of one CUDA release: `cu13/` for CUDA 13 and later, the
-/// `cuda_*/` packages (runtime, CCCL, …) for CUDA 12.
-pub(super) fn release_components(nvidia_dir: &Path, major: Option<u32>) -> Vec<PathBuf> {
-    let Ok(entries) = fs::read_dir(nvidia_dir) else {
-        return Vec::new();
-    };
-    let wanted = |name: &str| match major {
-        Some(major) if major >= 13 => name == format!("cu{major}"),
-        _ => name.starts_with("cuda_"),
-    };
-    let mut components: Vec<PathBuf> = entries
-        .filter_map(|entry| entry.ok())
-        .filter(|entry| entry.path().is_dir())
-        .filter(|entry| entry.file_name().to_str().is_some_and(wanted))
-        .map(|entry| entry.path())
-        .collect();
-    components.sort();
-    components
-}
-
-/// The runtime headers (`cuda_runtime.h`), then CCCL (`cub/`), as the bundler finds them.
-pub(super) fn toolkit_include_dirs(components: &[PathBuf]) -> Vec<PathBuf> {
-    let mut runtime = None;
-    let mut cccl = None;
-    for component in components {
-        let include = component.join("include");
-        if runtime.is_none() && include.join("cuda_runtime.h").is_file() {
-            runtime = Some(include.clone());
-        }
-        if cccl.is_none() {
-            if include.join("cccl").join("cub").is_dir() {
-                cccl = Some(include.join("cccl"));
-            } else if include.join("cub").is_dir() {
-                cccl = Some(include);
-            }
-        }
-    }
-    let mut dirs = Vec::new();
-    for dir in [runtime, cccl].into_iter().flatten() {
-        if !dirs.contains(&dir) {
-            dirs.push(dir);
-        }
-    }
-    dirs
 }
 
 #[cfg(test)]

@@ -1,0 +1,160 @@
+//! The folder a compile runs in: named by the key, at the same absolute path on every machine,
+//! with the library's files and the toolkit reached through links inside it, so that nothing a
+//! compiler writes into a cubin names the machine, the checkout or a temp folder.
+//!
+//! ```text
+//! /tmp/kwheel-<first 16 hex digits of the key>/    the compile's cwd (and nvcc's TMPDIR)
+//! ├── src/                     the library as a bundle's `sources/` lays it out
+//! │   ├── <entry> -> …         a link per top-level entry of the library root (the JIT: of
+//! │   │                        the bundle's `sources/`)
+//! │   └── [n] -> …             include dir n, when it is outside the library root
+//! ├── cuda -> …                the toolkit nvcc runs from (its `bin/..`)
+//! ├── include/<n> -> …         NVRTC's toolkit include dirs
+//! ├── kwheel-entries.cu        the entry probes, when an entry is a name expression
+//! └── kernel.cubin, kernel.ptx, …
+//! /tmp/kwheel-<…>.lock         locked (flock) while the folder is in use
+//! ```
+//!
+//! What compilers embed, as measured with nvcc 13.0 and NVRTC 12.9: `__FILE__` is the path as
+//! the compile spells it (relative here: `src/k/k.cu`); `-lineinfo`/`-G` line tables name files
+//! by absolute path from the cwd, so by `/tmp/kwheel-<key>/src/…` and `…/cuda/include/…`;
+//! nvcc's internal-linkage prefix (`_GLOBAL__N__<hash>`) hashes the real path of the compiled
+//! file, which [`super::execute`] sets with cicc's `--orig_src_path_name`; NVRTC's program
+//! name is its `__FILE__` and the base of its quoted includes, so it is given the absolute
+//! path inside this folder. `/tmp` rather than `$TMPDIR`, because the folder's path is part of
+//! the output. The folder is removed when the compile ends; one left by a killed process is
+//! removed by the next compile of that key, under the lock.
+
+use std::fs::{self, File, OpenOptions};
+use std::path::{Path, PathBuf};
+
+// Called by path: `File` has inherent lock methods of the same names in newer Rust.
+use fs4::fs_std::FileExt;
+
+use super::CompileFailure;
+
+/// Where the work folders are: the same on every machine, since their path is in the output.
+pub const WORK_ROOT: &str = "/tmp";
+
+/// The library's files as a compile sees them under `src/`: the layout of a bundle's
+/// `sources/` (stable paths: relative to the library root, or `[n]/…` under include dir `n`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SourceTree {
+    /// The folder whose entries appear under `src/`: the library root, or a bundle's `sources/`.
+    pub root: PathBuf,
+    /// Include dirs outside the root, by their index `n`, appearing as `src/[n]`.
+    pub outside: Vec<(usize, PathBuf)>,
+}
+
+impl SourceTree {
+    /// A bundle's `sources/`, which already has the `[n]` folders.
+    pub fn shipped(sources: &Path) -> SourceTree {
+        SourceTree {
+            root: absolute(sources),
+            outside: Vec::new(),
+        }
+    }
+}
+
+/// A work folder in use: removed, and its lock released, when dropped.
+pub(super) struct WorkDir {
+    path: PathBuf,
+    lock: File,
+}
+
+impl WorkDir {
+    /// Takes the folder of `key`, waiting while another compile of the same key has it, and
+    /// lays out `tree` under `src/`.
+    pub(super) fn create(key: &str, tree: &SourceTree) -> Result<WorkDir, CompileFailure> {
+        let name: String = key.chars().take(16).collect();
+        let path = Path::new(WORK_ROOT).join(format!("kwheel-{name}"));
+        let lock_path = path.with_extension("lock");
+        let io = |action: &'static str, at: &Path| {
+            let at = at.to_path_buf();
+            move |source| CompileFailure::Io {
+                action,
+                path: at,
+                source,
+            }
+        };
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(io("create the lock", &lock_path))?;
+        FileExt::lock_exclusive(&lock).map_err(io("lock", &lock_path))?;
+        match fs::symlink_metadata(&path) {
+            Ok(metadata) if metadata.is_dir() => {
+                fs::remove_dir_all(&path).map_err(io("remove the leftover work dir", &path))?
+            }
+            Ok(_) => fs::remove_file(&path).map_err(io("remove the leftover", &path))?,
+            Err(_) => {}
+        }
+        fs::create_dir(&path).map_err(io("create the work dir", &path))?;
+        let work = WorkDir { path, lock };
+        work.lay_out(tree)?;
+        Ok(work)
+    }
+
+    fn lay_out(&self, tree: &SourceTree) -> Result<(), CompileFailure> {
+        let src = self.path.join("src");
+        fs::create_dir(&src).map_err(|source| CompileFailure::Io {
+            action: "create",
+            path: src.clone(),
+            source,
+        })?;
+        let root = absolute(&tree.root);
+        let entries = fs::read_dir(&root).map_err(|source| CompileFailure::Io {
+            action: "list the library root",
+            path: root.clone(),
+            source,
+        })?;
+        for entry in entries {
+            let entry = entry.map_err(|source| CompileFailure::Io {
+                action: "list the library root",
+                path: root.clone(),
+                source,
+            })?;
+            self.link(&entry.path(), &src.join(entry.file_name()))?;
+        }
+        for (n, dir) in &tree.outside {
+            self.link(&absolute(dir), &src.join(format!("[{n}]")))?;
+        }
+        Ok(())
+    }
+
+    /// A link at `at` (inside this folder) to `target`.
+    pub(super) fn link(&self, target: &Path, at: &Path) -> Result<(), CompileFailure> {
+        if let Some(parent) = at.parent() {
+            fs::create_dir_all(parent).map_err(|source| CompileFailure::Io {
+                action: "create",
+                path: parent.to_path_buf(),
+                source,
+            })?;
+        }
+        std::os::unix::fs::symlink(target, at).map_err(|source| CompileFailure::Io {
+            action: "link",
+            path: at.to_path_buf(),
+            source,
+        })
+    }
+
+    /// The folder.
+    pub(super) fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        // Links are removed, never followed.
+        let _ = fs::remove_dir_all(&self.path);
+        let _ = FileExt::unlock(&self.lock);
+    }
+}
+
+/// A path that does not depend on the working directory.
+pub(super) fn absolute(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}
