@@ -375,20 +375,38 @@ pub fn read_artifact(
     kernel: &str,
     variant: &Variant,
 ) -> Result<Vec<u8>, BundleError> {
+    read_artifact_with(
+        root,
+        kernel,
+        variant,
+        |digest, label| read_prefix(root, digest, true, kernel, label),
+        |label| {
+            trained
+                .map(|stored| read_dictionary(root, stored, kernel, label))
+                .transpose()
+        },
+    )
+}
+
+/// [`read_artifact`] with the dictionaries from `prefix(digest, label)` (a family
+/// dictionary's raw content) and `trained(label)` (the bundle's trained one, if any), which
+/// may keep what they read: the one choice of the dictionary a variant's frame needs.
+pub fn read_artifact_with<P: AsRef<[u8]>, T: AsRef<[u8]>>(
+    root: &Path,
+    kernel: &str,
+    variant: &Variant,
+    prefix: impl FnOnce(&str, &str) -> Result<P, BundleError>,
+    trained: impl FnOnce(&str) -> Result<Option<T>, BundleError>,
+) -> Result<Vec<u8>, BundleError> {
     let label = variant.label();
-    let bytes;
-    let dictionary = match (&variant.artifact.dictionary, trained) {
-        (Some(digest), _) => {
-            bytes = read_prefix(root, digest, true, kernel, &label)?;
-            FrameDictionary::Prefix(&bytes)
-        }
-        (None, Some(stored)) => {
-            bytes = read_dictionary(root, stored, kernel, &label)?;
-            FrameDictionary::Trained(&bytes)
-        }
-        (None, None) => FrameDictionary::None,
-    };
-    read_stored(root, &variant.artifact, dictionary, kernel, &label)
+    let read = |dictionary| read_stored(root, &variant.artifact, dictionary, kernel, &label);
+    match &variant.artifact.dictionary {
+        Some(digest) => read(FrameDictionary::Prefix(prefix(digest, &label)?.as_ref())),
+        None => match trained(&label)? {
+            Some(bytes) => read(FrameDictionary::Trained(bytes.as_ref())),
+            None => read(FrameDictionary::None),
+        },
+    }
 }
 
 /// What an artifact's zstd frame was compressed against.

@@ -1,14 +1,16 @@
 //! `Kernel`, `Function` and `Provenance`: a loaded kernel, its entries, where its cubin came
 //! from.
 
+use std::collections::BTreeMap;
+
 use prebuilt::driver::LaunchConfig;
+use prebuilt::index::Constant;
 use prebuilt::registry::Function as EntryFunction;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::arguments::{dims, encode, stream_handle};
 use crate::errors::{driver_error, load_error, ArgumentError};
-use crate::registry::constants_dict;
 
 /// A loaded kernel: its entries, constants and provenance. Launch it with `launch`.
 #[pyclass(frozen, module = "kwheel._kwheel")]
@@ -296,4 +298,21 @@ impl Provenance {
             self.kind, self.key
         )
     }
+}
+
+/// A dict of a kernel's constants, each as the Python value of its type.
+pub(crate) fn constants_dict<'py>(
+    py: Python<'py>,
+    constants: &BTreeMap<String, Constant>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let dict = PyDict::new(py);
+    for (name, value) in constants {
+        match value {
+            Constant::Integer(value) => dict.set_item(name, value)?,
+            Constant::Float(value) => dict.set_item(name, value)?,
+            Constant::Bool(value) => dict.set_item(name, value)?,
+            Constant::String(value) => dict.set_item(name, value)?,
+        }
+    }
+    Ok(dict)
 }

@@ -5,16 +5,16 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use prebuilt::device::{default_build, parse_cuda_build, DeviceQuery, DriverVersion};
-use prebuilt::index::Constant;
 use prebuilt::jit::CompilerSearch;
 use prebuilt::lookup::Catalog;
+use prebuilt::registry::describe_device;
 use prebuilt::{JitPolicy, LoadError, RegistryOptions, Status};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
 use crate::errors::{load_error, no_fit, KwheelError};
-use crate::kernel::Kernel;
+use crate::kernel::{constants_dict, Kernel};
 
 /// A bundle, read one kernel at a time (its loader index). Answers without a GPU: the
 /// kernels, their constants, and which variant a device would load (`select`).
@@ -149,7 +149,7 @@ impl Bundle {
     ) -> PyResult<Selection> {
         let record = self.record(py, name)?;
         let query = self.simulated(device, cuda, torch, driver)?;
-        let device = describe(&query);
+        let device = describe_device(&query);
         // `kernel_coverage` runs `select_variant`'s rules and keeps every refusal, chosen or
         // not; `locate` says where the chosen cubin is: the wheel, the user's cache, the store.
         let mut coverage = prebuilt::coverage::kernel_coverage(&record, &query, None);
@@ -465,36 +465,6 @@ fn status_text(status: &Status) -> String {
         } => format!("available: {provenance} {variant}: {reason}"),
         Status::Unavailable { reason } => format!("unavailable: {reason}"),
     }
-}
-
-/// A dict of a kernel's constants, each as the Python value of its type.
-pub(crate) fn constants_dict<'py>(
-    py: Python<'py>,
-    constants: &BTreeMap<String, Constant>,
-) -> PyResult<Bound<'py, PyDict>> {
-    let dict = PyDict::new(py);
-    for (name, value) in constants {
-        match value {
-            Constant::Integer(value) => dict.set_item(name, value)?,
-            Constant::Float(value) => dict.set_item(name, value)?,
-            Constant::Bool(value) => dict.set_item(name, value)?,
-            Constant::String(value) => dict.set_item(name, value)?,
-        }
-    }
-    Ok(dict)
-}
-
-/// `device sm_90 (compute 9.0), CUDA build cu129, driver 13.0, torch 2.13.0`.
-fn describe(query: &DeviceQuery) -> String {
-    let (major, minor) = query.capability;
-    let mut text = format!(
-        "device sm_{major}{minor} (compute {major}.{minor}), CUDA build {}, driver {}",
-        query.cuda, query.driver
-    );
-    if let Some(torch) = &query.torch {
-        text.push_str(&format!(", torch {torch}"));
-    }
-    text
 }
 
 /// `"sm_90"`, `"sm_90a"`, `"9.0"`, or `(9, 0)`.

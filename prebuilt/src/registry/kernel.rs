@@ -53,14 +53,6 @@ impl Kernel {
         self.inner.location
     }
 
-    pub(super) fn with_location(self, location: ArtifactLocation) -> Kernel {
-        let mut inner = Arc::try_unwrap(self.inner).unwrap_or_else(|shared| (*shared).clone());
-        inner.location = Some(location);
-        Kernel {
-            inner: Arc::new(inner),
-        }
-    }
-
     /// The manifest's exported constants (`BLOCK_SIZE`), so callers never hard-code them.
     pub fn constants(&self) -> &BTreeMap<String, Constant> {
         &self.inner.constants

@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::*;
-use crate::bundle::{artifact_path, INDEX_FILE};
+use crate::bundle::{artifact_path, BundleError, INDEX_FILE};
+use crate::device::DriverVersion;
 use crate::driver::{Context, LaunchConfig};
 use crate::index::{CompilerRecord, KernelInputs, StoredFile, INDEX_FORMAT, STORE_INDEX_FORMAT};
 use crate::key::sha256_hex;
@@ -256,6 +257,101 @@ fn variant_of(kernel: &Kernel) -> &str {
     }
 }
 
+/// What a load reaches, or what a status says it will: a prebuilt variant and where its bytes
+/// came from, the JIT, or a refusal and its text.
+#[derive(Debug, PartialEq)]
+enum Outcome {
+    Prebuilt { variant: String, from: &'static str },
+    Jit { variant: String },
+    Refused(String),
+}
+
+/// The outcome `status` names.
+fn named(status: &Status) -> Outcome {
+    match status {
+        Status::Available {
+            variant,
+            provenance: ProvenanceKind::Prebuilt,
+            location,
+            ..
+        } => Outcome::Prebuilt {
+            variant: variant.clone(),
+            from: match location.unwrap() {
+                ArtifactLocation::Bundle | ArtifactLocation::Missing => "wheel",
+                ArtifactLocation::Cache => "cache",
+                ArtifactLocation::Store => "store",
+            },
+        },
+        Status::Available { variant, .. } => Outcome::Jit {
+            variant: variant.clone(),
+        },
+        Status::Unavailable { reason } => Outcome::Refused(reason.clone()),
+    }
+}
+
+/// The outcome a load reached; `fetched`: whether it asked the store.
+fn reached(load: &Result<Kernel, LoadError>, fetched: bool) -> Outcome {
+    let remote = if fetched { "store" } else { "cache" };
+    match load {
+        Ok(kernel) => match kernel.provenance() {
+            Provenance::Prebuilt { variant, .. } => Outcome::Prebuilt {
+                variant: variant.clone(),
+                from: match kernel.location() {
+                    Some(ArtifactLocation::Bundle) => "wheel",
+                    _ => remote,
+                },
+            },
+            _ => Outcome::Jit {
+                variant: kernel.inner.variant.clone(),
+            },
+        },
+        // Failed while reading the bytes the plan named: the plan was that variant.
+        Err(LoadError::Fetch { variant, .. }) => Outcome::Prebuilt {
+            variant: variant.clone(),
+            from: remote,
+        },
+        Err(LoadError::Bundle(error)) => match &**error {
+            BundleError::DigestMismatch { variant, .. } | BundleError::Corrupt { variant, .. } => {
+                Outcome::Prebuilt {
+                    variant: variant.clone(),
+                    from: "wheel",
+                }
+            }
+            other => Outcome::Refused(crate::error_chain(other)),
+        },
+        Err(error) => Outcome::Refused(crate::error_chain(error)),
+    }
+}
+
+/// `registry.load("scale")`, after checking that the status before it names the outcome the
+/// load reaches (the same variant from the same place, the JIT, or the same refusal text), and
+/// that the status after a load reports the kernel loaded.
+fn status_then_load(registry: &Registry, store: Option<&FakeStore>) -> Result<Kernel, LoadError> {
+    let requests = || store.map_or(0, |store| store.requests.load(Ordering::SeqCst));
+    let before = registry.status().remove("scale").unwrap();
+    assert_eq!(registry.plan("scale").status(), before);
+    let asked = requests();
+    let load = registry.load("scale");
+    assert_eq!(
+        named(&before),
+        reached(&load, requests() > asked),
+        "{before:?}"
+    );
+    if let Ok(kernel) = &load {
+        assert_eq!(
+            registry.status()["scale"],
+            Status::Available {
+                variant: kernel.inner.variant.clone(),
+                reason: kernel.reason().to_owned(),
+                provenance: kernel.provenance().kind(),
+                location: kernel.location(),
+            }
+        );
+        assert!(matches!(registry.plan("scale"), Plan::Loaded(_)));
+    }
+    load
+}
+
 const BOTH: [&str; 2] = ["cu130/sm_90a", "cu130/sm_100a"];
 
 #[test]
@@ -269,7 +365,7 @@ fn the_wheel_comes_first_and_its_bytes_are_what_loads() {
         JitPolicy::Disabled,
         DownloadPolicy::Allowed,
     );
-    let kernel = registry.load("scale").unwrap();
+    let kernel = status_then_load(&registry, Some(&*store)).unwrap();
     assert_eq!(variant_of(&kernel), "cu130/sm_90a");
     assert_eq!(kernel.location(), Some(ArtifactLocation::Bundle));
     assert_eq!(device.loaded(), [artifact("cu130/sm_90a")]);
@@ -296,7 +392,7 @@ fn the_cache_comes_before_the_store() {
         JitPolicy::Disabled,
         DownloadPolicy::Allowed,
     );
-    let kernel = registry.load("scale").unwrap();
+    let kernel = status_then_load(&registry, Some(&*store)).unwrap();
     assert_eq!(kernel.location(), Some(ArtifactLocation::Cache));
     assert_eq!(device.loaded(), [artifact("cu130/sm_90a")]);
     assert_eq!(store.requests.load(Ordering::SeqCst), 0);
@@ -314,7 +410,7 @@ fn the_store_fills_the_cache_then_loads() {
         DownloadPolicy::Allowed,
     );
     assert!(!setup.cached("cu130/sm_90a"));
-    let kernel = registry.load("scale").unwrap();
+    let kernel = status_then_load(&registry, Some(&*store)).unwrap();
     assert_eq!(variant_of(&kernel), "cu130/sm_90a");
     assert_eq!(device.loaded(), [artifact("cu130/sm_90a")]);
     assert_eq!(store.requests.load(Ordering::SeqCst), 1);
@@ -328,11 +424,11 @@ fn a_tampered_store_answer_is_refused_and_nothing_is_cached_or_loaded() {
     let store = store_with(&BOTH, true);
     let registry = setup.registry(
         device.clone(),
-        Some(store),
+        Some(store.clone()),
         JitPolicy::Disabled,
         DownloadPolicy::Allowed,
     );
-    let error = registry.load("scale").unwrap_err();
+    let error = status_then_load(&registry, Some(&*store)).unwrap_err();
     let message = crate::error_chain(&error);
     assert!(matches!(error, LoadError::Fetch { .. }), "{message}");
     assert!(message.contains("cu130/sm_90a"), "{message}");
@@ -360,7 +456,7 @@ fn a_tampered_wheel_artifact_is_refused_naming_kernel_variant_and_digests() {
         JitPolicy::Disabled,
         DownloadPolicy::Allowed,
     );
-    let error = registry.load("scale").unwrap_err();
+    let error = status_then_load(&registry, None).unwrap_err();
     let message = crate::error_chain(&error);
     assert!(message.contains("`scale` (cu130/sm_90a)"), "{message}");
     assert!(message.contains(&expected), "{message}");
@@ -379,7 +475,7 @@ fn with_downloads_forbidden_a_store_only_variant_does_not_count() {
         JitPolicy::Disabled,
         DownloadPolicy::Forbidden,
     );
-    let error = registry.load("scale").unwrap_err();
+    let error = status_then_load(&registry, Some(&*store)).unwrap_err();
     let message = crate::error_chain(&error);
     assert!(matches!(error, LoadError::NoFit { .. }), "{message}");
     assert!(message.contains("FAKE_KERNELS_NO_DOWNLOAD"), "{message}");
@@ -397,7 +493,7 @@ fn no_fit_with_the_jit_forbidden_is_a_refusal_naming_the_setting() {
         JitPolicy::Disabled,
         DownloadPolicy::Allowed,
     );
-    let error = registry.load("scale").unwrap_err();
+    let error = status_then_load(&registry, None).unwrap_err();
     let message = crate::error_chain(&error);
     assert!(matches!(error, LoadError::NoFit { .. }), "{message}");
     assert!(message.contains("FAKE_KERNELS_JIT_FALLBACK=0"), "{message}");
@@ -417,7 +513,7 @@ fn no_fit_with_the_jit_allowed_tries_it_and_says_why_it_could_not() {
         JitPolicy::Allowed,
         DownloadPolicy::Allowed,
     );
-    let error = registry.load("scale").unwrap_err();
+    let error = status_then_load(&registry, None).unwrap_err();
     let message = crate::error_chain(&error);
     assert!(matches!(error, LoadError::Jit { .. }), "{message}");
     // The bundle ships no sources for `scale`, and the refusals are kept.
@@ -434,8 +530,45 @@ fn no_driver_is_an_answer_not_a_panic() {
         JitPolicy::Disabled,
         DownloadPolicy::Allowed,
     );
-    let error = registry.load("scale").unwrap_err();
+    let error = status_then_load(&registry, None).unwrap_err();
     assert!(matches!(error, LoadError::NoGpu(_)), "{error}");
     let reason = registry.unavailable_reason("scale").unwrap();
     assert!(reason.contains("no CUDA driver"), "{reason}");
+}
+
+#[test]
+fn a_store_only_variant_refused_for_downloads_is_a_refusal_in_index_order() {
+    let setup = Setup::new(&BOTH, &["cu130/sm_100a"]);
+    let registry = setup.registry(
+        FakeDevice::new((9, 0)),
+        None,
+        JitPolicy::Disabled,
+        DownloadPolicy::Forbidden,
+    );
+    let Plan::Refused(LoadError::NoFit { refusals, .. }) = registry.plan("scale") else {
+        panic!("{:?}", registry.plan("scale"));
+    };
+    let refusals: Vec<String> = refusals.refusals.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        refusals,
+        [
+            "cu130/sm_90a: fits, but is only in the store (https://store.invalid) and \
+             FAKE_KERNELS_NO_DOWNLOAD=1 forbids downloading it",
+            "cu130/sm_100a: sm_100a cubins run only on compute capability 10.0, this device is 9.0",
+        ]
+    );
+    // Downloads allowed: the same variant, planned from the store.
+    let registry = setup.registry(
+        FakeDevice::new((9, 0)),
+        None,
+        JitPolicy::Disabled,
+        DownloadPolicy::Allowed,
+    );
+    let Plan::Prebuilt(plan) = registry.plan("scale") else {
+        panic!("{:?}", registry.plan("scale"));
+    };
+    assert_eq!(
+        (plan.variant.label(), plan.location),
+        ("cu130/sm_90a".to_owned(), ArtifactLocation::Store)
+    );
 }

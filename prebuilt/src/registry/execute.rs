@@ -1,0 +1,206 @@
+//! Carrying out a [`Plan`]: read (or fetch, or compile) the cubin, verified, and load it into
+//! the device's primary context. Nothing here decides anything [`Registry::status`] would not
+//! have said.
+
+use super::*;
+
+/// What a load tells about its cubin besides the bytes, for the [`Kernel`] to report.
+struct Origin {
+    variant: String,
+    reason: String,
+    provenance: Provenance,
+    location: Option<ArtifactLocation>,
+}
+
+impl Registry {
+    /// Loads `name` (record `record`) as `plan` says.
+    pub(super) fn execute(
+        &self,
+        name: &str,
+        record: &KernelRecord,
+        plan: Plan,
+    ) -> Result<Kernel, LoadError> {
+        match plan {
+            Plan::Loaded(kernel) => Ok(kernel),
+            Plan::Refused(error) => Err(error),
+            Plan::Prebuilt(plan) => self.load_prebuilt(name, record, plan),
+            Plan::Jit(plan) => self.load_jit(name, *plan),
+        }
+    }
+
+    fn load_prebuilt(
+        &self,
+        name: &str,
+        record: &KernelRecord,
+        plan: PrebuiltPlan,
+    ) -> Result<Kernel, LoadError> {
+        let PrebuiltPlan {
+            variant,
+            reason,
+            location,
+        } = plan;
+        let label = variant.label();
+        let (cubin, location) = match location {
+            ArtifactLocation::Cache | ArtifactLocation::Store => {
+                // The cache and the store hand out nothing whose sha256 differs either.
+                // A cache entry found damaged is fetched again only where downloads are allowed.
+                let store = || {
+                    if self.policy.downloads_allowed {
+                        self.store_handle()
+                    } else {
+                        Err(FetchError::Forbidden {
+                            what: fetch::describe(name, &variant),
+                            variable: self.policy.no_download.clone(),
+                        })
+                    }
+                };
+                let (cubin, _) = obtain_remote(
+                    self.catalog.root(),
+                    self.meta().store.as_deref(),
+                    name,
+                    &variant,
+                    &self.artifact_cache,
+                    &store,
+                )
+                .map_err(|source| LoadError::Fetch {
+                    kernel: name.to_owned(),
+                    variant: label.clone(),
+                    no_download: self.policy.no_download.clone(),
+                    source: Box::new(source),
+                })?;
+                (cubin, ArtifactLocation::Cache)
+            }
+            ArtifactLocation::Bundle | ArtifactLocation::Missing => {
+                // Nothing whose sha256 differs from the index's is handed out.
+                let cubin = read_artifact_with(
+                    self.catalog.root(),
+                    name,
+                    &variant,
+                    |digest, label| self.prefix(digest, name, label),
+                    |label| self.dictionary(name, label),
+                )?;
+                (cubin, location)
+            }
+        };
+        let origin = Origin {
+            provenance: Provenance::Prebuilt {
+                variant: label.clone(),
+                key: variant.key.clone(),
+            },
+            variant: label,
+            reason,
+            location: Some(location),
+        };
+        self.finish_load(name, &record.constants, &cubin, &variant.functions, origin)
+    }
+
+    /// The store client, made on first need.
+    fn store_handle(&self) -> Result<StoreHandle, FetchError> {
+        if let Some(handle) = self.store.get() {
+            return Ok(handle.clone());
+        }
+        let url = self.meta().store.as_deref().unwrap_or_default();
+        let handle = StoreHandle::connect(url, &self.options.store)?;
+        Ok(self.store.get_or_init(|| handle).clone())
+    }
+
+    /// The family dictionary with raw-content sha256 `digest`, read once per registry and kept
+    /// for the family's other kernels. Not hashed: see [`read_prefix`].
+    fn prefix(&self, digest: &str, kernel: &str, label: &str) -> Result<Arc<[u8]>, BundleError> {
+        let prefixes = || self.prefixes.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(bytes) = prefixes().get(digest) {
+            return Ok(Arc::clone(bytes));
+        }
+        let bytes: Arc<[u8]> =
+            read_prefix(self.catalog.root(), digest, false, kernel, label)?.into();
+        prefixes().insert(digest.to_owned(), Arc::clone(&bytes));
+        Ok(bytes)
+    }
+
+    /// The bundle's trained zstd dictionary, read and verified once per registry.
+    fn dictionary(&self, kernel: &str, label: &str) -> Result<Option<&[u8]>, BundleError> {
+        let Some(stored) = &self.meta().dictionary else {
+            return Ok(None);
+        };
+        if let Some(bytes) = self.dictionary.get() {
+            return Ok(bytes.as_deref());
+        }
+        let bytes = read_dictionary(self.catalog.root(), stored, kernel, label)?;
+        Ok(self.dictionary.get_or_init(|| Some(bytes)).as_deref())
+    }
+
+    fn load_jit(&self, name: &str, plan: JitPlan) -> Result<Kernel, LoadError> {
+        let query = self.gpu()?;
+        let request = self.jit_request(name, &plan.record, &query);
+        let output = match compile_cached(&request, &plan.compiler, &self.options.jit_cache) {
+            Ok(output) => output,
+            Err(error) => {
+                return Err(self.jit_failed(name, &query, plan.refusals, Arc::new(error)));
+            }
+        };
+        let key = output.key.0.clone();
+        let (provenance, how) = if output.compiled {
+            (Provenance::JitCompiled { key }, "compiled")
+        } else {
+            (Provenance::JitCache { key }, "cached")
+        };
+        let origin = Origin {
+            variant: plan.target(),
+            reason: plan.reason(how),
+            provenance,
+            location: None,
+        };
+        let constants = &plan.record.constants;
+        self.finish_load(name, constants, &output.cubin, &output.functions, origin)
+    }
+
+    /// Loads a verified cubin and resolves every entry.
+    fn finish_load(
+        &self,
+        name: &str,
+        constants: &BTreeMap<String, Constant>,
+        cubin: &[u8],
+        entries: &[EntryRecord],
+        origin: Origin,
+    ) -> Result<Kernel, LoadError> {
+        let device = describe_device(&self.gpu()?);
+        let variant = origin.variant;
+        let symbols: Vec<&str> = entries.iter().map(|entry| entry.symbol.as_str()).collect();
+        let module = self
+            .device
+            .load(self.options.device, cubin, &symbols)
+            .map_err(|failure| match failure {
+                ModuleFailure::Context(error) => LoadError::NoGpu(error),
+                ModuleFailure::Load(error) => {
+                    LoadError::driver(error, "load", name, &variant, &device)
+                }
+                ModuleFailure::Lookup(error) => {
+                    LoadError::driver(error, "look up an entry of", name, &variant, &device)
+                }
+            })?;
+        let functions = entries
+            .iter()
+            .enumerate()
+            .map(|(index, entry)| Function {
+                kernel: name.to_owned(),
+                variant: variant.clone(),
+                device: device.clone(),
+                entry: entry.clone(),
+                module: Arc::clone(&module),
+                index,
+            })
+            .collect();
+        Ok(Kernel {
+            inner: Arc::new(KernelInner {
+                name: name.to_owned(),
+                variant,
+                reason: origin.reason,
+                provenance: origin.provenance,
+                location: origin.location,
+                constants: constants.clone(),
+                functions,
+                module,
+            }),
+        })
+    }
+}
