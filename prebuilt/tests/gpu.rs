@@ -1683,3 +1683,6 @@ mod slim {
         assert!(files_under(&dir.path().join("none")).is_empty());
     }
 }
+
+// A bundle never steers the compiler; the JIT reads its inputs checked.
+mod jit_flags;
