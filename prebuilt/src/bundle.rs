@@ -17,11 +17,20 @@
 //!
 //! An index is untrusted input: [`parse_index`] checks every kernel name, path, digest and
 //! size in it ([`crate::untrusted::check_index`]) before anything joins a path, only regular
-//! files are read, never past a cap, and no stored path leads out of the bundle, through `..`
-//! or a symbolic link.
+//! files are read, never past a cap, and no file of the bundle (`index.json`, `kernels.idx`,
+//! an artifact, a dictionary) is reached through `..` or a symbolic link that leads out of it.
+//!
+//! Work is bounded by what the index records, not by how often it names a file: an opened
+//! [`Bundle`] decodes each artifact file once however many variants share it (their digests
+//! and sizes must agree, [`crate::untrusted::check_index`]), checks its frame's declared size
+//! once, and never decodes more bytes in all than the sizes its index records for its distinct
+//! artifacts add up to. [`Bundle::extract_to`] writes a shared artifact once and links the
+//! other variants' files to it.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::cache::{write_atomically, ArtifactCache};
 use crate::index::{
@@ -33,6 +42,14 @@ use crate::untrusted::{
     check_index, check_stored, read_regular_file, resolve_inside, ArtifactPath, Digest, KernelName,
     Untrusted, MAX_ARTIFACT_SIZE, MAX_DICTIONARY_SIZE, MAX_INDEX_SIZE,
 };
+
+/// At most this many decoded bytes of shared artifacts and dictionaries are kept by an open
+/// [`Bundle`] for the variants still to read them; past it, a re-read decodes again, and that
+/// counts against the bundle's decode budget.
+const MAX_HELD_BYTES: u64 = 512 << 20;
+
+mod reads;
+use reads::{link_atomically, Reads, Reuse};
 
 /// File name of the index inside a bundle.
 pub const INDEX_FILE: &str = "index.json";
@@ -180,20 +197,22 @@ fn extension(arch: Arch) -> &'static str {
 pub struct Bundle {
     root: PathBuf,
     index: Index,
+    reads: Mutex<Reads>,
 }
 
 impl Bundle {
     /// Opens the bundle at `root`, reading and checking its index.
     pub fn open(root: impl Into<PathBuf>) -> Result<Bundle, BundleError> {
         let root = root.into();
-        let path = root.join(INDEX_FILE);
+        let path = bundle_file(&root, INDEX_FILE)?;
         let text =
             read_regular_file(&path, MAX_INDEX_SIZE).map_err(|source| BundleError::Read {
                 path: path.clone(),
                 source,
             })?;
         let index = parse_index(&path, &text)?;
-        Ok(Bundle { root, index })
+        let reads = Mutex::new(Reads::of(&index));
+        Ok(Bundle { root, index, reads })
     }
 
     /// The bundle's root directory.
@@ -206,34 +225,132 @@ impl Bundle {
         &self.index
     }
 
-    /// Reads, decompresses and verifies the cubin of one variant of `kernel`.
+    /// Reads, decompresses and verifies the cubin of one variant of `kernel`. An artifact file
+    /// that several variants share is decoded once: the others get its bytes (or its refusal)
+    /// without decoding again.
     pub fn read_artifact(&self, kernel: &str, variant: &Variant) -> Result<Vec<u8>, BundleError> {
-        read_artifact(&self.root, self.index.dictionary.as_ref(), kernel, variant)
+        match self.reuse(kernel, variant, true)? {
+            Reuse::Bytes(bytes) => Ok(bytes),
+            Reuse::Verified => self.decode(kernel, variant, true, false),
+            Reuse::Decode(charged) => self.decode(kernel, variant, true, charged),
+        }
     }
 
+    /// Verifies the cubin of one variant of `kernel` as [`Bundle::read_artifact`] reads it,
+    /// keeping nothing: `wheel verify`'s read. A file that several variants share is decoded
+    /// once, and its outcome answers for the others.
+    pub fn verify_artifact(&self, kernel: &str, variant: &Variant) -> Result<(), BundleError> {
+        match self.reuse(kernel, variant, false)? {
+            Reuse::Verified | Reuse::Bytes(_) => Ok(()),
+            Reuse::Decode(charged) => self.decode(kernel, variant, false, charged).map(drop),
+        }
+    }
+
+    /// Decodes and verifies `variant`'s file with the dictionary it needs, within the decode
+    /// budget when `charged`; with `keep`, its bytes are kept for the variants still to read it.
+    fn decode(
+        &self,
+        kernel: &str,
+        variant: &Variant,
+        keep: bool,
+        charged: bool,
+    ) -> Result<Vec<u8>, BundleError> {
+        let label = variant.label();
+        let prefix;
+        let trained;
+        let dictionary = match (&variant.artifact.dictionary, &self.index.dictionary) {
+            (Some(digest), _) => {
+                prefix = self.dictionary(digest, || {
+                    read_prefix(&self.root, digest, true, kernel, &label)
+                })?;
+                FrameDictionary::Prefix(&prefix)
+            }
+            (None, Some(stored)) => {
+                trained = self.dictionary(&stored.path, || {
+                    read_dictionary(&self.root, stored, kernel, &label)
+                })?;
+                FrameDictionary::Trained(&trained)
+            }
+            (None, None) => FrameDictionary::None,
+        };
+        if charged {
+            self.charge(kernel, variant)?;
+        }
+        let read = read_stored(&self.root, &variant.artifact, dictionary, kernel, &label);
+        self.record(variant, &read, keep);
+        read
+    }
+}
+
+impl Bundle {
     /// Writes every artifact, verified, as `root/<kernel>/<build>/<arch>.cubin` (`<arch>.ptx`
     /// for PTX); the paths written, relative to `root`. Kernel names are checked identifiers
-    /// (one path component each), so nothing lands outside `root`.
+    /// (one path component each), so nothing lands outside `root`. An artifact that several
+    /// variants share is decoded and written once; the other variants' files are hard links
+    /// to it (copies where the file system has no links).
     pub fn extract_to(&self, root: &Path) -> Result<Vec<PathBuf>, BundleError> {
         let mut written = Vec::new();
+        let mut first: BTreeMap<&str, PathBuf> = BTreeMap::new();
         for (kernel, record) in &self.index.kernels {
             let kernel_dir = KernelName::parse(kernel).map_err(|source| BundleError::Refused {
                 path: self.root.join(INDEX_FILE),
                 source,
             })?;
             for variant in &record.variants {
-                let cubin = self.read_artifact(kernel, variant)?;
                 let relative = Path::new(kernel_dir.as_str())
                     .join(variant.cuda.to_string())
                     .join(format!("{}.{}", variant.arch, extension(variant.arch)));
                 let path = root.join(&relative);
-                write_atomically(&path, &cubin)
-                    .map_err(|source| BundleError::Write { path, source })?;
+                let write_error = |source| BundleError::Write {
+                    path: path.clone(),
+                    source,
+                };
+                match first.get(variant.artifact.path.as_str()) {
+                    Some(earlier) => {
+                        // Same file, so same digest and size (the index was checked): take
+                        // the variant's turn without decoding, then link.
+                        match self.reuse(kernel, variant, false)? {
+                            Reuse::Decode(charged) => {
+                                let cubin = self.decode(kernel, variant, false, charged)?;
+                                write_atomically(&path, &cubin).map_err(write_error)?;
+                            }
+                            Reuse::Verified | Reuse::Bytes(_) => {
+                                link_atomically(earlier, &path).map_err(write_error)?;
+                            }
+                        }
+                    }
+                    None => {
+                        // The other variants of this file link to what is written here.
+                        let cubin = match self.reuse(kernel, variant, true)? {
+                            Reuse::Bytes(bytes) => bytes,
+                            Reuse::Verified => self.decode(kernel, variant, false, false)?,
+                            Reuse::Decode(charged) => {
+                                self.decode(kernel, variant, false, charged)?
+                            }
+                        };
+                        write_atomically(&path, &cubin).map_err(write_error)?;
+                        first.insert(&variant.artifact.path, path.clone());
+                    }
+                }
                 written.push(relative);
             }
         }
         Ok(written)
     }
+}
+
+/// The file `name` at the top of the bundle at `root`, refused when a symbolic link leads it
+/// out of the bundle (docs/security.md): `index.json`, `kernels.idx`.
+pub fn bundle_file(root: &Path, name: &str) -> Result<PathBuf, BundleError> {
+    let refused = |source| BundleError::Refused {
+        path: root.join(name),
+        source,
+    };
+    let relative = ArtifactPath::parse(name).map_err(refused)?;
+    resolve_inside(root, &relative).map_err(|source| BundleError::Read {
+        path: relative.join_to(root),
+        source,
+    })
 }
 
 /// The bundle a command means: a bundle directory (with `index.json`), a package directory
@@ -600,9 +717,16 @@ fn searched_list(searched: &[PathBuf]) -> String {
 /// Reads an index from a bundle directory or an `index.json` path.
 pub fn read_index(path: &Path) -> Result<Index, BundleError> {
     let file = if path.is_dir() {
-        path.join(INDEX_FILE)
+        bundle_file(path, INDEX_FILE)?
     } else {
-        path.to_owned()
+        let folder = match path.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => parent,
+            _ => Path::new("."),
+        };
+        match path.file_name().and_then(|name| name.to_str()) {
+            Some(name) => bundle_file(folder, name)?,
+            None => path.to_owned(),
+        }
     };
     let bytes = read_regular_file(&file, MAX_INDEX_SIZE).map_err(|source| BundleError::Read {
         path: file.clone(),
@@ -690,5 +814,170 @@ pub fn locate(
         ArtifactLocation::Store
     } else {
         ArtifactLocation::Missing
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::os::unix::fs::MetadataExt as _;
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::index::{CompilerRecord, KernelInputs, KernelRecord};
+
+    /// A bundle under `dir` of `kernels` kernels whose every variant (cu129 and cu130 of
+    /// `sm_90a`) names the one plain frame of `content`, recorded at its true size.
+    fn shared_bundle(dir: &Path, kernels: usize, content: &[u8]) -> PathBuf {
+        let frame = zstd::bulk::compress(content, 1).unwrap();
+        let digest = sha256_hex(content);
+        let stored = StoredFile {
+            path: artifact_path(&digest),
+            digest: digest.clone(),
+            size: content.len() as u64,
+            stored_size: frame.len() as u64,
+            dictionary: None,
+        };
+        let variant = |cuda: &str| Variant {
+            arch: "sm_90a".parse().unwrap(),
+            cuda: cuda.parse().unwrap(),
+            torch: "2.13.*".to_owned(),
+            compiler: CompilerRecord {
+                kind: "nvrtc".to_owned(),
+                version: "13.0.88".to_owned(),
+            },
+            key: digest.clone(),
+            artifact: stored.clone(),
+            functions: Vec::new(),
+        };
+        let record = KernelRecord {
+            inputs: KernelInputs::default(),
+            recipe: None,
+            constants: BTreeMap::new(),
+            variants: vec![variant("cu129"), variant("cu130")],
+            skipped: Vec::new(),
+        };
+        let index = Index {
+            format: INDEX_FORMAT,
+            package: "shared".to_owned(),
+            torch: "2.13.*".to_owned(),
+            store: None,
+            dictionary: None,
+            kernels: (0..kernels)
+                .map(|n| (format!("k{n:03}"), record.clone()))
+                .collect(),
+        };
+        let root = dir.join("bundle");
+        let file = root.join(&stored.path);
+        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        std::fs::write(&file, &frame).unwrap();
+        std::fs::write(root.join(INDEX_FILE), index.to_json()).unwrap();
+        root
+    }
+
+    fn decoded(bundle: &Bundle) -> u64 {
+        let reads = bundle.reads.lock().unwrap();
+        reads.recorded - reads.budget
+    }
+
+    /// Issue case 7: one 8 KB frame holding 256 MiB, shared by many variants, made
+    /// `wheel verify` take ~1 s per variant and `bundle extract` write 256 MiB per variant.
+    /// It is decoded once, and extracted once with the other variants' files linked to it.
+    #[test]
+    fn a_frame_shared_by_many_variants_is_decoded_and_written_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let content = vec![0u8; 256 << 20];
+        let root = shared_bundle(dir.path(), 40, &content);
+        let index = read_index(&root).unwrap();
+        let stored = &index.kernels["k000"].variants[0].artifact;
+        assert!(stored.stored_size < 16 << 10, "{}", stored.stored_size);
+        drop(content);
+
+        let bundle = Bundle::open(&root).unwrap();
+        let started = Instant::now();
+        for (kernel, record) in &bundle.index().kernels {
+            for variant in &record.variants {
+                bundle.verify_artifact(kernel, variant).unwrap();
+            }
+        }
+        let verify = started.elapsed();
+        assert_eq!(decoded(&bundle), 256 << 20);
+
+        let bundle = Bundle::open(&root).unwrap();
+        let out = dir.path().join("out");
+        let started = Instant::now();
+        let written = bundle.extract_to(&out).unwrap();
+        let extract = started.elapsed();
+        assert_eq!(written.len(), 80);
+        assert_eq!(decoded(&bundle), 256 << 20);
+        let inodes: std::collections::BTreeSet<u64> = written
+            .iter()
+            .map(|relative| std::fs::metadata(out.join(relative)).unwrap().ino())
+            .collect();
+        assert_eq!(inodes.len(), 1, "every variant's file is one file on disk");
+        // One decode and one sha256 of 256 MiB, not 80.
+        for elapsed in [verify, extract] {
+            assert!(elapsed < Duration::from_secs(8), "{verify:?} {extract:?}");
+        }
+    }
+
+    /// The variants sharing a file get its bytes from one decode; a caller that reads every
+    /// variant again (a second pass) is not refused for it.
+    #[test]
+    fn shared_artifacts_are_read_from_one_decode_and_may_be_read_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let content: Vec<u8> = (0..1 << 20).map(|n: u32| (n % 251) as u8).collect();
+        let root = shared_bundle(dir.path(), 5, &content);
+        let bundle = Bundle::open(&root).unwrap();
+        for pass in 0..2 {
+            for (kernel, record) in &bundle.index().kernels {
+                for variant in &record.variants {
+                    assert_eq!(bundle.read_artifact(kernel, variant).unwrap(), content);
+                }
+            }
+            assert_eq!(bundle.reads.lock().unwrap().held, 0, "pass {pass}");
+        }
+        // The first pass decoded once; the second pass is the caller's own.
+        assert_eq!(bundle.reads.lock().unwrap().recorded, 1 << 20);
+        assert_eq!(bundle.reads.lock().unwrap().budget, 0);
+    }
+
+    /// A shared file that does not verify is refused for every variant naming it, decoded once.
+    #[test]
+    fn a_shared_artifact_that_fails_verification_fails_every_variant_from_one_decode() {
+        let dir = tempfile::tempdir().unwrap();
+        let content = vec![7u8; 1 << 20];
+        let root = shared_bundle(dir.path(), 4, &content);
+        let index = read_index(&root).unwrap();
+        let file = root.join(&index.kernels["k000"].variants[0].artifact.path);
+        std::fs::write(&file, zstd::bulk::compress(&vec![8u8; 1 << 20], 1).unwrap()).unwrap();
+        let bundle = Bundle::open(&root).unwrap();
+        for (kernel, record) in &bundle.index().kernels {
+            for variant in &record.variants {
+                let error = bundle.verify_artifact(kernel, variant).unwrap_err();
+                assert!(
+                    matches!(error, BundleError::DigestMismatch { .. }),
+                    "{error}"
+                );
+            }
+        }
+        assert_eq!(decoded(&bundle), 1 << 20);
+    }
+
+    /// One digest, two sizes: one of the claims is false, so the index is refused at open.
+    #[test]
+    fn an_index_recording_two_sizes_for_one_digest_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = shared_bundle(dir.path(), 2, b"cubin bytes");
+        let mut index = read_index(&root).unwrap();
+        index.kernels.get_mut("k001").unwrap().variants[1]
+            .artifact
+            .size += 1;
+        std::fs::write(root.join(INDEX_FILE), index.to_json()).unwrap();
+        let message = crate::error_chain(&Bundle::open(&root).unwrap_err());
+        assert!(
+            message.contains("is not the 11 bytes recorded for the same digest"),
+            "{message}"
+        );
     }
 }

@@ -24,9 +24,12 @@
 //! A kernel's *load record* is compact JSON of what loading needs: `recipe` (whether the JIT
 //! can compile it), `constants`, `variants`, `skipped`. Its *inputs record* is its key inputs
 //! (`files`, `entries`, `defines`, flags), read only by the JIT, `dev explain` and tools.
-//! Finding a kernel is a binary search that reads ⌈log2 N⌉+1 table entries and names with
-//! positioned reads; nothing else of the file is read. Every record is checked as
-//! `index.json` is ([`crate::untrusted`]) before it is used.
+//! Opening reads the header, the meta, the table and the names (tens of bytes per kernel:
+//! 250 KB at 4,000 kernels) and refuses the file unless the names are identifiers in strictly
+//! increasing order and every span lies end to end in table order, so no two kernels share
+//! bytes and work stays bounded by the file's size, whatever it claims. Finding a kernel is a
+//! binary search in memory, then one positioned read of its record. Every record is checked
+//! as `index.json` is ([`crate::untrusted`]) before it is used.
 //!
 //! The file is written from the bundle's `index.json` by one function ([`encode`]), so the two
 //! never disagree by construction, and `wheel verify` checks that they agree in every wheel.
@@ -46,7 +49,8 @@ use crate::index::{
 };
 use crate::target::CudaBuild;
 use crate::untrusted::{
-    check_kernel, check_stored, open_regular_file, Untrusted, MAX_DICTIONARY_SIZE, MAX_INDEX_SIZE,
+    check_kernel, check_stored, open_regular_file, KernelName, Untrusted, MAX_DICTIONARY_SIZE,
+    MAX_INDEX_SIZE,
 };
 
 /// File name of the loader's index inside a bundle.
@@ -164,34 +168,47 @@ pub fn encode(index: &Index) -> Vec<u8> {
     out
 }
 
-/// An open `kernels.idx`: its header and meta read, kernels read on demand.
+/// An open `kernels.idx`: its header, meta and table read and checked, records read on demand.
 #[derive(Debug)]
 pub struct Lookup {
     path: PathBuf,
     file: File,
-    count: u64,
-    table_offset: u64,
-    names_offset: u64,
-    records_offset: u64,
-    length: u64,
+    /// The names section, checked: identifiers, concatenated in strictly increasing order.
+    names: String,
+    /// One per kernel, in table order.
+    entries: Vec<Entry>,
     meta: Meta,
 }
 
-/// One table entry, located.
+/// One table entry, located and checked: its name's bytes in [`Lookup::names`], its records'
+/// absolute spans in the file.
+#[derive(Debug)]
 struct Entry {
-    name: (u64, u32),
+    name: std::ops::Range<usize>,
     load: (u64, u32),
     inputs: (u64, u32),
 }
 
 impl Lookup {
-    /// Opens `path`, reading its header and meta (a few hundred bytes, whatever the bundle's
-    /// size).
+    /// Opens `path`, reading its header, meta, table and names (tens of bytes per kernel) and
+    /// checking them whole: the table is refused unless its names are identifiers in strictly
+    /// increasing byte order and its spans lie end to end, in table order, filling their
+    /// sections exactly. So no two kernels share bytes, a binary search finds every name the
+    /// table lists, and reading every record once reads the file once.
     pub fn open(path: &Path) -> Result<Lookup, BundleError> {
         let read_error = |source| BundleError::Read {
             path: path.to_owned(),
             source,
         };
+        let folder = match path.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => parent,
+            _ => Path::new("."),
+        };
+        if let Some(name) = path.file_name().and_then(|name| name.to_str()) {
+            if let Ok(relative) = crate::untrusted::ArtifactPath::parse(name) {
+                crate::untrusted::resolve_inside(folder, &relative).map_err(read_error)?;
+            }
+        }
         let file = open_regular_file(path).map_err(read_error)?;
         let metadata = file.metadata().map_err(read_error)?;
         let mut header = [0u8; HEADER_LEN as usize];
@@ -269,14 +286,29 @@ impl Lookup {
                 }
             })?;
         }
+        // The layout checks above put the table and the names inside the file, whose size is
+        // capped: reading them reserves no more than the file holds.
+        let mut table = vec![0u8; (count * ENTRY_LEN) as usize];
+        file.read_exact_at(&mut table, table_offset)
+            .map_err(read_error)?;
+        let mut names = vec![0u8; (records_offset - names_offset) as usize];
+        file.read_exact_at(&mut names, names_offset)
+            .map_err(read_error)?;
+        let entries = check_table(path, &table, &names, records_offset, length)?;
+        // Every name was checked as an identifier, so the section is ASCII.
+        let names = String::from_utf8(names).map_err(|_| {
+            refused(
+                path,
+                "the name table",
+                "(not UTF-8)",
+                "holds something not a name",
+            )
+        })?;
         Ok(Lookup {
             path: path.to_owned(),
             file,
-            count,
-            table_offset,
-            names_offset,
-            records_offset,
-            length,
+            names,
+            entries,
             meta,
         })
     }
@@ -288,28 +320,27 @@ impl Lookup {
 
     /// How many kernels the bundle has.
     pub fn len(&self) -> usize {
-        self.count as usize
+        self.entries.len()
     }
 
     /// Whether the bundle has no kernel.
     pub fn is_empty(&self) -> bool {
-        self.count == 0
+        self.entries.is_empty()
     }
 
-    /// Every kernel name, in order (reads the whole table: for `status()` and listings).
+    /// Every kernel name, in order: identifiers, checked at open.
     pub fn names(&self) -> Result<Vec<String>, BundleError> {
-        (0..self.count)
-            .map(|position| {
-                let entry = self.entry(position)?;
-                self.name(&entry)
-            })
-            .collect()
+        Ok(self
+            .entries
+            .iter()
+            .map(|entry| self.names[entry.name.clone()].to_owned())
+            .collect())
     }
 
     /// The record of `kernel` without its key inputs (`inputs` is empty), or `None` when the
     /// bundle has no such kernel.
     pub fn record(&self, kernel: &str) -> Result<Option<KernelRecord>, BundleError> {
-        let Some(entry) = self.find(kernel)? else {
+        let Some(entry) = self.find(kernel) else {
             return Ok(None);
         };
         let load: LoadRecord = self.json(entry.load)?;
@@ -327,7 +358,7 @@ impl Lookup {
     /// The key inputs of `kernel` (for the JIT and `dev explain`), or `None` when the bundle
     /// has no such kernel.
     pub fn inputs(&self, kernel: &str) -> Result<Option<KernelInputs>, BundleError> {
-        let Some(entry) = self.find(kernel)? else {
+        let Some(entry) = self.find(kernel) else {
             return Ok(None);
         };
         // The recipe decides which input paths must stay under `sources/`: check them together.
@@ -343,70 +374,18 @@ impl Lookup {
         Ok(Some(record.inputs))
     }
 
-    /// Binary search over the sorted table.
-    fn find(&self, kernel: &str) -> Result<Option<Entry>, BundleError> {
-        let (mut low, mut high) = (0, self.count);
-        while low < high {
-            let middle = low + (high - low) / 2;
-            let entry = self.entry(middle)?;
-            let name = self.bytes(entry.name)?;
-            match name.as_slice().cmp(kernel.as_bytes()) {
-                std::cmp::Ordering::Equal => return Ok(Some(entry)),
-                std::cmp::Ordering::Less => low = middle + 1,
-                std::cmp::Ordering::Greater => high = middle,
-            }
-        }
-        Ok(None)
+    /// Binary search over the table, checked sorted at open.
+    fn find(&self, kernel: &str) -> Option<&Entry> {
+        self.entries
+            .binary_search_by(|entry| {
+                self.names.as_bytes()[entry.name.clone()].cmp(kernel.as_bytes())
+            })
+            .ok()
+            .map(|position| &self.entries[position])
     }
 
-    fn entry(&self, position: u64) -> Result<Entry, BundleError> {
-        let mut bytes = [0u8; ENTRY_LEN as usize];
-        self.file
-            .read_exact_at(&mut bytes, self.table_offset + position * ENTRY_LEN)
-            .map_err(|source| BundleError::Read {
-                path: self.path.clone(),
-                source,
-            })?;
-        let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
-        let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
-        let records = |offset: u64| self.records_offset.checked_add(offset);
-        let name = self.names_offset.checked_add(u64_at(0));
-        let load = records(u64_at(16));
-        let inputs = load.and_then(|load| load.checked_add(u64::from(u32_at(12))));
-        match (name, load, inputs) {
-            (Some(name), Some(load), Some(inputs)) => Ok(Entry {
-                name: (name, u32_at(8)),
-                load: (load, u32_at(12)),
-                inputs: (inputs, u32_at(24)),
-            }),
-            _ => Err(refused(
-                &self.path,
-                "a table entry",
-                &position.to_string(),
-                "points past the end of the file",
-            )),
-        }
-    }
-
-    fn name(&self, entry: &Entry) -> Result<String, BundleError> {
-        let bytes = self.bytes(entry.name)?;
-        String::from_utf8(bytes)
-            .map_err(|_| refused(&self.path, "a kernel name", "(not UTF-8)", "is not a name"))
-    }
-
-    /// `length` bytes at `offset`, never past the file's end.
+    /// `length` bytes at `offset`: a span checked at open to lie inside the file.
     fn bytes(&self, (offset, length): (u64, u32)) -> Result<Vec<u8>, BundleError> {
-        if offset
-            .checked_add(u64::from(length))
-            .is_none_or(|end| end > self.length)
-        {
-            return Err(refused(
-                &self.path,
-                "a record",
-                &format!("{length} bytes at {offset}"),
-                "runs past the end of the file",
-            ));
-        }
         let mut bytes = vec![0u8; length as usize];
         self.file
             .read_exact_at(&mut bytes, offset)
@@ -431,6 +410,92 @@ impl Lookup {
             source,
         }
     }
+}
+
+/// Checks the whole table against its names section (`names`) and records section
+/// (`records_offset..length`): every entry's name follows the previous one's in the names
+/// section and is an identifier greater than it; every entry's load and inputs records follow
+/// the previous entry's; both sections end where the last entry's spans do; reserved fields
+/// are 0. One pass, one comparison per entry: the checks cost what reading the table costs.
+fn check_table(
+    path: &Path,
+    table: &[u8],
+    names: &[u8],
+    records_offset: u64,
+    length: u64,
+) -> Result<Vec<Entry>, BundleError> {
+    let records_len = length - records_offset;
+    let mut entries = Vec::with_capacity(table.len() / ENTRY_LEN as usize);
+    let (mut name_end, mut record_end) = (0u64, 0u64);
+    let mut previous: Option<&[u8]> = None;
+    for (position, bytes) in table.chunks_exact(ENTRY_LEN as usize).enumerate() {
+        let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
+        let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
+        let entry = |reason: &str| {
+            refused(
+                path,
+                "table entry",
+                &position.to_string(),
+                &format!("{reason}: the table is refused"),
+            )
+        };
+        let (name_offset, name_len) = (u64_at(0), u64::from(u32_at(8)));
+        let (load_len, record_offset, inputs_len) =
+            (u64::from(u32_at(12)), u64_at(16), u64::from(u32_at(24)));
+        if u32_at(28) != 0 {
+            return Err(entry("has a reserved field that is not 0"));
+        }
+        if name_offset != name_end || name_len > names.len() as u64 - name_end {
+            return Err(entry(&format!(
+                "names {name_len} bytes at {name_offset}, not the next name, at {name_end},                  inside the names section ({} bytes)",
+                names.len()
+            )));
+        }
+        let total = load_len + inputs_len;
+        if record_offset != record_end || total > records_len - record_end {
+            return Err(entry(&format!(
+                "has records of {total} bytes at {record_offset}, not the next ones, at                  {record_end}, inside the records section ({records_len} bytes)"
+            )));
+        }
+        let name = &names[name_end as usize..(name_end + name_len) as usize];
+        let text = std::str::from_utf8(name).unwrap_or("(not UTF-8)");
+        KernelName::parse(text).map_err(|source| BundleError::Refused {
+            path: path.to_owned(),
+            source: source.of(format!("the name of table entry {position}")),
+        })?;
+        if previous.is_some_and(|previous| previous >= name) {
+            return Err(refused(
+                path,
+                "the name table",
+                text,
+                &format!(
+                    "is out of order at entry {position}: names must be sorted and unique                      (`{}` comes before it)",
+                    String::from_utf8_lossy(previous.unwrap_or_default())
+                ),
+            ));
+        }
+        previous = Some(name);
+        let load = records_offset + record_offset;
+        entries.push(Entry {
+            name: name_end as usize..(name_end + name_len) as usize,
+            load: (load, load_len as u32),
+            inputs: (load + load_len, inputs_len as u32),
+        });
+        name_end += name_len;
+        record_end += total;
+    }
+    if name_end != names.len() as u64 || record_end != records_len {
+        return Err(refused(
+            path,
+            "the loader index's sections",
+            &format!("{name_end} + {record_end} bytes"),
+            &format!(
+                "are not what the table spans: the names section holds {} bytes and the                  records section {records_len}",
+                names.len()
+            ),
+        ));
+    }
+    Ok(entries)
 }
 
 fn refused(path: &Path, what: &str, value: &str, reason: &str) -> BundleError {
@@ -465,8 +530,10 @@ impl Catalog {
     pub fn open(root: impl Into<PathBuf>) -> Result<Catalog, BundleError> {
         let root = root.into();
         let lookup = root.join(LOOKUP_FILE);
-        let (source, meta) = if lookup.exists() {
-            let lookup = Lookup::open(&lookup)?;
+        // A link in its place is opened (and refused when it leads out), never taken for
+        // "no loader index".
+        let (source, meta) = if std::fs::symlink_metadata(&lookup).is_ok() {
+            let lookup = Lookup::open(&crate::bundle::bundle_file(&root, LOOKUP_FILE)?)?;
             let meta = lookup.meta().clone();
             (Source::Lookup(Box::new(lookup)), meta)
         } else {
@@ -663,7 +730,7 @@ mod tests {
             std::fs::write(&path, bytes).unwrap();
             assert!(Lookup::open(&path).is_err(), "{case}");
         }
-        // A table entry pointing past the end: found on lookup, refused, not read.
+        // A table entry pointing past the end: refused at open, never read.
         let mut bytes = good.clone();
         let table = u64::from_le_bytes(bytes[32..40].try_into().unwrap()) as usize;
         for entry in 0..40 {
@@ -671,16 +738,198 @@ mod tests {
             bytes[at..at + 8].copy_from_slice(&(u64::MAX / 2).to_le_bytes());
         }
         std::fs::write(&path, bytes).unwrap();
-        let lookup = Lookup::open(&path).unwrap();
-        let message = lookup.record("k00020").unwrap_err().to_string();
+        let message = crate::error_chain(&Lookup::open(&path).unwrap_err());
         assert!(message.contains("refused"), "{message}");
         // A record whose kernel name would leave the bundle is refused like `index.json`'s.
         let mut crafted = index(1);
         let record = crafted.kernels.remove("k00000").unwrap();
         crafted.kernels.insert("../escape".to_owned(), record);
         std::fs::write(&path, encode(&crafted)).unwrap();
-        let lookup = Lookup::open(&path).unwrap();
-        assert!(lookup.record("../escape").is_err());
+        assert!(Lookup::open(&path).is_err());
+    }
+
+    /// A `kernels.idx` made of these parts, with a header that agrees with them: what a crafted
+    /// file looks like when only its table lies.
+    fn crafted(entries: &[(u64, u32, u32, u64, u32)], names: &[u8], records: &[u8]) -> Vec<u8> {
+        let meta = serde_json::to_vec(&Meta::of(&index(0))).unwrap();
+        let table_offset = HEADER_LEN + meta.len() as u64;
+        let names_offset = table_offset + entries.len() as u64 * ENTRY_LEN;
+        let records_offset = names_offset + names.len() as u64;
+        let length = records_offset + records.len() as u64;
+        let mut out = MAGIC.to_vec();
+        out.extend_from_slice(&LOOKUP_FORMAT.to_le_bytes());
+        out.extend_from_slice(&(entries.len() as u32).to_le_bytes());
+        for field in [
+            HEADER_LEN,
+            meta.len() as u64,
+            table_offset,
+            names_offset,
+            records_offset,
+            length,
+        ] {
+            out.extend_from_slice(&field.to_le_bytes());
+        }
+        out.extend_from_slice(&meta);
+        for &(name_offset, name_len, load_len, record_offset, inputs_len) in entries {
+            out.extend_from_slice(&name_offset.to_le_bytes());
+            out.extend_from_slice(&name_len.to_le_bytes());
+            out.extend_from_slice(&load_len.to_le_bytes());
+            out.extend_from_slice(&record_offset.to_le_bytes());
+            out.extend_from_slice(&inputs_len.to_le_bytes());
+            out.extend_from_slice(&0u32.to_le_bytes());
+        }
+        out.extend_from_slice(names);
+        out.extend_from_slice(records);
+        out
+    }
+
+    /// A load record of about `size` bytes (a long `skipped` list), valid JSON of its shape.
+    fn big_load_record(size: usize) -> Vec<u8> {
+        let skip = r#"{"arch":"sm_90a","cuda":"cu130","reason":"x"}"#;
+        let skips = vec![skip; size / (skip.len() + 1)].join(",");
+        format!(r#"{{"recipe":null,"constants":{{}},"variants":[],"skipped":[{skips}]}}"#)
+            .into_bytes()
+    }
+
+    fn opened(bytes: &[u8]) -> (Result<Lookup, BundleError>, std::time::Duration) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(LOOKUP_FILE);
+        std::fs::write(&path, bytes).unwrap();
+        let started = std::time::Instant::now();
+        let result = Lookup::open(&path);
+        (result, started.elapsed())
+    }
+
+    /// Issue case 7: a 1.1 MB file whose 1,000 entries all point at the same 1 MB record cost
+    /// 2 GiB once every kernel was read (`status()`); a 1.3 MB one whose records overlap cost
+    /// 6.3 GB and 31 s. Both are refused at open, in milliseconds, having read the table once.
+    #[test]
+    fn kernels_idx_with_overlapping_spans_is_refused_at_open() {
+        let record = big_load_record(1 << 20);
+        let names: Vec<u8> = (0..1000)
+            .flat_map(|n| format!("k{n:05}").into_bytes())
+            .collect();
+        let shared: Vec<_> = (0..1000u64)
+            .map(|n| (n * 6, 6, record.len() as u32, 0, 0))
+            .collect();
+        let bytes = crafted(&shared, &names, &record);
+        assert!(bytes.len() < 1_200_000, "{}", bytes.len());
+        let (result, elapsed) = opened(&bytes);
+        let message = crate::error_chain(&result.unwrap_err());
+        assert!(message.contains(LOOKUP_FILE), "{message}");
+        assert!(message.contains("table entry `1`"), "{message}");
+        assert!(message.contains("not the next ones"), "{message}");
+        assert!(elapsed.as_secs_f64() < 1.0, "{elapsed:?}");
+        // Overlapping by a little: each record starts inside the previous one.
+        let mut records = Vec::new();
+        let mut entries = Vec::new();
+        for n in 0..1000u64 {
+            entries.push((n * 6, 6, 1300, n * 1300 / 2, 0));
+        }
+        records.resize(1000 * 1300 / 2 + 1300, b' ');
+        let (result, _) = opened(&crafted(&entries, &names, &records));
+        assert!(crate::error_chain(&result.unwrap_err()).contains("not the next ones"));
+        // Names that share bytes are refused the same way.
+        let mut entries: Vec<_> = (0..1000u64).map(|n| (n * 6, 6, 2, n * 2, 0)).collect();
+        entries[1].0 = 0;
+        let (result, _) = opened(&crafted(&entries, &names, &b"{}".repeat(1000)));
+        assert!(crate::error_chain(&result.unwrap_err()).contains("not the next name"));
+        // Bytes no entry claims are refused too (a table that spans less than its sections).
+        let entries: Vec<_> = (0..999u64).map(|n| (n * 6, 6, 2, n * 2, 0)).collect();
+        let (result, _) = opened(&crafted(&entries, &names[..999 * 6], &b"{}".repeat(1000)));
+        assert!(crate::error_chain(&result.unwrap_err()).contains("not what the table spans"));
+    }
+
+    /// Issue case 7: 6,000 names out of order made `status()` quadratic (24 s, 396 MB of
+    /// error text for the names a binary search missed). Refused at open, with a short message.
+    #[test]
+    fn kernels_idx_with_an_unsorted_name_table_is_refused_at_open() {
+        let mut names = Vec::new();
+        let mut entries = Vec::new();
+        for n in (0..6000u64).rev() {
+            let name = format!("k{n:05}");
+            entries.push((names.len() as u64, 6, 2, (5999 - n) * 2, 0));
+            names.extend_from_slice(name.as_bytes());
+        }
+        let (result, elapsed) = opened(&crafted(&entries, &names, &b"{}".repeat(6000)));
+        let message = crate::error_chain(&result.unwrap_err());
+        assert!(message.contains("out of order at entry 1"), "{message}");
+        assert!(message.len() < 1000, "{}", message.len());
+        assert!(elapsed.as_secs_f64() < 1.0, "{elapsed:?}");
+        // A name twice is out of order too.
+        let entries = [(0, 6, 2, 0, 0), (6, 6, 2, 2, 0)];
+        let (result, _) = opened(&crafted(&entries, b"k00001k00001", b"{}{}"));
+        assert!(crate::error_chain(&result.unwrap_err()).contains("sorted and unique"));
+    }
+
+    /// Issue case 10: `.kernels` listed names with `/`, straight from the table. Every name is
+    /// checked as a kernel name at open, so no listing can hold one.
+    #[test]
+    fn kernels_idx_names_with_a_slash_are_refused_at_open() {
+        for bad in ["a/b", "../up", "", "1x", "a.b"] {
+            let entries = [(0, bad.len() as u32, 2, 0, 0)];
+            let (result, _) = opened(&crafted(&entries, bad.as_bytes(), b"{}"));
+            let message = crate::error_chain(&result.unwrap_err());
+            assert!(message.contains("table entry 0"), "{bad}: {message}");
+        }
+    }
+
+    /// Issue case 10: `kernels.idx` (and `index.json`) as a symbolic link out of the bundle was
+    /// followed.
+    #[test]
+    fn kernels_idx_linked_out_of_the_bundle_is_refused() {
+        let outside = tempfile::tempdir().unwrap();
+        let target = outside.path().join(LOOKUP_FILE);
+        std::fs::write(&target, encode(&index(3))).unwrap();
+        std::fs::write(
+            outside.path().join(crate::bundle::INDEX_FILE),
+            index(3).to_json(),
+        )
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(&target, dir.path().join(LOOKUP_FILE)).unwrap();
+        let error = Catalog::open(dir.path()).unwrap_err();
+        let message = crate::error_chain(&error);
+        assert!(message.contains("leads out of the bundle"), "{message}");
+        let BundleError::Read { source, .. } = &error else {
+            panic!("{message}");
+        };
+        assert!(crate::untrusted::is_refusal(source), "{message}");
+        assert!(Lookup::open(&dir.path().join(LOOKUP_FILE)).is_err());
+        // A dangling link is not taken for "no loader index".
+        std::fs::remove_file(&target).unwrap();
+        std::fs::write(
+            dir.path().join(crate::bundle::INDEX_FILE),
+            index(3).to_json(),
+        )
+        .unwrap();
+        assert!(Catalog::open(dir.path()).is_err());
+        // index.json linked out: refused by every reader of it.
+        std::fs::remove_file(dir.path().join(LOOKUP_FILE)).unwrap();
+        std::fs::remove_file(dir.path().join(crate::bundle::INDEX_FILE)).unwrap();
+        std::os::unix::fs::symlink(
+            outside.path().join(crate::bundle::INDEX_FILE),
+            dir.path().join(crate::bundle::INDEX_FILE),
+        )
+        .unwrap();
+        for message in [
+            crate::error_chain(&Catalog::open(dir.path()).unwrap_err()),
+            crate::error_chain(&crate::Bundle::open(dir.path()).unwrap_err()),
+            crate::error_chain(&read_index(dir.path()).unwrap_err()),
+            crate::error_chain(
+                &read_index(&dir.path().join(crate::bundle::INDEX_FILE)).unwrap_err(),
+            ),
+        ] {
+            assert!(message.contains("leads out of the bundle"), "{message}");
+        }
+        // A link that stays inside the bundle is followed.
+        let inside = tempfile::tempdir().unwrap();
+        std::fs::write(inside.path().join("real.idx"), encode(&index(3))).unwrap();
+        std::os::unix::fs::symlink("real.idx", inside.path().join(LOOKUP_FILE)).unwrap();
+        assert_eq!(
+            Catalog::open(inside.path()).unwrap().names().unwrap().len(),
+            3
+        );
     }
 
     #[test]

@@ -9,9 +9,14 @@
 //! | [`ArtifactPath`] | a relative path of `/`-separated normal components | absolute paths, `..`, `.`, empty components, `\`, control characters |
 //!
 //! [`check_index`] runs every check over a parsed index before any of its paths is joined;
-//! [`read_regular_file`] reads only a regular file and never more than a cap.
+//! [`read_regular_file`] reads only a regular file and never more than a cap. A file refused
+//! for what it is (not a regular file, over a cap, a link out of its folder) is an
+//! [`std::io::Error`] holding a [`RefusedFile`], so callers that report I/O still can, and the
+//! CLI tells it apart from a failure to read ([`is_refusal`]): a refusal is a verification
+//! failure, exit code 4.
 //! `docs/security.md` gives the threat model and the caps.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
@@ -45,16 +50,25 @@ pub struct Untrusted {
 }
 
 impl Untrusted {
-    fn new(what: impl Into<String>, value: &str, reason: impl Into<String>) -> Untrusted {
+    pub(crate) fn new(
+        what: impl Into<String>,
+        value: &str,
+        reason: impl Into<String>,
+    ) -> Untrusted {
+        Untrusted {
+            what: what.into(),
+            value: Untrusted::shown(value),
+            reason: reason.into(),
+        }
+    }
+
+    /// `value` as a message shows it: control characters escaped, at most 80 characters.
+    fn shown(value: &str) -> String {
         let mut shown: String = value.chars().take(80).collect::<String>();
         if shown.len() < value.len() {
             shown.push('…');
         }
-        Untrusted {
-            what: what.into(),
-            value: shown.escape_debug().to_string(),
-            reason: reason.into(),
-        }
+        shown.escape_debug().to_string()
     }
 
     /// The same refusal, said of `what`.
@@ -62,6 +76,46 @@ impl Untrusted {
         self.what = what.into();
         self
     }
+}
+
+/// How many names a message lists before "and N more".
+pub const LISTED_NAMES: usize = 8;
+
+/// `names` for a message, backquoted: at most [`LISTED_NAMES`] of them, then `and N more`, so a
+/// bundle of many names (or a crafted one) never makes an error text grow with its size.
+/// `none` when there is none.
+pub fn listed_names<S: AsRef<str>>(names: &[S]) -> String {
+    if names.is_empty() {
+        return "none".to_owned();
+    }
+    let mut listed: Vec<String> = names
+        .iter()
+        .take(LISTED_NAMES)
+        .map(|name| format!("`{}`", Untrusted::shown(name.as_ref())))
+        .collect();
+    if names.len() > LISTED_NAMES {
+        listed.push(format!("and {} more", names.len() - LISTED_NAMES));
+    }
+    listed.join(", ")
+}
+
+/// A file refused for what it is rather than for a failure to read it: not a regular file
+/// (a FIFO, a device, a folder), over a cap, or reached through a symbolic link that leads out
+/// of its folder. Carried inside an [`std::io::Error`]; see [`is_refusal`].
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct RefusedFile(String);
+
+/// An [`std::io::Error`] of `kind` that is a [`RefusedFile`] saying `message`.
+pub fn refusal(kind: std::io::ErrorKind, message: impl Into<String>) -> std::io::Error {
+    std::io::Error::new(kind, RefusedFile(message.into()))
+}
+
+/// Whether `error` is a refusal ([`RefusedFile`]) rather than a failure to read.
+pub fn is_refusal(error: &std::io::Error) -> bool {
+    error
+        .get_ref()
+        .is_some_and(|inner| inner.is::<RefusedFile>())
 }
 
 /// A sha256 digest: exactly 64 lowercase hex digits.
@@ -198,8 +252,27 @@ pub fn check_index(index: &Index) -> Result<(), Untrusted> {
     if let Some(dictionary) = &index.dictionary {
         check_stored(dictionary, MAX_DICTIONARY_SIZE, "the dictionary")?;
     }
+    // A digest names one content, so one size: two records that disagree cannot both be
+    // right, and a reader that checks a shared artifact once must not take the first claim.
+    let mut sizes: BTreeMap<&str, (u64, &str)> = BTreeMap::new();
     for (name, record) in &index.kernels {
         check_kernel(name, record)?;
+        for variant in &record.variants {
+            let artifact = &variant.artifact;
+            let (size, first) = *sizes
+                .entry(&artifact.digest)
+                .or_insert((artifact.size, name));
+            if size != artifact.size {
+                return Err(Untrusted::new(
+                    format!("the size of `{name}` ({})", variant.label()),
+                    &artifact.size.to_string(),
+                    format!(
+                        "is not the {size} bytes recorded for the same digest {} (kernel `{first}`)",
+                        artifact.digest
+                    ),
+                ));
+            }
+        }
     }
     Ok(())
 }
@@ -265,7 +338,7 @@ pub fn open_regular_file(path: &Path) -> std::io::Result<std::fs::File> {
         if metadata.is_file() {
             Ok(())
         } else {
-            Err(std::io::Error::new(
+            Err(refusal(
                 std::io::ErrorKind::InvalidInput,
                 "not a regular file",
             ))
@@ -281,11 +354,11 @@ pub fn open_regular_file(path: &Path) -> std::io::Result<std::fs::File> {
 /// `/dev/zero`, a directory) and anything over `cap` bytes, without reserving more than the
 /// file holds.
 pub fn read_regular_file(path: &Path, cap: u64) -> std::io::Result<Vec<u8>> {
-    use std::io::{Error, ErrorKind};
+    use std::io::ErrorKind;
     let file = open_regular_file(path)?;
     let metadata = file.metadata()?;
     let too_large = |size: u64| {
-        Error::new(
+        refusal(
             ErrorKind::InvalidData,
             format!("{size} bytes, over the {cap}-byte cap"),
         )
@@ -312,7 +385,7 @@ pub fn resolve_inside(root: &Path, relative: &ArtifactPath) -> std::io::Result<P
     if resolved.starts_with(&root) {
         Ok(path)
     } else {
-        Err(std::io::Error::new(
+        Err(refusal(
             std::io::ErrorKind::InvalidInput,
             format!(
                 "a symbolic link leads out of the bundle, to `{}`",
