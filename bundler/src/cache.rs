@@ -60,11 +60,22 @@ impl BuildCache {
         self.remote.as_deref()
     }
 
-    /// The remote cache's cubin for `key`, verified against its digest (not yet validated for
-    /// the target: the caller does that, then [`BuildCache::put`]s it); `None` without a remote
-    /// cache, on a miss, or on any failure, which is a warning and never an error.
-    pub fn get_remote(&self, key: &str, what: &str) -> Option<Vec<u8>> {
-        self.remote.as_ref()?.get(key, what)
+    /// The remote cache's cubin for `key`, verified against its digest and accepted by `check`
+    /// (the caller's test that it is the key's cubin, see [`RemoteCache::get`]), with what
+    /// `check` made of it; `None` without a remote cache, on a miss, on a refusal, or on any
+    /// failure, which is a warning and never an error. The caller then [`BuildCache::put`]s it.
+    pub fn get_remote<T>(
+        &self,
+        key: &str,
+        what: &str,
+        check: impl FnOnce(&[u8]) -> Result<T, String>,
+    ) -> Option<(Vec<u8>, T)> {
+        self.remote.as_ref()?.get(key, what, check)
+    }
+
+    /// A file the remote cache keeps beside a cubin (see [`RemoteCache::get_file`]).
+    pub fn get_remote_file(&self, key: &str, what: &str) -> Option<Vec<u8>> {
+        self.remote.as_ref()?.get_file(key, what)
     }
 
     /// Shares a compiled cubin with the remote cache, if any; `path` names the output

@@ -15,8 +15,11 @@
 //! The action-cache entry is the JSON form of the Remote Execution API's `ActionResult`,
 //! which bazel-remote validates and stores (`Content-Type: application/json`) and a plain
 //! WebDAV server stores as it is. It is not content-addressed, so nothing in it is trusted:
-//! the cubin it points to is verified against the digest, then validated for the target (ELF
-//! machine, SM number, every entry) like any cached cubin, before it is used. The cubin's key
+//! the cubin it points to is verified against the digest, then checked to be the key's
+//! ([`prebuilt::cubin::identity`]: the kernel's entries, the target's SM and kind, the
+//! toolkit release and assembler version the key's compiler record names) before it is used.
+//! A cubin that fails is refused, counted as a miss (and as refused), reported, and compiled
+//! here; only cubins that pass count as hits. The cubin's key
 //! is the same one a release publishes under (`prebuilt::fetch`), so a store can be both.
 //!
 //! The remote cache only ever saves time. A miss, a 404, a server error, a timeout or a bad
@@ -203,10 +206,12 @@ pub fn parse_action_result(entry: &[u8]) -> Option<(prebuilt::untrusted::Digest,
 /// What the remote cache did in one build.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RemoteStats {
-    /// Cubins served by the remote cache (verified and valid).
+    /// Cubins served by the remote cache (verified, and the key's).
     pub hits: usize,
-    /// Keys it did not have (or could not serve).
+    /// Keys it did not have (or could not serve, or served with a cubin that is not the key's).
     pub misses: usize,
+    /// Of the misses, cubins refused as not the key's (another kernel's, target's, toolkit's).
+    pub refused: usize,
     /// Cubins uploaded.
     pub uploads: usize,
     /// Uploads skipped after a failure, or because uploads were off.
@@ -219,8 +224,8 @@ impl std::fmt::Display for RemoteStats {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} hits, {} misses, {} uploaded, {} uploads skipped, {} warnings",
-            self.hits, self.misses, self.uploads, self.skipped_uploads, self.warnings
+            "{} hits, {} misses ({} refused), {} uploaded, {} uploads skipped, {} warnings",
+            self.hits, self.misses, self.refused, self.uploads, self.skipped_uploads, self.warnings
         )
     }
 }
@@ -236,6 +241,7 @@ pub struct RemoteCache {
     uploads_off: AtomicBool,
     hits: AtomicUsize,
     misses: AtomicUsize,
+    refused: AtomicUsize,
     uploads: AtomicUsize,
     skipped_uploads: AtomicUsize,
     warnings: AtomicUsize,
@@ -254,6 +260,7 @@ impl RemoteCache {
             uploads_off: AtomicBool::new(false),
             hits: AtomicUsize::new(0),
             misses: AtomicUsize::new(0),
+            refused: AtomicUsize::new(0),
             uploads: AtomicUsize::new(0),
             skipped_uploads: AtomicUsize::new(0),
             warnings: AtomicUsize::new(0),
@@ -270,6 +277,7 @@ impl RemoteCache {
         RemoteStats {
             hits: self.hits.load(Ordering::Relaxed),
             misses: self.misses.load(Ordering::Relaxed),
+            refused: self.refused.load(Ordering::Relaxed),
             uploads: self.uploads.load(Ordering::Relaxed),
             skipped_uploads: self.skipped_uploads.load(Ordering::Relaxed),
             warnings: self.warnings.load(Ordering::Relaxed),
@@ -281,26 +289,58 @@ impl RemoteCache {
         eprintln!("warning: remote cache {}: {message}", self.url());
     }
 
-    /// The cubin stored under `key`, verified against the digest its entry names; `None` on
-    /// a miss or any failure (with a warning). `what` names the kernel and target.
-    pub fn get(&self, key: &str, what: &str) -> Option<Vec<u8>> {
-        if self.reads_off.load(Ordering::Relaxed) {
+    /// The cubin stored under `key`, verified against the digest its entry names and accepted
+    /// by `check` (which says why not otherwise), with what `check` made of it; `None` on a
+    /// miss, a refusal or any failure (with a warning). Only an accepted cubin is a hit. `what`
+    /// names the kernel and target.
+    pub fn get<T>(
+        &self,
+        key: &str,
+        what: &str,
+        check: impl FnOnce(&[u8]) -> Result<T, String>,
+    ) -> Option<(Vec<u8>, T)> {
+        let Some(cubin) = self.fetch(key, what) else {
             self.misses.fetch_add(1, Ordering::Relaxed);
+            return None;
+        };
+        match check(&cubin) {
+            Ok(checked) => {
+                self.hits.fetch_add(1, Ordering::Relaxed);
+                Some((cubin, checked))
+            }
+            Err(reason) => {
+                self.misses.fetch_add(1, Ordering::Relaxed);
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                self.warn(&format!(
+                    "refused the cubin it serves for {what} (key {key}): {reason}; compiling it \
+                     here"
+                ));
+                None
+            }
+        }
+    }
+
+    /// A file stored beside a cubin under `key` (the symbols of its name expressions), verified
+    /// against its digest; not a cubin, so neither a hit nor a miss.
+    pub fn get_file(&self, key: &str, what: &str) -> Option<Vec<u8>> {
+        self.fetch(key, what)
+    }
+
+    /// The bytes under `key`, verified against their digest.
+    fn fetch(&self, key: &str, what: &str) -> Option<Vec<u8>> {
+        if self.reads_off.load(Ordering::Relaxed) {
             return None;
         }
         match self.try_get(key, what) {
             Ok(Some(cubin)) => {
                 self.read_failures.store(0, Ordering::Relaxed);
-                self.hits.fetch_add(1, Ordering::Relaxed);
                 Some(cubin)
             }
             Ok(None) => {
                 self.read_failures.store(0, Ordering::Relaxed);
-                self.misses.fetch_add(1, Ordering::Relaxed);
                 None
             }
             Err(error) => {
-                self.misses.fetch_add(1, Ordering::Relaxed);
                 let unreachable = matches!(
                     error,
                     FetchError::Transport { .. } | FetchError::Status { .. }
@@ -455,7 +495,10 @@ mod tests {
             },
         })
         .unwrap();
-        assert_eq!(cache.get(&"cd".repeat(32), "`k` (cu130/sm_90a)"), None);
+        assert_eq!(
+            cache.get(&"cd".repeat(32), "`k` (cu130/sm_90a)", |_| Ok(())),
+            None
+        );
         assert_eq!(cache.stats().warnings, 1);
         assert_eq!(cas_requests.load(Ordering::Relaxed), 0);
     }

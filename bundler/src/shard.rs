@@ -27,8 +27,11 @@
 //! Shards carry raw cubins because compression is the merge's job: the zstd dictionary is
 //! trained on all of a bundle's cubins, which no shard has. The merge checks that the shards
 //! are the `1/N … N/N` of one plan (same manifest, toolchains, torch pin, flags), that every
-//! planned job has exactly one variant, that every cubin and source matches the digest its
-//! index records; then it writes the bundle with the same writer a single build uses.
+//! planned job has exactly one variant, that every cubin and source is a plain file (no
+//! symbolic link on the way) matching the digest its index records, and that every cubin is
+//! the one its key names ([`prebuilt::cubin::identity`]: entries and parameter sizes, SM and
+//! kind, toolkit release and version); then it writes the bundle with the same writer a
+//! single build uses.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -36,6 +39,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use prebuilt::bundle::SOURCES_DIR;
+use prebuilt::cubin::identity::{check_identity, ExpectedCubin};
 use prebuilt::index::{Index, KernelRecord};
 use prebuilt::key::sha256_hex;
 use prebuilt::untrusted::{
@@ -45,7 +49,7 @@ use prebuilt::{Arch, CudaBuild};
 use serde::{Deserialize, Serialize};
 
 use crate::remote::RemoteCacheOptions;
-use crate::writer::{stage_directory, write_bundle, WriteOutcome};
+use crate::writer::{stage_directory, write_bundle, OutputKind, WriteOutcome};
 use crate::Error;
 
 /// Version of `shard.json`. Bump it when a field changes; the merge refuses others.
@@ -168,7 +172,7 @@ pub fn write_shard(
     };
     let mut text = serde_json::to_string_pretty(&file).expect("a shard file serializes");
     text.push('\n');
-    stage_directory(out, SHARD_FILE, |root| {
+    stage_directory(out, OutputKind::Shard, |root| {
         for (digest, cubin) in cubins {
             crate::cache::write_atomically(&root.join(cubin_path(digest)), cubin)?;
         }
@@ -312,7 +316,20 @@ pub fn merge_shards(shards: &[PathBuf], out: &Path, jobs: usize) -> Result<Merge
                         ),
                     ));
                 }
-                let path = dir.join(cubin_path(&variant.artifact.digest));
+                let relative = cubin_path(&variant.artifact.digest);
+                let path = dir.join(&relative);
+                if let Some(link) = link_inside(dir, &relative) {
+                    return Err(merge_error(
+                        Some(dir),
+                        format!(
+                            "the cubin of `{kernel}` ({}) in `{}` is reached through the \
+                             symbolic link `{}`: a shard holds its cubins as plain files",
+                            variant.label(),
+                            dir.display(),
+                            link.display()
+                        ),
+                    ));
+                }
                 let cubin = read_regular_file(&path, variant.artifact.size).map_err(|source| {
                     Error::Read {
                         path: path.clone(),
@@ -330,6 +347,25 @@ pub fn merge_shards(shards: &[PathBuf], out: &Path, jobs: usize) -> Result<Merge
                             variant.label(),
                             path.display(),
                             variant.artifact.digest
+                        ),
+                    ));
+                }
+                // The digest only says the file is the one the shard file names; the shard file
+                // itself must be right about whose cubin it is.
+                let expected = ExpectedCubin {
+                    arch: variant.arch,
+                    cuda: variant.cuda,
+                    compiler: &variant.compiler,
+                    functions: &variant.functions,
+                };
+                if let Err(error) = check_identity(&cubin, &expected) {
+                    return Err(merge_error(
+                        Some(dir),
+                        format!(
+                            "the cubin of `{kernel}` ({}) in `{}` is not the one its key names: \
+                             {error}",
+                            variant.label(),
+                            dir.display()
                         ),
                     ));
                 }
@@ -371,6 +407,17 @@ pub fn merge_shards(shards: &[PathBuf], out: &Path, jobs: usize) -> Result<Merge
         }
         for (stable, digest) in &record.inputs.files {
             let path = first_dir.join(SOURCES_DIR).join(stable);
+            if let Some(link) = link_inside(first_dir, &format!("{SOURCES_DIR}/{stable}")) {
+                return Err(merge_error(
+                    Some(first_dir),
+                    format!(
+                        "source `{stable}` of `{kernel}` in `{}` is reached through the symbolic \
+                         link `{}`: a shard holds its sources as plain files",
+                        first_dir.display(),
+                        link.display()
+                    ),
+                ));
+            }
             let bytes =
                 read_regular_file(&path, MAX_SOURCE_SIZE).map_err(|source| Error::Read {
                     path: path.clone(),
@@ -396,6 +443,39 @@ pub fn merge_shards(shards: &[PathBuf], out: &Path, jobs: usize) -> Result<Merge
         shards: read.len(),
         written,
     })
+}
+
+/// The first symbolic link on the way from `dir` to `relative` inside it (the file itself
+/// included), wherever it points; `None` when there is none (or nothing there, which the read
+/// then reports).
+fn link_inside(dir: &Path, relative: &str) -> Option<PathBuf> {
+    let mut path = dir.to_owned();
+    for part in relative.split('/') {
+        path.push(part);
+        match std::fs::symlink_metadata(&path) {
+            Ok(metadata) if metadata.file_type().is_symlink() => return Some(path),
+            Ok(_) => {}
+            Err(_) => return None,
+        }
+    }
+    None
+}
+
+/// Every file [`write_shard`] writes into the shard directory `dir`, relative to it, as its
+/// `shard.json` names them (cubins by digest, sources by stable path); an error when that
+/// file is missing or is not a shard file this kwheel reads.
+pub(crate) fn shard_files(dir: &Path) -> Result<Vec<String>, Error> {
+    let file = read_shard(dir)?;
+    let mut files = vec![SHARD_FILE.to_owned()];
+    for record in file.index.kernels.values() {
+        for variant in &record.variants {
+            files.push(cubin_path(&variant.artifact.digest));
+        }
+        for stable in record.inputs.files.keys() {
+            files.push(format!("{SOURCES_DIR}/{stable}"));
+        }
+    }
+    Ok(files)
 }
 
 fn read_shard(dir: &Path) -> Result<ShardFile, Error> {

@@ -7,10 +7,13 @@
 //!
 //! # The output folder
 //!
-//! `--out` is replaced only when it is absent, empty, or holds what kwheel writes there (a
-//! bundle, recognised by its `index.json`; a shard, by its `shard.json`); anything else is an
-//! error naming the folder, and nothing in it is touched. The new content is assembled in a
-//! hidden sibling and swapped in:
+//! `--out` is replaced only when it is absent, empty, or holds exactly what kwheel writes there:
+//! a bundle whose `index.json` parses as a kwheel index ([`parse_index`]) and whose every
+//! entry is a file the writer makes for that index (`index.json`, `kernels.idx`,
+//! `dictionary.zdict`, the artifacts and family dictionaries named by their digests, the
+//! sources it lists), or a shard likewise by its `shard.json`. A symbolic link, another file,
+//! or an index that is not kwheel's is an error naming the folder and the foreign entry, and
+//! nothing in it is touched. The new content is assembled in a hidden sibling and swapped in:
 //!
 //! ```text
 //! parent/
@@ -24,8 +27,10 @@
 //! Elsewhere it is two renames (`out` → `.out.old-XXXXXX`, then the sibling → `out`); a kill
 //! between them leaves the old bundle in `.out.old-*`, which the next run puts back before
 //! anything else. Runs on one `out` take the lock first, so they serialize instead of racing,
-//! and only the lock holder removes leftovers (siblings of a killed run, recognised by their
-//! prefix and by holding nothing but what kwheel writes there).
+//! and only the lock holder removes leftovers: a sibling with the run's prefix is removed only
+//! when it is a staging folder (its marker, and nothing but the writer's file names, temporary
+//! files included) or a bundle (shard) by the reading above; any other is left as it is, with
+//! a warning naming it and the entry kwheel did not write.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -41,9 +46,11 @@ use prebuilt::bundle::{
 use prebuilt::index::{Index, StoredFile};
 use prebuilt::key::sha256_hex;
 use prebuilt::lookup::LOOKUP_FILE;
-use prebuilt::untrusted::{read_regular_file, MAX_INDEX_SIZE};
 
 use crate::Error;
+
+mod vocabulary;
+use vocabulary::{foreign_to, foreign_to_extraction, staging_leftover, vocabulary};
 
 /// Written first into a staging folder and removed just before the swap: a leftover that
 /// holds it is a killed run's, and may be removed.
@@ -72,7 +79,7 @@ pub fn write_bundle(
     sources: &BTreeMap<String, PathBuf>,
     jobs: usize,
 ) -> Result<(Index, WriteOutcome), Error> {
-    let output = Output::lock(out, Replaceable::Marker(INDEX_FILE))?;
+    let output = Output::lock(out, Replaceable::Bundle)?;
     if let Some(existing) = unchanged_bundle(out, &index) {
         return Ok((existing, WriteOutcome::Unchanged));
     }
@@ -143,22 +150,41 @@ pub fn write_bundle(
 }
 
 /// Fills a new directory through `fill` in a hidden sibling of `out`, then swaps it into
-/// place (see the module docs): `out` must be absent, empty, or hold a regular file `marker`
-/// (`index.json` of a bundle, `shard.json` of a shard); concurrent calls on one `out`
-/// serialize on its lock.
+/// place (see the module docs): `out` must be absent, empty, or hold exactly what kwheel
+/// writes for `kind`; concurrent calls on one `out` serialize on its lock.
 pub fn stage_directory(
     out: &Path,
-    marker: &'static str,
+    kind: OutputKind,
     fill: impl FnOnce(&Path) -> Result<(), Error>,
 ) -> Result<(), Error> {
-    Output::lock(out, Replaceable::Marker(marker))?.stage(fill)
+    Output::lock(out, kind.into())?.stage(fill)
+}
+
+/// What kwheel writes into an output folder, and so what it may replace there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutputKind {
+    /// A bundle: `index.json` and the files it names.
+    Bundle,
+    /// A shard directory: `shard.json` and the files it names.
+    Shard,
+}
+
+impl From<OutputKind> for Replaceable {
+    fn from(kind: OutputKind) -> Replaceable {
+        match kind {
+            OutputKind::Bundle => Replaceable::Bundle,
+            OutputKind::Shard => Replaceable::Shard,
+        }
+    }
 }
 
 /// What an existing output folder must hold to be replaced.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Replaceable {
-    /// A regular file of this name: `index.json` (a bundle), `shard.json` (a shard).
-    Marker(&'static str),
+    /// A bundle by the strict reading of [`vocabulary`].
+    Bundle,
+    /// A shard by the strict reading of [`vocabulary`].
+    Shard,
     /// What `bundle extract` writes: `<kernel>/<build>/<arch>.cubin` files only.
     Extracted,
 }
@@ -244,15 +270,27 @@ impl Output {
         leftovers.sort();
         for (is_old, path) in leftovers {
             let restorable = is_old && std::fs::symlink_metadata(&self.out).is_err();
-            if restorable && check_replaceable(&path, replaceable).is_ok() {
+            let staging = !is_old
+                && std::fs::symlink_metadata(path.join(STAGING_MARKER))
+                    .is_ok_and(|metadata| metadata.is_file());
+            let verdict = if staging {
+                staging_leftover(&path, replaceable)
+            } else {
+                check_replaceable(&path, replaceable).map_err(|error| error.to_string())
+            };
+            if restorable && verdict.is_ok() {
                 std::fs::rename(&path, &self.out).map_err(|source| Error::Write {
                     path: self.out.clone(),
                     source,
                 })?;
-            } else if path.join(STAGING_MARKER).is_file()
-                || check_replaceable(&path, replaceable).is_ok()
-            {
-                let _ = std::fs::remove_dir_all(&path);
+                continue;
+            }
+            match verdict {
+                Ok(()) => {
+                    let _ = std::fs::remove_dir_all(&path);
+                }
+                // Not kwheel's to remove: left as it is, and said so.
+                Err(error) => eprintln!("warning: leaving `{}` in place: {error}", path.display()),
             }
         }
         Ok(())
@@ -323,12 +361,12 @@ fn exchange(_: &Path, _: &Path) -> std::io::Result<()> {
 /// Refuses early (before any compile) an output folder that a bundle, or with `shard` a
 /// shard, may not replace. The writer checks again under the lock.
 pub fn check_output(out: &Path, shard: bool) -> Result<(), Error> {
-    let marker = if shard {
-        crate::shard::SHARD_FILE
+    let kind = if shard {
+        Replaceable::Shard
     } else {
-        INDEX_FILE
+        Replaceable::Bundle
     };
-    check_replaceable(out, Replaceable::Marker(marker))
+    check_replaceable(out, kind)
 }
 
 /// Whether `out` may be replaced: absent, an empty folder, or one holding what kwheel writes
@@ -360,29 +398,53 @@ fn check_replaceable(out: &Path, replaceable: Replaceable) -> Result<(), Error> 
         path: out.to_owned(),
         source,
     };
-    let mut entries = std::fs::read_dir(out).map_err(read_error)?.peekable();
-    let Some(first) = entries.next() else {
+    let mut names = std::fs::read_dir(out)
+        .map_err(read_error)?
+        .map(|entry| entry.map(|entry| entry.file_name()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(read_error)?;
+    if names.is_empty() {
         return Ok(());
+    }
+    names.sort();
+    let foreign = |entry: &Path, what: &str| {
+        refuse(format!(
+            "it holds `{}`, which kwheel does not write into {what}: kwheel replaces only an \
+             empty folder or one it wrote; give a new folder",
+            entry.display()
+        ))
     };
-    let first = first.map_err(read_error)?.file_name();
     match replaceable {
-        Replaceable::Marker(marker) => {
-            let path = out.join(marker);
-            let recognised = read_regular_file(&path, MAX_INDEX_SIZE)
-                .ok()
-                .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
-                .is_some_and(|value| value.get("format").is_some());
-            if recognised {
-                Ok(())
+        Replaceable::Bundle | Replaceable::Shard => {
+            let (marker, what) = if replaceable == Replaceable::Bundle {
+                (INDEX_FILE, "a bundle")
             } else {
-                Err(refuse(format!(
-                    "it is not empty (it holds `{}`) and has no kwheel `{marker}`: kwheel \
-                     replaces only an empty folder or one it wrote; give a new folder",
-                    first.to_string_lossy()
-                )))
+                (crate::shard::SHARD_FILE, "a shard")
+            };
+            let files = match vocabulary(out, replaceable) {
+                Ok(files) => files,
+                Err(reason) => {
+                    // Name what is not the index, which the reason speaks of.
+                    let named = names
+                        .iter()
+                        .find(|name| name.as_os_str() != marker)
+                        .unwrap_or(&names[0]);
+                    return Err(refuse(format!(
+                        "it is not empty (it holds `{}`) and {reason}: kwheel replaces only an \
+                         empty folder or one it wrote; give a new folder",
+                        named.to_string_lossy()
+                    )));
+                }
+            };
+            match foreign_to(out, &files) {
+                None => Ok(()),
+                Some(entry) => Err(foreign(
+                    entry.strip_prefix(out).unwrap_or(&entry),
+                    &format!("{what} with this `{marker}`"),
+                )),
             }
         }
-        Replaceable::Extracted => match foreign_entry(out, 0) {
+        Replaceable::Extracted => match foreign_to_extraction(out) {
             None => Ok(()),
             Some(foreign) => Err(refuse(format!(
                 "it holds `{}`, which `bundle extract` does not write: kwheel replaces only \
@@ -391,39 +453,6 @@ fn check_replaceable(out: &Path, replaceable: Replaceable) -> Result<(), Error> 
             ))),
         },
     }
-}
-
-/// The first entry under `dir` (at `depth` of `<kernel>/<build>/<arch>.cubin`) that is not
-/// part of that layout: a hidden name, a link, a file where a folder belongs, anything but a
-/// `.cubin` file at the bottom.
-fn foreign_entry(dir: &Path, depth: usize) -> Option<PathBuf> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Some(dir.to_owned());
-    };
-    for entry in entries {
-        let Ok(entry) = entry else {
-            return Some(dir.to_owned());
-        };
-        let path = entry.path();
-        let Ok(kind) = entry.file_type() else {
-            return Some(path);
-        };
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if name.starts_with('.') {
-            return Some(path);
-        }
-        if depth < 2 {
-            if !kind.is_dir() {
-                return Some(path);
-            }
-            if let Some(foreign) = foreign_entry(&path, depth + 1) {
-                return Some(foreign);
-            }
-        } else if !(kind.is_file() && (name.ends_with(".cubin") || name.ends_with(".ptx"))) {
-            return Some(path);
-        }
-    }
-    None
 }
 
 /// The existing bundle's index when it matches `planned` in everything but storage details,
