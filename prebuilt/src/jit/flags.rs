@@ -177,7 +177,7 @@ fn check_flag<'a>(flag: &str, rest: &mut impl Iterator<Item = &'a String>) -> Re
     check_value(spec.value, value)
 }
 
-/// Checks the value of flag `name`.
+/// Checks a value against the shape its flag takes.
 fn check_value(kind: Value, value: &str) -> Result<(), String> {
     let ok = match kind {
         Value::None => false,

@@ -130,6 +130,23 @@ fn check_bundle(report: &mut VerifyReport, contents: &BTreeMap<String, Vec<u8>>,
             }
         }
     }
+    // The JIT refuses a kernel whose recorded flags are off its allowlist; a bundler given a
+    // manifest may accept more, so the release says so before users find out.
+    for (kernel, record) in &index.kernels {
+        if record.recipe.is_none() {
+            continue;
+        }
+        for refused in prebuilt::jit::refused_inputs(&record.inputs, record.recipe.as_ref()) {
+            report.problem(
+                &index_path,
+                format!(
+                    "kernel `{kernel}`: its {refused}; the JIT fallback refuses to compile it \
+                     (it takes only flags that cannot name a file, a folder or a program: see \
+                     docs/jit.md), so leave the flag out or ship cubins for every target"
+                ),
+            );
+        }
+    }
     report.bundles.push(BundleCheck {
         root: root.to_owned(),
         kernels: index.kernels.len(),
