@@ -161,6 +161,25 @@ pub enum Error {
         /// The cubin's entries, demangled the way `entries` spells them.
         found: Vec<String>,
     },
+    /// A target whose compile failed in an earlier build with the same key: the build cache
+    /// keeps the failure, so an unchanged target is not compiled again only to fail again.
+    #[error(
+        "{reason}\n(an earlier build with the same key failed this way and is not repeated; \
+         delete {} to compile it again)",
+        record.display()
+    )]
+    CachedFailure {
+        /// The kernel.
+        kernel: String,
+        /// The target architecture.
+        arch: Arch,
+        /// The CUDA build.
+        build: CudaBuild,
+        /// The failure record in the build cache.
+        record: PathBuf,
+        /// The failure as that build described it.
+        reason: String,
+    },
     /// A target was skipped while `--require` was given.
     #[error("`{kernel}` cannot be built for {arch} ({build}): {reason} (--require makes every skip an error)")]
     Skipped {

@@ -125,6 +125,10 @@ pub struct KernelSpec {
     pub include_dirs: Option<Vec<String>>,
     /// Overrides the library's C++ standard.
     pub cxx_std: Option<String>,
+    /// Keeps a target whose every entry is a stub that only reports and aborts there (see
+    /// `docs/toolchains.md`); without it such a target is a skip, never a variant.
+    #[serde(default)]
+    pub allow_stub: bool,
 }
 
 /// Which compiler a CUDA build that has NVRTC and `ptxas` but no nvcc of its own uses (the

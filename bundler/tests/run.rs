@@ -970,6 +970,8 @@ use bundler::remote::RemoteCacheOptions;
 use bundler::shard::{merge_shards, Shard, SharedBuild};
 use loopback_store::{Fault, LoopbackStore};
 
+mod remote_identity;
+
 /// A fake library of `count` kernels that all compile (by copying) to one real sm_90a cubin.
 struct FakeLibrary {
     dir: tempfile::TempDir,
@@ -1812,3 +1814,4 @@ fn an_unknown_entry_lists_the_candidates_as_entries_spell_them() {
          spells them: scale<float, (unsigned int)8, &twice>)"
     );
 }
+mod stubs;

@@ -352,7 +352,10 @@ pub fn bundle_kernels_shared(
                         reason,
                     });
                 }
-                eprintln!("skipping `{name}` for {} ({}): {reason}", job.arch, job.build);
+                eprintln!(
+                    "skipping `{name}` for {} ({}): {reason}",
+                    job.arch, job.build
+                );
                 skipped_count += 1;
                 stubs.insert(n);
                 skipped.entry(job.kernel).or_default().push(Skip {
