@@ -66,6 +66,28 @@ pub(crate) enum ReleaseCommand {
     /// Build kwheel's own wheels (the `kwheel` command, the runtime module and the build
     /// backend) for manylinux_2_28 from this source tree, with cargo zigbuild.
     BuildKwheel(BuildKwheelArgs),
+    /// Compare two releases (wheels or bundles) kernel by kernel: targets added, removed or
+    /// rebuilt and why, and each entry's registers, stack, shared memory, launch bounds, code
+    /// size and parameter layout.
+    Diff(DiffArgs),
+}
+
+#[derive(Args)]
+pub(crate) struct DiffArgs {
+    /// The old release: a wheel or a bundle folder.
+    pub(crate) old: PathBuf,
+    /// The new release: a wheel or a bundle folder.
+    pub(crate) new: PathBuf,
+    /// Also compare what each device of this fleet loads (comma-separated, as `dev coverage
+    /// --fleet` takes them).
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) fleet: Vec<String>,
+    /// The runtime's CUDA build for `--fleet`.
+    #[arg(long, value_parser = parse_cuda, default_value = "13.0")]
+    pub(crate) cuda: prebuilt::CudaBuild,
+    /// Print JSON instead of Markdown.
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 #[derive(Args)]

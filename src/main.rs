@@ -12,7 +12,7 @@ use clap::Parser;
 
 use cli::{
     BuildKwheelArgs, BuildWheelArgs, BundleCommand, BundleKernelsArgs, CheckArgs, Cli, Command,
-    CoverageArgs, DevCommand, FetchArgs, ReleaseCommand, WheelCommand,
+    CoverageArgs, DevCommand, DiffArgs, FetchArgs, ReleaseCommand, WheelCommand,
 };
 use exit::{CommandFailed, Failure};
 
@@ -84,6 +84,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Fetch(args) => fetch(args),
         Command::Release(ReleaseCommand::Check(args)) => release_check(args),
+        Command::Release(ReleaseCommand::Diff(args)) => release_diff(args),
         Command::Wheel(WheelCommand::Verify { wheel })
             if wheel.to_string_lossy().ends_with(".tar.gz") =>
         {
@@ -306,6 +307,27 @@ fn device_query(
         driver,
         torch,
     ))
+}
+
+fn release_diff(args: DiffArgs) -> Result<()> {
+    use prebuilt::coverage::FleetDevice;
+    let old = release::diff::Release::open(&args.old)?;
+    let new = release::diff::Release::open(&args.new)?;
+    let fleet = args
+        .fleet
+        .iter()
+        .map(|text| FleetDevice::parse(text))
+        .collect::<Result<Vec<_>, _>>()?;
+    // Each device's capability replaces this one's.
+    let query = device_query((9, 0), args.cuda, None, None);
+    let fleet = (!fleet.is_empty()).then_some((fleet.as_slice(), &query));
+    let diff = release::diff::diff_releases(&old, &new, fleet)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&diff)?);
+    } else {
+        print!("{diff}");
+    }
+    Ok(())
 }
 
 fn coverage(args: CoverageArgs) -> Result<()> {

@@ -25,6 +25,7 @@
 
 pub mod audit;
 pub mod check;
+pub mod diff;
 pub mod library;
 pub mod publish;
 pub mod runtime;
@@ -220,6 +221,14 @@ pub enum Error {
         outcome: String,
         /// The end of its output.
         output: String,
+    },
+    /// `release diff` cannot read one of the two releases.
+    #[error("cannot compare `{}`: {reason}", path.display())]
+    Compare {
+        /// The wheel or bundle.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
     },
     /// Bundling, planning or reading the manifest failed.
     #[error(transparent)]

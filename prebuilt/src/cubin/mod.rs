@@ -60,10 +60,12 @@
 pub mod identity;
 mod nvinfo;
 mod ptx;
+mod resources;
 mod stub;
 
 use nvinfo::{attributes, parameter_sizes};
 use ptx::inspect_ptx;
+pub use resources::{entry_resources, EntryResources};
 pub use stub::{stub_entries, StubEntry};
 
 use std::collections::BTreeMap;

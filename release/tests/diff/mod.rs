@@ -1,0 +1,195 @@
+//! `release diff` between two builds of the embedded library: one edited header, one
+//! `-maxrregcount` change.
+
+use std::path::{Path, PathBuf};
+
+use release::diff::{diff_releases, Change, DiffPolicy, Release};
+
+use super::{chain, copy_library, scratch, toolchains};
+
+/// The kernels both builds hold: the edited header reaches `swiglu`, the flag is on
+/// `masked_softmax_pair_bias`, and `layernorm_bf16` sees neither.
+const KERNELS: [&str; 3] = ["layernorm_bf16", "masked_softmax_pair_bias", "swiglu"];
+
+fn bundle(manifest: &Path, out: &Path, cache: &Path) {
+    bundler::bundle_kernels(&bundler::BundleOptions {
+        manifest: manifest.to_owned(),
+        out: out.to_owned(),
+        cache_dir: cache.to_owned(),
+        jobs: 2,
+        only: KERNELS.iter().map(|k| (*k).to_owned()).collect(),
+        require: false,
+        torch: None,
+        progress: false,
+        toolchains: toolchains(),
+    })
+    .unwrap_or_else(|error| panic!("bundle {}: {}", manifest.display(), chain(&error)));
+}
+
+/// Two bundles: the library as it is, and with `activations.cuh` edited and
+/// `-maxrregcount=24` on one kernel.
+fn two_builds(name: &str) -> Option<(PathBuf, PathBuf, PathBuf)> {
+    toolchains()?;
+    let root = scratch(name);
+    let cache = root.join("cache");
+    let old = copy_library(&root.join("old"));
+    let new = copy_library(&root.join("new"));
+    let header = new.parent().unwrap().join("include/af3/activations.cuh");
+    let text = std::fs::read_to_string(&header).unwrap();
+    let edited = text.replace(
+        "return x * sigmoid(x); }",
+        "return x * sigmoid(x) + 0.0f * x; }",
+    );
+    assert_ne!(text, edited, "the edit applies");
+    std::fs::write(&header, edited).unwrap();
+    let manifest = std::fs::read_to_string(&new).unwrap();
+    let flagged = manifest.replace(
+        "entries = [\"masked_softmax_pair_bias\"]\n",
+        "entries = [\"masked_softmax_pair_bias\"]\nflags = [\"-maxrregcount=24\"]\n",
+    );
+    assert_ne!(manifest, flagged, "the flag applies");
+    std::fs::write(&new, flagged).unwrap();
+    bundle(&old, &root.join("old-bundle"), &cache);
+    bundle(&new, &root.join("new-bundle"), &cache);
+    Some((root.join("old-bundle"), root.join("new-bundle"), root))
+}
+
+#[test]
+fn release_diff_shows_exactly_the_edited_kernels_with_why_and_registers() {
+    let Some((old, new, root)) = two_builds("diff") else {
+        return;
+    };
+    let diff = diff_releases(
+        &Release::open(&old).unwrap(),
+        &Release::open(&new).unwrap(),
+        None,
+    )
+    .unwrap();
+    let changed: std::collections::BTreeSet<&str> =
+        diff.changed().map(|row| row.kernel.as_str()).collect();
+    assert_eq!(
+        changed,
+        ["masked_softmax_pair_bias", "swiglu"].into(),
+        "{diff}"
+    );
+    for row in &diff.rows {
+        match row.kernel.as_str() {
+            "layernorm_bf16" => assert_eq!(row.change, Change::Unchanged, "{diff}"),
+            "swiglu" => {
+                assert_eq!(row.change, Change::Rebuilt, "{diff}");
+                assert_eq!(row.why.len(), 1, "{:?}", row.why);
+                assert!(
+                    row.why[0].starts_with("file include/af3/activations.cuh: content changed"),
+                    "{:?}",
+                    row.why
+                );
+            }
+            "masked_softmax_pair_bias" => {
+                assert_eq!(row.change, Change::Rebuilt, "{diff}");
+                assert_eq!(row.why, ["flags: [] → [\"-maxrregcount=24\"]"], "{diff}");
+            }
+            other => panic!("unexpected kernel {other}"),
+        }
+    }
+    // The flag moves the register count of the Hopper cubins, and the rows say by how much.
+    let row = diff
+        .rows
+        .iter()
+        .find(|row| row.kernel == "masked_softmax_pair_bias" && row.target == "cu130/sm_90a")
+        .unwrap();
+    let (before, after) = (
+        row.old.as_ref().unwrap().entries["masked_softmax_pair_bias"]
+            .registers
+            .unwrap(),
+        row.new.as_ref().unwrap().entries["masked_softmax_pair_bias"]
+            .registers
+            .unwrap(),
+    );
+    assert_ne!(before, after, "{diff}");
+    assert_eq!(
+        row.register_increase,
+        Some(i64::from(after) - i64::from(before))
+    );
+    assert!(
+        row.resource_changes
+            .iter()
+            .any(|line| line.starts_with(&format!(
+                "masked_softmax_pair_bias: registers {before} → {after}"
+            ))),
+        "{:?}",
+        row.resource_changes
+    );
+
+    // The Markdown, with the scratch paths made stable: one line per changed target.
+    let text = diff
+        .to_string()
+        .replace(&root.display().to_string(), "<scratch>");
+    let first: Vec<&str> = text.lines().take(3).collect();
+    assert_eq!(
+        first,
+        [
+            "# <scratch>/old-bundle → <scratch>/new-bundle",
+            "",
+            "24 kernel targets: 0 added, 0 removed, 16 rebuilt, 8 unchanged"
+        ],
+        "{text}"
+    );
+    assert_eq!(
+        text.lines().filter(|line| line.starts_with("| `")).count(),
+        16,
+        "{text}"
+    );
+
+    // A policy on the same diff: the register jump breaks a limit under it, and passes one
+    // over it.
+    let increase = u32::try_from(row.register_increase.unwrap().max(0)).unwrap();
+    let tight = DiffPolicy {
+        max_register_increase: Some(increase.saturating_sub(1)),
+        ..DiffPolicy::default()
+    };
+    let breaches = tight.breaches(&diff);
+    assert!(
+        breaches
+            .iter()
+            .any(|b| b.starts_with("`masked_softmax_pair_bias` cu130/sm_90a: registers +")),
+        "{breaches:?}"
+    );
+    let loose = DiffPolicy {
+        max_register_increase: Some(increase),
+        allow_removed: Some(false),
+        allow_abi_break: Some(false),
+        ..DiffPolicy::default()
+    };
+    assert_eq!(loose.breaches(&diff), Vec::<String>::new());
+}
+
+/// A wheel is read through `wheel verify`, then its `_prebuilt/`: the default library's wheel
+/// against the bundle it was built from has no change; what is not a release is refused.
+#[test]
+fn release_diff_reads_wheels_and_refuses_what_is_not_a_release() {
+    let Some(shared) = super::shared() else {
+        return;
+    };
+    let diff = diff_releases(
+        &Release::open(&shared.built.path).unwrap(),
+        &Release::open(&shared.bundle).unwrap(),
+        None,
+    )
+    .unwrap();
+    assert_eq!(diff.changed().count(), 0, "{diff}");
+    assert_eq!(diff.rows.len(), 50, "{diff}");
+    assert!(
+        diff.to_string().contains("No kernel target changed."),
+        "{diff}"
+    );
+
+    let root = scratch("diff-refusals");
+    assert!(
+        Release::open(&root).is_err(),
+        "a folder that is not a bundle"
+    );
+    let not_a_wheel = root.join("not.whl");
+    std::fs::write(&not_a_wheel, b"PK\x03\x04 nothing").unwrap();
+    let error = chain(&Release::open(&not_a_wheel).err().unwrap());
+    assert!(error.contains("not.whl"), "{error}");
+}
