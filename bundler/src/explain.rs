@@ -125,8 +125,13 @@ pub fn changes_since(
     if index.torch != torch {
         changes.push(format!("torch pin: {} → {torch}", index.torch));
     }
+    if changes.is_empty() && record.inputs != *inputs {
+        // An input this listing does not spell out yet: the key still changed.
+        changes.push("key inputs: changed (see `index.json`'s `inputs` for the old ones)".into());
+    }
+    let described = !changes.is_empty();
     for target in targets {
-        let Ok((compiler, _)) = &target.key else {
+        let Ok((compiler, key)) = &target.key else {
             continue;
         };
         let old = record
@@ -137,6 +142,15 @@ pub fn changes_since(
             Some(old) if &old.compiler != compiler => changes.push(format!(
                 "compiler for {}/{}: {} → {compiler}",
                 target.build, target.arch, old.compiler
+            )),
+            // Whatever changed the key is listed above; a key that changed with nothing listed
+            // (an input of the key this listing does not spell out) is still a change.
+            Some(old) if old.key != key.0 && !described => changes.push(format!(
+                "key for {}/{}: {} → {}",
+                target.build,
+                target.arch,
+                &old.key[..12.min(old.key.len())],
+                &key.0[..12.min(key.0.len())]
             )),
             Some(_) => {}
             None if !record
@@ -185,6 +199,18 @@ pub fn diff_inputs(old: &KernelInputs, new: &KernelInputs) -> Vec<String> {
     }
     if old.flags != new.flags {
         changes.push(format!("flags: {:?} → {:?}", old.flags, new.flags));
+    }
+    if old.nvcc_flags != new.nvcc_flags {
+        changes.push(format!(
+            "nvcc flags: {:?} → {:?}",
+            old.nvcc_flags, new.nvcc_flags
+        ));
+    }
+    if old.nvrtc_flags != new.nvrtc_flags {
+        changes.push(format!(
+            "NVRTC flags: {:?} → {:?}",
+            old.nvrtc_flags, new.nvrtc_flags
+        ));
     }
     if old.cxx_std != new.cxx_std {
         changes.push(format!("C++ standard: {} → {}", old.cxx_std, new.cxx_std));
@@ -236,15 +262,26 @@ impl fmt::Display for Explanation {
                 defines.join(" ")
             }
         )?;
-        writeln!(
-            out,
-            "  flags: {}",
-            if self.inputs.flags.is_empty() {
-                "none".into()
+        let list = |flags: &[String]| {
+            if flags.is_empty() {
+                "none".to_owned()
             } else {
-                self.inputs.flags.join(" ")
+                flags.join(" ")
             }
-        )?;
+        };
+        let own_flags = !self.inputs.nvcc_flags.is_empty() || !self.inputs.nvrtc_flags.is_empty();
+        let label = if own_flags {
+            "flags (every compiler)"
+        } else {
+            "flags"
+        };
+        writeln!(out, "  {label}: {}", list(&self.inputs.flags))?;
+        if !self.inputs.nvcc_flags.is_empty() {
+            writeln!(out, "  nvcc flags: {}", list(&self.inputs.nvcc_flags))?;
+        }
+        if !self.inputs.nvrtc_flags.is_empty() {
+            writeln!(out, "  NVRTC flags: {}", list(&self.inputs.nvrtc_flags))?;
+        }
         writeln!(out, "  C++ standard: {}", self.inputs.cxx_std)?;
         writeln!(out, "  torch pin: {}", self.torch)?;
         writeln!(out, "\ntargets:")?;
@@ -271,5 +308,124 @@ impl fmt::Display for Explanation {
             }
         }
         f.write_str(&out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use prebuilt::index::{CompilerRecord, KernelRecord, StoredFile, Variant, INDEX_FORMAT};
+    use prebuilt::KernelKey;
+
+    use super::*;
+
+    fn inputs(nvcc_flags: &[&str]) -> KernelInputs {
+        KernelInputs {
+            entries: vec!["k".into()],
+            files: BTreeMap::from([("k.cu".into(), "ab".repeat(32))]),
+            nvcc_flags: nvcc_flags.iter().map(|f| (*f).to_owned()).collect(),
+            cxx_std: "c++17".into(),
+            ..KernelInputs::default()
+        }
+    }
+
+    fn nvcc() -> CompilerRecord {
+        CompilerRecord {
+            kind: "nvcc".into(),
+            version: "13.0.88".into(),
+        }
+    }
+
+    /// An index holding `kernel` built for cu130/sm_90a with `inputs` under `key`.
+    fn index(inputs: KernelInputs, key: &str) -> Index {
+        let variant = Variant {
+            arch: "sm_90a".parse().unwrap(),
+            cuda: "cu130".parse().unwrap(),
+            torch: "2.13.*".into(),
+            compiler: nvcc(),
+            key: key.into(),
+            artifact: StoredFile {
+                digest: "cd".repeat(32),
+                size: 1,
+                path: String::new(),
+                stored_size: 0,
+                dictionary: None,
+            },
+            functions: Vec::new(),
+        };
+        let record = KernelRecord {
+            inputs,
+            recipe: None,
+            constants: BTreeMap::new(),
+            variants: vec![variant],
+            skipped: Vec::new(),
+        };
+        Index {
+            format: INDEX_FORMAT,
+            package: "p".into(),
+            torch: "2.13.*".into(),
+            store: None,
+            dictionary: None,
+            kernels: BTreeMap::from([("k".into(), record)]),
+        }
+    }
+
+    fn target(key: &str) -> TargetKey {
+        TargetKey {
+            build: "cu130".parse().unwrap(),
+            arch: "sm_90a".parse().unwrap(),
+            key: Ok((nvcc(), KernelKey(key.into()))),
+        }
+    }
+
+    #[test]
+    fn a_changed_nvcc_flag_is_a_change() {
+        let old = inputs(&["-maxrregcount=64"]);
+        let new = inputs(&["-maxrregcount=50"]);
+        let changes = changes_since(&index(old, "1111"), "k", &new, "2.13.*", &[target("2222")]);
+        assert_eq!(
+            changes,
+            ["nvcc flags: [\"-maxrregcount=64\"] → [\"-maxrregcount=50\"]"]
+        );
+    }
+
+    #[test]
+    fn a_changed_key_is_never_unchanged() {
+        // Inputs alike (an input of the key that the listing does not spell out changed).
+        let same = inputs(&[]);
+        let changes = changes_since(
+            &index(same.clone(), "1111"),
+            "k",
+            &same,
+            "2.13.*",
+            &[target("2222")],
+        );
+        assert_eq!(changes, ["key for cu130/sm_90a: 1111 → 2222"]);
+        let unchanged = changes_since(
+            &index(same.clone(), "1111"),
+            "k",
+            &same,
+            "2.13.*",
+            &[target("1111")],
+        );
+        assert!(unchanged.is_empty(), "{unchanged:?}");
+    }
+
+    #[test]
+    fn compiler_specific_flags_are_shown() {
+        let mut inputs = inputs(&["-maxrregcount=50"]);
+        inputs.nvrtc_flags = vec!["-default-device".into()];
+        let explanation = Explanation {
+            kernel: "k".into(),
+            tree: String::new(),
+            externals: BTreeSet::new(),
+            inputs,
+            torch: "2.13.*".into(),
+            targets: Vec::new(),
+            changes: None,
+        };
+        let text = explanation.to_string();
+        assert!(text.contains("\n  flags (every compiler): none\n  nvcc flags: -maxrregcount=50\n  NVRTC flags: -default-device\n"), "{text}");
     }
 }

@@ -469,3 +469,81 @@ pub(super) fn check_cubin(
         },
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A ptxas log as long as real ones get: the first error early, pages of warnings after.
+    fn long_log() -> String {
+        let mut log =
+            String::from("failed to compile `k` for sm_90a (cu129, nvcc+ptxas 13.0.88/12.9.86):\n");
+        log.push_str("ptxas info    : 0 bytes gmem\n");
+        log.push_str("ptxas error   : Entry function 'k' uses too much shared data (0x12000 bytes, 0xc000 max)\n");
+        for n in 0..400 {
+            log.push_str(&format!(
+                "ptxas warning : Registers are spilled to local memory in function 'f{n}'\n"
+            ));
+        }
+        log.push_str("ptxas fatal   : Ptx assembly aborted due to errors\n");
+        log
+    }
+
+    #[test]
+    fn a_long_failure_keeps_its_first_error_and_its_tail() {
+        let log = long_log();
+        let kept = index_reason(&log);
+        let lines: Vec<&str> = kept.lines().collect();
+        assert_eq!(lines[0], log.lines().next().unwrap());
+        assert_eq!(lines[1], "[…]");
+        assert_eq!(
+            lines[2],
+            "ptxas error   : Entry function 'k' uses too much shared data (0x12000 bytes, 0xc000 max)"
+        );
+        assert_eq!(lines[3], "[…]");
+        assert!(kept.ends_with("ptxas fatal   : Ptx assembly aborted due to errors\n"));
+        // The tail starts at a line.
+        assert!(lines[4].starts_with("ptxas warning : "), "{}", lines[4]);
+        assert!(kept.len() < 2000 + 600, "{}", kept.len());
+    }
+
+    #[test]
+    fn error_lines_are_bounded() {
+        let mut log = String::from("failed:\n");
+        for n in 0..500 {
+            log.push_str(&format!("k.cu({n}): error: {}\n", "x".repeat(1000)));
+        }
+        let kept = index_reason(&log);
+        assert!(kept.len() <= 300 + 20 * 304 + 2000 + 40, "{}", kept.len());
+        assert_eq!(kept.lines().filter(|l| l.ends_with('…')).count(), 20);
+    }
+
+    #[test]
+    fn a_short_failure_is_kept_whole() {
+        let log = "failed to compile `k`:\nk.cu(3): error: nope\n";
+        assert_eq!(index_reason(log), log);
+    }
+
+    #[test]
+    fn only_failures_of_the_inputs_are_kept() {
+        let failed = |log: &str| {
+            Error::Compile(Box::new(crate::compiler::CompileError::Failed {
+                kernel: "k".into(),
+                arch: "sm_90a".parse().unwrap(),
+                build: "cu130".parse().unwrap(),
+                compiler: CompilerId {
+                    kind: crate::toolchain::CompilerKind::Nvcc,
+                    version: "13.0.88".into(),
+                },
+                log: log.into(),
+            }))
+        };
+        assert!(is_lasting_failure(&failed("k.cu(3): error: nope\n")));
+        // A compiler killed mid-way prints no error.
+        assert!(!is_lasting_failure(&failed("")));
+        assert!(!is_lasting_failure(&Error::Read {
+            path: "k.cu".into(),
+            source: std::io::Error::other("gone"),
+        }));
+    }
+}
