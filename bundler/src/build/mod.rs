@@ -11,7 +11,11 @@
 //! cannot build, that a kernel narrows away with `arch = [...]` or `cuda-builds = [...]`, or
 //! whose compile or validation fails, is a skip recorded in the index with its reason (a failure
 //! with the compiler's log); `require` turns every skip into an error. A kernel left with no
-//! variant at all fails the build.
+//! variant at all fails the build. A cubin whose every entry is a stub on its target (a body
+//! that only prints, asserts or traps: [`prebuilt::cubin::stub_entries`]) is a skip too, unless
+//! the kernel says `allow-stub = true`. A compile that failed because of its inputs is kept in
+//! the build cache (`<key>.failed.json` beside the cubin's place) and replayed, not rerun,
+//! while the key stays the same. See `docs/toolchains.md`.
 //!
 //! Which compiler builds a target: the build's nvcc where it has one; otherwise NVRTC, or, for
 //! a kernel whose include graph reaches a system header (or that says `compiler = "nvcc"`),
