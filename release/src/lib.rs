@@ -278,6 +278,23 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
+    /// A path the manifest names leads outside the library's root, which a build from source
+    /// (an sdist, a recipes-only wheel) must stay inside.
+    #[error(
+        "`{}`: `{key}` names `{path}`, which {reason}; a build from source ships only files \
+         under the manifest's directory",
+        manifest.display()
+    )]
+    OutsideRoot {
+        /// The manifest.
+        manifest: PathBuf,
+        /// The manifest key (`kernels.layernorm.include-dirs`).
+        key: String,
+        /// The path as the manifest (or the include graph) names it.
+        path: String,
+        /// Where it leads (`is absolute`, `resolves to /home/me/.ssh/id_rsa`).
+        reason: String,
+    },
     /// A written or given sdist failed verification.
     #[error("`{}` failed verification:{}", sdist.display(), list(problems))]
     SdistVerification {

@@ -147,7 +147,13 @@ pub fn build_library_wheel(options: &LibraryWheelOptions) -> Result<BuiltWheel, 
         .map(|name| name.to_string_lossy().into_owned())
         .unwrap_or_default();
     if options.recipes_only {
+        check_inside_root(&manifest)?;
         let mut files = python_package_files(&manifest, &package_dir, &import_name)?;
+        for file in &files {
+            if let crate::wheel::Contents::Disk(path) = &file.contents {
+                check_file_inside(&manifest, "library.python-package", &file.path, path)?;
+            }
+        }
         files.extend(recipe_files(
             &manifest,
             &torch,
@@ -286,6 +292,7 @@ pub fn recipe_files(manifest: &Manifest, torch: &str, root: &str) -> Result<Vec<
         };
         for stable in graph.files().keys() {
             if let Some(path) = graph.absolute_path(stable) {
+                check_file_inside(manifest, &format!("kernels.{name}"), stable, path)?;
                 sources.insert(stable.clone(), path.to_owned());
             }
         }
@@ -444,6 +451,85 @@ pub fn check_bundle_current(
 
 fn short(key: &str) -> &str {
     &key[..12.min(key.len())]
+}
+
+/// Refuses a manifest that names a path outside its root, lexically (absolute, or `..` past
+/// the root) or after symbolic links: the Python package, every include dir, source and
+/// cubin. A build from source (an sdist, a recipes-only wheel) ships only what is under the
+/// root, so this runs before either collects a file.
+pub(crate) fn check_inside_root(manifest: &Manifest) -> Result<(), Error> {
+    let library = &manifest.library;
+    let mut named: Vec<(String, &str)> = Vec::new();
+    if let Some(package) = &library.python_package {
+        named.push(("library.python-package".to_owned(), package));
+    }
+    for dir in &library.include_dirs {
+        named.push(("library.include-dirs".to_owned(), dir));
+    }
+    for (name, spec) in &manifest.kernels {
+        for source in &spec.sources {
+            named.push((format!("kernels.{name}.sources"), source));
+        }
+        for dir in spec.include_dirs.iter().flatten() {
+            named.push((format!("kernels.{name}.include-dirs"), dir));
+        }
+        for cubin in &spec.cubins {
+            named.push((format!("kernels.{name}.cubins"), &cubin.path));
+        }
+    }
+    for (key, relative) in named {
+        let outside = |reason: String| Error::OutsideRoot {
+            manifest: manifest.path.clone(),
+            key: key.clone(),
+            path: relative.to_owned(),
+            reason,
+        };
+        let path = Path::new(relative);
+        if path.is_absolute() {
+            return Err(outside("is absolute".to_owned()));
+        }
+        let mut depth = 0usize;
+        for component in path.components() {
+            match component {
+                std::path::Component::ParentDir if depth == 0 => {
+                    return Err(outside("leads above the manifest's directory".to_owned()))
+                }
+                std::path::Component::ParentDir => depth -= 1,
+                std::path::Component::Normal(_) => depth += 1,
+                _ => {}
+            }
+        }
+        // A path that does not exist is reported missing by the step that needs it.
+        if let Ok(resolved) = manifest.root.join(path).canonicalize() {
+            check_file_inside(manifest, &key, relative, &resolved)?;
+        }
+    }
+    Ok(())
+}
+
+/// Refuses `path` (what `named` under manifest key `key` resolves to) when, after symbolic
+/// links, it lies outside the manifest's directory.
+pub(crate) fn check_file_inside(
+    manifest: &Manifest,
+    key: &str,
+    named: &str,
+    path: &Path,
+) -> Result<(), Error> {
+    let root = manifest
+        .root
+        .canonicalize()
+        .unwrap_or_else(|_| manifest.root.clone());
+    let resolved = path.canonicalize().unwrap_or_else(|_| path.to_owned());
+    if resolved.starts_with(&root) {
+        Ok(())
+    } else {
+        Err(Error::OutsideRoot {
+            manifest: manifest.path.clone(),
+            key: key.to_owned(),
+            path: named.to_owned(),
+            reason: format!("resolves to `{}`", resolved.display()),
+        })
+    }
 }
 
 /// The manifest's Python package directory, checked.

@@ -25,19 +25,28 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::io::{Read as _, Write as _};
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use bundler::build::plan_kernel;
 use bundler::Manifest;
-use flate2::read::GzDecoder;
 use flate2::{Compression, GzBuilder};
 
-use crate::library::{kwheel_requirement, python_package_dir, summary, torch_requirement, walk};
+use crate::library::{
+    check_file_inside, check_inside_root, kwheel_requirement, python_package_dir, summary,
+    torch_requirement, walk,
+};
 use crate::wheel::{
     normalize_name, parse_headers, source_date_epoch, Metadata, DEFAULT_EPOCH, KWHEEL_VERSION,
 };
 use crate::Error;
+
+mod archive;
+
+pub use archive::{
+    read_archive, ArchiveEntry, EntryKind, MAX_SDIST_CONTENT, MAX_SDIST_ENTRIES, MAX_SDIST_ENTRY,
+    MAX_SDIST_RATIO, MAX_SDIST_SIZE, RATIO_FLOOR,
+};
 
 /// The build backend an sdist's `pyproject.toml` must name.
 pub const BUILD_BACKEND: &str = "kwheel.build";
@@ -131,6 +140,7 @@ pub fn build_sdist(options: &SdistOptions) -> Result<Sdist, Error> {
         return Err(refuse(format!("`{}` {reason}", pyproject.display())));
     }
 
+    check_inside_root(&manifest)?;
     let mut files: BTreeMap<String, PathBuf> = BTreeMap::new();
     let manifest_name = relative_name(&root, &manifest.path)
         .ok_or_else(|| refuse("the manifest's file name is not valid UTF-8".to_owned()))?;
@@ -204,6 +214,10 @@ pub fn build_sdist(options: &SdistOptions) -> Result<Sdist, Error> {
             torch_requirement(&library.torch)?,
         ],
     };
+    // Every file, after symbolic links, must lie under the root: an sdist ships nothing else.
+    for (relative, path) in &files {
+        check_file_inside(&manifest, "files of the sdist", relative, path)?;
+    }
     let mut entries: BTreeMap<String, (Vec<u8>, bool)> = BTreeMap::new();
     entries.insert(
         "PKG-INFO".to_owned(),
@@ -238,6 +252,11 @@ pub fn build_sdist(options: &SdistOptions) -> Result<Sdist, Error> {
         path: target.clone(),
         source,
     })?;
+    // A temp file is created 0600; an sdist is for others to read.
+    set_readable(temp.path()).map_err(|source| Error::Write {
+        path: target.clone(),
+        source,
+    })?;
     temp.persist(&target).map_err(|error| Error::Write {
         path: target.clone(),
         source: error.error,
@@ -249,6 +268,28 @@ pub fn build_sdist(options: &SdistOptions) -> Result<Sdist, Error> {
             Err(error)
         }
     }
+}
+
+/// Opens the sdist at `path` only if it is a regular file itself: a symbolic link, a FIFO
+/// (whose open would block) or a device (`/dev/zero`, endless) is refused before any read.
+fn open_sdist(path: &Path) -> Result<std::fs::File, Error> {
+    let refuse = |reason: &str| Error::Read {
+        path: path.to_owned(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidInput, reason.to_owned()),
+    };
+    let metadata = std::fs::symlink_metadata(path).map_err(|source| Error::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    if metadata.file_type().is_symlink() {
+        return Err(refuse(
+            "is a symbolic link: give the sdist itself, not a link to it",
+        ));
+    }
+    prebuilt::untrusted::open_regular_file(path).map_err(|source| Error::Read {
+        path: path.to_owned(),
+        source,
+    })
 }
 
 /// Whether a `pyproject.toml` names kwheel's backend; the reason when it does not.
@@ -281,6 +322,17 @@ fn relative_name(root: &Path, path: &Path) -> Option<String> {
         .collect();
     let parts = parts?;
     (!parts.is_empty()).then(|| parts.join("/"))
+}
+
+#[cfg(unix)]
+fn set_readable(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))
+}
+
+#[cfg(not(unix))]
+fn set_readable(_: &Path) -> std::io::Result<()> {
+    Ok(())
 }
 
 #[cfg(unix)]
@@ -348,53 +400,74 @@ pub fn verify_sdist(path: &Path) -> Result<Sdist, Error> {
             normalize_name(&name)
         ));
     }
-    let bytes = std::fs::read(path).map_err(|source| Error::Read {
-        path: path.to_owned(),
+    let file = open_sdist(path)?;
+    let size = file.metadata().map_or(0, |metadata| metadata.len());
+    if size > MAX_SDIST_SIZE {
+        return Err(Error::Read {
+            path: path.to_owned(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("{size} bytes, over the {MAX_SDIST_SIZE}-byte cap on an sdist"),
+            ),
+        });
+    }
+    let scratch = tempfile::tempdir().map_err(|source| Error::Write {
+        path: std::env::temp_dir(),
         source,
     })?;
+    // The files that unpack under the top directory, written to the scratch directory as they
+    // stream by; the small texts checked below are kept.
+    let top = format!("{stem}/");
+    let mut files = Vec::new();
     let mut contents: BTreeMap<String, Vec<u8>> = BTreeMap::new();
-    let mut archive = tar::Archive::new(GzDecoder::new(bytes.as_slice()));
-    let read = (|| -> std::io::Result<()> {
-        for entry in archive.entries()? {
-            let mut entry = entry?;
-            let entry_path = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
-            let kind = entry.header().entry_type();
-            if kind.is_dir() {
-                continue;
-            }
-            let Some(relative) = entry_path.strip_prefix(&format!("{stem}/")) else {
-                problems.push(format!(
-                    "`{entry_path}` is outside the top directory `{stem}/`"
-                ));
-                continue;
-            };
-            if relative
-                .split('/')
-                .any(|part| part.is_empty() || part == "." || part == "..")
-            {
-                problems.push(format!(
-                    "`{entry_path}` has an empty, `.` or `..` component"
-                ));
-                continue;
-            }
-            if !kind.is_file() {
-                problems.push(format!(
-                    "`{entry_path}` is not a regular file ({kind:?}): an sdist holds files only"
-                ));
-                continue;
-            }
-            let mut data = Vec::new();
-            entry.read_to_end(&mut data)?;
-            if contents.insert(relative.to_owned(), data).is_some() {
-                problems.push(format!("`{entry_path}` is in the archive twice"));
+    let mut on_file = |entry: &str, data: &mut dyn std::io::Read| -> std::io::Result<()> {
+        let Some(relative) = entry.strip_prefix(&top) else {
+            return Ok(());
+        };
+        let target = scratch.path().join(relative);
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        let mut out = std::fs::File::create(&target)?;
+        if relative == "PKG-INFO" || relative == PYPROJECT {
+            let mut text = Vec::new();
+            data.read_to_end(&mut text)?;
+            out.write_all(&text)?;
+            contents.insert(relative.to_owned(), text);
+        } else {
+            std::io::copy(data, &mut out)?;
+        }
+        files.push(relative.to_owned());
+        Ok(())
+    };
+    match read_archive(file, &mut on_file) {
+        Ok(entries) => {
+            for entry in &entries {
+                if entry.path != stem && !entry.path.starts_with(&top) {
+                    problems.push(format!(
+                        "`{}` is outside the top directory `{top}`",
+                        entry.path
+                    ));
+                }
             }
         }
-        Ok(())
-    })();
-    if let Err(error) = read {
-        problems.push(format!("is not a readable gzipped tar: {error}"));
+        Err(reason) => {
+            problems.push(format!(
+                "`{file_name}` is not one gzip member holding one tar stream that every \
+                 reader unpacks alike: {reason}"
+            ));
+            return Ok(Sdist {
+                path: path.to_owned(),
+                name,
+                version,
+                files,
+                kernels: 0,
+                size,
+                problems,
+            });
+        }
     }
-
+    files.sort();
     match contents
         .get("PKG-INFO")
         .map(|data| String::from_utf8_lossy(data).into_owned())
@@ -453,8 +526,8 @@ pub fn verify_sdist(path: &Path) -> Result<Sdist, Error> {
     }
 
     let mut kernels = 0;
-    if contents.contains_key(&manifest_name) {
-        match plan_unpacked(&contents, &manifest_name) {
+    if files.contains(&manifest_name) {
+        match plan_unpacked(scratch.path(), &manifest_name) {
             Ok(planned) => kernels = planned,
             Err(reason) => problems.push(format!("{manifest_name}: {reason}")),
         }
@@ -463,38 +536,27 @@ pub fn verify_sdist(path: &Path) -> Result<Sdist, Error> {
             "the manifest `{manifest_name}` is missing (`[tool.kwheel] manifest` of {PYPROJECT})"
         ));
     }
-    let size = bytes.len() as u64;
     Ok(Sdist {
         path: path.to_owned(),
         name,
         version,
-        files: contents.into_keys().collect(),
+        files,
         kernels,
         size,
         problems,
     })
 }
 
-/// Unpacks the files into a scratch directory and plans every kernel of the manifest there:
-/// the number of kernels, or why the sources inside do not build.
-fn plan_unpacked(
-    contents: &BTreeMap<String, Vec<u8>>,
-    manifest_name: &str,
-) -> Result<usize, String> {
-    let scratch = tempfile::tempdir().map_err(|error| format!("no scratch directory: {error}"))?;
-    for (relative, data) in contents {
-        let path = scratch.path().join(relative);
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent).map_err(|error| error.to_string())?;
-        }
-        std::fs::write(&path, data).map_err(|error| error.to_string())?;
-    }
-    let manifest = Manifest::load(&scratch.path().join(manifest_name))
-        .map_err(|error| error_text(&error, scratch.path()))?;
-    python_package_dir(&manifest).map_err(|error| error_text(&error, scratch.path()))?;
+/// Plans every kernel of the manifest in the unpacked sdist at `scratch`: the number of
+/// kernels, or why the sources inside do not build (a path the manifest names outside the
+/// sdist is one such reason).
+fn plan_unpacked(scratch: &Path, manifest_name: &str) -> Result<usize, String> {
+    let manifest = Manifest::load(&scratch.join(manifest_name))
+        .map_err(|error| error_text(&error, scratch))?;
+    check_inside_root(&manifest).map_err(|error| error_text(&error, scratch))?;
+    python_package_dir(&manifest).map_err(|error| error_text(&error, scratch))?;
     for (name, spec) in &manifest.kernels {
-        plan_kernel(&manifest, name, spec, &[])
-            .map_err(|error| error_text(&error, scratch.path()))?;
+        plan_kernel(&manifest, name, spec, &[]).map_err(|error| error_text(&error, scratch))?;
     }
     Ok(manifest.kernels.len())
 }

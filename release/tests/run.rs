@@ -2119,6 +2119,8 @@ print(json.dumps([variants, sources, selected, af3_kernels.status()["layernorm_b
 // `.ci/run` starts (nginx with WebDAV PUT, `KWHEEL_TEST_STORE`; skipped without it unless
 // `KWHEEL_REQUIRE_STORE=1`), or the fault-injecting loopback store of the prebuilt tests.
 
+mod archives;
+
 mod diff;
 
 // wheel verify names recorded flags the JIT refuses.

@@ -3,6 +3,7 @@
 //! | check | a problem when |
 //! | --- | --- |
 //! | file name | it does not parse as `{name}-{version}(-{build})?-{python}-{abi}-{platform}.whl` |
+//! | one reading | the end record, zip64 records, central directory and local headers disagree in any way, or bytes belong to no entry (`zip_directory`) |
 //! | zip hygiene | an entry is absolute, has `..`/`.`/empty components, a `\`, a control character, is a directory or a symlink, or appears twice |
 //! | `.dist-info` | there is not exactly one, named for the file name's distribution and version, with `METADATA`, `WHEEL` and `RECORD` |
 //! | `METADATA` | its `Name`/`Version` are not the file name's |
@@ -40,7 +41,9 @@ use std::path::{Path, PathBuf};
 
 use bundles::check_bundles;
 use dist_info::check_dist_info;
-use zip_directory::{central_directory, local_name, RawEntry, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
+use zip_directory::{
+    central_directory, local_problems, RawEntry, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG,
+};
 
 use crate::audit::{audit_file, AuditTarget, ElfKind};
 use crate::wheel::{path_problem, WheelFilename};
@@ -96,6 +99,9 @@ pub struct VerifyReport {
     pub filename: Option<WheelFilename>,
     /// Files in it.
     pub files: usize,
+    /// The paths of the files read, in archive order: what an installer writes when the wheel
+    /// passes.
+    pub names: Vec<String>,
     /// Its `_prebuilt/` bundles.
     pub bundles: Vec<BundleCheck>,
     /// Host ELF files audited, by path.
@@ -203,6 +209,25 @@ pub fn verify_wheel(path: &Path) -> Result<VerifyReport, Error> {
     Ok(verify_wheel_bytes(path, &bytes))
 }
 
+/// The entry names of a zip, read the one way `wheel verify` accepts (see `zip_directory`):
+/// an error naming the disagreement when its end records, central directory and local
+/// headers could be read two ways. The fuzz target `zip_directory` calls it.
+pub fn zip_entry_names(bytes: &[u8]) -> Result<Vec<String>, String> {
+    let directory = central_directory(bytes)?;
+    if let Some((index, message)) = local_problems(bytes, &directory).into_iter().next() {
+        let name = index.map_or_else(
+            || "the archive".to_owned(),
+            |index| String::from_utf8_lossy(&directory.entries[index].name).into_owned(),
+        );
+        return Err(format!("{name}: {message}"));
+    }
+    Ok(directory
+        .entries
+        .iter()
+        .map(|entry| String::from_utf8_lossy(&entry.name).into_owned())
+        .collect())
+}
+
 /// [`verify_wheel`] on the bytes of the wheel, with `path` naming it (its file name is the
 /// wheel's name). The fuzz target `wheel` calls it.
 pub fn verify_wheel_bytes(path: &Path, bytes: &[u8]) -> VerifyReport {
@@ -214,6 +239,7 @@ pub fn verify_wheel_bytes(path: &Path, bytes: &[u8]) -> VerifyReport {
         wheel: path.to_owned(),
         filename: None,
         files: 0,
+        names: Vec::new(),
         bundles: Vec::new(),
         host_elfs: Vec::new(),
         cubins: 0,
@@ -225,42 +251,35 @@ pub fn verify_wheel_bytes(path: &Path, bytes: &[u8]) -> VerifyReport {
         Err(error) => report.problem(&wheel_name, error.to_string()),
     }
 
-    let raw = match central_directory(bytes) {
-        Ok(raw) => raw,
+    let directory = match central_directory(bytes) {
+        Ok(directory) => directory,
         Err(message) => {
-            report.problem(&wheel_name, format!("is not a zip archive: {message}"));
+            report.problem(
+                &wheel_name,
+                format!("is not a zip archive every reader reads alike: {message}"),
+            );
             return report;
         }
     };
+    let raw = &directory.entries;
     let mut skip = BTreeSet::new();
+    for (index, message) in local_problems(bytes, &directory) {
+        match index {
+            Some(index) => {
+                let name = String::from_utf8_lossy(&raw[index].name).into_owned();
+                report.problem(&name, message);
+                skip.insert(name);
+            }
+            None => report.problem(&wheel_name, message),
+        }
+    }
     let mut seen = BTreeSet::new();
     let mut content = 0u64;
-    for entry in &raw {
+    for entry in raw {
         let name = String::from_utf8_lossy(&entry.name).into_owned();
         if std::str::from_utf8(&entry.name).is_err() {
             report.problem(&name, "the name is not UTF-8");
             skip.insert(name.clone());
-        }
-        match local_name(bytes, entry.local_offset) {
-            Some(local) if local == entry.name.as_slice() => {}
-            Some(local) => {
-                report.problem(
-                    &name,
-                    format!(
-                        "is named `{}` by its local header: a reader of local headers would \
-                         write that path, and pip refuses the wheel",
-                        String::from_utf8_lossy(local).escape_debug()
-                    ),
-                );
-                skip.insert(name.clone());
-            }
-            None => {
-                report.problem(
-                    &name,
-                    "has no local header where the central directory says",
-                );
-                skip.insert(name.clone());
-            }
         }
         if let Some(unicode) = entry.unicode_path.as_ref().filter(|u| **u != entry.name) {
             report.problem(
@@ -399,6 +418,7 @@ pub fn verify_wheel_bytes(path: &Path, bytes: &[u8]) -> VerifyReport {
         contents.insert(name, data);
     }
     report.files = contents.len();
+    report.names = order.clone();
 
     let Some(filename) = report.filename.clone() else {
         return report;
