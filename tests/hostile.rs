@@ -4,6 +4,8 @@
 //! the command owns, and that nothing kwheel did not create is deleted.
 
 mod support;
+#[path = "hostile/ownership.rs"]
+mod ownership;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
