@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 import kwheel.torch
-from kwheel.torch import Launch, ceil_div
+from kwheel.torch import Kept, Launch, ceil_div
 
 from . import _registry
 
@@ -96,12 +96,35 @@ def _layer_norm_launch(constants, outputs, x, normalized_shape, weight, bias, ep
     cols = x.shape[-1]
     rows = x.numel() // cols if cols else 0
     _require_int(rows, "layer_norm", "the number of rows")
-    if weight is None:
-        weight = x.new_ones(cols)
-    if bias is None:
-        bias = x.new_zeros(cols)
+    if weight is None or bias is None:
+        ones, zeros = _affine_defaults(x, cols)
+        weight = ones if weight is None else weight
+        bias = zeros if bias is None else bias
     # One block per row.
     return Launch(rows, constants["BLOCK_SIZE"], [outputs[0], x, weight, bias, rows, cols, eps])
+
+
+# The weight and bias of a layer_norm called without them, by device, dtype and width: made
+# once and passed as `Kept`, so such calls keep a launch plan like any other.
+_AFFINE_DEFAULTS = {}
+_AFFINE_DEFAULTS_KEPT = 64
+
+
+def _affine_defaults(x, cols):
+    """Ones and zeros of ``cols`` elements, ``x``'s dtype and device. Made during a CUDA graph
+    capture they would be filled only when the graph replays, so there they are made for the
+    call alone (plain tensors, and that launch is not planned)."""
+    key = (x.device, x.dtype, cols)
+    found = _AFFINE_DEFAULTS.get(key)
+    if found is not None:
+        return found
+    ones, zeros = x.new_ones(cols), x.new_zeros(cols)
+    if x.is_cuda and torch.cuda.is_current_stream_capturing():
+        return ones, zeros
+    if len(_AFFINE_DEFAULTS) >= _AFFINE_DEFAULTS_KEPT:
+        _AFFINE_DEFAULTS.clear()  # plans keep the tensors they use
+    found = _AFFINE_DEFAULTS[key] = (Kept(ones), Kept(zeros))
+    return found
 
 
 def _layer_norm_reference(x, normalized_shape, weight, bias, eps):

@@ -195,6 +195,44 @@ class Registration(unittest.TestCase):
 
 
 @unittest.skipUnless(HAS_TORCH, NO_TORCH)
+class LaunchPlans(unittest.TestCase):
+    """The CUDA implementation's bookkeeping, on CPU tensors (device -1) with a recording
+    kernel in place of the loaded one."""
+
+    def test_layer_norm_without_weight_or_bias_keeps_one_plan(self):
+        op = ops.library.ops["layer_norm"]
+        launches = []
+
+        class Recording:
+            def launch(self, grid, block, args, shared_mem, stream):
+                launches.append(list(args))
+
+        function = Recording()
+        op.kernel._loaded[-1] = ({None: function, "layernorm_bf16": function}, {"BLOCK_SIZE": 128})
+        self.addCleanup(op.kernel._loaded.pop, -1, None)
+        self.addCleanup(op._plans.clear)
+        raw_stream = torch._C._cuda_getCurrentRawStream
+        torch._C._cuda_getCurrentRawStream = lambda device: 0
+        self.addCleanup(setattr, torch._C, "_cuda_getCurrentRawStream", raw_stream)
+        shape = op.shape
+        planned = []
+        op.shape = lambda *args: planned.append(args[0].shape) or shape(*args)
+        self.addCleanup(setattr, op, "shape", shape)
+
+        x = bf16(4, 37)
+        for _ in range(3):
+            op.cuda(x, (37,), None, None, 1e-5)
+        self.assertEqual(planned, [x.shape])  # planned once: no tensor made per call
+        ones, zeros = (kept.tensor for kept in ops._affine_defaults(x, 37))
+        self.assertEqual(ones.tolist(), [1.0] * 37)
+        self.assertEqual(zeros.tolist(), [0.0] * 37)
+        self.assertEqual({(args[2], args[3]) for args in launches}, {(ones.data_ptr(), zeros.data_ptr())})
+        weight = bf16(37)
+        op.cuda(x, (37,), weight, None, 1e-5)
+        self.assertEqual(launches[-1][2:4], [weight.data_ptr(), zeros.data_ptr()])
+
+
+@unittest.skipUnless(HAS_TORCH, NO_TORCH)
 class Fakes(unittest.TestCase):
     def test_meta_outputs_match_the_cpu_implementation(self):
         cpu = examples("cpu")

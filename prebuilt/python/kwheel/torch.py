@@ -46,6 +46,7 @@ docs/torch.md.
 """
 
 import collections
+import inspect
 import os
 import threading
 import warnings
@@ -56,6 +57,7 @@ from . import NoFitError, Registry
 
 __all__ = [
     "FallbackWarning",
+    "Kept",
     "Launch",
     "Library",
     "Op",
@@ -67,6 +69,21 @@ __all__ = [
 #: the kernel's arguments in parameter order (tensors are passed as their device pointers),
 #: the entry (``None`` for a kernel with one) and the dynamic shared memory in bytes.
 Launch = collections.namedtuple("Launch", "grid block args entry shared_mem", defaults=(None, 0))
+
+
+class Kept:
+    """A kernel argument tensor that is neither an input nor an output and that the launch
+    function keeps, unchanged, for as long as the op is used (default weights, a table): a
+    launch plan keeps it too and passes its pointer again. A plain tensor of the launch
+    function's own making is passed as is, and such a launch is run on every call."""
+
+    __slots__ = ("tensor",)
+
+    def __init__(self, tensor):
+        self.tensor = tensor
+
+    def __repr__(self):
+        return f"kwheel.torch.Kept({self.tensor!r})"
 
 
 class FallbackWarning(UserWarning):
@@ -272,7 +289,7 @@ class Op:
         self.reference = reference
         self.fallback = fallback
         self.backward = None
-        parsed = torch._C.parse_schema(f"{library.namespace}::{schema}")
+        parsed = _parse_schema(f"{library.namespace}::{schema}")
         self.name = parsed.name.split("::", 1)[1]
         if parsed.overload_name:
             raise ValueError(f"`{schema}`: declare the default overload only")
@@ -283,10 +300,19 @@ class Op:
         if any(argument.alias_info is not None for argument in arguments):
             raise ValueError(f"`{schema}`: ops are functional; no argument may alias or mutate")
         self.argument_names = [argument.name for argument in arguments]
-        self.defaults = [
-            argument.default_value if argument.has_default_value() else _REQUIRED
-            for argument in arguments
-        ]
+        # The schema's arguments as a Python signature: binding and defaults are Python's.
+        self.signature = inspect.Signature(
+            [
+                inspect.Parameter(
+                    argument.name,
+                    inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                    default=argument.default_value
+                    if argument.has_default_value()
+                    else inspect.Parameter.empty,
+                )
+                for argument in arguments
+            ]
+        )
         self.tensor_positions = tuple(
             index
             for index, argument in enumerate(arguments)
@@ -322,47 +348,20 @@ class Op:
         self.callable = overload
 
     def register_autograd(self, torch_library):
-        """The op's Autograd kernel: what ``torch.library.register_autograd`` registers, made
-        lighter for the common call that needs no gradient, which goes straight to the CUDA
-        implementation when nothing but fallthrough keys lies between (no fake tensors, no
-        functionalization, no mode), instead of a second trip through the dispatcher."""
+        """The op's Autograd kernel, with ``torch.library.register_autograd``'s contract. On
+        the torch versions it was checked on, the lighter kernel of ``_light_autograd``
+        (a call that needs no gradient goes straight to the CUDA implementation); elsewhere
+        ``register_autograd`` itself."""
         backward, setup_context = self.backward
-        overload = self.callable
         op = self
-        below_autograd = torch._C._after_autograd_keyset
-        cuda = torch._C.DispatchKey.CUDA
 
-        def forward(ctx, keyset, *args):
-            with torch._C._AutoDispatchBelowAutograd():
-                output = overload.redispatch(keyset & below_autograd, *args)
-            setup_context(ctx, list(op._complete(args)), output)
-            return output
+        def setup(ctx, inputs, output):
+            setup_context(ctx, list(op._complete(inputs)), output)
 
-        def backward_with_keyset(ctx, *grads):
-            needs_input_grad = ctx.needs_input_grad
-            ctx.needs_input_grad = needs_input_grad[1:]
-            try:
-                grads = backward(ctx, *grads)
-            finally:
-                ctx.needs_input_grad = needs_input_grad
-            return (None, *grads) if isinstance(grads, tuple) else (None, grads)
-
-        function = type(
-            f"{self.library.namespace}_{self.name}_backward",
-            (torch.autograd.Function,),
-            {"forward": staticmethod(forward), "backward": staticmethod(backward_with_keyset)},
-        )
-
-        def autograd_kernel(keyset, *args):
-            if torch._C.is_grad_enabled() and torch._C._any_requires_grad(*args):
-                return function.apply(keyset, *args)
-            below = keyset & below_autograd
-            if below.highestPriorityTypeId() == cuda:
-                return op.cuda(*args)
-            with torch._C._AutoDispatchBelowAutograd():
-                return overload.redispatch(below, *args)
-
-        torch_library.impl(self.name, autograd_kernel, "Autograd", with_keyset=True)
+        if not _light_autograd(self, torch_library, backward, setup):
+            torch.library.register_autograd(
+                self.qualified_name, backward, setup_context=setup, lib=torch_library
+            )
 
     def _plain_callable(self):
         op = self
@@ -413,31 +412,20 @@ class Op:
 
     def bind(self, args, kwargs):
         """Positional arguments with the schema's defaults filled in."""
-        if len(args) > len(self.defaults):
-            raise TypeError(
-                f"{self.qualified_name}() takes {len(self.defaults)} arguments, "
-                f"{len(args)} given"
-            )
-        values = list(args)
-        for index in range(len(args), len(self.defaults)):
-            name = self.argument_names[index]
-            if name in kwargs:
-                values.append(kwargs.pop(name))
-            elif self.defaults[index] is not _REQUIRED:
-                values.append(self.defaults[index])
-            else:
-                raise TypeError(f"{self.qualified_name}() is missing argument `{name}`")
-        if kwargs:
-            raise TypeError(
-                f"{self.qualified_name}() got unexpected arguments: {', '.join(sorted(kwargs))}"
-            )
-        return values
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as error:
+            raise TypeError(f"{self.qualified_name}(): {error}") from None
+        bound.apply_defaults()
+        return list(bound.args)
 
     def _complete(self, args):
         """The dispatcher leaves trailing defaults out; put them back."""
-        if len(args) < len(self.defaults):
-            args = list(args) + self.defaults[len(args) :]
-        return args
+        if len(args) == len(self.argument_names):
+            return args
+        bound = self.signature.bind(*args)
+        bound.apply_defaults()
+        return bound.args
 
     def fake(self, *args):
         args = self._complete(args)
@@ -481,10 +469,10 @@ class Op:
         key = tuple(key)
         plan = self._plans.get(key)
         if plan is None:
-            plan = self._plan(key, functions, constants, like, args)
+            return self._plan_and_launch(key, functions, constants, like, device, args)
         if plan is _UNCACHEABLE:
             return self._launch_uncached(functions, constants, like, device, args)
-        function, grid, block, shared_mem, output_specs, template, nothing_to_do = plan
+        function, grid, block, shared_mem, output_specs, template, nothing_to_do, _ = plan
         outputs = [like.new_empty(shape, dtype=dtype) for shape, dtype in output_specs]
         if not nothing_to_do:
             pointers = []
@@ -500,25 +488,26 @@ class Op:
             )
         return outputs[0] if self.output_count == 1 else tuple(outputs)
 
-    def _plan(self, key, functions, constants, like, args):
-        """What the shape and launch functions say for these shapes, dtypes and scalars, kept
-        so that the next call with the same ones runs neither: the outputs to allocate, the
-        entry, the geometry, and each kernel argument as an input, an output or a constant.
-        A launch that passes a tensor of its own making is not kept (``_UNCACHEABLE``)."""
+    def _plan_and_launch(self, key, functions, constants, like, device, args):
+        """The first call with these shapes, dtypes and scalars: runs the shape and launch
+        functions once, launches what they said, and keeps it as the plan of the next calls
+        with the same ones: the outputs to allocate, the entry, the geometry, and each kernel
+        argument as an input, an output or a constant (a ``Kept`` tensor's pointer). A launch
+        that passes a plain tensor of its own making is not kept (``_UNCACHEABLE``)."""
         output_specs = [(tuple(shape), dtype) for shape, dtype in self.shape(*args)]
         outputs = [like.new_empty(shape, dtype=dtype) for shape, dtype in output_specs]
         nothing_to_do = all(output.numel() == 0 for output in outputs)
         grid, block, kernel_args, entry, shared_mem = self.launch(constants, outputs, *args)
-        try:
-            function = functions[entry]
-        except KeyError:
-            raise ValueError(
-                f"{self.qualified_name}: kernel `{self.kernel.name}` has no entry {entry!r}; "
-                f"its entries are {sorted(name for name in functions if name is not None)}"
-            ) from None
+        function = self._entry(functions, entry)
         template = []
+        kept = []
         plan = None
         for value in kernel_args:
+            if isinstance(value, Kept):
+                self._check_device(value.tensor, device, len(template))
+                kept.append(value.tensor)
+                template.append((_CONSTANT, value.tensor.data_ptr()))
+                continue
             if isinstance(value, torch.Tensor):
                 slot = _find(args, value, self.tensor_positions)
                 if slot is not None:
@@ -532,11 +521,16 @@ class Op:
                 break
             template.append((_CONSTANT, value))
         if plan is None:
-            plan = (function, grid, block, shared_mem, output_specs, template, nothing_to_do)
+            plan = (
+                function, grid, block, shared_mem, output_specs, template, nothing_to_do,
+                tuple(kept),
+            )
         if len(self._plans) >= _PLANS_PER_OP:
             self._plans.clear()  # shapes that keep changing: start over rather than grow
         self._plans[key] = plan
-        return plan
+        if not nothing_to_do:
+            self._launch(function, grid, block, kernel_args, shared_mem, device)
+        return outputs[0] if self.output_count == 1 else tuple(outputs)
 
     def _launch_uncached(self, functions, constants, like, device, args):
         outputs = [like.new_empty(shape, dtype=dtype) for shape, dtype in self.shape(*args)]
@@ -544,20 +538,39 @@ class Op:
             # Nothing to compute, and CUDA refuses an empty grid.
             return outputs[0] if self.output_count == 1 else tuple(outputs)
         grid, block, kernel_args, entry, shared_mem = self.launch(constants, outputs, *args)
+        function = self._entry(functions, entry)
+        self._launch(function, grid, block, kernel_args, shared_mem, device)
+        return outputs[0] if self.output_count == 1 else tuple(outputs)
+
+    def _entry(self, functions, entry):
+        try:
+            return functions[entry]
+        except KeyError:
+            raise ValueError(
+                f"{self.qualified_name}: kernel `{self.kernel.name}` has no entry {entry!r}; "
+                f"its entries are {sorted(name for name in functions if name is not None)}"
+            ) from None
+
+    def _check_device(self, tensor, device, index):
+        if tensor.get_device() != device:
+            raise ValueError(
+                f"{self.qualified_name}: kernel argument {index} is a tensor on "
+                f"{tensor.device}, but the op runs on cuda:{device}"
+            )
+
+    def _launch(self, function, grid, block, kernel_args, shared_mem, device):
+        """Launches with what the launch function returned, tensors as their pointers."""
         pointers = []
         for index, value in enumerate(kernel_args):
+            if isinstance(value, Kept):
+                value = value.tensor
             if isinstance(value, torch.Tensor):
-                if value.get_device() != device:
-                    raise ValueError(
-                        f"{self.qualified_name}: kernel argument {index} is a tensor on "
-                        f"{value.device}, but the op runs on cuda:{device}"
-                    )
+                self._check_device(value, device, index)
                 value = value.data_ptr()
             pointers.append(value)
-        functions[entry].launch(
+        function.launch(
             grid, block, pointers, shared_mem, torch._C._cuda_getCurrentRawStream(device)
         )
-        return outputs[0] if self.output_count == 1 else tuple(outputs)
 
     def _warn_fallback(self, device, error):
         if device in self._fallen_back:
@@ -585,9 +598,75 @@ _CONSTANT = "constant"
 _UNCACHEABLE = "uncacheable"
 
 
-class _Required:
-    def __repr__(self):
-        return "<required>"
+
+# --- torch internals ------------------------------------------------------------------------
+# Everything of torch's that is not its public API is used in the two functions below (and
+# `torch._C._cuda_getCurrentRawStream`, the current stream's raw handle, on each launch).
+
+#: Torch releases (major, minor) the light Autograd kernel was checked on (2.11: the CPU tests
+#: and the H200 runs). On any other, ops get torch.library.register_autograd's kernel: the
+#: same gradients, and 4-15 µs more per call that needs none (docs/benchmarks.md, "Host cost
+#: of one call").
+LIGHT_AUTOGRAD_TORCH = ((2, 11),)
 
 
-_REQUIRED = _Required()
+def _parse_schema(text):
+    """The schema ``text`` as the dispatcher reads it. torch has no public parser;
+    ``torch.library.Library.define`` parses the same text with this one."""
+    return torch._C.parse_schema(text)
+
+
+def _torch_release():
+    release = torch.__version__.split("+", 1)[0].split(".")
+    try:
+        return int(release[0]), int(release[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def _light_autograd(op, torch_library, backward, setup_context):
+    """Registers ``op``'s Autograd kernel made lighter for the common call that needs no
+    gradient: it goes straight to the CUDA implementation when nothing but fallthrough keys
+    lies between (no fake tensors, no functionalization, no mode), instead of the second trip
+    through the dispatcher that ``register_autograd``'s kernel makes. Only on the torch
+    releases of ``LIGHT_AUTOGRAD_TORCH``, whose private dispatcher API it uses (the keyset
+    after Autograd, redispatch, ``_AutoDispatchBelowAutograd``, ``_any_requires_grad``);
+    returns whether it registered."""
+    if _torch_release() not in LIGHT_AUTOGRAD_TORCH:
+        return False
+    overload = op.callable
+    below_autograd = torch._C._after_autograd_keyset
+    cuda = torch._C.DispatchKey.CUDA
+
+    def forward(ctx, keyset, *args):
+        with torch._C._AutoDispatchBelowAutograd():
+            output = overload.redispatch(keyset & below_autograd, *args)
+        setup_context(ctx, args, output)
+        return output
+
+    def backward_with_keyset(ctx, *grads):
+        needs_input_grad = ctx.needs_input_grad
+        ctx.needs_input_grad = needs_input_grad[1:]
+        try:
+            grads = backward(ctx, *grads)
+        finally:
+            ctx.needs_input_grad = needs_input_grad
+        return (None, *grads) if isinstance(grads, tuple) else (None, grads)
+
+    function = type(
+        f"{op.library.namespace}_{op.name}_backward",
+        (torch.autograd.Function,),
+        {"forward": staticmethod(forward), "backward": staticmethod(backward_with_keyset)},
+    )
+
+    def autograd_kernel(keyset, *args):
+        if torch._C.is_grad_enabled() and torch._C._any_requires_grad(*args):
+            return function.apply(keyset, *args)
+        below = keyset & below_autograd
+        if below.highestPriorityTypeId() == cuda:
+            return op.cuda(*args)
+        with torch._C._AutoDispatchBelowAutograd():
+            return overload.redispatch(below, *args)
+
+    torch_library.impl(op.name, autograd_kernel, "Autograd", with_keyset=True)
+    return True

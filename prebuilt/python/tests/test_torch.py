@@ -206,6 +206,23 @@ class Declarations(unittest.TestCase):
         )
         self.assertIn("only available for these backends: [CUDA, Meta,", str(raised.exception))
 
+    def test_plain_calls_bind_arguments_by_name_with_the_schemas_defaults(self):
+        self.define("scaled(Tensor x, float scale=2.0, Tensor? bias=None) -> Tensor")
+        declared = self.library.ops["scaled"]
+        x = torch.ones(2)
+        self.assertEqual(declared.bind((x,), {}), [x, 2.0, None])
+        self.assertEqual(declared.bind((), {"x": x, "bias": x}), [x, 2.0, x])
+        with self.assertRaises(TypeError) as raised:
+            declared.bind((x, 1.0, None, 4), {})
+        self.assertEqual(
+            str(raised.exception), f"{declared.qualified_name}(): too many positional arguments"
+        )
+        with self.assertRaises(TypeError) as raised:
+            declared.bind((), {"scale": 1.0})
+        self.assertEqual(
+            str(raised.exception), f"{declared.qualified_name}(): missing a required argument: 'x'"
+        )
+
     def test_opcheck_passes_on_the_reference(self):
         op = self.define("f(Tensor x) -> Tensor", reference=_double_reference)
         torch.library.opcheck(op, (torch.randn(4, 3),))
@@ -343,8 +360,82 @@ class Launching(unittest.TestCase):
         x = torch.ones(3, 5)
         op.cuda(x, 1.0)
         op.cuda(x, 1.0)
-        self.assertEqual(self.calls, [(3, 5), (3, 5), (3, 5)])  # planned once, then uncached
+        # Once per call: the first call's plan is not kept, and it allocated its outputs once.
+        self.assertEqual(self.calls, [(3, 5), (3, 5)])
         self.assertEqual(len(self.function.launches), 2)
+
+    def test_a_kept_tensor_is_planned_and_its_pointer_passed_again(self):
+        table = torch.arange(4.0)
+
+        def launch(constants, outputs, x, scale):
+            return kt.Launch(1, 4, [outputs[0], kt.Kept(table), x.numel(), scale])
+
+        op = self.op(launch)
+        x = torch.ones(3, 5)
+        first = op.cuda(x, 1.0)
+        second = op.cuda(x, 1.0)
+        self.assertEqual(self.calls, [(3, 5)])  # planned on the first call, reused after
+        self.assertEqual(
+            [args for _, _, args, _, _ in self.function.launches],
+            [[first.data_ptr(), table.data_ptr(), 15, 1.0], [second.data_ptr(), table.data_ptr(), 15, 1.0]],
+        )
+
+    def test_a_plan_miss_launches_the_outputs_it_returns(self):
+        def launch(constants, outputs, x, scale):
+            return kt.Launch(1, 4, [outputs[0], x, x.numel(), scale])
+
+        op = self.op(launch)
+        for _ in range(2):
+            out = op.cuda(torch.ones(2, 3), 1.0)
+            self.assertEqual(self.function.launches[-1][2][0], out.data_ptr())
+
+
+@unittest.skipUnless(HAS_TORCH, NO_TORCH)
+class Autograd(unittest.TestCase):
+    """Both Autograd kernels, on the CPU reference: the light one of the torch releases it was
+    checked on, and torch.library.register_autograd's everywhere else."""
+
+    def op(self, light):
+        if not light:
+            checked = kt.LIGHT_AUTOGRAD_TORCH
+            kt.LIGHT_AUTOGRAD_TORCH = ()
+            self.addCleanup(setattr, kt, "LIGHT_AUTOGRAD_TORCH", checked)
+        library = kt.Library(StubRegistry(f"kwheel-test-autograd-{'light' if light else 'public'}"))
+        op = library.define(
+            "scaled(Tensor x, float scale=3.0) -> Tensor",
+            kernel="scaled",
+            shape=lambda x, scale: [(x.shape, x.dtype)],
+            launch=None,
+            reference=lambda x, scale: x * scale,
+        )
+        seen = []
+
+        def setup_context(ctx, inputs, output):
+            seen.append(len(inputs))
+            ctx.scale = inputs[1]
+
+        def backward(ctx, grad):
+            return grad * ctx.scale, None
+
+        library.autograd(op, backward, setup_context)
+        return op, seen
+
+    def test_gradients_and_opcheck_through_either_kernel(self):
+        for light in (True, False):
+            with self.subTest(light=light):
+                op, seen = self.op(light)
+                x = torch.randn(4, 3, requires_grad=True)
+                op(x).sum().backward()
+                self.assertEqual(x.grad.tolist(), [[3.0] * 3] * 4)
+                self.assertEqual(seen, [2])  # the dispatcher's left-out default filled in
+                with torch.no_grad():
+                    self.assertEqual(op(x, 2.0).tolist(), (x * 2).tolist())
+                torch.library.opcheck(op, (torch.randn(4, 3, requires_grad=True), 0.5))
+
+    def test_the_light_kernel_is_used_only_on_checked_releases(self):
+        release = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+        self.assertEqual(kt._torch_release(), release)
+        self.assertEqual(kt._torch_release() in kt.LIGHT_AUTOGRAD_TORCH, release == (2, 11))
 
 
 @unittest.skipUnless(HAS_TORCH, NO_TORCH)
