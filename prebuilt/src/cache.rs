@@ -157,19 +157,20 @@ impl ArtifactCache {
     }
 
     /// The cached cubin for `stored`, verified against its digest and size. A damaged entry
-    /// (a regular file of the cache whose bytes do not match) is removed and reads as absent.
+    /// (a regular file of the cache whose bytes do not match its digest) is removed and reads
+    /// as absent; a valid one that `stored` gives another size reads as absent and stays.
     pub fn read(&self, stored: &StoredFile) -> Option<Vec<u8>> {
         let path = self.entry_path(&stored.digest)?;
         let metadata = std::fs::symlink_metadata(&path).ok()?;
         if !metadata.is_file() {
             return None;
         }
-        let bytes = read_regular_file(&path, stored.size.min(MAX_ARTIFACT_SIZE)).ok();
+        let bytes = read_regular_file(&path, MAX_ARTIFACT_SIZE).ok();
         match bytes {
-            Some(bytes)
-                if bytes.len() as u64 == stored.size && sha256_hex(&bytes) == stored.digest =>
-            {
-                Some(bytes)
+            // Bytes with the digest are the entry, whatever size `stored` claims: a claim of
+            // another size is wrong and reads as absent, but removes nothing.
+            Some(bytes) if sha256_hex(&bytes) == stored.digest => {
+                (bytes.len() as u64 == stored.size).then_some(bytes)
             }
             _ => {
                 let _ = std::fs::remove_file(&path);

@@ -17,6 +17,8 @@ pub struct Store {
     base: String,
     pub(super) client: Client,
     pub(super) options: StoreOptions,
+    /// When set, no request or wait goes past it.
+    deadline: Option<Deadline>,
 }
 
 /// One request's outcome, before the caller decides what it means.
@@ -43,7 +45,15 @@ impl Store {
             base,
             client,
             options,
+            deadline: None,
         })
+    }
+
+    /// The same client, every request and retry of which ends by `deadline` (none: each
+    /// request is bounded by its own timeout only).
+    pub fn until(mut self, deadline: Option<Deadline>) -> Store {
+        self.deadline = deadline;
+        self
     }
 
     /// The store's base URL, without trailing `/`.
@@ -175,10 +185,26 @@ impl Store {
             if let Some(token) = &self.options.token {
                 request = request.bearer_auth(token);
             }
+            let mut ends = None;
+            if let Some(deadline) = self.deadline {
+                let remaining = deadline.remaining();
+                if remaining.is_zero() {
+                    return Err(FetchError::Transport {
+                        action,
+                        what: what.to_owned(),
+                        url: url.to_owned(),
+                        attempts: attempt - 1,
+                        source: deadline.passed().into(),
+                    });
+                }
+                let timeout = self.options.timeout_for(limit).min(remaining);
+                request = request.timeout(timeout);
+                ends = Some((deadline, Instant::now() + timeout));
+            }
             let outcome = request
                 .send()
                 .map_err(|error| Box::new(error) as Box<dyn std::error::Error + Send + Sync>)
-                .and_then(|response| read_answer(response, limit));
+                .and_then(|response| read_answer(response, limit, ends));
             let retry = match &outcome {
                 Ok(Answer::Status(status)) => transient(*status),
                 Ok(Answer::Body(_)) => false,
@@ -197,7 +223,11 @@ impl Store {
                 };
             }
             attempt += 1;
-            std::thread::sleep(self.options.backoff_before(attempt));
+            let mut wait = self.options.backoff_before(attempt);
+            if let Some(deadline) = self.deadline {
+                wait = wait.min(deadline.remaining());
+            }
+            std::thread::sleep(wait);
         }
     }
 }
@@ -207,9 +237,12 @@ fn transient(status: u16) -> bool {
     matches!(status, 408 | 429 | 500 | 502 | 503 | 504)
 }
 
+/// The answer `response` carries, its body read up to `limit` bytes; with `ends` (the
+/// overall deadline and this request's end), a body that trickles in stops there.
 fn read_answer(
     response: Response,
     limit: u64,
+    ends: Option<(Deadline, Instant)>,
 ) -> Result<Answer, Box<dyn std::error::Error + Send + Sync>> {
     let status = response.status();
     if !status.is_success() {
@@ -229,7 +262,31 @@ fn read_answer(
             .try_into()
             .unwrap_or(0),
     );
-    response.take(limit).read_to_end(&mut bytes)?;
+    match ends {
+        None => {
+            response.take(limit).read_to_end(&mut bytes)?;
+        }
+        Some((deadline, request_ends)) => {
+            // A read blocks at most the request's timeout; a server that sends a byte now and
+            // then is stopped here, between reads.
+            let mut body = response.take(limit);
+            let mut chunk = vec![0u8; 64 << 10];
+            loop {
+                let read = body.read(&mut chunk)?;
+                if read == 0 {
+                    break;
+                }
+                bytes.extend_from_slice(&chunk[..read]);
+                let now = Instant::now();
+                if now >= deadline.at {
+                    return Err(deadline.passed().into());
+                }
+                if now >= request_ends {
+                    return Err("the request timed out reading the body".into());
+                }
+            }
+        }
+    }
     if let Some(declared) = declared {
         if declared > bytes.len() as u64 && (bytes.len() as u64) < limit {
             return Err(format!("the body ended after {} of {declared} bytes", bytes.len()).into());

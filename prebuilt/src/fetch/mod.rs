@@ -45,6 +45,19 @@
 //! [`MAX_ARTIFACT_SIZE`](crate::untrusted::MAX_ARTIFACT_SIZE), whatever a server or an
 //! action-cache entry claims.
 //!
+//! An index is untrusted too: a digest names one content, so an entry whose bytes match its
+//! digest is never removed because an index records another size for it. That index's claim
+//! is refused instead ([`FetchError::Refused`]) and the entry stays for the packages it belongs
+//! to.
+//!
+//! # Deadlines
+//!
+//! Each request has its timeout and a bounded number of retries ([`StoreOptions`]); a whole
+//! `kwheel fetch` ([`prefetch`]) also has one overall deadline, [`DEFAULT_FETCH_DEADLINE`]
+//! unless [`FETCH_DEADLINE_ENV`] gives another number of seconds. Every request and every wait
+//! between retries ends by it, so a slow store costs the deadline, not a timeout per kernel;
+//! what is left undone is reported as a network failure (exit code 6).
+//!
 //! Networking is the cargo feature `fetch` (reqwest with rustls); without it the loader still
 //! reads the wheel and the cache, and a variant only the store has is an error that says so.
 //! `docs/distribution.md` describes publishing, slim wheels and the CI recipe.
@@ -53,7 +66,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -64,9 +77,65 @@ use crate::device::DeviceQuery;
 use crate::env::STORE_TOKEN_ENV;
 use crate::error_chain;
 use crate::index::ArtifactLocation;
-use crate::index::Variant;
+use crate::index::{StoredFile, Variant};
 use crate::key::sha256_hex;
 use crate::select::select_variant;
+use crate::untrusted::{read_regular_file, MAX_ARTIFACT_SIZE};
+
+/// Overrides the overall deadline of one `kwheel fetch`, in seconds.
+pub const FETCH_DEADLINE_ENV: &str = "KWHEEL_FETCH_DEADLINE";
+/// The overall deadline of one `kwheel fetch` when [`FETCH_DEADLINE_ENV`] is unset.
+pub const DEFAULT_FETCH_DEADLINE: Duration = Duration::from_secs(300);
+
+/// The overall deadline of one `kwheel fetch`: [`FETCH_DEADLINE_ENV`] seconds (a positive
+/// number, fractions allowed), else [`DEFAULT_FETCH_DEADLINE`].
+pub fn fetch_deadline() -> Result<Duration, FetchError> {
+    let Ok(value) = std::env::var(FETCH_DEADLINE_ENV) else {
+        return Ok(DEFAULT_FETCH_DEADLINE);
+    };
+    value
+        .trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|seconds| seconds.is_finite() && *seconds > 0.0 && *seconds < 1e9)
+        .map(Duration::from_secs_f64)
+        .ok_or(FetchError::Setting {
+            variable: FETCH_DEADLINE_ENV,
+            value,
+        })
+}
+
+/// The deadline a client works to: when it passes, and what it was, for messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Deadline {
+    /// When it passes.
+    pub at: Instant,
+    /// How long it was when set.
+    pub total: Duration,
+}
+
+impl Deadline {
+    /// A deadline `total` from now.
+    pub fn after(total: Duration) -> Deadline {
+        Deadline {
+            at: Instant::now() + total,
+            total,
+        }
+    }
+
+    /// The time left, zero once it passed.
+    pub fn remaining(&self) -> Duration {
+        self.at.saturating_duration_since(Instant::now())
+    }
+
+    /// What a request that ran out of time says.
+    pub fn passed(&self) -> String {
+        format!(
+            "the fetch's overall deadline of {:.1} s passed (set {FETCH_DEADLINE_ENV} to allow more)",
+            self.total.as_secs_f64()
+        )
+    }
+}
 
 /// How messages name a variant: `` `layernorm_bf16` (cu130/sm_100a) ``.
 pub fn describe(kernel: &str, variant: &Variant) -> String {
@@ -188,6 +257,27 @@ pub enum FetchError {
         /// The variable that forbids it: `AF3_KERNELS_NO_DOWNLOAD`.
         variable: String,
     },
+    /// A setting from the environment is not valid.
+    #[error("{variable}=`{value}` is not a number of seconds greater than 0")]
+    Setting {
+        /// The variable.
+        variable: &'static str,
+        /// Its value.
+        value: String,
+    },
+    /// Some of what a `kwheel fetch` was asked for is not local now.
+    #[error("{failed} of {kernels} kernels could not be fetched: {}", crate::untrusted::listed_names(.names))]
+    Incomplete {
+        /// How many kernels failed.
+        failed: usize,
+        /// How many the bundle has.
+        kernels: usize,
+        /// The kernels that failed.
+        names: Vec<String>,
+        /// What kind of failure: bytes that did not verify if any did not, else a network
+        /// failure if any was one.
+        cause: FailureCause,
+    },
     /// The artifact is in neither the bundle nor the cache, and the bundle records no store.
     #[error(
         "{what} is missing from the bundle (`{}`) and the bundle records no store to fetch it \
@@ -200,6 +290,32 @@ pub enum FetchError {
         /// The file the index names.
         path: PathBuf,
     },
+}
+
+/// The kind of a [`FetchError`], for exit codes and `kwheel fetch --json`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FailureCause {
+    /// Anything else: a setting, the cache, a build without downloads.
+    Other,
+    /// The store could not be reached, answered an error, or ran past the deadline.
+    Network,
+    /// What came, or what the index claims, did not verify: nothing was stored or loaded.
+    Verification,
+}
+
+impl FetchError {
+    /// What kind of failure this is.
+    pub fn cause(&self) -> FailureCause {
+        match self {
+            FetchError::Status { .. } | FetchError::Transport { .. } => FailureCause::Network,
+            FetchError::DigestMismatch { .. } | FetchError::Refused { .. } => {
+                FailureCause::Verification
+            }
+            FetchError::Incomplete { cause, .. } => *cause,
+            _ => FailureCause::Other,
+        }
+    }
 }
 
 fn status_hint(status: u16, attempts: u32) -> String {
@@ -342,10 +458,20 @@ pub fn obtain_remote(
     cache: &ArtifactCache,
     store: &dyn Fn() -> Result<StoreHandle, FetchError>,
 ) -> Result<(Vec<u8>, ArtifactLocation), FetchError> {
+    let what = describe(kernel, variant);
+    if let Some(actual) = cached_at_other_size(cache, &variant.artifact) {
+        return Err(FetchError::Refused {
+            what,
+            url: store_url.unwrap_or("the bundle").to_owned(),
+            reason: format!(
+                "the index records {} bytes for sha256 {}, but the artifact cache holds that                  digest's content, verified, at {actual} bytes; the index's claim is refused                  and the cached cubin is kept",
+                variant.artifact.size, variant.artifact.digest
+            ),
+        });
+    }
     if let Some(bytes) = cache.read(&variant.artifact) {
         return Ok((bytes, ArtifactLocation::Cache));
     }
-    let what = describe(kernel, variant);
     let Some(url) = store_url else {
         return Err(FetchError::NoStore {
             what,
@@ -388,6 +514,18 @@ pub fn obtain_remote(
     Ok((bytes, ArtifactLocation::Store))
 }
 
+/// The size of the cache's entry for `stored`'s digest when it is not the size `stored` records
+/// but its content does have that digest: a valid entry, and an index that is wrong about it.
+fn cached_at_other_size(cache: &ArtifactCache, stored: &StoredFile) -> Option<u64> {
+    let path = cache.entry_path(&stored.digest)?;
+    let metadata = std::fs::symlink_metadata(&path).ok()?;
+    if !metadata.is_file() || metadata.len() == stored.size {
+        return None;
+    }
+    let bytes = read_regular_file(&path, MAX_ARTIFACT_SIZE).ok()?;
+    (sha256_hex(&bytes) == stored.digest).then_some(bytes.len() as u64)
+}
+
 /// The store [`obtain_remote`] downloads from: an HTTP client ([`StoreHandle::connect`], with
 /// the `fetch` feature) or any other [`ArtifactStore`].
 #[derive(Clone)]
@@ -411,13 +549,23 @@ impl StoreHandle {
 impl StoreHandle {
     /// A client for `url`; without the `fetch` feature, an [`FetchError::Unsupported`] error.
     pub fn connect(url: &str, options: &StoreOptions) -> Result<StoreHandle, FetchError> {
+        StoreHandle::connect_until(url, options, None)
+    }
+
+    /// A client for `url` whose every request and retry ends by `deadline`, when given.
+    pub fn connect_until(
+        url: &str,
+        options: &StoreOptions,
+        deadline: Option<Deadline>,
+    ) -> Result<StoreHandle, FetchError> {
         #[cfg(feature = "fetch")]
         {
-            Store::new(url, options.clone()).map(|store| StoreHandle::new(Arc::new(store)))
+            Store::new(url, options.clone())
+                .map(|store| StoreHandle::new(Arc::new(store.until(deadline))))
         }
         #[cfg(not(feature = "fetch"))]
         {
-            let _ = options;
+            let _ = (options, deadline);
             Err(FetchError::Unsupported {
                 what: "an artifact".to_owned(),
                 url: url.to_owned(),
@@ -458,6 +606,8 @@ pub enum Prefetched {
         variant: String,
         /// The error and its causes.
         error: String,
+        /// What kind of failure.
+        cause: FailureCause,
     },
 }
 
@@ -479,10 +629,27 @@ pub struct PrefetchReport {
 impl PrefetchReport {
     /// Whether every kernel that has a fitting variant now has it locally.
     pub fn complete(&self) -> bool {
-        !self
+        self.failure().is_none()
+    }
+
+    /// What failed, as one error whose [`FetchError::cause`] says what kind (for the exit
+    /// code), or `None` when nothing did.
+    pub fn failure(&self) -> Option<FetchError> {
+        let failed: Vec<(&String, FailureCause)> = self
             .kernels
-            .values()
-            .any(|outcome| matches!(outcome, Prefetched::Failed { .. }))
+            .iter()
+            .filter_map(|(name, outcome)| match outcome {
+                Prefetched::Failed { cause, .. } => Some((name, *cause)),
+                _ => None,
+            })
+            .collect();
+        let cause = failed.iter().map(|(_, cause)| *cause).max()?;
+        Some(FetchError::Incomplete {
+            failed: failed.len(),
+            kernels: self.kernels.len(),
+            names: failed.into_iter().map(|(name, _)| name.clone()).collect(),
+            cause,
+        })
     }
 }
 
@@ -505,7 +672,7 @@ impl fmt::Display for PrefetchReport {
                     format!("{variant}  fetched ({bytes} bytes), verified, cached")
                 }
                 Prefetched::NothingFits { reason } => format!("none  {reason}"),
-                Prefetched::Failed { variant, error } => format!("{variant}  FAILED: {error}"),
+                Prefetched::Failed { variant, error, .. } => format!("{variant}  FAILED: {error}"),
             };
             writeln!(f, "{kernel:width$}  {line}")?;
         }
@@ -516,20 +683,33 @@ impl fmt::Display for PrefetchReport {
 /// Makes sure the cubin each kernel would load on the device `query` describes is local:
 /// downloads what the bundle and the cache lack from the bundle's store, verifies it and
 /// caches it. For machines that go offline. An explicit request: `<PACKAGE>_NO_DOWNLOAD`
-/// governs the loader, not this.
+/// governs the loader, not this. Everything ends by [`fetch_deadline`].
 pub fn prefetch(
     bundle: &Bundle,
     query: &DeviceQuery,
     cache: &ArtifactCache,
     options: &StoreOptions,
 ) -> Result<PrefetchReport, FetchError> {
+    prefetch_within(bundle, query, cache, options, fetch_deadline()?)
+}
+
+/// [`prefetch`] with every request and retry ending `deadline` from now: what is not local
+/// by then fails as a network failure.
+pub fn prefetch_within(
+    bundle: &Bundle,
+    query: &DeviceQuery,
+    cache: &ArtifactCache,
+    options: &StoreOptions,
+    deadline: Duration,
+) -> Result<PrefetchReport, FetchError> {
+    let deadline = Deadline::after(deadline);
     let store = std::cell::OnceCell::new();
     let connect = || -> Result<StoreHandle, FetchError> {
         if let Some(handle) = store.get() {
             return Ok(StoreHandle::clone(handle));
         }
         let url = bundle.index().store.as_deref().unwrap_or_default();
-        let handle = StoreHandle::connect(url, options)?;
+        let handle = StoreHandle::connect_until(url, options, Some(deadline))?;
         Ok(store.get_or_init(|| handle).clone())
     };
     let mut kernels = BTreeMap::new();
@@ -568,6 +748,7 @@ pub fn prefetch(
                         Err(error) => Prefetched::Failed {
                             variant,
                             error: error_chain(&error),
+                            cause: error.cause(),
                         },
                     },
                 }
@@ -617,6 +798,128 @@ mod tests {
         assert_eq!(options.backoff_before(3), Duration::from_millis(200));
         assert_eq!(options.backoff_before(4), Duration::from_millis(400));
         assert_eq!(options.backoff_before(40), Duration::from_secs(8));
+    }
+
+    /// A store that must not be asked: it fails the test if it is.
+    struct Unasked;
+
+    impl ArtifactStore for Unasked {
+        fn get_cas(
+            &self,
+            digest: &str,
+            _: Option<u64>,
+            _: &str,
+        ) -> Result<Option<Vec<u8>>, FetchError> {
+            panic!("the store was asked for {digest}");
+        }
+
+        fn cas_url(&self, digest: &str) -> String {
+            format!("http://127.0.0.1:9/cas/{digest}")
+        }
+    }
+
+    fn variant_of(bytes: &[u8], size: u64) -> Variant {
+        let digest = sha256_hex(bytes);
+        Variant {
+            arch: "sm_90a".parse().unwrap(),
+            cuda: "cu130".parse().unwrap(),
+            torch: "2.13.*".to_owned(),
+            compiler: crate::index::CompilerRecord {
+                kind: "nvrtc".to_owned(),
+                version: "13.0.88".to_owned(),
+            },
+            key: digest.clone(),
+            artifact: StoredFile {
+                path: crate::bundle::artifact_path(&digest),
+                digest,
+                size,
+                stored_size: 8,
+                dictionary: None,
+            },
+            functions: Vec::new(),
+        }
+    }
+
+    /// Issue case 10: an index recording another package's digest at size + 1 made
+    /// `kwheel fetch` remove that package's valid cache entry. The claim is refused instead,
+    /// as a verification failure, and the entry stays.
+    #[test]
+    fn fetch_never_evicts_a_valid_cache_entry_another_index_gives_another_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = ArtifactCache::new(dir.path());
+        let bytes = b"another package's cubin".to_vec();
+        let entry = cache.write(&sha256_hex(&bytes), &bytes).unwrap();
+        let store = || Ok(StoreHandle::new(Arc::new(Unasked)));
+        for size in [bytes.len() as u64 + 1, bytes.len() as u64 - 1, 0] {
+            let hostile = variant_of(&bytes, size);
+            let error = obtain_remote(
+                dir.path(),
+                Some("http://127.0.0.1:9"),
+                "k",
+                &hostile,
+                &cache,
+                &store,
+            )
+            .unwrap_err();
+            assert_eq!(error.cause(), FailureCause::Verification, "{error}");
+            let message = error.to_string();
+            assert!(
+                message.contains("the index's claim is refused"),
+                "{message}"
+            );
+            // The cache's own read does not remove it either.
+            assert_eq!(cache.read(&hostile.artifact), None);
+            assert_eq!(std::fs::read(&entry).unwrap(), bytes, "size {size}");
+        }
+        // The package it belongs to still reads it, from the cache.
+        let own = variant_of(&bytes, bytes.len() as u64);
+        let (read, location) = obtain_remote(dir.path(), None, "k", &own, &cache, &store).unwrap();
+        assert_eq!((read, location), (bytes.clone(), ArtifactLocation::Cache));
+        // A damaged entry (bytes that do not match its digest) is still removed.
+        std::fs::write(&entry, b"damaged").unwrap();
+        assert_eq!(cache.read(&own.artifact), None);
+        assert!(!entry.exists());
+    }
+
+    #[test]
+    fn a_report_fails_as_its_worst_failure() {
+        let failed = |cause| Prefetched::Failed {
+            variant: "cu130/sm_90a".into(),
+            error: "e".into(),
+            cause,
+        };
+        let mut report = PrefetchReport {
+            store: None,
+            cache: PathBuf::new(),
+            device: "9.0".into(),
+            cuda: "cu130".into(),
+            kernels: BTreeMap::from([(
+                "a".to_owned(),
+                Prefetched::Cached {
+                    variant: "cu130/sm_90a".into(),
+                },
+            )]),
+        };
+        assert!(report.complete() && report.failure().is_none());
+        report
+            .kernels
+            .insert("b".into(), failed(FailureCause::Network));
+        assert_eq!(report.failure().unwrap().cause(), FailureCause::Network);
+        report
+            .kernels
+            .insert("c".into(), failed(FailureCause::Verification));
+        let failure = report.failure().unwrap();
+        assert_eq!(failure.cause(), FailureCause::Verification);
+        assert_eq!(
+            failure.to_string(),
+            "2 of 3 kernels could not be fetched: `b`, `c`"
+        );
+        let many: Vec<String> = (0..1000).map(|n| format!("k{n}")).collect();
+        let listed = crate::untrusted::listed_names(&many);
+        assert!(
+            listed.ends_with("and 992 more") && listed.len() < 120,
+            "{listed}"
+        );
     }
 
     #[test]

@@ -194,14 +194,7 @@ impl LoadError {
 }
 
 pub(super) fn quoted(names: &[String]) -> String {
-    if names.is_empty() {
-        return "none".to_owned();
-    }
-    names
-        .iter()
-        .map(|name| format!("`{name}`"))
-        .collect::<Vec<_>>()
-        .join(", ")
+    crate::untrusted::listed_names(names)
 }
 
 pub(super) fn sizes(sizes: &[u32]) -> String {
