@@ -970,6 +970,8 @@ use bundler::remote::RemoteCacheOptions;
 use bundler::shard::{merge_shards, Shard, SharedBuild};
 use loopback_store::{Fault, LoopbackStore};
 
+mod remote_identity;
+
 /// A fake library of `count` kernels that all compile (by copying) to one real sm_90a cubin.
 struct FakeLibrary {
     dir: tempfile::TempDir,
