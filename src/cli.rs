@@ -5,6 +5,8 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::exit::{CommandFailed, Failure};
+
 /// Ship prebuilt CUDA kernels in Python wheels.
 #[derive(Parser)]
 #[command(
@@ -34,7 +36,7 @@ pub(crate) enum Command {
     #[command(subcommand)]
     Release(ReleaseCommand),
     /// List the CUDA toolchains found for the manifest's CUDA builds.
-    Toolchains(ManifestArg),
+    Toolchains(ToolchainsArgs),
     /// Download, verify and cache what a given device would load, for machines that go offline.
     Fetch(FetchArgs),
 }
@@ -98,10 +100,11 @@ pub(crate) struct BuildKwheelArgs {
     /// The architectures, comma-separated [default: this machine's].
     #[arg(long, value_delimiter = ',')]
     pub(crate) arch: Vec<release::RuntimeArch>,
-    /// The kwheel source tree [default: the one this binary was built from].
+    /// The kwheel source tree [default: the kwheel clone at or above the current directory].
     #[arg(long)]
     pub(crate) workspace: Option<PathBuf>,
-    /// Cargo's target directory for the cross builds [default: <workspace>/target/kwheel/runtime].
+    /// Cargo's target directory for the cross builds [default: $KWHEEL_PYTHON_TARGET_DIR,
+    /// else ${XDG_CACHE_HOME:-~/.cache}/kwheel/runtime-target, which the tests share].
     #[arg(long)]
     pub(crate) target_dir: Option<PathBuf>,
     /// Pack this already built Python module instead of building it (one architecture only).
@@ -120,9 +123,12 @@ pub(crate) struct BuildKwheelArgs {
 pub(crate) struct BuildSdistArgs {
     #[command(flatten)]
     pub(crate) manifest: ManifestArg,
-    /// Where the sdist goes.
+    /// Where the sdist goes (relative to the current directory).
     #[arg(long, default_value = "target/kwheel/sdist")]
     pub(crate) out: PathBuf,
+    /// Print what was written as one JSON object (`path`, `files`, `size`).
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 #[derive(Args)]
@@ -154,6 +160,10 @@ pub(crate) struct CheckArgs {
     /// bearer token is read from $KWHEEL_STORE_TOKEN).
     #[arg(long)]
     pub(crate) publish: Option<String>,
+    /// Compile this many variants (the first by key) again from source with an empty cache
+    /// and require the bundle's bytes (0: skip the `rebuild` gate).
+    #[arg(long, value_name = "N", default_value_t = release::check::DEFAULT_REBUILD_SAMPLE)]
+    pub(crate) rebuild_sample: usize,
     /// Print the checklist as JSON.
     #[arg(long)]
     pub(crate) json: bool,
@@ -187,8 +197,18 @@ pub(crate) enum BundleCommand {
 }
 
 #[derive(Args)]
+pub(crate) struct ToolchainsArgs {
+    #[command(flatten)]
+    pub(crate) manifest: ManifestArg,
+    /// Print one JSON object (every build, found or missing) instead of a table.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+#[derive(Args)]
 pub(crate) struct ManifestArg {
-    /// The kernel manifest [default: the embedded library, kernels/kernels.toml].
+    /// The kernel manifest [default: ./kernels.toml, else ./kernels/kernels.toml, under the
+    /// current directory].
     #[arg(long)]
     pub(crate) manifest: Option<PathBuf>,
 }
@@ -197,7 +217,7 @@ pub(crate) struct ManifestArg {
 pub(crate) struct BundleKernelsArgs {
     #[command(flatten)]
     pub(crate) manifest: ManifestArg,
-    /// The bundle directory to write.
+    /// The bundle directory to write (relative to the current directory).
     #[arg(long, default_value = "target/kwheel/_prebuilt")]
     pub(crate) out: PathBuf,
     /// Parallel compile jobs [default: the number of cores].
@@ -264,18 +284,19 @@ pub(crate) struct PublishArgs {
 pub(crate) struct FetchArgs {
     /// An installed package (`af3_kernels`) or a bundle directory.
     pub(crate) package: String,
-    /// The device: `sm_100`, or a compute capability such as `10.0`.
-    #[arg(long)]
-    pub(crate) device: String,
+    /// The device: a GPU (`B200`, `H100`, ...), `sm_100`, or a compute capability such as
+    /// `10.0`.
+    #[arg(long, value_parser = parse_device)]
+    pub(crate) device: (u32, u32),
     /// The runtime's CUDA build: `13.0` or `cu130`.
-    #[arg(long)]
-    pub(crate) cuda: String,
+    #[arg(long, value_parser = parse_cuda)]
+    pub(crate) cuda: prebuilt::CudaBuild,
     /// The runtime's torch version (not checked when absent).
     #[arg(long)]
     pub(crate) torch: Option<String>,
     /// The driver: the CUDA version it supports (`13.0`) or its release (`580.65`).
-    #[arg(long)]
-    pub(crate) driver: Option<String>,
+    #[arg(long, value_parser = parse_driver)]
+    pub(crate) driver: Option<prebuilt::device::DriverVersion>,
     /// Print the report as JSON.
     #[arg(long)]
     pub(crate) json: bool,
@@ -336,6 +357,9 @@ pub(crate) struct BuildWheelArgs {
     /// No progress output.
     #[arg(long)]
     pub(crate) quiet: bool,
+    /// Print what was written as one JSON object (`path`, `files`, `size`).
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 #[derive(Args)]
@@ -343,9 +367,10 @@ pub(crate) struct BuildWheelArgs {
 pub(crate) struct CoverageArgs {
     /// The bundle directory.
     pub(crate) bundle: PathBuf,
-    /// The device: `sm_90`, `sm_100`, or a compute capability such as `9.0`.
-    #[arg(long)]
-    pub(crate) device: Option<String>,
+    /// The device: a GPU (`H100`, `B200`, ...), `sm_90`, `sm_100`, or a compute capability
+    /// such as `9.0`.
+    #[arg(long, value_parser = parse_device)]
+    pub(crate) device: Option<(u32, u32)>,
     /// Several devices at once, comma-separated, printed as one table: known GPUs (`H100`,
     /// `B200`, `B300`, `Thor`, `RTX-PRO-6000`, `GB10`, ...), `NAME=10.3`, or capabilities.
     #[arg(long, value_delimiter = ',', conflicts_with = "device")]
@@ -354,38 +379,82 @@ pub(crate) struct CoverageArgs {
     #[arg(long)]
     pub(crate) no_ptx_jit: bool,
     /// The runtime's CUDA build: `12.9` or `cu129`.
-    #[arg(long)]
-    pub(crate) cuda: String,
+    #[arg(long, value_parser = parse_cuda)]
+    pub(crate) cuda: prebuilt::CudaBuild,
     /// The runtime's torch version (not checked when absent).
     #[arg(long)]
     pub(crate) torch: Option<String>,
     /// The driver: the CUDA version it supports (`13.0`) or its release (`580.65`)
     /// [default: the minimum driver of the CUDA build].
-    #[arg(long)]
-    pub(crate) driver: Option<String>,
+    #[arg(long, value_parser = parse_driver)]
+    pub(crate) driver: Option<prebuilt::device::DriverVersion>,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub(crate) json: bool,
 }
 
+/// Where a command looks for the manifest when not given `--manifest`, in order, relative to
+/// the current directory: a library's own folder (`kernels.toml` beside `pyproject.toml`), then
+/// a project that keeps its kernels in `kernels/` (as a clone of kwheel does).
+pub(crate) const DEFAULT_MANIFESTS: [&str; 2] = ["kernels.toml", "kernels/kernels.toml"];
+
 impl ManifestArg {
-    /// The manifest given, else `kernels/kernels.toml` under the current directory, else the
-    /// embedded library of this checkout.
-    pub(crate) fn resolve(&self) -> PathBuf {
+    /// The manifest given, else the first of [`DEFAULT_MANIFESTS`] under the current directory;
+    /// none there is a not-found error naming where it looked and how to give one. Nothing
+    /// outside the current directory is ever a default.
+    pub(crate) fn resolve(&self) -> Result<PathBuf, CommandFailed> {
         if let Some(path) = &self.manifest {
-            return path.clone();
+            return Ok(path.clone());
         }
-        let local = Path::new("kernels/kernels.toml");
-        if local.is_file() {
-            return local.to_owned();
-        }
-        // An installed `kwheel` (pip, cargo install) has no checkout to fall back to: then the
-        // error names the file looked for here.
-        let embedded = Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels/kernels.toml");
-        if embedded.is_file() {
-            embedded
-        } else {
-            local.to_owned()
+        find_default_manifest(Path::new("."))
+    }
+}
+
+/// The default manifest under `dir`, or the error `resolve` gives.
+pub(crate) fn find_default_manifest(dir: &Path) -> Result<PathBuf, CommandFailed> {
+    for candidate in DEFAULT_MANIFESTS {
+        let path = dir.join(candidate);
+        if path.is_file() {
+            return Ok(Path::new(candidate).to_owned());
         }
     }
+    let here = std::env::current_dir()
+        .map(|dir| dir.display().to_string())
+        .unwrap_or_else(|_| ".".to_owned());
+    Err(CommandFailed::new(
+        Failure::NotFound,
+        format!(
+            "no kernel manifest in {here}: looked for `{}` and `{}`; run the command in the \
+             library's folder or give the manifest with `--manifest path/to/kernels.toml`",
+            DEFAULT_MANIFESTS[0], DEFAULT_MANIFESTS[1]
+        ),
+    ))
+}
+
+/// `--device`: a GPU by name as `--fleet` takes it (`H100`, `B200`, ...), an SM number
+/// (`sm_90`) or a compute capability (`9.0`); a bad value is a usage error (exit 2).
+pub(crate) fn parse_device(text: &str) -> Result<(u32, u32), String> {
+    use prebuilt::coverage::{FleetDevice, KNOWN_DEVICES};
+    match FleetDevice::parse(text) {
+        Ok(device) if !text.contains('=') => Ok(device.capability),
+        _ => {
+            let known: Vec<&str> = KNOWN_DEVICES.iter().map(|(name, _)| *name).collect();
+            Err(format!(
+                "`{text}` is not a device (expected a GPU ({}), an SM number like `sm_90` or a \
+                 compute capability like `9.0`)",
+                known.join(", ")
+            ))
+        }
+    }
+}
+
+/// `--cuda`: a CUDA build (`12.9`, `cu129`); a bad value is a usage error (exit 2).
+pub(crate) fn parse_cuda(text: &str) -> Result<prebuilt::CudaBuild, String> {
+    prebuilt::device::parse_cuda_build(text).map_err(|error| error.to_string())
+}
+
+/// `--driver`: the CUDA version a driver supports (`13.0`) or its release (`580.65`); a bad
+/// value is a usage error (exit 2).
+pub(crate) fn parse_driver(text: &str) -> Result<prebuilt::device::DriverVersion, String> {
+    prebuilt::device::DriverVersion::parse(text).map_err(|error| error.to_string())
 }

@@ -13,7 +13,7 @@ use std::io;
 use bundler::compiler::CompileError;
 use bundler::include::ScanError;
 use bundler::toolchain::ToolchainError;
-use prebuilt::fetch::FetchError;
+use prebuilt::fetch::{FailureCause, FetchError};
 use prebuilt::BundleError;
 
 /// The table in `kwheel --help`; [`Failure`] holds the same codes.
@@ -21,8 +21,9 @@ pub(crate) const EXIT_CODES_HELP: &str = "\
 Exit codes:
   0  success
   1  any other failure
-  2  usage: an unknown command or option, or an invalid argument value
-  3  not found: a manifest, bundle, wheel, kernel, file or CUDA toolchain that is not there
+  2  usage: an unknown command or option, an invalid argument value, or an invalid manifest
+  3  not found: a manifest (none given and none in the current directory), bundle, wheel,
+     kernel, file or CUDA toolchain that is not there
   4  verification: a digest mismatch, a corrupt or refused bundle, a wheel or sdist that fails
      `wheel verify` or its audit, a failed `release check`
   5  build: a kernel that did not compile, an invalid cubin, an unusable CUDA toolchain
@@ -111,6 +112,11 @@ fn failure_of(error: &(dyn StdError + 'static)) -> Option<Failure> {
         return fetch_failure(error);
     }
     if let Some(error) = error.downcast_ref::<io::Error>() {
+        // A file refused for what it is (a FIFO or a device, a link out of its folder, over a
+        // cap) is input that failed its checks, not a failure to read.
+        if prebuilt::untrusted::is_refusal(error) {
+            return Some(Failure::Verification);
+        }
         return (error.kind() == io::ErrorKind::NotFound).then_some(Failure::NotFound);
     }
     None
@@ -148,7 +154,10 @@ fn bundler_failure(error: &bundler::Error) -> Option<Failure> {
         Error::Scan { source, .. } => scan_failure(source),
         Error::Bundle(inner) => bundle_failure(inner),
         Error::Fetch(inner) => fetch_failure(inner),
-        Error::InvalidShard { .. } => Some(Failure::Usage),
+        // The manifest is the tool's input as much as its flags are: a bad one is a usage error.
+        Error::InvalidShard { .. }
+        | Error::ManifestSyntax { .. }
+        | Error::ManifestInvalid { .. } => Some(Failure::Usage),
         _ => None,
     }
 }
@@ -183,12 +192,10 @@ fn bundle_failure(error: &BundleError) -> Option<Failure> {
 }
 
 fn fetch_failure(error: &FetchError) -> Option<Failure> {
-    match error {
-        FetchError::Status { .. } | FetchError::Transport { .. } => Some(Failure::Network),
-        FetchError::DigestMismatch { .. } | FetchError::Refused { .. } => {
-            Some(Failure::Verification)
-        }
-        _ => None,
+    match error.cause() {
+        FailureCause::Network => Some(Failure::Network),
+        FailureCause::Verification => Some(Failure::Verification),
+        FailureCause::Other => None,
     }
 }
 
@@ -224,6 +231,47 @@ mod tests {
             Failure::of(&anyhow::Error::new(error)),
             Failure::Verification
         );
+    }
+
+    #[test]
+    fn files_refused_for_what_they_are_are_verification_failures() {
+        for refusal in [
+            prebuilt::untrusted::refusal(io::ErrorKind::InvalidInput, "not a regular file"),
+            prebuilt::untrusted::refusal(io::ErrorKind::InvalidData, "over the cap"),
+        ] {
+            let error = BundleError::Read {
+                path: PathBuf::from("index.json"),
+                source: refusal,
+            };
+            assert_eq!(
+                Failure::of(&anyhow::Error::new(error)),
+                Failure::Verification
+            );
+        }
+        // A plain read failure is not.
+        let error = BundleError::Read {
+            path: PathBuf::from("index.json"),
+            source: io::Error::new(io::ErrorKind::PermissionDenied, "no"),
+        };
+        assert_eq!(Failure::of(&anyhow::Error::new(error)), Failure::Other);
+    }
+
+    #[test]
+    fn an_incomplete_fetch_exits_as_what_failed() {
+        let incomplete = |cause| FetchError::Incomplete {
+            failed: 1,
+            kernels: 2,
+            names: vec!["k".into()],
+            cause,
+        };
+        for (cause, failure) in [
+            (FailureCause::Network, Failure::Network),
+            (FailureCause::Verification, Failure::Verification),
+            (FailureCause::Other, Failure::Other),
+        ] {
+            let error = anyhow::Error::new(incomplete(cause)).context("fetch");
+            assert_eq!(Failure::of(&error), failure, "{cause:?}");
+        }
     }
 
     #[test]

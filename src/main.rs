@@ -21,7 +21,20 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("error: {error:#}");
+            // A hint is the outermost context; it goes on a line of its own after the error.
+            match error.downcast_ref::<Hint>() {
+                Some(hint) => {
+                    let hint = hint.0.clone();
+                    let cause = error.chain().nth(1).map(|_| {
+                        let mut chain = error.chain().skip(1).map(ToString::to_string);
+                        let first = chain.next().unwrap_or_default();
+                        chain.fold(first, |text, next| format!("{text}: {next}"))
+                    });
+                    eprintln!("error: {}", cause.unwrap_or_default());
+                    eprintln!("hint: {hint}");
+                }
+                None => eprintln!("error: {error:#}"),
+            }
             ExitCode::from(Failure::of(&error).code())
         }
     }
@@ -32,7 +45,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Dev(DevCommand::BundleKernels(args)) => bundle_kernels(args),
         Command::Dev(DevCommand::Explain(args)) => {
             let explanation = bundler::explain::explain(
-                &args.manifest.resolve(),
+                &args.manifest.resolve()?,
                 &args.kernel,
                 args.torch.as_deref(),
                 args.against.as_deref(),
@@ -43,19 +56,13 @@ fn run(cli: Cli) -> Result<()> {
         Command::Dev(DevCommand::Coverage(args)) => coverage(args),
         Command::Dev(DevCommand::BuildWheel(args)) => build_wheel(args),
         Command::Dev(DevCommand::BuildSdist(args)) => {
-            let manifest = args.manifest.resolve();
+            let manifest = args.manifest.resolve()?;
             let sdist = release::build_sdist(&release::SdistOptions {
                 manifest: manifest.clone(),
                 out: args.out,
             })
             .with_context(|| format!("build-sdist for `{}` failed", manifest.display()))?;
-            println!(
-                "{} ({} files, {} bytes), verified",
-                sdist.path.display(),
-                sdist.files.len(),
-                sdist.size
-            );
-            Ok(())
+            print_written(&sdist.path, sdist.files.len(), sdist.size, args.json)
         }
         Command::Release(ReleaseCommand::BuildKwheel(args)) => build_kwheel(args),
         Command::Dev(DevCommand::MergeBundles(args)) => {
@@ -110,7 +117,7 @@ fn run(cli: Cli) -> Result<()> {
             println!("wrote {} cubins under {}", written.len(), out.display());
             Ok(())
         }
-        Command::Toolchains(args) => toolchains(&args.resolve()),
+        Command::Toolchains(args) => toolchains(&args.manifest.resolve()?, args.json),
     }
 }
 
@@ -127,10 +134,11 @@ fn release_check(args: CheckArgs) -> Result<()> {
         size_budget: args.size_budget,
         tag_prefix: args.tag_prefix,
         publish: args.publish,
+        rebuild_sample: args.rebuild_sample,
         cache_dir: args
             .cache_dir
             .unwrap_or_else(bundler::cache::default_cache_dir),
-        ..release::CheckOptions::new(args.manifest.resolve())
+        ..release::CheckOptions::new(args.manifest.resolve()?)
     };
     let checklist = release::release_check(&options);
     if args.json {
@@ -145,6 +153,7 @@ fn release_check(args: CheckArgs) -> Result<()> {
 }
 
 fn build_wheel(args: BuildWheelArgs) -> Result<()> {
+    let cache_dir_given = args.cache_dir.clone();
     let options = release::LibraryWheelOptions {
         bundle: args.bundle,
         out: args.out,
@@ -162,7 +171,7 @@ fn build_wheel(args: BuildWheelArgs) -> Result<()> {
             .transpose()?,
         store: args.store,
         recipes_only: args.recipes_only,
-        ..release::LibraryWheelOptions::new(args.manifest.resolve())
+        ..release::LibraryWheelOptions::new(args.manifest.resolve()?)
     };
     if args.no_runtime {
         eprintln!(
@@ -170,14 +179,86 @@ fn build_wheel(args: BuildWheelArgs) -> Result<()> {
              wheel (`kwheel release build-kwheel` builds kwheel's own)"
         );
     }
-    let built = release::build_library_wheel(&options)
-        .with_context(|| format!("build-wheel for `{}` failed", options.manifest.display()))?;
-    println!(
-        "{} ({} files, {} bytes), verified",
-        built.path.display(),
-        built.files,
-        built.size
-    );
+    let built = release::build_library_wheel(&options).map_err(|error| {
+        let error = anyhow::Error::new(error);
+        let stale = error.chain().any(|cause| {
+            matches!(
+                cause.downcast_ref(),
+                Some(release::Error::StaleBundle { .. })
+            )
+        });
+        let mut error = error.context(format!(
+            "build-wheel for `{}` failed",
+            options.manifest.display()
+        ));
+        if stale {
+            // The same manifest, pin and bundle the user gave, so following the hint rebuilds
+            // this library's bundle and not whatever the defaults name.
+            let rebuild = invocation(
+                "kwheel dev bundle-kernels",
+                &[
+                    ("--manifest", Some(&options.manifest)),
+                    ("--out", Some(&options.bundle)),
+                    ("--torch", options.torch.as_ref().map(Path::new)),
+                    ("--cache-dir", cache_dir_given.as_deref()),
+                ],
+            );
+            error = error.context(Hint(format!(
+                "rebuild the bundle with `{rebuild}`, or give another --bundle directory \
+                 (built first when missing)"
+            )));
+        }
+        error
+    })?;
+    print_written(&built.path, built.files, built.size, args.json)
+}
+
+/// A command line for a hint: `program` and every option that has a value, quoted for a POSIX
+/// shell where needed, so the hint can be pasted as it is.
+fn invocation(program: &str, options: &[(&str, Option<&Path>)]) -> String {
+    let mut line = program.to_owned();
+    for (flag, value) in options {
+        if let Some(value) = value {
+            let text = value.display().to_string();
+            let plain = !text.is_empty()
+                && text
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"/._-+=:,@".contains(&b));
+            if plain {
+                line.push_str(&format!(" {flag} {text}"));
+            } else {
+                line.push_str(&format!(" {flag} '{}'", text.replace('\'', "'\\''")));
+            }
+        }
+    }
+    line
+}
+
+/// What to do next after an error; printed on its own line after the error.
+#[derive(Debug)]
+pub(crate) struct Hint(pub(crate) String);
+
+impl std::fmt::Display for Hint {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str(&self.0)
+    }
+}
+
+/// The line a build command ends with: the file written, its size and that it verified; with
+/// `--json`, the same as one JSON object (what the build backend reads).
+fn print_written(path: &Path, files: usize, size: u64, json: bool) -> Result<()> {
+    if json {
+        let answer = serde_json::json!({
+            "path": path,
+            "file_name": path.file_name().map(|name| name.to_string_lossy()),
+            "files": files,
+            "size": size,
+            "verified": true,
+        });
+        println!("{answer}");
+    } else {
+        println!("{} ({files} files, {size} bytes), verified", path.display());
+    }
     Ok(())
 }
 
@@ -185,8 +266,8 @@ fn build_kwheel(args: BuildKwheelArgs) -> Result<()> {
     let workspace = match args.workspace {
         Some(workspace) => workspace,
         None => release::runtime::source_workspace().context(
-            "no kwheel source tree here: kwheel's own wheels are built from a clone of kwheel \
-             (give it with --workspace)",
+            "no kwheel source tree at or above the current directory: kwheel's own wheels are \
+             built from a clone of kwheel (run this in the clone, or give it with --workspace)",
         )?,
     };
     let archs = if args.arch.is_empty() {
@@ -230,7 +311,7 @@ fn build_kwheel(args: BuildKwheelArgs) -> Result<()> {
 fn bundle_kernels(args: BundleKernelsArgs) -> Result<()> {
     let jobs = default_jobs(args.jobs);
     let options = bundler::BundleOptions {
-        manifest: args.manifest.resolve(),
+        manifest: args.manifest.resolve()?,
         out: args.out,
         cache_dir: args
             .cache_dir
@@ -294,19 +375,12 @@ fn kernels_from_env(value: Option<&str>) -> Vec<String> {
 }
 
 fn device_query(
-    device: &str,
-    cuda: &str,
-    driver: Option<&str>,
+    capability: (u32, u32),
+    cuda: prebuilt::CudaBuild,
+    driver: Option<prebuilt::device::DriverVersion>,
     torch: Option<String>,
-) -> Result<prebuilt::device::DeviceQuery> {
-    use prebuilt::device::{parse_cuda_build, DeviceQuery, DriverVersion};
-    let driver = driver.map(DriverVersion::parse).transpose()?;
-    Ok(DeviceQuery::simulated(
-        DeviceQuery::parse_device(device)?,
-        parse_cuda_build(cuda)?,
-        driver,
-        torch,
-    ))
+) -> prebuilt::device::DeviceQuery {
+    prebuilt::device::DeviceQuery::simulated(capability, cuda, driver, torch)
 }
 
 fn release_diff(args: DiffArgs) -> Result<()> {
@@ -345,7 +419,7 @@ fn coverage(args: CoverageArgs) -> Result<()> {
             .map(|text| FleetDevice::parse(text))
             .collect::<Result<Vec<_>, _>>()?;
         // Each device's capability replaces this one's.
-        let query = device_query("9.0", &args.cuda, args.driver.as_deref(), args.torch)?;
+        let query = device_query((9, 0), args.cuda, args.driver, args.torch);
         refuse_unbuilt_cuda(&bundle, &query)?;
         let report = fleet_coverage(bundle.index(), &fleet, &query, ptx_forbidden_by.as_deref());
         if args.json {
@@ -355,8 +429,9 @@ fn coverage(args: CoverageArgs) -> Result<()> {
         }
         return Ok(());
     }
-    let device = args.device.as_deref().unwrap_or_default();
-    let query = device_query(device, &args.cuda, args.driver.as_deref(), args.torch)?;
+    // clap requires one of --device and --fleet.
+    let capability = args.device.unwrap_or((9, 0));
+    let query = device_query(capability, args.cuda, args.driver, args.torch);
     refuse_unbuilt_cuda(&bundle, &query)?;
     let cache = prebuilt::cache::ArtifactCache::default();
     let mut report = prebuilt::coverage::bundle_coverage(&bundle, &query, &cache);
@@ -407,14 +482,20 @@ fn refuse_unbuilt_cuda(
         return Ok(());
     }
     let list: Vec<String> = builds.iter().map(ToString::to_string).collect();
-    anyhow::bail!(
-        "the bundle was built for CUDA builds {} only; the runtime's CUDA build {} is none of \
-         them, so no cubin of it loads there (give --cuda with one of those, or bundle for {} \
-         with `cuda-builds` in the manifest)",
-        list.join(", "),
-        query.cuda,
-        query.cuda
+    // A value of --cuda this bundle cannot answer for: a usage error, like one that does not
+    // parse.
+    Err(CommandFailed::new(
+        Failure::Usage,
+        format!(
+            "the bundle was built for CUDA builds {} only; the runtime's CUDA build {} is none of \
+             them, so no cubin of it loads there (give --cuda with one of those, or bundle for {} \
+             with `cuda-builds` in the manifest)",
+            list.join(", "),
+            query.cuda,
+            query.cuda
+        ),
     )
+    .into())
 }
 
 /// After a coverage table: what happens to kernels that load no prebuilt cubin (the JIT
@@ -452,7 +533,7 @@ fn jit_note(bundle: &prebuilt::Bundle, report: &prebuilt::coverage::CoverageRepo
 }
 
 fn fetch(args: FetchArgs) -> Result<()> {
-    let query = device_query(&args.device, &args.cuda, args.driver.as_deref(), args.torch)?;
+    let query = device_query(args.device, args.cuda, args.driver, args.torch);
     let bundle = prebuilt::Bundle::open(prebuilt::bundle::find_bundle(&args.package)?)?;
     let report = prebuilt::fetch::prefetch(
         &bundle,
@@ -465,8 +546,8 @@ fn fetch(args: FetchArgs) -> Result<()> {
     } else {
         print!("{report}");
     }
-    if !report.complete() {
-        anyhow::bail!("not everything this device would load could be fetched");
+    if let Some(failure) = report.failure() {
+        return Err(failure).context("not everything this device would load could be fetched");
     }
     Ok(())
 }
@@ -478,9 +559,10 @@ fn written(outcome: bundler::writer::WriteOutcome) -> &'static str {
     }
 }
 
-fn toolchains(manifest: &Path) -> Result<()> {
+fn toolchains(manifest: &Path, json: bool) -> Result<()> {
     let manifest = bundler::Manifest::load(manifest)?;
-    let mut missing = 0;
+    let mut builds = Vec::new();
+    let mut missing = Vec::new();
     for &build in &manifest.library.cuda_builds {
         match bundler::toolchain::discover(build) {
             Ok(toolchain) => {
@@ -489,23 +571,45 @@ fn toolchains(manifest: &Path) -> Result<()> {
                     .iter()
                     .map(|sm| format!("sm_{sm}"))
                     .collect();
-                println!(
-                    "{build}  {}  {}  (targets {})",
-                    toolchain.compiler,
-                    toolchain.root.display(),
-                    sms.join(" ")
-                );
+                if !json {
+                    println!(
+                        "{build}  {}  {}  (targets {})",
+                        toolchain.compiler,
+                        toolchain.root.display(),
+                        sms.join(" ")
+                    );
+                }
+                builds.push(serde_json::json!({
+                    "build": build.to_string(),
+                    "found": true,
+                    "compiler": toolchain.compiler.to_string(),
+                    "root": toolchain.root,
+                    "targets": sms,
+                }));
             }
             Err(error) => {
-                missing += 1;
-                println!("{build}  missing: {error}");
+                if !json {
+                    println!("{build}  missing: {error}");
+                }
+                missing.push(format!("{build}: {error}"));
+                builds.push(serde_json::json!({
+                    "build": build.to_string(),
+                    "found": false,
+                    "error": error.to_string(),
+                }));
             }
         }
     }
-    if missing > 0 {
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({ "builds": builds, "missing": missing })
+        );
+    }
+    if !missing.is_empty() {
         return Err(CommandFailed::new(
             Failure::NotFound,
-            format!("{missing} CUDA build(s) have no toolchain"),
+            format!("{} CUDA build(s) have no toolchain", missing.len()),
         )
         .into());
     }

@@ -1,6 +1,7 @@
 //! The `kwheel` binary end to end: the README's commands, every verb, and the errors a user
 //! meets, on the embedded library with the real toolchains.
 
+mod getting_started;
 mod support;
 
 use std::path::{Path, PathBuf};
@@ -382,7 +383,7 @@ fn coverage_says_what_would_jit_and_refuses_a_cuda_build_the_bundle_lacks() {
         .args(["--device", "sm_90", "--cuda", "12.8"])
         .output()
         .unwrap();
-    assert!(!output.status.success());
+    failure(&output, USAGE);
     assert!(
         stderr(&output).starts_with(
             "error: the bundle was built for CUDA builds cu129, cu130 only; the runtime's CUDA \
@@ -1016,4 +1017,249 @@ fn a_store_that_refuses_connections_exits_with_network() {
         text.contains("cannot publish wheel `any-1.0-py3-none-any.whl`"),
         "{text}"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Defaults that come from the current directory only, and the values every command checks.
+
+/// `kwheel <args>` run in `dir`.
+fn kwheel_in(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kwheel"))
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn a_folder_without_a_manifest_is_an_error_naming_where_it_looked_for_every_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let here = dir.path().canonicalize().unwrap();
+    for args in [
+        &["dev", "bundle-kernels", "--quiet"][..],
+        &["dev", "build-wheel", "--quiet"],
+        &["dev", "build-sdist"],
+        &["dev", "explain", "swiglu"],
+        &["release", "check", "--no-rebuild"],
+        &["toolchains"],
+    ] {
+        let output = kwheel_in(&here, args);
+        let text = failure(&output, NOT_FOUND);
+        assert_eq!(
+            stderr(&output),
+            format!(
+                "error: no kernel manifest in {}: looked for `kernels.toml` and \
+                 `kernels/kernels.toml`; run the command in the library's folder or give the \
+                 manifest with `--manifest path/to/kernels.toml`\n",
+                here.display()
+            ),
+            "{args:?}: {text}"
+        );
+        // Nothing was written: no bundle of some other library, no target directory.
+        let left: Vec<_> = std::fs::read_dir(&here).unwrap().collect();
+        assert!(left.is_empty(), "{args:?} wrote {left:?}");
+    }
+}
+
+#[test]
+fn the_default_manifest_is_kernels_toml_here_then_kernels_kernels_toml() {
+    let dir = tempfile::tempdir().unwrap();
+    // A library's own folder: kernels.toml beside pyproject.toml.
+    let flat = dir.path().join("flat");
+    copy_tree(&workspace().join("kernels"), &flat, &["reference"]);
+    let output = kwheel_in(&flat, &["dev", "explain", "swiglu"]);
+    assert!(output.status.success(), "{}", text(&output));
+    // A project with its kernels in kernels/, as a clone of kwheel is.
+    let nested = dir.path().join("nested");
+    copy_library(&nested);
+    let output = kwheel_in(&nested, &["dev", "explain", "swiglu"]);
+    assert!(output.status.success(), "{}", text(&output));
+    // One level down in either is no library folder: nothing above the current directory is
+    // a default.
+    let output = kwheel_in(
+        &nested.join("kernels/swiglu"),
+        &["dev", "explain", "swiglu"],
+    );
+    failure(&output, NOT_FOUND);
+}
+
+#[test]
+fn an_invalid_manifest_exits_with_usage_naming_file_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = dir.path().join("kernels.toml");
+    std::fs::write(
+        &manifest,
+        "[library]\npackage = \"x\"\narchs = [\"sm_90a\"]\ncuda-builds = [\"cu130\"]\n\
+         torch = \"2.13.*\"\nflavour = 1\n",
+    )
+    .unwrap();
+    let output = kwheel_in(dir.path(), &["toolchains"]);
+    let text = failure(&output, USAGE);
+    assert!(text.contains("kernels.toml:6:"), "{text}");
+    assert!(text.contains("flavour"), "{text}");
+}
+
+#[test]
+fn bad_device_cuda_and_driver_values_exit_with_usage() {
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = dir.path().to_str().unwrap();
+    for (args, expected) in [
+        (
+            &[
+                "dev", "coverage", bundle, "--device", "X100", "--cuda", "13.0",
+            ][..],
+            "`X100` is not a device (expected a GPU (H100, H200,",
+        ),
+        (
+            &[
+                "dev", "coverage", bundle, "--device", "sm_90", "--cuda", "13",
+            ],
+            "invalid value '13' for '--cuda <CUDA>'",
+        ),
+        (
+            &[
+                "dev", "coverage", bundle, "--device", "sm_90", "--cuda", "13.0", "--driver", "abc",
+            ],
+            "`abc` is not a driver version",
+        ),
+        (
+            &["fetch", bundle, "--device", "H1000", "--cuda", "13.0"],
+            "`H1000` is not a device",
+        ),
+        (
+            &["fetch", bundle, "--device", "sm_90", "--cuda", "abc"],
+            "invalid value 'abc' for '--cuda <CUDA>'",
+        ),
+    ] {
+        let output = kwheel_in(dir.path(), args);
+        let text = failure(&output, USAGE);
+        assert!(text.contains(expected), "{args:?}: {text}");
+    }
+}
+
+#[test]
+fn gpu_names_are_devices_wherever_devices_are_taken() {
+    if !have_toolchains() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let output = build_into(dir.path(), &["--only", "swiglu"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let bundle = dir.path().join("bundle");
+    let coverage = |device: &str| {
+        let output = kwheel()
+            .args(["dev", "coverage"])
+            .arg(&bundle)
+            .args(["--device", device, "--cuda", "13.0", "--json"])
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{device}: {}", text(&output));
+        stdout(&output)
+    };
+    // As `--fleet H100` and `--fleet B300` read them: 9.0 and 10.3.
+    assert_eq!(coverage("H100"), coverage("sm_90"));
+    assert_eq!(coverage("h200"), coverage("9.0"));
+    assert_eq!(coverage("B300"), coverage("10.3"));
+    assert_ne!(coverage("H100"), coverage("B300"));
+}
+
+#[test]
+fn build_commands_and_toolchains_answer_in_json_for_the_build_backend() {
+    if !have_toolchains() {
+        return;
+    }
+    let output = kwheel().args(["toolchains", "--json"]).output().unwrap();
+    assert!(output.status.success(), "{}", text(&output));
+    let answer: serde_json::Value = serde_json::from_str(stdout(&output).trim()).unwrap();
+    assert_eq!(answer["missing"], serde_json::json!([]));
+    let builds: Vec<&str> = answer["builds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|build| build["build"].as_str().unwrap())
+        .collect();
+    assert_eq!(builds, ["cu129", "cu130"]);
+
+    let dir = tempfile::tempdir().unwrap();
+    let output = kwheel()
+        .args(["dev", "build-sdist", "--json", "--out"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", text(&output));
+    let answer: serde_json::Value = serde_json::from_str(stdout(&output).trim()).unwrap();
+    assert_eq!(answer["file_name"], "af3_kernels-0.1.0.tar.gz");
+    assert_eq!(answer["verified"], true);
+    let path = Path::new(answer["path"].as_str().unwrap());
+    assert_eq!(std::fs::metadata(path).unwrap().len(), answer["size"]);
+}
+
+#[test]
+fn the_stale_bundle_hint_repeats_the_options_given_and_following_it_works() {
+    if !have_toolchains() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let library = copy_library(dir.path());
+    let manifest = library.join("kernels.toml");
+    let bundle = dir.path().join("my bundle");
+    let cache = dir.path().join("cache");
+    let options = |command: &mut Command| {
+        command
+            .arg("--manifest")
+            .arg(&manifest)
+            .arg("--torch")
+            .arg("2.11.*")
+            .arg("--cache-dir")
+            .arg(&cache);
+    };
+    let mut bundling = kwheel();
+    bundling
+        .args(["dev", "bundle-kernels", "--quiet", "--out"])
+        .arg(&bundle);
+    options(&mut bundling);
+    let output = bundling.output().unwrap();
+    assert!(output.status.success(), "{}", text(&output));
+    let header = library.join("include/af3/common.cuh");
+    let mut text_of = std::fs::read_to_string(&header).unwrap();
+    text_of.push_str("\n// edited after bundling\n");
+    std::fs::write(&header, text_of).unwrap();
+
+    let wheels = dir.path().join("wheels");
+    let build_wheel = || {
+        let mut command = kwheel();
+        command
+            .args(["dev", "build-wheel", "--quiet", "--bundle"])
+            .arg(&bundle)
+            .arg("--out")
+            .arg(&wheels);
+        options(&mut command);
+        command.output().unwrap()
+    };
+    let output = build_wheel();
+    let text = failure(&output, VERIFICATION);
+    let hint = stderr(&output)
+        .lines()
+        .find_map(|line| line.strip_prefix("hint: rebuild the bundle with `"))
+        .map(|rest| rest.split('`').next().unwrap().to_owned())
+        .unwrap_or_else(|| panic!("no hint:\n{text}"));
+    assert_eq!(
+        hint,
+        format!(
+            "kwheel dev bundle-kernels --manifest {} --out '{}' --torch '2.11.*' --cache-dir {}",
+            manifest.display(),
+            bundle.display(),
+            cache.display()
+        )
+    );
+    assert!(text.contains("common.cuh"), "{text}");
+    // The hint as a shell runs it, with this `kwheel`, then the same build-wheel passes.
+    let output = Command::new("bash")
+        .arg("-c")
+        .arg(hint.replacen("kwheel", env!("CARGO_BIN_EXE_kwheel"), 1) + " --quiet")
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", support::text(&output));
+    let output = build_wheel();
+    assert!(output.status.success(), "{}", support::text(&output));
 }

@@ -202,16 +202,27 @@ impl RuntimeWheelOptions {
     }
 }
 
-/// The kwheel workspace this crate was compiled from, when it is still there: what
-/// `release build-kwheel` builds the wheels from. `None` for an installed `kwheel` binary
-/// whose sources are gone.
+/// The kwheel clone at or above the current directory: what `release build-kwheel` builds
+/// the wheels from when not given `--workspace`. `None` outside a clone. Never the directory
+/// this binary was compiled in: an installed `kwheel` carries no path of the machine it was
+/// built on.
 pub fn source_workspace() -> Option<PathBuf> {
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent()?;
-    workspace
-        .join(PYTHON_CRATE_DIR)
-        .join("Cargo.toml")
-        .is_file()
-        .then(|| workspace.to_owned())
+    let here = std::env::current_dir().ok()?;
+    find_source_workspace(&here)
+}
+
+/// The first of `start` and its ancestors that is a kwheel clone (a `Cargo.toml` beside
+/// `prebuilt/python/Cargo.toml` and the `kwheel` Python package).
+pub fn find_source_workspace(start: &Path) -> Option<PathBuf> {
+    start
+        .ancestors()
+        .find(|dir| {
+            let python = dir.join(PYTHON_CRATE_DIR);
+            dir.join("Cargo.toml").is_file()
+                && python.join("Cargo.toml").is_file()
+                && python.join(PACKAGE_DIR).join("__init__.py").is_file()
+        })
+        .map(Path::to_owned)
 }
 
 /// The variable naming the cargo target directory of the cross builds, so that every build
@@ -220,12 +231,18 @@ pub fn source_workspace() -> Option<PathBuf> {
 pub const TARGET_DIR_ENV: &str = "KWHEEL_PYTHON_TARGET_DIR";
 
 /// Where the wheels' module and command are built unless told: `KWHEEL_PYTHON_TARGET_DIR`,
-/// else the workspace's `target/kwheel/runtime`.
-pub fn default_target_dir(workspace: &Path) -> PathBuf {
-    std::env::var_os(TARGET_DIR_ENV)
-        .filter(|dir| !dir.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace.join("target/kwheel/runtime"))
+/// else `${XDG_CACHE_HOME:-~/.cache}/kwheel/runtime-target`. One directory for every build of
+/// kwheel's own wheels (`release build-kwheel`, `release check`, the tests, every clone), so
+/// none of them compiles from cold what another already built; apart from the workspace's own
+/// `target/`, whose lock a running `cargo` holds. `_workspace` is the clone being built, for a
+/// default that would follow it (none does).
+pub fn default_target_dir(_workspace: &Path) -> PathBuf {
+    if let Some(dir) = std::env::var_os(TARGET_DIR_ENV).filter(|dir| !dir.is_empty()) {
+        return PathBuf::from(dir);
+    }
+    prebuilt::cache::user_cache_dir()
+        .join("kwheel")
+        .join("runtime-target")
 }
 
 /// The wheel's file name for `arch`.
@@ -308,6 +325,8 @@ pub fn build_runtime_wheel(options: &RuntimeWheelOptions) -> Result<BuiltWheel, 
                 .to_owned(),
         ),
         requires_python: Some(REQUIRES_PYTHON.to_owned()),
+        // The build backend asks for `tomli` itself where there is no `tomllib` (PEP 517's
+        // get_requires_for_build_*), so the runtime depends on nothing.
         requires_dist: Vec::new(),
     };
     write_verified_wheel(
@@ -636,6 +655,23 @@ mod tests {
         assert!(workspace
             .join("prebuilt/python/kwheel/__init__.py")
             .is_file());
+    }
+
+    #[test]
+    fn a_directory_outside_a_clone_has_no_source_workspace() {
+        let outside = std::env::temp_dir().join(format!("kwheel-no-clone-{}", std::process::id()));
+        std::fs::create_dir_all(outside.join("prebuilt/python")).unwrap();
+        // A Cargo.toml alone is not a kwheel clone.
+        std::fs::write(outside.join("Cargo.toml"), "[workspace]\n").unwrap();
+        std::fs::write(outside.join("prebuilt/python/Cargo.toml"), "").unwrap();
+        assert_eq!(find_source_workspace(&outside.join("prebuilt")), None);
+        std::fs::create_dir_all(outside.join("prebuilt/python/kwheel")).unwrap();
+        std::fs::write(outside.join("prebuilt/python/kwheel/__init__.py"), "").unwrap();
+        assert_eq!(
+            find_source_workspace(&outside.join("prebuilt/python")),
+            Some(outside.clone())
+        );
+        std::fs::remove_dir_all(&outside).unwrap();
     }
 
     #[test]
