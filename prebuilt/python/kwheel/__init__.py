@@ -28,11 +28,14 @@ that no prebuilt cubin fits.
 operator with a fake, autograd and a launch on torch's current stream; see docs/torch.md.
 """
 
-import importlib.util
-import os
-import site
-import sys
-import threading
+# Imported under private names, so that ``dir(kwheel)`` is the API: ``__all__``, the
+# constants below and the submodules (``kwheel.build``, ``kwheel.torch``), nothing of the
+# standard library.
+import importlib.util as _importlib_util
+import os as _os
+import site as _site
+import sys as _sys
+import threading as _threading
 
 from . import _kwheel
 from ._kwheel import (
@@ -64,6 +67,8 @@ __all__ = [
     "UnknownKernelError",
     "find_bundle",
     "open",
+    "PREBUILT_DIR",
+    "INDEX_FILE",
 ]
 
 PREBUILT_DIR = "_prebuilt"
@@ -86,12 +91,12 @@ def find_bundle(package_or_path):
     """The bundle directory of a package name or a path (see ``open``)."""
     if isinstance(package_or_path, str) and _is_package_name(package_or_path):
         return _package_bundle(package_or_path)
-    path = os.fspath(package_or_path)
-    for candidate in (path, os.path.join(path, PREBUILT_DIR)):
-        if os.path.isfile(os.path.join(candidate, INDEX_FILE)):
-            return os.path.abspath(candidate)
+    path = _os.fspath(package_or_path)
+    for candidate in (path, _os.path.join(path, PREBUILT_DIR)):
+        if _os.path.isfile(_os.path.join(candidate, INDEX_FILE)):
+            return _os.path.abspath(candidate)
     raise KwheelError(
-        f"no kwheel bundle at `{path}`: neither it nor `{os.path.join(path, PREBUILT_DIR)}` "
+        f"no kwheel bundle at `{path}`: neither it nor `{_os.path.join(path, PREBUILT_DIR)}` "
         f"holds an `{INDEX_FILE}`"
     )
 
@@ -102,12 +107,12 @@ def _is_package_name(text):
 
 def _package_bundle(name):
     """``<package dir>/_prebuilt`` for an importable package, without importing it."""
-    module = sys.modules.get(name)
+    module = _sys.modules.get(name)
     # A package that opens itself from its own __init__ is in sys.modules, with __path__ set.
     locations = list(getattr(module, "__path__", None) or [])
     if not locations:
         try:
-            spec = importlib.util.find_spec(name)
+            spec = _importlib_util.find_spec(name)
         except (ImportError, ValueError) as error:
             raise KwheelError(f"cannot find package `{name}`: {error}") from error
         if spec is None:
@@ -119,8 +124,8 @@ def _package_bundle(name):
                 f"`{PREBUILT_DIR}/` directory"
             )
     for location in locations:
-        bundle = os.path.join(location, PREBUILT_DIR)
-        if os.path.isfile(os.path.join(bundle, INDEX_FILE)):
+        bundle = _os.path.join(location, PREBUILT_DIR)
+        if _os.path.isfile(_os.path.join(bundle, INDEX_FILE)):
             return bundle
     raise KwheelError(
         f"package `{name}` ({', '.join(locations)}) has no `{PREBUILT_DIR}/{INDEX_FILE}`: "
@@ -130,7 +135,7 @@ def _package_bundle(name):
 
 def _torch():
     """The torch module if this process has imported it; kwheel never imports it."""
-    return sys.modules.get("torch")
+    return _sys.modules.get("torch")
 
 
 def _torch_runtime():
@@ -154,17 +159,17 @@ def _site_packages():
     """Where this interpreter installs packages: NVIDIA's NVRTC wheels that torch pulls in."""
     found = []
     try:
-        found.extend(site.getsitepackages())
+        found.extend(_site.getsitepackages())
     except AttributeError:  # some virtualenv builds lack it
         pass
     try:
-        found.append(site.getusersitepackages())
+        found.append(_site.getusersitepackages())
     except AttributeError:
         pass
-    found.extend(entry for entry in sys.path if entry)
+    found.extend(entry for entry in _sys.path if entry)
     unique = []
     for entry in found:
-        if os.path.isdir(os.path.join(entry, "nvidia")) and entry not in unique:
+        if _os.path.isdir(_os.path.join(entry, "nvidia")) and entry not in unique:
             unique.append(entry)
     return unique
 
@@ -175,13 +180,13 @@ class Registry:
     fixes the CUDA build, torch version and device (see the module docs)."""
 
     def __init__(self, bundle, *, cuda=None, torch=None, jit=None, device=None):
-        self._bundle = Bundle(os.fspath(bundle))
+        self._bundle = Bundle(_os.fspath(bundle))
         self._cuda = cuda
         self._torch = torch
         self._jit = jit
         self._device = device
         self._runtime = None
-        self._lock = threading.Lock()
+        self._lock = _threading.Lock()
         self._other_devices = {}
 
     @property

@@ -21,13 +21,17 @@ and the manifest's CUDA toolchains present (``kwheel toolchains``), the backend 
 cubins into the wheel instead; without the toolchains it says why on stderr and falls back to
 the JIT path.
 
-The ``kwheel`` command is the one installed with this package (its ``.data/scripts``), else
-``KWHEEL_COMMAND``, else ``kwheel`` on ``PATH``.
+The ``kwheel`` command is ``KWHEEL_COMMAND`` when set, else the one installed with this
+package (its ``.data/scripts``), else ``kwheel`` on ``PATH``. The backend reads the command's
+answers as JSON (``--json``), never its text, so rewording a message cannot break a build.
+
+Until kwheel is published on the package registry, pip finds this backend among local wheels:
+``PIP_FIND_LINKS=<folder of kwheel's wheel> pip install .`` (see docs/getting-started.md).
 """
 
 import importlib.metadata
+import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -52,21 +56,26 @@ class BuildError(RuntimeError):
     """The ``kwheel`` command failed or could not be found; the message says which and why."""
 
 
+# Python 3.11 brought ``tomllib``; before it, the same parser is the ``tomli`` package.
+TOMLI_REQUIREMENT = "tomli>=1.1"
+
+
 def get_requires_for_build_wheel(config_settings=None):
-    """Nothing beyond ``kwheel`` itself, which ``build-system.requires`` names."""
-    return []
+    """Beyond ``kwheel`` itself, which ``build-system.requires`` names: ``tomli`` where the
+    standard library has no ``tomllib`` (Python before 3.11)."""
+    return [] if sys.version_info >= (3, 11) else [TOMLI_REQUIREMENT]
 
 
 def get_requires_for_build_sdist(config_settings=None):
-    """Nothing beyond ``kwheel`` itself."""
-    return []
+    """As for a wheel: ``tomli`` before Python 3.11, nothing else."""
+    return get_requires_for_build_wheel(config_settings)
 
 
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
     """Builds the library's wheel into ``wheel_directory`` and returns its file name."""
     config = _config(config_settings)
     command = [_kwheel_command(), "dev", "build-wheel", "--manifest", config["manifest"]]
-    command += ["--out", os.path.abspath(wheel_directory), "--quiet"]
+    command += ["--out", os.path.abspath(wheel_directory), "--quiet", "--json"]
     if config.get("torch"):
         command += ["--torch", config["torch"]]
     if config["prebuilt"]:
@@ -91,7 +100,7 @@ def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
     config = _config(config_settings)
     with tempfile.TemporaryDirectory(prefix="kwheel-metadata-") as scratch:
         command = [_kwheel_command(), "dev", "build-wheel", "--manifest", config["manifest"]]
-        command += ["--out", scratch, "--quiet", "--recipes-only"]
+        command += ["--out", scratch, "--quiet", "--json", "--recipes-only"]
         if config.get("torch"):
             command += ["--torch", config["torch"]]
         wheel = os.path.join(scratch, _run(command))
@@ -108,7 +117,7 @@ def build_sdist(sdist_directory, config_settings=None):
     """Writes the library's sdist into ``sdist_directory`` and returns its file name."""
     config = _config(config_settings)
     command = [_kwheel_command(), "dev", "build-sdist", "--manifest", config["manifest"]]
-    return _run(command + ["--out", os.path.abspath(sdist_directory)])
+    return _run(command + ["--out", os.path.abspath(sdist_directory), "--json"])
 
 
 def _say(message):
@@ -116,7 +125,7 @@ def _say(message):
 
 
 def _run(command):
-    """Runs ``kwheel``; returns the file name of what it wrote (its last line's path)."""
+    """Runs ``kwheel`` with ``--json``; returns the file name of what it wrote."""
     _say(" ".join(command))
     result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if result.stderr:
@@ -125,25 +134,38 @@ def _run(command):
         raise BuildError(
             f"`{' '.join(command)}` failed (exit {result.returncode}):\n{result.stderr.strip()}"
         )
-    written = [line for line in result.stdout.splitlines() if line.endswith(", verified")]
-    if not written:
-        raise BuildError(f"`{' '.join(command)}` wrote nothing it named:\n{result.stdout}")
-    path = written[-1].rsplit(" (", 1)[0]
-    return os.path.basename(path)
+    answer = _json_answer(command, result.stdout)
+    name = answer.get("file_name")
+    if not isinstance(name, str) or not name or not answer.get("verified"):
+        raise BuildError(f"`{' '.join(command)}` named no verified file:\n{result.stdout}")
+    return name
+
+
+def _json_answer(command, stdout):
+    """The JSON object a ``--json`` command prints as its last line."""
+    lines = [line for line in stdout.splitlines() if line.strip()]
+    try:
+        answer = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):
+        raise BuildError(f"`{' '.join(command)}` gave no JSON answer:\n{stdout}")
+    return answer
 
 
 def _missing_toolchains(manifest):
     """None when every CUDA build of the manifest has a toolchain, else what is missing."""
-    result = subprocess.run(
-        [_kwheel_command(), "toolchains", "--manifest", manifest],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    if result.returncode == 0:
+    command = [_kwheel_command(), "toolchains", "--manifest", manifest, "--json"]
+    result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        answer = _json_answer(command, result.stdout)
+    except BuildError:
+        # No answer at all (a broken manifest, an old kwheel): the command's own words.
+        return (result.stderr or result.stdout).strip() or f"exit {result.returncode}"
+    missing = answer.get("missing") or []
+    if result.returncode == 0 and not missing:
         return None
-    missing = [line for line in result.stdout.splitlines() if "missing" in line]
-    return "; ".join(missing) or result.stdout.strip()
+    return "; ".join(missing) or (result.stderr or result.stdout).strip()
 
 
 def _kwheel_command():
@@ -192,27 +214,38 @@ def _config(config_settings):
 
 
 def _tool_table():
-    """The ``[tool.kwheel]`` table: through ``tomllib`` (Python 3.11+), else a reader for its
-    flat ``key = "string"`` / ``key = true`` lines."""
+    """The ``[tool.kwheel]`` table of ``pyproject.toml`` (empty when there is none)."""
     try:
         with open(PYPROJECT, "rb") as file:
             data = file.read()
     except FileNotFoundError:
         return {}
+    toml = _toml_module()
+    try:
+        document = toml.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as error:
+        raise BuildError(f"{os.path.abspath(PYPROJECT)} is not valid TOML: {error}") from error
+    table = document.get("tool", {}).get("kwheel", {})
+    if not isinstance(table, dict):
+        raise BuildError(f"`tool.kwheel` in {os.path.abspath(PYPROJECT)} is not a table")
+    return table
+
+
+def _toml_module():
+    """``tomllib`` (Python 3.11+), else ``tomli``, which ``get_requires_for_build_*`` asks for."""
     try:
         import tomllib
+
+        return tomllib
     except ImportError:
-        tomllib = None
-    if tomllib is not None:
-        return tomllib.loads(data.decode("utf-8")).get("tool", {}).get("kwheel", {})
-    table, inside = {}, False
-    for raw in data.decode("utf-8").splitlines():
-        line = raw.split("#", 1)[0].strip()
-        if line.startswith("["):
-            inside = line == "[tool.kwheel]"
-            continue
-        match = re.fullmatch(r'([A-Za-z0-9_-]+)\s*=\s*("([^"]*)"|true|false)', line)
-        if inside and match:
-            key, value, text = match.groups()
-            table[key] = text if text is not None else value == "true"
-    return table
+        pass
+    try:
+        import tomli
+
+        return tomli
+    except ImportError as error:
+        raise BuildError(
+            f"reading {PYPROJECT} on Python {sys.version_info[0]}.{sys.version_info[1]} needs "
+            f"`{TOMLI_REQUIREMENT}` (pip installs it into the build environment; without build "
+            "isolation, install it first)"
+        ) from error
