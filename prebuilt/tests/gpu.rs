@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 use fs4::fs_std::FileExt;
 use kernel_reference::{cases, Arg, Case};
 use prebuilt::bundle::{artifact_path, Bundle, BundleError, INDEX_FILE, SOURCES_DIR};
+use prebuilt::compile::{toolchain_dir, ToolkitLayout};
 use prebuilt::cubin::inspect_cubin;
 use prebuilt::driver::{DeviceBuffer, Driver};
 use prebuilt::index::{
@@ -356,29 +357,19 @@ fn a_bad_cuda_build_setting_is_refused_at_open() {
 // The JIT cache, many processes at once, on a CPU.
 // ---------------------------------------------------------------------------------------------
 
-/// A file of the `build` toolchain `ci/setup` installs (the first of `relatives` that exists),
-/// or `None` (with the reason printed) when it is not there; with
+/// A file of the `build` toolchain `ci/setup` installs, as `pick` finds it in the toolkit's
+/// layout, or `None` (with the reason printed) when it is not there; with
 /// `KWHEEL_REQUIRE_TOOLCHAINS=1`, a failure. Looked up where the bundler looks.
-fn toolchain_file(build: &str, relatives: &[&str]) -> Option<PathBuf> {
-    let env = |name: &str| std::env::var_os(name).filter(|value| !value.is_empty());
-    let root = env(&format!("KWHEEL_CUDA_{}", build.to_uppercase()))
-        .map(PathBuf::from)
-        .or_else(|| env("KWHEEL_TOOLCHAINS").map(|dir| PathBuf::from(dir).join(build)))
-        .unwrap_or_else(|| {
-            let cache = env("XDG_CACHE_HOME")
-                .map(PathBuf::from)
-                .or_else(|| env("HOME").map(|home| PathBuf::from(home).join(".cache")))
-                .unwrap_or_default();
-            cache.join("kwheel/toolchains").join(build)
-        });
-    let found = relatives
-        .iter()
-        .map(|relative| root.join(relative))
-        .find(|path| path.is_file());
+fn toolchain_file(
+    build: &str,
+    what: &str,
+    pick: impl Fn(ToolkitLayout) -> Option<PathBuf>,
+) -> Option<PathBuf> {
+    let root = toolchain_dir(build.parse().unwrap());
+    let found = pick(ToolkitLayout::scan(&root));
     if found.is_none() {
         let message = format!(
-            "no {} under {} (run `ci/setup`, or set KWHEEL_CUDA_{})",
-            relatives[0],
+            "no {what} under {} (run `ci/setup`, or set KWHEEL_CUDA_{})",
             root.display(),
             build.to_uppercase()
         );
@@ -392,18 +383,12 @@ fn toolchain_file(build: &str, relatives: &[&str]) -> Option<PathBuf> {
 
 /// `libnvrtc.so.12` of the CUDA 12.9 toolchain.
 fn nvrtc_12_9() -> Option<PathBuf> {
-    toolchain_file(
-        "cu129",
-        &[
-            "nvidia/cuda_nvrtc/lib/libnvrtc.so.12",
-            "lib64/libnvrtc.so.12",
-        ],
-    )
+    toolchain_file("cu129", "libnvrtc.so.12", |layout| layout.nvrtc)
 }
 
 /// nvcc of the CUDA 13.0 toolchain.
 fn nvcc_13_0() -> Option<PathBuf> {
-    toolchain_file("cu130", &["nvidia/cu13/bin/nvcc", "bin/nvcc"])
+    toolchain_file("cu130", "nvcc", |layout| layout.nvcc)
 }
 
 /// This test binary, re-run for one test in the role `role`.

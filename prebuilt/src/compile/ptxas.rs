@@ -51,7 +51,13 @@ enum Effect {
 }
 
 /// Options whose value may be the next word (`-maxrregcount 32`) as well as `=`-joined.
-const VALUE_OPTIONS: [&str; 27] = [
+const VALUE_OPTIONS: &[&str] = &[
+    "arch",
+    "gpu-architecture",
+    "code",
+    "gpu-code",
+    "gencode",
+    "generate-code",
     "I",
     "D",
     "U",
