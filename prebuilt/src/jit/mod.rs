@@ -8,7 +8,9 @@
 //! over the index's inputs, the device's exact architecture, the runtime's CUDA build, the
 //! bundle's torch pin, and the JIT compiler's kind and exact version, for nvcc with its host
 //! compiler: [`nvcc_record`]). The bundler calls these same functions. The shipped sources are checked against the digests in
-//! the index before anything compiles, so the key names what is really compiled.
+//! the index before anything compiles, so the key names what is really compiled, and every
+//! flag, define and path the index records is checked against an allowlist first
+//! ([`refused_inputs`]): a bundle cannot make the compiler write a file or run a program.
 //!
 //! # Finding a compiler
 //!
@@ -35,14 +37,16 @@
 //!     └── 5a/                         first two hex digits of the key
 //!         ├── 5a0d…e1.cubin           the cubin, renamed into place whole
 //!         ├── 5a0d…e1.json            digest, entries, compiler; renamed into place last
-//!         ├── 5a0d…e1.lock            empty; locked (flock) by the process compiling the key
+//!         ├── 5a0d…e1.lock            locked (flock) by the process compiling the key; holds its pid
 //!         └── .5a0d…e1.cubin.<pid>.<n>.tmp   a write in progress
 //! ```
 //!
 //! An entry counts only when its `.json` is present, names the key, and the `.cubin` matches
 //! the digest and size it records and validates for the architecture; anything else is a
-//! miss, and the next compile replaces it. A process that misses takes an exclusive lock on
-//! `<key>.lock`, looks again (another process may have just finished), compiles, writes the
+//! miss, and the next compile replaces it. Only regular files are read, and never through a
+//! linked `kernels-v1/` or shard folder. A process that misses takes an exclusive lock on
+//! `<key>.lock` (waiting at most `KWHEEL_JIT_LOCK_TIMEOUT`, then naming the holder's pid),
+//! looks again (another process may have just finished), compiles, writes the
 //! cubin and then the `.json` (each to a temp file in the same directory, renamed into place),
 //! and unlocks. So many processes asking at once compile once. The lock is the operating
 //! system's (`flock`): it dies with its process, so a process killed mid-compile leaves no
