@@ -946,6 +946,37 @@ fn prebuilt_variants_match_their_references() {
     }
 }
 
+/// Two GPUs: every case on device 1 from a registry whose own device is 0, in device 1's
+/// context, and device 0's kernels modules of their own.
+#[test]
+fn every_case_runs_on_the_second_device_of_a_registry_opened_for_the_first() {
+    let Some(bundle) = gpu_bundle() else { return };
+    let count = Driver::get().and_then(|driver| driver.device_count());
+    if !matches!(count, Ok(count) if count >= 2) {
+        skipped!("skipped: one GPU here ({count:?}); this test needs two");
+        return;
+    }
+    let cache = tempfile::tempdir().unwrap();
+    let registry =
+        Registry::open_with(&bundle, options(None, JitPolicy::Disabled, cache.path())).unwrap();
+    assert_eq!(registry.options().device, 0);
+    let cases = cases();
+    for case in &cases {
+        let kernel = registry.load_on(case.kernel, 1).unwrap();
+        let context = kernel.context().unwrap();
+        assert_eq!((kernel.device(), context.device().ordinal()), (1, 1));
+        run_case(&kernel, case);
+        let first = registry.load(case.kernel).unwrap();
+        assert_eq!(first.context().unwrap().device().ordinal(), 0);
+        assert!(!std::sync::Arc::ptr_eq(first.context().unwrap(), context));
+        run_case(&first, case);
+    }
+    eprintln!(
+        "{} cases match their references on device 1 and on device 0",
+        cases.len()
+    );
+}
+
 /// A copy of `bundle` under `dir` with no variant that runs on 9.0: no `sm_90a` cubin and no
 /// PTX (which the driver would compile for it).
 fn bundle_without_sm_90a(bundle: &Path, dir: &Path) -> PathBuf {
@@ -1187,7 +1218,7 @@ fn check_no_fit(bundle: &Path, policy: JitPolicy, disabled_by: &str) {
         assert!(
             message.starts_with(&format!(
                 "`{name}` has no prebuilt cubin for this GPU and {disabled_by} forbids \
-                 compiling: device sm_90 (compute 9.0), CUDA build {cuda}, driver "
+                 compiling: device 0 (sm_90, compute 9.0), CUDA build {cuda}, driver "
             )),
             "{message}"
         );

@@ -13,18 +13,20 @@ struct Origin {
 }
 
 impl Registry {
-    /// Loads `name` (record `record`) as `plan` says.
+    /// Loads `name` (record `record`) on device `ordinal` as `plan`, made for that device,
+    /// says.
     pub(super) fn execute(
         &self,
         name: &str,
         record: &KernelRecord,
         plan: Plan,
+        ordinal: u32,
     ) -> Result<Kernel, LoadError> {
         match plan {
             Plan::Loaded(kernel) => Ok(kernel),
             Plan::Refused(error) => Err(error),
-            Plan::Prebuilt(plan) => self.load_prebuilt(name, record, plan),
-            Plan::Jit(plan) => self.load_jit(name, *plan),
+            Plan::Prebuilt(plan) => self.load_prebuilt(name, record, plan, ordinal),
+            Plan::Jit(plan) => self.load_jit(name, *plan, ordinal),
         }
     }
 
@@ -33,6 +35,7 @@ impl Registry {
         name: &str,
         record: &KernelRecord,
         plan: PrebuiltPlan,
+        ordinal: u32,
     ) -> Result<Kernel, LoadError> {
         let PrebuiltPlan {
             variant,
@@ -91,7 +94,8 @@ impl Registry {
             reason,
             location: Some(location),
         };
-        self.finish_load(name, &record.constants, &cubin, &variant.functions, origin)
+        let entries = &variant.functions;
+        self.finish_load(name, &record.constants, &cubin, entries, origin, ordinal)
     }
 
     /// The store client, made on first need.
@@ -129,13 +133,14 @@ impl Registry {
         Ok(self.dictionary.get_or_init(|| Some(bytes)).as_deref())
     }
 
-    fn load_jit(&self, name: &str, plan: JitPlan) -> Result<Kernel, LoadError> {
-        let query = self.gpu()?;
+    fn load_jit(&self, name: &str, plan: JitPlan, ordinal: u32) -> Result<Kernel, LoadError> {
+        let query = self.gpu(ordinal)?;
         let request = self.jit_request(name, &plan.record, &query);
         let output = match compile_cached(&request, &plan.compiler, &self.options.jit_cache) {
             Ok(output) => output,
             Err(error) => {
-                return Err(self.jit_failed(name, &query, plan.refusals, Arc::new(error)));
+                let error = Arc::new(error);
+                return Err(self.jit_failed(name, &query, ordinal, plan.refusals, error));
             }
         };
         let key = output.key.0.clone();
@@ -151,10 +156,12 @@ impl Registry {
             location: None,
         };
         let constants = &plan.record.constants;
-        self.finish_load(name, constants, &output.cubin, &output.functions, origin)
+        let entries = &output.functions;
+        self.finish_load(name, constants, &output.cubin, entries, origin, ordinal)
     }
 
-    /// Loads a verified cubin and resolves every entry.
+    /// Loads a verified cubin into device `ordinal`'s primary context and resolves every
+    /// entry.
     fn finish_load(
         &self,
         name: &str,
@@ -162,22 +169,23 @@ impl Registry {
         cubin: &[u8],
         entries: &[EntryRecord],
         origin: Origin,
+        ordinal: u32,
     ) -> Result<Kernel, LoadError> {
-        let device = describe_device(&self.gpu()?);
+        let device = describe_device_on(ordinal, &self.gpu(ordinal)?);
         let variant = origin.variant;
         let symbols: Vec<&str> = entries.iter().map(|entry| entry.symbol.as_str()).collect();
-        let module = self
-            .device
-            .load(self.options.device, cubin, &symbols)
-            .map_err(|failure| match failure {
-                ModuleFailure::Context(error) => LoadError::NoGpu(error),
-                ModuleFailure::Load(error) => {
-                    LoadError::driver(error, "load", name, &variant, &device)
-                }
-                ModuleFailure::Lookup(error) => {
-                    LoadError::driver(error, "look up an entry of", name, &variant, &device)
-                }
-            })?;
+        let module =
+            self.device
+                .load(ordinal, cubin, &symbols)
+                .map_err(|failure| match failure {
+                    ModuleFailure::Context(error) => LoadError::NoGpu(error),
+                    ModuleFailure::Load(error) => {
+                        LoadError::driver(error, "load", name, &variant, &device)
+                    }
+                    ModuleFailure::Lookup(error) => {
+                        LoadError::driver(error, "look up an entry of", name, &variant, &device)
+                    }
+                })?;
         let functions = entries
             .iter()
             .enumerate()
@@ -193,6 +201,7 @@ impl Registry {
         Ok(Kernel {
             inner: Arc::new(KernelInner {
                 name: name.to_owned(),
+                device: ordinal,
                 variant,
                 reason: origin.reason,
                 provenance: origin.provenance,

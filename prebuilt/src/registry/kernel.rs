@@ -1,5 +1,6 @@
 //! A loaded kernel: its module on one device, its entry functions, and launches whose
-//! arguments are checked against the parameter sizes the index records.
+//! arguments are checked against the parameter sizes the index records. A kernel launches only
+//! in the primary context of the device it was loaded on.
 
 use super::*;
 use crate::driver::{Context, DeviceBuffer, LaunchConfig};
@@ -13,6 +14,7 @@ pub struct Kernel {
 #[derive(Clone)]
 pub(super) struct KernelInner {
     pub(super) name: String,
+    pub(super) device: u32,
     pub(super) variant: String,
     pub(super) reason: String,
     pub(super) provenance: Provenance,
@@ -26,6 +28,7 @@ impl fmt::Debug for Kernel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Kernel")
             .field("name", &self.inner.name)
+            .field("device", &self.inner.device)
             .field("provenance", &self.inner.provenance)
             .finish_non_exhaustive()
     }
@@ -40,6 +43,31 @@ impl Kernel {
     /// Where its cubin came from, with the key.
     pub fn provenance(&self) -> &Provenance {
         &self.inner.provenance
+    }
+
+    /// The ordinal of the device it is loaded on, and launches on.
+    pub fn device(&self) -> u32 {
+        self.inner.device
+    }
+
+    /// The variant it runs: the prebuilt variant's label (`cu130/sm_90a`), or for the JIT the
+    /// build and architecture it was compiled for.
+    pub fn variant(&self) -> &str {
+        &self.inner.variant
+    }
+
+    /// The name of the profiler and NVTX range that marks its launches:
+    /// `kwheel:<kernel> <variant> <source> <key, 12 hex digits> cuda:<device>`, as
+    /// `kwheel:layernorm_bf16 cu130/sm_90a prebuilt 3f2a9c01b7d4 cuda:0` (see
+    /// `docs/provenance.md`).
+    pub fn trace_label(&self) -> String {
+        trace_label(
+            &self.inner.name,
+            &self.inner.variant,
+            &self.inner.provenance.kind().to_string(),
+            self.inner.provenance.key(),
+            self.inner.device,
+        )
     }
 
     /// Why this cubin was chosen (or compiled).
@@ -130,6 +158,16 @@ impl Kernel {
         // SAFETY: the caller upholds `Function::launch`'s contract for these arguments.
         unsafe { self.find_function(entry)?.launch(config, args) }
     }
+}
+
+/// How many hex digits of a key a trace label and `provenance()` show.
+pub const SHORT_KEY_DIGITS: usize = 12;
+
+/// The range name of [`Kernel::trace_label`]; `source` is a [`ProvenanceKind`]'s name, or
+/// `fallback` for a torch op that ran its reference instead.
+pub fn trace_label(kernel: &str, variant: &str, source: &str, key: &str, device: u32) -> String {
+    let short = key.get(..SHORT_KEY_DIGITS).unwrap_or(key);
+    format!("kwheel:{kernel} {variant} {source} {short} cuda:{device}")
 }
 
 /// One kernel argument, by value: its bytes are what the kernel's parameter receives.

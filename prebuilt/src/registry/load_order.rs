@@ -108,7 +108,7 @@ impl ArtifactStore for FakeStore {
 }
 
 /// The artifact of `label` (`cu130/sm_90a`): distinct bytes per variant.
-fn artifact(label: &str) -> Vec<u8> {
+pub(super) fn artifact(label: &str) -> Vec<u8> {
     format!("image of scale for {label}").into_bytes()
 }
 
@@ -175,14 +175,14 @@ fn write_bundle(dir: &Path, labels: &[&str], shipped: &[&str]) {
     std::fs::write(dir.join(INDEX_FILE), serde_json::to_vec(&index).unwrap()).unwrap();
 }
 
-struct Setup {
-    bundle: tempfile::TempDir,
+pub(super) struct Setup {
+    pub(super) bundle: tempfile::TempDir,
     cache: tempfile::TempDir,
     jit_cache: tempfile::TempDir,
 }
 
 impl Setup {
-    fn new(labels: &[&str], shipped: &[&str]) -> Setup {
+    pub(super) fn new(labels: &[&str], shipped: &[&str]) -> Setup {
         let setup = Setup {
             bundle: tempfile::tempdir().unwrap(),
             cache: tempfile::tempdir().unwrap(),
@@ -193,7 +193,7 @@ impl Setup {
     }
 
     /// Options that read nothing from the environment and find no compiler.
-    fn options(&self, jit: JitPolicy, downloads: DownloadPolicy) -> RegistryOptions {
+    pub(super) fn options(&self, jit: JitPolicy, downloads: DownloadPolicy) -> RegistryOptions {
         RegistryOptions {
             cuda: Some("cu130".parse().unwrap()),
             torch: None,

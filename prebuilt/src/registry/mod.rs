@@ -1,4 +1,5 @@
-//! The runtime loader: a bundle's kernels by name, loaded for this process's GPU.
+//! The runtime loader: a bundle's kernels by name, loaded for each GPU of this process that
+//! asks for them.
 //!
 //! ```text
 //! Registry::open(bundle)            reads index.json; touches no GPU
@@ -26,6 +27,14 @@
 //! Loaded kernels are kept: a second `load` of the same name returns the same module.
 //! `docs/jit.md` describes the fallback and its cache.
 //!
+//! Every device is its own: [`Registry::load_on`] loads a kernel once per device ordinal that
+//! asks (a tensor's device, not the process's current one), into that device's primary
+//! context, after a selection made from that device's compute capability, so a host that
+//! mixes GPUs gets each its own variant, and a refusal names the device. [`Registry::load`] is
+//! `load_on` the registry's own device ([`RegistryOptions::device`]). A [`Kernel`] launches
+//! only in the context it was loaded in. [`loaded_kernels`] lists what every registry of the
+//! process has loaded, per device, with its provenance (`docs/provenance.md`).
+//!
 //! Both [`Registry::status`] and [`Registry::load`] start from one [`Plan`] per kernel
 //! ([`Registry::plan`], in `plan.rs`), made from one resolved [`Policy`] (`policy.rs`): status
 //! renders it, load executes it (`execute.rs`), so what status says is what load does.
@@ -35,17 +44,21 @@ mod execute;
 mod kernel;
 #[cfg(test)]
 mod load_order;
+#[cfg(test)]
+mod multi_device;
 mod plan;
 mod policy;
+mod provenance;
 mod seams;
 mod status;
 
 use error::shipped;
 pub use error::{DriverFailure, LoadError};
 use kernel::KernelInner;
-pub use kernel::{Function, Kernel, KernelArg};
+pub use kernel::{trace_label, Function, Kernel, KernelArg, SHORT_KEY_DIGITS};
 pub use plan::{JitPlan, Plan, PrebuiltPlan};
-pub use policy::{describe_device, Policy};
+pub use policy::{describe_device, describe_device_on, Policy};
+pub use provenance::{loaded_kernels, LoadedKernel};
 pub use seams::{CudaDevice, Device, DeviceFacts, LoadedModule, ModuleFailure};
 pub use status::{Provenance, ProvenanceKind, Status};
 
@@ -88,7 +101,8 @@ pub struct RegistryOptions {
     pub jit_cache: PathBuf,
     /// Where the JIT fallback looks for NVRTC and nvcc.
     pub compilers: CompilerSearch,
-    /// The CUDA device ordinal.
+    /// The device ordinal [`Registry::load`] and [`Registry::status`] use;
+    /// [`Registry::load_on`] takes any other.
     pub device: u32,
     /// Whether a variant that only the bundle's store has may be downloaded.
     pub downloads: DownloadPolicy,
@@ -119,7 +133,7 @@ impl Default for RegistryOptions {
     }
 }
 
-/// A bundle's kernels, loaded on demand for one GPU. Cheap to open; thread-safe.
+/// A bundle's kernels, loaded on demand for each GPU that asks. Cheap to open; thread-safe.
 pub struct Registry {
     catalog: Catalog,
     options: RegistryOptions,
@@ -127,8 +141,8 @@ pub struct Registry {
     artifact_cache: ArtifactCache,
     store: OnceLock<StoreHandle>,
     device: Arc<dyn Device>,
-    /// What selection sees, asked of the driver on first need.
-    gpu: OnceLock<Result<DeviceQuery, DriverError>>,
+    /// What selection sees, per device ordinal, asked of the driver on first need.
+    gpus: Mutex<BTreeMap<u32, Result<DeviceQuery, DriverError>>>,
     compiler: OnceLock<Result<JitCompiler, Arc<JitError>>>,
     dictionary: OnceLock<Option<Vec<u8>>>,
     /// Family dictionaries read so far, by the sha256 of their raw content.
@@ -137,10 +151,27 @@ pub struct Registry {
     kernels: Mutex<BTreeMap<String, Arc<Slot>>>,
 }
 
-/// One kernel's record and, once loaded, the kernel.
+/// One kernel's record and, per device ordinal, the kernel once loaded there. Each device
+/// loads under its own lock: a load on one device never waits for another's.
 struct Slot {
     record: KernelRecord,
-    kernel: Mutex<Option<Kernel>>,
+    devices: Mutex<BTreeMap<u32, Arc<Mutex<Option<Kernel>>>>>,
+}
+
+impl Slot {
+    /// The lock and, once loaded, the kernel of device `ordinal`.
+    fn on(&self, ordinal: u32) -> Arc<Mutex<Option<Kernel>>> {
+        let mut devices = self.devices.lock().unwrap_or_else(PoisonError::into_inner);
+        Arc::clone(devices.entry(ordinal).or_default())
+    }
+
+    /// The kernel loaded on `ordinal`, if it is.
+    fn loaded_on(&self, ordinal: u32) -> Option<Kernel> {
+        self.on(ordinal)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
 }
 
 impl fmt::Debug for Registry {
@@ -194,7 +225,7 @@ impl Registry {
                 .map(OnceLock::from)
                 .unwrap_or_default(),
             device,
-            gpu: OnceLock::new(),
+            gpus: Mutex::new(BTreeMap::new()),
             compiler: OnceLock::new(),
             dictionary: OnceLock::new(),
             prefixes: Mutex::new(BTreeMap::new()),
@@ -247,21 +278,32 @@ impl Registry {
         )
     }
 
-    /// What selection sees: the device's compute capability, the driver, the CUDA build and
-    /// torch. Loads the driver the first time; creates no context.
+    /// What selection sees on the registry's device: its compute capability, the driver,
+    /// the CUDA build and torch. Loads the driver the first time; creates no context.
     pub fn device_query(&self) -> Result<DeviceQuery, LoadError> {
-        self.gpu()
+        self.gpu(self.options.device)
     }
 
-    /// Every kernel of the bundle and whether it can load here: the variant that fits and
-    /// why, the JIT fallback that would compile it, or the reason it cannot. Never compiles,
-    /// never creates a context, never panics: without a driver every kernel names it.
+    /// [`Registry::device_query`] of device `ordinal`.
+    pub fn device_query_on(&self, ordinal: u32) -> Result<DeviceQuery, LoadError> {
+        self.gpu(ordinal)
+    }
+
+    /// Every kernel of the bundle and whether it can load on the registry's device: the
+    /// variant that fits and why, the JIT fallback that would compile it, or the reason it
+    /// cannot. Never compiles, never creates a context, never panics: without a driver every
+    /// kernel names it.
     pub fn status(&self) -> BTreeMap<String, Status> {
+        self.status_on(self.options.device)
+    }
+
+    /// [`Registry::status`] for device `ordinal`.
+    pub fn status_on(&self, ordinal: u32) -> BTreeMap<String, Status> {
         match self.catalog.names() {
             Ok(names) => names
                 .into_iter()
                 .map(|name| {
-                    let status = self.plan(&name).status();
+                    let status = self.plan_on(&name, ordinal).status();
                     (name, status)
                 })
                 .collect(),
@@ -287,33 +329,70 @@ impl Registry {
     /// the variant and where its bytes are, the JIT's compiler and key, or the refusal. Never
     /// compiles, fetches or creates a context.
     pub fn plan(&self, name: &str) -> Plan {
+        self.plan_on(name, self.options.device)
+    }
+
+    /// [`Registry::plan`] for device `ordinal`: what [`Registry::load_on`] would do there.
+    pub fn plan_on(&self, name: &str, ordinal: u32) -> Plan {
         let slot = match self.slot(name) {
             Ok(slot) => slot,
             Err(error) => return Plan::Refused(error),
         };
-        let loaded = slot
-            .kernel
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        match loaded {
+        match slot.loaded_on(ordinal) {
             Some(kernel) => Plan::Loaded(kernel),
-            None => self.decide(name, &slot.record),
+            None => self.decide(name, &slot.record, ordinal),
         }
     }
 
-    /// The kernel `name`, loaded into the device's primary context: the prebuilt cubin that
-    /// fits, else (when allowed) the JIT fallback's. Loaded once; later calls return it again.
+    /// The kernel `name`, loaded into the primary context of the registry's device: the
+    /// prebuilt cubin that fits, else (when allowed) the JIT fallback's. Loaded once; later
+    /// calls return it again.
     pub fn load(&self, name: &str) -> Result<Kernel, LoadError> {
+        self.load_on(name, self.options.device)
+    }
+
+    /// The kernel `name`, loaded into the primary context of device `ordinal`, selected for
+    /// that device. Loaded once per device, under that device's lock; later calls return it
+    /// again, and a load on another device neither waits for it nor shares its module.
+    pub fn load_on(&self, name: &str, ordinal: u32) -> Result<Kernel, LoadError> {
         let slot = self.slot(name)?;
-        let mut loaded = slot.kernel.lock().unwrap_or_else(PoisonError::into_inner);
+        let device = slot.on(ordinal);
+        let mut loaded = device.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(kernel) = &*loaded {
             return Ok(kernel.clone());
         }
-        let plan = self.decide(name, &slot.record);
-        let kernel = self.execute(name, &slot.record, plan)?;
+        let plan = self.decide(name, &slot.record, ordinal);
+        let kernel = self.execute(name, &slot.record, plan, ordinal)?;
+        provenance::record(&self.meta().package, self.catalog.root(), &kernel);
         *loaded = Some(kernel.clone());
         Ok(kernel)
+    }
+
+    /// Every kernel this registry has loaded, on every device, by name then device ordinal.
+    pub fn loaded(&self) -> Vec<Kernel> {
+        let slots: Vec<Arc<Slot>> = self
+            .kernels
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect();
+        let mut kernels = Vec::new();
+        for slot in slots {
+            let ordinals: Vec<u32> = slot
+                .devices
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .keys()
+                .copied()
+                .collect();
+            kernels.extend(
+                ordinals
+                    .into_iter()
+                    .filter_map(|ordinal| slot.loaded_on(ordinal)),
+            );
+        }
+        kernels
     }
 
     /// The slot of `name`, its record read from the bundle on first use.
@@ -331,17 +410,19 @@ impl Registry {
         };
         let slot = Arc::new(Slot {
             record,
-            kernel: Mutex::new(None),
+            devices: Mutex::new(BTreeMap::new()),
         });
         kernels.insert(name.to_owned(), Arc::clone(&slot));
         Ok(slot)
     }
 
-    /// The device as selection sees it, asked of the driver once per registry.
-    fn gpu(&self) -> Result<DeviceQuery, LoadError> {
-        self.gpu
-            .get_or_init(|| {
-                let facts = self.device.facts(self.options.device)?;
+    /// Device `ordinal` as selection sees it, asked of the driver once per registry and
+    /// device.
+    fn gpu(&self, ordinal: u32) -> Result<DeviceQuery, LoadError> {
+        let mut gpus = self.gpus.lock().unwrap_or_else(PoisonError::into_inner);
+        gpus.entry(ordinal)
+            .or_insert_with(|| {
+                let facts = self.device.facts(ordinal)?;
                 let cuda = self
                     .options
                     .cuda
@@ -357,7 +438,8 @@ impl Registry {
             .map_err(LoadError::NoGpu)
     }
 
-    /// The JIT's compiler for the device's CUDA build, found once per registry.
+    /// The JIT's compiler for the device's CUDA build, found once per registry: the build and
+    /// the driver are the host's, the same for every device.
     fn compiler(&self, query: &DeviceQuery) -> Result<JitCompiler, Arc<JitError>> {
         self.compiler
             .get_or_init(|| {
@@ -412,13 +494,13 @@ mod tests {
         let error = LoadError::NoFit {
             kernel: "layernorm_bf16".into(),
             disabled_by: "AF3_KERNELS_JIT_FALLBACK=0".into(),
-            device: describe_device(&gpu()),
+            device: describe_device_on(1, &gpu()),
             refusals: Box::new(refusals),
         };
         assert_eq!(
             error.to_string(),
             "`layernorm_bf16` has no prebuilt cubin for this GPU and AF3_KERNELS_JIT_FALLBACK=0 \
-             forbids compiling: device sm_86 (compute 8.6), CUDA build cu129, driver 12.9; \
+             forbids compiling: device 1 (sm_86, compute 8.6), CUDA build cu129, driver 12.9; \
              shipped: cu129/sm_90a: sm_90a cubins run only on compute capability 9.0, this \
              device is 8.6; cu130/sm_90a: built for CUDA 13.0 (cu130), the runtime is CUDA 12.9 \
              (cu129)"

@@ -116,9 +116,9 @@ impl Plan {
 }
 
 impl Registry {
-    /// The plan of a kernel not loaded yet, whose record is `record`.
-    pub(super) fn decide(&self, name: &str, record: &KernelRecord) -> Plan {
-        let query = match self.gpu() {
+    /// The plan of a kernel not loaded yet on device `ordinal`, whose record is `record`.
+    pub(super) fn decide(&self, name: &str, record: &KernelRecord, ordinal: u32) -> Plan {
+        let query = match self.gpu(ordinal) {
             Ok(query) => query,
             Err(error) => return Plan::Refused(error),
         };
@@ -139,11 +139,11 @@ impl Registry {
             return Plan::Refused(LoadError::NoFit {
                 kernel: name.to_owned(),
                 disabled_by: disabled_by.clone(),
-                device: describe_device(&query),
+                device: describe_device_on(ordinal, &query),
                 refusals: Box::new(no_fit),
             });
         }
-        self.plan_jit(name, record, &query, no_fit)
+        self.plan_jit(name, record, &query, ordinal, no_fit)
     }
 
     /// The JIT plan for `name`, or why the JIT cannot build it.
@@ -152,6 +152,7 @@ impl Registry {
         name: &str,
         record: &KernelRecord,
         query: &DeviceQuery,
+        ordinal: u32,
         no_fit: NoFit,
     ) -> Plan {
         // The JIT's key needs the kernel's key inputs, which the loader's record leaves out.
@@ -166,15 +167,17 @@ impl Registry {
             let source = Arc::new(JitError::NoSources {
                 kernel: name.to_owned(),
             });
-            return Plan::Refused(self.jit_failed(name, query, no_fit, source));
+            return Plan::Refused(self.jit_failed(name, query, ordinal, no_fit, source));
         }
         // Flags off the JIT's allowlist: refused before any compiler is looked for.
         if let Err(error) = jit::check_inputs(name, &record) {
-            return Plan::Refused(self.jit_failed(name, query, no_fit, Arc::new(error)));
+            return Plan::Refused(self.jit_failed(name, query, ordinal, no_fit, Arc::new(error)));
         }
         let compiler = match self.compiler(query) {
             Ok(compiler) => compiler,
-            Err(source) => return Plan::Refused(self.jit_failed(name, query, no_fit, source)),
+            Err(source) => {
+                return Plan::Refused(self.jit_failed(name, query, ordinal, no_fit, source))
+            }
         };
         let arch = device_arch(query.capability);
         let key = self
@@ -212,12 +215,13 @@ impl Registry {
         &self,
         name: &str,
         query: &DeviceQuery,
+        ordinal: u32,
         refusals: NoFit,
         source: Arc<JitError>,
     ) -> LoadError {
         LoadError::Jit {
             kernel: name.to_owned(),
-            device: describe_device(query),
+            device: describe_device_on(ordinal, query),
             refusals: Box::new(refusals),
             source,
         }

@@ -75,6 +75,20 @@ pub fn describe_device(query: &DeviceQuery) -> String {
     text
 }
 
+/// `device 1 (sm_90, compute 9.0), CUDA build cu130, driver 13.0[, torch 2.13.0]`: a real
+/// device, by its ordinal, as the registry's load errors name it (a host may mix GPUs).
+pub fn describe_device_on(ordinal: u32, query: &DeviceQuery) -> String {
+    let (major, minor) = query.capability;
+    let mut text = format!(
+        "device {ordinal} (sm_{major}{minor}, compute {major}.{minor}), CUDA build {}, driver {}",
+        query.cuda, query.driver
+    );
+    if let Some(torch) = &query.torch {
+        text.push_str(&format!(", torch {torch}"));
+    }
+    text
+}
+
 /// `KWHEEL_CUDA_BUILD`, when set.
 pub(super) fn build_from_env() -> Result<Option<CudaBuild>, LoadError> {
     let Some(value) = std::env::var_os(CUDA_BUILD_ENV) else {
