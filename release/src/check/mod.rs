@@ -12,6 +12,7 @@
 //! | `bundle` | the bundle exists (or was just built) and covers the whole matrix or declares each skip |
 //! | `keys` | every bundled key matches the current sources |
 //! | `cubins` | every artifact verifies against its digest and validates as a cubin for its target |
+//! | `rebuild` | a sample of variants (`--rebuild-sample N`, default 2, first by key) compiled again from source with an empty cache is byte-identical to the bundle's |
 //! | `reproducible` | two builds of the wheel are byte-identical |
 //! | `wheel` | `wheel verify` and the manylinux audit pass on the wheel |
 //! | `install` | the wheels install into a fresh venv and every kernel selects on simulated devices |
@@ -22,10 +23,12 @@
 //! | module | gates |
 //! | --- | --- |
 //! | `source` | `version`, `bundle`, `keys`, `cubins`: the tree and the bundle built from it |
+//! | `rebuild` | `rebuild`: the bundle's bytes against a fresh compile of a sample |
 //! | `wheel` | `reproducible`, `wheel`, `install`, `size`: the wheels built from the bundle |
 //! | `delivery` | `gpu`, `publish`: the bundle on a device, the artifacts in the store |
 
 mod delivery;
+mod rebuild;
 mod source;
 mod wheel;
 
@@ -37,6 +40,8 @@ use prebuilt::error_chain;
 use serde::Serialize;
 
 use delivery::{check_gpu, check_publish};
+use rebuild::check_rebuild;
+pub use rebuild::DEFAULT_REBUILD_SAMPLE;
 use source::{check_bundle, check_cubins, check_keys, check_version};
 use wheel::{check_install, check_reproducible, check_size, check_wheel};
 
@@ -77,6 +82,9 @@ pub struct CheckOptions {
     /// Publish the bundle's artifacts and the wheels to this store and verify them by
     /// download (the optional `publish` gate); `None` skips it.
     pub publish: Option<String>,
+    /// How many compiled variants the `rebuild` gate compiles again from source (the first by
+    /// key); 0 skips the gate.
+    pub rebuild_sample: usize,
 }
 
 impl CheckOptions {
@@ -97,6 +105,7 @@ impl CheckOptions {
             runtime_workspace: crate::runtime::source_workspace(),
             python: PathBuf::from("python3"),
             publish: None,
+            rebuild_sample: DEFAULT_REBUILD_SAMPLE,
         }
     }
 }
@@ -243,9 +252,10 @@ pub fn release_check(options: &CheckOptions) -> Checklist {
         Some(bundle) => {
             check_keys(&mut run, &manifest, options, &torch);
             check_cubins(&mut run, bundle);
+            check_rebuild(&mut run, &manifest, options, &torch, bundle);
         }
         None => {
-            for name in ["keys", "cubins"] {
+            for name in ["keys", "cubins", "rebuild"] {
                 run.skip(name, "no bundle to check");
             }
         }
