@@ -270,7 +270,9 @@ impl Output {
         leftovers.sort();
         for (is_old, path) in leftovers {
             let restorable = is_old && std::fs::symlink_metadata(&self.out).is_err();
+            // A folder itself (not a link to one) holding the marker.
             let staging = !is_old
+                && std::fs::symlink_metadata(&path).is_ok_and(|metadata| metadata.is_dir())
                 && std::fs::symlink_metadata(path.join(STAGING_MARKER))
                     .is_ok_and(|metadata| metadata.is_file());
             let verdict = if staging {
