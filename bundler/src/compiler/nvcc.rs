@@ -55,6 +55,27 @@ pub(super) fn nvcc_record(id: &CompilerId, host_compiler: &str) -> CompilerRecor
     compile::nvcc_record(id.kind, &id.version, host_compiler)
 }
 
+/// Whether `log` reports an error on one of the `probes` lines of the generated file (entry
+/// `n` is on line `3 + 2n`: `kwheel-entries.cu(3): error: ...`), not merely names the file, as
+/// nvcc's summary and an include chain do for an error anywhere.
+fn errs_at_probe_line(log: &str, probes: usize) -> bool {
+    let file = compile::ENTRY_PROBES_SOURCE;
+    let probe_line = |line: usize| line >= 3 && line < 3 + 2 * probes && line % 2 == 1;
+    log.lines()
+        .filter(|line| line.contains("error"))
+        .any(|line| {
+            line.match_indices(file).any(|(at, _)| {
+                let rest = &line[at + file.len()..];
+                let rest = rest
+                    .strip_prefix('(')
+                    .or_else(|| rest.strip_prefix(':'))
+                    .unwrap_or("");
+                let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+                digits.parse().is_ok_and(probe_line)
+            })
+        })
+}
+
 /// `error` with a note on the generated file, when nvcc failed on a compile with entry probes
 /// ([`compile::entry_probes_source`]): an error in `kwheel-entries.cu` is an entry that names
 /// no kernel as written.
@@ -66,7 +87,7 @@ pub(super) fn explain_probes(request: &CompileRequest<'_>, error: CompileError) 
             build,
             compiler,
             log,
-        } if !request.name_expressions.is_empty() && log.contains(compile::ENTRY_PROBES_SOURCE) => {
+        } if errs_at_probe_line(&log, request.name_expressions.len()) => {
             let lines: Vec<String> = request
                 .name_expressions
                 .iter()

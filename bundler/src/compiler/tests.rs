@@ -376,6 +376,23 @@ fn an_entry_that_names_nothing_points_at_the_generated_line() {
     );
 }
 
+#[test]
+fn an_error_in_the_source_gets_no_note_on_the_generated_file() {
+    let Some(compiler) = installed_compiler(CUDA_13_0) else {
+        return;
+    };
+    // nvcc's summary names `kwheel-entries.cu` ("1 error detected in the compilation of"),
+    // but the error is in the kernel's own file: the entries are not at fault.
+    let fixture = fixture(&KERNEL.replace("* factor", "* undefined_factor"));
+    let key = fixture_key(&fixture, "");
+    let expressions = ["scale_rows<float>".to_owned()];
+    let (_, log) =
+        failure_log(compiler.compile(&request(&fixture, &key, true, "sm_90a", &expressions)));
+    assert!(log.contains("\"undefined_factor\" is undefined"), "{log}");
+    assert!(log.contains("kwheel-entries.cu"), "{log}");
+    assert!(!log.contains("note: `kwheel-entries.cu`"), "{log}");
+}
+
 /// The registers each kernel of `cubin` uses, by symbol: the `EIATTR_REGCOUNT` (0x2f) records
 /// of its `.nv.info` section, each (symbol index, count).
 fn register_counts(cubin: &[u8]) -> BTreeMap<String, u32> {
