@@ -13,7 +13,10 @@
 //! ```
 //!
 //! Every file another process may read is written by [`write_atomically`]: a temp file in the
-//! same directory, flushed, renamed over the target.
+//! same directory, flushed, renamed over the target. Work on one key by many processes is
+//! serialized by [`lock_file`]: the operating system's lock (`flock`, gone with its process),
+//! on a regular file that is checked to be the one opened, held at most a timeout, with the
+//! holder's pid written in so that a wait that ends names who held it.
 //!
 //! # The artifact cache
 //!
@@ -32,8 +35,13 @@
 use std::ffi::OsString;
 use std::fs::{self, File};
 use std::io::Write as _;
+use std::io::{Seek as _, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+// Called by path: `File` has inherent lock methods of the same names in newer Rust.
+use fs4::fs_std::FileExt;
 
 use crate::env::ARTIFACT_CACHE_ENV;
 use crate::index::StoredFile;
@@ -189,9 +197,174 @@ impl ArtifactCache {
     }
 }
 
+/// Why [`lock_file`] did not take its lock.
+#[derive(Debug, thiserror::Error)]
+pub enum LockFailure {
+    /// The path is a link, a FIFO, a device or a folder, or was swapped while being opened.
+    #[error(
+        "`{}` is not a regular file (a link, a FIFO or a device has no place there; remove it)",
+        path.display()
+    )]
+    NotRegular {
+        /// The lock file.
+        path: PathBuf,
+    },
+    /// Opening, locking or writing the file failed.
+    #[error("cannot {action} the lock `{}`", path.display())]
+    Io {
+        /// What was being done.
+        action: &'static str,
+        /// The lock file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Another process held the lock for longer than the timeout.
+    #[error(
+        "waited {}s for the lock `{}`, held by {}",
+        waited.as_secs(),
+        path.display(),
+        holder.map_or_else(|| "another process".to_owned(), |pid| format!("process {pid}"))
+    )]
+    Timeout {
+        /// The lock file.
+        path: PathBuf,
+        /// How long this process waited.
+        waited: Duration,
+        /// The holder's pid, as it wrote it into the file.
+        holder: Option<u32>,
+    },
+}
+
+/// Takes an exclusive lock on the regular file `path` (created when absent), waiting at most
+/// `timeout` for another process to release it, then writes this process's pid into it.
+///
+/// The file must be a regular file before and after opening, and the same one (device and
+/// inode): a link or a FIFO in its place, or one swapped in while it is opened, is refused,
+/// so a lock in a shared folder such as `/tmp` cannot be pointed at another file.
+pub fn lock_file(path: &Path, timeout: Duration) -> Result<File, LockFailure> {
+    use std::os::unix::fs::MetadataExt;
+    let io = |action: &'static str| {
+        move |source| LockFailure::Io {
+            action,
+            path: path.to_path_buf(),
+            source,
+        }
+    };
+    let not_regular = || LockFailure::NotRegular {
+        path: path.to_path_buf(),
+    };
+    if let Ok(metadata) = fs::symlink_metadata(path) {
+        if !metadata.is_file() {
+            return Err(not_regular());
+        }
+    }
+    let mut lock = File::options()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(io("open"))?;
+    // The file opened is the one at `path` now, looked at without following a link.
+    let opened = lock.metadata().map_err(io("open"))?;
+    let at_path = fs::symlink_metadata(path).map_err(io("open"))?;
+    if !opened.is_file()
+        || !at_path.is_file()
+        || opened.dev() != at_path.dev()
+        || opened.ino() != at_path.ino()
+    {
+        return Err(not_regular());
+    }
+    let started = Instant::now();
+    let mut pause = Duration::from_millis(5);
+    loop {
+        match FileExt::try_lock_exclusive(&lock) {
+            Ok(true) => break,
+            Ok(false) => {}
+            Err(source) => return Err(io("lock")(source)),
+        }
+        let waited = started.elapsed();
+        if waited >= timeout {
+            return Err(LockFailure::Timeout {
+                path: path.to_path_buf(),
+                waited,
+                holder: lock_holder(path),
+            });
+        }
+        std::thread::sleep(pause.min(timeout - waited));
+        pause = (pause * 2).min(Duration::from_millis(200));
+    }
+    let pid = format!("{}\n", std::process::id());
+    lock.set_len(0)
+        .and_then(|()| lock.seek(SeekFrom::Start(0)))
+        .and_then(|_| lock.write_all(pid.as_bytes()))
+        .map_err(io("write"))?;
+    Ok(lock)
+}
+
+/// The pid the holder of the lock at `path` wrote into it, if any.
+pub fn lock_holder(path: &Path) -> Option<u32> {
+    let bytes = read_regular_file(path, 64).ok()?;
+    std::str::from_utf8(&bytes).ok()?.trim().parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A lock in a shared folder cannot be pointed at another file: a link (to a file or
+    /// nowhere) or a FIFO in its place is refused, and the file it points at is untouched.
+    #[test]
+    fn a_lock_planted_as_a_link_or_fifo_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        fs::write(&victim, b"precious").unwrap();
+        let link = dir.path().join("k.lock");
+        std::os::unix::fs::symlink(&victim, &link).unwrap();
+        let failure = lock_file(&link, Duration::ZERO).unwrap_err();
+        assert!(
+            matches!(failure, LockFailure::NotRegular { .. }),
+            "{failure}"
+        );
+        assert_eq!(fs::read(&victim).unwrap(), b"precious");
+        let dangling = dir.path().join("d.lock");
+        std::os::unix::fs::symlink(dir.path().join("nowhere"), &dangling).unwrap();
+        assert!(lock_file(&dangling, Duration::ZERO).is_err());
+        assert!(
+            !dir.path().join("nowhere").exists(),
+            "nothing made through the link"
+        );
+        let fifo = dir.path().join("f.lock");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        if made.is_ok_and(|status| status.success()) {
+            let failure = lock_file(&fifo, Duration::ZERO).unwrap_err();
+            assert!(
+                matches!(failure, LockFailure::NotRegular { .. }),
+                "{failure}"
+            );
+        }
+    }
+
+    /// A held lock ends the wait at the timeout, naming the holder's pid.
+    #[test]
+    fn a_held_lock_times_out_naming_its_holder() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("k.lock");
+        let _held = lock_file(&path, Duration::ZERO).unwrap();
+        let failure = lock_file(&path, Duration::from_millis(50)).unwrap_err();
+        let LockFailure::Timeout { holder, .. } = &failure else {
+            panic!("{failure}");
+        };
+        assert_eq!(*holder, Some(std::process::id()));
+        assert!(
+            failure
+                .to_string()
+                .contains(&format!("held by process {}", std::process::id())),
+            "{failure}"
+        );
+    }
 
     #[test]
     fn the_cache_dir_follows_the_environment() {

@@ -12,7 +12,7 @@
 //! ├── include/<n> -> …         NVRTC's toolkit include dirs
 //! ├── kwheel-entries.cu        the entry probes, when an entry is a name expression
 //! └── kernel.cubin, kernel.ptx, …
-//! /tmp/kwheel-<…>.lock         locked (flock) while the folder is in use
+//! /tmp/kwheel-<…>.lock         locked (flock) while the folder is in use, holder's pid inside
 //! ```
 //!
 //! What compilers embed, as measured with nvcc 13.0 and NVRTC 12.9: `__FILE__` is the path as
@@ -25,7 +25,7 @@
 //! the output. The folder is removed when the compile ends; one left by a killed process is
 //! removed by the next compile of that key, under the lock.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 
 // Called by path: `File` has inherent lock methods of the same names in newer Rust.
@@ -77,13 +77,16 @@ impl WorkDir {
                 source,
             }
         };
-        let lock = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .map_err(io("create the lock", &lock_path))?;
-        FileExt::lock_exclusive(&lock).map_err(io("lock", &lock_path))?;
+        // `/tmp` is shared: the lock must be a regular file of ours (never a link planted
+        // there), its wait ends, and the folder is created fresh, private, and checked to be
+        // the one made (not a link swapped in).
+        let lock = crate::cache::lock_file(&lock_path, lock_timeout()).map_err(|failure| {
+            CompileFailure::Io {
+                action: "lock the work dir",
+                path: lock_path.clone(),
+                source: std::io::Error::other(failure.to_string()),
+            }
+        })?;
         match fs::symlink_metadata(&path) {
             Ok(metadata) if metadata.is_dir() => {
                 fs::remove_dir_all(&path).map_err(io("remove the leftover work dir", &path))?
@@ -91,7 +94,23 @@ impl WorkDir {
             Ok(_) => fs::remove_file(&path).map_err(io("remove the leftover", &path))?,
             Err(_) => {}
         }
-        fs::create_dir(&path).map_err(io("create the work dir", &path))?;
+        {
+            use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _};
+            fs::DirBuilder::new()
+                .mode(0o700)
+                .create(&path)
+                .map_err(io("create the work dir", &path))?;
+            let made = fs::symlink_metadata(&path).map_err(io("create the work dir", &path))?;
+            // The lock file was made by this process: the folder's owner must be the same.
+            let ours = lock.metadata().is_ok_and(|lock| lock.uid() == made.uid());
+            if !made.is_dir() || !ours {
+                return Err(CompileFailure::Io {
+                    action: "create the work dir",
+                    path: path.clone(),
+                    source: std::io::Error::other("it is not the private folder just created"),
+                });
+            }
+        }
         let work = WorkDir { path, lock };
         work.lay_out(tree)?;
         Ok(work)
@@ -154,7 +173,71 @@ impl Drop for WorkDir {
     }
 }
 
+/// How long a compile waits for another one of the same key: `KWHEEL_JIT_LOCK_TIMEOUT` (whole
+/// seconds), else [`DEFAULT_LOCK_TIMEOUT`].
+fn lock_timeout() -> std::time::Duration {
+    std::env::var(crate::env::JIT_LOCK_TIMEOUT_ENV)
+        .ok()
+        .and_then(|value| value.trim().parse().ok())
+        .map_or(DEFAULT_LOCK_TIMEOUT, std::time::Duration::from_secs)
+}
+
+/// How long a compile waits for the work folder of its key when no timeout is set: longer
+/// than any real compile.
+pub const DEFAULT_LOCK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+
 /// A path that does not depend on the working directory.
 pub(super) fn absolute(path: &Path) -> PathBuf {
     std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unique_key() -> String {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |elapsed| elapsed.subsec_nanos());
+        format!("{:08x}{:08x}", std::process::id(), nanos)
+    }
+
+    /// `/tmp` is shared: a link planted where a key's lock goes is refused, and what it points
+    /// at is untouched; the folder made is private to its owner.
+    #[test]
+    fn a_planted_lock_link_is_refused_and_the_folder_is_private() {
+        let library = tempfile::tempdir().unwrap();
+        fs::write(library.path().join("k.cu"), b"").unwrap();
+        let tree = SourceTree {
+            root: library.path().to_owned(),
+            outside: Vec::new(),
+        };
+
+        let key = unique_key();
+        let lock = Path::new(WORK_ROOT).join(format!("kwheel-{key}.lock"));
+        let victim = library.path().join("victim");
+        fs::write(&victim, b"precious").unwrap();
+        std::os::unix::fs::symlink(&victim, &lock).unwrap();
+        let failure = WorkDir::create(&key, &tree).err().expect("refused");
+        let _ = fs::remove_file(&lock);
+        assert!(
+            failure.to_string().contains("lock the work dir"),
+            "{failure}"
+        );
+        assert_eq!(fs::read(&victim).unwrap(), b"precious");
+
+        let key = unique_key();
+        let work = WorkDir::create(&key, &tree).unwrap();
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = fs::symlink_metadata(work.path())
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o700, "{mode:o}");
+        assert!(work.path().join("src/k.cu").exists());
+        let path = work.path().to_owned();
+        drop(work);
+        assert!(!path.exists(), "removed when the compile ends");
+        let _ = fs::remove_file(path.with_extension("lock"));
+    }
 }

@@ -1,10 +1,12 @@
 //! The JIT cache: one entry per kernel key, written whole, found by key (layout in the module
 //! docs of [`crate::jit`]).
 
-use std::io::{Seek as _, Write as _};
-use std::time::{Duration, Instant};
-
 use super::*;
+use std::time::Duration;
+#[cfg(test)]
+use std::time::Instant;
+
+use crate::cache::LockFailure;
 use crate::untrusted::{read_regular_file, MAX_ARTIFACT_SIZE};
 
 /// The cache layout's directory name. Bump it when the entry format or the file names change.
@@ -221,69 +223,32 @@ fn create_dirs(cache_dir: &Path, shard: &Path) -> Result<(), JitError> {
 /// Opens and locks `<key>.lock` (a regular file, not a link), waiting at most `timeout` for
 /// another holder, then records this process's pid in it for whoever waits next.
 pub(super) fn lock_entry(kernel: &str, path: &Path, timeout: Duration) -> Result<File, JitError> {
-    let failed = |action, source| JitError::Cache {
-        action,
-        path: path.to_path_buf(),
-        source,
-    };
-    let before = fs::symlink_metadata(path);
-    if let Ok(metadata) = &before {
-        if !metadata.is_file() {
-            return Err(failed("lock", not_a_cache_file()));
-        }
-    }
-    let mut lock = File::options()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(path)
-        .map_err(|source| failed("open", source))?;
-    // The file opened is the one looked at: not a FIFO, nor a link swapped in between.
-    let opened = lock.metadata().map_err(|source| failed("open", source))?;
-    let same = match &before {
-        Ok(before) => {
-            use std::os::unix::fs::MetadataExt;
-            before.dev() == opened.dev() && before.ino() == opened.ino()
-        }
-        Err(_) => true,
-    };
-    if !opened.is_file() || !same {
-        return Err(failed("lock", not_a_cache_file()));
-    }
-    let started = Instant::now();
-    let mut pause = Duration::from_millis(5);
-    loop {
-        match FileExt::try_lock_exclusive(&lock) {
-            Ok(true) => break,
-            Ok(false) => {}
-            Err(source) => return Err(failed("lock", source)),
-        }
-        let waited = started.elapsed();
-        if waited >= timeout {
-            return Err(JitError::LockTimeout {
-                kernel: kernel.to_owned(),
-                path: path.to_path_buf(),
-                waited_s: waited.as_secs(),
-                holder: lock_holder(path),
-            });
-        }
-        std::thread::sleep(pause.min(timeout - waited));
-        pause = (pause * 2).min(Duration::from_millis(200));
-    }
-    let pid = format!("{}\n", std::process::id());
-    let recorded = lock
-        .set_len(0)
-        .and_then(|()| lock.seek(std::io::SeekFrom::Start(0)))
-        .and_then(|_| lock.write_all(pid.as_bytes()));
-    recorded.map_err(|source| failed("write", source))?;
-    Ok(lock)
-}
-
-/// The pid the lock's holder wrote into it, if any.
-fn lock_holder(path: &Path) -> Option<u32> {
-    let bytes = read_regular_file(path, 64).ok()?;
-    std::str::from_utf8(&bytes).ok()?.trim().parse().ok()
+    crate::cache::lock_file(path, timeout).map_err(|failure| match failure {
+        LockFailure::Timeout {
+            path,
+            waited,
+            holder,
+        } => JitError::LockTimeout {
+            kernel: kernel.to_owned(),
+            path,
+            waited_s: waited.as_secs(),
+            holder,
+        },
+        LockFailure::NotRegular { path } => JitError::Cache {
+            action: "lock",
+            path,
+            source: not_a_cache_file(),
+        },
+        LockFailure::Io {
+            action,
+            path,
+            source,
+        } => JitError::Cache {
+            action,
+            path,
+            source,
+        },
+    })
 }
 
 fn not_a_cache_file() -> std::io::Error {
