@@ -6,6 +6,7 @@
 mod support;
 #[path = "hostile/ownership.rs"]
 mod ownership;
+mod caps;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
