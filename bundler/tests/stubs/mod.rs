@@ -56,8 +56,11 @@ fn arch_conditional_manifest(allow_stub: bool) -> String {
     )
 }
 
+/// (label, text) pairs: a variant's compiler kind, a skip's reason.
+type Labelled = Vec<(String, String)>;
+
 /// (label, compiler kind) of each variant, and (label, reason) of each skip.
-fn targets(index: &Index, kernel: &str) -> (Vec<(String, String)>, Vec<(String, String)>) {
+fn targets(index: &Index, kernel: &str) -> (Labelled, Labelled) {
     let record = &index.kernels[kernel];
     let variants = record
         .variants
@@ -72,7 +75,7 @@ fn targets(index: &Index, kernel: &str) -> (Vec<(String, String)>, Vec<(String, 
     (variants, skips)
 }
 
-fn pairs(items: &[(&str, &str)]) -> Vec<(String, String)> {
+fn pairs(items: &[(&str, &str)]) -> Labelled {
     items
         .iter()
         .map(|(a, b)| ((*a).to_owned(), (*b).to_owned()))
