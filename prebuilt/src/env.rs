@@ -5,6 +5,7 @@
 //! | `<PACKAGE>_JIT_FALLBACK` | [`JitPolicy`]: whether a kernel with no fitting cubin compiles from its sources |
 //! | `<PACKAGE>_PTX_JIT` | [`PtxJitPolicy`]: whether the driver may compile a PTX variant |
 //! | `<PACKAGE>_NO_DOWNLOAD` | [`DownloadPolicy`]: whether a slim wheel's store may be used |
+//! | `<PACKAGE>_TRACE` | [`trace_enabled`]: whether every op call is marked in profiler and NVTX traces, a profiler running or not |
 //! | `KWHEEL_CUDA_BUILD` | the runtime's CUDA build when torch is not asked ([`CUDA_BUILD_ENV`]) |
 //! | `KWHEEL_JIT_CACHE`, `KWHEEL_ARTIFACT_CACHE` | where the caches live ([`crate::cache`]) |
 //! | `KWHEEL_JIT_LOCK_TIMEOUT` | seconds the JIT waits for another process compiling the same key ([`crate::jit`]) |
@@ -156,6 +157,22 @@ impl DownloadPolicy {
 
 fn forbids(value: &str) -> bool {
     switch(value) == Some(true)
+}
+
+/// The variable that marks every op call and launch of a package in traces:
+/// `af3-kernels` → `AF3_KERNELS_TRACE` (see `docs/provenance.md`).
+pub fn trace_variable(package: &str) -> String {
+    format!("{}_TRACE", package_prefix(package))
+}
+
+/// Whether `<PACKAGE>_TRACE` is on (`1`, `true`, `yes`, `on`); unset or anything else is off.
+pub fn trace_enabled(package: &str) -> bool {
+    let value = std::env::var_os(trace_variable(package));
+    value
+        .as_deref()
+        .and_then(|value| value.to_str())
+        .and_then(switch)
+        == Some(true)
 }
 
 /// Extra site-packages directories to search, `:`-separated.

@@ -26,6 +26,12 @@ that no prebuilt cubin fits.
 
 ``kwheel.torch`` (importable only where torch is) declares a kernel as a ``torch.library``
 operator with a fake, autograd and a launch on torch's current stream; see docs/torch.md.
+
+Kernels load once per device that asks: ``load(name, device=1)`` loads for ``cuda:1``
+(selected for that GPU, in its primary context) whatever the current device is; ``device=None``
+is the registry's own device (torch's current device when the registry first touched the GPU,
+else 0). ``kwheel.provenance()`` lists every kernel loaded in the process, per device, with the
+variant, source and key its trace ranges name (docs/provenance.md).
 """
 
 # Imported under private names, so that ``dir(kwheel)`` is the API: ``__all__``, the
@@ -67,6 +73,7 @@ __all__ = [
     "UnknownKernelError",
     "find_bundle",
     "open",
+    "provenance",
     "PREBUILT_DIR",
     "INDEX_FILE",
 ]
@@ -138,6 +145,81 @@ def _torch():
     return _sys.modules.get("torch")
 
 
+# Kernels whose torch op ran its reference on a device instead (kwheel.torch's fallback), by
+# (package, kernel, device): what `provenance()` lists with source `fallback`.
+_FALLBACKS = {}
+_FALLBACKS_LOCK = _threading.Lock()
+
+
+def _note_fallback(package, kernel, device, reason):
+    """Records that ``kernel`` of ``package`` runs its torch reference on ``device``."""
+    with _FALLBACKS_LOCK:
+        _FALLBACKS.setdefault((package, kernel, int(device)), str(reason))
+
+
+def provenance():
+    """Every kernel loaded in this process (and still held), per device, in load order, then
+    every kernel whose torch op fell back to its reference: one dict each, with ``package``,
+    ``kernel``, ``device`` (ordinal), ``variant`` (``cu130/sm_90a``; for the JIT the target it
+    was compiled for; ``reference`` for a fallback), ``source`` (``prebuilt``, ``jit-cache``,
+    ``jit-compiled`` or ``fallback``), ``key`` (in full; ``""`` for a fallback), ``reason``,
+    ``bundle`` and ``label``, the name of its ranges in profiler and NVTX traces."""
+    listed = _kwheel.loaded_kernels()
+    with _FALLBACKS_LOCK:
+        fallbacks = list(_FALLBACKS.items())
+    for (package, kernel, device), reason in fallbacks:
+        listed.append(
+            {
+                "package": package,
+                "bundle": None,
+                "kernel": kernel,
+                "device": device,
+                "variant": "reference",
+                "source": "fallback",
+                "key": "",
+                "reason": reason,
+                "label": _kwheel.trace_label(kernel, "reference", "fallback", "", device),
+            }
+        )
+    return listed
+
+
+class _trace_range:
+    """A range named ``label`` in torch.profiler traces (``torch.profiler.record_function``)
+    and, where torch has NVTX, in Nsight's (``torch.cuda.nvtx``); nothing without torch.
+    ``Kernel.launch(trace=True)`` and kwheel.torch's ops mark their launches with it."""
+
+    __slots__ = ("label", "_record", "_nvtx")
+
+    def __init__(self, label):
+        self.label = label
+        self._record = None
+        self._nvtx = None
+
+    def __enter__(self):
+        torch = _torch()
+        if torch is None:
+            return self
+        record = torch.profiler.record_function(self.label)
+        record.__enter__()
+        self._record = record
+        # A torch built without NVTX has stubs that raise; such a torch has no `_C._nvtx`.
+        if hasattr(torch._C, "_nvtx"):
+            nvtx = torch.cuda.nvtx
+            nvtx.range_push(self.label)
+            self._nvtx = nvtx
+        return self
+
+    def __exit__(self, kind, value, traceback):
+        nvtx, record = self._nvtx, self._record
+        self._nvtx = self._record = None
+        if nvtx is not None:
+            nvtx.range_pop()
+        if record is not None:
+            record.__exit__(kind, value, traceback)
+        return False
+
+
 def _torch_runtime():
     """(CUDA version, torch version, current device) of an imported torch, each or None."""
     torch = _torch()
@@ -187,7 +269,6 @@ class Registry:
         self._device = device
         self._runtime = None
         self._lock = _threading.Lock()
-        self._other_devices = {}
 
     @property
     def path(self):
@@ -253,45 +334,62 @@ class Registry:
                 )
             return self._runtime
 
-    def on_device(self, device):
-        """This registry's kernels on device ordinal ``device``: itself when that is its own
-        device, else a registry with the same options for that device, made once."""
-        device = int(device)
-        if device == self.runtime().device:
-            return self
-        with self._lock:
-            other = self._other_devices.get(device)
-            if other is None:
-                other = Registry(
-                    self._bundle.path,
-                    cuda=self._cuda,
-                    torch=self._torch,
-                    jit=self._jit,
-                    device=device,
-                )
-                self._other_devices[device] = other
-            return other
+    @property
+    def trace(self):
+        """Whether ``<PACKAGE>_TRACE=1`` asks for every op call to be marked in traces."""
+        return self.runtime().trace
 
-    def status(self):
-        """Every kernel and whether it loads here, as text (``available: prebuilt
-        cu130/sm_90a: ...`` or ``unavailable: <why>``). Never compiles."""
-        return self.runtime().status()
+    @property
+    def trace_variable(self):
+        """The variable that turns tracing on: ``AF3_KERNELS_TRACE`` for ``af3-kernels``."""
+        return _kwheel.trace_variable(self.package)
 
-    def is_available(self, name):
-        """Whether kernel ``name`` loads here."""
-        return self.runtime().is_available(name)
+    def status(self, device=None):
+        """Every kernel and whether it loads on ``device`` (an ordinal; ``None``: the
+        registry's own), as text (``available: prebuilt cu130/sm_90a: ...`` or
+        ``unavailable: <why>``). Never compiles."""
+        return self.runtime().status(_ordinal(device))
 
-    def unavailable_reason(self, name):
-        """Why kernel ``name`` does not load here, or None when it does."""
-        return self.runtime().unavailable_reason(name)
+    def is_available(self, name, device=None):
+        """Whether kernel ``name`` loads on ``device``."""
+        return self.runtime().is_available(name, _ordinal(device))
 
-    def load(self, name):
-        """Kernel ``name``, loaded in the device's primary context (PyTorch's)."""
-        return self.runtime().load(name)
+    def unavailable_reason(self, name, device=None):
+        """Why kernel ``name`` does not load on ``device``, or None when it does."""
+        return self.runtime().unavailable_reason(name, _ordinal(device))
 
-    def query(self):
-        """What selection sees here: device, driver, CUDA build, torch. Needs a GPU."""
-        return self.runtime().query()
+    def load(self, name, device=None):
+        """Kernel ``name``, loaded in ``device``'s primary context (PyTorch's), selected for
+        that GPU, once per device. ``device``: an ordinal, a ``torch.device('cuda', n)`` or
+        ``"cuda:n"``; ``None``: the registry's own device."""
+        return self.runtime().load(name, _ordinal(device))
+
+    def loaded(self):
+        """Every kernel this registry has loaded, on every device."""
+        return self.runtime().loaded()
+
+    def query(self, device=None):
+        """What selection sees on ``device``: capability, driver, CUDA build, torch. Needs a
+        GPU."""
+        return self.runtime().query(_ordinal(device))
 
     def __repr__(self):
         return f"kwheel.Registry({str(self.path)!r}, package={self.package!r})"
+
+
+def _ordinal(device):
+    """A device ordinal from an int, ``torch.device('cuda', n)``, ``"cuda:n"``, or None."""
+    if device is None or isinstance(device, int):
+        return device
+    index = getattr(device, "index", None)
+    kind = getattr(device, "type", None)
+    if kind is None and isinstance(device, str):
+        kind, _, number = device.partition(":")
+        index = int(number) if number.isdigit() else None
+    if kind != "cuda":
+        raise ValueError(f"{device!r} is not a CUDA device")
+    if index is None:  # `cuda` alone: torch's current device, as torch reads it
+        torch = _torch()
+        if torch is not None and torch.cuda.is_initialized():
+            index = torch.cuda.current_device()
+    return index

@@ -35,9 +35,17 @@ A kernel library declares each op once, from its own package::
 and returns the operator overload, callable with the schema's arguments. ``autograd`` attaches a
 backward made of other ops (with ``torch.library.register_autograd``'s contract).
 
-The kernel loads on the op's first CUDA call, once per process and device, under a lock; the
-loader's errors (``NoFitError``, ``NoGpuError``, a failed JIT compile) are raised there with
-the loader's own messages. ``<NAMESPACE>_COMPILE_WRAP=disable`` (read when the library is
+The kernel loads on the op's first CUDA call on each device (the device of the op's first
+tensor argument, whatever the current device is), once per process and device, under a lock,
+selected for that GPU; it launches on that device's current stream. The loader's errors
+(``NoFitError``, ``NoGpuError``, a failed JIT compile) are raised there with the loader's own
+messages.
+
+While a torch profiler runs, or always under ``<PACKAGE>_TRACE=1`` (read when the library is
+created), each launch is marked with a ``record_function`` and an NVTX range named after the
+binary that ran: ``kwheel:<kernel> <variant> <source> <key, 12 digits> cuda:<device>``
+(``kwheel.provenance()`` lists the same facts; docs/provenance.md). Otherwise a call pays one
+check for it. ``<NAMESPACE>_COMPILE_WRAP=disable`` (read when the library is
 created, normally at import) registers nothing: ops become plain Python functions, and
 ``torch.compile`` breaks its graph at each of them.
 
@@ -53,7 +61,7 @@ import warnings
 
 import torch
 
-from . import NoFitError, Registry
+from . import NoFitError, _kwheel, _note_fallback, _trace_range
 
 __all__ = [
     "FallbackWarning",
@@ -156,6 +164,10 @@ class Library:
         if not self.namespace.isidentifier():
             raise ValueError(f"`{self.namespace}` is not a valid torch namespace")
         self.fallback = fallback
+        package = getattr(registry, "package", None) or self.namespace
+        #: Whether every launch is marked in traces, a profiler running or not:
+        #: ``<PACKAGE>_TRACE``, read here once.
+        self.trace = _kwheel.trace_enabled(package)
         self.compile_wrap = _compile_wrap(self.namespace)
         self._torch_library = (
             torch.library.Library(self.namespace, "DEF") if self.compile_wrap else None
@@ -241,14 +253,16 @@ class Library:
 
 
 class LazyKernel:
-    """One kernel of a registry, loaded on first use per device, once per process, under a
-    lock. ``get(device)`` returns ``(functions by entry, constants)``; a load that fails
-    raises the loader's error, and the next call tries again."""
+    """One kernel of a registry, loaded on first use per device (``registry.load(name,
+    device=ordinal)``), once per process, under a lock. ``get(device)`` returns ``(functions by
+    entry, constants)``; a load that fails raises the loader's error, and the next call tries
+    again. ``label(device)`` is the trace range name of what loaded there."""
 
     def __init__(self, registry, name):
         self.registry = registry
         self.name = name
         self._loaded = {}
+        self._labels = {}
         self._lock = threading.Lock()
 
     def __repr__(self):
@@ -265,15 +279,20 @@ class LazyKernel:
                 self._loaded[device] = loaded
             return loaded
 
+    def label(self, device):
+        """The trace range name of the kernel loaded on ``device``."""
+        label = self._labels.get(device)
+        if label is None:
+            label = _kwheel.trace_label(self.name, "unknown", "unknown", "", device)
+        return label
+
     def _load(self, device):
-        registry = self.registry
-        if isinstance(registry, Registry):
-            registry = registry.on_device(device)
-        kernel = registry.load(self.name)
+        kernel = self.registry.load(self.name, device=device)
         entries = list(kernel.entries)
         functions = {entry: kernel.function(entry) for entry in entries}
         if len(entries) == 1:
             functions[None] = functions[entries[0]]
+        self._labels[device] = kernel.trace_label
         return functions, dict(kernel.constants)
 
 
@@ -449,7 +468,11 @@ class Op:
         except NoFitError as error:
             if not self.fallback:
                 raise
-            self._warn_fallback(like.device, error)
+            self._warn_fallback(like.device, device, error)
+            if self.library.trace or _PROFILER._is_profiler_enabled:
+                label = _kwheel.trace_label(self.kernel.name, "reference", "fallback", "", device)
+                with _trace_range(label):
+                    return self.reference(*args)
             return self.reference(*args)
         key = [device]
         for position, value in enumerate(args):
@@ -483,9 +506,12 @@ class Op:
                     pointers.append(outputs[slot].data_ptr())
                 else:
                     pointers.append(slot)
-            function.launch(
-                grid, block, pointers, shared_mem, torch._C._cuda_getCurrentRawStream(device)
-            )
+            stream = torch._C._cuda_getCurrentRawStream(device)
+            if self.library.trace or _PROFILER._is_profiler_enabled:
+                with _trace_range(self.kernel.label(device)):
+                    function.launch(grid, block, pointers, shared_mem, stream)
+            else:
+                function.launch(grid, block, pointers, shared_mem, stream)
         return outputs[0] if self.output_count == 1 else tuple(outputs)
 
     def _plan_and_launch(self, key, functions, constants, like, device, args):
@@ -568,14 +594,18 @@ class Op:
                 self._check_device(value, device, index)
                 value = value.data_ptr()
             pointers.append(value)
-        function.launch(
-            grid, block, pointers, shared_mem, torch._C._cuda_getCurrentRawStream(device)
-        )
+        stream = torch._C._cuda_getCurrentRawStream(device)
+        if self.library.trace or _PROFILER._is_profiler_enabled:
+            with _trace_range(self.kernel.label(device)):
+                function.launch(grid, block, pointers, shared_mem, stream)
+        else:
+            function.launch(grid, block, pointers, shared_mem, stream)
 
-    def _warn_fallback(self, device, error):
+    def _warn_fallback(self, device, ordinal, error):
         if device in self._fallen_back:
             return
         self._fallen_back.add(device)
+        _note_fallback(getattr(self.library.registry, "package", None), self.kernel.name, ordinal, error)
         warnings.warn(
             f"{self.qualified_name} on {device} runs its torch reference: {error}",
             FallbackWarning,
@@ -601,7 +631,26 @@ _UNCACHEABLE = "uncacheable"
 
 # --- torch internals ------------------------------------------------------------------------
 # Everything of torch's that is not its public API is used in the two functions below (and
-# `torch._C._cuda_getCurrentRawStream`, the current stream's raw handle, on each launch).
+# `torch._C._cuda_getCurrentRawStream`, the current stream's raw handle, on each launch, and
+# `_PROFILER._is_profiler_enabled`, whether a profiler runs, on each launch).
+
+
+class _PublicProfilerCheck:
+    """Whether a profiler runs, asked through torch's public function: for a torch whose
+    ``torch.autograd.profiler`` has no ``_is_profiler_enabled`` flag."""
+
+    @property
+    def _is_profiler_enabled(self):
+        return torch.autograd._profiler_enabled()
+
+
+#: What a launch asks whether a profiler runs: torch's module flag, set by torch.profiler and
+#: torch.autograd.profiler while they record (one attribute read, ~30 ns), where it exists.
+_PROFILER = (
+    torch.autograd.profiler
+    if isinstance(getattr(torch.autograd.profiler, "_is_profiler_enabled", None), bool)
+    else _PublicProfilerCheck()
+)
 
 #: Torch releases (major, minor) the light Autograd kernel was checked on (2.11: the CPU tests
 #: and the H200 runs). On any other, ops get torch.library.register_autograd's kernel: the

@@ -12,16 +12,22 @@ use pyo3::types::PyDict;
 use crate::arguments::{dims, encode, stream_handle};
 use crate::errors::{driver_error, load_error, ArgumentError};
 
-/// A loaded kernel: its entries, constants and provenance. Launch it with `launch`.
+/// A loaded kernel on one device: its entries, constants and provenance. Launch it with
+/// `launch`, on that device.
 #[pyclass(frozen, module = "kwheel._kwheel")]
 pub struct Kernel {
     inner: prebuilt::Kernel,
     device: u32,
+    label: String,
 }
 
 impl Kernel {
-    pub(crate) fn new(inner: prebuilt::Kernel, device: u32) -> Kernel {
-        Kernel { inner, device }
+    pub(crate) fn new(inner: prebuilt::Kernel) -> Kernel {
+        Kernel {
+            device: inner.device(),
+            label: inner.trace_label(),
+            inner,
+        }
     }
 
     fn entry(&self, py: Python<'_>, entry: Option<&str>) -> PyResult<EntryFunction> {
@@ -85,10 +91,24 @@ impl Kernel {
             .collect()
     }
 
-    /// The device ordinal it is loaded on.
+    /// The device ordinal it is loaded on, and launches on.
     #[getter]
     fn device(&self) -> u32 {
         self.device
+    }
+
+    /// The variant it runs (`cu130/sm_90a`); for the JIT, the build and architecture it was
+    /// compiled for.
+    #[getter]
+    fn variant(&self) -> &str {
+        self.inner.variant()
+    }
+
+    /// The range name its traced launches carry in profiler and NVTX traces:
+    /// `kwheel:<kernel> <variant> <source> <key, 12 hex digits> cuda:<device>`.
+    #[getter]
+    fn trace_label(&self) -> &str {
+        &self.label
     }
 
     /// The entry `entry` (as declared, or its symbol), to launch or inspect.
@@ -97,6 +117,7 @@ impl Kernel {
             kernel: self.inner.name().to_owned(),
             inner: self.entry(py, Some(entry))?,
             device: self.device,
+            label: self.label.clone(),
         })
     }
 
@@ -109,9 +130,10 @@ impl Kernel {
     /// `data_ptr()` (torch tensors on this device, contiguous) and `None` as pointers, ints
     /// and floats as their parameter's size says, `bytes` as they are. `stream`: `None` for
     /// torch's current stream (the legacy default stream when torch has not started CUDA), an
-    /// int handle, or an object with `cuda_stream` or `__cuda_stream__`. Returns once the
-    /// launch is queued.
-    #[pyo3(signature = (grid, block, args, shared_mem=0, stream=None, entry=None))]
+    /// int handle, or an object with `cuda_stream` or `__cuda_stream__`. `trace=True` marks
+    /// the launch with a range named `trace_label` in torch.profiler and NVTX traces (see
+    /// docs/provenance.md). Returns once the launch is queued.
+    #[pyo3(signature = (grid, block, args, shared_mem=0, stream=None, entry=None, trace=false))]
     #[allow(clippy::too_many_arguments)] // the Python signature, one parameter each
     fn launch(
         &self,
@@ -122,6 +144,7 @@ impl Kernel {
         shared_mem: u32,
         stream: Option<&Bound<'_, PyAny>>,
         entry: Option<&str>,
+        trace: bool,
     ) -> PyResult<()> {
         let function = self.entry(py, entry)?;
         let request = Launch {
@@ -131,7 +154,12 @@ impl Kernel {
             shared_mem,
             stream,
         };
-        request.run(py, self.inner.name(), &function, self.device)
+        let launch = || request.run(py, self.inner.name(), &function, self.device);
+        if trace {
+            traced(py, &self.label, launch)
+        } else {
+            launch()
+        }
     }
 
     /// Waits for all work in the kernel's context, and raises the first error any of it hit.
@@ -159,6 +187,7 @@ pub struct Function {
     kernel: String,
     inner: EntryFunction,
     device: u32,
+    label: String,
 }
 
 #[pymethods]
@@ -181,8 +210,21 @@ impl Function {
         self.inner.param_sizes().to_vec()
     }
 
+    /// The device ordinal it launches on.
+    #[getter]
+    fn device(&self) -> u32 {
+        self.device
+    }
+
+    /// As `Kernel.trace_label`.
+    #[getter]
+    fn trace_label(&self) -> &str {
+        &self.label
+    }
+
     /// As `Kernel.launch`, for this entry.
-    #[pyo3(signature = (grid, block, args, shared_mem=0, stream=None))]
+    #[pyo3(signature = (grid, block, args, shared_mem=0, stream=None, trace=false))]
+    #[allow(clippy::too_many_arguments)] // the Python signature, one parameter each
     fn launch(
         &self,
         py: Python<'_>,
@@ -191,6 +233,7 @@ impl Function {
         args: &Bound<'_, PyAny>,
         shared_mem: u32,
         stream: Option<&Bound<'_, PyAny>>,
+        trace: bool,
     ) -> PyResult<()> {
         let request = Launch {
             grid,
@@ -199,7 +242,12 @@ impl Function {
             shared_mem,
             stream,
         };
-        request.run(py, &self.kernel, &self.inner, self.device)
+        let launch = || request.run(py, &self.kernel, &self.inner, self.device);
+        if trace {
+            traced(py, &self.label, launch)
+        } else {
+            launch()
+        }
     }
 
     fn __repr__(&self) -> String {
@@ -244,6 +292,21 @@ impl Launch<'_, '_> {
         // current one, or one the caller passed for this device's primary context.
         unsafe { function.launch(&config, &args) }.map_err(|error| load_error(py, &error))
     }
+}
+
+/// Runs `launch` inside the range `label` of `kwheel._trace_range` (torch.profiler's
+/// `record_function` and torch's NVTX, where torch is imported), which the Python package
+/// keeps in one place for ops and launches alike.
+fn traced(py: Python<'_>, label: &str, launch: impl FnOnce() -> PyResult<()>) -> PyResult<()> {
+    let range = py
+        .import("kwheel")?
+        .getattr("_trace_range")?
+        .call1((label,))?;
+    range.call_method0("__enter__")?;
+    let result = launch();
+    let none = py.None();
+    range.call_method1("__exit__", (&none, &none, &none))?;
+    result
 }
 
 /// Where a loaded kernel's cubin came from.

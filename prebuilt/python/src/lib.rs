@@ -11,6 +11,7 @@
 //! | [`Registry`] | `prebuilt::Registry`: `status`, `is_available`, `unavailable_reason`, `load` | from the first call |
 //! | [`Kernel`], [`Function`] | a loaded kernel and its entries: `launch` with checked arguments | yes |
 //! | [`Selection`], [`Provenance`] | what a dry run chose; where a loaded cubin came from | |
+//! | `loaded_kernels()`, `trace_label()`, `trace_variable()`, `trace_enabled()` | every kernel loaded in the process, per device; the trace range names (docs/provenance.md) | never |
 //! | `KwheelError` and its subclasses | `prebuilt::LoadError` and friends, message with every cause | |
 //!
 //! Launch arguments are Python objects encoded by the parameter sizes the index records
@@ -27,6 +28,7 @@ mod kernel;
 mod registry;
 
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 
 pub use errors::{ArgumentError, KwheelError, NoFitError, NoGpuError, UnknownKernelError};
 pub use kernel::{Function, Kernel, Provenance};
@@ -48,5 +50,52 @@ fn _kwheel(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add("NoFitError", py.get_type::<NoFitError>())?;
     module.add("UnknownKernelError", py.get_type::<UnknownKernelError>())?;
     module.add("ArgumentError", py.get_type::<ArgumentError>())?;
+    module.add_function(wrap_pyfunction!(loaded_kernels, module)?)?;
+    module.add_function(wrap_pyfunction!(trace_label, module)?)?;
+    module.add_function(wrap_pyfunction!(trace_variable, module)?)?;
+    module.add_function(wrap_pyfunction!(trace_enabled, module)?)?;
     Ok(())
+}
+
+/// Every kernel loaded in this process and still held, in load order, one dict per kernel and
+/// device: `package`, `bundle`, `kernel`, `device`, `variant`, `source` (`prebuilt`,
+/// `jit-cache`, `jit-compiled`), `key`, `reason` and `label` (its trace range name).
+#[pyfunction]
+fn loaded_kernels(py: Python<'_>) -> PyResult<Vec<Bound<'_, PyDict>>> {
+    prebuilt::registry::loaded_kernels()
+        .into_iter()
+        .map(|loaded| {
+            let dict = PyDict::new(py);
+            dict.set_item("package", loaded.package)?;
+            dict.set_item("bundle", loaded.bundle)?;
+            dict.set_item("kernel", loaded.kernel)?;
+            dict.set_item("device", loaded.device)?;
+            dict.set_item("variant", loaded.variant)?;
+            dict.set_item("source", loaded.source.to_string())?;
+            dict.set_item("key", loaded.key)?;
+            dict.set_item("reason", loaded.reason)?;
+            dict.set_item("label", loaded.label)?;
+            Ok(dict)
+        })
+        .collect()
+}
+
+/// The trace range name of a kernel: `kwheel:<kernel> <variant> <source> <key, 12 hex digits>
+/// cuda:<device>` (`-` for an empty key).
+/// (A torch op on CPU tensors, as the tests run it, is on device -1.)
+#[pyfunction]
+fn trace_label(kernel: &str, variant: &str, source: &str, key: &str, device: i64) -> String {
+    prebuilt::registry::trace_label(kernel, variant, source, key, device)
+}
+
+/// The variable that turns tracing on for a package: `af3-kernels` → `AF3_KERNELS_TRACE`.
+#[pyfunction]
+fn trace_variable(package: &str) -> String {
+    prebuilt::env::trace_variable(package)
+}
+
+/// Whether that variable is on now (`1`, `true`, `yes`, `on`).
+#[pyfunction]
+fn trace_enabled(package: &str) -> bool {
+    prebuilt::env::trace_enabled(package)
 }

@@ -294,9 +294,10 @@ impl Selection {
     }
 }
 
-/// The runtime: a bundle's kernels, loaded on demand in the device's primary context (the one
-/// PyTorch uses). Reads the index when created; touches the driver on the first `status`,
-/// `is_available`, `unavailable_reason` or `load`.
+/// The runtime: a bundle's kernels, loaded on demand in each device's primary context (the one
+/// PyTorch uses), once per device that asks. Reads the index when created; touches the driver
+/// on the first `status`, `is_available`, `unavailable_reason` or `load`. Every method that
+/// touches the GPU takes `device=`, an ordinal; `None` is the registry's own device.
 #[pyclass(frozen, module = "kwheel._kwheel")]
 pub struct Registry {
     inner: Arc<prebuilt::Registry>,
@@ -371,10 +372,16 @@ impl Registry {
             .map_err(|error| load_error(py, &LoadError::from(error)))
     }
 
-    /// The device ordinal.
+    /// The device ordinal that methods given no `device=` use.
     #[getter]
     fn device(&self) -> u32 {
         self.inner.options().device
+    }
+
+    /// Whether `<PACKAGE>_TRACE` asks for every op call to be marked in traces.
+    #[getter]
+    fn trace(&self) -> bool {
+        prebuilt::env::trace_enabled(&self.inner.meta().package)
     }
 
     /// The runtime's CUDA build as given or set in `KWHEEL_CUDA_BUILD` (`cu129`); `None`
@@ -396,12 +403,14 @@ impl Registry {
         self.inner.jit_allowed()
     }
 
-    /// What selection sees here: `{"device": "9.0", "driver": "13.0", "cuda": "cu130",
-    /// "torch": "2.13.0+cu130" or None}`. Raises `NoGpuError` without a usable GPU.
-    fn query<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+    /// What selection sees on the device: `{"device": "9.0", "driver": "13.0", "cuda":
+    /// "cu130", "torch": "2.13.0+cu130" or None}`. Raises `NoGpuError` without a usable GPU.
+    #[pyo3(signature = (device=None))]
+    fn query<'py>(&self, py: Python<'py>, device: Option<u32>) -> PyResult<Bound<'py, PyDict>> {
         let registry = Arc::clone(&self.inner);
+        let ordinal = self.ordinal(device);
         let query = py
-            .detach(move || registry.device_query())
+            .detach(move || registry.device_query_on(ordinal))
             .map_err(|error| load_error(py, &error))?;
         let dict = PyDict::new(py);
         dict.set_item("device", query.device())?;
@@ -411,37 +420,61 @@ impl Registry {
         Ok(dict)
     }
 
-    /// Every kernel and whether it can load here, as text: `available: prebuilt cu130/sm_90a:
-    /// <why it fits>`, `available: jit-compiled …`, or `unavailable: <why>`. Never compiles,
-    /// never creates a context.
-    fn status(&self, py: Python<'_>) -> BTreeMap<String, String> {
+    /// Every kernel and whether it can load on the device, as text: `available: prebuilt
+    /// cu130/sm_90a: <why it fits>`, `available: jit-compiled …`, or `unavailable: <why>`.
+    /// Never compiles, never creates a context.
+    #[pyo3(signature = (device=None))]
+    fn status(&self, py: Python<'_>, device: Option<u32>) -> BTreeMap<String, String> {
         let registry = Arc::clone(&self.inner);
-        py.detach(move || registry.status())
+        let ordinal = self.ordinal(device);
+        py.detach(move || registry.status_on(ordinal))
             .into_iter()
             .map(|(name, status)| (name, status_text(&status)))
             .collect()
     }
 
-    /// Whether kernel `name` can load here.
-    fn is_available(&self, py: Python<'_>, name: &str) -> bool {
-        let registry = Arc::clone(&self.inner);
-        py.detach(move || registry.is_available(name))
+    /// Whether kernel `name` can load on the device.
+    #[pyo3(signature = (name, device=None))]
+    fn is_available(&self, py: Python<'_>, name: &str, device: Option<u32>) -> bool {
+        self.unavailable_reason(py, name, device).is_none()
     }
 
-    /// Why kernel `name` cannot load here, or `None` when it can.
-    fn unavailable_reason(&self, py: Python<'_>, name: &str) -> Option<String> {
+    /// Why kernel `name` cannot load on the device, or `None` when it can.
+    #[pyo3(signature = (name, device=None))]
+    fn unavailable_reason(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        device: Option<u32>,
+    ) -> Option<String> {
         let registry = Arc::clone(&self.inner);
-        py.detach(move || registry.unavailable_reason(name))
+        let ordinal = self.ordinal(device);
+        match py.detach(move || registry.plan_on(name, ordinal).status()) {
+            Status::Available { .. } => None,
+            Status::Unavailable { reason } => Some(reason),
+        }
     }
 
-    /// Kernel `name`, loaded: the prebuilt cubin that fits (its sha256 checked first), else,
-    /// when allowed, the JIT fallback's. Loaded once; later calls return the same kernel.
-    fn load(&self, py: Python<'_>, name: &str) -> PyResult<Kernel> {
+    /// Kernel `name`, loaded on the device (an ordinal; `None`: the registry's): the prebuilt
+    /// cubin that fits that device (its sha256 checked first), else, when allowed, the JIT
+    /// fallback's. Loaded once per device; later calls return the same kernel.
+    #[pyo3(signature = (name, device=None))]
+    fn load(&self, py: Python<'_>, name: &str, device: Option<u32>) -> PyResult<Kernel> {
         let registry = Arc::clone(&self.inner);
+        let ordinal = self.ordinal(device);
         let kernel = py
-            .detach(move || registry.load(name))
+            .detach(move || registry.load_on(name, ordinal))
             .map_err(|error| load_error(py, &error))?;
-        Ok(Kernel::new(kernel, self.inner.options().device))
+        Ok(Kernel::new(kernel))
+    }
+
+    /// Every kernel this registry has loaded, on every device.
+    fn loaded(&self, py: Python<'_>) -> Vec<Kernel> {
+        let registry = Arc::clone(&self.inner);
+        py.detach(move || registry.loaded())
+            .into_iter()
+            .map(Kernel::new)
+            .collect()
     }
 
     fn __repr__(&self) -> String {
@@ -451,6 +484,13 @@ impl Registry {
             self.inner.meta().package,
             self.inner.options().device
         )
+    }
+}
+
+impl Registry {
+    /// `device`, else the registry's own device.
+    fn ordinal(&self, device: Option<u32>) -> u32 {
+        device.unwrap_or(self.inner.options().device)
     }
 }
 

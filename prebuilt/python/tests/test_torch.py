@@ -1,4 +1,5 @@
-"""kwheel.torch on a CPU: declaring ops, their registration, fakes, lazy loading, fallback.
+"""kwheel.torch on a CPU: declaring ops, their registration, fakes, lazy loading per device,
+fallback, and the trace ranges that name which binary ran.
 
 Needs torch importable next to the installed `kwheel` wheel (`release/tests/run.rs` puts the
 pinned torch of `ci/setup-torch` on PYTHONPATH); without torch, only the test that `kwheel.torch`
@@ -40,10 +41,11 @@ def run_python(code, **environment):
 class StubKernel:
     """What `Registry.load` returns, for the parts kwheel.torch reads."""
 
-    def __init__(self, name, entries, constants):
+    def __init__(self, name, entries, constants, device=0):
         self.name = name
         self.entries = entries
         self.constants = constants
+        self.trace_label = f"kwheel:{name} cu130/sm_90a prebuilt 0123456789ab cuda:{device}"
 
     def function(self, entry):
         return ("function", self.name, entry)
@@ -59,12 +61,12 @@ class StubRegistry:
         self.loads = []
         self.lock = threading.Lock()
 
-    def load(self, name):
+    def load(self, name, device=None):
         with self.lock:
-            self.loads.append(name)
+            self.loads.append((name, device))
         if self.error is not None:
             raise self.error
-        return StubKernel(name, [name], self.constants)
+        return StubKernel(name, [name], self.constants, device)
 
 
 def _double_shape(x):
@@ -283,7 +285,9 @@ class Loading(unittest.TestCase):
             thread.start()
         for thread in threads:
             thread.join()
-        self.assertEqual(registry.loads, ["double", "double"])
+        # Each device asked for by its own ordinal, once.
+        self.assertEqual(sorted(registry.loads), [("double", 0), ("double", 1)])
+        self.assertEqual(kernel.label(1), "kwheel:double cu130/sm_90a prebuilt 0123456789ab cuda:1")
         functions, constants = results[0]
         self.assertEqual(constants, {"BLOCK_SIZE": 64})
         self.assertEqual(functions[None], ("function", "double", "double"))
@@ -296,7 +300,7 @@ class Loading(unittest.TestCase):
             with self.assertRaises(kwheel.NoGpuError) as raised:
                 kernel.get(0)
             self.assertIs(raised.exception, error)
-        self.assertEqual(registry.loads, ["double", "double"])
+        self.assertEqual(registry.loads, [("double", 0), ("double", 0)])
 
 
 class RecordingFunction:
@@ -488,6 +492,174 @@ class Fallback(unittest.TestCase):
         with self.assertRaises(kwheel.NoFitError) as raised:
             op.cuda(torch.ones(3))
         self.assertEqual(str(raised.exception), self.MESSAGE)
+
+
+class RecordingNvtx:
+    """`torch.cuda.nvtx.range_push`/`range_pop` replaced, recording each call in order."""
+
+    def __init__(self, test):
+        self.calls = []
+        nvtx = torch.cuda.nvtx
+        push, pop = nvtx.range_push, nvtx.range_pop
+        nvtx.range_push = lambda message: self.calls.append(("push", message))
+        nvtx.range_pop = lambda: self.calls.append(("pop",))
+        test.addCleanup(setattr, nvtx, "range_push", push)
+        test.addCleanup(setattr, nvtx, "range_pop", pop)
+
+
+def profiled(call):
+    """The names of the events a CPU torch.profiler run of `call` records, and its result."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        result = call()
+    return [event.name for event in profile.events()], result
+
+
+LABEL = "kwheel:f cu130/sm_90a prebuilt 0123456789ab cuda:-1"
+
+
+@unittest.skipUnless(HAS_TORCH, NO_TORCH)
+class Tracing(unittest.TestCase):
+    """The ranges an op's launches are marked with: none while no profiler runs and
+    `<PACKAGE>_TRACE` is off, one per launch, named after the binary, while a profiler runs
+    (torch.profiler's events, read back) or the variable is on (NVTX calls, captured)."""
+
+    def setUp(self):
+        raw_stream = torch._C._cuda_getCurrentRawStream
+        torch._C._cuda_getCurrentRawStream = lambda device: 1234
+        self.addCleanup(setattr, torch._C, "_cuda_getCurrentRawStream", raw_stream)
+        self.nvtx = RecordingNvtx(self)
+        self.function = RecordingFunction()
+
+    def op(self, trace=False):
+        library = kt.Library(StubRegistry(f"kwheel-test-{self._testMethodName}"))
+        library.trace = trace
+
+        def launch(constants, outputs, x):
+            return kt.Launch(1, 4, [outputs[0], x, x.numel()])
+
+        library.define("f(Tensor x) -> Tensor", kernel="f", shape=_double_shape, launch=launch)
+        op = library.ops["f"]
+        # CPU tensors are device -1: the kernel of that "device" is a recording one.
+        op.kernel._loaded[-1] = ({None: self.function}, {"BLOCK_SIZE": 4})
+        op.kernel._labels[-1] = LABEL
+        return op
+
+    def test_off_nothing_is_marked(self):
+        op = self.op()
+        for _ in range(3):  # a plan miss, then plan hits
+            op.cuda(torch.ones(3))
+        self.assertEqual(self.nvtx.calls, [])
+        self.assertEqual(len(self.function.launches), 3)
+
+    def test_the_variable_marks_every_launch_with_an_nvtx_range(self):
+        op = self.op(trace=True)
+        op.cuda(torch.ones(3))  # plan miss
+        op.cuda(torch.ones(3))  # plan hit
+        op.cuda(torch.ones(5))  # another shape: a miss again
+        self.assertEqual(self.nvtx.calls, [("push", LABEL), ("pop",)] * 3)
+        self.assertEqual(len(self.function.launches), 3)
+
+    def test_a_running_profiler_shows_one_range_per_launch_named_after_the_binary(self):
+        op = self.op()
+        events, _ = profiled(lambda: [op.cuda(torch.ones(3)) for _ in range(3)])
+        self.assertEqual(events.count(LABEL), 3, events)
+        self.assertEqual(self.nvtx.calls, [("push", LABEL), ("pop",)] * 3)
+        # The profiler stopped: unmarked again.
+        op.cuda(torch.ones(3))
+        self.assertEqual(len(self.nvtx.calls), 6)
+
+    def test_the_range_closes_when_the_launch_raises(self):
+        op = self.op(trace=True)
+
+        def refuse(*args):
+            raise kwheel.ArgumentError("argument 2 of `f` is a float, but parameter 2 is 8 bytes")
+
+        self.function.launch = refuse
+        with self.assertRaises(kwheel.ArgumentError):
+            op.cuda(torch.ones(3))
+        self.assertEqual(self.nvtx.calls, [("push", LABEL), ("pop",)])
+
+    def test_a_fallback_is_marked_and_listed_as_such(self):
+        message = "no prebuilt variant of `double` fits device 3 (sm_120, compute 12.0)"
+        library = kt.Library(
+            StubRegistry("kwheel-test-trace-fallback", error=kwheel.NoFitError(message))
+        )
+        library.define(
+            "double(Tensor x) -> Tensor",
+            kernel="double_fallback_kernel",
+            shape=_double_shape,
+            launch=_double_launch,
+            reference=_double_reference,
+            fallback=True,
+        )
+        op = library.ops["double"]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", kt.FallbackWarning)
+            events, out = profiled(lambda: op.cuda(torch.ones(3)))
+        self.assertEqual(out.tolist(), [2.0] * 3)
+        label = "kwheel:double_fallback_kernel reference fallback - cuda:-1"
+        self.assertIn(label, events)
+        listed = [entry for entry in kwheel.provenance() if entry["kernel"] == "double_fallback_kernel"]
+        self.assertEqual(
+            listed,
+            [
+                {
+                    "package": "kwheel-test-trace-fallback",
+                    "bundle": None,
+                    "kernel": "double_fallback_kernel",
+                    "device": -1,
+                    "variant": "reference",
+                    "source": "fallback",
+                    "key": "",
+                    "reason": message,
+                    "label": label,
+                }
+            ],
+        )
+
+    def test_trace_range_marks_both_and_nests(self):
+        def run():
+            with kwheel._trace_range("outer"):
+                with kwheel._trace_range("inner"):
+                    pass
+
+        events, _ = profiled(run)
+        self.assertEqual([name for name in events if name in ("outer", "inner")], ["outer", "inner"])
+        self.assertEqual(
+            self.nvtx.calls,
+            [("push", "outer"), ("push", "inner"), ("pop",), ("pop",)],
+        )
+
+    def test_the_variable_is_read_when_the_library_is_made(self):
+        code = (
+            "import kwheel.torch as kt\n"
+            "class R:\n"
+            "    package = 'kwheel-test-trace-env'\n"
+            "print(kt.Library(R()).trace)\n"
+        )
+        for value, expected in (("1", "True"), ("on", "True"), ("0", "False"), ("", "False")):
+            status, out, err = run_python(code, KWHEEL_TEST_TRACE_ENV_TRACE=value)
+            self.assertEqual(status, 0, err)
+            self.assertEqual(out.strip(), expected, value)
+
+    def test_labels_and_the_variable_come_from_the_runtime(self):
+        self.assertEqual(
+            kwheel._kwheel.trace_label("layernorm_bf16", "cu130/sm_90a", "prebuilt", "ab" * 32, 1),
+            f"kwheel:layernorm_bf16 cu130/sm_90a prebuilt {'ab' * 6} cuda:1",
+        )
+        self.assertEqual(kwheel._kwheel.trace_variable("af3-kernels"), "AF3_KERNELS_TRACE")
+
+
+class WithoutTorch(unittest.TestCase):
+    def test_a_trace_range_without_torch_does_nothing(self):
+        code, out, err = run_python(
+            "import sys, kwheel\n"
+            "with kwheel._trace_range('x'):\n"
+            "    pass\n"
+            "print('torch' in sys.modules, kwheel.provenance())\n"
+        )
+        self.assertEqual(code, 0, err)
+        self.assertEqual(out.split(), ["False", "[]"])
 
 
 if __name__ == "__main__":

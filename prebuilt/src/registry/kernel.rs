@@ -164,9 +164,18 @@ impl Kernel {
 pub const SHORT_KEY_DIGITS: usize = 12;
 
 /// The range name of [`Kernel::trace_label`]; `source` is a [`ProvenanceKind`]'s name, or
-/// `fallback` for a torch op that ran its reference instead.
-pub fn trace_label(kernel: &str, variant: &str, source: &str, key: &str, device: u32) -> String {
-    let short = key.get(..SHORT_KEY_DIGITS).unwrap_or(key);
+/// `fallback` for a torch op that ran its reference instead (with no key: `-`).
+pub fn trace_label(
+    kernel: &str,
+    variant: &str,
+    source: &str,
+    key: &str,
+    device: impl fmt::Display,
+) -> String {
+    let short = match key.get(..SHORT_KEY_DIGITS).unwrap_or(key) {
+        "" => "-",
+        short => short,
+    };
     format!("kwheel:{kernel} {variant} {source} {short} cuda:{device}")
 }
 
