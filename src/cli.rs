@@ -249,6 +249,10 @@ pub(crate) struct BundleKernelsArgs {
     /// Read the remote cache but never upload to it.
     #[arg(long)]
     pub(crate) remote_cache_read_only: bool,
+    /// Print every failed target's whole compiler log (by default each distinct error is
+    /// printed once, shortened, and the logs go to target/kwheel/logs/bundle-kernels.log).
+    #[arg(long)]
+    pub(crate) verbose: bool,
 }
 
 #[derive(Args)]

@@ -3,6 +3,7 @@
 
 mod cli;
 mod exit;
+mod report;
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -335,8 +336,15 @@ fn bundle_kernels(args: BundleKernelsArgs) -> Result<()> {
                 remote
             }),
     };
-    let summary = bundler::bundle_kernels_shared(&options, &shared)
-        .with_context(|| format!("bundle-kernels for `{}` failed", options.manifest.display()))?;
+    let summary = bundler::bundle_kernels_shared(&options, &shared).map_err(|error| {
+        let context = format!("bundle-kernels for `{}` failed", options.manifest.display());
+        match (&error, args.verbose) {
+            (bundler::Error::NoTarget { kernel, reasons }, false) => {
+                no_target_summary(&context, kernel, reasons, &error)
+            }
+            _ => anyhow::Error::new(error).context(context),
+        }
+    })?;
     if let Some(remote) = &summary.remote {
         println!("remote cache: {remote}");
     }
@@ -346,8 +354,39 @@ fn bundle_kernels(args: BundleKernelsArgs) -> Result<()> {
         .values()
         .map(|k| k.variants.len())
         .sum();
-    for (kernel, build, arch, _) in &summary.failed {
-        eprintln!("warning: `{kernel}` failed for {arch} ({build}); recorded as unavailable");
+    if !summary.failed.is_empty() {
+        let mut by_kernel: std::collections::BTreeMap<&str, Vec<(String, String)>> =
+            std::collections::BTreeMap::new();
+        let mut full = String::new();
+        for (kernel, build, arch, error) in &summary.failed {
+            by_kernel
+                .entry(kernel)
+                .or_default()
+                .push((format!("{arch} ({build})"), error.clone()));
+            full.push_str(&format!("`{kernel}` {arch} ({build}):\n{error}\n\n"));
+        }
+        let log = if args.verbose {
+            None
+        } else {
+            report::write_log("bundle-kernels", &full)
+        };
+        for (kernel, errors) in by_kernel {
+            let groups = report::group_errors(&errors);
+            eprint!(
+                "warning: `{kernel}` failed for {} target(s), recorded as unavailable ({} \
+                 distinct error(s)):\n{}",
+                errors.len(),
+                groups.len(),
+                if args.verbose {
+                    errors
+                        .iter()
+                        .map(|(target, error)| format!("  {target}:\n{error}\n"))
+                        .collect()
+                } else {
+                    report::render_groups(&groups, log.as_deref())
+                }
+            );
+        }
     }
     println!(
         "{} kernels, {variants} variants: {} built, {} from cache, {} skipped, {} failed; bundle {} {} in {:.2}s",
@@ -361,6 +400,37 @@ fn bundle_kernels(args: BundleKernelsArgs) -> Result<()> {
         summary.elapsed.as_secs_f64(),
     );
     Ok(())
+}
+
+/// A kernel that built for no target, said once per distinct error with the targets it hit and
+/// the first lines of each; the whole text goes to a log file (or the terminal with --verbose).
+fn no_target_summary(
+    context: &str,
+    kernel: &str,
+    reasons: &[String],
+    error: &bundler::Error,
+) -> anyhow::Error {
+    let errors: Vec<(String, String)> = reasons
+        .iter()
+        .map(|reason| {
+            let (target, why) = reason.split_once(": ").unwrap_or(("", reason));
+            let why = why.strip_prefix("failed: ").unwrap_or(why);
+            (target.to_owned(), why.to_owned())
+        })
+        .collect();
+    let groups = report::group_errors(&errors);
+    let log = report::write_log("bundle-kernels", &format!("{context}: {error}\n"));
+    CommandFailed::new(
+        Failure::Build,
+        format!(
+            "{context}: `{kernel}` was built for no target of the matrix; {} distinct error(s) on \
+             {} target(s):\n{}",
+            groups.len(),
+            errors.len(),
+            report::render_groups(&groups, log.as_deref()).trim_end()
+        ),
+    )
+    .into()
 }
 
 /// `KWHEEL_KERNELS=a,b` as `--only a,b`.

@@ -1263,3 +1263,57 @@ fn the_stale_bundle_hint_repeats_the_options_given_and_following_it_works() {
     let output = build_wheel();
     assert!(output.status.success(), "{}", support::text(&output));
 }
+
+#[test]
+fn one_syntax_error_is_summarized_once_with_every_target_it_hit() {
+    if !have_toolchains() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let library = copy_library(dir.path());
+    let source = library.join("swiglu/swiglu.cu");
+    let mut text = std::fs::read_to_string(&source).unwrap();
+    text.push_str("\nthis is not C++;\n");
+    std::fs::write(&source, text).unwrap();
+    let bundle = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_kwheel"))
+            .args(["dev", "bundle-kernels", "--quiet", "--only", "swiglu"])
+            .arg("--cache-dir")
+            .arg(dir.path().join("cache"))
+            .args(extra)
+            .current_dir(&library)
+            .output()
+            .unwrap()
+    };
+    let output = bundle(&[]);
+    failure(&output, BUILD);
+    let errors = stderr(&output);
+    let summary = &errors[errors.find("\nerror: ").expect("an error line") + 1..];
+    assert!(summary.lines().count() <= 15, "{summary}");
+    assert_eq!(
+        summary.matches("expected a declaration").count(),
+        1,
+        "{summary}"
+    );
+    assert!(
+        summary.contains("1 distinct error(s) on 8 target(s)"),
+        "{summary}"
+    );
+    for build in ["(cu129, nvrtc ", "(cu130, nvcc "] {
+        for arch in ["sm_90a", "sm_100a", "sm_100f", "compute_90"] {
+            assert!(summary.contains(&format!("{arch} {build}")), "{summary}");
+        }
+    }
+    // The whole of every log is in the file the summary names, and behind --verbose.
+    let log =
+        std::fs::read_to_string(library.join("target/kwheel/logs/bundle-kernels.log")).unwrap();
+    assert_eq!(log.matches("expected a declaration").count(), 8, "{log}");
+    assert!(summary.contains("the full log: target/kwheel/logs/bundle-kernels.log"));
+    let verbose = stderr(&bundle(&["--verbose"]));
+    let verbose = &verbose[verbose.find("\nerror: ").unwrap() + 1..];
+    assert_eq!(
+        verbose.matches("expected a declaration").count(),
+        8,
+        "{verbose}"
+    );
+}
