@@ -486,7 +486,7 @@ class LoaderErrors(unittest.TestCase):
         class NoFit:
             package = "af3-kernels"
 
-            def load(self, name):
+            def load(self, name, device=None):
                 raise kwheel.NoFitError(message)
 
         library.ops["swiglu"].kernel.registry = NoFit()

@@ -123,6 +123,34 @@ class Status(unittest.TestCase):
         self.assertIsInstance(raised.exception, kwheel.KwheelError)
         self.assertIsInstance(raised.exception, RuntimeError)
 
+    @unittest.skipIf(has_driver(), "a CUDA driver is installed here")
+    def test_every_device_answers_for_itself_without_a_driver(self):
+        import af3_kernels
+
+        for device in (None, 0, 1, "cuda:1"):
+            with self.assertRaises(kwheel.NoGpuError):
+                af3_kernels.load("swiglu", device=device)
+            status = af3_kernels.status(device=device)
+            self.assertEqual(sorted(status), KERNELS)
+            self.assertTrue(status["swiglu"].startswith("unavailable: no CUDA driver"), status)
+            self.assertFalse(af3_kernels.is_available("swiglu", device=device))
+        # Nothing loaded, on any device.
+        self.assertEqual(af3_kernels._registry.loaded(), [])
+        self.assertEqual(kwheel.provenance(), [])
+
+    def test_a_device_is_an_ordinal_or_a_cuda_device(self):
+        ordinal = kwheel._ordinal
+        self.assertEqual([ordinal(None), ordinal(0), ordinal(3), ordinal("cuda:2")], [None, 0, 3, 2])
+        self.assertEqual(ordinal(types.SimpleNamespace(type="cuda", index=1)), 1)
+        for device in ("cpu", types.SimpleNamespace(type="cpu", index=None)):
+            with self.assertRaises(ValueError) as raised:
+                ordinal(device)
+            self.assertIn("is not a CUDA device", str(raised.exception))
+
+    def test_provenance_is_part_of_the_api(self):
+        self.assertIn("provenance", kwheel.__all__)
+        self.assertEqual(kwheel.open("af3_kernels").trace_variable, "AF3_KERNELS_TRACE")
+
     def test_an_unknown_kernel_lists_the_known_ones(self):
         import af3_kernels
 
