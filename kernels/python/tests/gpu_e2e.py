@@ -339,6 +339,13 @@ def main():
         kernels[name] = af3_kernels.load(name)
         load_ms[name] = (time.perf_counter() - began) * 1e3
     constants = {name: kernel.constants for name, kernel in kernels.items()}
+    # The registry's device is torch's current one, 0 here: the per-device path is the same
+    # module, whichever way device 0 is named.
+    for name, kernel in kernels.items():
+        for device in (0, "cuda:0", torch.device("cuda", 0)):
+            again = af3_kernels.load(name, device=device)
+            if (again.device, again.trace_label) != (0, kernel.trace_label):
+                fail(f"{name}: load(device={device!r}) is {again.trace_label}, not {kernel.trace_label}")
 
     results = []
     failures = []

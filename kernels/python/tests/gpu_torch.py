@@ -11,6 +11,10 @@ With the `kwheel` and `af3-kernels` wheels installed next to torch, this script 
 - gradients of `sigmoid_gate` (its backward is the `sigmoid_gate_backward` kernel) against
   torch's autograd, eager and compiled;
 - that every kernel came from a prebuilt cubin;
+- that a `torch.profiler` trace of the block shows one `kwheel:` range per op, named with the
+  kernel, variant (`cu130/sm_90a`), source (`prebuilt`) and key, and that the same ranges go
+  to NVTX (captured: `torch.cuda.nvtx.range_push`/`range_pop` replaced), and none while no
+  profiler runs;
 
 and times, into the JSON report: the host cost of one op call (through the dispatcher)
 against the raw `launch` and the equivalent native torch op; the block eager, compiled and
@@ -263,6 +267,68 @@ def check_block():
     torch._dynamo.reset()
 
 
+# The kernel each op of `block` launches, in order.
+BLOCK_KERNELS = [
+    "layernorm_bf16",
+    "swiglu",
+    "sigmoid_gate",
+    "masked_softmax_pair_bias",
+    "scale_rows",
+    "wgmma_matmul_bf16",
+]
+
+
+def check_trace():
+    inputs = block_inputs()
+    block(*inputs)  # loaded and planned: the trace shows steady calls
+    torch.cuda.synchronize()
+    nvtx = torch.cuda.nvtx
+    pushed = []
+    push, pop = nvtx.range_push, nvtx.range_pop
+    nvtx.range_push = lambda message: pushed.append(message)
+    nvtx.range_pop = lambda: pushed.append(None)
+    try:
+        block(*inputs)
+        check(pushed == [], f"ranges marked with no profiler running: {pushed}")
+        activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        with torch.profiler.profile(activities=activities) as profile:
+            block(*inputs)
+            torch.cuda.synchronize()
+    finally:
+        nvtx.range_push, nvtx.range_pop = push, pop
+    events = list(profile.events())
+    labels = [event.name for event in events if event.name.startswith("kwheel:")]
+    REPORT["trace_ranges"] = labels
+    check(len(labels) == BLOCK_OPS, f"trace: {len(labels)} kwheel ranges for {BLOCK_OPS} ops: {labels}")
+    provenance = {(entry["kernel"], entry["device"]): entry for entry in kwheel.provenance()}
+    for kernel, label in zip(BLOCK_KERNELS, labels):
+        parts = label.split(" ")
+        entry = provenance.get((kernel, 0))
+        check(
+            entry is not None and label == entry["label"],
+            f"trace: range `{label}` is not `{kernel}`'s ({entry and entry['label']})",
+        )
+        check(
+            len(parts) == 5 and parts[0] == f"kwheel:{kernel}" and parts[1].endswith("/sm_90a")
+            and parts[2] == "prebuilt" and len(parts[3]) == 12 and parts[4] == "cuda:0",
+            f"trace: range `{label}` does not name kernel, variant, source, key and device",
+        )
+    check(
+        [message for message in pushed if message is not None] == labels
+        and pushed.count(None) == len(labels),
+        f"NVTX ranges differ from the profiler's: {pushed}",
+    )
+    # Whether the profiler saw the kernels themselves on the GPU (launched with cuLaunchKernel).
+    REPORT["trace_gpu_kernels"] = sorted(
+        {
+            event.name
+            for event in events
+            if event.device_type == torch.autograd.DeviceType.CUDA
+            and any(kernel in event.name for kernel in BLOCK_KERNELS)
+        }
+    )
+
+
 # In a process of its own, since the variable is read at import. explain's
 # graph_break_count counts only breaks that split a graph (two ops in a row break once);
 # dynamo's graph_break counter counts every break, one per op here.
@@ -404,6 +470,12 @@ def time_overhead():
             "raw_launch_ints_us": per_call_us(raw_int_call),
             "native_us": per_call_us(native_call),
         }
+        # The same call marked in traces (as under AF3_KERNELS_TRACE=1, no profiler running).
+        tracing, ops.library.trace = ops.library.trace, True
+        try:
+            row["op_traced_us"] = per_call_us(op_call)
+        finally:
+            ops.library.trace = tracing
         with torch.inference_mode():
             row["op_inference_mode_us"] = per_call_us(op_call)
             row["native_inference_mode_us"] = per_call_us(native_call)
@@ -494,7 +566,10 @@ def main():
     REPORT["torch"] = torch.__version__
     REPORT["kwheel"] = kwheel.__version__
 
-    steps = [check_ops, check_block, check_escape_hatch, check_gradients, time_overhead, time_block]
+    steps = [
+        check_ops, check_block, check_trace, check_escape_hatch, check_gradients, time_overhead,
+        time_block,
+    ]
     if not options.skip_first_call:
         steps.append(time_first_call)
     for step in steps:
@@ -508,8 +583,9 @@ def main():
             check(False, f"{step.__name__} raised {type(error).__name__}: {error}")
         print(f"{step.__name__}: {time.perf_counter() - began:.1f} s", flush=True)
 
-    provenance = {name: str(op.kernel.registry.load(op.kernel.name).provenance) for name, op in ops.library.ops.items()}
+    provenance = {name: str(op.kernel.registry.load(op.kernel.name, device=0).provenance) for name, op in ops.library.ops.items()}
     REPORT["provenance"] = provenance
+    REPORT["loaded"] = kwheel.provenance()
     for name, text in provenance.items():
         check(text.startswith("prebuilt "), f"{name}: kernel not prebuilt ({text})")
     REPORT["failures"] = FAILURES
