@@ -276,6 +276,23 @@ pub enum JitError {
         #[source]
         source: Box<CubinError>,
     },
+    /// The source compiles the kernel only for other targets: every entry's body for this one
+    /// only reports and aborts (see [`crate::cubin::stub_entries`]), so it is not loaded.
+    #[error(
+        "`{kernel}` has no real code for {arch}: the source compiles it only for other \
+         targets, and what {compiler} built for {arch} is a stub that aborts ({})",
+        .stubs.join("; ")
+    )]
+    Stub {
+        /// The kernel.
+        kernel: String,
+        /// The target compiled.
+        arch: Arch,
+        /// The compiler that ran.
+        compiler: String,
+        /// Each entry and what its body does.
+        stubs: Vec<String>,
+    },
     /// A declared entry is not in the compiled cubin.
     #[error(
         "the cubin {compiler} built for `{kernel}` ({arch}) has no kernel entry for `{entry}`; \

@@ -100,7 +100,38 @@ pub(super) fn compile(
                 )],
             },
         })?;
+    refuse_stubs(kernel, request.arch, &record, &cubin, &functions)?;
     Ok((cubin, functions))
+}
+
+/// The bundler's rule ([`crate::cubin::stub_entries`]): a cubin whose every entry only
+/// reports and aborts on this target is not a kernel for it, whichever side compiled it.
+fn refuse_stubs(
+    kernel: &str,
+    arch: Arch,
+    compiler: &str,
+    cubin: &[u8],
+    functions: &[Function],
+) -> Result<(), JitError> {
+    let Ok(stubs) = crate::cubin::stub_entries(cubin) else {
+        return Ok(());
+    };
+    let all_stubs = !functions.is_empty()
+        && functions
+            .iter()
+            .all(|function| stubs.iter().any(|stub| stub.symbol == function.symbol));
+    if !all_stubs {
+        return Ok(());
+    }
+    Err(JitError::Stub {
+        kernel: kernel.to_owned(),
+        arch,
+        compiler: compiler.to_owned(),
+        stubs: stubs
+            .iter()
+            .map(|stub| format!("`{}`: {}", stub.symbol, stub.describe()))
+            .collect(),
+    })
 }
 
 /// A path that does not depend on the working directory, since nvcc runs in a temp dir.
@@ -117,4 +148,47 @@ pub(super) fn describe_failure(error: &JitError) -> String {
         }
     }
     error_chain(error)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture(name: &str) -> Vec<u8> {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/stub/");
+        fs::read(format!("{path}{name}")).unwrap()
+    }
+
+    fn entries(names: &[&str]) -> Vec<Function> {
+        names
+            .iter()
+            .map(|name| Function {
+                name: (*name).to_owned(),
+                symbol: (*name).to_owned(),
+                param_sizes: vec![8, 8, 4],
+            })
+            .collect()
+    }
+
+    /// A JIT compile for a target the source has no code for is refused as a stub, as the
+    /// bundler skips it; one real entry among the stubs keeps the cubin.
+    #[test]
+    fn a_jit_cubin_that_is_only_stubs_is_refused() {
+        let arch: Arch = "sm_90a".parse().unwrap();
+        let cubin = fixture("nvcc130_sm_90a.cubin");
+        let stubs = entries(&["only100_trap", "only100_deepgemm"]);
+        let error = refuse_stubs("gemm", arch, "nvcc 13.0.88", &cubin, &stubs).unwrap_err();
+        let message = error.to_string();
+        assert!(
+            message.starts_with("`gemm` has no real code for sm_90a"),
+            "{message}"
+        );
+        assert!(message.contains("`only100_trap`"), "{message}");
+        let mixed = entries(&["only100_trap", "checked"]);
+        refuse_stubs("gemm", arch, "nvcc 13.0.88", &cubin, &mixed).unwrap();
+        // The same source for sm_100a is real code for those kernels.
+        let arch: Arch = "sm_100a".parse().unwrap();
+        let cubin = fixture("nvcc130_sm_100a.cubin");
+        refuse_stubs("gemm", arch, "nvcc 13.0.88", &cubin, &stubs).unwrap();
+    }
 }
