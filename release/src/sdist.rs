@@ -21,7 +21,17 @@
 //! | `pyproject.toml` must name `kwheel.build` | otherwise pip would build it with something that knows no bundle |
 //!
 //! [`verify_sdist`] checks the name, the layout, `PKG-INFO`, `pyproject.toml`, and that the
-//! manifest inside plans every kernel from the files inside.
+//! manifest inside plans every kernel from the files inside, none outside them. It opens only
+//! a regular file (not a link, FIFO or device) and reads it with [`read_archive`]: one gzip
+//! member holding one tar stream, every entry under one name pip's `untar_file` would give it
+//! too, streamed under caps (see the `archive` module), files unpacked to a scratch folder as
+//! they come.
+//!
+//! Building from source (this sdist, or a recipes-only wheel) ships only files under the
+//! manifest's directory: a manifest path or a file that resolves outside it, through `..`,
+//! an absolute path or a symbolic link, is refused naming the manifest key
+//! ([`crate::Error::OutsideRoot`]). Modes are normalised as pip-built wheels do: 0644, 0755
+//! for a file its owner may execute; the sdist itself is written 0644.
 
 use std::collections::BTreeMap;
 use std::fmt;
