@@ -9,7 +9,8 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-/// Lines of one distinct error shown by default; the rest is in the log file.
+/// Lines of log shown by default for all distinct errors together (at least 2 each), so a
+/// summary stays within 15 lines; the rest is in the log file.
 const LOG_LINES: usize = 6;
 
 /// Where the full logs go, relative to the current directory.
@@ -78,14 +79,15 @@ fn without_scratch_dirs(text: &str) -> String {
 /// The groups, each as its targets and its first lines, indented under a heading line.
 pub(crate) fn render_groups(groups: &[ErrorGroup], log: Option<&Path>) -> String {
     let mut out = String::new();
+    let shown = (LOG_LINES / groups.len().max(1)).max(2);
     for group in groups {
         let _ = writeln!(out, "  {}:", group.targets.join(", "));
         let lines: Vec<&str> = group.log.lines().filter(|l| !l.trim().is_empty()).collect();
-        for line in lines.iter().take(LOG_LINES) {
+        for line in lines.iter().take(shown) {
             let _ = writeln!(out, "    {line}");
         }
-        if lines.len() > LOG_LINES {
-            let _ = writeln!(out, "    … {} more lines", lines.len() - LOG_LINES);
+        if lines.len() > shown {
+            let _ = writeln!(out, "    … {} more lines", lines.len() - shown);
         }
     }
     if let Some(log) = log {
@@ -158,9 +160,9 @@ mod tests {
         assert_eq!(
             text,
             "  sm_90a (cu129, nvrtc 12.9.86), sm_90a (cu130, nvcc 13.0.88):\n    \
-             src/k.cu(3): error: expected a declaration\n      x;\n      ^\n    1 error detected \
-             in the compilation of \"src/k.cu\".\n  sm_100a (cu130):\n    the cubin has no entry \
-             `k`\n  the full log: target/kwheel/logs/x.log (or run again with --verbose)\n"
+             src/k.cu(3): error: expected a declaration\n      x;\n      ^\n    … 1 more lines\n  \
+             sm_100a (cu130):\n    the cubin has no entry `k`\n  the full log: \
+             target/kwheel/logs/x.log (or run again with --verbose)\n"
         );
     }
 }
