@@ -281,23 +281,103 @@ pub fn discover_at(build: CudaBuild, dir: &Path) -> Result<Toolchain, ToolchainE
 
 type ProbeFailure = (String, Box<dyn std::error::Error + Send + Sync>);
 
-/// The directories the host compiler searches for `#include <…>` in C++ (libstdc++, glibc),
-/// in its order, from `gcc -x c++ -E -v`; empty when there is no `gcc`. nvcc preprocesses
-/// device code with it, so the include scanner follows headers there (see
-/// [`crate::include`]). Asked once per process.
-pub fn host_include_dirs() -> Vec<PathBuf> {
-    static DIRS: std::sync::OnceLock<Vec<PathBuf>> = std::sync::OnceLock::new();
+/// The directories the host compiler searches for `#include <…>` in C++, in its order, from
+/// `gcc -x c++ -E -v` (run with [`nvcc_command`]'s environment, as nvcc runs it: `CPATH`,
+/// `CPLUS_INCLUDE_PATH` and the like never reach a compile), split by who owns their headers.
+/// nvcc preprocesses device code with this compiler, so the include scanner follows headers
+/// there (see [`crate::include`] and docs/key.md). Asked once per process; empty without `gcc`.
+pub fn host_include_dirs() -> HostIncludeDirs {
+    static DIRS: std::sync::OnceLock<HostIncludeDirs> = std::sync::OnceLock::new();
     DIRS.get_or_init(|| {
-        let output = nvcc_command(Path::new("gcc"))
-            .args(["-x", "c++", "-E", "-v", "-o", "/dev/null", "/dev/null"])
-            .stdin(std::process::Stdio::null())
-            .output();
-        match output {
-            Ok(output) => parse_search_list(&String::from_utf8_lossy(&output.stderr)),
-            Err(_) => Vec::new(),
-        }
+        let ask = |args: &[&str]| {
+            nvcc_command(Path::new("gcc"))
+                .args(args)
+                .stdin(std::process::Stdio::null())
+                .output()
+                .ok()
+        };
+        let Some(search) = ask(&["-x", "c++", "-E", "-v", "-o", "/dev/null", "/dev/null"]) else {
+            return HostIncludeDirs::default();
+        };
+        let stdout = |output: Option<std::process::Output>| {
+            output
+                .map(|output| String::from_utf8_lossy(&output.stdout).trim().to_owned())
+                .unwrap_or_default()
+        };
+        let facts = HostCompilerFacts {
+            triplet: stdout(ask(&["-dumpmachine"])),
+            internal: PathBuf::from(stdout(ask(&["-print-file-name=include"]))),
+            sysroot: PathBuf::from(stdout(ask(&["-print-sysroot"]))),
+        };
+        HostIncludeDirs::classify(
+            parse_search_list(&String::from_utf8_lossy(&search.stderr)),
+            &facts,
+        )
     })
     .clone()
+}
+
+/// The host compiler's search dirs, in its order, split by who owns the headers in them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HostIncludeDirs {
+    /// The compiler's own (libstdc++'s `…/c++/…`, gcc's internal `/usr/lib/gcc/<triplet>/<N>/…`)
+    /// and the C library's (`/usr/include`, `/usr/include/<triplet>`): the host compiler's
+    /// identity in the key stands for them, so their headers are followed but not hashed.
+    pub compiler: Vec<PathBuf>,
+    /// Every other one (`/usr/local/include`, where `make install` puts CUTLASS): headers found
+    /// there are library files, hashed like any other.
+    pub library: Vec<PathBuf>,
+}
+
+/// What tells the host compiler's own directories from the others.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HostCompilerFacts {
+    /// `gcc -dumpmachine`: `x86_64-linux-gnu`.
+    pub triplet: String,
+    /// `gcc -print-file-name=include`: `/usr/lib/gcc/x86_64-linux-gnu/12/include`.
+    pub internal: PathBuf,
+    /// `gcc -print-sysroot`: empty for the system's own compiler.
+    pub sysroot: PathBuf,
+}
+
+impl HostIncludeDirs {
+    /// Splits `dirs` (in search order) by [`HostCompilerFacts`]: a directory is the compiler's
+    /// own when it lies under gcc's internal folder (the parent of its `include`), is a
+    /// libstdc++ folder (a `c++` component: `/usr/include/c++/12`,
+    /// `/usr/include/x86_64-linux-gnu/c++/12`), or is the C library's `<sysroot>/usr/include`
+    /// or `<sysroot>/usr/include/<triplet>`. Every other is a library dir.
+    pub fn classify(dirs: Vec<PathBuf>, facts: &HostCompilerFacts) -> HostIncludeDirs {
+        let internal = facts
+            .internal
+            .parent()
+            .filter(|parent| facts.internal.is_absolute() && parent.components().count() > 2);
+        let usr_include = Path::new("/")
+            .join(facts.sysroot.strip_prefix("/").unwrap_or(&facts.sysroot))
+            .join("usr/include");
+        let libc = [usr_include.clone(), usr_include.join(&facts.triplet)];
+        let mut out = HostIncludeDirs::default();
+        for dir in dirs {
+            let own = internal.is_some_and(|internal| dir.starts_with(internal))
+                || dir.components().any(|c| c.as_os_str() == "c++")
+                || libc.contains(&dir);
+            if own {
+                out.compiler.push(dir);
+            } else {
+                out.library.push(dir);
+            }
+        }
+        out
+    }
+
+    /// The library dirs that are not (inside) one of `toolkit_dirs`: a toolkit installed where
+    /// the host compiler looks is still the toolkit.
+    pub fn library_outside(&self, toolkit_dirs: &[PathBuf]) -> Vec<PathBuf> {
+        self.library
+            .iter()
+            .filter(|dir| !toolkit_dirs.iter().any(|toolkit| dir.starts_with(toolkit)))
+            .cloned()
+            .collect()
+    }
 }
 
 /// The directories between `#include <...> search starts here:` and `End of search list.`
@@ -579,6 +659,86 @@ mod tests {
     }
 
     #[test]
+    fn host_dirs_of_the_compiler_and_libc_are_told_from_library_dirs() {
+        let debian = HostCompilerFacts {
+            triplet: "x86_64-linux-gnu".into(),
+            internal: "/usr/lib/gcc/x86_64-linux-gnu/12/include".into(),
+            sysroot: PathBuf::new(),
+        };
+        let dirs: Vec<PathBuf> = [
+            "/usr/include/c++/12",
+            "/usr/include/x86_64-linux-gnu/c++/12",
+            "/usr/include/c++/12/backward",
+            "/usr/lib/gcc/x86_64-linux-gnu/12/include",
+            "/usr/local/include",
+            "/usr/include/x86_64-linux-gnu",
+            "/usr/include",
+        ]
+        .iter()
+        .map(PathBuf::from)
+        .collect();
+        let split = HostIncludeDirs::classify(dirs.clone(), &debian);
+        assert_eq!(split.library, [PathBuf::from("/usr/local/include")]);
+        assert_eq!(split.compiler.len(), 6);
+        // A gcc with its own prefix and sysroot (conda's): its libc is the sysroot's.
+        let conda = HostCompilerFacts {
+            triplet: "x86_64-conda-linux-gnu".into(),
+            internal: "/opt/conda/lib/gcc/x86_64-conda-linux-gnu/13.3.0/include".into(),
+            sysroot: "/opt/conda/x86_64-conda-linux-gnu/sysroot".into(),
+        };
+        let dirs: Vec<PathBuf> = [
+            "/opt/conda/x86_64-conda-linux-gnu/include/c++/13.3.0",
+            "/opt/conda/lib/gcc/x86_64-conda-linux-gnu/13.3.0/include",
+            "/opt/conda/lib/gcc/x86_64-conda-linux-gnu/13.3.0/include-fixed",
+            "/opt/conda/include",
+            "/opt/conda/x86_64-conda-linux-gnu/sysroot/usr/include",
+        ]
+        .iter()
+        .map(PathBuf::from)
+        .collect();
+        let split = HostIncludeDirs::classify(dirs, &conda);
+        assert_eq!(split.library, [PathBuf::from("/opt/conda/include")]);
+        // The system's /usr/include is not that compiler's libc.
+        let split = HostIncludeDirs::classify(vec!["/usr/include".into()], &conda);
+        assert_eq!(split.library, [PathBuf::from("/usr/include")]);
+        // A toolkit installed where the compiler looks stays the toolkit.
+        let split = HostIncludeDirs {
+            compiler: Vec::new(),
+            library: vec![
+                "/usr/local/cuda/include".into(),
+                "/usr/local/include".into(),
+            ],
+        };
+        assert_eq!(
+            split.library_outside(&[PathBuf::from("/usr/local/cuda/include")]),
+            [PathBuf::from("/usr/local/include")]
+        );
+    }
+
+    #[test]
+    fn this_machines_host_dirs_keep_usr_include_with_the_compiler() {
+        let dirs = host_include_dirs();
+        if dirs.compiler.is_empty() {
+            eprintln!("skipped: no gcc on PATH");
+            return;
+        }
+        assert!(
+            dirs.compiler.contains(&PathBuf::from("/usr/include")),
+            "{dirs:?}"
+        );
+        assert!(
+            !dirs.library.contains(&PathBuf::from("/usr/include")),
+            "{dirs:?}"
+        );
+        if Path::new("/usr/local/include").is_dir() {
+            assert!(
+                dirs.library.contains(&PathBuf::from("/usr/local/include")),
+                "{dirs:?}"
+            );
+        }
+    }
+
+    #[test]
     fn cu130_toolchain_uses_nvcc() {
         let Some(toolchain) = toolchain_for_tests(CUDA_13_0) else {
             return;
@@ -624,7 +784,12 @@ mod tests {
             names,
             [
                 PathBuf::from("nvidia/cuda_runtime/include"),
-                PathBuf::from("nvidia/cuda_cccl/include")
+                PathBuf::from("nvidia/cuda_cccl/include"),
+                PathBuf::from("nvidia/cublas/include"),
+                PathBuf::from("nvidia/cufft/include"),
+                PathBuf::from("nvidia/curand/include"),
+                PathBuf::from("nvidia/cusolver/include"),
+                PathBuf::from("nvidia/cusparse/include"),
             ]
         );
     }

@@ -20,6 +20,10 @@ pub(super) struct Include {
     pub(super) name: String,
     /// 1-based line of the `#`.
     pub(super) line: u32,
+    /// Whether a conditional (`#if`, `#ifdef`, `#ifndef`) other than an include guard
+    /// surrounds it: the scanner evaluates none, so such an include may be one the compiler
+    /// never reads (`#ifdef __CUDACC_RTC__` / `#include "target"`, NVRTC's own header).
+    pub(super) conditional: bool,
 }
 
 #[derive(Debug)]
@@ -41,6 +45,18 @@ pub(super) struct Directives {
     pub(super) includes: Vec<Include>,
     pub(super) macro_includes: Vec<MacroInclude>,
     pub(super) defines: Vec<Define>,
+    /// The open conditionals, innermost last: `true` for one that counts, `false` for an
+    /// include guard (`#ifndef X` whose next directive is `#define X`).
+    conditions: Vec<bool>,
+    /// The macro of the `#ifndef` just read, while the next directive may make it a guard.
+    guard_candidate: Option<String>,
+}
+
+impl Directives {
+    /// Whether a counted conditional is open.
+    fn in_conditional(&self) -> bool {
+        self.conditions.iter().any(|&counts| counts)
+    }
 }
 
 /// `#include NAME` or `#include NAME(args)`.
@@ -334,10 +350,41 @@ fn directive(
             _ => break,
         }
     }
+    let guard_candidate = out.guard_candidate.take();
     let kind = match keyword.get(..length) {
         Some(b"include") => None,
         Some(b"include_next") => Some(IncludeKind::Next),
-        Some(b"define") => return Ok(define(source, end, out)),
+        Some(b"define") => {
+            let resume = define(source, end, out);
+            let defined = out.defines.last().map(|define| &define.name);
+            if guard_candidate.is_some() && defined == guard_candidate.as_ref() {
+                if let Some(top) = out.conditions.last_mut() {
+                    *top = false;
+                }
+            }
+            return Ok(resume);
+        }
+        Some(b"if" | b"ifdef") => {
+            out.conditions.push(true);
+            return Ok(hash + 1);
+        }
+        Some(b"ifndef") => {
+            out.conditions.push(true);
+            let start = skip_blanks(source, end);
+            let mut name_end = start;
+            while name_end < source.len() && is_identifier_byte(source[name_end]) {
+                name_end += 1;
+            }
+            if name_end > start {
+                out.guard_candidate =
+                    Some(String::from_utf8_lossy(&source[start..name_end]).into_owned());
+            }
+            return Ok(hash + 1);
+        }
+        Some(b"endif") => {
+            out.conditions.pop();
+            return Ok(hash + 1);
+        }
         _ => return Ok(hash + 1),
     };
     let line = lines.line_of(source, hash);
@@ -378,7 +425,13 @@ fn directive(
     } else {
         String::from_utf8_lossy(raw).into_owned()
     };
-    out.includes.push(Include { kind, name, line });
+    let conditional = out.in_conditional();
+    out.includes.push(Include {
+        kind,
+        name,
+        line,
+        conditional,
+    });
     // Past the closing delimiter, so `<a/*b.h>` opens no comment.
     Ok(i + 1)
 }

@@ -68,6 +68,7 @@ pub struct ScanRoots {
 pub struct IncludeGraph {
     files: BTreeMap<String, String>,
     externals: BTreeSet<String>,
+    absent: BTreeSet<(String, String)>,
     nodes: Vec<GraphNode>,
     sources: Vec<usize>,
     by_stable: HashMap<String, usize>,
@@ -86,6 +87,8 @@ struct GraphNode {
 enum Edge {
     File(usize),
     External(String),
+    /// A quoted include under a conditional that resolved nowhere.
+    Absent(String),
 }
 
 impl IncludeGraph {
@@ -100,6 +103,31 @@ impl IncludeGraph {
     /// includes found nowhere (system headers), by spelled name.
     pub fn externals(&self) -> &BTreeSet<String> {
         &self.externals
+    }
+
+    /// Quoted includes under a conditional (`#ifdef __CUDACC_RTC__`) that resolved to no file
+    /// anywhere, as (includer's stable path, header as spelled): the scanner evaluates no
+    /// conditional, so these are taken as includes the compile does not read. One that
+    /// appears later is found, and hashed, by the next scan.
+    pub fn absent(&self) -> &BTreeSet<(String, String)> {
+        &self.absent
+    }
+
+    /// The include dirs a compile of this graph needs, out of the `dirs` it was scanned with:
+    /// the first `required` (the manifest's) always, then the rest (the host compiler's library
+    /// dirs) up to the last one a file of the graph is named after (`[n]/…`), so that the
+    /// compile, like the scan, finds those headers there and the JIT finds their shipped copies.
+    pub fn needed_include_dirs(&self, dirs: &[PathBuf], required: usize) -> Vec<PathBuf> {
+        let used = self
+            .files
+            .keys()
+            .filter_map(|stable| {
+                let (index, _) = stable.strip_prefix('[')?.split_once("]/")?;
+                index.parse::<usize>().ok()
+            })
+            .max();
+        let count = used.map_or(required, |last| (last + 1).max(required));
+        dirs[..count.min(dirs.len())].to_vec()
     }
 
     /// The absolute (canonical) path of a graph file, by stable path.
@@ -151,6 +179,11 @@ impl IncludeGraph {
                     Edge::External(name) => {
                         out.push_str(name);
                         out.push_str(" (external)\n");
+                    }
+                    Edge::Absent(name) => {
+                        out.push('"');
+                        out.push_str(name);
+                        out.push_str("\" (absent: under a conditional, found nowhere)\n");
                     }
                     &Edge::File(child) => {
                         out.push_str(&self.nodes[child].stable);

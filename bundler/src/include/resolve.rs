@@ -135,6 +135,8 @@ pub(super) struct Scanner<'r> {
     nodes: Vec<ScanNode>,
     queue: VecDeque<usize>,
     externals: BTreeSet<String>,
+    /// Quoted includes under a conditional that resolved nowhere: (includer, header).
+    absent: BTreeSet<(String, String)>,
     macros: HashMap<String, MacroDefinitions>,
     /// Each `#include MACRO` with its includer, resolved once every file is scanned.
     macro_includes: Vec<(usize, MacroInclude)>,
@@ -160,6 +162,7 @@ impl<'r> Scanner<'r> {
             nodes: Vec::new(),
             queue: VecDeque::new(),
             externals: BTreeSet::new(),
+            absent: BTreeSet::new(),
             macros: HashMap::new(),
             macro_includes: Vec::new(),
         }
@@ -380,10 +383,8 @@ impl<'r> Scanner<'r> {
         // Past the include dirs: the toolkit's and the host compiler's. The header is followed
         // (a library file it includes is part of the compile) but stays external.
         let after_include_dirs = roots.include_dirs.len();
-        let skip_external = match (include.kind, self.nodes[includer].external_via) {
-            (IncludeKind::Next, Some(_)) => self.nodes[includer]
-                .dir_index
-                .map_or(0, |n| n.saturating_sub(after_include_dirs) + 1),
+        let skip_external = match (include.kind, self.nodes[includer].dir_index) {
+            (IncludeKind::Next, Some(n)) if n >= after_include_dirs => n - after_include_dirs + 1,
             _ => 0,
         };
         let found = roots
@@ -394,11 +395,19 @@ impl<'r> Scanner<'r> {
             .find_map(|(n, dir)| Some((n, self.probe(dir.join(name))?)));
         let found_external = found.is_some();
         if let Some((n, found)) = found {
-            self.follow_external(found, after_include_dirs + n, includer, include.line);
+            self.follow_external(found, Some(after_include_dirs + n), includer, include.line);
         }
         let is_external_includer = self.nodes[includer].external_via.is_some();
         if is_external_includer {
             return Ok(Edge::External(name.to_owned()));
+        }
+        if include.kind == IncludeKind::Quoted && !found_external && include.conditional {
+            // The scanner evaluates no `#if`: a header missing under one is most likely one
+            // this compile never reads (NVRTC's own `target` under `#ifdef __CUDACC_RTC__`).
+            // Should it appear anywhere searched, it is found and hashed, changing the key.
+            let includer_stable = self.nodes[includer].stable.clone();
+            self.absent.insert((includer_stable, name.to_owned()));
+            return Ok(Edge::Absent(name.to_owned()));
         }
         if include.kind == IncludeKind::Quoted && !found_external {
             let includer_dir = self.nodes[includer].opened.parent().map(Path::to_path_buf);
@@ -422,7 +431,13 @@ impl<'r> Scanner<'r> {
     }
 
     /// Queues a toolkit or system header to be followed, once.
-    fn follow_external(&mut self, found: Found, dir_index: usize, includer: usize, line: u32) {
+    fn follow_external(
+        &mut self,
+        found: Found,
+        dir_index: Option<usize>,
+        includer: usize,
+        line: u32,
+    ) {
         if self.visited.contains_key(&found.canonical) {
             return;
         }
@@ -435,7 +450,7 @@ impl<'r> Scanner<'r> {
             stable: found.canonical.display().to_string(),
             canonical: found.canonical,
             opened: found.path,
-            dir_index: Some(dir_index),
+            dir_index,
             parent: Some(via),
             hash: String::new(),
             edges: Vec::new(),
@@ -472,14 +487,21 @@ impl<'r> Scanner<'r> {
                 || self
                     .stable_name(&found.canonical, &found.path, dir_index)
                     .is_none()
+                || self.is_toolkit_copy(&found, dir_index).is_some()
             {
-                let external_dir = self.nodes[includer].dir_index.unwrap_or(0);
+                let external_dir = dir_index.or(self.nodes[includer].dir_index);
                 let name = found.path.display().to_string();
                 self.follow_external(found, external_dir, includer, line);
                 return Ok(Some(Edge::External(name)));
             }
             let node = self.add_node(found.canonical, found.path, dir_index, Some(via))?;
             return Ok(Some(Edge::File(node)));
+        }
+        if let Some(name) = self.is_toolkit_copy(&found, dir_index) {
+            let external_dir = dir_index.or(self.nodes[includer].dir_index);
+            self.follow_external(found, external_dir, includer, line);
+            self.externals.insert(name.clone());
+            return Ok(Some(Edge::External(name)));
         }
         let node = self.add_node(
             found.canonical,
@@ -488,6 +510,39 @@ impl<'r> Scanner<'r> {
             Some((includer, line)),
         )?;
         Ok(Some(Edge::File(node)))
+    }
+
+    /// Whether `found`, a file under the root or an include dir, is a byte-for-byte copy of
+    /// the toolkit's (or the host compiler's) file at the same relative path, as torch's
+    /// `nvidia/cu13/include` is of the runtime headers: then it is the toolkit's header, which
+    /// the compiler's identity already keys, and not a library file. Returns that relative
+    /// path, by which the header is listed as external.
+    fn is_toolkit_copy(&mut self, found: &Found, dir_index: Option<usize>) -> Option<String> {
+        let stable = self.stable_name(&found.canonical, &found.path, dir_index)?;
+        let relative = match stable.strip_prefix('[') {
+            Some(rest) => rest
+                .split_once("]/")
+                .map_or(stable.as_str(), |(_, path)| path),
+            None => stable.as_str(),
+        }
+        .to_owned();
+        let mut bytes: Option<Vec<u8>> = None;
+        for n in 0..self.roots.external_dirs.len() {
+            let candidate = self.roots.external_dirs[n].join(&relative);
+            let Some(theirs) = self.probe(candidate) else {
+                continue;
+            };
+            if theirs.canonical == found.canonical {
+                return Some(relative);
+            }
+            if bytes.is_none() {
+                bytes = Some(fs::read(&found.path).ok()?);
+            }
+            if fs::read(&theirs.path).ok() == bytes {
+                return Some(relative);
+            }
+        }
+        None
     }
 
     /// Where `candidate` is when it is a file. The file system resolves `..` first; when that
@@ -623,6 +678,7 @@ impl<'r> Scanner<'r> {
         IncludeGraph {
             files,
             externals: self.externals,
+            absent: self.absent,
             nodes,
             sources: sources.into_iter().map(|old| renumbered[old]).collect(),
             by_stable: self

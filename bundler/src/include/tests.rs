@@ -732,3 +732,161 @@ fn a_missing_source_is_a_read_error() {
     assert!(matches!(error, ScanError::Read { .. }), "{error}");
     assert!(error.to_string().contains("none.cu"), "{error}");
 }
+
+fn conditional_flags(source: &str) -> Vec<(String, bool)> {
+    let mut out = Directives::default();
+    find_includes(source.as_bytes(), &mut out).unwrap();
+    out.includes
+        .into_iter()
+        .map(|include| (include.name, include.conditional))
+        .collect()
+}
+
+#[test]
+fn includes_under_a_conditional_are_marked_but_include_guards_do_not_count() {
+    let source = "#ifndef GUARD_H\n#define GUARD_H\n#include \"a.h\"\n\
+                  #ifdef __CUDACC_RTC__\n#include \"target\"\n#else\n#include <b.h>\n#endif\n\
+                  #if defined(X)\n#  if Y\n#include \"c.h\"\n#  endif\n#include \"d.h\"\n#endif\n\
+                  #ifndef NOT_A_GUARD\n#include \"e.h\"\n#define OTHER\n#endif\n\
+                  #include \"f.h\"\n#endif\n";
+    assert_eq!(
+        conditional_flags(source),
+        [
+            ("a.h".to_owned(), false),
+            ("target".to_owned(), true),
+            ("b.h".to_owned(), true),
+            ("c.h".to_owned(), true),
+            ("d.h".to_owned(), true),
+            ("e.h".to_owned(), true),
+            ("f.h".to_owned(), false),
+        ]
+    );
+}
+
+#[test]
+fn a_missing_quoted_include_under_a_conditional_is_absent_not_an_error() {
+    // The runtime headers' own spelling: NVRTC has `target` built in, nvcc never reads it.
+    let dir = tree(&[
+        ("kernels/a.cu", "#include <runtime/cuda_fp16.h>\n"),
+        (
+            "include/runtime/cuda_fp16.h",
+            "#ifndef CUDA_FP16_H\n#define CUDA_FP16_H\n#ifdef __CUDACC_RTC__\n\
+             #include \"target\"\n#endif\n#include \"cuda_fp16.hpp\"\n#endif\n",
+        ),
+        ("include/runtime/cuda_fp16.hpp", "// the half type\n"),
+    ]);
+    let graph = scan(dir.path(), &["include"], &["kernels/a.cu"]).unwrap();
+    assert_eq!(
+        file_names(&graph),
+        [
+            "include/runtime/cuda_fp16.h",
+            "include/runtime/cuda_fp16.hpp",
+            "kernels/a.cu"
+        ]
+    );
+    assert_eq!(
+        graph.absent().iter().cloned().collect::<Vec<_>>(),
+        [(
+            "include/runtime/cuda_fp16.h".to_owned(),
+            "target".to_owned()
+        )]
+    );
+    assert_eq!(
+        graph.render_tree(),
+        "kernels/a.cu\n└── include/runtime/cuda_fp16.h\n    \
+         ├── \"target\" (absent: under a conditional, found nowhere)\n    \
+         └── include/runtime/cuda_fp16.hpp\n"
+    );
+
+    // Once it exists, it is found and hashed: the key follows.
+    write_files(dir.path(), &[("include/runtime/target", "// now here\n")]);
+    let graph = scan(dir.path(), &["include"], &["kernels/a.cu"]).unwrap();
+    assert!(graph.files().contains_key("include/runtime/target"));
+    assert!(graph.absent().is_empty());
+}
+
+#[test]
+fn a_missing_quoted_include_outside_any_conditional_still_fails_with_its_chain() {
+    // Inside an include guard only: that is no conditional the compile can skip.
+    let dir = tree(&[
+        ("kernels/a.cu", "#include \"x.cuh\"\n"),
+        (
+            "kernels/x.cuh",
+            "#ifndef X_CUH\n#define X_CUH\n#include \"gone.cuh\"\n#endif\n",
+        ),
+    ]);
+    let error = scan(dir.path(), &[], &["kernels/a.cu"]).unwrap_err();
+    let ScanError::MissingHeader {
+        header,
+        location,
+        chain,
+        ..
+    } = &error
+    else {
+        panic!("unexpected error: {error}");
+    };
+    assert_eq!(
+        (header.as_str(), location.as_str()),
+        ("gone.cuh", "kernels/x.cuh:3")
+    );
+    assert_eq!(chain, &["kernels/a.cu", "kernels/x.cuh"]);
+}
+
+#[test]
+fn a_copy_of_toolkit_headers_in_an_include_dir_is_the_toolkits() {
+    // torch's `nvidia/cu13/include` holds the runtime headers again: byte-for-byte copies are
+    // the toolkit's headers (keyed by the toolkit), a header that differs is a library file.
+    let runtime_h = "#ifndef RT_H\n#define RT_H\n#include \"rt_api.h\"\n#endif\n";
+    let dir = tree(&[
+        (
+            "kernels/a.cu",
+            "#include <cuda_rt.h>\n#include <cuda_other.h>\n",
+        ),
+        ("toolkit/include/cuda_rt.h", runtime_h),
+        ("toolkit/include/rt_api.h", "// api\n"),
+        ("toolkit/include/cuda_other.h", "// the toolkit's\n"),
+    ]);
+    // Outside the root, as torch's include dir is.
+    let torch = tree(&[
+        ("include/cuda_rt.h", runtime_h),
+        ("include/rt_api.h", "// api\n"),
+        (
+            "include/cuda_other.h",
+            "// another release\n#ifdef __CUDACC_RTC__\n#include \"target\"\n#endif\n",
+        ),
+    ]);
+    let mut roots = roots(dir.path(), &[]);
+    roots.include_dirs = vec![torch.path().join("include")];
+    roots.external_dirs = vec![dir.path().join("toolkit/include")];
+    let graph = scan_includes(&[dir.path().join("kernels/a.cu")], &roots).unwrap();
+    assert_eq!(file_names(&graph), ["[0]/cuda_other.h", "kernels/a.cu"]);
+    assert_eq!(externals(&graph), ["cuda_rt.h"]);
+    assert_eq!(
+        graph.absent().iter().cloned().collect::<Vec<_>>(),
+        [("[0]/cuda_other.h".to_owned(), "target".to_owned())]
+    );
+}
+
+#[test]
+fn needed_include_dirs_keep_host_dirs_only_up_to_the_last_one_used() {
+    let dir = tree(&[("kernels/a.cu", "#include <lib/x.h>\n")]);
+    let outside = tree(&[
+        ("manifest_dir/unused.h", ""),
+        ("host_a/other.h", ""),
+        ("host_b/lib/x.h", ""),
+        ("host_c/lib/x.h", ""),
+    ]);
+    let dirs: Vec<PathBuf> = ["manifest_dir", "host_a", "host_b", "host_c"]
+        .iter()
+        .map(|name| outside.path().join(name))
+        .collect();
+    let mut roots = roots(dir.path(), &[]);
+    roots.include_dirs = dirs.clone();
+    let graph = scan_includes(&[dir.path().join("kernels/a.cu")], &roots).unwrap();
+    assert_eq!(file_names(&graph), ["[2]/lib/x.h", "kernels/a.cu"]);
+    assert_eq!(graph.needed_include_dirs(&dirs, 1), dirs[..3]);
+    write_files(dir.path(), &[("kernels/lib/x.h", "")]);
+    fs::write(dir.path().join("kernels/a.cu"), "#include \"lib/x.h\"\n").unwrap();
+    let graph = scan_includes(&[dir.path().join("kernels/a.cu")], &roots).unwrap();
+    assert_eq!(graph.needed_include_dirs(&dirs, 1), dirs[..1]);
+}

@@ -10,13 +10,17 @@
 //! ├── nvidia/cuda_nvrtc/lib/libnvrtc.so.12
 //! ├── nvidia/cuda_runtime/include/
 //! ├── nvidia/cuda_cccl/include/
+//! ├── nvidia/cublas/include/ (+ cufft, curand, cusolver, cusparse: CUDA 12's math libraries)
 //! └── nvidia/cuda_nvcc/bin/ptxas
 //! ```
 //!
 //! A layout's components are the folder itself, then its `nvidia/` packages of one CUDA release
 //! (`cu13/` for CUDA 13 and later, `cuda_*/` for CUDA 12), in name order; the first component
 //! that has a file wins. Include dirs are the runtime headers (`cuda_runtime.h`), then CCCL
-//! (`cub/`, under `include/cccl/` in CUDA 13).
+//! (`cub/`, under `include/cccl/` in CUDA 13), then each component's `include/` that holds a
+//! math library's headers ([`MATH_LIBRARY_HEADERS`]: cuBLAS and cuBLASLt, cuFFT, cuRAND,
+//! cuSOLVER, cuSPARSE), in component order. CUDA 13's wheels put those beside the runtime
+//! headers (`nvidia/cu13/include`), so they add no folder there; CUDA 12's have one folder each.
 //!
 //! Where a build's toolchain folder is ([`toolchain_dir`]), first match wins:
 //!
@@ -65,6 +69,20 @@ pub fn toolchain_dir_from(build: CudaBuild, env: impl Fn(&str) -> Option<OsStrin
         .join(build.to_string())
 }
 
+/// One header of each CUDA math library, by which a folder is known to hold that library's
+/// headers: cuBLAS (with cuBLASLt), cuFFT, cuRAND, cuSOLVER, cuSPARSE.
+pub const MATH_LIBRARY_HEADERS: [&str; 6] = [
+    "cublas_v2.h",
+    "cublasLt.h",
+    "cufft.h",
+    "curand.h",
+    "cusolverDn.h",
+    "cusparse.h",
+];
+
+/// The folders CUDA 12's math-library wheels (`nvidia-cublas-cu12`, …) install under `nvidia/`.
+const CUDA_12_MATH_PACKAGES: [&str; 5] = ["cublas", "cufft", "curand", "cusolver", "cusparse"];
+
 /// What a toolkit folder holds, found without running or loading anything.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ToolkitLayout {
@@ -74,7 +92,7 @@ pub struct ToolkitLayout {
     pub ptxas: Option<PathBuf>,
     /// `libnvrtc.so.N` (`lib64/` or `lib/`), the newest major when there are several.
     pub nvrtc: Option<PathBuf>,
-    /// The runtime headers, then CCCL.
+    /// The runtime headers, then CCCL, then the math libraries' folders.
     pub include_dirs: Vec<PathBuf>,
 }
 
@@ -90,12 +108,13 @@ impl ToolkitLayout {
     }
 
     /// The layout of CUDA `major`'s packages in `nvidia_dir` (a site-packages' `nvidia/`, which
-    /// may hold several releases): `cu13/` for CUDA 13 and later, `cuda_*/` for CUDA 12 (and
-    /// for an unknown major).
+    /// may hold several releases): `cu13/` for CUDA 13 and later, `cuda_*/` and the math
+    /// libraries' `cublas/`, `cufft/`, `curand/`, `cusolver/`, `cusparse/` for CUDA 12 (and for
+    /// an unknown major).
     pub fn scan_release(nvidia_dir: &Path, major: Option<u32>) -> ToolkitLayout {
         let wanted = |name: &str| match major {
             Some(major) if major >= 13 => name == format!("cu{major}"),
-            _ => name.starts_with("cuda_"),
+            _ => name.starts_with("cuda_") || CUDA_12_MATH_PACKAGES.contains(&name),
         };
         ToolkitLayout::of_components(&nvidia_components(nvidia_dir, wanted))
     }
@@ -105,6 +124,7 @@ impl ToolkitLayout {
         let mut layout = ToolkitLayout::default();
         let mut runtime = None;
         let mut cccl = None;
+        let mut math = Vec::new();
         for component in components {
             let bin = component.join("bin");
             if layout.nvcc.is_none() && bin.join("nvcc").is_file() {
@@ -119,6 +139,12 @@ impl ToolkitLayout {
                     .find_map(|lib| find_libnvrtc(&component.join(lib)));
             }
             let include = component.join("include");
+            if MATH_LIBRARY_HEADERS
+                .iter()
+                .any(|header| include.join(header).is_file())
+            {
+                math.push(include.clone());
+            }
             if runtime.is_none() && include.join("cuda_runtime.h").is_file() {
                 runtime = Some(include.clone());
             }
@@ -130,7 +156,7 @@ impl ToolkitLayout {
                 }
             }
         }
-        for dir in [runtime, cccl].into_iter().flatten() {
+        for dir in [runtime, cccl].into_iter().flatten().chain(math) {
             if !layout.include_dirs.contains(&dir) {
                 layout.include_dirs.push(dir);
             }
@@ -209,6 +235,12 @@ mod tests {
             "cu129/nvidia/cuda_runtime/include/cuda_runtime.h",
             "cu129/nvidia/cuda_cccl/include/cub/cub.cuh",
             "cu129/nvidia/cuda_nvcc/bin/ptxas",
+            "cu130/nvidia/cu13/include/cublas_v2.h",
+            "cu130/nvidia/cu13/include/cusparse.h",
+            "cu129/nvidia/cusparse/include/cusparse.h",
+            "cu129/nvidia/cublas/include/cublasLt.h",
+            "cu129/nvidia/cublas/include/cublas_v2.h",
+            "cu129/nvidia/cufft/include/cufft.h",
         ] {
             touch(&root.join(file));
         }
@@ -230,6 +262,9 @@ mod tests {
             include_dirs: vec![
                 nvidia.join("cuda_runtime/include"),
                 nvidia.join("cuda_cccl/include"),
+                nvidia.join("cublas/include"),
+                nvidia.join("cufft/include"),
+                nvidia.join("cusparse/include"),
             ],
         };
         assert_eq!(ToolkitLayout::scan(&root.join("cu129")), cu12);
