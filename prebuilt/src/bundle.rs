@@ -245,41 +245,6 @@ impl Bundle {
             Reuse::Decode(charged) => self.decode(kernel, variant, false, charged).map(drop),
         }
     }
-
-    /// Decodes and verifies `variant`'s file with the dictionary it needs, within the decode
-    /// budget when `charged`; with `keep`, its bytes are kept for the variants still to read it.
-    fn decode(
-        &self,
-        kernel: &str,
-        variant: &Variant,
-        keep: bool,
-        charged: bool,
-    ) -> Result<Vec<u8>, BundleError> {
-        let label = variant.label();
-        let prefix;
-        let trained;
-        let dictionary = match (&variant.artifact.dictionary, &self.index.dictionary) {
-            (Some(digest), _) => {
-                prefix = self.dictionary(digest, || {
-                    read_prefix(&self.root, digest, true, kernel, &label)
-                })?;
-                FrameDictionary::Prefix(&prefix)
-            }
-            (None, Some(stored)) => {
-                trained = self.dictionary(&stored.path, || {
-                    read_dictionary(&self.root, stored, kernel, &label)
-                })?;
-                FrameDictionary::Trained(&trained)
-            }
-            (None, None) => FrameDictionary::None,
-        };
-        if charged {
-            self.charge(kernel, variant)?;
-        }
-        let read = read_stored(&self.root, &variant.artifact, dictionary, kernel, &label);
-        self.record(variant, &read, keep);
-        read
-    }
 }
 
 impl Bundle {
