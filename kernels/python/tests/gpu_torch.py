@@ -297,7 +297,20 @@ def check_trace():
     finally:
         nvtx.range_push, nvtx.range_pop = push, pop
     events = list(profile.events())
-    labels = [event.name for event in events if event.name.startswith("kwheel:")]
+    # With CUDA activity on, a `record_function` range shows twice: on the CPU, and as its
+    # user annotation on the GPU timeline. One per op on the CPU is the check.
+    labels = [
+        event.name
+        for event in events
+        if event.name.startswith("kwheel:")
+        and event.device_type == torch.autograd.DeviceType.CPU
+    ]
+    REPORT["trace_gpu_annotations"] = sum(
+        1
+        for event in events
+        if event.name.startswith("kwheel:")
+        and event.device_type == torch.autograd.DeviceType.CUDA
+    )
     REPORT["trace_ranges"] = labels
     check(len(labels) == BLOCK_OPS, f"trace: {len(labels)} kwheel ranges for {BLOCK_OPS} ops: {labels}")
     provenance = {(entry["kernel"], entry["device"]): entry for entry in kwheel.provenance()}
@@ -589,7 +602,7 @@ def main():
     for name, text in provenance.items():
         check(text.startswith("prebuilt "), f"{name}: kernel not prebuilt ({text})")
     REPORT["failures"] = FAILURES
-    text = json.dumps(REPORT, indent=2)
+    text = json.dumps(REPORT, indent=2, default=str)
     print(text)
     if options.json:
         with open(options.json, "w") as handle:
