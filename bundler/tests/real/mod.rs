@@ -1,0 +1,330 @@
+//! Real libraries, fetched from the package registry by `ci/setup-thirdparty` (nothing of them
+//! lives in this repository), built through the product as their authors write them, and the
+//! include graph's key checked against what nvcc reads (`nvcc -M`). docs/real-libraries.md has
+//! the table of what builds. Each test skips with the reason when the third-party cache or the
+//! toolchains are missing, and fails then under `KWHEEL_REQUIRE_TOOLCHAINS=1` (CI, where
+//! `ci/setup-tests` runs `ci/setup-thirdparty`).
+
+use super::*;
+
+/// The folder `ci/setup-thirdparty` fetched `name` into, or `None` (printing why).
+fn thirdparty_dir(test: &str, name: &str) -> Option<PathBuf> {
+    // `thirdparty` names the `include/` inside; these libraries keep more than headers.
+    thirdparty(test, name).map(|include| include.parent().unwrap().to_owned())
+}
+
+/// Every file `nvcc -M` lists for `source` that is neither the toolkit's nor the host
+/// compiler's own (libstdc++, gcc's internal headers, glibc): what the key must hash.
+fn library_files_nvcc_reads(
+    nvcc: &Path,
+    include_dirs: &[PathBuf],
+    source: &Path,
+) -> BTreeSet<PathBuf> {
+    let toolkit_root = nvcc
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .canonicalize()
+        .unwrap();
+    let host = bundler::toolchain::host_include_dirs();
+    let mut command = std::process::Command::new(nvcc);
+    command
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .args(["-M", "-arch=sm_90a", "-std=c++17"]);
+    for dir in include_dirs {
+        command.arg(format!("-I{}", dir.display()));
+    }
+    nvcc_dependencies(command.arg(source))
+        .into_iter()
+        .filter(|path| !path.starts_with(&toolkit_root))
+        .filter(|path| !host.compiler.iter().any(|dir| path.starts_with(dir)))
+        .collect()
+}
+
+/// The absolute files a kernel's key hashes (its graph), canonical.
+fn hashed_files(planned: &bundler::build::PlannedKernel) -> BTreeSet<PathBuf> {
+    let graph = planned.graph.as_ref().unwrap();
+    graph
+        .files()
+        .keys()
+        .map(|stable| graph.absolute_path(stable).unwrap().canonicalize().unwrap())
+        .collect()
+}
+
+/// A header directory under `/usr/local/include`, removed when dropped.
+struct HostHeaders(PathBuf);
+
+impl Drop for HostHeaders {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn headers_from_include_dirs_quoted_paths_and_a_host_dir_are_all_hashed_as_nvcc_reads_them() {
+    let Some(toolchains) = toolchains() else {
+        return;
+    };
+    let host_dir = Path::new("/usr/local/include");
+    let host = bundler::toolchain::host_include_dirs();
+    if !host.library.iter().any(|dir| dir == host_dir) {
+        skipped!("skipped: the host compiler does not search /usr/local/include");
+        return;
+    }
+    // A library installed where `make install` puts it: a unique folder, removed after.
+    let name = format!("kwheel-host-test-{}", std::process::id());
+    let installed = HostHeaders(host_dir.join(&name));
+    if std::fs::create_dir_all(installed.0.join("detail")).is_err() {
+        skipped!("skipped: /usr/local/include is not writable here");
+        return;
+    }
+    std::fs::write(
+        installed.0.join("api.h"),
+        "#pragma once\n#include \"detail/impl.h\"\n",
+    )
+    .unwrap();
+    std::fs::write(
+        installed.0.join("detail/impl.h"),
+        "#pragma once\n#define HOST_SCALE 3\n",
+    )
+    .unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let vendor = tempfile::tempdir().unwrap();
+    std::fs::write(
+        vendor.path().join("vendored.cuh"),
+        "#pragma once\n#include <cstdint>\n",
+    )
+    .unwrap();
+    let manifest = write_library(
+        dir.path(),
+        &format!(
+            "[library]\npackage = \"mixed\"\narchs = [\"sm_90a\"]\ncuda-builds = [\"cu130\"]\n\
+             torch = \"2.13.*\"\ninclude-dirs = [\"{}\"]\n[kernels.k]\nsources = [\"ops/k.cu\"]\n\
+             entries = [\"k\"]\n",
+            vendor.path().display()
+        ),
+        &[
+            (
+                "ops/k.cu",
+                &format!(
+                    "#include \"../common/local.cuh\"\n#include <vendored.cuh>\n\
+                     #include <{name}/api.h>\n#include <cuda_fp16.h>\n\
+                     extern \"C\" __global__ void k(float* x) {{ x[0] *= HOST_SCALE * LOCAL; }}\n"
+                ),
+            ),
+            ("common/local.cuh", "#pragma once\n#define LOCAL 2\n"),
+        ],
+    );
+    let cu130: Vec<BuildToolchain> = toolchains
+        .into_iter()
+        .filter(|t| t.build.to_string() == "cu130")
+        .collect();
+    let manifest_file = bundler::Manifest::load(&manifest).unwrap();
+    let planned = bundler::build::plan_kernel(
+        &manifest_file,
+        "k",
+        &manifest_file.kernels["k"],
+        &cu130[0].include_dirs,
+    )
+    .unwrap();
+    let nvcc = bundler::toolchain::discover("cu130".parse().unwrap())
+        .unwrap()
+        .nvcc
+        .unwrap();
+    let nvcc_reads = library_files_nvcc_reads(
+        &nvcc,
+        &[vendor.path().to_owned()],
+        &dir.path().join("ops/k.cu"),
+    );
+    assert!(
+        nvcc_reads.contains(&installed.0.join("detail/impl.h")),
+        "{nvcc_reads:?}"
+    );
+    assert_eq!(hashed_files(&planned), nvcc_reads);
+    // The host dir's files are named after it as the kernel's include dir [1], not by path.
+    let names: Vec<&String> = planned.inputs.files.keys().collect();
+    assert_eq!(
+        names,
+        [
+            "[0]/vendored.cuh".to_owned(),
+            format!("[1]/{name}/api.h"),
+            format!("[1]/{name}/detail/impl.h"),
+            "common/local.cuh".to_owned(),
+            "ops/k.cu".to_owned(),
+        ]
+        .iter()
+        .collect::<Vec<_>>()
+    );
+    assert_eq!(
+        planned.recipe.as_ref().unwrap().include_dirs,
+        ["[0]", "[1]"]
+    );
+
+    // It builds, and the shipped sources carry the host headers for the JIT.
+    let opts = options_in(dir.path(), &manifest, cu130.clone());
+    let summary = bundle_kernels(&opts).unwrap_or_else(|error| panic!("{}", anyhow_like(&error)));
+    assert_eq!(summary.compiled.len(), 1, "{:?}", summary.failed);
+    assert!(summary
+        .out
+        .join("sources/[1]")
+        .join(&name)
+        .join("detail/impl.h")
+        .is_file());
+    // An edit of the installed header is a new key.
+    std::fs::write(
+        installed.0.join("detail/impl.h"),
+        "#pragma once\n#define HOST_SCALE 4\n",
+    )
+    .unwrap();
+    let again = bundle_kernels(&opts).unwrap();
+    assert_eq!(again.compiled.len(), 1, "the edit is a new key");
+}
+
+#[test]
+fn cutlass_example_48_builds_for_hopper_and_its_blackwell_build_is_a_recorded_stub() {
+    let test = "cutlass_example_48_builds_for_hopper_and_its_blackwell_build_is_a_recorded_stub";
+    let Some(toolchains) = toolchains() else {
+        return;
+    };
+    let Some(cutlass) = thirdparty_dir(test, "nvidia-cutlass-4.2.0.0") else {
+        return;
+    };
+    let cu130: Vec<BuildToolchain> = toolchains
+        .into_iter()
+        .filter(|t| t.build.to_string() == "cu130")
+        .collect();
+    // CUTLASS's own CMake options for its examples: the include dirs and
+    // `--expt-relaxed-constexpr`. The example's `.cu` is taken from where it lies.
+    let example = "examples/48_hopper_warp_specialized_gemm";
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = write_library(
+        dir.path(),
+        &format!(
+            "[library]\npackage = \"cutlass-examples\"\narchs = [\"sm_90a\", \"sm_100a\"]\n\
+             cuda-builds = [\"cu130\"]\ntorch = \"2.13.*\"\ncxx-std = \"c++17\"\n\
+             include-dirs = [\"{c}/include\", \"{c}/tools/util/include\", \"{c}/examples/common\", \"{c}/{example}\"]\n\
+             nvcc-flags = [\"--expt-relaxed-constexpr\"]\n\
+             [kernels.hopper_gemm]\nsources = [\"gemm.cu\"]\n\
+             entries = [\"cutlass::device_kernel<GemmKernel>\"]\n",
+            c = cutlass.display()
+        ),
+        &[(
+            "gemm.cu",
+            "// CUTLASS example 48, unmodified, as this library's translation unit.\n\
+             #include \"48_hopper_warp_specialized_gemm.cu\"\n",
+        )],
+    );
+    let mut opts = options_in(dir.path(), &manifest, cu130);
+    opts.require = false;
+    let started = std::time::Instant::now();
+    let summary = bundle_kernels(&opts).unwrap_or_else(|error| panic!("{}", anyhow_like(&error)));
+    eprintln!("cutlass example 48: {:?}", started.elapsed());
+    let index = Bundle::open(&summary.out).unwrap().index().clone();
+    let record = &index.kernels["hopper_gemm"];
+    let built: Vec<String> = record.variants.iter().map(|v| v.label()).collect();
+    assert_eq!(built, ["cu130/sm_90a"], "{:?}", record.skipped);
+    let skips: Vec<(String, &str)> = record
+        .skipped
+        .iter()
+        .map(|skip| (format!("{}/{}", skip.cuda, skip.arch), skip.reason.as_str()))
+        .collect();
+    assert_eq!(skips.len(), 1, "{skips:?}");
+    assert_eq!(skips[0].0, "cu130/sm_100a");
+    assert!(skips[0].1.starts_with("stub"), "{skips:?}");
+    // The hashed files are every library file nvcc reads.
+    let manifest_file = bundler::Manifest::load(&manifest).unwrap();
+    let toolkit = bundler::toolchain::discover("cu130".parse().unwrap()).unwrap();
+    let planned = bundler::build::plan_kernel(
+        &manifest_file,
+        "hopper_gemm",
+        &manifest_file.kernels["hopper_gemm"],
+        &toolkit.include_dirs,
+    )
+    .unwrap();
+    let include_dirs = manifest_file.include_dirs_of(&manifest_file.kernels["hopper_gemm"]);
+    let nvcc_reads = library_files_nvcc_reads(
+        toolkit.nvcc.as_ref().unwrap(),
+        &include_dirs,
+        &dir.path().join("gemm.cu"),
+    );
+    assert!(nvcc_reads.len() > 300, "{}", nvcc_reads.len());
+    // The scanner takes every `#include` whatever `#if` surrounds it, so it hashes more than
+    // one compile reads; it must miss nothing.
+    let hashed = hashed_files(&planned);
+    let missed: Vec<&PathBuf> = nvcc_reads.difference(&hashed).collect();
+    assert!(
+        missed.is_empty(),
+        "nvcc reads files the key does not hash: {missed:?}"
+    );
+    eprintln!(
+        "cutlass example 48: nvcc reads {} library files, the key hashes {}",
+        nvcc_reads.len(),
+        hashed.len()
+    );
+}
+
+#[test]
+fn causal_conv1d_forward_builds_as_a_torch_extension() {
+    let test = "causal_conv1d_forward_builds_as_a_torch_extension";
+    let Some(toolchains) = toolchains() else {
+        return;
+    };
+    let Some(causal_conv1d) = thirdparty_dir(test, "causal-conv1d-1.5.2") else {
+        return;
+    };
+    let torch = match bundler::torch::TorchHeaders::find() {
+        Ok(torch) => torch,
+        Err(error) => {
+            skipped!("skipped: {error}");
+            return;
+        }
+    };
+    let mut version = torch.version.split('.');
+    let pin = format!("{}.{}.*", version.next().unwrap(), version.next().unwrap());
+    let cu130: Vec<BuildToolchain> = toolchains
+        .into_iter()
+        .filter(|t| t.build.to_string() == "cu130")
+        .collect();
+    // The library's own folder, as its setup.py compiles it: no include dir or define copied.
+    let dir = tempfile::tempdir().unwrap();
+    let csrc = dir.path().join("csrc");
+    std::fs::create_dir(&csrc).unwrap();
+    for entry in std::fs::read_dir(causal_conv1d.join("csrc")).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), csrc.join(entry.file_name())).unwrap();
+    }
+    let manifest = write_library(
+        dir.path(),
+        &format!(
+            "[library]\npackage = \"causal-conv1d-kernels\"\narchs = [\"sm_90a\"]\n\
+             cuda-builds = [\"cu130\"]\ntorch = \"{pin}\"\ncxx-std = \"c++17\"\n\
+             [kernels.causal_conv1d_fwd]\nsources = [\"csrc/causal_conv1d_fwd.cu\"]\ntorch = true\n\
+             entries = [\"causal_conv1d_fwd_kernel<Causal_conv1d_fwd_kernel_traits<128, 4, true, at::Half, at::Half>>\"]\n"
+        ),
+        &[],
+    );
+    let opts = options_in(dir.path(), &manifest, cu130);
+    let started = std::time::Instant::now();
+    let summary = bundle_kernels(&opts).unwrap_or_else(|error| panic!("{}", anyhow_like(&error)));
+    eprintln!("causal-conv1d forward: {:?}", started.elapsed());
+    assert_eq!(summary.compiled.len(), 1, "{:?}", summary.failed);
+    let index = Bundle::open(&summary.out).unwrap().index().clone();
+    let record = &index.kernels["causal_conv1d_fwd"];
+    assert_eq!(record.variants[0].label(), "cu130/sm_90a");
+    assert!(record.variants[0].functions[0]
+        .symbol
+        .starts_with("_Z24causal_conv1d_fwd_kernelI31Causal_conv1d_fwd_kernel_traits"));
+    // torch's headers are in the key; its copy of the CUDA runtime headers is the toolkit's.
+    let files = &record.inputs.files;
+    assert!(
+        files.keys().any(|f| f.ends_with("c10/util/Half.h")),
+        "{files:?}"
+    );
+    assert!(
+        !files.keys().any(|f| f.ends_with("/cuda_runtime.h")),
+        "{files:?}"
+    );
+}
