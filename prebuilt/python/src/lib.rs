@@ -67,7 +67,8 @@ fn loaded_kernels(py: Python<'_>) -> PyResult<Vec<Bound<'_, PyDict>>> {
         .map(|loaded| {
             let dict = PyDict::new(py);
             dict.set_item("package", loaded.package)?;
-            dict.set_item("bundle", loaded.bundle)?;
+            // Text, not a pathlib.Path: the list goes into JSON reports as it is.
+            dict.set_item("bundle", loaded.bundle.display().to_string())?;
             dict.set_item("kernel", loaded.kernel)?;
             dict.set_item("device", loaded.device)?;
             dict.set_item("variant", loaded.variant)?;
