@@ -164,6 +164,10 @@ pub(crate) struct CheckArgs {
     /// and require the bundle's bytes (0: skip the `rebuild` gate).
     #[arg(long, value_name = "N", default_value_t = release::check::DEFAULT_REBUILD_SAMPLE)]
     pub(crate) rebuild_sample: usize,
+    /// Compare with an earlier release (its wheel or bundle folder) and hold the changes to
+    /// the manifest's `[release]` policy (the `against` gate).
+    #[arg(long, value_name = "OLD")]
+    pub(crate) against: Option<PathBuf>,
     /// Print the checklist as JSON.
     #[arg(long)]
     pub(crate) json: bool,

@@ -136,6 +136,7 @@ fn release_check(args: CheckArgs) -> Result<()> {
         tag_prefix: args.tag_prefix,
         publish: args.publish,
         rebuild_sample: args.rebuild_sample,
+        against: args.against,
         cache_dir: args
             .cache_dir
             .unwrap_or_else(bundler::cache::default_cache_dir),

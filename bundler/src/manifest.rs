@@ -38,6 +38,28 @@ pub struct Manifest {
     pub library: Library,
     /// The kernels, by name.
     pub kernels: BTreeMap<String, KernelSpec>,
+    /// The `[release]` table: what `release check --against` holds a new release to.
+    pub release: ReleasePolicy,
+}
+
+/// The `[release]` table: the policy `kwheel release check --against OLD` applies to
+/// `release diff OLD <this bundle>`. Every field is optional; an absent one allows the change.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct ReleasePolicy {
+    /// The most registers any entry of any target may gain.
+    pub max_register_increase: Option<u32>,
+    /// `false`: no entry may gain a stack frame (local memory or register spills).
+    pub allow_spills: Option<bool>,
+    /// `false`: no device of `fleet` may lose a kernel it loaded.
+    pub allow_coverage_loss: Option<bool>,
+    /// `false`: no target may stop being built.
+    pub allow_removed: Option<bool>,
+    /// `false`: no entry's parameter layout may change.
+    pub allow_abi_break: Option<bool>,
+    /// The devices whose coverage is compared (`H100`, `B200`, as `dev coverage --fleet`).
+    #[serde(default)]
+    pub fleet: Vec<String>,
 }
 
 /// The `[library]` table.
@@ -165,6 +187,8 @@ struct ManifestFile {
     library: Library,
     #[serde(default)]
     kernels: BTreeMap<String, KernelSpec>,
+    #[serde(default)]
+    release: ReleasePolicy,
 }
 
 impl Manifest {
@@ -205,6 +229,7 @@ impl Manifest {
             root,
             library: file.library,
             kernels: file.kernels,
+            release: file.release,
         };
         manifest.check(text)?;
         Ok(manifest)

@@ -628,6 +628,18 @@ pub struct DiffPolicy {
     pub allow_abi_break: Option<bool>,
 }
 
+impl From<&bundler::manifest::ReleasePolicy> for DiffPolicy {
+    fn from(policy: &bundler::manifest::ReleasePolicy) -> DiffPolicy {
+        DiffPolicy {
+            max_register_increase: policy.max_register_increase,
+            allow_spills: policy.allow_spills,
+            allow_coverage_loss: policy.allow_coverage_loss,
+            allow_removed: policy.allow_removed,
+            allow_abi_break: policy.allow_abi_break,
+        }
+    }
+}
+
 impl DiffPolicy {
     /// The rows and coverage changes that break the policy, one line each; empty: it holds.
     pub fn breaches(&self, diff: &ReleaseDiff) -> Vec<String> {

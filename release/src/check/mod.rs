@@ -12,6 +12,7 @@
 //! | `bundle` | the bundle exists (or was just built) and covers the whole matrix or declares each skip |
 //! | `keys` | every bundled key matches the current sources |
 //! | `cubins` | every artifact verifies against its digest and validates as a cubin for its target |
+//! | `against` | with `--against OLD`: `release diff OLD <bundle>` keeps the manifest's `[release]` policy (registers, spills, coverage, removed targets, parameter layouts) |
 //! | `rebuild` | a sample of variants (`--rebuild-sample N`, default 2, first by key) compiled again from source with an empty cache is byte-identical to the bundle's |
 //! | `reproducible` | two builds of the wheel are byte-identical |
 //! | `wheel` | `wheel verify` and the manylinux audit pass on the wheel |
@@ -27,6 +28,7 @@
 //! | `wheel` | `reproducible`, `wheel`, `install`, `size`: the wheels built from the bundle |
 //! | `delivery` | `gpu`, `publish`: the bundle on a device, the artifacts in the store |
 
+mod against;
 mod delivery;
 mod rebuild;
 mod source;
@@ -39,6 +41,7 @@ use bundler::{BuildToolchain, Manifest};
 use prebuilt::error_chain;
 use serde::Serialize;
 
+use against::check_against;
 use delivery::{check_gpu, check_publish};
 use rebuild::check_rebuild;
 pub use rebuild::DEFAULT_REBUILD_SAMPLE;
@@ -85,6 +88,8 @@ pub struct CheckOptions {
     /// How many compiled variants the `rebuild` gate compiles again from source (the first by
     /// key); 0 skips the gate.
     pub rebuild_sample: usize,
+    /// An earlier release (wheel or bundle) the `against` gate compares this one with.
+    pub against: Option<PathBuf>,
 }
 
 impl CheckOptions {
@@ -106,6 +111,7 @@ impl CheckOptions {
             python: PathBuf::from("python3"),
             publish: None,
             rebuild_sample: DEFAULT_REBUILD_SAMPLE,
+            against: None,
         }
     }
 }
@@ -221,6 +227,17 @@ impl Run {
     }
 }
 
+/// The `against` gate alone: `release diff OLD <bundle>` held to the manifest's `[release]`
+/// policy.
+pub fn against_gate(manifest: &Manifest, old: &std::path::Path, bundle: &std::path::Path) -> Gate {
+    let mut run = Run {
+        gates: Vec::new(),
+        built: Vec::new(),
+    };
+    check_against(&mut run, manifest, old, bundle);
+    run.gates.remove(0)
+}
+
 /// Runs every gate.
 pub fn release_check(options: &CheckOptions) -> Checklist {
     let mut run = Run {
@@ -253,9 +270,13 @@ pub fn release_check(options: &CheckOptions) -> Checklist {
             check_keys(&mut run, &manifest, options, &torch);
             check_cubins(&mut run, bundle);
             check_rebuild(&mut run, &manifest, options, &torch, bundle);
+            match &options.against {
+                Some(old) => check_against(&mut run, &manifest, old, &options.bundle),
+                None => run.skip("against", "optional: give --against <earlier release>"),
+            }
         }
         None => {
-            for name in ["keys", "cubins", "rebuild"] {
+            for name in ["keys", "cubins", "rebuild", "against"] {
                 run.skip(name, "no bundle to check");
             }
         }

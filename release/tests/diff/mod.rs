@@ -163,6 +163,47 @@ fn release_diff_shows_exactly_the_edited_kernels_with_why_and_registers() {
     assert_eq!(loose.breaches(&diff), Vec::<String>::new());
 }
 
+/// `release check --against OLD` holds the diff to the manifest's `[release]` policy: a
+/// register limit under the jump fails naming the row, one above it passes.
+#[test]
+fn release_check_against_gates_on_the_manifest_policy() {
+    let Some((old, new, root)) = two_builds("diff-gate") else {
+        return;
+    };
+    let manifest_path = root.join("new/kernels/kernels.toml");
+    let text = std::fs::read_to_string(&manifest_path).unwrap();
+    let with_policy = |limit: u32| {
+        std::fs::write(
+            &manifest_path,
+            format!("{text}\n[release]\nmax-register-increase = {limit}\nallow-removed = false\n"),
+        )
+        .unwrap();
+        bundler::Manifest::load(&manifest_path).unwrap()
+    };
+    let gate = release::check::against_gate(&with_policy(0), &old, &new);
+    assert_eq!(gate.status, release::check::GateStatus::Fail, "{gate:?}");
+    assert!(
+        gate.reason
+            .contains("`masked_softmax_pair_bias` cu130/sm_90a: registers +"),
+        "{}",
+        gate.reason
+    );
+    assert!(
+        gate.reason.contains("over max-register-increase = 0"),
+        "{}",
+        gate.reason
+    );
+    assert!(!gate.reason.contains("swiglu"), "{}", gate.reason);
+    let gate = release::check::against_gate(&with_policy(64), &old, &new);
+    assert_eq!(gate.status, release::check::GateStatus::Pass, "{gate:?}");
+    assert!(
+        gate.reason
+            .starts_with("16 of 24 kernel targets changed since"),
+        "{}",
+        gate.reason
+    );
+}
+
 /// A wheel is read through `wheel verify`, then its `_prebuilt/`: the default library's wheel
 /// against the bundle it was built from has no change; what is not a release is refused.
 #[test]
