@@ -35,6 +35,7 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 
+use rayon::prelude::*;
 use sha2::{Digest as _, Sha256};
 use zstd::zstd_safe::{self, CParameter};
 
@@ -385,31 +386,19 @@ fn compress_one(bytes: &[u8], prefix: Option<&[u8]>, level: i32) -> Vec<u8> {
     out
 }
 
-/// Maps `items` on up to `jobs` scoped threads, keeping input order.
+/// Maps `items` on a pool of up to `jobs` threads, keeping input order.
 fn run_parallel<T: Sync, R: Send>(items: &[T], jobs: usize, f: impl Fn(&T) -> R + Sync) -> Vec<R> {
-    let threads = jobs.max(1).min(items.len().max(1));
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let mut results: Vec<(usize, R)> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..threads)
-            .map(|_| {
-                scope.spawn(|| {
-                    let mut done = Vec::new();
-                    loop {
-                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let Some(item) = items.get(i) else { break };
-                        done.push((i, f(item)));
-                    }
-                    done
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|handle| handle.join().expect("compression does not panic"))
-            .collect()
-    });
-    results.sort_by_key(|(i, _)| *i);
-    results.into_iter().map(|(_, r)| r).collect()
+    thread_pool(jobs, items.len()).install(|| items.par_iter().map(&f).collect())
+}
+
+/// The bundler's pool for `work` items: `jobs` threads (at least one), no more than there are
+/// items. Results come back in input order whatever the pool's size, so the size changes only
+/// the schedule, never a byte of output.
+pub(crate) fn thread_pool(jobs: usize, work: usize) -> rayon::ThreadPool {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(jobs.max(1).min(work.max(1)))
+        .build()
+        .expect("the system starts the bundler's threads")
 }
 
 #[cfg(test)]

@@ -38,7 +38,7 @@ use std::path::{Path, PathBuf};
 use std::fs::File;
 
 // Called by path: `File` has inherent lock methods of the same names in newer Rust.
-use crate::compress::{plain_frames, plan_with_plain, CompressionPlan};
+use crate::compress::{plain_frames, plan_with_plain, thread_pool, CompressionPlan};
 use fs4::fs_std::FileExt;
 use prebuilt::bundle::{
     artifact_path, dictionary_path, parse_index, DICTIONARY_FILE, INDEX_FILE, SOURCES_DIR,
@@ -46,6 +46,7 @@ use prebuilt::bundle::{
 use prebuilt::index::{Index, StoredFile};
 use prebuilt::key::sha256_hex;
 use prebuilt::lookup::LOOKUP_FILE;
+use rayon::prelude::*;
 
 use crate::Error;
 
@@ -577,28 +578,21 @@ fn train_dictionary(
 }
 
 fn compress_with(samples: &[&[u8]], dictionary: &[u8], jobs: usize) -> Vec<Vec<u8>> {
-    let threads = jobs.max(1).min(samples.len().max(1));
-    let chunk = samples.len().div_ceil(threads).max(1);
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = samples
-            .chunks(chunk)
-            .map(|part| {
-                scope.spawn(move || {
+    thread_pool(jobs, samples.len()).install(|| {
+        samples
+            .par_iter()
+            .map_init(
+                || {
                     let mut compressor = zstd::bulk::Compressor::with_dictionary(LEVEL, dictionary)
                         .expect("zstd accepts a valid level and a trained dictionary");
                     // Checksums and sizes make every frame self-describing on its own.
                     compressor
                         .set_parameter(zstd::zstd_safe::CParameter::ChecksumFlag(true))
                         .expect("valid parameter");
-                    part.iter()
-                        .map(|sample| compressor.compress(sample).expect("in-memory compression"))
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|handle| handle.join().expect("compression does not panic"))
+                    compressor
+                },
+                |compressor, sample| compressor.compress(sample).expect("in-memory compression"),
+            )
             .collect()
     })
 }
@@ -618,4 +612,50 @@ pub fn extract_bundle(bundle: &prebuilt::Bundle, out: &Path) -> Result<Vec<PathB
         Ok(())
     })?;
     Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Samples that share runs of bytes, as cubins of one library do, from a fixed seed.
+    fn samples() -> Vec<Vec<u8>> {
+        let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = move || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 33) as u8
+        };
+        let shared: Vec<u8> = (0..2048).map(|_| next()).collect();
+        (0..16)
+            .map(|_| {
+                let mut sample = shared.clone();
+                sample.extend((0..2048).map(|_| next() % 16));
+                sample
+            })
+            .collect()
+    }
+
+    #[test]
+    fn dictionary_frames_do_not_depend_on_the_thread_count() {
+        let samples = samples();
+        let samples: Vec<&[u8]> = samples.iter().map(Vec::as_slice).collect();
+        let dictionary = zstd::dict::from_samples(&samples, 4096).unwrap();
+        let one = compress_with(&samples, &dictionary, 1);
+        assert_eq!(one.len(), samples.len());
+        for jobs in [2, 5, 64] {
+            assert!(
+                compress_with(&samples, &dictionary, jobs) == one,
+                "{jobs} threads"
+            );
+        }
+        for (frame, sample) in one.iter().zip(&samples) {
+            let mut decompressor = zstd::bulk::Decompressor::with_dictionary(&dictionary).unwrap();
+            assert_eq!(
+                &decompressor.decompress(frame, sample.len()).unwrap(),
+                sample
+            );
+        }
+    }
 }

@@ -3,6 +3,8 @@
 
 use super::*;
 
+use rayon::iter::{ParallelBridge as _, ParallelIterator as _};
+
 pub(super) struct Built {
     pub(super) cubin: Vec<u8>,
     pub(super) functions: Vec<Function>,
@@ -22,36 +24,35 @@ pub(super) fn run_jobs(
     options: &BundleOptions,
 ) -> Result<Vec<Result<Built, Error>>, Error> {
     let bar = progress_bar(jobs.len(), options.progress);
-    let next = AtomicUsize::new(0);
     let stop = AtomicBool::new(false);
-    let results: Mutex<Vec<Option<Result<Built, Error>>>> =
-        Mutex::new((0..jobs.len()).map(|_| None).collect());
-    let threads = options.jobs.max(1).min(jobs.len().max(1));
-    std::thread::scope(|scope| {
-        for _ in 0..threads {
-            scope.spawn(|| loop {
-                if stop.load(Ordering::Relaxed) {
-                    break;
-                }
-                let n = next.fetch_add(1, Ordering::Relaxed);
-                let Some(job) = jobs.get(n) else { break };
-                let kernel = &kernels[job.kernel];
-                bar.set_message(format!("{} {} {}", kernel.name, job.build, job.arch));
-                let result = run_job(job, kernel, cache);
-                if let Err(error) = &result {
-                    if options.require || !is_target_failure(error) {
-                        stop.store(true, Ordering::Relaxed);
+    // `par_bridge` hands the jobs out one at a time in plan order, so a stop leaves only later
+    // jobs unstarted; each result goes back to its job's place.
+    let mut results: Vec<(usize, Option<Result<Built, Error>>)> =
+        crate::compress::thread_pool(options.jobs, jobs.len()).install(|| {
+            jobs.iter()
+                .enumerate()
+                .par_bridge()
+                .map(|(n, job)| {
+                    if stop.load(Ordering::Relaxed) {
+                        return (n, None);
                     }
-                }
-                results
-                    .lock()
-                    .expect("no job panics while holding the lock")[n] = Some(result);
-                bar.inc(1);
-            });
-        }
-    });
+                    let kernel = &kernels[job.kernel];
+                    bar.set_message(format!("{} {} {}", kernel.name, job.build, job.arch));
+                    let result = run_job(job, kernel, cache);
+                    if let Err(error) = &result {
+                        if options.require || !is_target_failure(error) {
+                            stop.store(true, Ordering::Relaxed);
+                        }
+                    }
+                    bar.inc(1);
+                    (n, Some(result))
+                })
+                .collect()
+        });
     bar.finish_and_clear();
-    let results = results.into_inner().expect("threads have finished");
+    results.sort_unstable_by_key(|(n, _)| *n);
+    let results: Vec<Option<Result<Built, Error>>> =
+        results.into_iter().map(|(_, result)| result).collect();
     let stopped = results.iter().flatten().find_map(|result| match result {
         Err(error) if options.require || !is_target_failure(error) => Some(()),
         _ => None,

@@ -497,10 +497,7 @@ struct Inspection {
 
 /// The bytes of a `u64` buffer, which is 8-byte aligned.
 fn bytemuck_bytes(words: &mut [u64]) -> &mut [u8] {
-    let len = std::mem::size_of_val(words);
-    // SAFETY: any bit pattern is a valid u8, u8 has alignment 1, and the byte slice covers
-    // exactly the memory of `words`, which it borrows mutably for its whole lifetime.
-    unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), len) }
+    bytemuck::cast_slice_mut(words)
 }
 
 fn inspect(bytes: &[u8]) -> Result<Inspection, CubinError> {
