@@ -3,10 +3,10 @@
 //! is refused with a message naming the culprit, that nothing is written outside the folder
 //! the command owns, and that nothing kwheel did not create is deleted.
 
-mod support;
+mod caps;
 #[path = "hostile/ownership.rs"]
 mod ownership;
-mod caps;
+mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -1807,5 +1807,5 @@ fn an_unknown_entry_lists_the_candidates_as_entries_spell_them() {
          spells them: scale<float, (unsigned int)8, &twice>)"
     );
 }
-mod stubs;
 mod real;
+mod stubs;
