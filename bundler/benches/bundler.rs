@@ -551,6 +551,7 @@ fn cutlass_keys(
         nvcc_flags: Vec::new(),
         nvrtc_flags: Vec::new(),
         cxx_std: "c++17".to_owned(),
+        ..KernelInputs::default()
     };
     let archs: [Arch; 2] = ["sm_90a".parse().unwrap(), "sm_100a".parse().unwrap()];
     let mut keys = Vec::new();

@@ -5,7 +5,7 @@ use std::fmt::{self, Write};
 use std::path::{Path, PathBuf};
 
 use prebuilt::bundle::read_index;
-use prebuilt::index::{Index, KernelInputs};
+use prebuilt::index::{Index, KernelInputs, TargetInputs};
 use prebuilt::CudaBuild;
 
 use crate::build::{plan_kernel, target_keys, BuildToolchain};
@@ -27,6 +27,9 @@ pub struct Explanation {
     pub inputs: KernelInputs,
     /// The torch pin.
     pub torch: String,
+    /// For a torch extension: the torch whose headers and defines it compiles with, and the
+    /// stable name of each of its include dirs.
+    pub torch_headers: Option<(crate::torch::TorchHeaders, Vec<String>)>,
     /// One row per target of the matrix.
     pub targets: Vec<TargetKey>,
     /// With `--against`: the inputs that differ from that index, one line each.
@@ -90,7 +93,22 @@ pub fn explain(
         }
         None => None,
     };
+    let torch_headers = planned.torch.clone().map(|headers| {
+        let stable = headers
+            .include_dirs
+            .iter()
+            .map(|dir| {
+                let position = planned.include_dirs.iter().position(|d| d == dir);
+                let recipe = planned.recipe.as_ref();
+                position
+                    .and_then(|n| recipe.and_then(|r| r.include_dirs.get(n)).cloned())
+                    .unwrap_or_else(|| dir.display().to_string())
+            })
+            .collect();
+        (headers, stable)
+    });
     Ok(Explanation {
+        torch_headers,
         kernel: kernel.to_owned(),
         tree: planned
             .graph
@@ -215,7 +233,43 @@ pub fn diff_inputs(old: &KernelInputs, new: &KernelInputs) -> Vec<String> {
     if old.cxx_std != new.cxx_std {
         changes.push(format!("C++ standard: {} → {}", old.cxx_std, new.cxx_std));
     }
+    if old.preamble != new.preamble {
+        changes.push(format!("preamble: {:?} → {:?}", old.preamble, new.preamble));
+    }
+    let archs: BTreeSet<&prebuilt::Arch> = old.targets.keys().chain(new.targets.keys()).collect();
+    for arch in archs {
+        let (before, after) = (old.targets.get(arch), new.targets.get(arch));
+        if before != after {
+            let show = |target: Option<&TargetInputs>| {
+                target.map_or("nothing".to_owned(), describe_target)
+            };
+            changes.push(format!("{arch} adds: {} → {}", show(before), show(after)));
+        }
+    }
     changes
+}
+
+/// What a `targets.<arch>` table adds, on one line: `defines X=1; nvcc flags -lineinfo`.
+fn describe_target(target: &TargetInputs) -> String {
+    let mut parts = Vec::new();
+    if !target.defines.is_empty() {
+        let defines: Vec<String> = target
+            .defines
+            .iter()
+            .map(|(name, value)| format!("{name}={value}"))
+            .collect();
+        parts.push(format!("defines {}", defines.join(" ")));
+    }
+    for (label, flags) in [
+        ("flags", &target.flags),
+        ("nvcc flags", &target.nvcc_flags),
+        ("NVRTC flags", &target.nvrtc_flags),
+    ] {
+        if !flags.is_empty() {
+            parts.push(format!("{label} {}", flags.join(" ")));
+        }
+    }
+    parts.join("; ")
 }
 
 impl fmt::Display for Explanation {
@@ -282,8 +336,42 @@ impl fmt::Display for Explanation {
         if !self.inputs.nvrtc_flags.is_empty() {
             writeln!(out, "  NVRTC flags: {}", list(&self.inputs.nvrtc_flags))?;
         }
+        for (arch, target) in &self.inputs.targets {
+            writeln!(out, "  {arch} adds: {}", describe_target(target))?;
+        }
         writeln!(out, "  C++ standard: {}", self.inputs.cxx_std)?;
+        if !self.inputs.preamble.is_empty() {
+            writeln!(
+                out,
+                "  preamble (compiled after the source, before the entries):"
+            )?;
+            for line in self.inputs.preamble.lines() {
+                writeln!(out, "    {line}")?;
+            }
+        }
         writeln!(out, "  torch pin: {}", self.torch)?;
+        if let Some((headers, stable)) = &self.torch_headers {
+            writeln!(
+                out,
+                "  torch extension: torch {} at {} ({})",
+                headers.version,
+                headers.package.display(),
+                headers.found_by
+            )?;
+            let dirs: Vec<String> = stable
+                .iter()
+                .zip(&headers.include_dirs)
+                .map(|(name, dir)| format!("{name} = {}", dir.display()))
+                .collect();
+            writeln!(out, "    include dirs: {}", dirs.join(", "))?;
+            let defines: Vec<String> = headers
+                .defines_for(&self.kernel)
+                .iter()
+                .map(|(name, value)| format!("{name}={value}"))
+                .collect();
+            writeln!(out, "    defines: {}", defines.join(" "))?;
+            writeln!(out, "    nvcc flags: {}", list(&headers.nvcc_flags))?;
+        }
         writeln!(out, "\ntargets:")?;
         for target in &self.targets {
             match &target.key {
@@ -422,6 +510,7 @@ mod tests {
             externals: BTreeSet::new(),
             inputs,
             torch: "2.13.*".into(),
+            torch_headers: None,
             targets: Vec::new(),
             changes: None,
         };

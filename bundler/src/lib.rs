@@ -16,6 +16,7 @@
 //! | [`writer`] | writing the bundle directory atomically |
 //! | [`shard`] | shard directories of a build spread over machines, and merging them |
 //! | [`explain`] | what goes into a kernel's key, and what changed since an index |
+//! | [`torch`] | torch's include dirs and defines for `torch = true` kernels |
 //!
 //! The bundle format itself belongs to `prebuilt`; this crate only writes it.
 #![deny(missing_docs)]
@@ -31,6 +32,7 @@ pub mod explain;
 pub mod manifest;
 pub mod remote;
 pub mod shard;
+pub mod torch;
 pub mod writer;
 
 use std::path::PathBuf;
@@ -202,6 +204,15 @@ pub enum Error {
         kernel: String,
         /// Each target with why it has no variant.
         reasons: Vec<String>,
+    },
+    /// A kernel compiled as a torch extension has no torch headers to compile with.
+    #[error("cannot compile `{kernel}` as a torch extension (`torch = true`)")]
+    Torch {
+        /// The kernel.
+        kernel: String,
+        /// Why.
+        #[source]
+        source: Box<torch::TorchError>,
     },
     /// A bundle could not be read.
     #[error(transparent)]

@@ -13,7 +13,15 @@
 //! sources = ["layernorm/layernorm.cu"]
 //! entries = ["layernorm_bf16"]
 //! constants = { BLOCK_SIZE = 256 }
+//!
+//! [kernels.layernorm_bf16.targets.sm_100a]   # this arch only
+//! defines = { LN_BLACKWELL = "1" }
 //! ```
+//!
+//! Defines are layered from the least to the most specific: torch's (`torch = true`), the
+//! library's, the library's for the target arch, the kernel's constants and defines, the
+//! kernel's for the target arch; a more specific value replaces a less specific one. Flags are
+//! appended in that order too (library, kernel, library for the arch, kernel for the arch).
 //!
 //! Paths are relative to the manifest's directory. The field reference is in
 //! `docs/manifest.md`.
@@ -21,7 +29,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use prebuilt::index::Constant;
+use prebuilt::index::{Constant, TargetInputs};
 use prebuilt::{Arch, CudaBuild};
 use serde::Deserialize;
 
@@ -94,6 +102,20 @@ pub struct Library {
     /// Default extra flags for NVRTC only (after `flags`).
     #[serde(default)]
     pub nvrtc_flags: Vec<String>,
+    /// Default preprocessor defines, under each kernel's constants and defines.
+    #[serde(default)]
+    pub defines: BTreeMap<String, String>,
+    /// Compiles every source kernel as `torch.utils.cpp_extension` compiles an extension
+    /// (torch's include dirs and defines; see [`crate::torch`]). Named apart from `torch`,
+    /// which is the pin here; a kernel's `torch` overrides it.
+    #[serde(default)]
+    pub torch_extension: bool,
+    /// Default preamble: C++ text compiled after each kernel's source, before its entries are
+    /// named (a `using namespace`).
+    pub preamble: Option<String>,
+    /// What one target arch adds for every kernel (`[library.targets.sm_100a]`).
+    #[serde(default)]
+    pub targets: BTreeMap<Arch, TargetSpec>,
     /// Which compiler a CUDA build without its own nvcc (CUDA 12.9 from its wheels) uses.
     #[serde(default)]
     pub compiler: CompilerChoice,
@@ -151,6 +173,43 @@ pub struct KernelSpec {
     /// `docs/toolchains.md`); without it such a target is a skip, never a variant.
     #[serde(default)]
     pub allow_stub: bool,
+    /// Compiles the kernel as a torch extension (`true`) or not (`false`); overrides the
+    /// library's `torch-extension`.
+    pub torch: Option<bool>,
+    /// Overrides the library's `preamble`.
+    pub preamble: Option<String>,
+    /// What one target arch adds for this kernel (`[kernels.x.targets.sm_100a]`), after the
+    /// library's for that arch.
+    #[serde(default)]
+    pub targets: BTreeMap<Arch, TargetSpec>,
+}
+
+/// A `targets.<arch>` table: defines and flags for that target arch only.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct TargetSpec {
+    /// Defines for this arch, over the level's own.
+    #[serde(default)]
+    pub defines: BTreeMap<String, String>,
+    /// Flags for every compiler, for this arch.
+    #[serde(default)]
+    pub flags: Vec<String>,
+    /// Flags for nvcc only, for this arch.
+    #[serde(default)]
+    pub nvcc_flags: Vec<String>,
+    /// Flags for NVRTC only, for this arch.
+    #[serde(default)]
+    pub nvrtc_flags: Vec<String>,
+}
+
+impl TargetSpec {
+    fn flag_lists(&self) -> [(&'static str, &Vec<String>); 3] {
+        [
+            ("flags", &self.flags),
+            ("nvcc-flags", &self.nvcc_flags),
+            ("nvrtc-flags", &self.nvrtc_flags),
+        ]
+    }
 }
 
 /// Which compiler a CUDA build that has NVRTC and `ptxas` but no nvcc of its own uses (the
@@ -278,6 +337,15 @@ impl Manifest {
                 "`archs` and `cuda-builds` must not be empty".into(),
             ));
         }
+        if let Some(message) = check_defines("defines", &library.defines)
+            .or_else(|| check_preamble(library.preamble.as_deref()))
+            .or_else(|| check_targets(&library.targets, &library.archs, "the library's `archs`"))
+        {
+            return Err(invalid(None, message));
+        }
+        if library.torch_extension && library.compiler == CompilerChoice::Nvrtc {
+            return Err(invalid(None, TORCH_NEEDS_NVCC.into()));
+        }
         for (name, kernel) in &self.kernels {
             if !is_identifier(name) {
                 return Err(invalid(
@@ -294,6 +362,50 @@ impl Manifest {
                 if let Some(message) = include_path_flag(key, flags) {
                     return Err(invalid(Some(name), message));
                 }
+            }
+            let archs = kernel.arch.as_deref().unwrap_or(&library.archs);
+            let narrowed = if kernel.arch.is_some() {
+                "the kernel's `arch`"
+            } else {
+                "the library's `archs`"
+            };
+            if let Some(message) = check_preamble(kernel.preamble.as_deref())
+                .or_else(|| check_targets(&kernel.targets, archs, narrowed))
+            {
+                return Err(invalid(Some(name), message));
+            }
+            // A constant is exported as one value: no arch of the kernel may give it another
+            // (the library's arch tables yield to the kernel's own constants and defines).
+            let per_arch = kernel
+                .targets
+                .iter()
+                .flat_map(|(arch, target)| target.defines.keys().map(move |d| (arch, d)));
+            for (arch, define) in per_arch {
+                if kernel.constants.contains_key(define) {
+                    return Err(invalid(
+                        Some(name),
+                        format!(
+                            "`targets.{arch}` defines `{define}`, which is a constant of the \
+                             kernel: a constant is exported with one value for every target"
+                        ),
+                    ));
+                }
+            }
+            if !kernel.cubins.is_empty() {
+                let compile_only = [
+                    ("torch", kernel.torch == Some(true)),
+                    ("preamble", kernel.preamble.is_some()),
+                    ("targets", !kernel.targets.is_empty()),
+                ];
+                if let Some((key, _)) = compile_only.iter().find(|(_, set)| *set) {
+                    return Err(invalid(
+                        Some(name),
+                        format!("`{key}` applies to compiled sources, not to `cubins`"),
+                    ));
+                }
+            }
+            if self.torch_of(kernel) && self.compiler_of(kernel) == CompilerChoice::Nvrtc {
+                return Err(invalid(Some(name), TORCH_NEEDS_NVCC.into()));
             }
             if let Some(builds) = &kernel.cuda_builds {
                 if let Some(build) = builds
@@ -323,12 +435,14 @@ impl Manifest {
             }
             match (kernel.sources.len(), kernel.cubins.is_empty()) {
                 (1, true) => {
-                    if !kernel.sources[0].ends_with(".cu") {
+                    let source = &kernel.sources[0];
+                    if !TRANSLATION_UNITS.iter().any(|ext| source.ends_with(ext)) {
                         return Err(invalid(
                             Some(name),
                             format!(
-                                "source `{}` is not a `.cu` translation unit",
-                                kernel.sources[0]
+                                "source `{source}` is not a translation unit nvcc and NVRTC \
+                                 compile as CUDA ({})",
+                                TRANSLATION_UNITS.join(", ")
                             ),
                         ));
                     }
@@ -387,15 +501,69 @@ impl Manifest {
             .collect()
     }
 
-    /// A kernel's preprocessor defines: its constants, then its defines.
+    /// A kernel's preprocessor defines for every arch: the library's, then its constants, then
+    /// its defines (torch's, for `torch = true`, are added under them when planning).
     pub fn defines_of(&self, kernel: &KernelSpec) -> BTreeMap<String, String> {
-        let mut defines: BTreeMap<String, String> = kernel
-            .constants
-            .iter()
-            .map(|(name, value)| (name.clone(), value.to_string()))
-            .collect();
+        let mut defines = self.library.defines.clone();
+        defines.extend(
+            kernel
+                .constants
+                .iter()
+                .map(|(name, value)| (name.clone(), value.to_string())),
+        );
         defines.extend(kernel.defines.clone());
         defines
+    }
+
+    /// What each arch the kernel builds for adds ([`TargetInputs`], merged over
+    /// [`Manifest::defines_of`] and the flags when compiling for it): the library's
+    /// `targets.<arch>` (less its defines the kernel sets itself), then the kernel's. Archs
+    /// that add nothing are left out.
+    pub fn targets_of(&self, kernel: &KernelSpec) -> BTreeMap<Arch, TargetInputs> {
+        let archs = kernel.arch.as_deref().unwrap_or(&self.library.archs);
+        let own = |name: &String| {
+            kernel.constants.contains_key(name) || kernel.defines.contains_key(name)
+        };
+        let mut targets = BTreeMap::new();
+        for arch in archs {
+            let mut target = TargetInputs::default();
+            for spec in [self.library.targets.get(arch), kernel.targets.get(arch)]
+                .into_iter()
+                .flatten()
+            {
+                target.flags.extend(spec.flags.iter().cloned());
+                target.nvcc_flags.extend(spec.nvcc_flags.iter().cloned());
+                target.nvrtc_flags.extend(spec.nvrtc_flags.iter().cloned());
+            }
+            if let Some(spec) = self.library.targets.get(arch) {
+                let defines = spec.defines.iter().filter(|(name, _)| !own(name));
+                target
+                    .defines
+                    .extend(defines.map(|(n, v)| (n.clone(), v.clone())));
+            }
+            if let Some(spec) = kernel.targets.get(arch) {
+                target.defines.extend(spec.defines.clone());
+            }
+            if !target.is_empty() {
+                targets.insert(*arch, target);
+            }
+        }
+        targets
+    }
+
+    /// A kernel's preamble: its own, else the library's, else none (empty).
+    pub fn preamble_of(&self, kernel: &KernelSpec) -> String {
+        kernel
+            .preamble
+            .clone()
+            .or_else(|| self.library.preamble.clone())
+            .unwrap_or_default()
+    }
+
+    /// Whether a kernel compiles as a torch extension: its `torch`, else the library's
+    /// `torch-extension`; never for precompiled cubins.
+    pub fn torch_of(&self, kernel: &KernelSpec) -> bool {
+        kernel.cubins.is_empty() && kernel.torch.unwrap_or(self.library.torch_extension)
     }
 
     /// A kernel's compiler flags: the library's, then its own.
@@ -446,6 +614,55 @@ impl Manifest {
     }
 }
 
+/// What a torch-extension kernel with `compiler = "nvrtc"` is told.
+const TORCH_NEEDS_NVCC: &str = "`torch = true` needs nvcc: torch's headers include host code \
+                                and C++ library headers that NVRTC cannot compile; use \
+                                `compiler = \"auto\"` (which picks nvcc) or `\"nvcc\"`";
+
+/// The endings of a translation unit: nvcc is told `-x cu` for all but `.cu`.
+const TRANSLATION_UNITS: &[&str] = &[".cu", ".cuh", ".h", ".hpp"];
+
+/// The message for the first define of `defines` (the manifest key `key`) that is not a C
+/// identifier, if any.
+fn check_defines(key: &str, defines: &BTreeMap<String, String>) -> Option<String> {
+    defines
+        .keys()
+        .find(|name| !is_identifier(name))
+        .map(|name| format!("`{key}` names `{name}`, which must be a C identifier"))
+}
+
+/// A preamble goes into a source file: no NUL.
+fn check_preamble(preamble: Option<&str>) -> Option<String> {
+    preamble
+        .filter(|text| text.contains('\0'))
+        .map(|_| "`preamble` holds a NUL character".to_owned())
+}
+
+/// The message for the first fault of a `targets` table: an arch that is not built
+/// (`archs`, named by `which`), a define that is not an identifier, an include-path flag.
+fn check_targets(
+    targets: &BTreeMap<Arch, TargetSpec>,
+    archs: &[Arch],
+    which: &str,
+) -> Option<String> {
+    targets.iter().find_map(|(arch, target)| {
+        if !archs.contains(arch) {
+            let list: Vec<String> = archs.iter().map(ToString::to_string).collect();
+            return Some(format!(
+                "`targets.{arch}` names {arch}, which is not one of {which} ({})",
+                list.join(", ")
+            ));
+        }
+        let key = |field: &str| format!("targets.{arch}.{field}");
+        check_defines(&key("defines"), &target.defines).or_else(|| {
+            target
+                .flag_lists()
+                .into_iter()
+                .find_map(|(field, flags)| include_path_flag(&key(field), flags))
+        })
+    })
+}
+
 fn line_column(text: &str, offset: usize) -> (usize, usize) {
     let before = &text[..offset.min(text.len())];
     let line = before.matches('\n').count() + 1;
@@ -482,9 +699,11 @@ fn include_path_flag(key: &str, flags: &[String]) -> Option<String> {
     };
     flags.iter().find_map(|flag| {
         // Options handed on to the host compiler or ptxas: `-Xcompiler=-I/x,-O2`.
-        let passed_on = (flag.starts_with("-X") || flag.starts_with("--compiler-options"))
-            .then(|| flag.split_once('=').map_or("", |(_, value)| value))
-            .unwrap_or_default();
+        let passed_on = if flag.starts_with("-X") || flag.starts_with("--compiler-options") {
+            flag.split_once('=').map_or("", |(_, value)| value)
+        } else {
+            ""
+        };
         let option =
             is_include_path(flag).or_else(|| passed_on.split(',').find_map(is_include_path))?;
         Some(format!(

@@ -1809,3 +1809,4 @@ fn an_unknown_entry_lists_the_candidates_as_entries_spell_them() {
 }
 mod real;
 mod stubs;
+mod torch_ext;

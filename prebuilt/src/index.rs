@@ -84,9 +84,71 @@ pub struct KernelInputs {
     pub nvrtc_flags: Vec<String>,
     /// The C++ standard (`c++17`).
     pub cxx_std: String,
+    /// C++ text compiled after the source and before the entries are named (the manifest's
+    /// `preamble`: a `using namespace` that the entries' name expressions rely on, say).
+    /// Absent when empty.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub preamble: String,
+    /// What one target architecture adds (the manifest's `targets.<arch>` tables), by arch;
+    /// [`KernelInputs::for_arch`] merges it. Absent when empty.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub targets: BTreeMap<Arch, TargetInputs>,
+}
+
+/// What a kernel's inputs add for one target architecture: defines over the kernel's, flags
+/// after the kernel's of the same kind.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TargetInputs {
+    /// Defines that add to (or replace the value of) the kernel's.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub defines: BTreeMap<String, String>,
+    /// Flags for every compiler, after the kernel's `flags`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub flags: Vec<String>,
+    /// Flags for nvcc only, after the kernel's `nvcc_flags`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nvcc_flags: Vec<String>,
+    /// Flags for NVRTC only, after the kernel's `nvrtc_flags`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nvrtc_flags: Vec<String>,
+}
+
+impl TargetInputs {
+    /// Whether it adds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.defines.is_empty()
+            && self.flags.is_empty()
+            && self.nvcc_flags.is_empty()
+            && self.nvrtc_flags.is_empty()
+    }
 }
 
 impl KernelInputs {
+    /// The inputs that `arch` compiles with: the kernel's, with that arch's [`TargetInputs`]
+    /// merged in (its defines over the kernel's, its flags after the kernel's) and no
+    /// `targets` left. The key, the bundler's compile and the JIT's all go through this one
+    /// merge, so they agree on what a target compiled with.
+    pub fn for_arch(&self, arch: Arch) -> KernelInputs {
+        let mut inputs = self.clone();
+        inputs.targets.clear();
+        if let Some(target) = self.targets.get(&arch) {
+            inputs.defines.extend(target.defines.clone());
+            inputs.flags.extend(target.flags.iter().cloned());
+            inputs.nvcc_flags.extend(target.nvcc_flags.iter().cloned());
+            inputs
+                .nvrtc_flags
+                .extend(target.nvrtc_flags.iter().cloned());
+        }
+        inputs
+    }
+
+    /// Whether any target compiles with nvcc-only flags (the kernel's or an arch's): such a
+    /// kernel is meant for nvcc, which NVRTC would not honour.
+    pub fn has_nvcc_flags(&self) -> bool {
+        !self.nvcc_flags.is_empty() || self.targets.values().any(|t| !t.nvcc_flags.is_empty())
+    }
+
     /// The flags a compiler of `kind` (`nvcc`, `nvcc+ptxas`, `nvrtc`) gets: `flags`, then its own.
     pub fn flags_for(&self, kind: &str) -> Vec<String> {
         let own = match kind {

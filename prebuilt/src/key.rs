@@ -12,13 +12,21 @@
 //! | kernel name | two kernels with the same sources are still two cache entries |
 //! | entry points | name expressions instantiate templates, and every entry is validated |
 //! | include graph: (stable path, sha256) per file | any edit to a source or header changes the code |
-//! | defines (constants included) | they change the preprocessed source |
-//! | flags: `flags`, then those of the compiler used (`nvcc-flags` or `nvrtc-flags`) | they change code generation |
+//! | defines (constants included), with the target arch's `targets` defines merged in | they change the preprocessed source |
+//! | flags: `flags`, then those of the compiler used (`nvcc-flags` or `nvrtc-flags`), each with the target arch's after the kernel's | they change code generation |
 //! | C++ standard | it changes parsing and overloads |
 //! | arch | the cubin's machine code |
 //! | CUDA build | the toolkit's headers and the driver it needs |
 //! | torch build | the torch pin the variant is released for |
 //! | compiler and its exact version: for nvcc also the host compiler (`gcc --version`), for the `nvcc+ptxas` route also ptxas's version | nvcc and NVRTC, or two patch releases, emit different code; nvcc preprocesses device code with the host compiler and its libstdc++/glibc headers; the assembler writes the machine code |
+//! | preamble, only when there is one | it is compiled with the source (see below) |
+//!
+//! Per-arch values are merged before hashing ([`KernelInputs::for_arch`]): a target is keyed
+//! by what it compiles with, so an arch without a `targets` table keeps the key it had. The
+//! preamble came after format 2 and is hashed last, only when it is not empty: a kernel
+//! without one keeps its format 2 key, and since every field before it is length-prefixed, a
+//! key with a preamble cannot equal one without. An input added later that is not empty for
+//! every kernel needs [`KEY_FORMAT`] bumped.
 //!
 //! Paths are stable paths (relative to the manifest's directory or to an include dir), never
 //! absolute, and no timestamp is hashed: moving a checkout or touching a file keeps the key.
@@ -29,7 +37,8 @@ use crate::index::{CompilerRecord, KernelInputs};
 use crate::{Arch, CudaBuild};
 
 /// Version of the key's definition. Bump it whenever an input is added, removed or encoded
-/// differently.
+/// differently. (Per-arch values and the preamble did not bump it: a kernel that uses neither
+/// hashes exactly what format 2 hashed, see the module docs.)
 pub const KEY_FORMAT: u64 = 2;
 
 /// Everything a variant's key is computed from.
@@ -75,34 +84,39 @@ impl KeyHasher {
 impl KernelKey {
     /// Computes the key of one variant.
     pub fn compute(key: &KeyInputs<'_>) -> KernelKey {
+        let inputs = key.inputs.for_arch(key.arch);
         let mut hasher = KeyHasher(Sha256::new());
         hasher.0.update(KEY_FORMAT.to_le_bytes());
         hasher.bytes(key.kernel.as_bytes());
-        hasher.count(key.inputs.entries.len());
-        for entry in &key.inputs.entries {
+        hasher.count(inputs.entries.len());
+        for entry in &inputs.entries {
             hasher.bytes(entry.as_bytes());
         }
-        hasher.count(key.inputs.files.len());
-        for (path, digest) in &key.inputs.files {
+        hasher.count(inputs.files.len());
+        for (path, digest) in &inputs.files {
             hasher.bytes(path.as_bytes());
             hasher.bytes(digest.as_bytes());
         }
-        hasher.count(key.inputs.defines.len());
-        for (name, value) in &key.inputs.defines {
+        hasher.count(inputs.defines.len());
+        for (name, value) in &inputs.defines {
             hasher.bytes(name.as_bytes());
             hasher.bytes(value.as_bytes());
         }
-        let flags = key.inputs.flags_for(&key.compiler.kind);
+        let flags = inputs.flags_for(&key.compiler.kind);
         hasher.count(flags.len());
         for flag in &flags {
             hasher.bytes(flag.as_bytes());
         }
-        hasher.bytes(key.inputs.cxx_std.as_bytes());
+        hasher.bytes(inputs.cxx_std.as_bytes());
         hasher.bytes(key.arch.to_string().as_bytes());
         hasher.bytes(key.cuda.to_string().as_bytes());
         hasher.bytes(key.torch.as_bytes());
         hasher.bytes(key.compiler.kind.as_bytes());
         hasher.bytes(key.compiler.version.as_bytes());
+        // Optional, so that a kernel without one keeps its format 2 key (module docs).
+        if !inputs.preamble.is_empty() {
+            hasher.bytes(inputs.preamble.as_bytes());
+        }
         KernelKey(hex::encode(hasher.0.finalize()))
     }
 }
@@ -117,6 +131,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
+    use crate::index::TargetInputs;
 
     fn inputs() -> KernelInputs {
         KernelInputs {
@@ -130,6 +145,7 @@ mod tests {
             nvcc_flags: vec![],
             nvrtc_flags: vec![],
             cxx_std: "c++17".into(),
+            ..KernelInputs::default()
         }
     }
 
@@ -310,6 +326,82 @@ mod tests {
         assert_changes("compiler version", |_, parts| {
             parts.compiler.version = "13.0.48".into()
         });
+    }
+
+    #[test]
+    fn preamble_is_in_the_key() {
+        assert_changes("preamble", |inputs, _| {
+            inputs.preamble = "using namespace af3;".into()
+        });
+        assert_ne!(
+            key_with(|inputs, _| inputs.preamble = "using namespace a;".into()),
+            key_with(|inputs, _| inputs.preamble = "using namespace b;".into()),
+        );
+    }
+
+    #[test]
+    fn per_arch_values_are_in_that_targets_key_only() {
+        let sm100: Arch = "sm_100a".parse().unwrap();
+        let with_sm100 = |edit: fn(&mut TargetInputs)| {
+            move |inputs: &mut KernelInputs, _: &mut KeyParts| {
+                edit(inputs.targets.entry(sm100).or_default())
+            }
+        };
+        // The base target is sm_90a: another arch's table leaves its key alone.
+        assert_eq!(
+            key_with(|_, _| {}),
+            key_with(with_sm100(|t| {
+                t.defines.insert("KITTENS_BLACKWELL".into(), "1".into());
+            })),
+            "an sm_100a define must not change the sm_90a key"
+        );
+        let on_sm100 = |edit: fn(&mut TargetInputs)| {
+            move |inputs: &mut KernelInputs, parts: &mut KeyParts| {
+                parts.arch = sm100;
+                edit(inputs.targets.entry(sm100).or_default());
+            }
+        };
+        let base = key_with(|_, parts| parts.arch = sm100);
+        for (what, key) in [
+            (
+                "per-arch define",
+                key_with(on_sm100(|t| {
+                    t.defines.insert("KITTENS_BLACKWELL".into(), "1".into());
+                })),
+            ),
+            (
+                "per-arch define value",
+                key_with(on_sm100(|t| {
+                    t.defines.insert("BLOCK_SIZE".into(), "512".into());
+                })),
+            ),
+            (
+                "per-arch flag",
+                key_with(on_sm100(|t| t.flags.push("-lineinfo".into()))),
+            ),
+            (
+                "per-arch nvcc flag",
+                key_with(on_sm100(|t| t.nvcc_flags.push("-maxrregcount=64".into()))),
+            ),
+        ] {
+            assert_ne!(base, key, "the {what} must change the sm_100a key");
+        }
+        // NVRTC's per-arch flags do not change an nvcc key.
+        assert_eq!(
+            base,
+            key_with(on_sm100(|t| t.nvrtc_flags.push("-default-device".into())))
+        );
+        // A target is keyed by what it compiles with: a per-arch define is the same input as
+        // the kernel-wide define it amounts to.
+        assert_eq!(
+            key_with(on_sm100(|t| {
+                t.defines.insert("X".into(), "1".into());
+            })),
+            key_with(|inputs, parts| {
+                parts.arch = sm100;
+                inputs.defines.insert("X".into(), "1".into());
+            })
+        );
     }
 
     #[test]

@@ -143,6 +143,7 @@ fn fixture_bundle(dir: &Path) -> PathBuf {
             nvcc_flags: Vec::new(),
             nvrtc_flags: Vec::new(),
             cxx_std: "c++17".to_owned(),
+            ..KernelInputs::default()
         };
         let mut variants = Vec::new();
         for (bytes, target, cuda, kind, version) in FIXTURE_CUBINS {

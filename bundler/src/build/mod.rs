@@ -108,7 +108,9 @@ impl BuildToolchain {
             CompilerChoice::Nvcc => true,
             // `nvcc-flags` are meant for nvcc: NVRTC would drop them.
             CompilerChoice::Auto => {
-                !kernel.system_headers.is_empty() || !kernel.inputs.nvcc_flags.is_empty()
+                !kernel.system_headers.is_empty()
+                    || kernel.inputs.has_nvcc_flags()
+                    || kernel.torch.is_some()
             }
         };
         match &self.nvcc_route {

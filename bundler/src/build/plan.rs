@@ -17,6 +17,11 @@ pub struct PlannedKernel {
     /// Angle includes found neither in the kernel's include dirs nor in a toolkit's: system
     /// headers (`cstdio`), which NVRTC does not have.
     pub system_headers: Vec<String>,
+    /// Its include dirs (absolute), in `-I` order: the manifest's, then torch's for a torch
+    /// extension.
+    pub include_dirs: Vec<PathBuf>,
+    /// The torch whose headers and defines it compiles with (`torch = true`).
+    pub torch: Option<crate::torch::TorchHeaders>,
 }
 
 pub(super) enum Work {
@@ -50,7 +55,7 @@ pub fn plan_kernel(
     spec: &KernelSpec,
     external_dirs: &[PathBuf],
 ) -> Result<PlannedKernel, Error> {
-    let include_dirs = manifest.include_dirs_of(spec);
+    let mut include_dirs = manifest.include_dirs_of(spec);
     let mut inputs = KernelInputs {
         entries: spec.entries.clone(),
         files: BTreeMap::new(),
@@ -59,6 +64,28 @@ pub fn plan_kernel(
         nvcc_flags: manifest.nvcc_flags_of(spec),
         nvrtc_flags: manifest.nvrtc_flags_of(spec),
         cxx_std: manifest.cxx_std_of(spec),
+        preamble: manifest.preamble_of(spec),
+        targets: manifest.targets_of(spec),
+    };
+    let torch = if manifest.torch_of(spec) {
+        let torch = find_torch(manifest).map_err(|source| Error::Torch {
+            kernel: name.to_owned(),
+            source: Box::new(source),
+        })?;
+        // Under everything the manifest says, as `cpp_extension` puts them before extra flags.
+        let mut defines = torch.defines_for(name);
+        defines.append(&mut inputs.defines);
+        inputs.defines = defines;
+        inputs.nvcc_flags = torch
+            .nvcc_flags
+            .iter()
+            .cloned()
+            .chain(std::mem::take(&mut inputs.nvcc_flags))
+            .collect();
+        include_dirs.extend(torch.include_dirs.iter().cloned());
+        Some(torch)
+    } else {
+        None
     };
     if !spec.cubins.is_empty() {
         // Precompiled cubins are keyed by their content; compile settings do not apply.
@@ -67,6 +94,8 @@ pub fn plan_kernel(
         inputs.nvcc_flags.clear();
         inputs.nvrtc_flags.clear();
         inputs.cxx_std.clear();
+        inputs.preamble.clear();
+        inputs.targets.clear();
         for cubin in &spec.cubins {
             let path = manifest.root.join(&cubin.path);
             let bytes = std::fs::read(&path).map_err(|source| Error::Read { path, source })?;
@@ -78,6 +107,8 @@ pub fn plan_kernel(
             inputs,
             recipe: None,
             system_headers: Vec::new(),
+            include_dirs: Vec::new(),
+            torch: None,
         });
     }
     let source = manifest.root.join(&spec.sources[0]);
@@ -123,7 +154,23 @@ pub fn plan_kernel(
             include_dirs: stable_dirs,
         }),
         system_headers,
+        include_dirs,
+        torch,
     })
+}
+
+/// The torch `KWHEEL_TORCH` (or the default folder) holds, which the manifest's pin must allow.
+fn find_torch(manifest: &Manifest) -> Result<crate::torch::TorchHeaders, crate::torch::TorchError> {
+    let torch = crate::torch::TorchHeaders::find()?;
+    if !prebuilt::select::torch_matches(&manifest.library.torch, &torch.version) {
+        return Err(crate::torch::TorchError::Pin {
+            package: torch.package,
+            found_by: torch.found_by,
+            version: torch.version,
+            pin: manifest.library.torch.clone(),
+        });
+    }
+    Ok(torch)
 }
 
 /// The library as a compile sees it: the root, with each include dir outside it as `[n]` (the
@@ -225,7 +272,7 @@ pub(super) fn plan_job(
         (
             compiler.record(),
             Work::Compile {
-                tree: source_tree(&manifest.root, &manifest.include_dirs_of(spec)),
+                tree: source_tree(&manifest.root, &kernel.include_dirs),
                 source: recipe.source.clone(),
                 include_dirs: recipe.include_dirs.clone(),
                 compiler: compiler.clone(),

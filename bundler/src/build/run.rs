@@ -370,18 +370,21 @@ fn fetch_or_compile(job: &Job, kernel: &PlannedKernel, cache: &BuildCache) -> Re
                 .filter(|entry| prebuilt::compile::is_name_expression(entry))
                 .cloned()
                 .collect();
-            let flags = kernel.inputs.flags_for(&job.compiler.kind);
+            // What this arch compiles with: the key's and the JIT's merge.
+            let inputs = kernel.inputs.for_arch(job.arch);
+            let flags = inputs.flags_for(&job.compiler.kind);
             let request = CompileRequest {
                 kernel: &kernel.name,
                 key: &job.key,
                 tree,
                 source,
                 include_dirs,
-                defines: &kernel.inputs.defines,
+                defines: &inputs.defines,
                 flags: &flags,
-                cxx_std: &kernel.inputs.cxx_std,
+                cxx_std: &inputs.cxx_std,
                 arch: job.arch,
                 name_expressions: &name_expressions,
+                preamble: &inputs.preamble,
             };
             let output = compiler.compile(&request).map_err(Box::new)?;
             (output.cubin, output.lowered_names)

@@ -70,6 +70,8 @@ pub struct CompileRequest<'a> {
     pub arch: Arch,
     /// Templated entry points to instantiate and lower, like `scale_rows<float>`.
     pub name_expressions: &'a [String],
+    /// C++ text compiled after the source, before the entries are named (empty for none).
+    pub preamble: &'a str,
 }
 
 /// What a successful compile produced.
@@ -349,6 +351,7 @@ impl Identity {
             defines: request.defines,
             flags: request.flags,
             name_expressions: request.name_expressions,
+            preamble: request.preamble,
         };
         compile::compile(tool, &job).map_err(|failure| self.error(request, failure))
     }

@@ -95,6 +95,7 @@ fn request<'a>(
         cxx_std: "c++17",
         arch: arch.parse().unwrap(),
         name_expressions,
+        preamble: "",
     }
 }
 
@@ -614,6 +615,7 @@ fn cubins_are_the_same_from_any_checkout_and_name_none() {
                     cxx_std: "c++17",
                     arch: "sm_90a".parse().unwrap(),
                     name_expressions: &[],
+                    preamble: "",
                 };
                 compiler
                     .compile(&request)

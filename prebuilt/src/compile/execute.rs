@@ -19,7 +19,7 @@ use super::ptxas::{lower_ptx_isa, ptx_isa, ptxas_options, UnhonouredFlag};
 use super::work::{absolute, SourceTree, WorkDir};
 use super::{
     entry_probes_source, nvcc_arguments, nvcc_command, nvrtc_options, read_entry_probes,
-    CompileOptions, CompilerKind, ENTRY_PROBES_PTX, ENTRY_PROBES_SOURCE,
+    with_preamble, CompileOptions, CompilerKind, ENTRY_PROBES_PTX, ENTRY_PROBES_SOURCE,
 };
 use crate::nvrtc::{NvrtcError, NvrtcLibrary};
 use crate::target::Arch;
@@ -83,6 +83,10 @@ pub struct CompileJob<'a> {
     pub flags: &'a [String],
     /// The entries that are name expressions (`scale<float>`), to be lowered to symbols.
     pub name_expressions: &'a [String],
+    /// C++ text compiled after the source, before the entries are named (empty for none):
+    /// nvcc gets it in the generated unit ([`super::entry_probes_source`]), NVRTC after the
+    /// source's text ([`super::with_preamble`]).
+    pub preamble: &'a str,
 }
 
 /// What a compile produced.
@@ -200,10 +204,10 @@ fn run_nvcc(
         .join("bin")
         .join(nvcc.file_name().unwrap_or_default());
     let source = in_tree(job.source);
-    let unit = if job.name_expressions.is_empty() {
+    let unit = if job.name_expressions.is_empty() && job.preamble.is_empty() {
         source.clone()
     } else {
-        let text = entry_probes_source(&source, job.name_expressions);
+        let text = entry_probes_source(&source, job.preamble, job.name_expressions);
         let probes = work.path().join(ENTRY_PROBES_SOURCE);
         fs::write(&probes, text).map_err(|source| CompileFailure::Io {
             action: "write the entry probes to",
@@ -402,6 +406,7 @@ fn run_nvrtc(
         defines: job.defines,
         flags: job.flags,
     };
+    let text = with_preamble(&text, job.preamble);
     let name = work.path().join(in_tree(job.source));
     let output = library
         .compile(

@@ -287,6 +287,10 @@ pub fn nvcc_arguments(options: &CompileOptions<'_>, source: &Path, output: &Path
         format!("-arch={}", options.arch).into(),
         format!("-std={}", options.cxx_std).into(),
     ];
+    if !is_cuda_file(source) {
+        // nvcc picks the language by extension: a `.cuh` or `.h` translation unit is CUDA too.
+        arguments.extend(["-x".into(), "cu".into()]);
+    }
     for dir in options.include_dirs {
         let mut flag = OsString::from("-I");
         flag.push(dir);
@@ -305,8 +309,15 @@ pub fn nvcc_arguments(options: &CompileOptions<'_>, source: &Path, output: &Path
     arguments
 }
 
-/// The translation unit nvcc compiles when a kernel has name expressions: the kernel's source,
-/// then one probe per name expression (see [`entry_probes_source`]).
+/// Whether nvcc reads `path` as CUDA by its extension (`.cu`); any other translation unit
+/// (`.cuh`, `.h`, `.hpp`) is given `-x cu`.
+pub fn is_cuda_file(path: &Path) -> bool {
+    path.extension().is_some_and(|extension| extension == "cu")
+}
+
+/// The translation unit nvcc compiles when a kernel has name expressions or a preamble: the
+/// kernel's source, the preamble, then one probe per name expression (see
+/// [`entry_probes_source`]).
 pub const ENTRY_PROBES_SOURCE: &str = "kwheel-entries.cu";
 /// The PTX nvcc leaves (`-keep`) of [`ENTRY_PROBES_SOURCE`] in its work dir.
 pub const ENTRY_PROBES_PTX: &str = "kwheel-entries.ptx";
@@ -319,14 +330,19 @@ pub fn is_name_expression(entry: &str) -> bool {
     !entry.chars().all(|c| c == '_' || c.is_ascii_alphanumeric())
 }
 
+/// The file name errors in a kernel's preamble are reported under (`kwheel-preamble(2): error`).
+pub const PREAMBLE_FILE: &str = "kwheel-preamble";
+
 /// [`ENTRY_PROBES_SOURCE`]'s text: how nvcc is asked for the symbol of a name expression
-/// (`scale<half>`, `act<float, &silu>`). It includes `source` (absolute) and stores each
-/// entry's address in a device variable; nvcc then instantiates the template exactly as C++
-/// reads the expression (typedefs, `half`, integer and enum arguments, function pointers),
+/// (`scale<half>`, `act<float, &silu>`). It includes `source` (absolute), then the kernel's
+/// `preamble` (under a `#line` naming [`PREAMBLE_FILE`], so errors there say so), and stores
+/// each entry's address in a device variable; nvcc then instantiates the template exactly as
+/// C++ reads the expression (typedefs, `half`, integer and enum arguments, function pointers),
 /// and its PTX initializes `__kwheel_entry_<n>` with the mangled symbol ([`read_entry_probes`]).
-/// NVRTC does the same with `nvrtcAddNameExpression`. Entry `n` is on line `3 + 2n`. The
+/// NVRTC does the same with `nvrtcAddNameExpression`, after the same preamble
+/// ([`with_preamble`]). Entry `n` is on line `3 + 2n`, with or without a preamble. The
 /// bundler and the JIT compile this same text, so their cubins are the same bytes.
-pub fn entry_probes_source(source: &Path, name_expressions: &[String]) -> String {
+pub fn entry_probes_source(source: &Path, preamble: &str, name_expressions: &[String]) -> String {
     let mut text = format!(
         "#include \"{}\"\n",
         source
@@ -335,12 +351,34 @@ pub fn entry_probes_source(source: &Path, name_expressions: &[String]) -> String
             .replace('\\', "\\\\")
             .replace('"', "\\\"")
     );
+    if !preamble.is_empty() {
+        text = with_preamble(&text, preamble);
+        text.push_str(&format!("#line 2 \"{ENTRY_PROBES_SOURCE}\"\n"));
+    }
     for (n, entry) in name_expressions.iter().enumerate() {
         text.push_str(&format!(
             "// entry `{entry}`\n__device__ void* {PROBE_PREFIX}{n} = (void*)&{entry};\n"
         ));
     }
     text
+}
+
+/// `text` followed by `preamble` under `#line 1 "kwheel-preamble"`: what NVRTC compiles for a
+/// kernel with a preamble, and the start of nvcc's [`entry_probes_source`]; `text` itself
+/// when there is none.
+pub fn with_preamble(text: &str, preamble: &str) -> String {
+    if preamble.is_empty() {
+        return text.to_owned();
+    }
+    let mut out = text.to_owned();
+    if !out.is_empty() && !out.ends_with('\n') {
+        out.push('\n');
+    }
+    out.push_str(&format!("#line 1 \"{PREAMBLE_FILE}\"\n{preamble}"));
+    if !preamble.ends_with('\n') {
+        out.push('\n');
+    }
+    out
 }
 
 /// Each name expression with the symbol its probe holds in `ptx` (nvcc's PTX of
@@ -551,7 +589,7 @@ mod tests {
     #[test]
     fn entry_probes_name_each_entry() {
         let entries: Vec<String> = vec!["scale<float>".into(), "ns::k".into()];
-        let text = entry_probes_source(Path::new("/src/a \"b\".cu"), &entries);
+        let text = entry_probes_source(Path::new("/src/a \"b\".cu"), "", &entries);
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines[0], r#"#include "/src/a \"b\".cu""#);
         // Entry `n` is on line `3 + 2n` (1-based), as nvcc's errors count.
@@ -570,6 +608,61 @@ mod tests {
         assert_eq!(names["ns::k"], "_ZN2ns1kEv");
         assert!(is_name_expression("scale<float>") && is_name_expression("ns::k"));
         assert!(!is_name_expression("layernorm_bf16"));
+    }
+
+    #[test]
+    fn a_preamble_comes_after_the_source_and_keeps_entry_lines() {
+        let entries: Vec<String> = vec!["gemm<GemmType::Normal>".into()];
+        let text = entry_probes_source(
+            Path::new("src/deep_gemm/impls/sm90_bf16_gemm.cuh"),
+            "using namespace deep_gemm;\nusing namespace cute;",
+            &entries,
+        );
+        assert_eq!(
+            text,
+            "#include \"src/deep_gemm/impls/sm90_bf16_gemm.cuh\"\n\
+             #line 1 \"kwheel-preamble\"\n\
+             using namespace deep_gemm;\n\
+             using namespace cute;\n\
+             #line 2 \"kwheel-entries.cu\"\n\
+             // entry `gemm<GemmType::Normal>`\n\
+             __device__ void* __kwheel_entry_0 = (void*)&gemm<GemmType::Normal>;\n"
+        );
+        // Without a preamble the unit is what it always was.
+        assert_eq!(
+            entry_probes_source(Path::new("src/k.cu"), "", &entries),
+            "#include \"src/k.cu\"\n// entry `gemm<GemmType::Normal>`\n\
+             __device__ void* __kwheel_entry_0 = (void*)&gemm<GemmType::Normal>;\n"
+        );
+        assert_eq!(with_preamble("k();", ""), "k();");
+        assert_eq!(
+            with_preamble("k();", "using namespace a;\n"),
+            "k();\n#line 1 \"kwheel-preamble\"\nusing namespace a;\n"
+        );
+    }
+
+    #[test]
+    fn a_header_translation_unit_is_compiled_as_cuda() {
+        let (include_dirs, defines, flags) = options_fixture();
+        let options = CompileOptions {
+            arch: "sm_90a".parse().unwrap(),
+            cxx_std: "c++17",
+            include_dirs: &include_dirs,
+            defines: &defines,
+            flags: &flags,
+        };
+        let arguments = |source: &str| -> Vec<String> {
+            nvcc_arguments(&options, Path::new(source), Path::new("out.cubin"))
+                .into_iter()
+                .map(|argument| argument.into_string().unwrap())
+                .collect()
+        };
+        for header in ["src/k.cuh", "src/k.h", "src/k.hpp"] {
+            let header_arguments = arguments(header);
+            assert_eq!(header_arguments[3..5], ["-x", "cu"], "{header}");
+            assert_eq!(header_arguments.last().unwrap(), header);
+        }
+        assert!(!arguments("src/k.cu").contains(&"-x".to_owned()));
     }
 
     #[test]

@@ -78,6 +78,25 @@ pub fn refused_inputs(inputs: &KernelInputs, recipe: Option<&SourceRecipe>) -> V
             refused.push(refusal.of("defines"));
         }
     }
+    // An arch's own values reach the same command line: the same checks, naming the arch.
+    for (arch, target) in &inputs.targets {
+        let in_arch = |mut refusal: RefusedInput| {
+            refusal.reason = format!("{} (the {arch} table)", refusal.reason);
+            refusal
+        };
+        for (field, flags) in [
+            ("targets.flags", &target.flags),
+            ("targets.nvcc_flags", &target.nvcc_flags),
+            ("targets.nvrtc_flags", &target.nvrtc_flags),
+        ] {
+            refused.extend(check_flags(field, flags).err().map(in_arch));
+        }
+        for (name, value) in &target.defines {
+            if let Err(refusal) = check_define(name, Some(value)) {
+                refused.push(in_arch(refusal.of("targets.defines")));
+            }
+        }
+    }
     if !is_cxx_std(&inputs.cxx_std) {
         refused.push(refuse(
             "cxx_std",
@@ -686,6 +705,45 @@ mod tests {
             refused[0].to_string(),
             "defines holds `-DX=$(id)`, whose value holds `$`, which nvcc's shell or its \
              quoting would interpret"
+        );
+    }
+
+    #[test]
+    fn per_arch_flags_and_defines_are_checked() {
+        let sm100: crate::Arch = "sm_100a".parse().unwrap();
+        let mut inputs = KernelInputs {
+            cxx_std: "c++17".into(),
+            preamble: "using namespace deep_gemm;".into(),
+            ..KernelInputs::default()
+        };
+        let target = inputs.targets.entry(sm100).or_default();
+        target
+            .defines
+            .insert("KITTENS_BLACKWELL".into(), "1".into());
+        target.nvcc_flags.push("-maxrregcount=128".into());
+        assert_eq!(
+            refused_inputs(&inputs, None),
+            [],
+            "a preamble is source text"
+        );
+
+        let target = inputs.targets.entry(sm100).or_default();
+        target.nvcc_flags.push("--compiler-bindir=/tmp/evil".into());
+        target.flags.push("-I/etc".into());
+        target.defines.insert("Y".into(), "`id`".into());
+        let refused = refused_inputs(&inputs, None);
+        let fields: Vec<&str> = refused.iter().map(|r| r.field).collect();
+        assert_eq!(
+            fields,
+            ["targets.flags", "targets.nvcc_flags", "targets.defines"],
+            "{refused:#?}"
+        );
+        assert_eq!(
+            refused[1].to_string(),
+            format!(
+                "targets.nvcc_flags holds `--compiler-bindir=/tmp/evil`, {NOT_LISTED} (the \
+                 sm_100a table)"
+            )
         );
     }
 }

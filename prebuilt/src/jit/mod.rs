@@ -584,6 +584,7 @@ pub(crate) mod tests {
                 flags: Vec::new(),
                 nvcc_flags: Vec::new(),
                 nvrtc_flags: Vec::new(),
+                ..Default::default()
             },
             recipe: None,
             constants: BTreeMap::new(),

@@ -19,7 +19,8 @@ pub(super) fn compile(
         })?;
     let sources = absolute(&request.bundle_root.join(SOURCES_DIR));
     verify_sources(kernel, &sources, &request.record.inputs.files)?;
-    let inputs = &request.record.inputs;
+    // What this arch compiles with: the same merge as the key and the bundler (`for_arch`).
+    let inputs = &request.record.inputs.for_arch(request.arch);
     let record = compiler.record();
     let flags = inputs.flags_for(&record.kind);
     let record = record.to_string();
@@ -51,6 +52,7 @@ pub(super) fn compile(
         defines: &inputs.defines,
         flags: &flags,
         name_expressions: &name_expressions,
+        preamble: &inputs.preamble,
     };
     let compiled = crate::compile::compile(&tool, &job).map_err(|failure| match failure {
         CompileFailure::Rejected { log } => JitError::Compile {
