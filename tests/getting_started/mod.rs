@@ -127,9 +127,9 @@ fn the_page_has_files_and_commands_in_order() {
         "kwheel dev build-wheel",
         "kwheel dev build-sdist",
         "kwheel release check",
-        "pip install target/kwheel/wheels/tinyops-0.1.0-",
-        "pip install ~/tinyops",
-        "pip install target/kwheel/sdist/tinyops-0.1.0.tar.gz",
+        "pip install ~/tinyops/target/kwheel/wheels/tinyops-0.1.0-",
+        "pip install ~/tinyops\n",
+        "pip install ~/tinyops/target/kwheel/sdist/tinyops-0.1.0.tar.gz",
     ] {
         let found = shell[position..]
             .find(command)
@@ -225,13 +225,29 @@ fn a_library_goes_from_an_empty_folder_to_installed_wheels_as_the_page_says() {
     let kernels: Vec<&String> = bundle.index().kernels.keys().collect();
     assert_eq!(kernels, ["relu", "scale_f32"], "{text}");
     // The users' wheel, and both builds from source, installed.
-    assert_eq!(
-        out.matches("Successfully installed tinyops-0.1.0").count(),
-        3,
-        "{text}"
-    );
+    let installs = out
+        .lines()
+        .filter(|line| {
+            line.starts_with("Successfully installed ") && line.contains(" tinyops-0.1.0")
+        })
+        .count();
+    assert_eq!(installs, 3, "{text}");
     assert!(out.contains("\ncu130/sm_90a\n"), "{text}");
     assert!(out.contains("tensor([2., 2., 2.])"), "{text}");
+    // `import kwheel` exports its API and nothing of the standard library (no `os`, `sys`).
+    let output = Command::new(home.path().join("venv/bin/python"))
+        .args([
+            "-c",
+            "import json, kwheel; print(json.dumps([sorted(name for name in dir(kwheel) \
+             if not name.startswith('_')), sorted(kwheel.__all__)]))",
+        ])
+        .current_dir(home.path())
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", super::support::text(&output));
+    let (public, all): (Vec<String>, Vec<String>) = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(public, all);
+    assert!(all.contains(&"open".to_owned()), "{all:?}");
     // The sdist's wheel ships no cubin, and select() says the kernel compiles on first load.
     assert!(
         out.contains(release::library::RECIPES_ONLY_REASON),
