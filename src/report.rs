@@ -90,6 +90,9 @@ pub(crate) fn render_groups(groups: &[ErrorGroup], log: Option<&Path>) -> String
             let _ = writeln!(out, "    … {} more lines", lines.len() - shown);
         }
     }
+    if let Some(note) = entries_note(groups) {
+        let _ = writeln!(out, "  {note}");
+    }
     if let Some(log) = log {
         let _ = writeln!(
             out,
@@ -98,6 +101,42 @@ pub(crate) fn render_groups(groups: &[ErrorGroup], log: Option<&Path>) -> String
         );
     }
     out
+}
+
+/// The code NVRTC (`__nv_name_map`) and nvcc (`kwheel-entries.cu`) are given for the entries
+/// the manifest declares: an error there is an entry as written in `entries`.
+const ENTRY_CODE: [&str; 2] = ["__nv_name_map(", "kwheel-entries.cu("];
+
+/// A note pointing at the manifest when every group's first error is in the generated entry
+/// code: the entry it names, as written, is what to fix.
+fn entries_note(groups: &[ErrorGroup]) -> Option<String> {
+    let mut named = Vec::new();
+    for group in groups {
+        let first = group.log.lines().find(|line| line.contains("error"))?;
+        if !ENTRY_CODE.iter().any(|code| first.contains(code)) {
+            return None;
+        }
+        // `identifier "scal" is undefined`: the name the compiler could not find.
+        if let Some(name) = first.split('"').nth(1) {
+            if !named.iter().any(|known: &String| known == name) {
+                named.push(name.to_owned());
+            }
+        }
+    }
+    let names = named
+        .iter()
+        .map(|name| format!("`{name}`"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    Some(format!(
+        "these errors are in the kernel's `entries` in kernels.toml: an entry names no kernel \
+         of its source as written{}; run `kwheel dev explain <kernel>` for the source",
+        if names.is_empty() {
+            String::new()
+        } else {
+            format!(" (the compiler does not know {names})")
+        }
+    ))
 }
 
 /// Writes `text` to `<LOG_DIR>/<name>.log` (replacing it atomically); the path, or `None`
@@ -115,6 +154,30 @@ pub(crate) fn write_log(name: &str, text: &str) -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn errors_in_the_entry_code_point_at_entries_in_the_manifest() {
+        let groups = group_errors(&[
+            (
+                "sm_90a (cu129, nvrtc 12.9.86)".to_owned(),
+                "__nv_name_map(2): error: identifier \"scal\" is undefined\n".to_owned(),
+            ),
+            (
+                "sm_90a (cu130, nvcc 13.0.88)".to_owned(),
+                "kwheel-entries.cu(5): error: identifier \"scal\" is undefined\n".to_owned(),
+            ),
+        ]);
+        let text = render_groups(&groups, None);
+        assert!(
+            text.contains("`entries` in kernels.toml") && text.contains("does not know `scal`"),
+            "{text}"
+        );
+        let syntax = group_errors(&[(
+            "sm_90a (cu130, nvcc 13.0.88)".to_owned(),
+            "swiglu/swiglu.cu(40): error: expected a declaration\n".to_owned(),
+        )]);
+        assert!(!render_groups(&syntax, None).contains("entries"));
+    }
 
     #[test]
     fn one_error_on_every_target_is_one_group_naming_them() {

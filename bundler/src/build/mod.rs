@@ -312,11 +312,9 @@ pub fn bundle_kernels_shared(
         let name = &kernels[job.kernel].name;
         match result {
             Err(error) => {
+                // Not printed here: the summary the caller gets (`BundleSummary::failed`) is
+                // printed once per distinct error with the targets it hit (`kwheel`'s report).
                 let reason = describe(error);
-                eprintln!(
-                    "failed: `{name}` for {} ({}), recorded as a skip:\n{reason}",
-                    job.arch, job.build
-                );
                 // A failure kept from an earlier build is recorded as that build recorded it.
                 let recorded = match error {
                     Error::CachedFailure { reason, .. } => reason,
