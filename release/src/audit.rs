@@ -11,14 +11,17 @@
 //! | | every version it needs (`.gnu.version_r`) of a family the policy pins (`GLIBC`, `GLIBCXX`, `CXXABI`, `GCC`, `LIBATOMIC`, `ZLIB`) in the policy's set |
 //! | | no undefined symbol the policy blacklists for a library it links |
 //!
-//! The rules and tables are those of auditwheel's `manylinux_2_28` policy for x86_64 and
-//! aarch64: versions
+//! The rules are those of auditwheel's `manylinux_2_28` policy for x86_64 and aarch64, and the
+//! tables are auditwheel's own: its `manylinux-policy.json` of [`AUDITWHEEL_VERSION`], vendored
+//! as `audit/manylinux-policy.json` and read with serde. Versions
 //! are checked by membership, as auditwheel does, and versions needed from the dynamic loader
 //! (`ld-linux-x86-64.so.2`) are not checked. A message names the file, the library and the
 //! version: `af3_kernels/_kwheel.abi3.so needs GLIBC_2.34 (from libc.so.6), newer than
 //! manylinux_2_28 allows (GLIBC_2.28)`.
 
+use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::LazyLock;
 
 use object::elf::{
     FileHeader64, DT_NEEDED, ELFCLASS64, ELFDATA2LSB, ELFDATA2MSB, ELFMAG, EM_AARCH64, EM_X86_64,
@@ -26,197 +29,87 @@ use object::elf::{
 };
 use object::read::elf::{Dyn as _, FileHeader as _, Sym as _};
 use object::LittleEndian;
+use serde::Deserialize;
+
+/// The auditwheel release whose `manylinux-policy.json` the audit's tables come from, the one
+/// `ci/setup-tests` installs for the tests that run auditwheel itself.
+pub const AUDITWHEEL_VERSION: &str = "6.8.2";
+
+/// auditwheel's `auditwheel/policy/manylinux-policy.json` of [`AUDITWHEEL_VERSION`], cut to
+/// what the audit reads: the `manylinux_2_28` policy, its symbol versions for x86_64 and
+/// aarch64 only, every other line as upstream writes it. To move to a newer auditwheel, copy
+/// the same lines from its file and change both pins.
+const MANYLINUX_POLICY_JSON: &str = include_str!("audit/manylinux-policy.json");
 
 /// A manylinux policy for one architecture.
 #[derive(Debug)]
 pub struct Policy {
     /// The policy (`manylinux_2_28`).
-    pub name: &'static str,
+    pub name: String,
     /// The architecture part of the platform tag (`x86_64`).
     pub architecture: &'static str,
     /// The ELF machine every host ELF must be built for.
     pub machine: u16,
     /// Libraries a host ELF may link (`DT_NEEDED`), besides the dynamic loader and libpython.
-    pub libraries: &'static [&'static str],
+    pub libraries: Vec<String>,
     /// For each version family the policy pins, the versions it allows, oldest first.
-    pub symbol_versions: &'static [(&'static str, &'static [&'static str])],
+    pub symbol_versions: BTreeMap<String, Vec<String>>,
     /// Symbols a host ELF must not take from a library, though the library is allowed.
-    pub blacklist: &'static [(&'static str, &'static [&'static str])],
+    pub blacklist: BTreeMap<String, Vec<String>>,
 }
 
-/// The libraries auditwheel's `manylinux_2_28` policy lets a host ELF link (both architectures).
-const MANYLINUX_2_28_LIBRARIES: &[&str] = &[
-    "libatomic.so.1",
-    "libgcc_s.so.1",
-    "libstdc++.so.6",
-    "libm.so.6",
-    "libmvec.so.1",
-    "libanl.so.1",
-    "libdl.so.2",
-    "librt.so.1",
-    "libc.so.6",
-    "libnsl.so.1",
-    "libutil.so.1",
-    "libpthread.so.0",
-    "libX11.so.6",
-    "libXext.so.6",
-    "libXrender.so.1",
-    "libICE.so.6",
-    "libSM.so.6",
-    "libGL.so.1",
-    "libgobject-2.0.so.0",
-    "libgthread-2.0.so.0",
-    "libglib-2.0.so.0",
-    "libresolv.so.2",
-    "libexpat.so.1",
-    "libz.so.1",
-];
-
-/// The symbols auditwheel's `manylinux_2_28` policy forbids (both architectures).
-type Blacklist = &'static [(&'static str, &'static [&'static str])];
-const MANYLINUX_2_28_BLACKLIST: Blacklist = &[(
-    "libz.so.1",
-    &[
-        "_dist_code",
-        "_length_code",
-        "_tr_align",
-        "_tr_flush_block",
-        "_tr_init",
-        "_tr_stored_block",
-        "_tr_tally",
-        "adler32_default",
-        "bi_windup",
-        "crc32_acle",
-        "crc32_combine_gen",
-        "crc32_combine_gen64",
-        "crc32_combine_op",
-        "crc32_le_vgfm_16",
-        "crc32_neon",
-        "crc32_vpmsum",
-        "crc32_z_default",
-        "crc_fold_512to32",
-        "crc_fold_copy",
-        "crc_fold_init",
-        "deflate_copyright",
-        "deflate_medium",
-        "fill_window",
-        "flush_pending",
-        "gzflags",
-        "inflate_copyright",
-        "inflate_fast",
-        "inflate_table",
-        "longest_match",
-        "slide_hash_sse",
-        "static_ltree",
-        "uncompress2",
-        "x86_check_features",
-        "x86_cpu_has_pclmul",
-        "x86_cpu_has_sse2",
-        "x86_cpu_has_sse42",
-        "sse2_slide_hash",
-        "z_errmsg",
-        "z_vstring",
-        "zcalloc",
-        "zcfree",
-    ],
-)];
-
 /// auditwheel's `manylinux_2_28` policy for x86_64.
-pub static MANYLINUX_2_28_X86_64: Policy = Policy {
-    name: "manylinux_2_28",
-    architecture: "x86_64",
-    machine: EM_X86_64,
-    libraries: MANYLINUX_2_28_LIBRARIES,
-    symbol_versions: &[
-        (
-            "CXXABI",
-            &[
-                "1.3", "1.3.1", "1.3.2", "1.3.3", "1.3.4", "1.3.5", "1.3.6", "1.3.7", "1.3.8",
-                "1.3.9", "1.3.10", "1.3.11", "FLOAT128", "TM_1",
-            ],
-        ),
-        (
-            "GCC",
-            &[
-                "3.0", "3.3", "3.3.1", "3.4", "3.4.2", "3.4.4", "4.0.0", "4.2.0", "4.3.0", "4.7.0",
-                "4.8.0", "7.0.0",
-            ],
-        ),
-        (
-            "GLIBC",
-            &[
-                "2.2.5", "2.2.6", "2.3", "2.3.2", "2.3.3", "2.3.4", "2.4", "2.5", "2.6", "2.7",
-                "2.8", "2.9", "2.10", "2.11", "2.12", "2.13", "2.14", "2.15", "2.16", "2.17",
-                "2.18", "2.22", "2.23", "2.24", "2.25", "2.26", "2.27", "2.28",
-            ],
-        ),
-        (
-            "GLIBCXX",
-            &[
-                "3.4", "3.4.1", "3.4.2", "3.4.3", "3.4.4", "3.4.5", "3.4.6", "3.4.7", "3.4.8",
-                "3.4.9", "3.4.10", "3.4.11", "3.4.12", "3.4.13", "3.4.14", "3.4.15", "3.4.16",
-                "3.4.17", "3.4.18", "3.4.19", "3.4.20", "3.4.21", "3.4.22", "3.4.23", "3.4.24",
-            ],
-        ),
-        ("LIBATOMIC", &["1.0", "1.1", "1.2"]),
-        (
-            "ZLIB",
-            &[
-                "1.2.0", "1.2.0.2", "1.2.0.8", "1.2.2", "1.2.2.3", "1.2.2.4", "1.2.3.3", "1.2.3.4",
-                "1.2.3.5", "1.2.5.1", "1.2.5.2", "1.2.7.1", "1.2.9",
-            ],
-        ),
-    ],
-    blacklist: MANYLINUX_2_28_BLACKLIST,
-};
+pub static MANYLINUX_2_28_X86_64: LazyLock<Policy> =
+    LazyLock::new(|| vendored_policy("manylinux_2_28", "x86_64", EM_X86_64));
 
 /// auditwheel's `manylinux_2_28` policy for aarch64 (Grace Hopper and Grace Blackwell hosts):
 /// the same libraries, the symbol versions aarch64's glibc, libgcc and libstdc++ define.
-pub static MANYLINUX_2_28_AARCH64: Policy = Policy {
-    name: "manylinux_2_28",
-    architecture: "aarch64",
-    machine: EM_AARCH64,
-    libraries: MANYLINUX_2_28_LIBRARIES,
-    symbol_versions: &[
-        (
-            "CXXABI",
-            &[
-                "1.3", "1.3.1", "1.3.2", "1.3.3", "1.3.4", "1.3.5", "1.3.6", "1.3.7", "1.3.8",
-                "1.3.9", "1.3.10", "1.3.11", "TM_1",
-            ],
-        ),
-        (
-            "GCC",
-            &[
-                "3.0", "3.3", "3.3.1", "3.4", "3.4.2", "3.4.4", "4.0.0", "4.2.0", "4.3.0", "4.5.0",
-                "4.7.0", "7.0.0",
-            ],
-        ),
-        (
-            "GLIBC",
-            &[
-                "2.0", "2.17", "2.18", "2.22", "2.23", "2.24", "2.25", "2.26", "2.27", "2.28",
-            ],
-        ),
-        (
-            "GLIBCXX",
-            &[
-                "3.4", "3.4.1", "3.4.2", "3.4.3", "3.4.4", "3.4.5", "3.4.6", "3.4.7", "3.4.8",
-                "3.4.9", "3.4.10", "3.4.11", "3.4.12", "3.4.13", "3.4.14", "3.4.15", "3.4.16",
-                "3.4.17", "3.4.18", "3.4.19", "3.4.20", "3.4.21", "3.4.22", "3.4.23", "3.4.24",
-            ],
-        ),
-        ("LIBATOMIC", &["1.0", "1.1", "1.2"]),
-        (
-            "ZLIB",
-            &[
-                "1.2.0", "1.2.0.2", "1.2.0.8", "1.2.2", "1.2.2.3", "1.2.2.4", "1.2.3.3", "1.2.3.4",
-                "1.2.3.5", "1.2.5.1", "1.2.5.2", "1.2.7.1", "1.2.9",
-            ],
-        ),
-    ],
-    blacklist: MANYLINUX_2_28_BLACKLIST,
-};
+pub static MANYLINUX_2_28_AARCH64: LazyLock<Policy> =
+    LazyLock::new(|| vendored_policy("manylinux_2_28", "aarch64", EM_AARCH64));
+
+fn vendored_policy(name: &str, architecture: &'static str, machine: u16) -> Policy {
+    read_policy(MANYLINUX_POLICY_JSON, name, architecture, machine)
+        .expect("the vendored manylinux-policy.json holds the policies the audit names")
+}
+
+/// One entry of auditwheel's `manylinux-policy.json` (`aliases` and `priority`, which only
+/// auditwheel's choice of a tag reads, are left out).
+#[derive(Deserialize)]
+struct PolicyEntry {
+    name: String,
+    /// Architecture → version family → allowed versions.
+    symbol_versions: BTreeMap<String, BTreeMap<String, Vec<String>>>,
+    lib_whitelist: Vec<String>,
+    blacklist: BTreeMap<String, Vec<String>>,
+}
+
+/// The policy `name` for `architecture` from a file in the format of auditwheel's
+/// `manylinux-policy.json` (the vendored cut or auditwheel's whole file).
+fn read_policy(
+    json: &str,
+    name: &str,
+    architecture: &'static str,
+    machine: u16,
+) -> Result<Policy, String> {
+    let entries: Vec<PolicyEntry> = serde_json::from_str(json)
+        .map_err(|error| format!("not auditwheel's policy format: {error}"))?;
+    let mut entry = entries
+        .into_iter()
+        .find(|entry| entry.name == name)
+        .ok_or_else(|| format!("no policy `{name}`"))?;
+    let symbol_versions = entry
+        .symbol_versions
+        .remove(architecture)
+        .ok_or_else(|| format!("policy `{name}` has no symbol versions for {architecture}"))?;
+    Ok(Policy {
+        name: entry.name,
+        architecture,
+        machine,
+        libraries: entry.lib_whitelist,
+        symbol_versions,
+        blacklist: entry.blacklist,
+    })
+}
 
 impl Policy {
     /// The platform tag the policy stands for (`manylinux_2_28_x86_64`).
@@ -226,22 +119,21 @@ impl Policy {
 
     /// Whether a host ELF may link `library`.
     pub fn allows_library(&self, library: &str) -> bool {
-        is_dynamic_loader(library) || is_libpython(library) || self.libraries.contains(&library)
+        is_dynamic_loader(library)
+            || is_libpython(library)
+            || self.libraries.iter().any(|allowed| allowed == library)
     }
 
     /// The versions of `family` the policy allows, or `None` when it does not pin the family.
-    pub fn versions_of(&self, family: &str) -> Option<&'static [&'static str]> {
-        self.symbol_versions
-            .iter()
-            .find(|(name, _)| *name == family)
-            .map(|(_, versions)| *versions)
+    pub fn versions_of(&self, family: &str) -> Option<&[String]> {
+        self.symbol_versions.get(family).map(Vec::as_slice)
     }
 
     /// The newest numeric version of `family` the policy allows (`2.28` for `GLIBC`).
-    pub fn newest(&self, family: &str) -> Option<&'static str> {
+    pub fn newest(&self, family: &str) -> Option<&str> {
         self.versions_of(family)?
             .iter()
-            .filter_map(|version| numeric(version).map(|parts| (parts, *version)))
+            .filter_map(|version| numeric(version).map(|parts| (parts, version.as_str())))
             .max()
             .map(|(_, version)| version)
     }
@@ -416,7 +308,7 @@ pub fn audit_elf(policy: &Policy, path: &str, bytes: &[u8]) -> Vec<Violation> {
     }
     let violation = |kind| Violation {
         file: path.to_owned(),
-        policy: policy.name.to_owned(),
+        policy: policy.name.clone(),
         kind,
     };
     let (class, data) = (bytes.get(4).copied(), bytes.get(5).copied());
@@ -529,7 +421,7 @@ fn check_host_elf(policy: &Policy, elf: &HostElf) -> Vec<ViolationKind> {
         let Some(allowed) = policy.versions_of(family) else {
             continue;
         };
-        if allowed.contains(&number) {
+        if allowed.iter().any(|allowed| allowed == number) {
             continue;
         }
         let newest = policy.newest(family).filter(|newest| {
@@ -541,15 +433,15 @@ fn check_host_elf(policy: &Policy, elf: &HostElf) -> Vec<ViolationKind> {
             library,
         });
     }
-    for (library, symbols) in policy.blacklist {
+    for (library, symbols) in &policy.blacklist {
         if !elf.needed.iter().any(|needed| needed == library) {
             continue;
         }
         for symbol in &elf.undefined {
-            if symbols.contains(&symbol.as_str()) {
+            if symbols.contains(symbol) {
                 found.push(ViolationKind::Symbol {
                     symbol: symbol.clone(),
-                    library: (*library).to_owned(),
+                    library: library.clone(),
                 });
             }
         }
@@ -674,6 +566,101 @@ mod tests {
                 "m.so uses `zcalloc` of libz.so.1, which manylinux_2_28 does not allow",
             ]
         );
+    }
+
+    #[test]
+    fn aarch64_has_its_own_symbol_versions() {
+        let policy = &MANYLINUX_2_28_AARCH64;
+        assert_eq!(policy.platform_tag(), "manylinux_2_28_aarch64");
+        assert_eq!(policy.machine, EM_AARCH64);
+        assert_eq!(policy.newest("GLIBC"), Some("2.28"));
+        // aarch64's glibc starts at 2.17 (plus the 2.0 base); x86_64's at 2.2.5.
+        assert!(policy
+            .versions_of("GLIBC")
+            .unwrap()
+            .iter()
+            .any(|v| v == "2.17"));
+        assert!(!policy
+            .versions_of("GLIBC")
+            .unwrap()
+            .iter()
+            .any(|v| v == "2.2.5"));
+        assert!(!policy
+            .versions_of("CXXABI")
+            .unwrap()
+            .iter()
+            .any(|v| v == "FLOAT128"));
+        assert_eq!(policy.libraries, MANYLINUX_2_28_X86_64.libraries);
+        assert!(policy.allows_library("libstdc++.so.6"));
+        assert!(!policy.allows_library("libcuda.so.1"));
+    }
+
+    /// The vendored file is pinned to the auditwheel that the tests install.
+    #[test]
+    fn vendored_policy_is_pinned_to_the_tests_auditwheel() {
+        let setup = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../ci/setup-tests");
+        let script = std::fs::read_to_string(&setup).unwrap();
+        let pin = format!("auditwheel_want=\"auditwheel=={AUDITWHEEL_VERSION}\"");
+        assert!(
+            script.lines().any(|line| line.trim() == pin),
+            "{} does not install auditwheel {AUDITWHEEL_VERSION}, whose policy the audit vendors",
+            setup.display()
+        );
+    }
+
+    /// The vendored cut reads as the same policies as auditwheel's whole file, where
+    /// `ci/setup-tests` installed it.
+    #[test]
+    fn vendored_policy_matches_the_installed_auditwheel() {
+        let dir = std::env::var_os("KWHEEL_AUDITWHEEL")
+            .map(std::path::PathBuf::from)
+            .or_else(|| {
+                let cache = std::env::var_os("XDG_CACHE_HOME")
+                    .map(std::path::PathBuf::from)
+                    .or_else(|| {
+                        std::env::var_os("HOME")
+                            .map(|home| std::path::Path::new(&home).join(".cache"))
+                    })?;
+                Some(cache.join("kwheel/auditwheel"))
+            })
+            .filter(|dir| dir.join("auditwheel").is_dir());
+        let Some(dir) = dir else {
+            eprintln!("skipped: no auditwheel (`bash ci/setup` installs it)");
+            return;
+        };
+        assert!(
+            dir.join(format!("auditwheel-{AUDITWHEEL_VERSION}.dist-info"))
+                .is_dir(),
+            "{} holds another auditwheel than {AUDITWHEEL_VERSION}",
+            dir.display()
+        );
+        let upstream =
+            std::fs::read_to_string(dir.join("auditwheel/policy/manylinux-policy.json")).unwrap();
+        for vendored in [&*MANYLINUX_2_28_X86_64, &*MANYLINUX_2_28_AARCH64] {
+            let theirs = read_policy(
+                &upstream,
+                &vendored.name,
+                vendored.architecture,
+                vendored.machine,
+            )
+            .unwrap();
+            assert_eq!(theirs.libraries, vendored.libraries);
+            assert_eq!(theirs.symbol_versions, vendored.symbol_versions);
+            assert_eq!(theirs.blacklist, vendored.blacklist);
+        }
+    }
+
+    #[test]
+    fn a_policy_the_file_lacks_is_named() {
+        let error =
+            read_policy(MANYLINUX_POLICY_JSON, "manylinux_2_28", "ppc64le", 21).unwrap_err();
+        assert_eq!(
+            error,
+            "policy `manylinux_2_28` has no symbol versions for ppc64le"
+        );
+        let error =
+            read_policy(MANYLINUX_POLICY_JSON, "manylinux_2_34", "x86_64", EM_X86_64).unwrap_err();
+        assert_eq!(error, "no policy `manylinux_2_34`");
     }
 
     #[test]
