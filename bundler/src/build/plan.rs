@@ -112,16 +112,21 @@ pub fn plan_kernel(
         });
     }
     let source = manifest.root.join(&spec.sources[0]);
-    // Toolkit headers, then the host compiler's: followed for library files they reach, but
-    // not hashed themselves (the compiler record names the toolkit and the host compiler).
+    // Toolkit headers, then the host compiler's own: followed for library files they reach,
+    // but not hashed themselves (the compiler record names the toolkit and the host compiler).
+    // The host's other search dirs (`/usr/local/include`) hold library files: searched after
+    // the manifest's include dirs, and kept as include dirs where the kernel reads from one.
+    let host = crate::toolchain::host_include_dirs();
+    let mut scan_dirs = include_dirs.clone();
+    for dir in host.library_outside(external_dirs) {
+        if !scan_dirs.contains(&dir) {
+            scan_dirs.push(dir);
+        }
+    }
     let roots = ScanRoots {
         root: manifest.root.clone(),
-        include_dirs: include_dirs.clone(),
-        external_dirs: external_dirs
-            .iter()
-            .cloned()
-            .chain(crate::toolchain::host_include_dirs())
-            .collect(),
+        include_dirs: scan_dirs.clone(),
+        external_dirs: external_dirs.iter().cloned().chain(host.compiler).collect(),
     };
     let graph =
         scan_includes(std::slice::from_ref(&source), &roots).map_err(|source| Error::Scan {
@@ -129,6 +134,7 @@ pub fn plan_kernel(
             source,
         })?;
     inputs.files = graph.files().clone();
+    let include_dirs = graph.needed_include_dirs(&scan_dirs, include_dirs.len());
     let system_headers = graph
         .externals()
         .iter()
