@@ -334,7 +334,7 @@ preamble = "using namespace layered;"
 
 [library.targets.sm_100a]
 defines = { GEN = "10" }
-flags = ["-lineinfo"]
+flags = ["--fmad=false"]
 
 [kernels.scale]
 sources = ["scale.cuh"]
@@ -405,7 +405,7 @@ fn library_and_per_arch_defines_a_header_unit_and_a_preamble_build_everywhere() 
     assert_eq!(
         index["kernels"]["scale"]["inputs"]["targets"],
         serde_json::json!({
-            "sm_100a": { "defines": { "GEN": "10" }, "flags": ["-lineinfo"] },
+            "sm_100a": { "defines": { "GEN": "10" }, "flags": ["--fmad=false"] },
             "sm_90a": { "defines": { "GEN": "9" } }
         })
     );
@@ -509,7 +509,7 @@ fn explain_shows_torch_include_dirs_defines_preamble_and_per_arch_values() {
     let text = explained.to_string();
     for line in [
         "\n  defines: BLOCK=128 GEN=0 LIB_ONLY=7 OVERRIDDEN=2\n",
-        "\n  sm_90a adds: defines GEN=9\n  sm_100a adds: defines GEN=10; flags -lineinfo\n",
+        "\n  sm_90a adds: defines GEN=9\n  sm_100a adds: defines GEN=10; flags --fmad=false\n",
         "\n  preamble (compiled after the source, before the entries):\n    using namespace \
          layered;\n",
     ] {

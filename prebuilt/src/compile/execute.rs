@@ -20,6 +20,7 @@ use super::work::{absolute, SourceTree, WorkDir};
 use super::{
     entry_probes_source, nvcc_arguments, nvcc_command, nvrtc_options, read_entry_probes,
     with_preamble, CompileOptions, CompilerKind, ENTRY_PROBES_PTX, ENTRY_PROBES_SOURCE,
+    PREAMBLE_FILE,
 };
 use crate::nvrtc::{NvrtcError, NvrtcLibrary};
 use crate::target::Arch;
@@ -406,7 +407,9 @@ fn run_nvrtc(
         defines: job.defines,
         flags: job.flags,
     };
-    let text = with_preamble(&text, job.preamble);
+    // Absolute: NVRTC resolves a relative `#line` name against this process's directory.
+    let preamble_file = work.path().join(PREAMBLE_FILE).display().to_string();
+    let text = with_preamble(&text, job.preamble, &preamble_file);
     let name = work.path().join(in_tree(job.source));
     let output = library
         .compile(

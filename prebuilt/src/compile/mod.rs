@@ -352,7 +352,7 @@ pub fn entry_probes_source(source: &Path, preamble: &str, name_expressions: &[St
             .replace('"', "\\\"")
     );
     if !preamble.is_empty() {
-        text = with_preamble(&text, preamble);
+        text = with_preamble(&text, preamble, PREAMBLE_FILE);
         text.push_str(&format!("#line 2 \"{ENTRY_PROBES_SOURCE}\"\n"));
     }
     for (n, entry) in name_expressions.iter().enumerate() {
@@ -363,10 +363,12 @@ pub fn entry_probes_source(source: &Path, preamble: &str, name_expressions: &[St
     text
 }
 
-/// `text` followed by `preamble` under `#line 1 "kwheel-preamble"`: what NVRTC compiles for a
-/// kernel with a preamble, and the start of nvcc's [`entry_probes_source`]; `text` itself
-/// when there is none.
-pub fn with_preamble(text: &str, preamble: &str) -> String {
+/// `text` followed by `preamble` under `#line 1 "<file>"`: what NVRTC compiles for a kernel
+/// with a preamble (`file` the absolute [`PREAMBLE_FILE`] of the work folder, since NVRTC
+/// runs in the caller's working directory and `-lineinfo` tables resolve a relative name
+/// against it), and the start of nvcc's [`entry_probes_source`] (`file` relative: nvcc runs
+/// in the work folder); `text` itself when there is none.
+pub fn with_preamble(text: &str, preamble: &str, file: &str) -> String {
     if preamble.is_empty() {
         return text.to_owned();
     }
@@ -374,7 +376,8 @@ pub fn with_preamble(text: &str, preamble: &str) -> String {
     if !out.is_empty() && !out.ends_with('\n') {
         out.push('\n');
     }
-    out.push_str(&format!("#line 1 \"{PREAMBLE_FILE}\"\n{preamble}"));
+    let file = file.replace('\\', "\\\\").replace('"', "\\\"");
+    out.push_str(&format!("#line 1 \"{file}\"\n{preamble}"));
     if !preamble.ends_with('\n') {
         out.push('\n');
     }
@@ -634,10 +637,14 @@ mod tests {
             "#include \"src/k.cu\"\n// entry `gemm<GemmType::Normal>`\n\
              __device__ void* __kwheel_entry_0 = (void*)&gemm<GemmType::Normal>;\n"
         );
-        assert_eq!(with_preamble("k();", ""), "k();");
+        assert_eq!(with_preamble("k();", "", PREAMBLE_FILE), "k();");
         assert_eq!(
-            with_preamble("k();", "using namespace a;\n"),
-            "k();\n#line 1 \"kwheel-preamble\"\nusing namespace a;\n"
+            with_preamble(
+                "k();",
+                "using namespace a;\n",
+                "/tmp/kwheel-0123/kwheel-preamble"
+            ),
+            "k();\n#line 1 \"/tmp/kwheel-0123/kwheel-preamble\"\nusing namespace a;\n"
         );
     }
 
