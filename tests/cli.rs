@@ -730,8 +730,8 @@ fn release_check_names_the_kernel_and_file_edited_after_bundling() {
     }
     let dir = tempfile::tempdir().unwrap();
     let library = copy_library(dir.path());
-    let (passed, _) = release_check(dir.path(), &library, &[]);
-    assert!(passed);
+    let (passed, json) = release_check(dir.path(), &library, &[]);
+    assert!(passed, "{json:#}");
     let source = library.join("sigmoid_gate/sigmoid_gate.cu");
     let text = std::fs::read_to_string(&source).unwrap() + "\n// edited after bundling\n";
     std::fs::write(&source, text).unwrap();
@@ -766,8 +766,8 @@ fn release_check_fails_gates_on_a_broken_tree_without_crashing() {
         .unwrap()
         .contains("no bundle"));
 
-    let (passed, _) = release_check(dir.path(), &library, &[]);
-    assert!(passed);
+    let (passed, json) = release_check(dir.path(), &library, &[]);
+    assert!(passed, "{json:#}");
 
     // A wheel edited after building: same name, other bytes.
     let wheel = std::fs::read_dir(dir.path().join("wheels"))
