@@ -9,7 +9,19 @@ use super::*;
 
 /// The folder `ci/setup-thirdparty` fetched `name` into, or `None` (printing why).
 fn thirdparty_dir(test: &str, name: &str) -> Option<PathBuf> {
-    // `thirdparty` names the `include/` inside; these libraries keep more than headers.
+    // `thirdparty` names the `include/` inside; these libraries keep more than headers, and
+    // an sdist's sources (causal-conv1d's `csrc/`) have no `include/` at all.
+    let root = std::env::var_os("KWHEEL_THIRDPARTY")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            prebuilt::cache::user_cache_dir()
+                .join("kwheel")
+                .join("thirdparty")
+        });
+    let dir = root.join(name);
+    if dir.join(".kwheel-stamp").is_file() {
+        return Some(dir);
+    }
     thirdparty(test, name).map(|include| include.parent().unwrap().to_owned())
 }
 
