@@ -496,37 +496,6 @@ mod tests {
     }
 
     #[test]
-    fn toolchain_dir_prefers_the_per_build_variable() {
-        let pairs = [
-            ("KWHEEL_CUDA_CU129", "/opt/cuda-12.9"),
-            ("KWHEEL_TOOLCHAINS", "/toolchains"),
-            ("HOME", "/home/me"),
-        ];
-        assert_eq!(
-            toolchain_dir_from(CUDA_12_9, env(&pairs)),
-            PathBuf::from("/opt/cuda-12.9")
-        );
-        assert_eq!(
-            toolchain_dir_from(CUDA_13_0, env(&pairs)),
-            PathBuf::from("/toolchains/cu130")
-        );
-    }
-
-    #[test]
-    fn toolchain_dir_falls_back_to_the_user_cache() {
-        let pairs = [("HOME", "/home/me"), ("KWHEEL_TOOLCHAINS", "")];
-        assert_eq!(
-            toolchain_dir_from(CUDA_12_9, env(&pairs)),
-            PathBuf::from("/home/me/.cache/kwheel/toolchains/cu129")
-        );
-        let pairs = [("HOME", "/home/me"), ("XDG_CACHE_HOME", "/cache")];
-        assert_eq!(
-            toolchain_dir_from(CUDA_13_0, env(&pairs)),
-            PathBuf::from("/cache/kwheel/toolchains/cu130")
-        );
-    }
-
-    #[test]
     fn missing_toolchain_says_how_to_install_it() {
         let error = discover_at(CUDA_12_9, Path::new("/nonexistent/cu129")).unwrap_err();
         assert!(matches!(error, ToolchainError::Missing { .. }));

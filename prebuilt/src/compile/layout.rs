@@ -219,6 +219,11 @@ mod tests {
             toolchain_dir_from(cu129, env(&pairs)),
             PathBuf::from("/home/me/.cache/kwheel/toolchains/cu129")
         );
+        let pairs = [("HOME", "/home/me"), ("XDG_CACHE_HOME", "/cache")];
+        assert_eq!(
+            toolchain_dir_from(cu130, env(&pairs)),
+            PathBuf::from("/cache/kwheel/toolchains/cu130")
+        );
     }
 
     #[test]
