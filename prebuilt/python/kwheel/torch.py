@@ -27,12 +27,14 @@ A kernel library declares each op once, from its own package::
 - a CUDA implementation that allocates the outputs with torch (so inside a CUDA graph capture
   they come from the graph's pool), and launches the kernel on torch's current stream of the
   inputs' device: no host synchronization, no memory of kwheel's own;
-- a fake (meta) implementation built from the same shape function, so ``torch.compile`` traces
-  through the op and keeps one graph;
+- a Meta kernel built from the same shape function, which FakeTensorMode runs for fake
+  tensors, so ``torch.compile`` traces through the op and keeps one graph;
 - the torch reference, when given, as the CPU implementation (and, with ``fallback=True``, on
   CUDA where no prebuilt variant fits and the JIT is disabled);
 
-and returns the operator overload, callable with the schema's arguments. ``autograd`` attaches a
+and returns the operator overload, callable with the schema's arguments. Only public
+``torch.library`` calls register it (``Library.define`` and ``Library.impl``); ``read_schema``
+reads the schema's arguments and defaults for kwheel's own use. ``autograd`` attaches a
 backward made of other ops (with ``torch.library.register_autograd``'s contract).
 
 The kernel loads on the op's first CUDA call on each device (the device of the op's first
@@ -53,6 +55,7 @@ Only importable where torch is; ``import kwheel`` itself never imports torch. Se
 docs/torch.md.
 """
 
+import ast
 import collections
 import inspect
 import os
@@ -69,6 +72,7 @@ __all__ = [
     "Launch",
     "Library",
     "Op",
+    "read_schema",
     "ceil_div",
     "library",
 ]
@@ -240,13 +244,11 @@ class Library:
             found.use_autograd_function()
 
     def _op(self, op):
+        """The ``Op`` of a name, or of what ``define`` returned."""
         if isinstance(op, str):
-            name = op
+            found = self.ops.get(op)
         else:
-            schema = getattr(op, "_schema", None)  # a torch.ops overload
-            name = schema.name.split("::", 1)[-1] if schema is not None else None
-            name = getattr(op, "_kwheel_op_name", name)
-        found = self.ops.get(name)
+            found = next((each for each in self.ops.values() if each.callable is op), None)
         if found is None:
             raise ValueError(f"`{op!r}` is no op of the library `{self.namespace}`")
         return found
@@ -296,6 +298,92 @@ class LazyKernel:
         return functions, dict(kernel.constants)
 
 
+#: One argument of an operator schema as ``read_schema`` reads it: its name, its type as
+#: written (``Tensor?``, ``SymInt[]``, ``Tensor(a!)``) and its default, if it has one.
+Argument = collections.namedtuple("Argument", "name type has_default default")
+
+#: What ``read_schema`` reads of an operator schema: the name, the overload name (``""`` for
+#: the default overload), the arguments, the return types, and whether a ``*`` made some
+#: arguments keyword-only.
+Schema = collections.namedtuple("Schema", "name overload arguments returns keyword_only")
+
+
+def read_schema(text):
+    """The name, arguments and returns of an operator schema, ``name(Type name=default, ...)
+    -> Tensor``, read without torch: torch reads the same text again when it defines the
+    operator and refuses what it cannot parse (a type it does not know, say). Raises
+    ``ValueError`` for text that is no schema, or a default that is not a number, bool,
+    ``None``, string or list."""
+    head, arrow, returns_text = text.rpartition("->")
+    head = head.strip()
+    opening = head.find("(")
+    name, _, overload = head[:opening].strip().partition(".")
+    if (
+        not arrow
+        or opening < 0
+        or not head.endswith(")")
+        or not name.isidentifier()
+        or not (overload == "" or overload.isidentifier())
+    ):
+        raise ValueError(f"`{text}`: not an operator schema `name(Type name, ...) -> Tensor`")
+    arguments = []
+    keyword_only = False
+    for part in _split_top_level(head[opening + 1 : -1]):
+        if part == "*":
+            keyword_only = True
+            continue
+        declaration, equals, default = part.partition("=")
+        pieces = declaration.split()
+        if len(pieces) != 2:
+            raise ValueError(f"`{text}`: cannot read the argument `{part}` (`Type name`)")
+        argument_type, argument_name = pieces
+        value = _read_default(text, argument_type, argument_name, default.strip()) if equals else None
+        arguments.append(Argument(argument_name, argument_type, bool(equals), value))
+    returns_text = returns_text.strip()
+    if returns_text.startswith("(") and returns_text.endswith(")"):
+        returns = [part.split()[0] for part in _split_top_level(returns_text[1:-1])]
+    else:
+        returns = [returns_text.split()[0]] if returns_text else []
+    return Schema(name, overload, arguments, returns, keyword_only)
+
+
+def _split_top_level(text):
+    """``text`` cut at the commas outside brackets and quotes, each part stripped."""
+    parts, current, depth, quote = [], [], 0, None
+    for char in text:
+        if quote is not None:
+            quote = None if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char in "([":
+            depth += 1
+        elif char in ")]":
+            depth -= 1
+        elif char == "," and depth == 0:
+            parts.append("".join(current).strip())
+            current = []
+            continue
+        current.append(char)
+    parts.append("".join(current).strip())
+    return [part for part in parts if part]
+
+
+def _read_default(schema, argument_type, name, text):
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        raise ValueError(
+            f"`{schema}`: the default `{text}` of `{name}` is not a number, bool, None, string "
+            "or list"
+        ) from None
+    size = argument_type.rstrip("?").rpartition("[")[2][:-1]
+    if argument_type.rstrip("?").endswith("]") and size.isdigit() and type(value) is int:
+        return [value] * int(size)  # `int[2] stride=1` is [1, 1], as torch reads it
+    if argument_type.startswith("float") and type(value) is int:
+        return float(value)
+    return value
+
+
 class Op:
     """One declared op: its schema, kernel, shape and launch functions, and reference."""
 
@@ -308,44 +396,43 @@ class Op:
         self.reference = reference
         self.fallback = fallback
         self.backward = None
-        parsed = _parse_schema(f"{library.namespace}::{schema}")
-        self.name = parsed.name.split("::", 1)[1]
-        if parsed.overload_name:
+        read = read_schema(schema)
+        self.name = read.name
+        if read.overload:
             raise ValueError(f"`{schema}`: declare the default overload only")
         self.qualified_name = f"{library.namespace}::{self.name}"
-        arguments = list(parsed.arguments)
-        if any(argument.kwarg_only for argument in arguments):
+        arguments = read.arguments
+        if read.keyword_only:
             raise ValueError(f"`{schema}`: keyword-only arguments are not supported")
-        if any(argument.alias_info is not None for argument in arguments):
+        if any("(" in kind for kind in [argument.type for argument in arguments] + read.returns):
             raise ValueError(f"`{schema}`: ops are functional; no argument may alias or mutate")
+        self.arguments = arguments
         self.argument_names = [argument.name for argument in arguments]
-        # The schema's arguments as a Python signature: binding and defaults are Python's.
-        self.signature = inspect.Signature(
-            [
-                inspect.Parameter(
-                    argument.name,
-                    inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                    default=argument.default_value
-                    if argument.has_default_value()
-                    else inspect.Parameter.empty,
-                )
-                for argument in arguments
-            ]
-        )
         self.tensor_positions = tuple(
-            index
-            for index, argument in enumerate(arguments)
-            if str(argument.type) in ("Tensor", "Optional[Tensor]")
+            index for index, argument in enumerate(arguments) if argument.type in ("Tensor", "Tensor?")
+        )
+        self._other_positions = tuple(
+            index for index in range(len(arguments)) if index not in self.tensor_positions
         )
         required_tensors = [
-            index for index, argument in enumerate(arguments) if str(argument.type) == "Tensor"
+            index for index, argument in enumerate(arguments) if argument.type == "Tensor"
         ]
         if not required_tensors:
             raise ValueError(f"`{schema}`: an op needs a Tensor argument to take its device from")
         self.device_position = required_tensors[0]
-        self.output_count = len(parsed.returns)
-        if self.output_count == 0 or any(str(r.type) != "Tensor" for r in parsed.returns):
+        self.output_count = len(read.returns)
+        if self.output_count == 0 or any(kind != "Tensor" for kind in read.returns):
             raise ValueError(f"`{schema}`: an op returns one or more Tensors")
+        # The dispatcher leaves out trailing arguments that equal their defaults; these
+        # put them back.
+        trailing = []
+        for argument in reversed(arguments):
+            if not argument.has_default:
+                break
+            trailing.insert(0, argument.default)
+        self._trailing_defaults = tuple(trailing)
+        self._argument_count = len(arguments)
+        self._signature = None
         self._fallen_back = set()
         self._plans = {}
         self.callable = None
@@ -358,13 +445,16 @@ class Op:
     # --- registration ------------------------------------------------------------------
 
     def register(self, torch_library):
+        """Defines the operator and its CUDA, CPU (the reference) and Meta (the fake)
+        kernels. FakeTensorMode runs a Meta kernel for fake tensors, so ``torch.compile``
+        traces through the op with no ``register_fake`` (which reads the caller's source
+        file and scans every loaded module: most of an import's cost)."""
         torch_library.define(self.schema)
         torch_library.impl(self.name, self.cuda, "CUDA")
         if self.reference is not None:
             torch_library.impl(self.name, self.reference_call, "CPU")
-        torch.library.register_fake(self.qualified_name, self.fake, lib=torch_library)
-        overload = getattr(getattr(torch.ops, self.library.namespace), self.name).default
-        self.callable = overload
+        torch_library.impl(self.name, self.fake, "Meta")
+        self.callable = getattr(getattr(torch.ops, self.library.namespace), self.name).default
 
     def register_autograd(self, torch_library):
         """The op's Autograd kernel, with ``torch.library.register_autograd``'s contract. On
@@ -429,8 +519,27 @@ class Op:
 
     # --- implementations ---------------------------------------------------------------
 
+    @property
+    def signature(self):
+        """The schema's arguments as a Python signature (made on first use: only plain
+        calls bind by name)."""
+        if self._signature is None:
+            empty = inspect.Parameter.empty
+            self._signature = inspect.Signature(
+                [
+                    inspect.Parameter(
+                        argument.name,
+                        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                        default=argument.default if argument.has_default else empty,
+                    )
+                    for argument in self.arguments
+                ]
+            )
+        return self._signature
+
     def bind(self, args, kwargs):
-        """Positional arguments with the schema's defaults filled in."""
+        """Positional arguments with the schema's defaults filled in: Python's own binding,
+        for plain calls."""
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as error:
@@ -439,14 +548,21 @@ class Op:
         return list(bound.args)
 
     def _complete(self, args):
-        """The dispatcher leaves trailing defaults out; put them back."""
-        if len(args) == len(self.argument_names):
+        """``args`` as the dispatcher passes them, with the trailing defaults it leaves out
+        put back."""
+        missing = self._argument_count - len(args)
+        if not missing:
             return args
-        bound = self.signature.bind(*args)
-        bound.apply_defaults()
-        return bound.args
+        if missing > len(self._trailing_defaults):
+            raise TypeError(
+                f"{self.qualified_name}(): takes {self._argument_count} arguments "
+                f"({', '.join(self.argument_names)}), got {len(args)}"
+            )
+        return (*args, *self._trailing_defaults[len(self._trailing_defaults) - missing :])
 
     def fake(self, *args):
+        """The Meta kernel: outputs of the shape function's shapes, on the inputs' device
+        (a fake tensor's, while tracing)."""
         args = self._complete(args)
         like = args[self.device_position]
         outputs = [like.new_empty(shape, dtype=dtype) for shape, dtype in self.shape(*args)]
@@ -460,68 +576,84 @@ class Op:
         return self.reference(*self._complete(args))
 
     def cuda(self, *args):
-        args = self._complete(args)
+        """The CUDA kernel. A call with the shapes, dtypes and scalars of an earlier one
+        reuses that call's launch plan: it allocates the outputs, gathers pointers and
+        launches, running neither the shape nor the launch function."""
+        if len(args) != self._argument_count:
+            args = self._complete(args)
         like = args[self.device_position]
         device = like.get_device()
-        try:
-            functions, constants = self.kernel.get(device)
-        except NoFitError as error:
-            if not self.fallback:
-                raise
-            self._warn_fallback(like.device, device, error)
-            if self.library.trace or _PROFILER._is_profiler_enabled:
-                label = _kwheel.trace_label(self.kernel.name, "reference", "fallback", "", device)
-                with _trace_range(label):
-                    return self.reference(*args)
-            return self.reference(*args)
+        loaded = self.kernel._loaded.get(device)
+        if loaded is None:
+            try:
+                loaded = self.kernel.get(device)
+            except NoFitError as error:
+                if not self.fallback:
+                    raise
+                return self._fall_back(like.device, device, error, args)
         key = [device]
-        for position, value in enumerate(args):
-            if position in self.tensor_positions and value is not None:
-                if not value.is_contiguous():
-                    args = list(args)
-                    args[position] = value = value.contiguous()
-                if value.get_device() != device:
-                    raise ValueError(
-                        f"{self.qualified_name}: argument `{self.argument_names[position]}` is "
-                        f"on {value.device}, but the op runs on cuda:{device}"
-                    )
-                key.append(value.shape)
-                key.append(value.dtype)
-            else:
-                key.append(tuple(value) if isinstance(value, list) else value)
+        for position in self.tensor_positions:
+            value = args[position]
+            if value is None:
+                key.append(None)
+                continue
+            if not value.is_contiguous():
+                args = list(args)
+                args[position] = value = value.contiguous()
+            if value.get_device() != device:
+                raise ValueError(
+                    f"{self.qualified_name}: argument `{self.argument_names[position]}` is "
+                    f"on {value.device}, but the op runs on cuda:{device}"
+                )
+            key.append(value.shape)
+            key.append(value.dtype)
+        for position in self._other_positions:
+            value = args[position]
+            key.append(tuple(value) if type(value) is list else value)
         key = tuple(key)
         plan = self._plans.get(key)
         if plan is None:
-            return self._plan_and_launch(key, functions, constants, like, device, args)
+            return self._plan_and_launch(key, loaded, like, device, args)
         if plan is _UNCACHEABLE:
-            return self._launch_uncached(functions, constants, like, device, args)
-        function, grid, block, shared_mem, output_specs, template, nothing_to_do, _ = plan
-        outputs = [like.new_empty(shape, dtype=dtype) for shape, dtype in output_specs]
+            return self._launch_uncached(loaded, like, device, args)
+        function, grid, block, shared_mem, allocations, template, nothing_to_do, _ = plan
+        outputs = [
+            torch.empty(shape, dtype=dtype, device=place) if slot is None
+            else torch.empty_like(args[slot])
+            for slot, shape, dtype, place in allocations
+        ]
         if not nothing_to_do:
-            pointers = []
-            for source, slot in template:
-                if source is _INPUT:
-                    pointers.append(args[slot].data_ptr())
-                elif source is _OUTPUT:
-                    pointers.append(outputs[slot].data_ptr())
-                else:
-                    pointers.append(slot)
-            stream = torch._C._cuda_getCurrentRawStream(device)
+            pointers = [
+                args[slot].data_ptr() if source is _INPUT
+                else outputs[slot].data_ptr() if source is _OUTPUT
+                else slot
+                for source, slot in template
+            ]
+            # Stream None: the current stream of the function's device, as torch has it.
             if self.library.trace or _PROFILER._is_profiler_enabled:
                 with _trace_range(self.kernel.label(device)):
-                    function.launch(grid, block, pointers, shared_mem, stream)
+                    function.launch(grid, block, pointers, shared_mem, None)
             else:
-                function.launch(grid, block, pointers, shared_mem, stream)
+                function.launch(grid, block, pointers, shared_mem, None)
         return outputs[0] if self.output_count == 1 else tuple(outputs)
 
-    def _plan_and_launch(self, key, functions, constants, like, device, args):
+    def _plan_and_launch(self, key, loaded, like, device, args):
         """The first call with these shapes, dtypes and scalars: runs the shape and launch
         functions once, launches what they said, and keeps it as the plan of the next calls
-        with the same ones: the outputs to allocate, the entry, the geometry, and each kernel
-        argument as an input, an output or a constant (a ``Kept`` tensor's pointer). A launch
-        that passes a plain tensor of its own making is not kept (``_UNCACHEABLE``)."""
-        output_specs = [(tuple(shape), dtype) for shape, dtype in self.shape(*args)]
-        outputs = [like.new_empty(shape, dtype=dtype) for shape, dtype in output_specs]
+        with the same ones: how to allocate each output (``empty_like`` of an input of its
+        shape and dtype, else ``empty``), the entry, the geometry, and each kernel argument as
+        an input, an output or a constant (a ``Kept`` tensor's pointer). A launch that passes
+        a plain tensor of its own making is not kept (``_UNCACHEABLE``)."""
+        functions, constants = loaded
+        allocations = tuple(
+            (self._input_like(args, shape, dtype), tuple(shape), dtype, like.device)
+            for shape, dtype in self.shape(*args)
+        )
+        outputs = [
+            torch.empty(shape, dtype=dtype, device=place) if slot is None
+            else torch.empty_like(args[slot])
+            for slot, shape, dtype, place in allocations
+        ]
         nothing_to_do = all(output.numel() == 0 for output in outputs)
         grid, block, kernel_args, entry, shared_mem = self.launch(constants, outputs, *args)
         function = self._entry(functions, entry)
@@ -548,7 +680,7 @@ class Op:
             template.append((_CONSTANT, value))
         if plan is None:
             plan = (
-                function, grid, block, shared_mem, output_specs, template, nothing_to_do,
+                function, grid, block, shared_mem, allocations, tuple(template), nothing_to_do,
                 tuple(kept),
             )
         if len(self._plans) >= _PLANS_PER_OP:
@@ -558,7 +690,18 @@ class Op:
             self._launch(function, grid, block, kernel_args, shared_mem, device)
         return outputs[0] if self.output_count == 1 else tuple(outputs)
 
-    def _launch_uncached(self, functions, constants, like, device, args):
+    def _input_like(self, args, shape, dtype):
+        """The position of a tensor argument of this shape and dtype, whose ``empty_like``
+        is the output (contiguous, as every argument is by now, and cheaper than
+        ``empty``), or ``None``."""
+        for position in self.tensor_positions:
+            value = args[position]
+            if value is not None and value.dtype == dtype and value.shape == tuple(shape):
+                return position
+        return None
+
+    def _launch_uncached(self, loaded, like, device, args):
+        functions, constants = loaded
         outputs = [like.new_empty(shape, dtype=dtype) for shape, dtype in self.shape(*args)]
         if all(output.numel() == 0 for output in outputs):
             # Nothing to compute, and CUDA refuses an empty grid.
@@ -567,6 +710,16 @@ class Op:
         function = self._entry(functions, entry)
         self._launch(function, grid, block, kernel_args, shared_mem, device)
         return outputs[0] if self.output_count == 1 else tuple(outputs)
+
+    def _fall_back(self, place, device, error, args):
+        """No variant fits and the JIT is off: the torch reference, with one warning per
+        device."""
+        self._warn_fallback(place, device, error)
+        if self.library.trace or _PROFILER._is_profiler_enabled:
+            label = _kwheel.trace_label(self.kernel.name, "reference", "fallback", "", device)
+            with _trace_range(label):
+                return self.reference(*args)
+        return self.reference(*args)
 
     def _entry(self, functions, entry):
         try:
@@ -594,12 +747,11 @@ class Op:
                 self._check_device(value, device, index)
                 value = value.data_ptr()
             pointers.append(value)
-        stream = torch._C._cuda_getCurrentRawStream(device)
         if self.library.trace or _PROFILER._is_profiler_enabled:
             with _trace_range(self.kernel.label(device)):
-                function.launch(grid, block, pointers, shared_mem, stream)
+                function.launch(grid, block, pointers, shared_mem, None)
         else:
-            function.launch(grid, block, pointers, shared_mem, stream)
+            function.launch(grid, block, pointers, shared_mem, None)
 
     def _warn_fallback(self, device, ordinal, error):
         if device in self._fallen_back:
@@ -630,14 +782,15 @@ _UNCACHEABLE = "uncacheable"
 
 
 # --- torch internals ------------------------------------------------------------------------
-# Everything of torch's that is not its public API is used in the two functions below (and
-# `torch._C._cuda_getCurrentRawStream`, the current stream's raw handle, on each launch, and
-# `_PROFILER._is_profiler_enabled`, whether a profiler runs, on each launch).
+# What kwheel.torch reads of torch beyond its public API is in this section: whether a
+# profiler records (`_PROFILER`, read on each launch: torch has no public question for it),
+# and the light Autograd kernel (`_light_autograd`, on the releases it was checked on). The
+# current stream's raw handle is the runtime's: a launch passes stream `None`.
 
 
-class _PublicProfilerCheck:
-    """Whether a profiler runs, asked through torch's public function: for a torch whose
-    ``torch.autograd.profiler`` has no ``_is_profiler_enabled`` flag."""
+class _ProfilerFunction:
+    """Whether a profiler records, asked through ``torch.autograd._profiler_enabled()``: for a
+    torch whose ``torch.autograd.profiler`` has no ``_is_profiler_enabled`` flag."""
 
     @property
     def _is_profiler_enabled(self):
@@ -645,11 +798,11 @@ class _PublicProfilerCheck:
 
 
 #: What a launch asks whether a profiler runs: torch's module flag, set by torch.profiler and
-#: torch.autograd.profiler while they record (one attribute read, ~30 ns), where it exists.
+#: torch.autograd.profiler while they record (one attribute read, ~10 ns), where it exists.
 _PROFILER = (
     torch.autograd.profiler
     if isinstance(getattr(torch.autograd.profiler, "_is_profiler_enabled", None), bool)
-    else _PublicProfilerCheck()
+    else _ProfilerFunction()
 )
 
 #: Torch releases (major, minor) the light Autograd kernel was checked on (2.11: the CPU tests
@@ -657,12 +810,6 @@ _PROFILER = (
 #: same gradients, and 4-15 µs more per call that needs none (docs/benchmarks.md, "Host cost
 #: of one call").
 LIGHT_AUTOGRAD_TORCH = ((2, 11),)
-
-
-def _parse_schema(text):
-    """The schema ``text`` as the dispatcher reads it. torch has no public parser;
-    ``torch.library.Library.define`` parses the same text with this one."""
-    return torch._C.parse_schema(text)
 
 
 def _torch_release():

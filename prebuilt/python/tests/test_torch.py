@@ -153,6 +153,8 @@ class Declarations(unittest.TestCase):
     def test_schemas_that_cannot_be_kernels_are_refused(self):
         for schema, message in [
             ("f(Tensor(a!) x) -> Tensor", "ops are functional; no argument may alias or mutate"),
+            ("f(Tensor(a) x) -> Tensor(a)", "ops are functional; no argument may alias or mutate"),
+            ("f(Tensor x) -> Tensor(a)", "ops are functional; no argument may alias or mutate"),
             ("f(Tensor x, *, int n) -> Tensor", "keyword-only arguments are not supported"),
             ("f(int n) -> Tensor", "an op needs a Tensor argument to take its device from"),
             ("f(Tensor x) -> int", "an op returns one or more Tensors"),
@@ -228,6 +230,148 @@ class Declarations(unittest.TestCase):
     def test_opcheck_passes_on_the_reference(self):
         op = self.define("f(Tensor x) -> Tensor", reference=_double_reference)
         torch.library.opcheck(op, (torch.randn(4, 3),))
+
+
+@unittest.skipUnless(HAS_TORCH, NO_TORCH)
+class Schemas(unittest.TestCase):
+    """`kt.read_schema`, kwheel's reader of the schemas it accepts, against torch's own parser
+    (private; used here as the reference only)."""
+
+    SCHEMAS = [
+        "layer_norm(Tensor x, SymInt[] normalized_shape, Tensor? weight=None, Tensor? bias=None, "
+        "float eps=1e-05) -> Tensor",
+        "f(Tensor x, int[2] stride=1, float alpha=1, bool flag=True, str mode='mean', int? n=None, "
+        "float[] factors=[1.5, 2.0], SymInt k=-3, str s=\"a, b\") -> (Tensor, Tensor)",
+        "g(Tensor x, *, int n) -> Tensor",
+        "h.out(Tensor x) -> Tensor",
+        "m(Tensor(a!) x) -> Tensor(a!)",
+        "n(Tensor x) -> (Tensor values, Tensor indices)",
+        "e(Tensor x) -> ()",
+        "p(Tensor[] xs, Tensor? y) -> Tensor[]",
+    ]
+
+    def test_the_reader_agrees_with_torchs_parser(self):
+        for text in self.SCHEMAS:
+            with self.subTest(schema=text):
+                mine = kt.read_schema(text)
+                theirs = torch._C.parse_schema(f"ns::{text}")
+                self.assertEqual(f"ns::{mine.name}", theirs.name)
+                self.assertEqual(mine.overload, theirs.overload_name)
+                self.assertEqual(mine.keyword_only, any(a.kwarg_only for a in theirs.arguments))
+                self.assertEqual(
+                    [(a.name, a.has_default) for a in mine.arguments],
+                    [(a.name, a.has_default_value()) for a in theirs.arguments],
+                )
+                for argument, reference in zip(mine.arguments, theirs.arguments):
+                    # Tensor arguments are what an op keys its plans on and passes as pointers.
+                    self.assertEqual("(" in argument.type, reference.alias_info is not None)
+                    if "(" not in argument.type:  # an aliasing argument is refused anyway
+                        self.assertEqual(
+                            argument.type in ("Tensor", "Tensor?"),
+                            str(reference.type) in ("Tensor", "Optional[Tensor]"),
+                        )
+                    if argument.has_default:
+                        self.assertEqual(argument.default, reference.default_value)
+                        self.assertIs(type(argument.default), type(reference.default_value))
+                self.assertEqual(len(mine.returns), len(theirs.returns))
+                self.assertEqual(
+                    [kind.split("(")[0] == "Tensor" for kind in mine.returns],
+                    [str(r.type) == "Tensor" for r in theirs.returns],
+                )
+
+    def test_text_that_is_no_schema_is_refused(self):
+        for text, message in [
+            ("f(Tensor x)", "not an operator schema `name(Type name, ...) -> Tensor`"),
+            ("f Tensor x -> Tensor", "not an operator schema `name(Type name, ...) -> Tensor`"),
+            ("1f(Tensor x) -> Tensor", "not an operator schema `name(Type name, ...) -> Tensor`"),
+            ("f(Tensor) -> Tensor", "cannot read the argument `Tensor` (`Type name`)"),
+            (
+                "f(Tensor x, int n=two) -> Tensor",
+                "the default `two` of `n` is not a number, bool, None, string or list",
+            ),
+        ]:
+            with self.subTest(schema=text):
+                with self.assertRaises(ValueError) as raised:
+                    kt.read_schema(text)
+                self.assertEqual(str(raised.exception), f"`{text}`: {message}")
+
+
+@unittest.skipUnless(HAS_TORCH, NO_TORCH)
+class Registration(unittest.TestCase):
+    """What `define` registers: public `torch.library` calls only, cheap at import."""
+
+    def define(self, library, schema="scaled(Tensor x, float scale=2.0) -> Tensor"):
+        return library.define(
+            schema,
+            kernel="scaled",
+            shape=lambda x, scale: [(x.shape, x.dtype)],
+            launch=None,
+            reference=lambda x, scale: x * scale,
+        )
+
+    def test_a_definition_scans_no_modules_and_reads_no_source(self):
+        # torch.library.register_fake asks `inspect` for its caller's source line, which scans
+        # every loaded module and stats source files: most of what importing seven ops cost.
+        # (torch.library.Library reads one stack frame when made: once per namespace.)
+        import inspect
+        import linecache
+
+        library = kt.Library(StubRegistry("kwheel-test-cheap-definition"))
+        asked = []
+        for module, name in ((inspect, "getmodule"), (linecache, "getlines"), (linecache, "checkcache")):
+            original = getattr(module, name)
+            self.addCleanup(setattr, module, name, original)
+
+            def spy(*args, _name=name, _original=original, **kwargs):
+                asked.append(_name)
+                return _original(*args, **kwargs)
+
+            setattr(module, name, spy)
+        op = self.define(library)
+        self.assertEqual(asked, [])
+        self.assertEqual(op(torch.ones(2)).tolist(), [2.0, 2.0])
+
+    def test_the_fake_is_the_meta_kernel_and_opcheck_passes(self):
+        library = kt.Library(StubRegistry("kwheel-test-meta-fake"))
+        op = self.define(library)
+        name = "kwheel_test_meta_fake::scaled"
+        for key in ("CUDA", "CPU", "Meta"):
+            self.assertTrue(torch._C._dispatch_has_kernel_for_dispatch_key(name, key), key)
+        out = op(torch.empty(3, 4, device="meta"))
+        self.assertEqual((out.shape, out.device.type), (torch.Size([3, 4]), "meta"))
+        # The trailing default left out by the caller, and given.
+        torch.library.opcheck(op, (torch.randn(4, 3),))
+        torch.library.opcheck(op, (torch.randn(4, 3), 0.5))
+
+    def test_torch_compile_keeps_one_graph_with_dynamic_shapes(self):
+        library = kt.Library(StubRegistry("kwheel-test-compile-dynamic"))
+        op = self.define(library)
+
+        def model(x):
+            return op(op(x) + 1, 0.5)
+
+        torch._dynamo.reset()
+        self.addCleanup(torch._dynamo.reset)
+        explained = torch._dynamo.explain(model)(torch.randn(4, 3))
+        self.assertEqual((explained.graph_count, explained.graph_break_count), (1, 0))
+        targets = [str(node.target) for graph in explained.graphs for node in graph.graph.nodes]
+        self.assertEqual(targets.count("kwheel_test_compile_dynamic.scaled.default"), 2)
+        compiled = torch.compile(model, backend="aot_eager", fullgraph=True, dynamic=True)
+        for rows in (4, 7):
+            x = torch.randn(rows, 3)
+            torch.testing.assert_close(compiled(x), model(x))
+
+    def test_library_autograd_finds_the_op_by_what_define_returned(self):
+        library = kt.Library(StubRegistry("kwheel-test-find-op"))
+        op = self.define(library)
+        self.assertIs(library._op(op), library.ops["scaled"])
+        self.assertIs(library._op("scaled"), library.ops["scaled"])
+        with self.assertRaises(ValueError) as raised:
+            library._op(torch.ops.aten.relu.default)
+        self.assertEqual(
+            str(raised.exception), "`<OpOverload(op='aten.relu', overload='default')>` is no op of "
+            "the library `kwheel_test_find_op`"
+        )
 
 
 @unittest.skipUnless(HAS_TORCH, NO_TORCH)
@@ -321,9 +465,6 @@ class Launching(unittest.TestCase):
     def setUp(self):
         self.function = RecordingFunction()
         self.calls = []
-        raw_stream = torch._C._cuda_getCurrentRawStream
-        torch._C._cuda_getCurrentRawStream = lambda device: 1234
-        self.addCleanup(setattr, torch._C, "_cuda_getCurrentRawStream", raw_stream)
 
     def op(self, launch):
         library = kt.Library(StubRegistry(f"kwheel-test-{self._testMethodName}"))
@@ -349,7 +490,8 @@ class Launching(unittest.TestCase):
         other = op.cuda(torch.ones(2, 2), 2.0)
         self.assertEqual(self.calls, [(3, 5), (2, 2)])  # the second call reused the plan
         grid, block, args, shared_mem, stream = self.function.launches[0]
-        self.assertEqual((grid, block, shared_mem, stream), (4, 4, 0, 1234))
+        # Stream None: the runtime launches on torch's current stream of the function's device.
+        self.assertEqual((grid, block, shared_mem, stream), (4, 4, 0, None))
         self.assertEqual(args, [first.data_ptr(), x.data_ptr(), 15, 2.0])
         self.assertNotEqual(self.function.launches[1][2][1], x.data_ptr())
         self.assertEqual(self.function.launches[2][2], [other.data_ptr(), self.function.launches[2][2][1], 4, 2.0])
@@ -392,6 +534,50 @@ class Launching(unittest.TestCase):
         for _ in range(2):
             out = op.cuda(torch.ones(2, 3), 1.0)
             self.assertEqual(self.function.launches[-1][2][0], out.data_ptr())
+
+
+    def test_outputs_are_allocated_like_an_input_of_their_shape_or_anew(self):
+        library = kt.Library(StubRegistry("kwheel-test-allocations"))
+        library.define(
+            "pair(Tensor x, Tensor y) -> (Tensor, Tensor)",
+            kernel="pair",
+            shape=lambda x, y: [(y.shape, y.dtype), ((x.shape[0], 2), torch.float64)],
+            launch=lambda constants, outputs, x, y: kt.Launch(1, 4, [outputs[0], outputs[1], x, y]),
+        )
+        op = library.ops["pair"]
+        op.kernel._loaded[-1] = ({None: self.function}, {})
+        x = torch.ones(3, 5)
+        y = torch.ones(4, 2, dtype=torch.bfloat16).t()  # not contiguous: copied first
+        for _ in range(2):  # a plan miss, then a hit
+            first, second = op.cuda(x, y)
+            self.assertEqual((first.shape, first.dtype), (torch.Size([2, 4]), torch.bfloat16))
+            self.assertEqual((second.shape, second.dtype), (torch.Size([3, 2]), torch.float64))
+            self.assertTrue(first.is_contiguous() and second.is_contiguous())
+            self.assertEqual(self.function.launches[-1][2][:2], [first.data_ptr(), second.data_ptr()])
+        self.assertEqual(len(op._plans), 1)
+
+    def test_defaults_the_dispatcher_leaves_out_reach_the_launch(self):
+        library = kt.Library(StubRegistry("kwheel-test-trailing"))
+        library.define(
+            "f(Tensor x, float scale=2.5, int? n=None) -> Tensor",
+            kernel="f",
+            shape=lambda x, scale, n: [(x.shape, x.dtype)],
+            launch=lambda constants, outputs, x, scale, n: kt.Launch(1, 4, [outputs[0], x, scale, n]),
+        )
+        op = library.ops["f"]
+        op.kernel._loaded[-1] = ({None: self.function}, {})
+        x = torch.ones(3)
+        op.cuda(x)
+        op.cuda(x, 2.5)
+        op.cuda(x, 1.0, 3)
+        self.assertEqual([args[2:] for _, _, args, _, _ in self.function.launches], [[2.5, None], [2.5, None], [1.0, 3]])
+        self.assertEqual(len(op._plans), 2)  # the first two are one call
+        with self.assertRaises(TypeError) as raised:
+            op.cuda()
+        self.assertEqual(
+            str(raised.exception),
+            "kwheel_test_trailing::f(): takes 3 arguments (x, scale, n), got 0",
+        )
 
 
 @unittest.skipUnless(HAS_TORCH, NO_TORCH)
@@ -524,9 +710,6 @@ class Tracing(unittest.TestCase):
     (torch.profiler's events, read back) or the variable is on (NVTX calls, captured)."""
 
     def setUp(self):
-        raw_stream = torch._C._cuda_getCurrentRawStream
-        torch._C._cuda_getCurrentRawStream = lambda device: 1234
-        self.addCleanup(setattr, torch._C, "_cuda_getCurrentRawStream", raw_stream)
         self.nvtx = RecordingNvtx(self)
         self.function = RecordingFunction()
 
