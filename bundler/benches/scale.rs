@@ -114,6 +114,7 @@ fn main() {
         size(&scale, "index.json"),
         size(&scale, "kernels.idx"),
     );
+    index_overhead(&scale);
     println!("open + select of one kernel, fresh process each, {RUNS} runs, interleaved:\n");
     println!("| case | median | min | max |");
     println!("| --- | ---: | ---: | ---: |");
@@ -133,6 +134,46 @@ fn main() {
         "\nratio, 16,000 variants / default, loader index: {:.2}× (goal ≤ 2×); whole index.json: {:.0}×",
         medians[1].as_secs_f64() / medians[0].as_secs_f64(),
         medians[3].as_secs_f64() / medians[2].as_secs_f64(),
+    );
+}
+
+/// The index's share of the bundle on disk: `kernels.idx` (what a wheel ships; `index.json` is
+/// a debugging output beside it) against every file of the bundle but `index.json`, and the
+/// include graphs `kernels.idx` stores once.
+fn index_overhead(bundle: &Path) {
+    fn walk(dir: &Path, sizes: &mut Vec<(PathBuf, u64)>) {
+        for entry in std::fs::read_dir(dir).unwrap().flatten() {
+            let metadata = entry.metadata().unwrap();
+            if metadata.is_dir() {
+                walk(&entry.path(), sizes);
+            } else {
+                sizes.push((entry.path(), metadata.len()));
+            }
+        }
+    }
+    let mut files = Vec::new();
+    walk(bundle, &mut files);
+    let index_json = bundle.join("index.json");
+    let lookup = bundle.join("kernels.idx");
+    let total: u64 = files.iter().map(|(_, size)| size).sum();
+    let of = |path: &Path| files.iter().find(|(p, _)| p == path).map_or(0, |(_, s)| *s);
+    let shipped = total - of(&index_json);
+    let artifacts: Vec<_> = files
+        .iter()
+        .filter(|(path, _)| path.starts_with(bundle.join("artifacts")))
+        .collect();
+    let opened = prebuilt::lookup::Lookup::open(&lookup).unwrap();
+    println!(
+        "index overhead: kernels.idx {} B ({} kernels, {} distinct include graphs) of {} B \
+         shipped ({:.2}%; artifacts {} B in {} files); index.json {} B beside it, not shipped\n",
+        of(&lookup),
+        opened.len(),
+        opened.graph_count(),
+        shipped,
+        100.0 * of(&lookup) as f64 / shipped as f64,
+        artifacts.iter().map(|(_, size)| size).sum::<u64>(),
+        artifacts.len(),
+        of(&index_json),
     );
 }
 

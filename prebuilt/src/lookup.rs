@@ -1,40 +1,50 @@
 //! The loader's index, `kernels.idx`: what a first call reads to find one kernel, in time that
-//! does not grow with the number of kernels in the bundle.
+//! does not grow with the number of kernels in the bundle, and the whole index for tools, in
+//! bytes that grow with what the kernels hold, not with how often they repeat it.
 //!
 //! `index.json` is the whole bundle as the build sees it: every kernel's key inputs (for a
-//! CUTLASS kernel, hundreds of headers with their digests), variants and skips. A loader that
-//! parses it pays for every kernel on every first call (18 MB and ~80 ms at 16,000 variants).
-//! `kernels.idx` holds the same records, split so the loader reads one:
+//! CUTLASS kernel, hundreds of headers with their digests), variants and skips, each kernel's
+//! written out in full. `kernels.idx` holds the same index, losslessly, split so the loader
+//! reads one kernel's load record, and packed (see [`codec`] for the records):
 //!
 //! ```text
 //! offset  size  field
 //!      0     8  magic  "KWHEELIX"
 //!      8     4  format (LOOKUP_FORMAT, little-endian like every number here)
 //!     12     4  kernel count N
-//!     16     8  meta offset    ─┐ JSON: package, torch, store, dictionary, index format
-//!     24     8  meta length    ─┘
-//!     32     8  table offset      N entries of 32 bytes, sorted by kernel name (bytes)
-//!     40     8  names offset      the names, concatenated
-//!     48     8  records offset    per kernel: its load record, then its inputs record
-//!     56     8  file length       a cut or padded file is refused
+//!     16     8  meta offset    ─┐ JSON: package, torch, store, dictionary, index format,
+//!     24     8  meta length    ─┘       CUDA builds, and the records' vocabulary
+//!     32     8  table offset         N entries of 32 bytes, sorted by kernel name (bytes)
+//!     40     8  graph table offset   G entries of 16 bytes, one per distinct include graph
+//!     48     8  names offset         the names, concatenated
+//!     56     8  records offset       per kernel: its load record, then its inputs record;
+//!                                    then every graph record
+//!     64     8  file length          a cut or padded file is refused
+//!     72     4  graph count G
+//!     76     4  reserved (0)
 //! table entry: name offset u64, name length u32, load length u32,
-//!              record offset u64, inputs length u32, reserved u32 (0)
+//!              record offset u64, inputs length u32, graph id u32
+//! graph entry: record offset u64, length u32, reserved u32 (0)
 //! ```
 //!
-//! A kernel's *load record* is compact JSON of what loading needs: `recipe` (whether the JIT
-//! can compile it), `constants`, `variants`, `skipped`. Its *inputs record* is its key inputs
-//! (`files`, `entries`, `defines`, flags), read only by the JIT, `dev explain` and tools.
-//! Opening reads the header, the meta, the table and the names (tens of bytes per kernel:
-//! 250 KB at 4,000 kernels) and refuses the file unless the names are identifiers in strictly
-//! increasing order and every span lies end to end in table order, so no two kernels share
-//! bytes and work stays bounded by the file's size, whatever it claims. Finding a kernel is a
-//! binary search in memory, then one positioned read of its record. Every record is checked
-//! as `index.json` is ([`crate::untrusted`]) before it is used.
+//! A kernel's *load record* is what loading needs: `recipe` (whether the JIT can compile it),
+//! `constants`, `variants`, `skipped`. Its *inputs record* is its key inputs but the include
+//! graph (`entries`, `defines`, flags); the graph (`files`: every header with its digest) is a
+//! graph record that every kernel with the same graph names by id, so thousands of kernels
+//! built from one header tree store it once. Only the JIT, `dev explain` and tools read inputs.
 //!
-//! The file is written from the bundle's `index.json` by one function ([`encode`]), so the two
-//! never disagree by construction, and `wheel verify` checks that they agree in every wheel.
-//! It is deterministic (sorted names, sorted JSON, no times). A reader refuses a format it
-//! does not know, naming the format it reads.
+//! Opening reads the header, the meta, the tables and the names (tens of bytes per kernel)
+//! and refuses the file unless the names are identifiers in strictly increasing order, every
+//! span lies end to end in table order (kernels' records, then graphs'), every graph id names
+//! a graph and every graph is named: no two kernels share record bytes, and work stays
+//! bounded by the file's size, whatever it claims. Finding a kernel is a binary search in
+//! memory, then one positioned read of its record. Every record is checked as `index.json`'s
+//! is ([`crate::untrusted`]) before it is used.
+//!
+//! The file is written from the bundle's index by one function ([`encode`]) and read back
+//! whole by [`Lookup::index`], which gives that index again, so tools need no `index.json`
+//! beside it. It is deterministic (sorted names, sorted vocabulary, no times). A reader
+//! refuses a format it does not know, naming the file, the format found and the one it reads.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
@@ -44,31 +54,36 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::bundle::{read_artifact, read_index, BundleError};
-use crate::index::{
-    Constant, Index, KernelInputs, KernelRecord, Skip, SourceRecipe, StoredFile, Variant,
-};
+use crate::index::{Index, KernelInputs, KernelRecord, StoredFile, Variant};
 use crate::target::CudaBuild;
 use crate::untrusted::{
-    check_kernel, check_stored, open_regular_file, KernelName, Untrusted, MAX_DICTIONARY_SIZE,
-    MAX_INDEX_SIZE,
+    check_index, check_kernel, check_stored, open_regular_file, KernelName, Untrusted,
+    MAX_DICTIONARY_SIZE, MAX_INDEX_SIZE,
 };
+
+mod codec;
 
 /// File name of the loader's index inside a bundle.
 pub const LOOKUP_FILE: &str = "kernels.idx";
 /// The format this reader reads and this writer writes. Bump it when the layout changes.
-pub const LOOKUP_FORMAT: u32 = 1;
+/// Format 1 held each kernel's records as JSON, key inputs included, once per kernel.
+pub const LOOKUP_FORMAT: u32 = 2;
 
 const MAGIC: &[u8; 8] = b"KWHEELIX";
-const HEADER_LEN: u64 = 64;
+const HEADER_LEN: u64 = 80;
 const ENTRY_LEN: u64 = 32;
+const GRAPH_ENTRY_LEN: u64 = 16;
 /// Caps on what a header may claim, so a crafted file cannot make the reader allocate.
-const MAX_META_LEN: u64 = 1 << 20;
+const MAX_META_LEN: u64 = 16 << 20;
 const MAX_KERNELS: u64 = 1 << 24;
+/// Most bytes of records [`Lookup::index`] decodes, a graph counted once per kernel naming
+/// it: the whole index in memory stays proportional to this, whatever the file shares.
+const MAX_EXPANDED: u64 = 8 * MAX_INDEX_SIZE;
 
 /// Everything of the index but its kernels.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Meta {
-    /// The `format` of the `index.json` this was written from.
+    /// The `format` of the index this was written from (`index.json`'s).
     pub format: u32,
     /// The kernel library's Python package name.
     pub package: String,
@@ -106,45 +121,80 @@ impl Meta {
     }
 }
 
-/// What loading one kernel needs.
+/// The meta section as stored: the meta and the vocabulary the records name by position.
 #[derive(Serialize, Deserialize)]
-struct LoadRecord {
-    recipe: Option<SourceRecipe>,
-    constants: BTreeMap<String, Constant>,
-    variants: Vec<Variant>,
-    skipped: Vec<Skip>,
+#[serde(deny_unknown_fields)]
+struct MetaSection {
+    meta: Meta,
+    words: Vec<String>,
 }
 
 /// Writes the loader's index for `index`.
 pub fn encode(index: &Index) -> Vec<u8> {
-    let meta = serde_json::to_vec(&Meta::of(index)).expect("meta serializes");
+    let words = codec::Vocabulary::of(index.kernels.values());
+    let meta = serde_json::to_vec(&MetaSection {
+        meta: Meta::of(index),
+        words: words.words(),
+    })
+    .expect("meta serializes");
     let count = index.kernels.len() as u64;
-    let meta_offset = HEADER_LEN;
-    let table_offset = meta_offset + meta.len() as u64;
-    let names_offset = table_offset + count * ENTRY_LEN;
     let mut table = Vec::with_capacity((count * ENTRY_LEN) as usize);
     let mut names = Vec::new();
     let mut records = Vec::new();
+    // Graphs by first use, in name order: the same index gives the same ids.
+    let mut graph_ids: BTreeMap<&BTreeMap<String, String>, u32> = BTreeMap::new();
+    let mut graphs: Vec<&BTreeMap<String, String>> = Vec::new();
     // `index.kernels` is a BTreeMap: its order is the byte order the reader searches in.
     for (name, record) in &index.kernels {
-        let load = serde_json::to_vec(&LoadRecord {
-            recipe: record.recipe.clone(),
-            constants: record.constants.clone(),
-            variants: record.variants.clone(),
-            skipped: record.skipped.clone(),
-        })
-        .expect("record serializes");
-        let inputs = serde_json::to_vec(&record.inputs).expect("inputs serialize");
+        let load = codec::encode_load(record, &words);
+        let inputs = codec::encode_inputs(&record.inputs);
+        let graph = *graph_ids.entry(&record.inputs.files).or_insert_with(|| {
+            graphs.push(&record.inputs.files);
+            graphs.len() as u32 - 1
+        });
         table.extend_from_slice(&(names.len() as u64).to_le_bytes());
         table.extend_from_slice(&(name.len() as u32).to_le_bytes());
         table.extend_from_slice(&(load.len() as u32).to_le_bytes());
         table.extend_from_slice(&(records.len() as u64).to_le_bytes());
         table.extend_from_slice(&(inputs.len() as u32).to_le_bytes());
-        table.extend_from_slice(&0u32.to_le_bytes());
+        table.extend_from_slice(&graph.to_le_bytes());
         names.extend_from_slice(name.as_bytes());
         records.extend_from_slice(&load);
         records.extend_from_slice(&inputs);
     }
+    let mut graph_table = Vec::with_capacity(graphs.len() * GRAPH_ENTRY_LEN as usize);
+    for graph in &graphs {
+        let bytes = codec::encode_graph(graph);
+        graph_table.extend_from_slice(&(records.len() as u64).to_le_bytes());
+        graph_table.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+        graph_table.extend_from_slice(&0u32.to_le_bytes());
+        records.extend_from_slice(&bytes);
+    }
+    assemble(
+        &meta,
+        count,
+        graphs.len() as u32,
+        &table,
+        &graph_table,
+        &names,
+        &records,
+    )
+}
+
+/// The file of these sections, with a header that locates them.
+fn assemble(
+    meta: &[u8],
+    count: u64,
+    graph_count: u32,
+    table: &[u8],
+    graph_table: &[u8],
+    names: &[u8],
+    records: &[u8],
+) -> Vec<u8> {
+    let meta_offset = HEADER_LEN;
+    let table_offset = meta_offset + meta.len() as u64;
+    let graph_table_offset = table_offset + table.len() as u64;
+    let names_offset = graph_table_offset + graph_table.len() as u64;
     let records_offset = names_offset + names.len() as u64;
     let length = records_offset + records.len() as u64;
     let mut out = Vec::with_capacity(length as usize);
@@ -155,46 +205,55 @@ pub fn encode(index: &Index) -> Vec<u8> {
         meta_offset,
         meta.len() as u64,
         table_offset,
+        graph_table_offset,
         names_offset,
         records_offset,
         length,
     ] {
         out.extend_from_slice(&field.to_le_bytes());
     }
-    out.extend_from_slice(&meta);
-    out.extend_from_slice(&table);
-    out.extend_from_slice(&names);
-    out.extend_from_slice(&records);
+    out.extend_from_slice(&graph_count.to_le_bytes());
+    out.extend_from_slice(&0u32.to_le_bytes());
+    for section in [meta, table, graph_table, names, records] {
+        out.extend_from_slice(section);
+    }
     out
 }
 
-/// An open `kernels.idx`: its header, meta and table read and checked, records read on demand.
+/// An open `kernels.idx`: its header, meta and tables read and checked, records read on demand.
 #[derive(Debug)]
 pub struct Lookup {
     path: PathBuf,
     file: File,
+    /// The file's length, checked at open against its header.
+    length: u64,
     /// The names section, checked: identifiers, concatenated in strictly increasing order.
     names: String,
     /// One per kernel, in table order.
     entries: Vec<Entry>,
+    /// Each graph record's absolute span.
+    graphs: Vec<(u64, u32)>,
     meta: Meta,
+    words: Vec<String>,
 }
 
 /// One table entry, located and checked: its name's bytes in [`Lookup::names`], its records'
-/// absolute spans in the file.
+/// absolute spans in the file, its graph's id.
 #[derive(Debug)]
 struct Entry {
     name: std::ops::Range<usize>,
     load: (u64, u32),
     inputs: (u64, u32),
+    graph: u32,
 }
 
 impl Lookup {
-    /// Opens `path`, reading its header, meta, table and names (tens of bytes per kernel) and
-    /// checking them whole: the table is refused unless its names are identifiers in strictly
-    /// increasing byte order and its spans lie end to end, in table order, filling their
-    /// sections exactly. So no two kernels share bytes, a binary search finds every name the
-    /// table lists, and reading every record once reads the file once.
+    /// Opens `path`, reading its header, meta, tables and names (tens of bytes per kernel)
+    /// and checking them whole: the table is refused unless its names are identifiers in
+    /// strictly increasing byte order, its spans and the graphs' lie end to end, in table
+    /// order, filling their sections exactly, and its graph ids name every graph and nothing
+    /// else. So no two kernels share record bytes, a binary search finds every name the table
+    /// lists, and reading every record once reads the file once.
     pub fn open(path: &Path) -> Result<Lookup, BundleError> {
         let read_error = |source| BundleError::Read {
             path: path.to_owned(),
@@ -212,14 +271,17 @@ impl Lookup {
         let file = open_regular_file(path).map_err(read_error)?;
         let metadata = file.metadata().map_err(read_error)?;
         let mut header = [0u8; HEADER_LEN as usize];
-        file.read_exact_at(&mut header, 0).map_err(|_| {
+        let short = |_| {
             refused(
                 path,
                 "the loader index",
                 &metadata.len().to_string(),
-                "is shorter than its 64-byte header",
+                &format!("is shorter than its {HEADER_LEN}-byte header"),
             )
-        })?;
+        };
+        // Magic and format first: a file of another format is named as such, whatever its
+        // header's length is.
+        file.read_exact_at(&mut header[..12], 0).map_err(short)?;
         if &header[..8] != MAGIC {
             return Err(refused(
                 path,
@@ -228,9 +290,7 @@ impl Lookup {
                 "is not KWHEELIX",
             ));
         }
-        let u32_at = |at: usize| u32::from_le_bytes(header[at..at + 4].try_into().unwrap());
-        let u64_at = |at: usize| u64::from_le_bytes(header[at..at + 8].try_into().unwrap());
-        let format = u32_at(8);
+        let format = u32::from_le_bytes(header[8..12].try_into().unwrap());
         if format != LOOKUP_FORMAT {
             return Err(BundleError::UnsupportedLookup {
                 path: path.to_owned(),
@@ -238,10 +298,14 @@ impl Lookup {
                 reads: LOOKUP_FORMAT,
             });
         }
+        file.read_exact_at(&mut header, 0).map_err(short)?;
+        let u32_at = |at: usize| u32::from_le_bytes(header[at..at + 4].try_into().unwrap());
+        let u64_at = |at: usize| u64::from_le_bytes(header[at..at + 8].try_into().unwrap());
         let count = u64::from(u32_at(12));
         let (meta_offset, meta_len) = (u64_at(16), u64_at(24));
-        let (table_offset, names_offset, records_offset, length) =
-            (u64_at(32), u64_at(40), u64_at(48), u64_at(56));
+        let (table_offset, graph_table_offset, names_offset, records_offset, length) =
+            (u64_at(32), u64_at(40), u64_at(48), u64_at(56), u64_at(64));
+        let graph_count = u64::from(u32_at(72));
         let bad =
             |what: &str, value: u64, reason: &str| refused(path, what, &value.to_string(), reason);
         if length != metadata.len() || length > MAX_INDEX_SIZE {
@@ -254,13 +318,25 @@ impl Lookup {
                 ),
             ));
         }
-        if count > MAX_KERNELS {
-            return Err(bad("the kernel count", count, "is over the cap"));
+        if count > MAX_KERNELS || graph_count > count {
+            return Err(bad(
+                "the kernel count",
+                count,
+                &format!("is over the cap, or under the graph count ({graph_count})"),
+            ));
+        }
+        if u32_at(76) != 0 {
+            return Err(bad(
+                "the loader index's reserved field",
+                u64::from(u32_at(76)),
+                "is not 0",
+            ));
         }
         if meta_offset != HEADER_LEN
             || meta_len > MAX_META_LEN
             || table_offset != meta_offset + meta_len
-            || names_offset != table_offset + count * ENTRY_LEN
+            || graph_table_offset != table_offset + count * ENTRY_LEN
+            || names_offset != graph_table_offset + graph_count * GRAPH_ENTRY_LEN
             || records_offset < names_offset
             || records_offset > length
         {
@@ -270,10 +346,15 @@ impl Lookup {
                 "has sections out of order or out of the file",
             ));
         }
-        let mut meta = vec![0u8; meta_len as usize];
-        file.read_exact_at(&mut meta, meta_offset)
-            .map_err(read_error)?;
-        let meta: Meta =
+        // The layout checks above put the meta, the tables and the names inside the file,
+        // whose size is capped: reading them reserves no more than the file holds.
+        let section = |offset: u64, end: u64| -> Result<Vec<u8>, BundleError> {
+            let mut bytes = vec![0u8; (end - offset) as usize];
+            file.read_exact_at(&mut bytes, offset).map_err(read_error)?;
+            Ok(bytes)
+        };
+        let meta = section(meta_offset, table_offset)?;
+        let MetaSection { meta, words } =
             serde_json::from_slice(&meta).map_err(|source| BundleError::InvalidIndex {
                 path: path.to_owned(),
                 source,
@@ -286,15 +367,15 @@ impl Lookup {
                 }
             })?;
         }
-        // The layout checks above put the table and the names inside the file, whose size is
-        // capped: reading them reserves no more than the file holds.
-        let mut table = vec![0u8; (count * ENTRY_LEN) as usize];
-        file.read_exact_at(&mut table, table_offset)
-            .map_err(read_error)?;
-        let mut names = vec![0u8; (records_offset - names_offset) as usize];
-        file.read_exact_at(&mut names, names_offset)
-            .map_err(read_error)?;
-        let entries = check_table(path, &table, &names, records_offset, length)?;
+        let table = section(table_offset, graph_table_offset)?;
+        let graph_table = section(graph_table_offset, names_offset)?;
+        let names = section(names_offset, records_offset)?;
+        let sections = Sections {
+            names: &names,
+            records_offset,
+            length,
+        };
+        let (entries, graphs) = check_table(path, &table, &graph_table, &sections)?;
         // Every name was checked as an identifier, so the section is ASCII.
         let names = String::from_utf8(names).map_err(|_| {
             refused(
@@ -307,9 +388,12 @@ impl Lookup {
         Ok(Lookup {
             path: path.to_owned(),
             file,
+            length,
             names,
             entries,
+            graphs,
             meta,
+            words,
         })
     }
 
@@ -328,6 +412,11 @@ impl Lookup {
         self.entries.is_empty()
     }
 
+    /// How many distinct include graphs the kernels' inputs name.
+    pub fn graph_count(&self) -> usize {
+        self.graphs.len()
+    }
+
     /// Every kernel name, in order: identifiers, checked at open.
     pub fn names(&self) -> Result<Vec<String>, BundleError> {
         Ok(self
@@ -338,20 +427,13 @@ impl Lookup {
     }
 
     /// The record of `kernel` without its key inputs (`inputs` is empty), or `None` when the
-    /// bundle has no such kernel.
+    /// bundle has no such kernel. Reads its load record only.
     pub fn record(&self, kernel: &str) -> Result<Option<KernelRecord>, BundleError> {
         let Some(entry) = self.find(kernel) else {
             return Ok(None);
         };
-        let load: LoadRecord = self.json(entry.load)?;
-        let record = KernelRecord {
-            inputs: KernelInputs::default(),
-            recipe: load.recipe,
-            constants: load.constants,
-            variants: load.variants,
-            skipped: load.skipped,
-        };
-        check_kernel(kernel, &record).map_err(|source| self.refused_by(source))?;
+        let load = self.bytes(entry.load)?;
+        let record = self.decode(kernel, &load, None)?;
         Ok(Some(record))
     }
 
@@ -361,17 +443,95 @@ impl Lookup {
         let Some(entry) = self.find(kernel) else {
             return Ok(None);
         };
-        // The recipe decides which input paths must stay under `sources/`: check them together.
-        let load: LoadRecord = self.json(entry.load)?;
+        // The recipe decides which input paths must stay under `sources/`: check them
+        // together. The load and inputs records are adjacent: one read.
+        let both = self.bytes((entry.load.0, entry.load.1 + entry.inputs.1))?;
+        let graph = self.bytes(self.graphs[entry.graph as usize])?;
+        let files = codec::decode_graph(&graph)
+            .map_err(|reason| self.bad_record(kernel, "graph", reason))?;
+        let (load, inputs) = both.split_at(entry.load.1 as usize);
+        let record = self.decode(kernel, load, Some((inputs, files)))?;
+        Ok(Some(record.inputs))
+    }
+
+    /// The whole index this file was written from, as [`encode`] was given it, checked as
+    /// `index.json` is: what tools read when a bundle ships no `index.json`. Reads the file
+    /// once and decodes each graph once.
+    pub fn index(&self) -> Result<Index, BundleError> {
+        let expanded: u64 = self
+            .entries
+            .iter()
+            .map(|entry| {
+                u64::from(entry.load.1)
+                    + u64::from(entry.inputs.1)
+                    + u64::from(self.graphs[entry.graph as usize].1)
+            })
+            .sum();
+        if expanded > MAX_EXPANDED {
+            return Err(refused(
+                &self.path,
+                "the loader index's records, graphs counted once per kernel",
+                &format!("{expanded} bytes"),
+                &format!("are over the {MAX_EXPANDED}-byte cap on a whole index"),
+            ));
+        }
+        // Capped at open: the length fits the span's `u32`.
+        let bytes = self.bytes((0, self.length as u32))?;
+        let span = |(offset, length): (u64, u32)| &bytes[offset as usize..][..length as usize];
+        let mut graphs: Vec<Option<BTreeMap<String, String>>> = vec![None; self.graphs.len()];
+        let mut kernels = BTreeMap::new();
+        for entry in &self.entries {
+            let name = &self.names[entry.name.clone()];
+            let slot = &mut graphs[entry.graph as usize];
+            if slot.is_none() {
+                let graph = codec::decode_graph(span(self.graphs[entry.graph as usize]))
+                    .map_err(|reason| self.bad_record(name, "graph", reason))?;
+                *slot = Some(graph);
+            }
+            let files = slot.clone().unwrap_or_default();
+            let record = self.decode(name, span(entry.load), Some((span(entry.inputs), files)))?;
+            kernels.insert(name.to_owned(), record);
+        }
+        let index = Index {
+            format: self.meta.format,
+            package: self.meta.package.clone(),
+            torch: self.meta.torch.clone(),
+            store: self.meta.store.clone(),
+            dictionary: self.meta.dictionary.clone(),
+            kernels,
+        };
+        check_index(&index).map_err(|source| self.refused_by(source))?;
+        Ok(index)
+    }
+
+    /// Decodes one kernel's load record and, given them, its inputs record and its graph's
+    /// files, checking the result.
+    fn decode(
+        &self,
+        kernel: &str,
+        load: &[u8],
+        inputs: Option<(&[u8], BTreeMap<String, String>)>,
+    ) -> Result<KernelRecord, BundleError> {
+        let load = codec::decode_load(load, &self.words)
+            .map_err(|reason| self.bad_record(kernel, "load", reason))?;
+        let inputs = match inputs {
+            None => KernelInputs::default(),
+            Some((inputs, files)) => {
+                let mut inputs = codec::decode_inputs(inputs)
+                    .map_err(|reason| self.bad_record(kernel, "inputs", reason))?;
+                inputs.files = files;
+                inputs
+            }
+        };
         let record = KernelRecord {
-            inputs: self.json(entry.inputs)?,
+            inputs,
             recipe: load.recipe,
             constants: load.constants,
             variants: load.variants,
             skipped: load.skipped,
         };
         check_kernel(kernel, &record).map_err(|source| self.refused_by(source))?;
-        Ok(Some(record.inputs))
+        Ok(record)
     }
 
     /// Binary search over the table, checked sorted at open.
@@ -396,12 +556,13 @@ impl Lookup {
         Ok(bytes)
     }
 
-    fn json<T: for<'de> Deserialize<'de>>(&self, span: (u64, u32)) -> Result<T, BundleError> {
-        let bytes = self.bytes(span)?;
-        serde_json::from_slice(&bytes).map_err(|source| BundleError::InvalidIndex {
-            path: self.path.clone(),
-            source,
-        })
+    fn bad_record(&self, kernel: &str, which: &str, reason: String) -> BundleError {
+        refused(
+            &self.path,
+            &format!("the {which} record of kernel"),
+            kernel,
+            &reason,
+        )
     }
 
     fn refused_by(&self, source: Untrusted) -> BundleError {
@@ -412,19 +573,35 @@ impl Lookup {
     }
 }
 
-/// Checks the whole table against its names section (`names`) and records section
-/// (`records_offset..length`): every entry's name follows the previous one's in the names
-/// section and is an identifier greater than it; every entry's load and inputs records follow
-/// the previous entry's; both sections end where the last entry's spans do; reserved fields
-/// are 0. One pass, one comparison per entry: the checks cost what reading the table costs.
+/// Where the table's spans must lie: the names section, and the records section
+/// (`records_offset..length`).
+struct Sections<'a> {
+    names: &'a [u8],
+    records_offset: u64,
+    length: u64,
+}
+
+/// Checks the whole table and the graph table against the names and records sections: every
+/// entry's name follows the previous one's in the names section and is an identifier greater
+/// than it; every entry's load and inputs records follow the previous entry's; every graph
+/// record follows the last kernel's records or the previous graph's; both sections end where
+/// the last spans do; every graph id names a graph and every graph is named; reserved fields
+/// are 0. One pass over each table, one comparison per entry: the checks cost what reading
+/// the tables costs.
 fn check_table(
     path: &Path,
     table: &[u8],
-    names: &[u8],
-    records_offset: u64,
-    length: u64,
-) -> Result<Vec<Entry>, BundleError> {
+    graph_table: &[u8],
+    sections: &Sections<'_>,
+) -> Result<(Vec<Entry>, Vec<(u64, u32)>), BundleError> {
+    let Sections {
+        names,
+        records_offset,
+        length,
+    } = *sections;
     let records_len = length - records_offset;
+    let graph_count = graph_table.len() / GRAPH_ENTRY_LEN as usize;
+    let mut named = vec![false; graph_count];
     let mut entries = Vec::with_capacity(table.len() / ENTRY_LEN as usize);
     let (mut name_end, mut record_end) = (0u64, 0u64);
     let mut previous: Option<&[u8]> = None;
@@ -442,19 +619,25 @@ fn check_table(
         let (name_offset, name_len) = (u64_at(0), u64::from(u32_at(8)));
         let (load_len, record_offset, inputs_len) =
             (u64::from(u32_at(12)), u64_at(16), u64::from(u32_at(24)));
-        if u32_at(28) != 0 {
-            return Err(entry("has a reserved field that is not 0"));
+        let graph = u32_at(28);
+        if graph as usize >= graph_count {
+            return Err(entry(&format!(
+                "names graph {graph}, not one of the {graph_count} graphs"
+            )));
         }
+        named[graph as usize] = true;
         if name_offset != name_end || name_len > names.len() as u64 - name_end {
             return Err(entry(&format!(
-                "names {name_len} bytes at {name_offset}, not the next name, at {name_end},                  inside the names section ({} bytes)",
+                "names {name_len} bytes at {name_offset}, not the next name, at {name_end}, \
+                 inside the names section ({} bytes)",
                 names.len()
             )));
         }
         let total = load_len + inputs_len;
         if record_offset != record_end || total > records_len - record_end {
             return Err(entry(&format!(
-                "has records of {total} bytes at {record_offset}, not the next ones, at                  {record_end}, inside the records section ({records_len} bytes)"
+                "has records of {total} bytes at {record_offset}, not the next ones, at \
+                 {record_end}, inside the records section ({records_len} bytes)"
             )));
         }
         let name = &names[name_end as usize..(name_end + name_len) as usize];
@@ -469,7 +652,8 @@ fn check_table(
                 "the name table",
                 text,
                 &format!(
-                    "is out of order at entry {position}: names must be sorted and unique                      (`{}` comes before it)",
+                    "is out of order at entry {position}: names must be sorted and unique \
+                     (`{}` comes before it)",
                     String::from_utf8_lossy(previous.unwrap_or_default())
                 ),
             ));
@@ -480,9 +664,41 @@ fn check_table(
             name: name_end as usize..(name_end + name_len) as usize,
             load: (load, load_len as u32),
             inputs: (load + load_len, inputs_len as u32),
+            graph,
         });
         name_end += name_len;
         record_end += total;
+    }
+    let mut graphs = Vec::with_capacity(graph_count);
+    for (position, bytes) in graph_table
+        .chunks_exact(GRAPH_ENTRY_LEN as usize)
+        .enumerate()
+    {
+        let offset = u64::from_le_bytes(bytes[..8].try_into().unwrap());
+        let graph_len = u64::from(u32::from_le_bytes(bytes[8..12].try_into().unwrap()));
+        let reserved = u32::from_le_bytes(bytes[12..16].try_into().unwrap());
+        if offset != record_end || graph_len > records_len - record_end || reserved != 0 {
+            return Err(refused(
+                path,
+                "graph entry",
+                &position.to_string(),
+                &format!(
+                    "has a record of {graph_len} bytes at {offset}, not the next one, at \
+                     {record_end}, inside the records section ({records_len} bytes), or a \
+                     reserved field that is not 0: the graph table is refused"
+                ),
+            ));
+        }
+        if !named[position] {
+            return Err(refused(
+                path,
+                "graph entry",
+                &position.to_string(),
+                "is named by no kernel: the graph table is refused",
+            ));
+        }
+        graphs.push((records_offset + offset, graph_len as u32));
+        record_end += graph_len;
     }
     if name_end != names.len() as u64 || record_end != records_len {
         return Err(refused(
@@ -490,12 +706,13 @@ fn check_table(
             "the loader index's sections",
             &format!("{name_end} + {record_end} bytes"),
             &format!(
-                "are not what the table spans: the names section holds {} bytes and the                  records section {records_len}",
+                "are not what the table spans: the names section holds {} bytes and the \
+                 records section {records_len}",
                 names.len()
             ),
         ));
     }
-    Ok(entries)
+    Ok((entries, graphs))
 }
 
 fn refused(path: &Path, what: &str, value: &str, reason: &str) -> BundleError {
@@ -587,10 +804,11 @@ impl Catalog {
         read_artifact(&self.root, self.meta().dictionary.as_ref(), kernel, variant)
     }
 
-    /// The whole index (`index.json`), for tools and `status()` over every kernel.
+    /// The whole index, for tools and `status()` over every kernel: decoded from
+    /// `kernels.idx`, which holds all of it.
     pub fn index(&self) -> Result<Index, BundleError> {
         match &self.source {
-            Source::Lookup(_) => read_index(&self.root),
+            Source::Lookup(lookup) => lookup.index(),
             Source::Index(index) => Ok((**index).clone()),
         }
     }
@@ -599,7 +817,7 @@ impl Catalog {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::index::{CompilerRecord, INDEX_FORMAT};
+    use crate::index::{CompilerRecord, Constant, Skip, SourceRecipe, INDEX_FORMAT};
 
     /// An index of `count` kernels `k00000`…, each with one variant and a few inputs.
     fn index(count: usize) -> Index {
@@ -749,46 +967,70 @@ mod tests {
     }
 
     /// A `kernels.idx` made of these parts, with a header that agrees with them: what a crafted
-    /// file looks like when only its table lies.
+    /// file looks like when only its table lies. Every entry names graph 0, an empty graph
+    /// stored after `records`.
     fn crafted(entries: &[(u64, u32, u32, u64, u32)], names: &[u8], records: &[u8]) -> Vec<u8> {
-        let meta = serde_json::to_vec(&Meta::of(&index(0))).unwrap();
-        let table_offset = HEADER_LEN + meta.len() as u64;
-        let names_offset = table_offset + entries.len() as u64 * ENTRY_LEN;
-        let records_offset = names_offset + names.len() as u64;
-        let length = records_offset + records.len() as u64;
-        let mut out = MAGIC.to_vec();
-        out.extend_from_slice(&LOOKUP_FORMAT.to_le_bytes());
-        out.extend_from_slice(&(entries.len() as u32).to_le_bytes());
-        for field in [
-            HEADER_LEN,
-            meta.len() as u64,
-            table_offset,
-            names_offset,
-            records_offset,
-            length,
-        ] {
-            out.extend_from_slice(&field.to_le_bytes());
-        }
-        out.extend_from_slice(&meta);
-        for &(name_offset, name_len, load_len, record_offset, inputs_len) in entries {
-            out.extend_from_slice(&name_offset.to_le_bytes());
-            out.extend_from_slice(&name_len.to_le_bytes());
-            out.extend_from_slice(&load_len.to_le_bytes());
-            out.extend_from_slice(&record_offset.to_le_bytes());
-            out.extend_from_slice(&inputs_len.to_le_bytes());
-            out.extend_from_slice(&0u32.to_le_bytes());
-        }
-        out.extend_from_slice(names);
-        out.extend_from_slice(records);
-        out
+        let graphs = [(records.len() as u64, 1)];
+        crafted_with(entries, &[0; 0], &graphs, names, &[records, &[0]].concat())
     }
 
-    /// A load record of about `size` bytes (a long `skipped` list), valid JSON of its shape.
+    /// [`crafted`] with each entry's graph id (0 where `graph_ids` has none) and the graph
+    /// table given.
+    fn crafted_with(
+        entries: &[(u64, u32, u32, u64, u32)],
+        graph_ids: &[u32],
+        graphs: &[(u64, u32)],
+        names: &[u8],
+        records: &[u8],
+    ) -> Vec<u8> {
+        let meta = serde_json::to_vec(&MetaSection {
+            meta: Meta::of(&index(0)),
+            words: Vec::new(),
+        })
+        .unwrap();
+        let mut table = Vec::new();
+        for (position, &(name_offset, name_len, load_len, record_offset, inputs_len)) in
+            entries.iter().enumerate()
+        {
+            table.extend_from_slice(&name_offset.to_le_bytes());
+            table.extend_from_slice(&name_len.to_le_bytes());
+            table.extend_from_slice(&load_len.to_le_bytes());
+            table.extend_from_slice(&record_offset.to_le_bytes());
+            table.extend_from_slice(&inputs_len.to_le_bytes());
+            let graph = graph_ids.get(position).copied().unwrap_or(0);
+            table.extend_from_slice(&graph.to_le_bytes());
+        }
+        let mut graph_table = Vec::new();
+        for &(offset, length) in graphs {
+            graph_table.extend_from_slice(&offset.to_le_bytes());
+            graph_table.extend_from_slice(&length.to_le_bytes());
+            graph_table.extend_from_slice(&0u32.to_le_bytes());
+        }
+        let count = entries.len() as u64;
+        let graph_count = graphs.len() as u32;
+        assemble(
+            &meta,
+            count,
+            graph_count,
+            &table,
+            &graph_table,
+            names,
+            records,
+        )
+    }
+
+    /// A load record of about `size` bytes (one long string constant), valid for its shape.
     fn big_load_record(size: usize) -> Vec<u8> {
-        let skip = r#"{"arch":"sm_90a","cuda":"cu130","reason":"x"}"#;
-        let skips = vec![skip; size / (skip.len() + 1)].join(",");
-        format!(r#"{{"recipe":null,"constants":{{}},"variants":[],"skipped":[{skips}]}}"#)
-            .into_bytes()
+        let mut record = vec![0, 1, 1, b'X', 3];
+        let mut length = size as u64;
+        while length >= 0x80 {
+            record.push((length as u8 & 0x7f) | 0x80);
+            length >>= 7;
+        }
+        record.push(length as u8);
+        record.resize(record.len() + size, b'x');
+        record.extend_from_slice(&[0, 0, 0]);
+        record
     }
 
     fn opened(bytes: &[u8]) -> (Result<Lookup, BundleError>, std::time::Duration) {
@@ -836,7 +1078,9 @@ mod tests {
         assert!(crate::error_chain(&result.unwrap_err()).contains("not the next name"));
         // Bytes no entry claims are refused too (a table that spans less than its sections).
         let entries: Vec<_> = (0..999u64).map(|n| (n * 6, 6, 2, n * 2, 0)).collect();
-        let (result, _) = opened(&crafted(&entries, &names[..999 * 6], &b"{}".repeat(1000)));
+        let records = [b"{}".repeat(1000), vec![0]].concat();
+        let unclaimed = crafted_with(&entries, &[], &[(1998, 1)], &names[..999 * 6], &records);
+        let (result, _) = opened(&unclaimed);
         assert!(crate::error_chain(&result.unwrap_err()).contains("not what the table spans"));
     }
 
@@ -963,5 +1207,223 @@ mod tests {
         let catalog = Catalog::open(dir.path()).unwrap();
         assert_eq!(catalog.record("k00003").unwrap().unwrap(), record);
         assert_eq!(catalog.names().unwrap().len(), 5);
+    }
+
+    /// An index with every kind of field set, whose kernels share include graphs in groups.
+    fn rich_index(count: usize, graphs: usize) -> Index {
+        let mut index = index(count);
+        let family = crate::key::sha256_hex(b"family");
+        for (n, record) in index.kernels.values_mut().enumerate() {
+            let group = n % graphs.max(1);
+            record.inputs.files = (0..40)
+                .map(|file| {
+                    let path = format!("include/group{group}/header{file}.cuh");
+                    let digest = crate::key::sha256_hex(path.as_bytes());
+                    (path, digest)
+                })
+                .collect();
+            record.inputs.defines.insert("N".into(), n.to_string());
+            record.inputs.flags = vec!["-O3".into()];
+            record.inputs.nvrtc_flags = vec!["--use_fast_math".into()];
+            record.inputs.cxx_std = "c++17".into();
+            record.inputs.preamble = "using namespace x;".into();
+            record.inputs.targets.insert(
+                "sm_100a".parse().unwrap(),
+                crate::index::TargetInputs {
+                    defines: BTreeMap::from([("WIDE".into(), "1".into())]),
+                    nvcc_flags: vec!["-lineinfo".into()],
+                    ..Default::default()
+                },
+            );
+            record.constants.extend([
+                ("NEG".to_owned(), Constant::Integer(-5)),
+                ("F".to_owned(), Constant::Float(0.25)),
+                ("B".to_owned(), Constant::Bool(true)),
+                ("S".to_owned(), Constant::String("bf16".into())),
+            ]);
+            let mut second = record.variants[0].clone();
+            second.arch = "sm_100a".parse().unwrap();
+            second.artifact.dictionary = Some(family.clone());
+            second.artifact.path = format!("elsewhere/{n}.zst");
+            second.functions = vec![crate::index::Function {
+                name: "scale<float>".into(),
+                symbol: "_Z5scaleIfEvPT_".into(),
+                param_sizes: vec![8, 4],
+            }];
+            record.variants.push(second);
+            record.skipped.push(Skip {
+                arch: "sm_90a".parse().unwrap(),
+                cuda: "cu129".parse().unwrap(),
+                reason: format!("no toolchain for kernel {n}"),
+            });
+        }
+        index
+    }
+
+    #[test]
+    fn the_whole_index_comes_back_from_kernels_idx_as_it_was_written() {
+        for (count, graphs) in [(0, 1), (1, 1), (37, 3), (500, 1)] {
+            let index = rich_index(count, graphs);
+            let (_dir, path) = written(&index);
+            let lookup = Lookup::open(&path).unwrap();
+            assert_eq!(lookup.graph_count(), graphs.min(count), "{count}");
+            assert_eq!(lookup.index().unwrap(), index, "{count} kernels");
+            for (name, record) in &index.kernels {
+                assert_eq!(lookup.inputs(name).unwrap().unwrap(), record.inputs);
+                let load = lookup.record(name).unwrap().unwrap();
+                assert_eq!(load.variants, record.variants);
+                assert_eq!(load.skipped, record.skipped);
+                assert_eq!(load.constants, record.constants);
+            }
+        }
+    }
+
+    /// 3 KB per kernel, mostly key inputs a first call never reads, was what format 1 cost:
+    /// a graph that every kernel shares is stored once, and a load record is tens of bytes
+    /// per variant.
+    #[test]
+    fn a_shared_include_graph_is_stored_once() {
+        let shared = encode(&rich_index(1000, 1));
+        let apart = encode(&rich_index(1000, 1000));
+        let one_graph = codec::encode_graph(&rich_index(1, 1).kernels["k00000"].inputs.files);
+        assert!(one_graph.len() > 2000, "{}", one_graph.len());
+        assert!(
+            apart.len() - shared.len() >= 999 * one_graph.len(),
+            "{} vs {}",
+            apart.len(),
+            shared.len()
+        );
+        let record = &rich_index(1, 1).kernels["k00000"];
+        let words = codec::Vocabulary::of(std::iter::once(record));
+        let load = codec::encode_load(record, &words);
+        let json = serde_json::to_vec(&record.variants).unwrap();
+        assert!(
+            load.len() * 2 < json.len(),
+            "{} vs {}",
+            load.len(),
+            json.len()
+        );
+        assert!(load.len() < 160 * record.variants.len(), "{}", load.len());
+    }
+
+    #[test]
+    fn a_format_1_file_is_refused_naming_the_file_and_both_formats() {
+        // What format 1 wrote: a 64-byte header, format 1, JSON records.
+        let mut bytes = MAGIC.to_vec();
+        bytes.extend_from_slice(&1u32.to_le_bytes());
+        bytes.extend_from_slice(&0u32.to_le_bytes());
+        bytes.resize(64, 0);
+        let (result, _) = opened(&bytes);
+        let error = result.unwrap_err();
+        assert!(matches!(
+            error,
+            BundleError::UnsupportedLookup {
+                found: 1,
+                reads: LOOKUP_FORMAT,
+                ..
+            }
+        ));
+        let message = error.to_string();
+        assert!(message.contains(LOOKUP_FILE), "{message}");
+        assert!(message.contains("has format 1"), "{message}");
+        assert!(message.contains("reads format 2"), "{message}");
+        // A newer one, even one too short for this format's header, is named by its format.
+        bytes[8..12].copy_from_slice(&3u32.to_le_bytes());
+        let message = opened(&bytes[..12]).0.unwrap_err().to_string();
+        assert!(message.contains("has format 3"), "{message}");
+    }
+
+    #[test]
+    fn graph_tables_that_lie_are_refused_at_open() {
+        let names = b"k00000k00001";
+        let entries = [(0, 6, 2, 0, 0), (6, 6, 2, 2, 0)];
+        let records = [b"{}{}".to_vec(), vec![0, 0]].concat();
+        let cases: [(&str, &[u32], &[(u64, u32)], &str); 4] = [
+            (
+                "past the graphs",
+                &[0, 2],
+                &[(4, 1), (5, 1)],
+                "not one of the 2 graphs",
+            ),
+            (
+                "named by none",
+                &[0, 0],
+                &[(4, 1), (5, 1)],
+                "is named by no kernel",
+            ),
+            (
+                "overlapping",
+                &[0, 1],
+                &[(4, 2), (4, 2)],
+                "not the next one",
+            ),
+            (
+                "more graphs than kernels",
+                &[0, 1],
+                &[(4, 1), (5, 1), (6, 0)],
+                "graph count",
+            ),
+        ];
+        for (case, ids, graphs, expected) in cases {
+            let (result, elapsed) = opened(&crafted_with(&entries, ids, graphs, names, &records));
+            let message = crate::error_chain(&result.unwrap_err());
+            assert!(message.contains(expected), "{case}: {message}");
+            assert!(message.contains(LOOKUP_FILE), "{case}: {message}");
+            assert!(elapsed.as_secs_f64() < 1.0, "{case}");
+        }
+        // The good one opens.
+        let good = crafted_with(&entries, &[0, 1], &[(4, 1), (5, 1)], names, &records);
+        assert!(opened(&good).0.is_ok());
+    }
+
+    /// A graph of 1 MB that 16,000 kernels name is 16 GB once every kernel's inputs are made:
+    /// the whole index is refused by what it would expand to, before anything is decoded.
+    #[test]
+    fn a_graph_shared_past_the_cap_is_refused_whole_but_read_one_kernel_at_a_time() {
+        let mut files = BTreeMap::new();
+        for n in 0..20_000 {
+            files.insert(format!("h/{n:040}.cuh"), crate::key::sha256_hex(b"x"));
+        }
+        let mut index = index(1100);
+        for record in index.kernels.values_mut() {
+            record.inputs.files = files.clone();
+            record.recipe = None;
+        }
+        let bytes = encode(&index);
+        assert!(bytes.len() < 2 << 20, "{}", bytes.len());
+        let (result, _) = opened(&bytes);
+        let lookup = result.unwrap();
+        assert_eq!(
+            lookup.inputs("k00500").unwrap().unwrap().files.len(),
+            20_000
+        );
+        let message = crate::error_chain(&lookup.index().unwrap_err());
+        assert!(message.contains("cap on a whole index"), "{message}");
+    }
+
+    #[test]
+    fn records_that_lie_about_their_fields_are_refused_naming_the_kernel() {
+        let index = index(2);
+        let good = encode(&index);
+        let (result, _) = opened(&good);
+        let lookup = result.unwrap();
+        let (offset, length) = lookup.entries[1].load;
+        for (case, patch) in [
+            (
+                "a length past the end",
+                vec![(1usize, 0xffu8), (2, 0xff), (3, 0x7f)],
+            ),
+            ("a flag that is not 0 or 1", vec![(0, 7)]),
+        ] {
+            let mut bytes = good.clone();
+            for (at, value) in patch {
+                bytes[offset as usize + at] = value;
+            }
+            let (result, _) = opened(&bytes);
+            let message = crate::error_chain(&result.unwrap().record("k00001").unwrap_err());
+            assert!(message.contains("k00001"), "{case}: {message}");
+            assert!(message.contains("load record"), "{case}: {message}");
+        }
+        assert!(length > 0);
     }
 }

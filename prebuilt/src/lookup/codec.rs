@@ -1,0 +1,568 @@
+//! The records of `kernels.idx`, in binary: what one kernel's load needs in as few bytes as
+//! it takes, and key inputs split so an include graph shared by thousands of kernels is
+//! stored once.
+//!
+//! Every number is an unsigned LEB128 varint; a string is its length then its UTF-8 bytes; a
+//! digest is a tag byte (0: the next 32 bytes are a sha256, written as 64 lowercase hex digits;
+//! 1: a string, for a value that is not one) then its bytes. Short strings that many records
+//! repeat (arches, builds, torch pins, compilers, family dictionary digests) are written once in the file's meta as its vocabulary and named by their position.
+//!
+//! ```text
+//! load record    recipe        u8 0 | 1, then source, include-dir count, include dirs
+//!                constants     count, then (name, tag 0 int | 1 float | 2 bool | 3 string, value)
+//!                function sets count, then per set: count, then (name, symbol-is-name u8,
+//!                              [symbol], parameter count, parameter sizes)
+//!                variants      count, then (arch, build, torch, compiler kind, compiler
+//!                              version: vocabulary ids; key, artifact digest: digests; size,
+//!                              stored size; path u8 0 canonical | 1 then the path; family
+//!                              dictionary: 0 none | 1 + vocabulary id; function set id)
+//!                skips         count, then (arch, build: vocabulary ids; reason)
+//! inputs record  entries, defines (count, then name, value), flags, nvcc flags, nvrtc flags,
+//!                C++ standard, preamble, targets (count, then arch, defines, flags, nvcc
+//!                flags, nvrtc flags)
+//! graph record   count, then (stable path, digest): the kernel's include graph
+//! ```
+//!
+//! The reader takes every count, length and id as untrusted: nothing is reserved from a
+//! count, a length past the record's end or an id past the vocabulary is refused, and a
+//! record must be read to its last byte. The records it returns are checked as `index.json`'s
+//! are ([`crate::untrusted::check_kernel`]) by the caller.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::bundle::artifact_path;
+use crate::index::{
+    CompilerRecord, Constant, Function, KernelInputs, KernelRecord, Skip, SourceRecipe, StoredFile,
+    TargetInputs, Variant,
+};
+
+/// A kernel's load record, decoded: everything of its record but its key inputs.
+pub(super) struct Load {
+    pub recipe: Option<SourceRecipe>,
+    pub constants: BTreeMap<String, Constant>,
+    pub variants: Vec<Variant>,
+    pub skipped: Vec<Skip>,
+}
+
+/// The strings the records name by position: collected from the whole index, sorted, so the
+/// same index always gives the same ids.
+pub(super) struct Vocabulary {
+    ids: BTreeMap<String, u64>,
+}
+
+impl Vocabulary {
+    pub fn of<'a>(records: impl Iterator<Item = &'a KernelRecord>) -> Vocabulary {
+        let mut words = BTreeSet::new();
+        for record in records {
+            for variant in &record.variants {
+                words.insert(variant.arch.to_string());
+                words.insert(variant.cuda.to_string());
+                words.insert(variant.torch.clone());
+                words.insert(variant.compiler.kind.clone());
+                words.insert(variant.compiler.version.clone());
+                if let Some(family) = &variant.artifact.dictionary {
+                    words.insert(family.clone());
+                }
+            }
+            for skip in &record.skipped {
+                words.insert(skip.arch.to_string());
+                words.insert(skip.cuda.to_string());
+            }
+        }
+        let ids = words.into_iter().zip(0..).collect();
+        Vocabulary { ids }
+    }
+
+    /// The words, in id order, as the meta stores them.
+    pub fn words(&self) -> Vec<String> {
+        self.ids.keys().cloned().collect()
+    }
+
+    fn id(&self, word: &str) -> u64 {
+        self.ids[word]
+    }
+}
+
+/// Bytes being written.
+#[derive(Default)]
+struct Out(Vec<u8>);
+
+impl Out {
+    fn number(&mut self, mut value: u64) {
+        loop {
+            let byte = (value & 0x7f) as u8;
+            value >>= 7;
+            if value == 0 {
+                self.0.push(byte);
+                return;
+            }
+            self.0.push(byte | 0x80);
+        }
+    }
+
+    fn text(&mut self, text: &str) {
+        self.number(text.len() as u64);
+        self.0.extend_from_slice(text.as_bytes());
+    }
+
+    fn texts(&mut self, texts: &[String]) {
+        self.number(texts.len() as u64);
+        for text in texts {
+            self.text(text);
+        }
+    }
+
+    fn map(&mut self, map: &BTreeMap<String, String>) {
+        self.number(map.len() as u64);
+        for (name, value) in map {
+            self.text(name);
+            self.text(value);
+        }
+    }
+
+    fn digest(&mut self, digest: &str) {
+        match raw_digest(digest) {
+            Some(raw) => {
+                self.0.push(0);
+                self.0.extend_from_slice(&raw);
+            }
+            None => {
+                self.0.push(1);
+                self.text(digest);
+            }
+        }
+    }
+}
+
+fn raw_digest(text: &str) -> Option<[u8; 32]> {
+    let hex = |byte: u8| match byte {
+        b'0'..=b'9' => Some(byte - b'0'),
+        b'a'..=b'f' => Some(byte - b'a' + 10),
+        _ => None,
+    };
+    let bytes = text.as_bytes();
+    if bytes.len() != 64 {
+        return None;
+    }
+    let mut raw = [0u8; 32];
+    for (at, pair) in bytes.chunks_exact(2).enumerate() {
+        raw[at] = hex(pair[0])? << 4 | hex(pair[1])?;
+    }
+    Some(raw)
+}
+
+/// The load record of `record`.
+pub(super) fn encode_load(record: &KernelRecord, words: &Vocabulary) -> Vec<u8> {
+    let mut out = Out::default();
+    match &record.recipe {
+        None => out.0.push(0),
+        Some(recipe) => {
+            out.0.push(1);
+            out.text(&recipe.source);
+            out.texts(&recipe.include_dirs);
+        }
+    }
+    out.number(record.constants.len() as u64);
+    for (name, constant) in &record.constants {
+        out.text(name);
+        match constant {
+            Constant::Integer(value) => {
+                out.0.push(0);
+                out.number(*value as u64);
+            }
+            Constant::Float(value) => {
+                out.0.push(1);
+                out.0.extend_from_slice(&value.to_bits().to_le_bytes());
+            }
+            Constant::Bool(value) => out.0.extend_from_slice(&[2, u8::from(*value)]),
+            Constant::String(value) => {
+                out.0.push(3);
+                out.text(value);
+            }
+        }
+    }
+    // Variants of one kernel mostly export the same functions: each distinct set once.
+    let mut sets: Vec<&Vec<Function>> = Vec::new();
+    for variant in &record.variants {
+        if !sets.contains(&&variant.functions) {
+            sets.push(&variant.functions);
+        }
+    }
+    out.number(sets.len() as u64);
+    for set in &sets {
+        out.number(set.len() as u64);
+        for function in set.iter() {
+            out.text(&function.name);
+            if function.symbol == function.name {
+                out.0.push(1);
+            } else {
+                out.0.push(0);
+                out.text(&function.symbol);
+            }
+            out.number(function.param_sizes.len() as u64);
+            for size in &function.param_sizes {
+                out.number(u64::from(*size));
+            }
+        }
+    }
+    out.number(record.variants.len() as u64);
+    for variant in &record.variants {
+        for word in [
+            &variant.arch.to_string(),
+            &variant.cuda.to_string(),
+            &variant.torch,
+            &variant.compiler.kind,
+            &variant.compiler.version,
+        ] {
+            out.number(words.id(word));
+        }
+        out.digest(&variant.key);
+        let artifact = &variant.artifact;
+        out.digest(&artifact.digest);
+        out.number(artifact.size);
+        out.number(artifact.stored_size);
+        if artifact.path == artifact_path(&artifact.digest) {
+            out.0.push(0);
+        } else {
+            out.0.push(1);
+            out.text(&artifact.path);
+        }
+        match &artifact.dictionary {
+            None => out.number(0),
+            Some(family) => out.number(1 + words.id(family)),
+        }
+        let set = sets.iter().position(|set| *set == &variant.functions);
+        out.number(set.expect("every variant's set was written") as u64);
+    }
+    out.number(record.skipped.len() as u64);
+    for skip in &record.skipped {
+        out.number(words.id(&skip.arch.to_string()));
+        out.number(words.id(&skip.cuda.to_string()));
+        out.text(&skip.reason);
+    }
+    out.0
+}
+
+/// The inputs record of `inputs`: everything but the include graph.
+pub(super) fn encode_inputs(inputs: &KernelInputs) -> Vec<u8> {
+    let mut out = Out::default();
+    out.texts(&inputs.entries);
+    out.map(&inputs.defines);
+    out.texts(&inputs.flags);
+    out.texts(&inputs.nvcc_flags);
+    out.texts(&inputs.nvrtc_flags);
+    out.text(&inputs.cxx_std);
+    out.text(&inputs.preamble);
+    out.number(inputs.targets.len() as u64);
+    for (arch, target) in &inputs.targets {
+        out.text(&arch.to_string());
+        out.map(&target.defines);
+        out.texts(&target.flags);
+        out.texts(&target.nvcc_flags);
+        out.texts(&target.nvrtc_flags);
+    }
+    out.0
+}
+
+/// The graph record of an include graph (`KernelInputs::files`).
+pub(super) fn encode_graph(files: &BTreeMap<String, String>) -> Vec<u8> {
+    let mut out = Out::default();
+    out.number(files.len() as u64);
+    for (stable, digest) in files {
+        out.text(stable);
+        out.digest(digest);
+    }
+    out.0
+}
+
+/// Bytes being read; every failure is a short reason.
+struct In<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+type Read<T> = Result<T, String>;
+
+impl<'a> In<'a> {
+    fn new(bytes: &'a [u8]) -> In<'a> {
+        In { bytes, at: 0 }
+    }
+
+    fn byte(&mut self) -> Read<u8> {
+        let byte = *self
+            .bytes
+            .get(self.at)
+            .ok_or_else(|| format!("ends inside a field at byte {}", self.at))?;
+        self.at += 1;
+        Ok(byte)
+    }
+
+    fn take(&mut self, length: u64) -> Read<&'a [u8]> {
+        let left = (self.bytes.len() - self.at) as u64;
+        if length > left {
+            return Err(format!(
+                "claims {length} bytes at byte {} where {left} are left",
+                self.at
+            ));
+        }
+        let slice = &self.bytes[self.at..self.at + length as usize];
+        self.at += length as usize;
+        Ok(slice)
+    }
+
+    fn number(&mut self) -> Read<u64> {
+        let mut value = 0u64;
+        for shift in (0..64).step_by(7) {
+            let byte = self.byte()?;
+            let bits = u64::from(byte & 0x7f);
+            if shift == 63 && bits > 1 {
+                break;
+            }
+            value |= bits << shift;
+            if byte & 0x80 == 0 {
+                return Ok(value);
+            }
+        }
+        Err(format!("has a number over 64 bits at byte {}", self.at))
+    }
+
+    /// A count of things of at least one byte each: never more than the bytes left.
+    fn count(&mut self) -> Read<u64> {
+        let count = self.number()?;
+        if count > (self.bytes.len() - self.at) as u64 {
+            return Err(format!(
+                "counts {count} items at byte {} with fewer bytes left",
+                self.at
+            ));
+        }
+        Ok(count)
+    }
+
+    fn flag(&mut self) -> Read<bool> {
+        match self.byte()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            other => Err(format!("has flag {other} at byte {}", self.at - 1)),
+        }
+    }
+
+    fn text(&mut self) -> Read<String> {
+        let length = self.number()?;
+        let bytes = self.take(length)?;
+        String::from_utf8(bytes.to_vec())
+            .map_err(|_| format!("has text that is not UTF-8 before byte {}", self.at))
+    }
+
+    fn texts(&mut self) -> Read<Vec<String>> {
+        (0..self.count()?).map(|_| self.text()).collect()
+    }
+
+    fn map(&mut self) -> Read<BTreeMap<String, String>> {
+        let mut map = BTreeMap::new();
+        for _ in 0..self.count()? {
+            let name = self.text()?;
+            let value = self.text()?;
+            if map.insert(name, value).is_some() {
+                return Err(format!("names a key twice before byte {}", self.at));
+            }
+        }
+        Ok(map)
+    }
+
+    fn digest(&mut self) -> Read<String> {
+        if self.flag()? {
+            return self.text();
+        }
+        let raw = self.take(32)?;
+        Ok(raw.iter().map(|byte| format!("{byte:02x}")).collect())
+    }
+
+    fn word<'w>(&mut self, words: &'w [String]) -> Read<&'w str> {
+        let id = self.number()?;
+        words
+            .get(usize::try_from(id).unwrap_or(usize::MAX))
+            .map(String::as_str)
+            .ok_or_else(|| format!("names word {id} of a vocabulary of {}", words.len()))
+    }
+
+    fn parsed<T: std::str::FromStr>(&mut self, words: &[String]) -> Read<T> {
+        let word = self.word(words)?;
+        word.parse()
+            .map_err(|_| format!("names `{word}` where an arch or a CUDA build goes"))
+    }
+
+    fn end(&self) -> Read<()> {
+        if self.at == self.bytes.len() {
+            Ok(())
+        } else {
+            Err(format!(
+                "has {} bytes past its last field",
+                self.bytes.len() - self.at
+            ))
+        }
+    }
+}
+
+/// Reads a load record.
+pub(super) fn decode_load(bytes: &[u8], words: &[String]) -> Read<Load> {
+    let mut input = In::new(bytes);
+    let recipe = if input.flag()? {
+        Some(SourceRecipe {
+            source: input.text()?,
+            include_dirs: input.texts()?,
+        })
+    } else {
+        None
+    };
+    let mut constants = BTreeMap::new();
+    for _ in 0..input.count()? {
+        let name = input.text()?;
+        let constant = match input.byte()? {
+            0 => Constant::Integer(input.number()? as i64),
+            1 => {
+                let bits = input.take(8)?.try_into().expect("8 bytes");
+                Constant::Float(f64::from_bits(u64::from_le_bytes(bits)))
+            }
+            2 => Constant::Bool(input.flag()?),
+            3 => Constant::String(input.text()?),
+            other => return Err(format!("has constant kind {other}")),
+        };
+        if constants.insert(name, constant).is_some() {
+            return Err("names a constant twice".to_owned());
+        }
+    }
+    let mut sets = Vec::new();
+    for _ in 0..input.count()? {
+        let mut set = Vec::new();
+        for _ in 0..input.count()? {
+            let name = input.text()?;
+            let symbol = if input.flag()? {
+                name.clone()
+            } else {
+                input.text()?
+            };
+            let param_sizes = (0..input.count()?)
+                .map(|_| {
+                    let size = input.number()?;
+                    u32::try_from(size).map_err(|_| format!("has a parameter of {size} bytes"))
+                })
+                .collect::<Read<Vec<u32>>>()?;
+            set.push(Function {
+                name,
+                symbol,
+                param_sizes,
+            });
+        }
+        sets.push(set);
+    }
+    let mut variants = Vec::new();
+    for _ in 0..input.count()? {
+        let arch = input.parsed(words)?;
+        let cuda = input.parsed(words)?;
+        let torch = input.word(words)?.to_owned();
+        let compiler = CompilerRecord {
+            kind: input.word(words)?.to_owned(),
+            version: input.word(words)?.to_owned(),
+        };
+        let key = input.digest()?;
+        let digest = input.digest()?;
+        let (size, stored_size) = (input.number()?, input.number()?);
+        let path = if input.flag()? {
+            input.text()?
+        } else {
+            artifact_path(&digest)
+        };
+        let dictionary = match input.number()? {
+            0 => None,
+            id => Some(
+                words
+                    .get(usize::try_from(id - 1).unwrap_or(usize::MAX))
+                    .ok_or_else(|| format!("names dictionary {id} of {}", words.len()))?
+                    .clone(),
+            ),
+        };
+        let set = input.number()?;
+        let functions = sets
+            .get(usize::try_from(set).unwrap_or(usize::MAX))
+            .ok_or_else(|| format!("names function set {set} of {}", sets.len()))?
+            .clone();
+        variants.push(Variant {
+            arch,
+            cuda,
+            torch,
+            compiler,
+            key,
+            artifact: StoredFile {
+                digest,
+                size,
+                path,
+                stored_size,
+                dictionary,
+            },
+            functions,
+        });
+    }
+    let mut skipped = Vec::new();
+    for _ in 0..input.count()? {
+        skipped.push(Skip {
+            arch: input.parsed(words)?,
+            cuda: input.parsed(words)?,
+            reason: input.text()?,
+        });
+    }
+    input.end()?;
+    Ok(Load {
+        recipe,
+        constants,
+        variants,
+        skipped,
+    })
+}
+
+/// Reads an inputs record; its `files` are left empty for the graph record to fill.
+pub(super) fn decode_inputs(bytes: &[u8]) -> Read<KernelInputs> {
+    let mut input = In::new(bytes);
+    let mut inputs = KernelInputs {
+        entries: input.texts()?,
+        files: BTreeMap::new(),
+        defines: input.map()?,
+        flags: input.texts()?,
+        nvcc_flags: input.texts()?,
+        nvrtc_flags: input.texts()?,
+        cxx_std: input.text()?,
+        preamble: input.text()?,
+        targets: BTreeMap::new(),
+    };
+    for _ in 0..input.count()? {
+        let arch = input.text()?;
+        let arch = arch
+            .parse()
+            .map_err(|_| format!("names `{arch}` where an arch goes"))?;
+        let target = TargetInputs {
+            defines: input.map()?,
+            flags: input.texts()?,
+            nvcc_flags: input.texts()?,
+            nvrtc_flags: input.texts()?,
+        };
+        if inputs.targets.insert(arch, target).is_some() {
+            return Err("names a target twice".to_owned());
+        }
+    }
+    input.end()?;
+    Ok(inputs)
+}
+
+/// Reads a graph record.
+pub(super) fn decode_graph(bytes: &[u8]) -> Read<BTreeMap<String, String>> {
+    let mut input = In::new(bytes);
+    let mut files = BTreeMap::new();
+    for _ in 0..input.count()? {
+        let stable = input.text()?;
+        let digest = input.digest()?;
+        if files.insert(stable, digest).is_some() {
+            return Err("names a file twice".to_owned());
+        }
+    }
+    input.end()?;
+    Ok(files)
+}
