@@ -1,26 +1,8 @@
 """kwheel kernels as PyTorch operators: one declaration per op, no C++ and no CUDA host code.
 
-A kernel library declares each op once, from its own package::
-
-    import torch
-    import kwheel.torch
-
-    ops = kwheel.torch.library(_registry)        # namespace: the package, `af3_kernels`
-
-    def _gate_shape(x, gate):                    # outputs as (shape, dtype), for every mode
-        return [(x.shape, x.dtype)]
-
-    def _gate_launch(constants, outputs, x, gate):   # geometry from the kernel's constants
-        block = constants["BLOCK_SIZE"]
-        count = x.numel()
-        return kwheel.torch.Launch(kwheel.torch.ceil_div(count, block), block,
-                                   [outputs[0], x, gate, count])
-
-    sigmoid_gate = ops.define(
-        "sigmoid_gate(Tensor x, Tensor gate) -> Tensor",
-        kernel="sigmoid_gate", shape=_gate_shape, launch=_gate_launch,
-        reference=lambda x, gate: x * torch.sigmoid(gate),
-    )
+A kernel library declares each op once, from its own package, with a schema, the kernel, a
+shape function and a launch function (docs/torch.md has one in full; ``af3_kernels/ops.py``
+declares seven).
 
 ``define`` registers a ``torch.library`` operator ``<namespace>::<name>`` with
 
@@ -214,15 +196,8 @@ class Library:
             fallback = self.fallback
         if fallback and reference is None:
             raise ValueError(f"`{schema}`: fallback=True needs a reference")
-        op = Op(
-            self,
-            schema,
-            self.kernel(kernel),
-            shape=shape,
-            launch=launch,
-            reference=reference,
-            fallback=fallback,
-        )
+        op = Op(self, schema, self.kernel(kernel), shape=shape, launch=launch,
+                reference=reference, fallback=fallback)
         if op.name in self.ops:
             raise ValueError(f"`{self.namespace}::{op.name}` is already defined")
         self.ops[op.name] = op
@@ -298,13 +273,10 @@ class LazyKernel:
         return functions, dict(kernel.constants)
 
 
-#: One argument of an operator schema as ``read_schema`` reads it: its name, its type as
-#: written (``Tensor?``, ``SymInt[]``, ``Tensor(a!)``) and its default, if it has one.
+#: One argument of a schema: its name, its type as written (``Tensor?``, ``Tensor(a!)``) and
+#: its default, if it has one. A schema: the name, the overload name (``""`` for the default
+#: overload), the arguments, the return types, and whether a ``*`` made some keyword-only.
 Argument = collections.namedtuple("Argument", "name type has_default default")
-
-#: What ``read_schema`` reads of an operator schema: the name, the overload name (``""`` for
-#: the default overload), the arguments, the return types, and whether a ``*`` made some
-#: arguments keyword-only.
 Schema = collections.namedtuple("Schema", "name overload arguments returns keyword_only")
 
 
@@ -318,13 +290,8 @@ def read_schema(text):
     head = head.strip()
     opening = head.find("(")
     name, _, overload = head[:opening].strip().partition(".")
-    if (
-        not arrow
-        or opening < 0
-        or not head.endswith(")")
-        or not name.isidentifier()
-        or not (overload == "" or overload.isidentifier())
-    ):
+    well_formed = arrow and opening >= 0 and head.endswith(")") and name.isidentifier()
+    if not well_formed or not (overload == "" or overload.isidentifier()):
         raise ValueError(f"`{text}`: not an operator schema `name(Type name, ...) -> Tensor`")
     arguments = []
     keyword_only = False
@@ -408,29 +375,19 @@ class Op:
             raise ValueError(f"`{schema}`: ops are functional; no argument may alias or mutate")
         self.arguments = arguments
         self.argument_names = [argument.name for argument in arguments]
-        self.tensor_positions = tuple(
-            index for index, argument in enumerate(arguments) if argument.type in ("Tensor", "Tensor?")
-        )
-        self._other_positions = tuple(
-            index for index in range(len(arguments)) if index not in self.tensor_positions
-        )
-        required_tensors = [
-            index for index, argument in enumerate(arguments) if argument.type == "Tensor"
-        ]
+        types = [argument.type for argument in arguments]
+        self.tensor_positions = tuple(i for i, kind in enumerate(types) if kind in ("Tensor", "Tensor?"))
+        self._other_positions = tuple(i for i in range(len(types)) if i not in self.tensor_positions)
+        required_tensors = [i for i, kind in enumerate(types) if kind == "Tensor"]
         if not required_tensors:
             raise ValueError(f"`{schema}`: an op needs a Tensor argument to take its device from")
         self.device_position = required_tensors[0]
         self.output_count = len(read.returns)
         if self.output_count == 0 or any(kind != "Tensor" for kind in read.returns):
             raise ValueError(f"`{schema}`: an op returns one or more Tensors")
-        # The dispatcher leaves out trailing arguments that equal their defaults; these
-        # put them back.
-        trailing = []
-        for argument in reversed(arguments):
-            if not argument.has_default:
-                break
-            trailing.insert(0, argument.default)
-        self._trailing_defaults = tuple(trailing)
+        # The dispatcher leaves out trailing arguments that equal their defaults.
+        required = max((i + 1 for i, argument in enumerate(arguments) if not argument.has_default), default=0)
+        self._trailing_defaults = tuple(argument.default for argument in arguments[required:])
         self._argument_count = len(arguments)
         self._signature = None
         self._fallen_back = set()
@@ -481,10 +438,11 @@ class Op:
                 return op.cuda(*args)
             return op.reference_call(*args)
 
-        call.__name__ = self.name
-        call.__qualname__ = self.name
-        call.__doc__ = f"{self.qualified_name}: {self.schema} (plain Python call)"
-        call._kwheel_op_name = self.name
+        return self._named(call, f"{self.qualified_name}: {self.schema} (plain Python call)")
+
+    def _named(self, call, doc):
+        call.__name__ = call.__qualname__ = call._kwheel_op_name = self.name
+        call.__doc__ = doc
         # What the escape hatch is for: exactly one graph break per op, never a trace into
         # the launch.
         return torch.compiler.disable(call)
@@ -511,18 +469,13 @@ class Op:
         def call(*args, **kwargs):
             return Function.apply(*op.bind(args, kwargs))
 
-        call.__name__ = self.name
-        call.__qualname__ = self.name
-        call.__doc__ = plain.__doc__
-        call._kwheel_op_name = self.name
-        self.callable = torch.compiler.disable(call)
+        self.callable = self._named(call, plain.__doc__)
 
     # --- implementations ---------------------------------------------------------------
 
     @property
     def signature(self):
-        """The schema's arguments as a Python signature (made on first use: only plain
-        calls bind by name)."""
+        """The schema's arguments as a Python signature (made on first use)."""
         if self._signature is None:
             empty = inspect.Parameter.empty
             self._signature = inspect.Signature(
@@ -538,8 +491,7 @@ class Op:
         return self._signature
 
     def bind(self, args, kwargs):
-        """Positional arguments with the schema's defaults filled in: Python's own binding,
-        for plain calls."""
+        """Positional arguments with the schema's defaults filled in, as Python binds them."""
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as error:
@@ -548,8 +500,7 @@ class Op:
         return list(bound.args)
 
     def _complete(self, args):
-        """``args`` as the dispatcher passes them, with the trailing defaults it leaves out
-        put back."""
+        """``args`` with the trailing defaults the dispatcher leaves out put back."""
         missing = self._argument_count - len(args)
         if not missing:
             return args
@@ -612,21 +563,17 @@ class Op:
             key.append(tuple(value) if type(value) is list else value)
         key = tuple(key)
         plan = self._plans.get(key)
-        if plan is None:
-            return self._plan_and_launch(key, loaded, like, device, args)
-        if plan is _UNCACHEABLE:
-            return self._launch_uncached(loaded, like, device, args)
+        if plan is None or plan is _UNCACHEABLE:
+            return self._plan_and_launch(key, loaded, like, device, args, plan is None)
         function, grid, block, shared_mem, allocations, template, nothing_to_do, _ = plan
         outputs = [
-            torch.empty(shape, dtype=dtype, device=place) if slot is None
-            else torch.empty_like(args[slot])
-            for slot, shape, dtype, place in allocations
+            torch.empty(shape, dtype=dtype, device=place) if slot is None else
+            torch.empty_like(args[slot]) for slot, shape, dtype, place in allocations
         ]
         if not nothing_to_do:
             pointers = [
-                args[slot].data_ptr() if source is _INPUT
-                else outputs[slot].data_ptr() if source is _OUTPUT
-                else slot
+                args[slot].data_ptr() if source is _INPUT else
+                outputs[slot].data_ptr() if source is _OUTPUT else slot
                 for source, slot in template
             ]
             # Stream None: the current stream of the function's device, as torch has it.
@@ -637,22 +584,22 @@ class Op:
                 function.launch(grid, block, pointers, shared_mem, None)
         return outputs[0] if self.output_count == 1 else tuple(outputs)
 
-    def _plan_and_launch(self, key, loaded, like, device, args):
+    def _plan_and_launch(self, key, loaded, like, device, args, keep=True):
         """The first call with these shapes, dtypes and scalars: runs the shape and launch
         functions once, launches what they said, and keeps it as the plan of the next calls
         with the same ones: how to allocate each output (``empty_like`` of an input of its
         shape and dtype, else ``empty``), the entry, the geometry, and each kernel argument as
         an input, an output or a constant (a ``Kept`` tensor's pointer). A launch that passes
-        a plain tensor of its own making is not kept (``_UNCACHEABLE``)."""
+        a plain tensor of its own making is not kept (``_UNCACHEABLE``): such calls come here
+        every time, with ``keep`` false."""
         functions, constants = loaded
         allocations = tuple(
             (self._input_like(args, shape, dtype), tuple(shape), dtype, like.device)
             for shape, dtype in self.shape(*args)
         )
         outputs = [
-            torch.empty(shape, dtype=dtype, device=place) if slot is None
-            else torch.empty_like(args[slot])
-            for slot, shape, dtype, place in allocations
+            torch.empty(shape, dtype=dtype, device=place) if slot is None else
+            torch.empty_like(args[slot]) for slot, shape, dtype, place in allocations
         ]
         nothing_to_do = all(output.numel() == 0 for output in outputs)
         grid, block, kernel_args, entry, shared_mem = self.launch(constants, outputs, *args)
@@ -683,37 +630,25 @@ class Op:
                 function, grid, block, shared_mem, allocations, tuple(template), nothing_to_do,
                 tuple(kept),
             )
-        if len(self._plans) >= _PLANS_PER_OP:
-            self._plans.clear()  # shapes that keep changing: start over rather than grow
-        self._plans[key] = plan
+        if keep:
+            if len(self._plans) >= _PLANS_PER_OP:
+                self._plans.clear()  # shapes that keep changing: start over rather than grow
+            self._plans[key] = plan
         if not nothing_to_do:
             self._launch(function, grid, block, kernel_args, shared_mem, device)
         return outputs[0] if self.output_count == 1 else tuple(outputs)
 
     def _input_like(self, args, shape, dtype):
-        """The position of a tensor argument of this shape and dtype, whose ``empty_like``
-        is the output (contiguous, as every argument is by now, and cheaper than
-        ``empty``), or ``None``."""
+        """The position of a tensor argument of this shape and dtype (contiguous by now), whose
+        ``empty_like`` is cheaper than ``empty``; or ``None``."""
         for position in self.tensor_positions:
             value = args[position]
             if value is not None and value.dtype == dtype and value.shape == tuple(shape):
                 return position
         return None
 
-    def _launch_uncached(self, loaded, like, device, args):
-        functions, constants = loaded
-        outputs = [like.new_empty(shape, dtype=dtype) for shape, dtype in self.shape(*args)]
-        if all(output.numel() == 0 for output in outputs):
-            # Nothing to compute, and CUDA refuses an empty grid.
-            return outputs[0] if self.output_count == 1 else tuple(outputs)
-        grid, block, kernel_args, entry, shared_mem = self.launch(constants, outputs, *args)
-        function = self._entry(functions, entry)
-        self._launch(function, grid, block, kernel_args, shared_mem, device)
-        return outputs[0] if self.output_count == 1 else tuple(outputs)
-
     def _fall_back(self, place, device, error, args):
-        """No variant fits and the JIT is off: the torch reference, with one warning per
-        device."""
+        """No variant fits and the JIT is off: the reference, with one warning per device."""
         self._warn_fallback(place, device, error)
         if self.library.trace or _PROFILER._is_profiler_enabled:
             label = _kwheel.trace_label(self.kernel.name, "reference", "fallback", "", device)
@@ -780,7 +715,6 @@ _CONSTANT = "constant"
 _UNCACHEABLE = "uncacheable"
 
 
-
 # --- torch internals ------------------------------------------------------------------------
 # What kwheel.torch reads of torch beyond its public API is in this section: whether a
 # profiler records (`_PROFILER`, read on each launch: torch has no public question for it),
@@ -789,12 +723,9 @@ _UNCACHEABLE = "uncacheable"
 
 
 class _ProfilerFunction:
-    """Whether a profiler records, asked through ``torch.autograd._profiler_enabled()``: for a
-    torch whose ``torch.autograd.profiler`` has no ``_is_profiler_enabled`` flag."""
+    """For a torch without the flag: ``torch.autograd._profiler_enabled()`` asked each time."""
 
-    @property
-    def _is_profiler_enabled(self):
-        return torch.autograd._profiler_enabled()
+    _is_profiler_enabled = property(lambda self: torch.autograd._profiler_enabled())
 
 
 #: What a launch asks whether a profiler runs: torch's module flag, set by torch.profiler and
