@@ -641,3 +641,73 @@ fn cubins_are_the_same_from_any_checkout_and_name_none() {
         }
     }
 }
+
+/// Stamps every file under `root` with `time` (seconds after the epoch).
+fn stamp_files(root: &Path, time: u64) {
+    let time = std::time::UNIX_EPOCH + std::time::Duration::from_secs(time);
+    let mut folders = vec![root.to_path_buf()];
+    while let Some(folder) = folders.pop() {
+        for entry in fs::read_dir(folder).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                folders.push(path);
+            } else {
+                let file = fs::File::options().write(true).open(&path).unwrap();
+                file.set_modified(time).unwrap();
+            }
+        }
+    }
+}
+
+#[test]
+fn lineinfo_cubins_do_not_carry_the_sources_modification_times() {
+    // nvcc and NVRTC write each file's mtime into `-lineinfo` line tables, so a checkout, a
+    // bundle's shipped sources and a JIT cache gave three byte strings for one key.
+    let (Some(cu129), Some(cu130)) = (
+        toolchain_for_tests(CUDA_12_9),
+        toolchain_for_tests(CUDA_13_0),
+    ) else {
+        return;
+    };
+    let compilers: Vec<Box<dyn Compiler>> = vec![
+        compiler_for(&cu130).unwrap(),
+        Box::new(NvccPtxas::new(&cu129, &cu130).unwrap()),
+        compiler_for(&cu129).unwrap(),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let (old, new) = (dir.path().join("old"), dir.path().join("new"));
+    let trees = [place_sensitive_library(&old), place_sensitive_library(&new)];
+    stamp_files(&old, 978_307_200); // 2001-01-01
+    stamp_files(&new, 1_796_149_005); // 2026-12-01
+    let include = ["include".to_owned()];
+    let flags = ["-lineinfo".to_owned()];
+    for compiler in &compilers {
+        let key = sha256_hex(format!("{} mtimes", compiler.id()).as_bytes());
+        let build = |tree: &SourceTree| {
+            let request = CompileRequest {
+                kernel: "k",
+                key: &key,
+                tree,
+                source: "ops/k.cu",
+                include_dirs: &include,
+                defines: &BTreeMap::new(),
+                flags: &flags,
+                cxx_std: "c++17",
+                arch: "sm_90a".parse().unwrap(),
+                name_expressions: &[],
+                preamble: "",
+            };
+            compiler
+                .compile(&request)
+                .unwrap_or_else(|error| panic!("{}", error_chain(&error)))
+                .cubin
+        };
+        let what = compiler.id();
+        let cubin = build(&trees[0]);
+        // The line table lists the library's two files (and any toolkit header), every time 0.
+        let times = prebuilt::compile::lines::file_times(&cubin);
+        assert!(times.len() >= 2, "{what}: {times:?}");
+        assert!(times.iter().all(|&time| time == 0), "{what}: {times:?}");
+        assert_eq!(cubin, build(&trees[1]), "{what}: other mtimes, other bytes");
+    }
+}

@@ -8,7 +8,8 @@
 //! | `Nvrtc` | one NVRTC program named by its path in the work folder |
 //!
 //! Every compile runs in the key's work folder ([`super::work`]), with every path relative to
-//! it (nvcc) or inside it (NVRTC), so the output names no machine or checkout.
+//! it (nvcc) or inside it (NVRTC), and its line tables lose their file times
+//! ([`super::lines`]), so the output names no machine, checkout or moment.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -162,7 +163,7 @@ pub fn compile(tool: &CompilerTool<'_>, job: &CompileJob<'_>) -> Result<Compiled
         _ => Vec::new(),
     };
     let work = WorkDir::create(job.key, job.tree)?;
-    match *tool {
+    let compiled = match *tool {
         CompilerTool::Nvcc { nvcc } => run_nvcc(&work, nvcc, job, None),
         CompilerTool::NvccPtxas {
             nvcc,
@@ -173,7 +174,12 @@ pub fn compile(tool: &CompilerTool<'_>, job: &CompileJob<'_>) -> Result<Compiled
             library,
             include_dirs,
         } => run_nvrtc(&work, library, include_dirs, job),
-    }
+    }?;
+    // Line tables name each file's modification time, which no two checkouts share.
+    Ok(Compiled {
+        cubin: super::lines::without_file_times(compiled.cubin),
+        ..compiled
+    })
 }
 
 /// `src/<stable>`: where a stable path is in the work folder (`.` is `src` itself).

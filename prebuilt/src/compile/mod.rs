@@ -8,13 +8,14 @@
 //! | [`CompilerKind`] | which compiler built a variant; its text is the index's `compiler.kind` |
 //! | [`parse_nvcc_version`], [`nvrtc_package_version`], [`host_compiler`], [`nvcc_record`] | the exact versions that enter the key |
 //! | [`ToolkitLayout`], [`toolchain_dir`] | where a toolkit keeps nvcc, ptxas, libnvrtc and headers ([`layout`]) |
-//! | [`compile`], [`CompilerTool`], [`CompileJob`] | one compile, in the key's work folder ([`execute`], [`work`]) |
+//! | [`compile`], [`CompilerTool`], [`CompileJob`] | one compile, in the key's work folder ([`execute`], [`work`]), its line tables without file times ([`lines`]) |
 //! | [`nvrtc_options`], [`nvcc_arguments`], [`ptxas::ptxas_options`] | the options, in order |
 //! | [`entry_probes_source`], [`read_entry_probes`] | the mangled symbol of each name expression under nvcc |
 //! | [`resolve_entries`] | a cubin's entries as the index records them, validated for the target |
 
 pub mod execute;
 pub mod layout;
+pub mod lines;
 pub mod ptxas;
 pub mod work;
 
