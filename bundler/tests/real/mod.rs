@@ -340,3 +340,175 @@ fn causal_conv1d_forward_builds_as_a_torch_extension() {
         "{files:?}"
     );
 }
+
+#[test]
+fn mamba_selective_scan_forward_builds_with_its_setup_py_flags_and_no_defines_table() {
+    let test = "mamba_selective_scan_forward_builds_with_its_setup_py_flags_and_no_defines_table";
+    let Some(toolchains) = toolchains() else {
+        return;
+    };
+    let Some(mamba) = thirdparty_dir(test, "mamba-ssm-2.2.6.post3") else {
+        return;
+    };
+    let torch = match bundler::torch::TorchHeaders::find() {
+        Ok(torch) => torch,
+        Err(error) => {
+            skipped!("skipped: {error}");
+            return;
+        }
+    };
+    let mut version = torch.version.split('.');
+    let pin = format!("{}.{}.*", version.next().unwrap(), version.next().unwrap());
+    let cu130: Vec<BuildToolchain> = toolchains
+        .into_iter()
+        .filter(|t| t.build.to_string() == "cu130")
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let scan = dir.path().join("csrc/selective_scan");
+    std::fs::create_dir_all(&scan).unwrap();
+    for entry in std::fs::read_dir(mamba.join("csrc/selective_scan")).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), scan.join(entry.file_name())).unwrap();
+    }
+    // setup.py's nvcc options for selective_scan_cuda, as it writes them (its `-std=c++17` is
+    // `cxx-std`, its `--threads 4` a build-speed option); torch's defines come from torch.
+    let manifest = write_library(
+        dir.path(),
+        &format!(
+            "[library]\npackage = \"mamba-kernels\"\narchs = [\"sm_90a\"]\n\
+             cuda-builds = [\"cu130\"]\ntorch = \"{pin}\"\ncxx-std = \"c++17\"\n\
+             [kernels.selective_scan_fwd_fp16]\n\
+             sources = [\"csrc/selective_scan/selective_scan_fwd_fp16.cu\"]\ntorch = true\n\
+             include-dirs = [\"csrc/selective_scan\"]\n\
+             nvcc-flags = [\"-O3\", \"-U__CUDA_NO_HALF_OPERATORS__\", \"-U__CUDA_NO_HALF_CONVERSIONS__\",\n\
+               \"-U__CUDA_NO_BFLOAT16_OPERATORS__\", \"-U__CUDA_NO_BFLOAT16_CONVERSIONS__\",\n\
+               \"-U__CUDA_NO_BFLOAT162_OPERATORS__\", \"-U__CUDA_NO_BFLOAT162_CONVERSIONS__\",\n\
+               \"--expt-relaxed-constexpr\", \"--expt-extended-lambda\", \"--use_fast_math\",\n\
+               \"--ptxas-options=-v\", \"-lineinfo\"]\n\
+             entries = [\"selective_scan_fwd_kernel<Selective_Scan_fwd_kernel_traits<128, 16, 1, true, true, true, true, at::Half, float>>\"]\n"
+        ),
+        &[],
+    );
+    let opts = options_in(dir.path(), &manifest, cu130);
+    let started = std::time::Instant::now();
+    let summary = bundle_kernels(&opts).unwrap_or_else(|error| panic!("{}", anyhow_like(&error)));
+    eprintln!("mamba selective scan forward: {:?}", started.elapsed());
+    assert_eq!(summary.compiled.len(), 1, "{:?}", summary.failed);
+    let bundle = Bundle::open(&summary.out).unwrap();
+    let record = &bundle.index().kernels["selective_scan_fwd_fp16"];
+    let variant = &record.variants[0];
+    assert_eq!(variant.label(), "cu130/sm_90a");
+    assert!(variant.functions[0]
+        .symbol
+        .starts_with("_Z25selective_scan_fwd_kernelI32Selective_Scan_fwd_kernel_traits"));
+    assert!(record
+        .inputs
+        .files
+        .keys()
+        .any(|f| f.ends_with("c10/util/Half.h")));
+    // `-lineinfo` line tables name the work folder, never this checkout, and no file time.
+    let cubin = bundle
+        .read_artifact("selective_scan_fwd_fp16", variant)
+        .unwrap();
+    let checkout = dir.path().display().to_string();
+    assert!(!cubin
+        .windows(checkout.len())
+        .any(|window| window == checkout.as_bytes()));
+    let times = prebuilt::compile::lines::file_times(&cubin);
+    assert!(
+        !times.is_empty() && times.iter().all(|&time| time == 0),
+        "{times:?}"
+    );
+}
+
+/// A DeepGEMM checkout (`KWHEEL_DEEPGEMM`): DeepGEMM publishes no sources to the package
+/// registry, so CI cannot fetch it and the test skips without one.
+fn deep_gemm_checkout() -> Option<PathBuf> {
+    match std::env::var_os("KWHEEL_DEEPGEMM").map(PathBuf::from) {
+        Some(dir) if dir.join("deep_gemm/include/deep_gemm").is_dir() => Some(dir),
+        Some(dir) => panic!(
+            "KWHEEL_DEEPGEMM={} holds no deep_gemm/include/deep_gemm",
+            dir.display()
+        ),
+        None => {
+            skipped!("skipped: KWHEEL_DEEPGEMM names no DeepGEMM checkout");
+            None
+        }
+    }
+}
+
+#[test]
+fn deep_gemm_sm100_gemm_for_hopper_is_a_recorded_stub_and_loads_nowhere_there() {
+    let test = "deep_gemm_sm100_gemm_for_hopper_is_a_recorded_stub_and_loads_nowhere_there";
+    let Some(deep_gemm) = deep_gemm_checkout() else {
+        return;
+    };
+    let Some(toolchains) = toolchains() else {
+        return;
+    };
+    let Some(cutlass) = thirdparty_dir(test, "nvidia-cutlass-4.2.0.0") else {
+        return;
+    };
+    let cu130: Vec<BuildToolchain> = toolchains
+        .into_iter()
+        .filter(|t| t.build.to_string() == "cu130")
+        .collect();
+    // DeepGEMM's JIT flags (csrc/jit/compiler.hpp) and the unit it generates for
+    // sm100_bf16_gemm (csrc/jit_kernels/impls/sm100_bf16_gemm.hpp): the impl header, `using
+    // namespace deep_gemm;`, one instantiation. The unit lives in this library, the header
+    // in the checkout, found through the include dir.
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = write_library(
+        dir.path(),
+        &format!(
+            "[library]\npackage = \"deep-gemm-kernels\"\narchs = [\"sm_90a\", \"sm_100a\"]\n\
+             cuda-builds = [\"cu130\"]\ntorch = \"2.13.*\"\ncxx-std = \"c++20\"\n\
+             include-dirs = [\"{d}/deep_gemm/include\", \"{c}/include\"]\n\
+             nvcc-flags = [\"--diag-suppress=39,161,174,177,186,940\", \
+             \"--ptxas-options=--register-usage-level=10\", \"-O3\", \
+             \"--expt-relaxed-constexpr\", \"--expt-extended-lambda\"]\n\
+             preamble = \"using namespace deep_gemm;\"\n\
+             [kernels.sm100_bf16_gemm]\nsources = [\"sm100_bf16_gemm.cu\"]\n\
+             entries = [\"sm100_bf16_gemm_impl<cute::UMMA::Major::K, cute::UMMA::Major::K, 0, 4096, 4096, \
+             128, 256, 64, 1, 128, 128, 128, 4, 128, 128, 1, false, 148, 128, false, false, \
+             GemmType::Normal, false, cutlass::bfloat16_t, 100>\"]\n",
+            d = deep_gemm.display(),
+            c = cutlass.display()
+        ),
+        &[(
+            "sm100_bf16_gemm.cu",
+            "#include <deep_gemm/impls/sm100_bf16_gemm.cuh>\n",
+        )],
+    );
+    let mut opts = options_in(dir.path(), &manifest, cu130);
+    opts.require = false;
+    let summary = bundle_kernels(&opts).unwrap_or_else(|error| panic!("{}", anyhow_like(&error)));
+    let bundle = Bundle::open(&summary.out).unwrap();
+    let record = &bundle.index().kernels["sm100_bf16_gemm"];
+    let built: Vec<String> = record.variants.iter().map(|v| v.label()).collect();
+    assert_eq!(built, ["cu130/sm_100a"], "{:?}", record.skipped);
+    assert_eq!(record.skipped.len(), 1, "{:?}", record.skipped);
+    let skip = &record.skipped[0];
+    assert_eq!(skip.arch.to_string(), "sm_90a");
+    assert!(
+        skip.reason.starts_with("stub: ") && skip.reason.contains("its sm_90a body is a stub"),
+        "{}",
+        skip.reason
+    );
+    // `dev coverage --fleet H100,B200`: an H100 loads no cubin of it (the JIT's turn, which
+    // refuses the stub too), a B200 the sm_100a one.
+    for (capability, loads) in [((9, 0), None), ((10, 0), Some("cu130/sm_100a"))] {
+        let query = prebuilt::device::DeviceQuery {
+            capability,
+            driver: prebuilt::device::DriverVersion::parse("13.0").unwrap(),
+            cuda: "cu130".parse().unwrap(),
+            torch: None,
+        };
+        let coverage = prebuilt::coverage::coverage(bundle.index(), &query);
+        assert_eq!(
+            coverage.kernels["sm100_bf16_gemm"].loads.as_deref(),
+            loads,
+            "{capability:?}"
+        );
+    }
+}

@@ -52,16 +52,16 @@ pub fn entry_paths(cache_dir: &Path, key: &KernelKey) -> CacheEntryPaths {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct CacheEntry {
-    format: u32,
-    kernel: String,
-    key: String,
-    arch: Arch,
-    cuda: CudaBuild,
-    torch: String,
-    compiler: CompilerRecord,
-    digest: String,
-    size: u64,
-    functions: Vec<Function>,
+    pub(super) format: u32,
+    pub(super) kernel: String,
+    pub(super) key: String,
+    pub(super) arch: Arch,
+    pub(super) cuda: CudaBuild,
+    pub(super) torch: String,
+    pub(super) compiler: CompilerRecord,
+    pub(super) digest: String,
+    pub(super) size: u64,
+    pub(super) functions: Vec<Function>,
 }
 
 /// Whether a complete entry for `key` is in the cache (without verifying its cubin).

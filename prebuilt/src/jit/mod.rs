@@ -57,6 +57,7 @@
 
 mod cache;
 mod flags;
+pub mod pack;
 mod run;
 mod search;
 mod sources;

@@ -108,7 +108,7 @@ pub(super) fn compile(
 
 /// The bundler's rule ([`crate::cubin::stub_entries`]): a cubin whose every entry only
 /// reports and aborts on this target is not a kernel for it, whichever side compiled it.
-fn refuse_stubs(
+pub(super) fn refuse_stubs(
     kernel: &str,
     arch: Arch,
     compiler: &str,

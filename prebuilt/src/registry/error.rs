@@ -86,6 +86,10 @@ pub enum LoadError {
     /// A driver call failed while loading or launching a kernel.
     #[error(transparent)]
     Driver(Box<DriverFailure>),
+    /// A warm pack's entry for the kernel is not what the package's sources compile to, or
+    /// its cubin did not verify (the error names the pack and the kernel).
+    #[error(transparent)]
+    Pack(Box<crate::jit::pack::PackError>),
     /// The kernel has no entry of that name.
     #[error("`{kernel}` has no entry `{entry}`; its entries are {}", quoted(.entries))]
     UnknownEntry {

@@ -26,6 +26,7 @@ impl Registry {
             Plan::Loaded(kernel) => Ok(kernel),
             Plan::Refused(error) => Err(error),
             Plan::Prebuilt(plan) => self.load_prebuilt(name, record, plan, ordinal),
+            Plan::Pack(plan) => self.load_pack(name, record, *plan, ordinal),
             Plan::Jit(plan) => self.load_jit(name, *plan, ordinal),
         }
     }
@@ -95,6 +96,33 @@ impl Registry {
             location: Some(location),
         };
         let entries = &variant.functions;
+        self.finish_load(name, &record.constants, &cubin, entries, origin, ordinal)
+    }
+
+    /// Loads a warm pack's entry: read and verified from the pack (digest, identity, not a
+    /// stub), so nothing the pack altered is loaded.
+    fn load_pack(
+        &self,
+        name: &str,
+        record: &KernelRecord,
+        plan: PackPlan,
+        ordinal: u32,
+    ) -> Result<Kernel, LoadError> {
+        let PackPlan { entry, reason } = plan;
+        let cubin = pack::read_pack_cubin(&entry.pack, name, &entry.variant)
+            .map_err(|error| LoadError::Pack(Box::new(error)))?;
+        let label = entry.variant.label();
+        let origin = Origin {
+            provenance: Provenance::Pack {
+                variant: label.clone(),
+                key: entry.variant.key.clone(),
+                pack: entry.pack.clone(),
+            },
+            variant: label,
+            reason,
+            location: None,
+        };
+        let entries = &entry.variant.functions;
         self.finish_load(name, &record.constants, &cubin, entries, origin, ordinal)
     }
 

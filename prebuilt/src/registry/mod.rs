@@ -56,7 +56,7 @@ use error::shipped;
 pub use error::{DriverFailure, LoadError};
 use kernel::KernelInner;
 pub use kernel::{trace_label, Function, Kernel, KernelArg, SHORT_KEY_DIGITS};
-pub use plan::{JitPlan, Plan, PrebuiltPlan};
+pub use plan::{JitPlan, PackPlan, Plan, PrebuiltPlan};
 pub use policy::{describe_device, describe_device_on, Policy};
 pub use provenance::{loaded_kernels, LoadedKernel};
 pub use seams::{CudaDevice, Device, DeviceFacts, LoadedModule, ModuleFailure};
@@ -81,6 +81,7 @@ use crate::fetch::{self, obtain_remote, ArtifactStore, FetchError, StoreHandle, 
 use crate::index::{
     ArtifactLocation, Constant, Function as EntryRecord, Index, KernelRecord, Variant,
 };
+use crate::jit::pack::{self, PackEntry};
 use crate::jit::{self, compile_cached, CompilerSearch, JitCompiler, JitError, JitRequest};
 use crate::lookup::{Catalog, Meta};
 use crate::select::{select_available, NoFit, RefusalReason};

@@ -5,6 +5,7 @@
 //! | --- | --- | --- |
 //! | [`Plan::Loaded`] | loaded before | returns the same kernel |
 //! | [`Plan::Prebuilt`] | a variant fits and its bytes can be had (wheel, cache, or the store where downloads are allowed) | reads, verifies and loads it |
+//! | [`Plan::Pack`] | no variant of the bundle fits, a warm pack's entry does (`docs/warm-packs.md`) | reads and verifies it from the pack, loads it |
 //! | [`Plan::Jit`] | nothing fits, the JIT is allowed, the kernel ships sources and a compiler is found | compiles (or takes the JIT cache's), loads |
 //! | [`Plan::Refused`] | no GPU, unknown kernel, no fit with the JIT forbidden, or a JIT that cannot run | returns that error |
 
@@ -18,6 +19,8 @@ pub enum Plan {
     Loaded(Kernel),
     /// A prebuilt variant fits.
     Prebuilt(PrebuiltPlan),
+    /// No variant of the bundle fits; a warm pack's entry does, checked against the sources.
+    Pack(Box<PackPlan>),
     /// No prebuilt variant fits; the JIT fallback compiles the shipped sources.
     Jit(Box<JitPlan>),
     /// It cannot load here: the error [`Registry::load`] returns.
@@ -35,6 +38,14 @@ pub struct PrebuiltPlan {
     /// verified, by the load).
     pub location: ArtifactLocation,
 }
+
+/// The warm pack entry a kernel loads, and why it fits.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PackPlan {
+    /// The pack and its entry.
+    pub entry: PackEntry,
+    /// Why it fits (selection's sentence).
+    pub reason: String,
 
 /// How the JIT fallback builds a kernel that no prebuilt variant fits.
 #[derive(Debug)]
@@ -94,6 +105,12 @@ impl Plan {
                     location: Some(plan.location),
                 }
             }
+            Plan::Pack(plan) => Status::Available {
+                variant: plan.entry.variant.label(),
+                reason: plan.reason.clone(),
+                provenance: ProvenanceKind::Pack,
+                location: None,
+            },
             Plan::Jit(plan) => Status::Available {
                 variant: plan.target(),
                 reason: plan.reason(if plan.cached {
@@ -135,6 +152,10 @@ impl Registry {
             }
             Err(no_fit) => no_fit,
         };
+        // A warm pack's entry loads as a prebuilt variant, also where the JIT is forbidden.
+        if let Some(plan) = self.plan_pack(name, record, &query) {
+            return plan;
+        }
         if let Some(disabled_by) = &self.policy.jit_forbidden_by {
             return Plan::Refused(LoadError::NoFit {
                 kernel: name.to_owned(),
@@ -192,6 +213,38 @@ impl Registry {
             refusals: no_fit,
             record,
         }))
+    }
+
+    /// The plan of the warm pack entry that fits, if one does; a pack that cannot be trusted
+    /// is the refusal.
+    fn plan_pack(&self, name: &str, record: &KernelRecord, query: &DeviceQuery) -> Option<Plan> {
+        let package = &self.meta().package;
+        let dirs = pack::pack_dirs(self.catalog.root(), &self.options.jit_cache, package);
+        if dirs.is_empty() {
+            return None;
+        }
+        let inputs = self.catalog.inputs(name).ok()??;
+        let entries = pack::pack_entries(&dirs, package, name, &inputs, &self.meta().torch);
+        let entries = match entries {
+            Ok(entries) => entries,
+            Err(error) => return Some(Plan::Refused(LoadError::Pack(Box::new(error)))),
+        };
+        let candidates = KernelRecord {
+            variants: entries.iter().map(|entry| entry.variant.clone()).collect(),
+            skipped: Vec::new(),
+            ..record.clone()
+        };
+        let forbidden = self.policy.ptx_forbidden_by.as_deref();
+        let choice = select_available(name, &candidates, query, forbidden, &|_| Ok(())).ok()?;
+        let entry = entries
+            .into_iter()
+            .find(|entry| entry.variant == *choice.variant)?;
+        let reason = format!(
+            "{}; from the warm pack {}",
+            choice.reason,
+            entry.pack.display()
+        );
+        Some(Plan::Pack(Box::new(PackPlan { entry, reason })))
     }
 
     pub(super) fn jit_request<'r>(

@@ -24,6 +24,15 @@ pub enum Provenance {
         /// The key it is now cached under.
         key: String,
     },
+    /// A JIT result compiled elsewhere, loaded from a warm pack (`docs/warm-packs.md`).
+    Pack {
+        /// The target, `cu129/sm_89`.
+        variant: String,
+        /// The entry's key, checked against the shipped sources.
+        key: String,
+        /// The pack's folder.
+        pack: PathBuf,
+    },
 }
 
 impl Provenance {
@@ -33,6 +42,7 @@ impl Provenance {
             Provenance::Prebuilt { .. } => ProvenanceKind::Prebuilt,
             Provenance::JitCache { .. } => ProvenanceKind::JitCache,
             Provenance::JitCompiled { .. } => ProvenanceKind::JitCompiled,
+            Provenance::Pack { .. } => ProvenanceKind::Pack,
         }
     }
 
@@ -41,7 +51,8 @@ impl Provenance {
         match self {
             Provenance::Prebuilt { key, .. }
             | Provenance::JitCache { key }
-            | Provenance::JitCompiled { key } => key,
+            | Provenance::JitCompiled { key }
+            | Provenance::Pack { key, .. } => key,
         }
     }
 }
@@ -52,6 +63,9 @@ impl fmt::Display for Provenance {
             Provenance::Prebuilt { variant, key } => write!(f, "prebuilt {variant} (key {key})"),
             Provenance::JitCache { key } => write!(f, "jit-cache (key {key})"),
             Provenance::JitCompiled { key } => write!(f, "jit-compiled (key {key})"),
+            Provenance::Pack { variant, key, pack } => {
+                write!(f, "pack {variant} (key {key}, from {})", pack.display())
+            }
         }
     }
 }
@@ -66,6 +80,8 @@ pub enum ProvenanceKind {
     JitCache,
     /// Compiled from the shipped sources (on the first load, for a kernel not loaded yet).
     JitCompiled,
+    /// A prebuilt cubin from a warm pack.
+    Pack,
 }
 
 impl fmt::Display for ProvenanceKind {
@@ -74,6 +90,7 @@ impl fmt::Display for ProvenanceKind {
             ProvenanceKind::Prebuilt => "prebuilt",
             ProvenanceKind::JitCache => "jit-cache",
             ProvenanceKind::JitCompiled => "jit-compiled",
+            ProvenanceKind::Pack => "pack",
         })
     }
 }
