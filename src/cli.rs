@@ -39,6 +39,53 @@ pub(crate) enum Command {
     Toolchains(ToolchainsArgs),
     /// Download, verify and cache what a given device would load, for machines that go offline.
     Fetch(FetchArgs),
+    /// Warm packs: carry what the JIT compiled here to machines without a compiler.
+    #[command(subcommand)]
+    Jit(JitCommand),
+}
+
+#[derive(Subcommand)]
+pub(crate) enum JitCommand {
+    /// Write what this machine's JIT cache holds for a package as a warm pack, each entry's
+    /// key checked against the package's shipped sources.
+    Export(JitExportArgs),
+    /// Verify a warm pack against an installed package and install it where its loader looks,
+    /// so those kernels load as prebuilt cubins (also with the JIT off and no compiler).
+    Import(JitImportArgs),
+}
+
+#[derive(Args)]
+pub(crate) struct JitExportArgs {
+    /// An installed package (`af3_kernels`) or a bundle directory.
+    #[arg(long)]
+    pub(crate) package: String,
+    /// The pack folder to write [default: ./<package>-warm-pack].
+    #[arg(long)]
+    pub(crate) out: Option<PathBuf>,
+    /// The JIT cache to read [default: $KWHEEL_JIT_CACHE, else
+    /// ${XDG_CACHE_HOME:-~/.cache}/kwheel/jit].
+    #[arg(long)]
+    pub(crate) jit_cache: Option<PathBuf>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+#[derive(Args)]
+pub(crate) struct JitImportArgs {
+    /// The warm pack folder (`kwheel jit export` wrote it).
+    pub(crate) pack: PathBuf,
+    /// The installed package (`af3_kernels`) or bundle directory it is for [default: the
+    /// package the pack names].
+    #[arg(long)]
+    pub(crate) package: Option<String>,
+    /// The JIT cache it is installed under [default: $KWHEEL_JIT_CACHE, else
+    /// ${XDG_CACHE_HOME:-~/.cache}/kwheel/jit].
+    #[arg(long)]
+    pub(crate) jit_cache: Option<PathBuf>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 #[derive(Subcommand)]
@@ -356,6 +403,10 @@ pub(crate) struct BuildWheelArgs {
     /// The store that holds the variants left out [default: the manifest's `store`].
     #[arg(long)]
     pub(crate) store: Option<String>,
+    /// Ship this warm pack (`kwheel jit export` wrote it) in the wheel, verified against the
+    /// bundle, so its kernels load as prebuilt where nothing else fits (repeatable).
+    #[arg(long, value_name = "PACK")]
+    pub(crate) add_pack: Vec<PathBuf>,
     /// Parallel compile jobs when bundling [default: the number of cores].
     #[arg(long)]
     pub(crate) jobs: Option<usize>,

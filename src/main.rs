@@ -13,7 +13,8 @@ use clap::Parser;
 
 use cli::{
     BuildKwheelArgs, BuildWheelArgs, BundleCommand, BundleKernelsArgs, CheckArgs, Cli, Command,
-    CoverageArgs, DevCommand, DiffArgs, FetchArgs, ReleaseCommand, WheelCommand,
+    CoverageArgs, DevCommand, DiffArgs, FetchArgs, JitCommand, JitExportArgs, JitImportArgs,
+    ReleaseCommand, WheelCommand,
 };
 use exit::{CommandFailed, Failure};
 
@@ -91,6 +92,8 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Fetch(args) => fetch(args),
+        Command::Jit(JitCommand::Export(args)) => jit_export(args),
+        Command::Jit(JitCommand::Import(args)) => jit_import(args),
         Command::Release(ReleaseCommand::Check(args)) => release_check(args),
         Command::Release(ReleaseCommand::Diff(args)) => release_diff(args),
         Command::Wheel(WheelCommand::Verify { wheel })
@@ -173,6 +176,7 @@ fn build_wheel(args: BuildWheelArgs) -> Result<()> {
             .transpose()?,
         store: args.store,
         recipes_only: args.recipes_only,
+        packs: args.add_pack,
         ..release::LibraryWheelOptions::new(args.manifest.resolve()?)
     };
     if args.no_runtime {
@@ -619,6 +623,85 @@ fn fetch(args: FetchArgs) -> Result<()> {
     }
     if let Some(failure) = report.failure() {
         return Err(failure).context("not everything this device would load could be fetched");
+    }
+    Ok(())
+}
+
+/// A warm pack that is refused (not a pack, another package's, an entry or cubin that does not
+/// verify) is a verification failure (exit 4); one that cannot be read or written keeps its
+/// I/O exit code.
+fn pack_failure(error: prebuilt::jit::pack::PackError) -> anyhow::Error {
+    use prebuilt::jit::pack::PackError;
+    match error {
+        PackError::Read { .. } | PackError::Write { .. } => error.into(),
+        PackError::Empty { .. } => {
+            CommandFailed::new(Failure::NotFound, prebuilt::error_chain(&error)).into()
+        }
+        _ => CommandFailed::new(Failure::Verification, prebuilt::error_chain(&error)).into(),
+    }
+}
+
+fn jit_export(args: JitExportArgs) -> Result<()> {
+    let bundle = prebuilt::Bundle::open(prebuilt::bundle::find_bundle(&args.package)?)?;
+    let cache = args
+        .jit_cache
+        .unwrap_or_else(prebuilt::jit::default_cache_dir);
+    let out = args.out.unwrap_or_else(|| {
+        let name = prebuilt::site::normalize_package(&bundle.index().package);
+        std::path::PathBuf::from(format!("{name}-warm-pack"))
+    });
+    let report = prebuilt::jit::pack::export_pack(&bundle, &cache, &out).map_err(pack_failure)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    println!(
+        "wrote the warm pack {} ({} JIT results of `{}`)",
+        report.path.display(),
+        report.entries.len(),
+        report.package
+    );
+    for entry in &report.entries {
+        println!("  {entry}");
+    }
+    for skipped in &report.skipped {
+        println!("  passed over: {skipped}");
+    }
+    Ok(())
+}
+
+fn jit_import(args: JitImportArgs) -> Result<()> {
+    let package = match args.package {
+        Some(package) => package,
+        None => {
+            prebuilt::jit::pack::read_pack(&args.pack)
+                .map_err(pack_failure)?
+                .package
+        }
+    };
+    let bundle = prebuilt::Bundle::open(prebuilt::bundle::find_bundle(&package)?)?;
+    let cache = args
+        .jit_cache
+        .unwrap_or_else(prebuilt::jit::default_cache_dir);
+    let installed =
+        prebuilt::jit::pack::install_pack(&args.pack, &bundle, &cache).map_err(pack_failure)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&installed)?);
+        return Ok(());
+    }
+    println!(
+        "{} the warm pack of `{}` at {} ({} entries, each verified)",
+        if installed.already {
+            "already installed:"
+        } else {
+            "installed"
+        },
+        installed.package,
+        installed.path.display(),
+        installed.entries.len()
+    );
+    for entry in &installed.entries {
+        println!("  {entry}");
     }
     Ok(())
 }

@@ -3,6 +3,7 @@
 
 mod getting_started;
 mod support;
+mod warm_packs;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -1703,3 +1703,5 @@ mod slim {
 
 // A bundle never steers the compiler; the JIT reads its inputs checked.
 mod jit_flags;
+// Warm packs: JIT results carried to a machine without a compiler, launched.
+mod warm_pack;

@@ -306,6 +306,9 @@ pub enum Error {
     /// The store's URL or client could not be set up.
     #[error(transparent)]
     Fetch(#[from] Box<prebuilt::fetch::FetchError>),
+    /// A warm pack given to ship does not verify against the bundle.
+    #[error(transparent)]
+    Pack(#[from] Box<prebuilt::jit::pack::PackError>),
 }
 
 impl From<bundler::Error> for Error {

@@ -95,6 +95,8 @@ pub struct LibraryWheelOptions {
     /// Ship no cubins, only the sources and an index of recipes, so every kernel
     /// JIT-compiles on first load; nothing is bundled and no toolchain is needed.
     pub recipes_only: bool,
+    /// Warm packs to ship under the bundle's `packs/`, each verified against the bundle.
+    pub packs: Vec<PathBuf>,
 }
 
 impl LibraryWheelOptions {
@@ -113,6 +115,7 @@ impl LibraryWheelOptions {
             ship: None,
             store: None,
             recipes_only: false,
+            packs: Vec::new(),
         }
     }
 }
@@ -207,6 +210,9 @@ pub fn build_library_wheel(options: &LibraryWheelOptions) -> Result<BuiltWheel, 
         options.ship.as_ref(),
         store,
     )?);
+    let root = format!("{import_name}/{PREBUILT_DIR}");
+    let packs = crate::wheel::warm_pack_files(&bundle, &root, &options.packs)?;
+    files.extend(packs);
     write_library_wheel(options, &manifest, &package_dir, &torch, files, bundled)
 }
 

@@ -37,6 +37,7 @@ pub(super) fn check_reproducible(run: &mut Run, options: &CheckOptions) -> Optio
             ship: None,
             store: None,
             recipes_only: false,
+            packs: Vec::new(),
         })
     };
     let mut digests = Vec::new();

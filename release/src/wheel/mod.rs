@@ -383,6 +383,27 @@ fn is_precompressed(path: &str, bytes: &[u8]) -> bool {
     STORED_EXTENSIONS.contains(&extension) || prebuilt::cubin::is_cubin(bytes)
 }
 
+/// The wheel files of the warm packs `packs` (`kwheel jit export` wrote them), each verified
+/// against `bundle` first, under `<root>/packs/<id>/` where the loader reads them
+/// (`docs/warm-packs.md`).
+pub fn warm_pack_files(
+    bundle: &prebuilt::Bundle,
+    root: &str,
+    packs: &[PathBuf],
+) -> Result<Vec<WheelFile>, Error> {
+    use prebuilt::jit::pack::{pack_files, pack_id, verify_pack, BUNDLE_PACKS_DIR};
+    let mut files = Vec::new();
+    for pack in packs {
+        let index = verify_pack(pack, bundle).map_err(Box::new)?;
+        let id = pack_id(pack).map_err(Box::new)?;
+        for (relative, path) in pack_files(pack, &index) {
+            let name = format!("{root}/{BUNDLE_PACKS_DIR}/{id}/{relative}");
+            files.push(WheelFile::from_disk(name, path)?);
+        }
+    }
+    Ok(files)
+}
+
 /// `SOURCE_DATE_EPOCH`, when it is set and not empty.
 pub fn source_date_epoch() -> Result<Option<u64>, Error> {
     match std::env::var("SOURCE_DATE_EPOCH") {

@@ -1,0 +1,444 @@
+//! Warm packs end to end: a kernel the bundle has no cubin for is compiled by the JIT on
+//! "machine A" (its own JIT cache, NVRTC 12.9 from the provisioned toolchains, a compute 8.9
+//! device that no shipped `sm_90a`/`sm_100a` cubin fits), exported with `kwheel jit export`,
+//! installed with `kwheel jit import` on "machine B" (another HOME and XDG cache, no compiler
+//! anywhere the search looks, the JIT forbidden), where the loader plans and loads it from the
+//! pack with its own provenance; a pack altered on the way is refused, naming the pack file and
+//! the kernel. The GPU side is a fake behind the loader's `Device` seam that records the image
+//! it is given; `prebuilt/tests/warm_pack/mod.rs` launches the kernel on an H200.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use prebuilt::compile::{toolchain_dir, ToolkitLayout};
+use prebuilt::device::DriverVersion;
+use prebuilt::driver::{Context, DriverError, LaunchConfig};
+use prebuilt::jit::pack::{PackIndex, PACK_FILE};
+use prebuilt::jit::CompilerSearch;
+use prebuilt::registry::{
+    Device, DeviceFacts, LoadedModule, ModuleFailure, Provenance, ProvenanceKind,
+};
+use prebuilt::{JitPolicy, LoadError, Registry, RegistryOptions, Status};
+
+use super::support::*;
+
+const KERNEL: &str = "swiglu";
+
+/// Compute 8.9 behind a CUDA 12.9 driver: the bundle's cubins are all `sm_90a`/`sm_100a`, so
+/// only a JIT result (or a pack's) fits. Keeps every image it is asked to load.
+#[derive(Default)]
+struct Ada {
+    loaded: Mutex<Vec<Vec<u8>>>,
+}
+
+struct Module;
+
+impl LoadedModule for Module {
+    fn context(&self) -> Option<&Arc<Context>> {
+        None
+    }
+
+    unsafe fn launch(&self, _: usize, _: &LaunchConfig, _: &[&[u8]]) -> Result<(), DriverError> {
+        unreachable!("nothing is launched on a CPU")
+    }
+}
+
+impl Device for Ada {
+    fn facts(&self, _ordinal: u32) -> Result<DeviceFacts, DriverError> {
+        Ok(DeviceFacts {
+            capability: (8, 9),
+            driver: DriverVersion {
+                major: 12,
+                minor: 9,
+            },
+        })
+    }
+
+    fn load(
+        &self,
+        _ordinal: u32,
+        image: &[u8],
+        _symbols: &[&str],
+    ) -> Result<Arc<dyn LoadedModule>, ModuleFailure> {
+        self.loaded.lock().unwrap().push(image.to_vec());
+        Ok(Arc::new(Module))
+    }
+}
+
+/// A search that finds nothing: machine B has no compiler.
+fn no_compiler(dir: &Path) -> CompilerSearch {
+    CompilerSearch {
+        nvrtc: None,
+        site_packages: Vec::new(),
+        cuda_home: Some(dir.join("no-cuda")),
+        path: Some(dir.join("no-bin").into_os_string()),
+        system_library_path: false,
+    }
+}
+
+fn options(jit: JitPolicy, jit_cache: &Path, compilers: CompilerSearch) -> RegistryOptions {
+    RegistryOptions {
+        cuda: Some("cu129".parse().unwrap()),
+        torch: None,
+        jit,
+        jit_cache: jit_cache.to_path_buf(),
+        compilers,
+        device: 0,
+        ..RegistryOptions::default()
+    }
+}
+
+/// `kwheel jit …` as machine B runs it: its own HOME and cache, no JIT cache variable, no
+/// compiler on any path the search reads.
+fn on_machine_b(b: &Path) -> std::process::Command {
+    let mut command = kwheel();
+    command
+        .arg("jit")
+        .env("HOME", b.join("home"))
+        .env("XDG_CACHE_HOME", b.join("cache"))
+        .env("PATH", "/usr/bin:/bin")
+        .env("CUDA_HOME", b.join("no-cuda"))
+        .env("AF3_KERNELS_JIT_FALLBACK", "0");
+    for variable in [
+        "KWHEEL_JIT_CACHE",
+        "KWHEEL_NVRTC",
+        "KWHEEL_SITE_PACKAGES",
+        "VIRTUAL_ENV",
+        "CONDA_PREFIX",
+        "CUDA_PATH",
+    ] {
+        command.env_remove(variable);
+    }
+    command
+}
+
+struct Machines {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+    bundle: PathBuf,
+    pack: PathBuf,
+    /// The cubin machine A's JIT compiled.
+    compiled: Vec<u8>,
+}
+
+/// Machine A: bundle `swiglu`, load it on the 8.9 device (the JIT compiles it into A's cache),
+/// export the pack.
+fn machine_a() -> Option<Machines> {
+    if !have_toolchains() {
+        return None;
+    }
+    let nvrtc = ToolkitLayout::scan(&toolchain_dir("cu129".parse().unwrap())).nvrtc?;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    let bundle = root.join("bundle");
+    let output = kwheel()
+        .args([
+            "dev",
+            "bundle-kernels",
+            "--quiet",
+            "--only",
+            KERNEL,
+            "--out",
+        ])
+        .arg(&bundle)
+        .arg("--cache-dir")
+        .arg(root.join("build-cache"))
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", text(&output));
+
+    let a_cache = root.join("a/jit");
+    let search = CompilerSearch {
+        nvrtc: Some(nvrtc),
+        ..no_compiler(&root)
+    };
+    let device = Arc::new(Ada::default());
+    let registry = Registry::open_on(
+        &bundle,
+        options(JitPolicy::Allowed, &a_cache, search),
+        device.clone(),
+        None,
+    )
+    .unwrap();
+    let kernel = registry
+        .load(KERNEL)
+        .unwrap_or_else(|error| panic!("{}", prebuilt::error_chain(&error)));
+    assert_eq!(kernel.provenance().kind(), ProvenanceKind::JitCompiled);
+    assert_eq!(kernel.variant(), "cu129/sm_89");
+    let compiled = device.loaded.lock().unwrap()[0].clone();
+
+    let pack = root.join("pack");
+    let output = kwheel()
+        .args(["jit", "export", "--json", "--package"])
+        .arg(&bundle)
+        .arg("--out")
+        .arg(&pack)
+        .arg("--jit-cache")
+        .arg(&a_cache)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", text(&output));
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(report["entries"], serde_json::json!(["swiglu cu129/sm_89"]));
+    assert_eq!(report["skipped"], serde_json::json!([]));
+    Some(Machines {
+        _dir: dir,
+        root,
+        bundle,
+        pack,
+        compiled,
+    })
+}
+
+fn b_cache(b: &Path) -> PathBuf {
+    b.join("cache/kwheel/jit")
+}
+
+#[test]
+fn a_jit_only_kernel_exported_on_one_machine_loads_from_the_pack_on_another_without_a_compiler() {
+    let Some(machines) = machine_a() else { return };
+    let b = machines.root.join("b");
+
+    // Before the import machine B has nothing for this GPU, and may not compile.
+    let before = Registry::open_on(
+        &machines.bundle,
+        options(JitPolicy::Disabled, &b_cache(&b), no_compiler(&b)),
+        Arc::new(Ada::default()),
+        None,
+    )
+    .unwrap();
+    assert!(matches!(before.load(KERNEL), Err(LoadError::NoFit { .. })));
+
+    let output = on_machine_b(&b)
+        .arg("import")
+        .arg(&machines.pack)
+        .arg("--package")
+        .arg(&machines.bundle)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", text(&output));
+    let installed = b_cache(&b).join("packs-v1/af3-kernels");
+    assert!(
+        stdout(&output).contains(&installed.display().to_string()),
+        "{}",
+        text(&output)
+    );
+
+    let device = Arc::new(Ada::default());
+    let registry = Registry::open_on(
+        &machines.bundle,
+        options(JitPolicy::Disabled, &b_cache(&b), no_compiler(&b)),
+        device.clone(),
+        None,
+    )
+    .unwrap();
+    let Status::Available {
+        variant,
+        provenance,
+        reason,
+        location,
+    } = &registry.status()[KERNEL]
+    else {
+        panic!("{:?}", registry.status()[KERNEL]);
+    };
+    assert_eq!(variant, "cu129/sm_89");
+    assert_eq!(*provenance, ProvenanceKind::Pack);
+    assert_eq!(*location, None);
+    assert!(
+        reason.starts_with("sm_89 cubin for an 8.9 device, cu129, driver 12.9")
+            && reason.contains(&format!("; from the warm pack {}/", installed.display())),
+        "{reason}"
+    );
+
+    let kernel = registry
+        .load(KERNEL)
+        .unwrap_or_else(|error| panic!("{}", prebuilt::error_chain(&error)));
+    let Provenance::Pack { variant, key, pack } = kernel.provenance() else {
+        panic!("{}", kernel.provenance());
+    };
+    assert_eq!(variant, "cu129/sm_89");
+    assert!(pack.starts_with(&installed), "{}", pack.display());
+    assert_eq!(
+        kernel.trace_label(),
+        format!("kwheel:swiglu cu129/sm_89 pack {} cuda:0", &key[..12])
+    );
+    assert_eq!(
+        device.loaded.lock().unwrap().as_slice(),
+        [machines.compiled.clone()],
+        "machine B loads the very cubin machine A compiled"
+    );
+    assert!(
+        !b_cache(&b).join("kernels-v1").exists(),
+        "nothing was compiled on machine B"
+    );
+
+    // Importing the same pack again changes nothing.
+    let again = on_machine_b(&b)
+        .arg("import")
+        .arg(&machines.pack)
+        .arg("--package")
+        .arg(&machines.bundle)
+        .output()
+        .unwrap();
+    assert!(
+        stdout(&again).starts_with("already installed:"),
+        "{}",
+        text(&again)
+    );
+}
+
+/// A copy of the pack with `edit` applied to its files.
+fn altered(machines: &Machines, name: &str, edit: impl FnOnce(&Path, &mut PackIndex)) -> PathBuf {
+    let copy = machines.root.join(name);
+    copy_tree(&machines.pack, &copy, &[]);
+    let path = copy.join(PACK_FILE);
+    let mut index: PackIndex = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    edit(&copy, &mut index);
+    std::fs::write(&path, serde_json::to_vec_pretty(&index).unwrap()).unwrap();
+    copy
+}
+
+fn artifact(index: &PackIndex) -> String {
+    index.kernels[KERNEL].variants[0].artifact.path.clone()
+}
+
+#[test]
+fn a_tampered_pack_is_refused_naming_the_pack_file_and_kernel() {
+    let Some(machines) = machine_a() else { return };
+    let b = machines.root.join("b");
+    let import = |pack: &Path| {
+        on_machine_b(&b)
+            .arg("import")
+            .arg(pack)
+            .arg("--package")
+            .arg(&machines.bundle)
+            .output()
+            .unwrap()
+    };
+
+    // Other bytes under the recorded digest: the artifact no longer verifies.
+    let flipped = altered(&machines, "flipped", |dir, index| {
+        let stored = dir.join(artifact(index));
+        let cubin = zstd::decode_all(std::fs::read(&stored).unwrap().as_slice()).unwrap();
+        let mut cubin = cubin;
+        let last = cubin.len() - 1;
+        cubin[last] ^= 0xff;
+        std::fs::write(&stored, zstd::encode_all(cubin.as_slice(), 3).unwrap()).unwrap();
+    });
+    let message = failure(&import(&flipped), VERIFICATION);
+    assert!(
+        message.contains(&flipped.join(PACK_FILE).display().to_string())
+            && message
+                .contains("the cubin of `swiglu` (cu129/sm_89) is not the one its entry names")
+            && message.contains("sha256"),
+        "{message}"
+    );
+
+    // A key the shipped sources do not give.
+    let rekeyed = altered(&machines, "rekeyed", |_, index| {
+        let variant = &mut index.kernels.get_mut(KERNEL).unwrap().variants[0];
+        variant.key = "0".repeat(64);
+    });
+    let message = failure(&import(&rekeyed), VERIFICATION);
+    assert!(
+        message.contains(&rekeyed.join(PACK_FILE).display().to_string())
+            && message.contains("its `swiglu` (cu129/sm_89) has the key 0000")
+            && message.contains("but the package's shipped sources"),
+        "{message}"
+    );
+
+    // Another kernel's entries recorded for this one: the cubin has no such entry.
+    let renamed = altered(&machines, "renamed", |_, index| {
+        let variant = &mut index.kernels.get_mut(KERNEL).unwrap().variants[0];
+        variant.functions[0].symbol = "layernorm_bf16".into();
+    });
+    let message = failure(&import(&renamed), VERIFICATION);
+    assert!(
+        message.contains("the cubin of `swiglu` (cu129/sm_89)")
+            && message.contains("layernorm_bf16"),
+        "{message}"
+    );
+    assert!(
+        !b_cache(&b).join("packs-v1").join("af3-kernels").exists()
+            || std::fs::read_dir(b_cache(&b).join("packs-v1/af3-kernels"))
+                .unwrap()
+                .next()
+                .is_none(),
+        "a refused pack installs nothing"
+    );
+
+    // A pack altered after it was installed is refused by the loader, also with the JIT off.
+    let output = import(&machines.pack);
+    assert!(output.status.success(), "{}", text(&output));
+    let installed = std::fs::read_dir(b_cache(&b).join("packs-v1/af3-kernels"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let index: PackIndex =
+        serde_json::from_slice(&std::fs::read(installed.join(PACK_FILE)).unwrap()).unwrap();
+    let stored = installed.join(artifact(&index));
+    let mut cubin = zstd::decode_all(std::fs::read(&stored).unwrap().as_slice()).unwrap();
+    cubin[0] ^= 0xff;
+    std::fs::write(&stored, zstd::encode_all(cubin.as_slice(), 3).unwrap()).unwrap();
+    let device = Arc::new(Ada::default());
+    let registry = Registry::open_on(
+        &machines.bundle,
+        options(JitPolicy::Disabled, &b_cache(&b), no_compiler(&b)),
+        device.clone(),
+        None,
+    )
+    .unwrap();
+    let error = registry.load(KERNEL).unwrap_err();
+    let message = prebuilt::error_chain(&error);
+    assert!(matches!(error, LoadError::Pack(_)), "{message}");
+    assert!(
+        message.contains(&installed.join(PACK_FILE).display().to_string())
+            && message.contains("`swiglu` (cu129/sm_89)"),
+        "{message}"
+    );
+    assert!(
+        device.loaded.lock().unwrap().is_empty(),
+        "nothing was loaded"
+    );
+}
+
+#[test]
+fn export_without_jit_results_says_what_it_passed_over() {
+    if !have_toolchains() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = dir.path().join("bundle");
+    let output = kwheel()
+        .args([
+            "dev",
+            "bundle-kernels",
+            "--quiet",
+            "--only",
+            KERNEL,
+            "--out",
+        ])
+        .arg(&bundle)
+        .arg("--cache-dir")
+        .arg(dir.path().join("build-cache"))
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", text(&output));
+    let output = kwheel()
+        .args(["jit", "export", "--package"])
+        .arg(&bundle)
+        .arg("--out")
+        .arg(dir.path().join("pack"))
+        .arg("--jit-cache")
+        .arg(dir.path().join("empty"))
+        .output()
+        .unwrap();
+    let message = failure(&output, NOT_FOUND);
+    assert!(
+        message.contains("holds no JIT result of `af3-kernels` to export"),
+        "{message}"
+    );
+    assert!(!dir.path().join("pack").exists());
+}
