@@ -29,6 +29,11 @@ message is the loader's; make that warning an error to refuse instead. Every oth
 
 ``AF3_KERNELS_COMPILE_WRAP=disable``, read at import, defines no operators: each op is a plain
 Python call, and ``torch.compile`` breaks its graph at each.
+
+Importing this module declares the ops; each is defined with torch (``torch.ops.af3_kernels.<name>``
+appears) when first looked up here, so an import costs a fraction of a millisecond however
+many ops there are. A program that names ``torch.ops.af3_kernels`` ops before it touches them
+here (one that loads a saved graph, say) calls ``ops.library.define_all()`` first.
 """
 
 import torch
@@ -50,6 +55,15 @@ __all__ = [
 ]
 
 library = kwheel.torch.library(_registry, fallback=True)
+
+
+def __getattr__(name):
+    # Each op is defined with torch on its first lookup here (`ops.layer_norm`, `from
+    # af3_kernels.ops import layer_norm`), not at import; kept as a module attribute after.
+    value = library.lookup(name)
+    globals()[name] = value
+    return value
+
 
 _INT_MAX = 2**31 - 1
 
@@ -131,7 +145,7 @@ def _layer_norm_reference(x, normalized_shape, weight, bias, eps):
     return F.layer_norm(x, normalized_shape, weight, bias, eps)
 
 
-layer_norm = library.define(
+library.declare(
     "layer_norm(Tensor x, SymInt[] normalized_shape, Tensor? weight=None, Tensor? bias=None, "
     "float eps=1e-05) -> Tensor",
     kernel="layernorm_bf16",
@@ -167,7 +181,7 @@ def _swiglu_reference(x):
     return (F.silu(a) * b).to(x.dtype)
 
 
-swiglu = library.define(
+library.declare(
     "swiglu(Tensor x) -> Tensor",
     kernel="swiglu",
     shape=_swiglu_shape,
@@ -209,7 +223,7 @@ def _sigmoid_gate_reference(x, gate):
     return (x.float() * torch.sigmoid(gate.float())).to(x.dtype)
 
 
-sigmoid_gate = library.define(
+library.declare(
     "sigmoid_gate(Tensor x, Tensor gate) -> Tensor",
     kernel="sigmoid_gate",
     shape=_sigmoid_gate_shape,
@@ -239,7 +253,7 @@ def _sigmoid_gate_backward_reference(grad, x, gate):
     return (grad * s).to(x.dtype), (grad * x.float() * (s * (1 - s))).to(gate.dtype)
 
 
-sigmoid_gate_backward = library.define(
+library.declare(
     "sigmoid_gate_backward(Tensor grad, Tensor x, Tensor gate) -> (Tensor, Tensor)",
     kernel="sigmoid_gate_backward",
     shape=_sigmoid_gate_backward_shape,
@@ -255,11 +269,11 @@ def _sigmoid_gate_setup_context(ctx, inputs, output):
 
 def _sigmoid_gate_grad(ctx, grad):
     x, gate = ctx.saved_tensors
-    grad_x, grad_gate = sigmoid_gate_backward(grad.to(x.dtype), x, gate)
+    grad_x, grad_gate = library.lookup("sigmoid_gate_backward")(grad.to(x.dtype), x, gate)
     return grad_x, grad_gate
 
 
-library.autograd(sigmoid_gate, _sigmoid_gate_grad, _sigmoid_gate_setup_context)
+library.autograd("sigmoid_gate", _sigmoid_gate_grad, _sigmoid_gate_setup_context)
 
 
 # --- masked_softmax_pair_bias ----------------------------------------------------------
@@ -307,7 +321,7 @@ def _masked_softmax_reference(logits, bias, mask, scale):
     return torch.nan_to_num(torch.softmax(x, dim=-1), nan=0.0)
 
 
-masked_softmax_pair_bias = library.define(
+library.declare(
     "masked_softmax_pair_bias(Tensor logits, Tensor bias, Tensor mask, float scale) -> Tensor",
     kernel="masked_softmax_pair_bias",
     shape=_masked_softmax_shape,
@@ -344,7 +358,7 @@ def _scale_rows_reference(x, scale):
     return (x.float() * scale[:, None]).to(x.dtype)
 
 
-scale_rows = library.define(
+library.declare(
     "scale_rows(Tensor x, Tensor scale) -> Tensor",
     kernel="scale_rows",
     shape=_scale_rows_shape,
@@ -379,7 +393,7 @@ def _matmul_reference(a, b):
     return torch.matmul(a.float(), b.float())
 
 
-matmul = library.define(
+library.declare(
     "matmul(Tensor a, Tensor b) -> Tensor",
     kernel="wgmma_matmul_bf16",
     shape=_matmul_shape,

@@ -38,7 +38,6 @@ docs/torch.md.
 """
 
 import ast
-import collections
 import inspect
 import os
 import threading
@@ -47,6 +46,8 @@ import warnings
 import torch
 
 from . import NoFitError, _kwheel, _note_fallback, _trace_range
+from ._torch_private import PROFILER as _PROFILER
+from ._torch_private import light_autograd as _light_autograd
 
 __all__ = [
     "FallbackWarning",
@@ -59,10 +60,28 @@ __all__ = [
     "library",
 ]
 
-#: What a launch function returns: the grid and block (an int or a tuple of up to three),
-#: the kernel's arguments in parameter order (tensors are passed as their device pointers),
-#: the entry (``None`` for a kernel with one) and the dynamic shared memory in bytes.
-Launch = collections.namedtuple("Launch", "grid block args entry shared_mem", defaults=(None, 0))
+class Launch(tuple):
+    """What a launch function returns: the grid and block (an int or a tuple of up to three),
+    the kernel's arguments in parameter order (tensors are passed as their device pointers),
+    the entry (``None`` for a kernel with one) and the dynamic shared memory in bytes. A
+    tuple, as a namedtuple would be (made by hand: ``collections.namedtuple`` costs a third
+    of a millisecond at import)."""
+
+    __slots__ = ()
+    _fields = ("grid", "block", "args", "entry", "shared_mem")
+
+    def __new__(cls, grid, block, args, entry=None, shared_mem=0):
+        return tuple.__new__(cls, (grid, block, args, entry, shared_mem))
+
+    grid = property(lambda self: self[0])
+    block = property(lambda self: self[1])
+    args = property(lambda self: self[2])
+    entry = property(lambda self: self[3])
+    shared_mem = property(lambda self: self[4])
+
+    def __repr__(self):
+        fields = ", ".join(f"{name}={value!r}" for name, value in zip(self._fields, self))
+        return f"Launch({fields})"
 
 
 class Kept:
@@ -102,16 +121,14 @@ def library(registry, *, namespace=None, fallback=False):
     namespace = namespace or _namespace_of(registry)
     with _LIBRARIES_LOCK:
         existing = _LIBRARIES.get(namespace)
-        if existing is not None:
-            if existing.registry is not registry:
-                raise ValueError(
-                    f"the torch namespace `{namespace}` is already taken by the kernels of "
-                    f"{existing.registry!r}; pass namespace= to use another"
-                )
-            return existing
-        created = Library(registry, namespace=namespace, fallback=fallback)
-        _LIBRARIES[namespace] = created
-        return created
+        if existing is None:
+            existing = _LIBRARIES[namespace] = Library(registry, namespace=namespace, fallback=fallback)
+        elif existing.registry is not registry:
+            raise ValueError(
+                f"the torch namespace `{namespace}` is already taken by the kernels of "
+                f"{existing.registry!r}; pass namespace= to use another"
+            )
+        return existing
 
 
 def _namespace_of(registry):
@@ -155,9 +172,8 @@ class Library:
         #: ``<PACKAGE>_TRACE``, read here once.
         self.trace = _kwheel.trace_enabled(package)
         self.compile_wrap = _compile_wrap(self.namespace)
-        self._torch_library = (
-            torch.library.Library(self.namespace, "DEF") if self.compile_wrap else None
-        )
+        self._torch_library = None  # made with the first operator it defines
+        self._registering = threading.RLock()
         self._kernels = {}
         self._kernels_lock = threading.Lock()
         self.ops = {}
@@ -167,8 +183,7 @@ class Library:
         return f"kwheel.torch.Library({self.namespace!r}, {len(self.ops)} ops, {mode})"
 
     def kernel(self, name):
-        """The lazily loaded kernel ``name`` of the registry, shared by every op that launches
-        it."""
+        """The lazily loaded kernel ``name`` of the registry, shared by the ops that launch it."""
         with self._kernels_lock:
             found = self._kernels.get(name)
             if found is None:
@@ -177,7 +192,9 @@ class Library:
             return found
 
     def define(self, schema, *, kernel, shape, launch, reference=None, fallback=None):
-        """Declares op ``<namespace>::<name>`` and returns what to call.
+        """Declares op ``<namespace>::<name>``, defines it with torch now, and returns what to
+        call. ``declare`` takes the same arguments and leaves torch's definition for the op's
+        first ``lookup``.
 
         ``schema``: the operator schema without namespace, ``"name(Tensor x, ...) -> Tensor"``
         (functional: no aliasing or mutation). ``kernel``: the registry's kernel it launches.
@@ -192,6 +209,13 @@ class Library:
         Returns the ``torch.ops`` overload (``torch.ops.<namespace>.<name>.default``), or, under
         ``<NAMESPACE>_COMPILE_WRAP=disable``, a plain function with the same arguments.
         """
+        options = dict(kernel=kernel, shape=shape, launch=launch, reference=reference)
+        return self.declare(schema, fallback=fallback, **options).callable
+
+    def declare(self, schema, *, kernel, shape, launch, reference=None, fallback=None):
+        """As ``define`` (the schema read and checked now), but returns the ``Op`` and defines it
+        with torch on its first ``lookup`` (or ``define_all``): an import that declares many
+        ops costs what reading their schemas does."""
         if fallback is None:
             fallback = self.fallback
         if fallback and reference is None:
@@ -201,9 +225,31 @@ class Library:
         if op.name in self.ops:
             raise ValueError(f"`{self.namespace}::{op.name}` is already defined")
         self.ops[op.name] = op
-        if self.compile_wrap:
-            op.register(self._torch_library)
+        return op
+
+    def lookup(self, name):
+        """What to call for op ``name`` (as ``define`` returns it), defined with torch on its
+        first lookup; ``AttributeError`` for a name the library does not declare."""
+        op = self.ops.get(name)
+        if op is None:
+            raise AttributeError(f"the library `{self.namespace}` declares no op `{name}`")
         return op.callable
+
+    def define_all(self):
+        """Defines every declared op with torch (for a program that names ``torch.ops`` ops
+        before it calls them, such as one loading a saved graph)."""
+        for op in list(self.ops.values()):
+            op.callable
+
+    def _register(self, op):
+        """Defines ``op`` with torch, once, with its Autograd kernel if it has a backward."""
+        with self._registering:
+            if op._callable is None:
+                if self._torch_library is None:
+                    self._torch_library = torch.library.Library(self.namespace, "DEF")
+                op.register(self._torch_library)
+                if op.backward is not None:
+                    op.register_autograd(self._torch_library)
 
     def autograd(self, op, backward, setup_context):
         """Gives op (a name or what ``define`` returned) a backward: ``setup_context(ctx,
@@ -212,18 +258,21 @@ class Library:
         backward is kernels too. The contract of ``torch.library.register_autograd``; see
         ``Op.register_autograd`` for how it differs."""
         found = self._op(op)
-        found.backward = (backward, setup_context)
-        if self.compile_wrap:
-            found.register_autograd(self._torch_library)
-        else:
-            found.use_autograd_function()
+        with self._registering:
+            found.backward = (backward, setup_context)
+            if not self.compile_wrap:
+                found.use_autograd_function()
+            elif found._callable is not None:  # defined already: else when it is
+                found.register_autograd(self._torch_library)
 
     def _op(self, op):
-        """The ``Op`` of a name, or of what ``define`` returned."""
-        if isinstance(op, str):
+        """The ``Op`` of a name, or of what ``define`` or ``declare`` returned."""
+        if isinstance(op, Op):
+            found = op if self.ops.get(op.name) is op else None
+        elif isinstance(op, str):
             found = self.ops.get(op)
         else:
-            found = next((each for each in self.ops.values() if each.callable is op), None)
+            found = next((each for each in self.ops.values() if each._callable is op), None)
         if found is None:
             raise ValueError(f"`{op!r}` is no op of the library `{self.namespace}`")
         return found
@@ -258,10 +307,8 @@ class LazyKernel:
 
     def label(self, device):
         """The trace range name of the kernel loaded on ``device``."""
-        label = self._labels.get(device)
-        if label is None:
-            label = _kwheel.trace_label(self.name, "unknown", "unknown", "", device)
-        return label
+        found = self._labels.get(device)
+        return found or _kwheel.trace_label(self.name, "unknown", "unknown", "", device)
 
     def _load(self, device):
         kernel = self.registry.load(self.name, device=device)
@@ -273,11 +320,26 @@ class LazyKernel:
         return functions, dict(kernel.constants)
 
 
-#: One argument of a schema: its name, its type as written (``Tensor?``, ``Tensor(a!)``) and
-#: its default, if it has one. A schema: the name, the overload name (``""`` for the default
-#: overload), the arguments, the return types, and whether a ``*`` made some keyword-only.
-Argument = collections.namedtuple("Argument", "name type has_default default")
-Schema = collections.namedtuple("Schema", "name overload arguments returns keyword_only")
+class Argument:
+    """One argument of a schema: its name, its type as written (``Tensor?``, ``Tensor(a!)``)
+    and its default, if it has one."""
+
+    __slots__ = ("name", "type", "has_default", "default")
+
+    def __init__(self, name, type, has_default, default):
+        self.name, self.type, self.has_default, self.default = name, type, has_default, default
+
+
+class Schema:
+    """A schema as ``read_schema`` reads it: the name, the overload name (``""`` for the
+    default overload), the ``Argument`` list, the return types, and whether a ``*`` made some
+    arguments keyword-only."""
+
+    __slots__ = ("name", "overload", "arguments", "returns", "keyword_only")
+
+    def __init__(self, name, overload, arguments, returns, keyword_only):
+        self.name, self.overload, self.arguments = name, overload, arguments
+        self.returns, self.keyword_only = returns, keyword_only
 
 
 def read_schema(text):
@@ -315,24 +377,24 @@ def read_schema(text):
 
 
 def _split_top_level(text):
-    """``text`` cut at the commas outside brackets and quotes, each part stripped."""
-    parts, current, depth, quote = [], [], 0, None
-    for char in text:
-        if quote is not None:
-            quote = None if char == quote else quote
-        elif char in "'\"":
-            quote = char
-        elif char in "([":
-            depth += 1
-        elif char in ")]":
-            depth -= 1
-        elif char == "," and depth == 0:
-            parts.append("".join(current).strip())
-            current = []
-            continue
-        current.append(char)
-    parts.append("".join(current).strip())
-    return [part for part in parts if part]
+    """``text`` cut at the commas outside brackets and quotes, each part stripped: cut at
+    every comma, then pieces glued back while a bracket or quote is open."""
+    parts = []
+    for piece in text.split(","):
+        if parts and _open(parts[-1]):
+            parts[-1] += "," + piece
+        else:
+            parts.append(piece)
+    return [part.strip() for part in parts if part.strip()]
+
+
+def _open(text):
+    return (
+        text.count("[") > text.count("]")
+        or text.count("(") > text.count(")")
+        or text.count("'") % 2 == 1
+        or text.count('"') % 2 == 1
+    )
 
 
 def _read_default(schema, argument_type, name, text):
@@ -392,9 +454,17 @@ class Op:
         self._signature = None
         self._fallen_back = set()
         self._plans = {}
-        self.callable = None
-        if not library.compile_wrap:
-            self.callable = self._plain_callable()
+        self._callable = None if library.compile_wrap else self._plain_callable()
+
+    @property
+    def callable(self):
+        """What to call: the ``torch.ops`` overload, the op defined with torch on first use; a
+        plain function under ``<NAMESPACE>_COMPILE_WRAP=disable``."""
+        found = self._callable
+        if found is None:
+            self.library._register(self)
+            found = self._callable
+        return found
 
     def __repr__(self):
         return f"kwheel.torch.Op({self.qualified_name!r}, kernel={self.kernel.name!r})"
@@ -411,20 +481,20 @@ class Op:
         if self.reference is not None:
             torch_library.impl(self.name, self.reference_call, "CPU")
         torch_library.impl(self.name, self.fake, "Meta")
-        self.callable = getattr(getattr(torch.ops, self.library.namespace), self.name).default
+        self._callable = getattr(getattr(torch.ops, self.library.namespace), self.name).default
 
     def register_autograd(self, torch_library):
-        """The op's Autograd kernel, with ``torch.library.register_autograd``'s contract. On
-        the torch versions it was checked on, the lighter kernel of ``_light_autograd``
-        (a call that needs no gradient goes straight to the CUDA implementation); elsewhere
-        ``register_autograd`` itself."""
+        """The op's Autograd kernel: on the torch releases of ``LIGHT_AUTOGRAD_TORCH``, the
+        lighter one of ``kwheel._torch_private``; elsewhere ``register_autograd``'s."""
         backward, setup_context = self.backward
         op = self
 
         def setup(ctx, inputs, output):
             setup_context(ctx, list(op._complete(inputs)), output)
 
-        if not _light_autograd(self, torch_library, backward, setup):
+        if _torch_release() in LIGHT_AUTOGRAD_TORCH:
+            _light_autograd(self, torch_library, backward, setup)
+        else:
             torch.library.register_autograd(
                 self.qualified_name, backward, setup_context=setup, lib=torch_library
             )
@@ -469,7 +539,7 @@ class Op:
         def call(*args, **kwargs):
             return Function.apply(*op.bind(args, kwargs))
 
-        self.callable = self._named(call, plain.__doc__)
+        self._callable = self._named(call, plain.__doc__)
 
     # --- implementations ---------------------------------------------------------------
 
@@ -647,8 +717,7 @@ class Op:
                 return position
         return None
 
-    def _fall_back(self, place, device, error, args):
-        """No variant fits and the JIT is off: the reference, with one warning per device."""
+    def _fall_back(self, place, device, error, args):  # no variant fits, the JIT is off
         self._warn_fallback(place, device, error)
         if self.library.trace or _PROFILER._is_profiler_enabled:
             label = _kwheel.trace_label(self.kernel.name, "reference", "fallback", "", device)
@@ -715,31 +784,10 @@ _CONSTANT = "constant"
 _UNCACHEABLE = "uncacheable"
 
 
-# --- torch internals ------------------------------------------------------------------------
-# What kwheel.torch reads of torch beyond its public API is in this section: whether a
-# profiler records (`_PROFILER`, read on each launch: torch has no public question for it),
-# and the light Autograd kernel (`_light_autograd`, on the releases it was checked on). The
-# current stream's raw handle is the runtime's: a launch passes stream `None`.
-
-
-class _ProfilerFunction:
-    """For a torch without the flag: ``torch.autograd._profiler_enabled()`` asked each time."""
-
-    _is_profiler_enabled = property(lambda self: torch.autograd._profiler_enabled())
-
-
-#: What a launch asks whether a profiler runs: torch's module flag, set by torch.profiler and
-#: torch.autograd.profiler while they record (one attribute read, ~10 ns), where it exists.
-_PROFILER = (
-    torch.autograd.profiler
-    if isinstance(getattr(torch.autograd.profiler, "_is_profiler_enabled", None), bool)
-    else _ProfilerFunction()
-)
-
-#: Torch releases (major, minor) the light Autograd kernel was checked on (2.11: the CPU tests
-#: and the H200 runs). On any other, ops get torch.library.register_autograd's kernel: the
-#: same gradients, and 4-15 µs more per call that needs none (docs/benchmarks.md, "Host cost
-#: of one call").
+#: Torch releases (major, minor) the light Autograd kernel of ``kwheel._torch_private`` was
+#: checked on (2.11: the CPU tests and the H200 runs). On any other, ops get
+#: torch.library.register_autograd's kernel: the same gradients, and 4-15 µs more per call
+#: that needs none (docs/benchmarks.md, "Host cost of one call").
 LIGHT_AUTOGRAD_TORCH = ((2, 11),)
 
 
@@ -749,51 +797,3 @@ def _torch_release():
         return int(release[0]), int(release[1])
     except (IndexError, ValueError):
         return None
-
-
-def _light_autograd(op, torch_library, backward, setup_context):
-    """Registers ``op``'s Autograd kernel made lighter for the common call that needs no
-    gradient: it goes straight to the CUDA implementation when nothing but fallthrough keys
-    lies between (no fake tensors, no functionalization, no mode), instead of the second trip
-    through the dispatcher that ``register_autograd``'s kernel makes. Only on the torch
-    releases of ``LIGHT_AUTOGRAD_TORCH``, whose private dispatcher API it uses (the keyset
-    after Autograd, redispatch, ``_AutoDispatchBelowAutograd``, ``_any_requires_grad``);
-    returns whether it registered."""
-    if _torch_release() not in LIGHT_AUTOGRAD_TORCH:
-        return False
-    overload = op.callable
-    below_autograd = torch._C._after_autograd_keyset
-    cuda = torch._C.DispatchKey.CUDA
-
-    def forward(ctx, keyset, *args):
-        with torch._C._AutoDispatchBelowAutograd():
-            output = overload.redispatch(keyset & below_autograd, *args)
-        setup_context(ctx, args, output)
-        return output
-
-    def backward_with_keyset(ctx, *grads):
-        needs_input_grad = ctx.needs_input_grad
-        ctx.needs_input_grad = needs_input_grad[1:]
-        try:
-            grads = backward(ctx, *grads)
-        finally:
-            ctx.needs_input_grad = needs_input_grad
-        return (None, *grads) if isinstance(grads, tuple) else (None, grads)
-
-    function = type(
-        f"{op.library.namespace}_{op.name}_backward",
-        (torch.autograd.Function,),
-        {"forward": staticmethod(forward), "backward": staticmethod(backward_with_keyset)},
-    )
-
-    def autograd_kernel(keyset, *args):
-        if torch._C.is_grad_enabled() and torch._C._any_requires_grad(*args):
-            return function.apply(keyset, *args)
-        below = keyset & below_autograd
-        if below.highestPriorityTypeId() == cuda:
-            return op.cuda(*args)
-        with torch._C._AutoDispatchBelowAutograd():
-            return overload.redispatch(below, *args)
-
-    torch_library.impl(op.name, autograd_kernel, "Autograd", with_keyset=True)
-    return True

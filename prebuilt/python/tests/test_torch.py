@@ -38,6 +38,13 @@ def run_python(code, **environment):
     return result.returncode, result.stdout, result.stderr
 
 
+def subprocess_run(code, *arguments):
+    result = subprocess.run(
+        [sys.executable, "-c", code, *arguments], capture_output=True, text=True, check=False
+    )
+    return result.returncode, result.stdout, result.stderr
+
+
 class StubKernel:
     """What `Registry.load` returns, for the parts kwheel.torch reads."""
 
@@ -312,11 +319,13 @@ class Registration(unittest.TestCase):
     def test_a_definition_scans_no_modules_and_reads_no_source(self):
         # torch.library.register_fake asks `inspect` for its caller's source line, which scans
         # every loaded module and stats source files: most of what importing seven ops cost.
-        # (torch.library.Library reads one stack frame when made: once per namespace.)
+        # (torch.library.Library reads one stack frame when made: once per namespace, with
+        # the first op it defines.)
         import inspect
         import linecache
 
         library = kt.Library(StubRegistry("kwheel-test-cheap-definition"))
+        self.define(library, "first(Tensor x, float scale=2.0) -> Tensor")
         asked = []
         for module, name in ((inspect, "getmodule"), (linecache, "getlines"), (linecache, "checkcache")):
             original = getattr(module, name)
@@ -372,6 +381,99 @@ class Registration(unittest.TestCase):
             str(raised.exception), "`<OpOverload(op='aten.relu', overload='default')>` is no op of "
             "the library `kwheel_test_find_op`"
         )
+
+
+LAZY_MODULE = """
+import torch
+import kwheel.torch as kt
+
+class Registry:
+    package = "kwheel-test-lazy-module"
+
+library = kt.library(Registry())
+library.declare(
+    "twice(Tensor x) -> Tensor", kernel="twice", shape=lambda x: [(x.shape, x.dtype)],
+    launch=None, reference=lambda x: x * 2,
+)
+
+def __getattr__(name):
+    value = library.lookup(name)
+    globals()[name] = value
+    return value
+"""
+
+FIRST_LOOKUP_INSIDE_COMPILE = """
+import sys, torch
+sys.path.insert(0, sys.argv[1])
+import lazy_ops
+print(hasattr(torch.ops.kwheel_test_lazy_module, "twice"))
+def model(x):
+    return lazy_ops.twice(x) + 1
+explained = torch._dynamo.explain(model)(torch.ones(3))
+print(explained.graph_count, explained.graph_break_count)
+print(lazy_ops.twice is torch.ops.kwheel_test_lazy_module.twice.default)
+print(torch.compile(model, backend="aot_eager", fullgraph=True)(torch.ones(2)).tolist())
+"""
+
+
+@unittest.skipUnless(HAS_TORCH, NO_TORCH)
+class Declaring(unittest.TestCase):
+    """`declare`: ops defined with torch on their first lookup, not at import."""
+
+    def declare(self, library, name="scaled"):
+        return library.declare(
+            f"{name}(Tensor x, float scale=3.0) -> Tensor",
+            kernel=name,
+            shape=lambda x, scale: [(x.shape, x.dtype)],
+            launch=None,
+            reference=lambda x, scale: x * scale,
+        )
+
+    def test_a_declared_op_is_defined_on_its_first_lookup(self):
+        library = kt.Library(StubRegistry("kwheel-test-declare"))
+        declared = self.declare(library)
+        self.assertIsInstance(declared, kt.Op)
+        namespace = torch.ops.kwheel_test_declare
+        self.assertFalse(hasattr(namespace, "scaled"))
+        op = library.lookup("scaled")
+        self.assertIs(op, namespace.scaled.default)
+        self.assertIs(library.lookup("scaled"), op)
+        self.assertEqual(op(torch.ones(2)).tolist(), [3.0, 3.0])
+        with self.assertRaises(AttributeError) as raised:
+            library.lookup("missing")
+        self.assertEqual(str(raised.exception), "the library `kwheel_test_declare` declares no op `missing`")
+
+    def test_define_all_defines_every_declared_op(self):
+        library = kt.Library(StubRegistry("kwheel-test-define-all"))
+        for name in ("one", "two"):
+            self.declare(library, name)
+        library.define_all()
+        self.assertTrue(hasattr(torch.ops.kwheel_test_define_all, "one"))
+        self.assertTrue(hasattr(torch.ops.kwheel_test_define_all, "two"))
+
+    def test_a_backward_given_before_the_definition_is_registered_with_it(self):
+        for light in (True, False):
+            with self.subTest(light=light):
+                if not light:
+                    checked = kt.LIGHT_AUTOGRAD_TORCH
+                    kt.LIGHT_AUTOGRAD_TORCH = ()
+                    self.addCleanup(setattr, kt, "LIGHT_AUTOGRAD_TORCH", checked)
+                library = kt.Library(StubRegistry(f"kwheel-test-declare-grad-{int(light)}"))
+                declared = self.declare(library)
+                library.autograd(declared, lambda ctx, grad: (grad * 3.0, None), lambda ctx, inputs, output: None)
+                x = torch.randn(4, 3, requires_grad=True)
+                library.lookup("scaled")(x).sum().backward()
+                self.assertEqual(x.grad.tolist(), [[3.0] * 3] * 4)
+
+    def test_a_first_lookup_inside_torch_compile_keeps_one_graph(self):
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as directory:
+            with open(os.path.join(directory, "lazy_ops.py"), "w") as handle:
+                handle.write(LAZY_MODULE)
+            status, out, err = subprocess_run(FIRST_LOOKUP_INSIDE_COMPILE, directory)
+        self.assertEqual(status, 0, err)
+        self.assertEqual(out.splitlines(), ["False", "1 0", "True", "[3.0, 3.0]"])
 
 
 @unittest.skipUnless(HAS_TORCH, NO_TORCH)
