@@ -554,17 +554,27 @@ print(json.dumps({"import_ms": (imported - began) * 1e3, "total_ms": (done - beg
 
 
 def time_first_call(processes=5):
+    """Fresh processes importing from bytecode, as after a `pip install` that compiles: a
+    first, uncounted process writes it under a private PYTHONPYCACHEPREFIX.
+    `prebuilt/python/tests/bench_first_op.py` times each stage of the import."""
+    import tempfile
+
     results = {}
-    for which in ("af3_kernels.ops", "torch.nn.functional"):
-        samples = []
-        for _ in range(processes):
-            result = subprocess.run(
-                [sys.executable, "-c", FIRST_CALL, which], capture_output=True, text=True
-            )
-            if not check(result.returncode == 0, f"first call ({which}) failed: {result.stderr[-2000:]}"):
-                break
-            samples.append(json.loads(result.stdout.strip().splitlines()[-1]))
-        results[which] = samples
+    with tempfile.TemporaryDirectory(prefix="gpu-torch-pyc-") as cache:
+        env = dict(os.environ, PYTHONPYCACHEPREFIX=cache)
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        for which in ("af3_kernels.ops", "torch.nn.functional"):
+            samples = []
+            for index in range(processes + 1):
+                result = subprocess.run(
+                    [sys.executable, "-c", FIRST_CALL, which], capture_output=True, text=True,
+                    env=env,
+                )
+                if not check(result.returncode == 0, f"first call ({which}) failed: {result.stderr[-2000:]}"):
+                    break
+                if index:
+                    samples.append(json.loads(result.stdout.strip().splitlines()[-1]))
+            results[which] = samples
     REPORT["first_call_ms"] = results
 
 

@@ -161,10 +161,15 @@ def host_costs():
     out, out32 = torch.empty_like(x), torch.empty_like(x32)
     stream = torch.cuda.current_stream().cuda_stream
     count = rows * cols
-    gate_function = af3_kernels.load("sigmoid_gate").function("sigmoid_gate")
-    scale_function = af3_kernels.load("scale_rows").function("scale_rows<float>")
-    norm_function = af3_kernels.load("layernorm_bf16").function("layernorm_bf16")
-    block = 256
+    gate_kernel, scale_kernel, norm_kernel = (
+        af3_kernels.load(name) for name in ("sigmoid_gate", "scale_rows", "layernorm_bf16")
+    )
+    gate_function = gate_kernel.function("sigmoid_gate")
+    scale_function = scale_kernel.function("scale_rows<float>")
+    norm_function = norm_kernel.function("layernorm_bf16")
+    gate_block, scale_block, norm_block = (
+        dict(kernel.constants)["BLOCK_SIZE"] for kernel in (gate_kernel, scale_kernel, norm_kernel)
+    )
     implementations = ops.library.ops
     ptr = {name: t.data_ptr() for name, t in dict(out=out, x=x, gate=gate, weight=weight, bias=bias, out32=out32, x32=x32, factors=factors).items()}
     gate_ints = [ptr["out"], ptr["x"], ptr["gate"], count]
@@ -174,8 +179,8 @@ def host_costs():
         "layer_norm": {
             "op": lambda: ops.layer_norm(x, (cols,), weight, bias, 1e-5),
             "implementation": lambda: implementations["layer_norm"].cuda(x, (cols,), weight, bias, 1e-5),
-            "raw_launch_ints": lambda: norm_function.launch(rows, block, norm_ints, 0, stream),
-            "raw_launch_ints_stream_none": lambda: norm_function.launch(rows, block, norm_ints, 0, None),
+            "raw_launch_ints": lambda: norm_function.launch(rows, norm_block, norm_ints, 0, stream),
+            "raw_launch_ints_stream_none": lambda: norm_function.launch(rows, norm_block, norm_ints, 0, None),
             "native": lambda: F.layer_norm(x, (cols,), weight, bias, 1e-5),
         },
         "layer_norm_without_affine": {
@@ -186,15 +191,15 @@ def host_costs():
             "op": lambda: ops.sigmoid_gate(x, gate),
             "op_register_autograd": lambda: public(x, gate),
             "implementation": lambda: implementations["sigmoid_gate"].cuda(x, gate),
-            "raw_launch_ints": lambda: gate_function.launch(count // block, block, gate_ints, 0, stream),
-            "raw_launch_ints_stream_none": lambda: gate_function.launch(count // block, block, gate_ints, 0, None),
+            "raw_launch_ints": lambda: gate_function.launch(-(-count // gate_block), gate_block, gate_ints, 0, stream),
+            "raw_launch_ints_stream_none": lambda: gate_function.launch(-(-count // gate_block), gate_block, gate_ints, 0, None),
             "native": lambda: x * torch.sigmoid(gate),
         },
         "scale_rows": {
             "op": lambda: ops.scale_rows(x32, factors),
             "implementation": lambda: implementations["scale_rows"].cuda(x32, factors),
-            "raw_launch_ints": lambda: scale_function.launch(count // block, block, scale_ints, 0, stream),
-            "raw_launch_ints_stream_none": lambda: scale_function.launch(count // block, block, scale_ints, 0, None),
+            "raw_launch_ints": lambda: scale_function.launch(-(-count // scale_block), scale_block, scale_ints, 0, stream),
+            "raw_launch_ints_stream_none": lambda: scale_function.launch(-(-count // scale_block), scale_block, scale_ints, 0, None),
             "native": lambda: x32 * factors[:, None],
         },
     }
