@@ -512,3 +512,85 @@ fn deep_gemm_sm100_gemm_for_hopper_is_a_recorded_stub_and_loads_nowhere_there() 
         );
     }
 }
+
+/// Stamps every file under `root` with `time` (seconds after the epoch).
+fn stamp_files(root: &Path, time: u64) {
+    let time = std::time::UNIX_EPOCH + std::time::Duration::from_secs(time);
+    let mut folders = vec![root.to_path_buf()];
+    while let Some(folder) = folders.pop() {
+        for entry in std::fs::read_dir(folder).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                folders.push(path);
+            } else {
+                let file = std::fs::File::options().write(true).open(&path).unwrap();
+                file.set_modified(time).unwrap();
+            }
+        }
+    }
+}
+
+#[test]
+fn a_lineinfo_jit_cubin_is_the_bundles_byte_for_byte() {
+    // The JIT compiles a bundle's shipped `sources/`, written when the bundle was (or the
+    // wheel installed), not the checkout: `-lineinfo` line tables used to carry both mtimes.
+    let Some(_) = toolchains() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = write_library(
+        dir.path(),
+        "[library]\npackage = \"lines\"\narchs = [\"sm_90a\"]\ncuda-builds = [\"cu130\"]\n\
+         torch = \"2.13.*\"\n[kernels.k]\nsources = [\"ops/k.cu\"]\nentries = [\"k\"]\n\
+         nvcc-flags = [\"-lineinfo\"]\n",
+        &[
+            (
+                "ops/k.cu",
+                "#include \"twice.cuh\"\n#include <cuda_fp16.h>\n\
+                 extern \"C\" __global__ void k(float* x, __half* y) {\n\
+                 x[threadIdx.x] = twice(x[threadIdx.x]);\n y[0] = __float2half(x[1]) + y[1];\n}\n",
+            ),
+            (
+                "ops/twice.cuh",
+                "#pragma once\n__device__ inline float twice(float x) { return 2 * x; }\n",
+            ),
+        ],
+    );
+    stamp_files(&dir.path().join("ops"), 978_307_200); // 2001-01-01
+    let cu130: Vec<BuildToolchain> = toolchains()
+        .unwrap()
+        .into_iter()
+        .filter(|t| t.build.to_string() == "cu130")
+        .collect();
+    let summary = bundle_kernels(&options_in(dir.path(), &manifest, cu130))
+        .unwrap_or_else(|error| panic!("{}", anyhow_like(&error)));
+    let bundle = Bundle::open(&summary.out).unwrap();
+    let record = &bundle.index().kernels["k"];
+    let shipped = bundle.read_artifact("k", &record.variants[0]).unwrap();
+    let nvcc = bundler::toolchain::discover("cu130".parse().unwrap())
+        .unwrap()
+        .nvcc
+        .unwrap();
+    let compiler = prebuilt::jit::JitCompiler::nvcc_at(&nvcc).unwrap();
+    let request = prebuilt::jit::JitRequest {
+        bundle_root: bundle.root(),
+        kernel: "k",
+        record,
+        torch: &bundle.index().torch,
+        arch: "sm_90a".parse().unwrap(),
+        cuda: "cu130".parse().unwrap(),
+    };
+    let jit = prebuilt::jit::compile_cached(&request, &compiler, &dir.path().join("jit-cache"))
+        .unwrap_or_else(|error| panic!("{error}"));
+    assert!(jit.compiled);
+    // The line table lists the library's files and cuda_fp16.hpp, with no file time.
+    let times = prebuilt::compile::lines::file_times(&jit.cubin);
+    assert!(
+        times.len() >= 3 && times.iter().all(|&t| t == 0),
+        "{times:?}"
+    );
+    assert!(
+        jit.cubin == shipped,
+        "the JIT's cubin differs from the bundle's"
+    );
+}
