@@ -57,11 +57,13 @@ use crate::bundle::{read_artifact, read_index, BundleError};
 use crate::index::{Index, KernelInputs, KernelRecord, StoredFile, Variant};
 use crate::target::CudaBuild;
 use crate::untrusted::{
-    check_index, check_kernel, check_stored, open_regular_file, KernelName, Untrusted,
-    MAX_DICTIONARY_SIZE, MAX_INDEX_SIZE,
+    check_index, check_kernel, check_stored, open_regular_file, Untrusted, MAX_DICTIONARY_SIZE,
+    MAX_INDEX_SIZE,
 };
 
 mod codec;
+mod table;
+use table::{check_table, Sections};
 
 /// File name of the loader's index inside a bundle.
 pub const LOOKUP_FILE: &str = "kernels.idx";
@@ -573,148 +575,6 @@ impl Lookup {
     }
 }
 
-/// Where the table's spans must lie: the names section, and the records section
-/// (`records_offset..length`).
-struct Sections<'a> {
-    names: &'a [u8],
-    records_offset: u64,
-    length: u64,
-}
-
-/// Checks the whole table and the graph table against the names and records sections: every
-/// entry's name follows the previous one's in the names section and is an identifier greater
-/// than it; every entry's load and inputs records follow the previous entry's; every graph
-/// record follows the last kernel's records or the previous graph's; both sections end where
-/// the last spans do; every graph id names a graph and every graph is named; reserved fields
-/// are 0. One pass over each table, one comparison per entry: the checks cost what reading
-/// the tables costs.
-fn check_table(
-    path: &Path,
-    table: &[u8],
-    graph_table: &[u8],
-    sections: &Sections<'_>,
-) -> Result<(Vec<Entry>, Vec<(u64, u32)>), BundleError> {
-    let Sections {
-        names,
-        records_offset,
-        length,
-    } = *sections;
-    let records_len = length - records_offset;
-    let graph_count = graph_table.len() / GRAPH_ENTRY_LEN as usize;
-    let mut named = vec![false; graph_count];
-    let mut entries = Vec::with_capacity(table.len() / ENTRY_LEN as usize);
-    let (mut name_end, mut record_end) = (0u64, 0u64);
-    let mut previous: Option<&[u8]> = None;
-    for (position, bytes) in table.chunks_exact(ENTRY_LEN as usize).enumerate() {
-        let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
-        let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
-        let entry = |reason: &str| {
-            refused(
-                path,
-                "table entry",
-                &position.to_string(),
-                &format!("{reason}: the table is refused"),
-            )
-        };
-        let (name_offset, name_len) = (u64_at(0), u64::from(u32_at(8)));
-        let (load_len, record_offset, inputs_len) =
-            (u64::from(u32_at(12)), u64_at(16), u64::from(u32_at(24)));
-        let graph = u32_at(28);
-        if graph as usize >= graph_count {
-            return Err(entry(&format!(
-                "names graph {graph}, not one of the {graph_count} graphs"
-            )));
-        }
-        named[graph as usize] = true;
-        if name_offset != name_end || name_len > names.len() as u64 - name_end {
-            return Err(entry(&format!(
-                "names {name_len} bytes at {name_offset}, not the next name, at {name_end}, \
-                 inside the names section ({} bytes)",
-                names.len()
-            )));
-        }
-        let total = load_len + inputs_len;
-        if record_offset != record_end || total > records_len - record_end {
-            return Err(entry(&format!(
-                "has records of {total} bytes at {record_offset}, not the next ones, at \
-                 {record_end}, inside the records section ({records_len} bytes)"
-            )));
-        }
-        let name = &names[name_end as usize..(name_end + name_len) as usize];
-        let text = std::str::from_utf8(name).unwrap_or("(not UTF-8)");
-        KernelName::parse(text).map_err(|source| BundleError::Refused {
-            path: path.to_owned(),
-            source: source.of(format!("the name of table entry {position}")),
-        })?;
-        if previous.is_some_and(|previous| previous >= name) {
-            return Err(refused(
-                path,
-                "the name table",
-                text,
-                &format!(
-                    "is out of order at entry {position}: names must be sorted and unique \
-                     (`{}` comes before it)",
-                    String::from_utf8_lossy(previous.unwrap_or_default())
-                ),
-            ));
-        }
-        previous = Some(name);
-        let load = records_offset + record_offset;
-        entries.push(Entry {
-            name: name_end as usize..(name_end + name_len) as usize,
-            load: (load, load_len as u32),
-            inputs: (load + load_len, inputs_len as u32),
-            graph,
-        });
-        name_end += name_len;
-        record_end += total;
-    }
-    let mut graphs = Vec::with_capacity(graph_count);
-    for (position, bytes) in graph_table
-        .chunks_exact(GRAPH_ENTRY_LEN as usize)
-        .enumerate()
-    {
-        let offset = u64::from_le_bytes(bytes[..8].try_into().unwrap());
-        let graph_len = u64::from(u32::from_le_bytes(bytes[8..12].try_into().unwrap()));
-        let reserved = u32::from_le_bytes(bytes[12..16].try_into().unwrap());
-        if offset != record_end || graph_len > records_len - record_end || reserved != 0 {
-            return Err(refused(
-                path,
-                "graph entry",
-                &position.to_string(),
-                &format!(
-                    "has a record of {graph_len} bytes at {offset}, not the next one, at \
-                     {record_end}, inside the records section ({records_len} bytes), or a \
-                     reserved field that is not 0: the graph table is refused"
-                ),
-            ));
-        }
-        if !named[position] {
-            return Err(refused(
-                path,
-                "graph entry",
-                &position.to_string(),
-                "is named by no kernel: the graph table is refused",
-            ));
-        }
-        graphs.push((records_offset + offset, graph_len as u32));
-        record_end += graph_len;
-    }
-    if name_end != names.len() as u64 || record_end != records_len {
-        return Err(refused(
-            path,
-            "the loader index's sections",
-            &format!("{name_end} + {record_end} bytes"),
-            &format!(
-                "are not what the table spans: the names section holds {} bytes and the \
-                 records section {records_len}",
-                names.len()
-            ),
-        ));
-    }
-    Ok((entries, graphs))
-}
-
 fn refused(path: &Path, what: &str, value: &str, reason: &str) -> BundleError {
     BundleError::Refused {
         path: path.to_owned(),
@@ -724,6 +584,44 @@ fn refused(path: &Path, what: &str, value: &str, reason: &str) -> BundleError {
             reason: reason.to_owned(),
         },
     }
+}
+
+/// The whole index of a bundle directory, of its `kernels.idx` or of an `index.json`: read
+/// from `kernels.idx` wherever the bundle has one (a wheel need ship nothing else), else from
+/// `index.json` (a bundle written before `kernels.idx` existed).
+pub fn read_bundle_index(path: &Path) -> Result<Index, BundleError> {
+    let lookup = if path.is_dir() {
+        let lookup = path.join(LOOKUP_FILE);
+        // A link in its place is opened (and refused when it leads out).
+        std::fs::symlink_metadata(&lookup)
+            .is_ok()
+            .then(|| crate::bundle::bundle_file(path, LOOKUP_FILE))
+            .transpose()?
+    } else {
+        (path.file_name() == Some(LOOKUP_FILE.as_ref())).then(|| path.to_owned())
+    };
+    match lookup {
+        Some(lookup) => Lookup::open(&lookup)?.index(),
+        None => read_index(path),
+    }
+}
+
+/// Writes `index.json` into a copy of a bundle that ships only `kernels.idx` (a wheel's,
+/// extracted), decoded from it, so readers of the whole bundle open it; returns whether it
+/// wrote one. A bundle with an `index.json` is left as it is.
+pub fn restore_index_json(root: &Path) -> Result<bool, BundleError> {
+    let index_json = root.join(crate::bundle::INDEX_FILE);
+    if std::fs::symlink_metadata(&index_json).is_ok()
+        || std::fs::symlink_metadata(root.join(LOOKUP_FILE)).is_err()
+    {
+        return Ok(false);
+    }
+    let index = read_bundle_index(root)?;
+    std::fs::write(&index_json, index.to_json()).map_err(|source| BundleError::Write {
+        path: index_json.clone(),
+        source,
+    })?;
+    Ok(true)
 }
 
 /// The runtime's view of a bundle: its meta at once, one kernel at a time after that. Reads
@@ -1425,5 +1323,24 @@ mod tests {
             assert!(message.contains("load record"), "{case}: {message}");
         }
         assert!(length > 0);
+    }
+
+    #[test]
+    fn a_bundle_with_only_kernels_idx_gives_its_whole_index_and_can_restore_index_json() {
+        let dir = tempfile::tempdir().unwrap();
+        let index = rich_index(12, 2);
+        std::fs::write(dir.path().join(LOOKUP_FILE), encode(&index)).unwrap();
+        assert_eq!(read_bundle_index(dir.path()).unwrap(), index);
+        assert_eq!(
+            read_bundle_index(&dir.path().join(LOOKUP_FILE)).unwrap(),
+            index
+        );
+        assert!(restore_index_json(dir.path()).unwrap());
+        assert_eq!(read_index(dir.path()).unwrap(), index);
+        assert!(!restore_index_json(dir.path()).unwrap());
+        // With neither, the error names index.json, as before.
+        let empty = tempfile::tempdir().unwrap();
+        let message = crate::error_chain(&read_bundle_index(empty.path()).unwrap_err());
+        assert!(message.contains(crate::bundle::INDEX_FILE), "{message}");
     }
 }
