@@ -65,6 +65,10 @@ def __getattr__(name):
     return value
 
 
+def __dir__():
+    return sorted(set(globals()) | set(library.ops))
+
+
 _INT_MAX = 2**31 - 1
 
 
