@@ -11,16 +11,17 @@
 //!
 //! For each: raw size; every cubin deflated alone at level 6 (as a wheel stores it); every cubin
 //! a plain zstd frame; a solid `tar` zstd stream with a 1 GiB window (no random access: the
-//! floor); and [`bundler::compress::plan_compression`], with its ratio to deflate (target ≤ 1/3)
-//! and the single-threaded decode time of one cubin, cold (its dictionary decompressed first)
-//! and warm (the dictionary already in memory, as for a family's later cubins). Names given after `--` run only
+//! floor); and [`bundler::compress::plan_compression`] (cubin references, every choice exact),
+//! with its ratio to deflate (target ≤ 1/3) and the single-threaded decode time of one cubin,
+//! cold (its reference decompressed first) and warm (the reference already in memory, as for a
+//! family's later cubins). The whole library at its full size is `--bench production`. Names given after `--` run only
 //! those corpora. Nothing here asserts a timing; every frame is checked to decode to its cubin.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use bundler::compress::{plan_compression, CompressionPlan};
+use bundler::compress::{plan_compression, CompressionPlan, Prefix};
 use prebuilt::bundle::decompress_with_prefix;
 use sha2::{Digest as _, Sha256};
 
@@ -102,11 +103,7 @@ fn run_corpus(name: &str, root: &Path, paths: &[String]) {
         started.elapsed()
     );
     let (cold, warm) = decode_times(&plan, &cubins);
-    let with_dictionary = plan
-        .frames
-        .values()
-        .filter(|f| f.dictionary.is_some())
-        .count();
+    let with_dictionary = plan.frames.values().filter(|f| f.prefix.is_some()).count();
     let dictionary_raw: u64 = plan.dictionaries.iter().map(|d| d.size).sum();
     let dictionary_stored: usize = plan.dictionaries.iter().map(|d| d.stored.len()).sum();
     let stored = plan.stored_size();
@@ -132,47 +129,47 @@ fn run_corpus(name: &str, root: &Path, paths: &[String]) {
     );
 }
 
-/// Per cubin: (its dictionary decompressed, then its frame decoded; its frame decoded alone).
+/// Per cubin: (its prefix decompressed, then its frame decoded; its frame decoded alone).
 fn decode_times(
     plan: &CompressionPlan,
     cubins: &[(String, Vec<u8>)],
 ) -> (Vec<Duration>, Vec<Duration>) {
-    let contents: Vec<Vec<u8>> = plan
-        .dictionaries
+    let sizes: std::collections::BTreeMap<&str, u64> = cubins
         .iter()
-        .map(|d| decompress_with_prefix(&d.stored, &[], d.size).expect("dictionary decodes"))
+        .map(|(key, bytes)| (key.as_str(), bytes.len() as u64))
         .collect();
+    // A prefix's raw content from its stored frame: a dictionary's, or the reference cubin's
+    // own (plain) frame.
+    let content = |prefix: &Prefix| match prefix {
+        Prefix::Dictionary(i) => {
+            let dictionary = &plan.dictionaries[*i];
+            decompress_with_prefix(&dictionary.stored, &[], dictionary.size)
+                .expect("dictionary decodes")
+        }
+        Prefix::Cubin(key) => {
+            decompress_with_prefix(&plan.frames[key].bytes, &[], sizes[key.as_str()])
+                .expect("reference decodes")
+        }
+    };
     let mut cold = Vec::with_capacity(cubins.len());
     let mut warm = Vec::with_capacity(cubins.len());
     for (key, bytes) in cubins {
         let frame = &plan.frames[key];
         let started = Instant::now();
-        let content = frame.dictionary.map(|i| {
-            let dictionary = &plan.dictionaries[i];
-            decompress_with_prefix(&dictionary.stored, &[], dictionary.size)
-                .expect("dictionary decodes")
-        });
+        let prefix = frame.prefix.as_ref().map(content);
         let decoded = decompress_with_prefix(
             &frame.bytes,
-            content.as_deref().unwrap_or_default(),
+            prefix.as_deref().unwrap_or_default(),
             bytes.len() as u64,
         )
         .unwrap_or_else(|e| panic!("{key}: {e}"));
         cold.push(started.elapsed());
-        // Untimed, like the cubin's own sha256 that the loader checks in every scheme: a wrong
-        // dictionary fails the frame checksum and that check, so hashing it again is optional.
-        if let (Some(i), Some(content)) = (frame.dictionary, &content) {
-            assert_eq!(
-                hex::encode(Sha256::digest(content)),
-                plan.dictionaries[i].digest
-            );
-        }
         assert_eq!(&decoded, bytes, "{key} round-trips");
 
         let started = Instant::now();
         let decoded = decompress_with_prefix(
             &frame.bytes,
-            frame.dictionary.map_or(&[][..], |i| contents[i].as_slice()),
+            prefix.as_deref().unwrap_or_default(),
             bytes.len() as u64,
         )
         .unwrap_or_else(|e| panic!("{key}: {e}"));

@@ -1,61 +1,181 @@
-//! Compression of a bundle's cubins against per-family reference dictionaries.
+//! Compression of a bundle's cubins against references: other cubins of their own family.
 //!
 //! A kernel library ships whole families of template instantiations: the cubins of one family
 //! share most of their code and data, but one trained dictionary for the whole bundle captures
 //! little of it (its size is capped and its content averaged over every family). Here each
-//! cubin is compressed against the *raw bytes* of a few similar cubins of its own family, so
-//! zstd finds the long matches that a solid archive finds, while every cubin stays readable
-//! alone with one extra read:
+//! cubin is compressed against the *raw bytes* of a similar cubin of its own family, so zstd
+//! finds the long matches that a solid archive finds, while every cubin stays readable alone
+//! with at most one extra read:
 //!
 //! ```text
-//! cubins ─► MinHash sketch ─► references (greedy coverage) ─► groups of similar references
-//!    │                                                              │
-//!    │                         dictionary = raw concatenation of one group's references,
-//!    │                         stored once as its own plain zstd frame
-//!    ▼                                                              ▼
-//! frame of each cubin = zstd level 19, raw-content prefix = its group's dictionary (or none)
+//! corpus (streamed: one pass, only sketches kept) ─► MinHash sketch of every cubin
+//!    │
+//!    ▼
+//! references: greedy coverage of the sketches, one per CUBINS_PER_REFERENCE cubins
+//!    │
+//!    ├─ References::Cubins (the writer's):  a reference IS a shipped cubin; its own artifact
+//!    │     is a plain frame, and every cubin closest to it is one frame whose raw-content
+//!    │     prefix is that cubin. No byte is stored twice; a reader decodes the reference's
+//!    │     frame (one cubin) and then the frame it wants.
+//!    └─ References::Dictionaries (format 3): a few references concatenated into a
+//!          dictionary stored as its own plain frame, the prefix of the frames closest to it.
 //! ```
 //!
 //! | step | rule | why |
 //! | --- | --- | --- |
-//! | sketch | 64 MinHashes of the cubin's distinct aligned 8-byte words | SASS and ELF tables are 8-byte aligned; the estimate costs one pass |
+//! | sketch | 64 MinHashes of the cubin's distinct aligned 8-byte words | SASS and ELF tables are 8-byte aligned; the estimate costs one pass and 512 bytes a cubin |
+//! | slices | corpora over [`MAX_SLICE`] cubins are cut into slices ordered by sketch | the pairwise similarities of a slice fit in memory; siblings share their first MinHashes |
 //! | references | greedy facility location: add the cubin that raises the summed best similarity most, one per [`CUBINS_PER_REFERENCE`] cubins | every cubin gets a close reference, families big and small |
-//! | groups | a reference and its most similar unassigned references, up to [`MAX_GROUP_REFERENCES`] and [`MAX_DICTIONARY_BYTES`] (a larger single reference stands alone) | matches spread over several siblings; the cap bounds the one read |
-//! | frame | against the group of its most similar reference, unless plain is smaller | a cubin unlike its family pays nothing |
-//! | dictionary | kept only if it plus its frames are smaller than those cubins compressed plain | small or unrelated corpora fall back to plain frames |
+//! | frame | against its most similar reference; also plain when that reference is not close ([`CLOSE`]) or [`Settings::compare_plain`], the smaller kept | a cubin unlike its family pays nothing |
+//! | levels | references and plain frames at [`Settings::level`], frames against a reference at [`Settings::member_level`] | a reference is stored whole, so its level pays most; a frame against a close sibling is mostly long matches, which a faster level finds as well |
 //!
-//! Everything is a pure function of the artifacts' digests and bytes: inputs are sorted by
-//! digest, every tie is broken by digest order, the hash constants are fixed, and the thread
-//! count changes only the schedule. The reader needs, per frame, which dictionary it was
-//! compressed against; it decompresses that dictionary (a plain frame, whose sha256 is
-//! [`Dictionary::digest`]), keeps it for the family's other cubins, and passes it to
-//! [`prebuilt::bundle::decompress_with_prefix`]. The numbers on production cubins come from
-//! `cargo bench -p bundler --bench compression`.
+//! Memory: the plan never holds the corpus. It reads each cubin through a [`Corpus`] once to
+//! sketch it and once more to compress it (a reference once per frame it is the prefix of, a
+//! group at a time per thread), and keeps only sketches and the compressed frames.
+//!
+//! Everything is a pure function of the artifacts' keys and bytes: keys are sorted, every tie
+//! is broken by key order, the hash constants are fixed, and the thread count changes only the
+//! schedule. The reader needs, per frame, the sha256 of its prefix's raw content: a shipped
+//! cubin's digest (its artifact is that prefix, as a plain frame) or a dictionary's
+//! ([`Dictionary::digest`]); see [`prebuilt::bundle::read_prefix`]. The numbers on production
+//! cubins come from `cargo bench -p bundler --bench production` and `--bench compression`.
 
+use std::borrow::Cow;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use rayon::prelude::*;
 use sha2::{Digest as _, Sha256};
 use zstd::zstd_safe::{self, CParameter};
 
+use crate::Error;
+
 /// Cubins per reference: one in eight keeps a close sibling within reach of nearly every cubin
-/// of a family while the references' own bytes stay a small part of the bundle.
+/// of a family while the references' own frames stay a small part of the bundle.
 pub const CUBINS_PER_REFERENCE: usize = 8;
-/// References per dictionary.
+/// References per dictionary, with [`References::Dictionaries`].
 pub const MAX_GROUP_REFERENCES: usize = 4;
 /// Upper bound of a dictionary's raw size, which is what a reader decompresses before the first
-/// cubin of a family. On production GEMM cubins, 256 KiB (two typical cubins) gave 0.291 of
-/// per-file deflate with a cold cubin (dictionary then frame) in 0.22 ms median; 512 KiB gave
-/// 0.276 but twice the cold decode time.
+/// cubin of a family, with [`References::Dictionaries`].
 pub const MAX_DICTIONARY_BYTES: usize = 256 * 1024;
 /// Fewer cubins than this are compressed plain: there is no family to exploit.
 pub const MIN_CUBINS: usize = 8;
+/// Estimated similarity (in sixty-fourths) from which a frame against a reference is taken
+/// without also compressing the cubin plain: at and above it the reference always won on
+/// production cubins.
+pub const CLOSE: u32 = 24;
 /// Largest corpus slice whose pairwise similarities are computed at once; bigger corpora are cut
 /// into slices of cubins ordered by sketch, so similar cubins land in the same slice.
 const MAX_SLICE: usize = 4096;
 /// MinHash functions per sketch.
 const SKETCH_HASHES: usize = 64;
+
+/// The cubins to compress: unique keys in ascending order, each read on demand.
+pub trait Corpus: Sync {
+    /// How many cubins there are.
+    fn count(&self) -> usize;
+    /// The key of cubin `index` (keys are unique and ascending).
+    fn key(&self, index: usize) -> &str;
+    /// The bytes of cubin `index`.
+    fn read(&self, index: usize) -> Result<Cow<'_, [u8]>, Error>;
+}
+
+/// Cubins in memory, as (key, bytes) sorted by key.
+impl Corpus for Vec<(&str, &[u8])> {
+    fn count(&self) -> usize {
+        self.len()
+    }
+    fn key(&self, index: usize) -> &str {
+        self[index].0
+    }
+    fn read(&self, index: usize) -> Result<Cow<'_, [u8]>, Error> {
+        Ok(Cow::Borrowed(self[index].1))
+    }
+}
+
+/// Cubins in files, read when needed: (key, path), sorted by key and deduplicated here.
+#[derive(Clone, Debug, Default)]
+pub struct FileCorpus {
+    entries: Vec<(String, PathBuf)>,
+}
+
+impl FileCorpus {
+    /// The corpus of these (key, path) pairs; a key given twice keeps its first path.
+    pub fn new(mut entries: Vec<(String, PathBuf)>) -> FileCorpus {
+        entries.sort_by(|a, b| a.0.cmp(&b.0));
+        entries.dedup_by(|later, earlier| later.0 == earlier.0);
+        FileCorpus { entries }
+    }
+}
+
+impl Corpus for FileCorpus {
+    fn count(&self) -> usize {
+        self.entries.len()
+    }
+    fn key(&self, index: usize) -> &str {
+        &self.entries[index].0
+    }
+    fn read(&self, index: usize) -> Result<Cow<'_, [u8]>, Error> {
+        let path = &self.entries[index].1;
+        std::fs::read(path)
+            .map(Cow::Owned)
+            .map_err(|source| Error::Read {
+                path: path.clone(),
+                source,
+            })
+    }
+}
+
+/// What a frame's prefix is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum References {
+    /// Shipped cubins: a reference's own frame is plain, and is the prefix (index format 4).
+    Cubins,
+    /// Dictionaries of up to [`MAX_GROUP_REFERENCES`] references, each its own plain frame
+    /// (index format 3).
+    Dictionaries,
+}
+
+/// How [`plan_corpus`] compresses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Settings {
+    /// zstd level of plain frames (references, dictionaries, cubins without a close reference).
+    pub level: i32,
+    /// zstd level of frames against a reference.
+    pub member_level: i32,
+    /// What the prefixes are.
+    pub references: References,
+    /// Also compress every cubin plain and keep the smaller frame, and drop a dictionary that
+    /// does not pay for itself: exact, for small corpora; otherwise only cubins without a close
+    /// reference are compressed both ways.
+    pub compare_plain: bool,
+    /// Threads (the output does not depend on it).
+    pub jobs: usize,
+}
+
+impl Settings {
+    /// Everything at `level`, cubin references, every choice exact.
+    pub fn exact(level: i32, jobs: usize) -> Settings {
+        Settings {
+            level,
+            member_level: level,
+            references: References::Cubins,
+            compare_plain: true,
+            jobs,
+        }
+    }
+}
+
+/// A plan's progress: the stage, and how many of its cubins are done.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    /// Reading and sketching every cubin.
+    Sketch,
+    /// Compressing every cubin.
+    Compress,
+}
 
 /// The compressed form of a set of artifacts.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,11 +197,20 @@ pub struct Dictionary {
     pub stored: Vec<u8>,
 }
 
+/// What a frame was compressed against.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Prefix {
+    /// The dictionary at this index of [`CompressionPlan::dictionaries`].
+    Dictionary(usize),
+    /// The cubin with this key, whose own frame is plain.
+    Cubin(String),
+}
+
 /// One artifact's zstd frame.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Frame {
-    /// Index into [`CompressionPlan::dictionaries`] of the raw-content prefix the frame needs.
-    pub dictionary: Option<usize>,
+    /// The raw-content prefix the frame needs, if any.
+    pub prefix: Option<Prefix>,
     /// The zstd frame (checksum and content size in its header).
     pub bytes: Vec<u8>,
 }
@@ -97,113 +226,192 @@ impl CompressionPlan {
     }
 }
 
-/// Compresses `artifacts` (key, bytes) at zstd `level` with per-family dictionaries where they
-/// pay, on up to `jobs` threads. Keys must be unique; the output depends only on the keys and
-/// bytes, not on their order or on `jobs`.
+/// Compresses `artifacts` (key, bytes) at zstd `level` against cubin references where they
+/// pay, every choice exact, on up to `jobs` threads. Keys must be unique; the output depends
+/// only on the keys and bytes, not on their order or on `jobs`.
 pub fn plan_compression(artifacts: &[(&str, &[u8])], level: i32, jobs: usize) -> CompressionPlan {
+    plan_in_memory(artifacts, &Settings::exact(level, jobs))
+}
+
+/// [`plan_compression`] with these settings.
+pub fn plan_in_memory(artifacts: &[(&str, &[u8])], settings: &Settings) -> CompressionPlan {
     let mut sorted: Vec<(&str, &[u8])> = artifacts.to_vec();
     sorted.sort_by(|a, b| a.0.cmp(b.0));
-    let samples: Vec<&[u8]> = sorted.iter().map(|(_, bytes)| *bytes).collect();
-    let plain = plain_frames(&samples, level, jobs);
-    plan_with_plain(&sorted, &plain, level, jobs)
+    plan_corpus(&sorted, settings, &|_, _, _| {}).expect("cubins in memory are always readable")
 }
 
 /// Each of `samples` alone as one zstd frame at `level` (checksum and content size on), in
-/// order: what a cubin costs without a dictionary, which every plan compares against.
+/// order: what a cubin costs without a dictionary.
 pub fn plain_frames(samples: &[&[u8]], level: i32, jobs: usize) -> Vec<Vec<u8>> {
-    let work: Vec<(&[u8], Option<&[u8]>)> = samples.iter().map(|bytes| (*bytes, None)).collect();
-    compress_many(&work, level, jobs)
+    run_parallel(samples, jobs, |bytes| compress_one(bytes, None, level))
 }
 
-/// [`plan_compression`] for artifacts already sorted by key, with their [`plain_frames`]
-/// computed once by the caller (who may weigh other ways to store them against the same).
-pub fn plan_with_plain(
-    sorted: &[(&str, &[u8])],
-    plain: &[Vec<u8>],
-    level: i32,
-    jobs: usize,
-) -> CompressionPlan {
-    debug_assert!(sorted.windows(2).all(|pair| pair[0].0 < pair[1].0));
-    let mut frames: Vec<Frame> = plain
-        .iter()
-        .map(|bytes| Frame {
-            dictionary: None,
-            bytes: bytes.clone(),
-        })
-        .collect();
-    let mut dictionaries = Vec::new();
-    if sorted.len() >= MIN_CUBINS {
-        let sketches: Vec<Sketch> = run_parallel(sorted, jobs, |(_, bytes)| sketch(bytes));
-        let mut groups = Vec::new();
-        for slice in slices(&sketches) {
-            groups.extend(group_slice(&slice, &sketches, sorted));
-        }
-        // Compress every member of every group against that group's dictionary.
-        let contents: Vec<Vec<u8>> = groups
-            .iter()
-            .map(|group| {
-                group
-                    .references
-                    .iter()
-                    .flat_map(|&r| sorted[r].1)
-                    .copied()
-                    .collect()
-            })
-            .collect();
-        let mut work = Vec::new();
-        for (group_index, group) in groups.iter().enumerate() {
-            for &member in &group.members {
-                work.push((sorted[member].1, Some(contents[group_index].as_slice())));
-            }
-        }
-        work.extend(contents.iter().map(|content| (content.as_slice(), None)));
-        let mut compressed = compress_many(&work, level, jobs).into_iter();
-        let mut member_frames: Vec<Vec<Vec<u8>>> = groups
-            .iter()
-            .map(|group| compressed.by_ref().take(group.members.len()).collect())
-            .collect();
-        let stored: Vec<Vec<u8>> = compressed.collect();
-        for (group_index, group) in groups.iter().enumerate() {
-            let with: Vec<&Vec<u8>> = member_frames[group_index].iter().collect();
-            // Per member the smaller frame; the group stays only if it pays for its dictionary.
-            let chosen: usize = group
-                .members
-                .iter()
-                .zip(&with)
-                .map(|(&m, frame)| frame.len().min(plain[m].len()))
-                .sum();
-            let without: usize = group.members.iter().map(|&m| plain[m].len()).sum();
-            if stored[group_index].len() + chosen >= without {
-                continue;
-            }
-            let index = dictionaries.len();
-            dictionaries.push(Dictionary {
-                digest: hex::encode(Sha256::digest(&contents[group_index])),
-                size: contents[group_index].len() as u64,
-                stored: stored[group_index].clone(),
-            });
-            for (&member, frame) in group
-                .members
-                .iter()
-                .zip(member_frames[group_index].drain(..))
-            {
-                if frame.len() < plain[member].len() {
-                    frames[member] = Frame {
-                        dictionary: Some(index),
-                        bytes: frame,
+/// Plans the compression of `corpus` (see the module docs), reporting `progress(stage, done,
+/// of)` as cubins are sketched and compressed. Fails only when a cubin cannot be read.
+pub fn plan_corpus(
+    corpus: &dyn Corpus,
+    settings: &Settings,
+    progress: &(dyn Fn(Stage, usize, usize) + Sync),
+) -> Result<CompressionPlan, Error> {
+    let count = corpus.count();
+    debug_assert!((1..count).all(|i| corpus.key(i - 1) < corpus.key(i)));
+    let indices: Vec<usize> = (0..count).collect();
+    let done = AtomicUsize::new(0);
+    let tick = |stage| progress(stage, done.fetch_add(1, Ordering::Relaxed) + 1, count);
+    let key = |i: usize| corpus.key(i).to_owned();
+    if count < MIN_CUBINS {
+        let frames = run_parallel(&indices, settings.jobs, |&i| {
+            let bytes = corpus.read(i)?;
+            tick(Stage::Compress);
+            Ok(compress_one(&bytes, None, settings.level))
+        });
+        let frames = frames.into_iter().collect::<Result<Vec<_>, Error>>()?;
+        return Ok(CompressionPlan {
+            dictionaries: Vec::new(),
+            frames: frames
+                .into_iter()
+                .enumerate()
+                .map(|(i, bytes)| {
+                    let frame = Frame {
+                        prefix: None,
+                        bytes,
                     };
-                }
+                    (key(i), frame)
+                })
+                .collect(),
+        });
+    }
+    let sketched = run_parallel(&indices, settings.jobs, |&i| {
+        let bytes = corpus.read(i)?;
+        tick(Stage::Sketch);
+        Ok((sketch(&bytes), bytes.len()))
+    });
+    let sketched = sketched.into_iter().collect::<Result<Vec<_>, Error>>()?;
+    let (sketches, sizes): (Vec<Sketch>, Vec<usize>) = sketched.into_iter().unzip();
+    let max_references = match settings.references {
+        References::Cubins => 1,
+        References::Dictionaries => MAX_GROUP_REFERENCES,
+    };
+    let mut groups = Vec::new();
+    let mut grouped = vec![false; count];
+    let pool = thread_pool(settings.jobs, count);
+    for slice in slices(&sketches) {
+        let slice_groups = pool.install(|| group_slice(&slice, &sketches, &sizes, max_references));
+        for group in slice_groups {
+            for &(member, _) in &group.members {
+                grouped[member] = true;
             }
+            groups.push(group);
         }
     }
-    CompressionPlan {
-        dictionaries,
-        frames: sorted
-            .iter()
-            .zip(frames)
-            .map(|((key, _), frame)| (key.to_string(), frame))
-            .collect(),
+    // Cubins no reference covers at all are groups of their own: plain frames.
+    groups.extend((0..count).filter(|&i| !grouped[i]).map(|i| Group {
+        references: Vec::new(),
+        members: vec![(i, 0)],
+    }));
+    done.store(0, Ordering::Relaxed);
+    let compressed = run_parallel(&groups, settings.jobs, |group| {
+        compress_group(corpus, group, settings, &|| tick(Stage::Compress))
+    });
+    let mut dictionaries = Vec::new();
+    let mut frames: BTreeMap<String, Frame> = BTreeMap::new();
+    for (group, outcome) in groups.iter().zip(compressed) {
+        let outcome = outcome?;
+        let dictionary = outcome.dictionary.map(|dictionary| {
+            dictionaries.push(dictionary);
+            dictionaries.len() - 1
+        });
+        for (&(member, _), (bytes, against)) in group.members.iter().zip(outcome.frames) {
+            let prefix = match (against, settings.references, dictionary) {
+                (false, _, _) => None,
+                (true, References::Cubins, _) => Some(Prefix::Cubin(key(group.references[0]))),
+                (true, References::Dictionaries, Some(index)) => Some(Prefix::Dictionary(index)),
+                (true, References::Dictionaries, None) => unreachable!("a frame of a kept group"),
+            };
+            frames.insert(key(member), Frame { prefix, bytes });
+        }
     }
+    Ok(CompressionPlan {
+        dictionaries,
+        frames,
+    })
+}
+
+/// A group's frames, in member order: (bytes, whether against the group's prefix); and its
+/// dictionary, when it keeps one.
+struct GroupFrames {
+    frames: Vec<(Vec<u8>, bool)>,
+    dictionary: Option<Dictionary>,
+}
+
+fn compress_group(
+    corpus: &dyn Corpus,
+    group: &Group,
+    settings: &Settings,
+    tick: &(dyn Fn() + Sync),
+) -> Result<GroupFrames, Error> {
+    let mut prefix = Vec::new();
+    for &reference in &group.references {
+        prefix.extend_from_slice(&corpus.read(reference)?);
+    }
+    let mut frames = Vec::with_capacity(group.members.len());
+    let mut plain_total = 0;
+    let mut tables = None;
+    for &(member, similarity) in &group.members {
+        let cubin = corpus.read(member)?;
+        let is_reference =
+            settings.references == References::Cubins && group.references.first() == Some(&member);
+        let frame = if group.references.is_empty() || is_reference {
+            (compress_one(&cubin, None, settings.level), false)
+        } else {
+            let tables = tables.get_or_insert_with(|| PrefixTables::new(&prefix, settings));
+            let against = tables.compress(&cubin);
+            if settings.compare_plain || similarity < CLOSE {
+                let plain = compress_one(&cubin, None, settings.level);
+                plain_total += plain.len();
+                if plain.len() <= against.len() {
+                    (plain, false)
+                } else {
+                    (against, true)
+                }
+            } else {
+                (against, true)
+            }
+        };
+        frames.push(frame);
+        tick();
+    }
+    if settings.references == References::Cubins || group.references.is_empty() {
+        return Ok(GroupFrames {
+            frames,
+            dictionary: None,
+        });
+    }
+    // A dictionary (always against: a reference's own frame is tiny against it).
+    let stored = compress_one(&prefix, None, settings.level);
+    let chosen: usize = frames.iter().map(|(bytes, _)| bytes.len()).sum();
+    if settings.compare_plain && stored.len() + chosen >= plain_total {
+        // It does not pay: every member plain (the plain frames were made above).
+        let mut plain = Vec::with_capacity(frames.len());
+        for &(member, _) in &group.members {
+            plain.push((
+                compress_one(&corpus.read(member)?, None, settings.level),
+                false,
+            ));
+        }
+        return Ok(GroupFrames {
+            frames: plain,
+            dictionary: None,
+        });
+    }
+    Ok(GroupFrames {
+        frames,
+        dictionary: Some(Dictionary {
+            digest: hex::encode(Sha256::digest(&prefix)),
+            size: prefix.len() as u64,
+            stored,
+        }),
+    })
 }
 
 type Sketch = [u64; SKETCH_HASHES];
@@ -263,20 +471,28 @@ fn slices(sketches: &[Sketch]) -> Vec<Vec<usize>> {
         .collect()
 }
 
-/// A dictionary's references and the cubins compressed against it (references included).
+/// A prefix's references (corpus indices) and the cubins compressed against it (references
+/// included), each with its estimated similarity to its closest reference.
 struct Group {
     references: Vec<usize>,
-    members: Vec<usize>,
+    members: Vec<(usize, u32)>,
 }
 
 /// Chooses references by greedy facility location (lazy evaluation, ties to the lower index),
-/// groups them, and assigns every cubin of the slice to the group of its closest reference.
-fn group_slice(slice: &[usize], sketches: &[Sketch], artifacts: &[(&str, &[u8])]) -> Vec<Group> {
+/// groups up to `max_references` of them, and assigns every cubin of the slice to the group of
+/// its closest reference.
+fn group_slice(
+    slice: &[usize],
+    sketches: &[Sketch],
+    sizes: &[usize],
+    max_references: usize,
+) -> Vec<Group> {
     let n = slice.len();
-    let matrix: Vec<u32> = (0..n * n)
-        .map(|cell| similarity(&sketches[slice[cell / n]], &sketches[slice[cell % n]]))
+    let matrix: Vec<u8> = (0..n * n)
+        .into_par_iter()
+        .map(|cell| similarity(&sketches[slice[cell / n]], &sketches[slice[cell % n]]) as u8)
         .collect();
-    let at = |i: usize, j: usize| matrix[i * n + j];
+    let at = |i: usize, j: usize| u32::from(matrix[i * n + j]);
     let wanted = n.div_ceil(CUBINS_PER_REFERENCE);
     let mut cover = vec![0u32; n];
     let mut chosen: Vec<usize> = Vec::new();
@@ -315,12 +531,12 @@ fn group_slice(slice: &[usize], sketches: &[Sketch], artifacts: &[(&str, &[u8])]
         let mut candidates = unassigned.clone();
         candidates.sort_by_key(|&k| (Reverse(at(first, k)), k));
         let mut references = vec![first];
-        let mut bytes = artifacts[slice[first]].1.len();
+        let mut bytes = sizes[slice[first]];
         for k in candidates {
-            if references.len() == MAX_GROUP_REFERENCES {
+            if references.len() == max_references {
                 break;
             }
-            let size = artifacts[slice[k]].1.len();
+            let size = sizes[slice[k]];
             if bytes + size <= MAX_DICTIONARY_BYTES {
                 bytes += size;
                 references.push(k);
@@ -336,29 +552,28 @@ fn group_slice(slice: &[usize], sketches: &[Sketch], artifacts: &[(&str, &[u8])]
         });
     }
     for i in 0..n {
-        // Closest reference; ties to the lower index (max_by_key keeps the last maximum).
-        let Some(&best) = chosen.iter().rev().max_by_key(|&&r| at(i, r)) else {
+        // Closest reference; ties to the lower index (max_by_key keeps the last maximum). A
+        // reference is its own closest (similarity 64, lowest index among equals first).
+        let Some(&best) = chosen.iter().rev().max_by_key(|&&r| (at(i, r), r == i)) else {
             continue;
         };
-        groups[group_of[best]].members.push(i);
+        groups[group_of[best]].members.push((i, at(i, best)));
     }
     groups
         .into_iter()
         .map(|group| Group {
             references: group.references.iter().map(|&i| slice[i]).collect(),
-            members: group.members.iter().map(|&i| slice[i]).collect(),
+            members: group
+                .members
+                .iter()
+                .map(|&(i, similarity)| (slice[i], similarity))
+                .collect(),
         })
         .collect()
 }
 
-/// Compresses each (bytes, raw-content prefix) pair at `level`, in input order.
-fn compress_many(work: &[(&[u8], Option<&[u8]>)], level: i32, jobs: usize) -> Vec<Vec<u8>> {
-    run_parallel(work, jobs, |(bytes, prefix)| {
-        compress_one(bytes, *prefix, level)
-    })
-}
-
-fn compress_one(bytes: &[u8], prefix: Option<&[u8]>, level: i32) -> Vec<u8> {
+/// One zstd frame of `bytes` at `level` against the raw-content `prefix`, if any.
+pub fn compress_one(bytes: &[u8], prefix: Option<&[u8]>, level: i32) -> Vec<u8> {
     let mut context = zstd_safe::CCtx::create();
     // The window must reach from the end of the cubin back to the start of its prefix; zstd
     // would otherwise shrink it to fit the cubin alone and forget the prefix.
@@ -383,7 +598,56 @@ fn compress_one(bytes: &[u8], prefix: Option<&[u8]>, level: i32) -> Vec<u8> {
     context
         .compress2(&mut out, bytes)
         .expect("the output buffer holds zstd's bound");
+    // A plan holds every frame: at zstd's bound each would keep a cubin's size of memory.
+    out.shrink_to_fit();
     out
+}
+
+/// A prefix indexed once at the member level, for every frame compressed against it: zstd
+/// would otherwise index the prefix again for each frame, which costs as much as the frame.
+/// Its raw content (no dictionary header) is referenced as a prefix is, so the frames decode
+/// against the same bytes ([`prebuilt::bundle::decompress_with_prefix`]).
+struct PrefixTables<'p> {
+    prefix: &'p [u8],
+    level: i32,
+    /// `None` for content that starts like a zstd dictionary, which zstd would parse as one:
+    /// such a prefix is referenced for each frame instead.
+    tables: Option<zstd_safe::CDict<'static>>,
+}
+
+impl<'p> PrefixTables<'p> {
+    fn new(prefix: &'p [u8], settings: &Settings) -> PrefixTables<'p> {
+        let raw = prefix.get(..4) != Some(&0xEC30_A437u32.to_le_bytes()[..]);
+        PrefixTables {
+            prefix,
+            level: settings.member_level,
+            tables: raw.then(|| zstd_safe::CDict::create(prefix, settings.member_level)),
+        }
+    }
+
+    fn compress(&self, bytes: &[u8]) -> Vec<u8> {
+        let Some(tables) = &self.tables else {
+            return compress_one(bytes, Some(self.prefix), self.level);
+        };
+        let mut context = zstd_safe::CCtx::create();
+        for parameter in [
+            CParameter::ChecksumFlag(true),
+            CParameter::ContentSizeFlag(true),
+        ] {
+            context
+                .set_parameter(parameter)
+                .expect("zstd accepts the flags");
+        }
+        context
+            .ref_cdict(tables)
+            .expect("zstd accepts its own tables");
+        let mut out = Vec::with_capacity(zstd_safe::compress_bound(bytes.len()));
+        context
+            .compress2(&mut out, bytes)
+            .expect("the output buffer holds zstd's bound");
+        out.shrink_to_fit();
+        out
+    }
 }
 
 /// Maps `items` on a pool of up to `jobs` threads, keeping input order.
@@ -439,24 +703,40 @@ mod tests {
             .collect()
     }
 
-    fn dictionary_content(plan: &CompressionPlan, index: usize) -> Vec<u8> {
-        let dictionary = &plan.dictionaries[index];
-        let content = decompress_with_prefix(&dictionary.stored, &[], dictionary.size).unwrap();
-        assert_eq!(hex::encode(Sha256::digest(&content)), dictionary.digest);
+    /// The raw content of a frame's prefix, as a reader gets it: a dictionary's plain frame,
+    /// or the referenced cubin's own frame, which must be plain.
+    fn prefix_content(
+        plan: &CompressionPlan,
+        prefix: &Prefix,
+        sizes: &BTreeMap<&str, usize>,
+    ) -> Vec<u8> {
+        let content = match prefix {
+            Prefix::Dictionary(index) => {
+                let dictionary = &plan.dictionaries[*index];
+                let content =
+                    decompress_with_prefix(&dictionary.stored, &[], dictionary.size).unwrap();
+                assert_eq!(hex::encode(Sha256::digest(&content)), dictionary.digest);
+                content
+            }
+            Prefix::Cubin(key) => {
+                let frame = &plan.frames[key];
+                assert_eq!(frame.prefix, None, "a reference's own frame is plain");
+                decompress_with_prefix(&frame.bytes, &[], sizes[key.as_str()] as u64).unwrap()
+            }
+        };
         content
     }
 
-    #[test]
-    fn every_frame_decodes_with_only_its_own_dictionary() {
-        let corpus = family_corpus(3, 12);
-        let plan = plan_compression(&borrowed(&corpus), 3, 2);
-        assert!(
-            !plan.dictionaries.is_empty(),
-            "families of near-copies share a dictionary"
-        );
-        for (key, bytes) in &corpus {
-            let frame = &plan.frames[key];
-            let content = frame.dictionary.map(|i| dictionary_content(&plan, i));
+    /// Every frame of `plan` decodes to its cubin with at most one prefix read.
+    fn assert_round_trip(plan: &CompressionPlan, corpus: &[(&str, &[u8])]) {
+        let sizes: BTreeMap<&str, usize> = corpus.iter().map(|(k, v)| (*k, v.len())).collect();
+        assert_eq!(plan.frames.len(), corpus.len());
+        for (key, bytes) in corpus {
+            let frame = &plan.frames[*key];
+            let content = frame
+                .prefix
+                .as_ref()
+                .map(|prefix| prefix_content(plan, prefix, &sizes));
             let decoded = decompress_with_prefix(
                 &frame.bytes,
                 content.as_deref().unwrap_or_default(),
@@ -465,13 +745,36 @@ mod tests {
             .unwrap();
             assert_eq!(&decoded, bytes, "{key}");
         }
+    }
+
+    #[test]
+    fn every_frame_decodes_with_only_its_own_prefix() {
+        let corpus = family_corpus(3, 12);
         let raw: usize = corpus.iter().map(|(_, v)| v.len()).sum();
-        // Random templates do not compress alone; against a sibling they nearly vanish.
-        assert!(
-            plan.stored_size() * 4 < raw,
-            "{} of {raw}",
-            plan.stored_size()
-        );
+        for references in [References::Cubins, References::Dictionaries] {
+            let settings = Settings {
+                references,
+                ..Settings::exact(3, 2)
+            };
+            let plan = plan_in_memory(&borrowed(&corpus), &settings);
+            assert_round_trip(&plan, &borrowed(&corpus));
+            let against = plan.frames.values().filter(|f| f.prefix.is_some()).count();
+            assert!(
+                against >= 30,
+                "{references:?}: {against} frames use a prefix"
+            );
+            assert_eq!(
+                plan.dictionaries.is_empty(),
+                references == References::Cubins,
+                "{references:?}"
+            );
+            // Random templates do not compress alone; against a sibling they nearly vanish.
+            assert!(
+                plan.stored_size() * 4 < raw,
+                "{references:?}: {} of {raw}",
+                plan.stored_size()
+            );
+        }
     }
 
     #[test]
@@ -479,47 +782,61 @@ mod tests {
         let corpus = family_corpus(2, 10);
         let mut reversed = corpus.clone();
         reversed.reverse();
-        let one = plan_compression(&borrowed(&corpus), 3, 1);
-        let other = plan_compression(&borrowed(&reversed), 3, 3);
-        assert_eq!(one, other);
-    }
-
-    #[test]
-    fn small_or_unrelated_corpora_use_no_dictionary() {
-        let few = family_corpus(1, (MIN_CUBINS - 1) as u64);
-        assert!(plan_compression(&borrowed(&few), 3, 2)
-            .dictionaries
-            .is_empty());
-        let unrelated: Vec<(String, Vec<u8>)> = (0..12)
-            .map(|i| (format!("k{i}"), noise(77 + i, 8 * 1024)))
-            .collect();
-        let plan = plan_compression(&borrowed(&unrelated), 3, 2);
-        assert!(plan.dictionaries.is_empty());
-        for (key, bytes) in &unrelated {
-            let frame = &plan.frames[key];
-            assert_eq!(frame.dictionary, None);
+        for references in [References::Cubins, References::Dictionaries] {
+            let one = Settings {
+                references,
+                ..Settings::exact(3, 1)
+            };
+            let other = Settings { jobs: 3, ..one };
             assert_eq!(
-                &decompress_with_prefix(&frame.bytes, &[], bytes.len() as u64).unwrap(),
-                bytes
+                plan_in_memory(&borrowed(&corpus), &one),
+                plan_in_memory(&borrowed(&reversed), &other)
             );
         }
     }
 
     #[test]
-    fn frame_needs_its_dictionary_and_respects_the_bound() {
+    fn small_or_unrelated_corpora_use_no_prefix() {
+        let few = family_corpus(1, (MIN_CUBINS - 1) as u64);
+        let plan = plan_compression(&borrowed(&few), 3, 2);
+        assert!(plan.frames.values().all(|f| f.prefix.is_none()));
+        let unrelated: Vec<(String, Vec<u8>)> = (0..12)
+            .map(|i| (format!("k{i}"), noise(77 + i, 8 * 1024)))
+            .collect();
+        for references in [References::Cubins, References::Dictionaries] {
+            let settings = Settings {
+                references,
+                ..Settings::exact(3, 2)
+            };
+            let plan = plan_in_memory(&borrowed(&unrelated), &settings);
+            assert!(plan.dictionaries.is_empty());
+            assert!(plan.frames.values().all(|f| f.prefix.is_none()));
+            assert_round_trip(&plan, &borrowed(&unrelated));
+        }
+    }
+
+    #[test]
+    fn frame_needs_its_reference_and_respects_the_bound() {
         let corpus = family_corpus(1, 10);
         let plan = plan_compression(&borrowed(&corpus), 3, 2);
-        let (key, bytes) = &corpus[3];
+        let (key, bytes) = corpus
+            .iter()
+            .find(|(key, _)| plan.frames[key].prefix.is_some())
+            .expect("a family member is compressed against a sibling");
         let frame = &plan.frames[key];
-        let index = frame
-            .dictionary
-            .expect("a family member uses the family dictionary");
+        let Some(Prefix::Cubin(reference)) = &frame.prefix else {
+            panic!("{:?}", frame.prefix)
+        };
+        let sizes = corpus.iter().map(|(k, v)| (k.as_str(), v.len())).collect();
+        let content = prefix_content(&plan, frame.prefix.as_ref().unwrap(), &sizes);
+        assert_eq!(
+            &content,
+            &corpus.iter().find(|(k, _)| k == reference).unwrap().1
+        );
         assert!(decompress_with_prefix(&frame.bytes, &[], bytes.len() as u64).is_err());
-        let mut wrong = dictionary_content(&plan, index);
-        // A dictionary of the same size but other bytes: the frame's checksum catches it.
-        wrong.iter_mut().for_each(|byte| *byte ^= 0x55);
+        // A prefix of the same size but other bytes: the frame's checksum catches it.
+        let wrong: Vec<u8> = content.iter().map(|byte| byte ^ 0x55).collect();
         assert!(decompress_with_prefix(&frame.bytes, &wrong, bytes.len() as u64).is_err());
-        let content = dictionary_content(&plan, index);
         assert_eq!(
             &decompress_with_prefix(&frame.bytes, &content, bytes.len() as u64).unwrap(),
             bytes
@@ -528,5 +845,98 @@ mod tests {
         let error = decompress_with_prefix(&frame.bytes, &content, bytes.len() as u64 - 1);
         assert!(error.unwrap_err().to_string().contains("more than"));
         assert!(decompress_with_prefix(b"not a frame", &[], 1024).is_err());
+    }
+
+    /// Real cubins: the repository's fixtures (every toolkit and arch the product builds), and
+    /// with `ci/bench-setup` run, a production GEMM family.
+    fn real_cubins() -> Vec<(String, Vec<u8>)> {
+        let workspace = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .unwrap();
+        let mut found = Vec::new();
+        for dir in [
+            workspace.join("prebuilt/tests/fixtures/cubin"),
+            workspace.join("prebuilt/tests/fixtures/stub"),
+            prebuilt::cache::user_cache_dir().join(
+                "kwheel/bench/flashinfer-cubin/cubins/flashinfer_cubin/cubins/\
+                 10f64528a1172dae8e29601a3b99ab9dc78d37be/gemm-91e0ba0-2710384",
+            ),
+        ] {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                eprintln!(
+                    "real cubins: {} absent (`bash ci/bench-setup`)",
+                    dir.display()
+                );
+                continue;
+            };
+            let mut paths: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
+            paths.sort();
+            for path in paths
+                .into_iter()
+                .filter(|p| p.extension().is_some_and(|e| e == "cubin"))
+                .take(40)
+            {
+                let bytes = std::fs::read(&path).unwrap();
+                found.push((hex::encode(Sha256::digest(&bytes)), bytes));
+            }
+        }
+        found.sort();
+        found.dedup_by(|a, b| a.0 == b.0);
+        found
+    }
+
+    #[test]
+    fn real_cubins_round_trip_and_plan_alike_from_files_and_memory() {
+        let cubins = real_cubins();
+        assert!(cubins.len() >= 12, "{} fixture cubins", cubins.len());
+        let dir = tempfile::tempdir().unwrap();
+        let files = FileCorpus::new(
+            cubins
+                .iter()
+                .rev()
+                .map(|(key, bytes)| {
+                    let path = dir.path().join(key);
+                    std::fs::write(&path, bytes).unwrap();
+                    (key.clone(), path)
+                })
+                .collect(),
+        );
+        let settings = Settings {
+            member_level: 1,
+            compare_plain: false,
+            ..Settings::exact(3, 2)
+        };
+        let in_memory = plan_in_memory(&borrowed(&cubins), &settings);
+        assert_round_trip(&in_memory, &borrowed(&cubins));
+        let from_files = plan_corpus(
+            &files,
+            &Settings {
+                jobs: 1,
+                ..settings
+            },
+            &|_, _, _| {},
+        );
+        assert_eq!(from_files.unwrap(), in_memory);
+        let plain: usize = cubins
+            .iter()
+            .map(|(_, b)| compress_one(b, None, 3).len())
+            .sum();
+        assert!(
+            in_memory.stored_size() < plain,
+            "{} vs {plain}",
+            in_memory.stored_size()
+        );
+    }
+
+    #[test]
+    fn an_unreadable_cubin_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("gone.cubin");
+        let files = FileCorpus::new(vec![("a".repeat(64), missing.clone())]);
+        let error = plan_corpus(&files, &Settings::exact(3, 1), &|_, _, _| {}).unwrap_err();
+        assert!(
+            matches!(&error, Error::Read { path, .. } if *path == missing),
+            "{error}"
+        );
     }
 }

@@ -1,9 +1,12 @@
 //! Writes a bundle directory (layout in [`prebuilt::bundle`]) and swaps it into place.
 //!
 //! Output is byte-identical for identical inputs: cubins are compressed one zstd frame each
-//! at a fixed level, either with one dictionary trained on the bundle's own cubins or against
-//! family dictionaries ([`crate::compress`]), whichever makes the bundle smaller; the index is
-//! sorted JSON; nothing records a time or a host path.
+//! at fixed levels, either with one dictionary trained on the bundle's own cubins or against
+//! reference cubins of their own family ([`crate::compress`]), whichever makes the bundle
+//! smaller; the index is sorted JSON; nothing records a time or a host path. A small library
+//! (up to 1,024 cubins and 64 MiB) is weighed exactly in memory; a larger one is streamed
+//! from its files ([`write_bundle_from`]): only sketches and compressed frames are held, and
+//! a progress bar shows each stage on a terminal.
 //!
 //! # The output folder
 //!
@@ -38,10 +41,16 @@ use std::path::{Path, PathBuf};
 use std::fs::File;
 
 // Called by path: `File` has inherent lock methods of the same names in newer Rust.
-use crate::compress::{plain_frames, plan_with_plain, thread_pool, CompressionPlan};
+use crate::compress::{
+    plain_frames, plan_corpus, thread_pool, CompressionPlan, Corpus, Prefix, References, Settings,
+    Stage,
+};
 use fs4::fs_std::FileExt;
+#[cfg(test)]
+use prebuilt::bundle::ARTIFACTS_DIR;
 use prebuilt::bundle::{
-    artifact_path, dictionary_path, parse_index, DICTIONARY_FILE, INDEX_FILE, SOURCES_DIR,
+    artifact_path, dictionary_path, parse_index, prefix_path, DICTIONARY_FILE, INDEX_FILE,
+    SOURCES_DIR,
 };
 use prebuilt::index::{Index, StoredFile};
 use prebuilt::key::sha256_hex;
@@ -57,8 +66,13 @@ use vocabulary::{foreign_to, foreign_to_extraction, staging_leftover, vocabulary
 /// holds it is a killed run's, and may be removed.
 const STAGING_MARKER: &str = ".kwheel-staging";
 
-/// zstd level for artifacts: slow to write once, as fast as any level to read.
+/// zstd level for plain frames (references among them): slow to write once, as fast as any
+/// level to read.
 const LEVEL: i32 = 19;
+/// zstd level for frames against a reference in a streamed bundle: mostly long matches, which
+/// this level finds within about a tenth of level 19's size in a twelfth of its time
+/// (docs/benchmarks.md, "Production scale").
+const MEMBER_LEVEL: i32 = 9;
 /// Upper bound of the trained dictionary's size.
 const MAX_DICTIONARY: usize = 112 * 1024;
 
@@ -75,53 +89,85 @@ pub enum WriteOutcome {
 /// the `cubins` by digest, and the shipped `sources` by stable path.
 pub fn write_bundle(
     out: &Path,
-    mut index: Index,
+    index: Index,
     cubins: &BTreeMap<String, Vec<u8>>,
     sources: &BTreeMap<String, PathBuf>,
     jobs: usize,
+) -> Result<(Index, WriteOutcome), Error> {
+    let corpus: Vec<(&str, &[u8])> = cubins
+        .iter()
+        .map(|(digest, bytes)| (digest.as_str(), bytes.as_slice()))
+        .collect();
+    let bar = progress_bar(corpus.len());
+    let progress = |stage: Stage, done: usize, _of: usize| {
+        if done == 1 {
+            bar.set_message(match stage {
+                Stage::Sketch => "sketching cubins",
+                Stage::Compress => "compressing cubins",
+            });
+        }
+        bar.set_position(done as u64);
+    };
+    let written = write_bundle_from(out, index, &corpus, sources, jobs, &progress);
+    bar.finish_and_clear();
+    written
+}
+
+/// [`write_bundle`] for cubins read from `cubins` (by digest) as they are needed, so a library
+/// of any size is bundled without holding its cubins in memory ([`crate::compress`]);
+/// `progress` hears of every cubin sketched and compressed.
+pub fn write_bundle_from(
+    out: &Path,
+    mut index: Index,
+    cubins: &dyn Corpus,
+    sources: &BTreeMap<String, PathBuf>,
+    jobs: usize,
+    progress: &(dyn Fn(Stage, usize, usize) + Sync),
 ) -> Result<(Index, WriteOutcome), Error> {
     let output = Output::lock(out, Replaceable::Bundle)?;
     if let Some(existing) = unchanged_bundle(out, &index) {
         return Ok((existing, WriteOutcome::Unchanged));
     }
     output.stage(|root| {
-        // (digest, frame, the family dictionary it needs) for every cubin.
-        let frames: Vec<(String, Vec<u8>, Option<String>)> = match compress_bundle(cubins, jobs) {
-            Compressed::Trained { dictionary, frames } => {
-                if let Some(dictionary) = &dictionary {
-                    let digest = sha256_hex(dictionary);
-                    crate::cache::write_atomically(&root.join(DICTIONARY_FILE), dictionary)?;
-                    index.dictionary = Some(StoredFile {
-                        digest,
-                        size: dictionary.len() as u64,
-                        path: DICTIONARY_FILE.to_owned(),
-                        stored_size: dictionary.len() as u64,
-                        dictionary: None,
-                    });
+        // (digest, frame, the digest of the prefix it needs) for every cubin.
+        let frames: Vec<(String, Vec<u8>, Option<String>)> =
+            match compress_bundle(cubins, jobs, progress)? {
+                Compressed::Trained { dictionary, frames } => {
+                    if let Some(dictionary) = &dictionary {
+                        let digest = sha256_hex(dictionary);
+                        crate::cache::write_atomically(&root.join(DICTIONARY_FILE), dictionary)?;
+                        index.dictionary = Some(StoredFile {
+                            digest,
+                            size: dictionary.len() as u64,
+                            path: DICTIONARY_FILE.to_owned(),
+                            stored_size: dictionary.len() as u64,
+                            dictionary: None,
+                        });
+                    }
+                    (0..cubins.count())
+                        .map(|i| cubins.key(i).to_owned())
+                        .zip(frames)
+                        .map(|(digest, frame)| (digest, frame, None))
+                        .collect()
                 }
-                cubins
-                    .keys()
-                    .cloned()
-                    .zip(frames)
-                    .map(|(digest, frame)| (digest, frame, None))
-                    .collect()
-            }
-            Compressed::Families(plan) => {
-                for dictionary in &plan.dictionaries {
-                    let path = root.join(dictionary_path(&dictionary.digest));
-                    crate::cache::write_atomically(&path, &dictionary.stored)?;
+                Compressed::References(plan) => {
+                    for dictionary in &plan.dictionaries {
+                        let path = root.join(dictionary_path(&dictionary.digest));
+                        crate::cache::write_atomically(&path, &dictionary.stored)?;
+                    }
+                    plan.frames
+                        .into_iter()
+                        .map(|(digest, frame)| {
+                            let prefix = frame.prefix.map(|prefix| match prefix {
+                                Prefix::Dictionary(n) => plan.dictionaries[n].digest.clone(),
+                                // The writer's keys are the cubins' digests.
+                                Prefix::Cubin(reference) => reference,
+                            });
+                            (digest, frame.bytes, prefix)
+                        })
+                        .collect()
                 }
-                plan.frames
-                    .into_iter()
-                    .map(|(digest, frame)| {
-                        let family = frame
-                            .dictionary
-                            .map(|n| plan.dictionaries[n].digest.clone());
-                        (digest, frame.bytes, family)
-                    })
-                    .collect()
-            }
-        };
+            };
         let mut stored_by_digest = BTreeMap::new();
         for (digest, frame, family) in frames {
             let path = artifact_path(&digest);
@@ -148,6 +194,16 @@ pub fn write_bundle(
         crate::cache::write_atomically(&root.join(LOOKUP_FILE), &prebuilt::lookup::encode(&index))
     })?;
     Ok((index, WriteOutcome::Written))
+}
+
+/// The writer's bar on stderr (drawn only on a terminal) for `len` cubins.
+fn progress_bar(len: usize) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(len as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed}] {wide_msg}")
+            .expect("a valid template"),
+    );
+    bar
 }
 
 /// Fills a new directory through `fill` in a hidden sibling of `out`, then swaps it into
@@ -484,9 +540,7 @@ fn unchanged_bundle(out: &Path, planned: &Index) -> Option<Index> {
             return None;
         }
         if let Some(family) = &file.dictionary {
-            if !out.join(dictionary_path(family)).is_file() {
-                return None;
-            }
+            prefix_path(out, family)?;
         }
     }
     let sources = planned.kernels.values().flat_map(|k| k.inputs.files.keys());
@@ -516,37 +570,79 @@ pub fn without_storage(index: &Index) -> Index {
 
 /// How a bundle's cubins are stored.
 enum Compressed {
-    /// One frame per cubin, with one dictionary trained on all of them when that pays.
+    /// One frame per cubin (in key order), with one dictionary trained on all of them when
+    /// that pays.
     Trained {
         dictionary: Option<Vec<u8>>,
         frames: Vec<Vec<u8>>,
     },
-    /// One frame per cubin, against its family's dictionary where that pays ([`compress`]).
-    Families(CompressionPlan),
+    /// One frame per cubin, against a reference cubin where that pays ([`crate::compress`]).
+    References(CompressionPlan),
 }
 
-/// The smaller of the two ways to store `cubins` (by digest): a library of a few unrelated
-/// kernels is best served by one trained dictionary, one of whole template families by family
-/// dictionaries (docs/benchmarks.md, "Bundle size"). Both are deterministic, so the choice is.
-fn compress_bundle(cubins: &BTreeMap<String, Vec<u8>>, jobs: usize) -> Compressed {
-    let samples: Vec<&[u8]> = cubins.values().map(Vec::as_slice).collect();
-    // Both ways are weighed against the same plain frames, made once: the slowest pass.
+/// Up to this many cubins and bytes, a bundle is compressed in memory and every choice is
+/// exact: plain, one trained dictionary, or references, whichever is smallest. Past it, cubins
+/// are streamed and compressed against references, the plain frame computed only for cubins
+/// without a close reference (see [`crate::compress`]).
+const EXACT_CUBINS: usize = 1024;
+/// (Lower in tests, so that real fixture cubins take the streamed path too.)
+const EXACT_BYTES: usize = if cfg!(test) { 256 << 10 } else { 64 << 20 };
+
+/// The smaller of the ways to store `cubins` (by digest): a library of a few unrelated kernels
+/// is best served by one trained dictionary, one of whole template families by references
+/// (docs/benchmarks.md, "Bundle size"). Every way is deterministic, so the choice is.
+fn compress_bundle(
+    cubins: &dyn Corpus,
+    jobs: usize,
+    progress: &(dyn Fn(Stage, usize, usize) + Sync),
+) -> Result<Compressed, Error> {
+    let streamed = Settings {
+        level: LEVEL,
+        member_level: MEMBER_LEVEL,
+        references: References::Cubins,
+        compare_plain: false,
+        jobs,
+    };
+    if cubins.count() > EXACT_CUBINS {
+        return Ok(Compressed::References(plan_corpus(
+            cubins, &streamed, progress,
+        )?));
+    }
+    let mut held = Vec::with_capacity(cubins.count());
+    let mut total = 0;
+    for i in 0..cubins.count() {
+        let bytes = cubins.read(i)?;
+        total += bytes.len();
+        if total > EXACT_BYTES {
+            drop(held);
+            return Ok(Compressed::References(plan_corpus(
+                cubins, &streamed, progress,
+            )?));
+        }
+        held.push(bytes.into_owned());
+    }
+    let samples: Vec<&[u8]> = held.iter().map(Vec::as_slice).collect();
     let plain = plain_frames(&samples, LEVEL, jobs);
     let plain_size: usize = plain.iter().map(Vec::len).sum();
     let trained = train_dictionary(&samples, plain_size, jobs);
     let trained_size = trained.as_ref().map_or(plain_size, |(dictionary, frames)| {
         dictionary.len() + frames.iter().map(Vec::len).sum::<usize>()
     });
-    // A BTreeMap by digest: the keys are sorted as the plan needs them.
-    let keyed: Vec<(&str, &[u8])> = cubins
-        .iter()
-        .map(|(digest, bytes)| (digest.as_str(), bytes.as_slice()))
+    let keyed: Vec<(&str, &[u8])> = (0..cubins.count())
+        .map(|i| cubins.key(i))
+        .zip(samples.iter().copied())
         .collect();
-    let plan = plan_with_plain(&keyed, &plain, LEVEL, jobs);
-    if !plan.dictionaries.is_empty() && plan.stored_size() < trained_size {
-        return Compressed::Families(plan);
+    let exact = Settings {
+        member_level: LEVEL,
+        compare_plain: true,
+        ..streamed
+    };
+    let plan = plan_corpus(&keyed, &exact, progress)?;
+    let uses_prefix = plan.frames.values().any(|frame| frame.prefix.is_some());
+    if uses_prefix && plan.stored_size() < trained_size {
+        return Ok(Compressed::References(plan));
     }
-    match trained {
+    Ok(match trained {
         Some((dictionary, frames)) => Compressed::Trained {
             dictionary: Some(dictionary),
             frames,
@@ -555,7 +651,7 @@ fn compress_bundle(cubins: &BTreeMap<String, Vec<u8>>, jobs: usize) -> Compresse
             dictionary: None,
             frames: plain,
         },
-    }
+    })
 }
 
 /// A dictionary trained on `samples` and their frames compressed with it, when that is
@@ -635,6 +731,141 @@ mod tests {
                 sample
             })
             .collect()
+    }
+
+    /// Real cubins: the repository's fixtures and, where a default bundle was built in this
+    /// tree (`target/kwheel/_prebuilt`), the default library's, by digest.
+    fn real_cubins() -> BTreeMap<String, Vec<u8>> {
+        let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let mut cubins = BTreeMap::new();
+        for dir in [
+            "prebuilt/tests/fixtures/cubin",
+            "prebuilt/tests/fixtures/stub",
+        ] {
+            for entry in std::fs::read_dir(workspace.join(dir)).unwrap().flatten() {
+                let bytes = std::fs::read(entry.path()).unwrap();
+                cubins.insert(sha256_hex(&bytes), bytes);
+            }
+        }
+        match prebuilt::Bundle::open(workspace.join("target/kwheel/_prebuilt")) {
+            Ok(bundle) => {
+                for (kernel, record) in &bundle.index().kernels {
+                    for variant in &record.variants {
+                        let bytes = bundle.read_artifact(kernel, variant).unwrap();
+                        cubins.insert(sha256_hex(&bytes), bytes);
+                    }
+                }
+            }
+            Err(error) => eprintln!("default library's cubins left out: {error}"),
+        }
+        cubins
+    }
+
+    /// One kernel per cubin, one variant each.
+    fn index_of(cubins: &BTreeMap<String, Vec<u8>>) -> Index {
+        let kernels = cubins
+            .iter()
+            .enumerate()
+            .map(|(n, (digest, bytes))| {
+                let variant = prebuilt::Variant {
+                    arch: "sm_90a".parse().unwrap(),
+                    cuda: "cu130".parse().unwrap(),
+                    torch: "2.13.*".to_owned(),
+                    compiler: prebuilt::index::CompilerRecord {
+                        kind: "cubin".to_owned(),
+                        version: String::new(),
+                    },
+                    key: digest.clone(),
+                    artifact: StoredFile {
+                        digest: digest.clone(),
+                        size: bytes.len() as u64,
+                        path: String::new(),
+                        stored_size: 0,
+                        dictionary: None,
+                    },
+                    functions: Vec::new(),
+                };
+                let record = prebuilt::KernelRecord {
+                    inputs: prebuilt::KernelInputs::default(),
+                    recipe: None,
+                    constants: BTreeMap::new(),
+                    variants: vec![variant],
+                    skipped: Vec::new(),
+                };
+                (format!("k{n:03}"), record)
+            })
+            .collect();
+        Index {
+            format: prebuilt::index::INDEX_FORMAT,
+            package: "real".to_owned(),
+            torch: "2.13.*".to_owned(),
+            store: None,
+            dictionary: None,
+            kernels,
+        }
+    }
+
+    fn files_under(root: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
+        let mut files = BTreeMap::new();
+        let mut dirs = vec![root.to_owned()];
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(dir).unwrap().flatten() {
+                if entry.path().is_dir() {
+                    dirs.push(entry.path());
+                } else {
+                    let relative = entry.path().strip_prefix(root).unwrap().to_owned();
+                    files.insert(relative, std::fs::read(entry.path()).unwrap());
+                }
+            }
+        }
+        files
+    }
+
+    /// Streamed from files on three threads or from memory on one, real cubins give the same
+    /// bundle byte for byte, its frames against reference cubins (index format 4), and every
+    /// cubin reads back verified.
+    #[test]
+    fn streamed_bundles_are_identical_whatever_the_threads_and_read_back() {
+        let cubins = real_cubins();
+        assert!(cubins.len() >= 12, "{} real cubins", cubins.len());
+        let dir = tempfile::tempdir().unwrap();
+        let index = index_of(&cubins);
+        let one = dir.path().join("one");
+        write_bundle(&one, index.clone(), &cubins, &BTreeMap::new(), 1).unwrap();
+        let files = crate::compress::FileCorpus::new(
+            cubins
+                .iter()
+                .map(|(digest, bytes)| {
+                    let path = dir.path().join(format!("{digest}.cubin"));
+                    std::fs::write(&path, bytes).unwrap();
+                    (digest.clone(), path)
+                })
+                .collect(),
+        );
+        let three = dir.path().join("three");
+        let (written, _) =
+            write_bundle_from(&three, index, &files, &BTreeMap::new(), 3, &|_, _, _| {}).unwrap();
+        assert!(
+            files_under(&one) == files_under(&three),
+            "the two bundles differ"
+        );
+        assert_eq!(written.format, prebuilt::index::REFERENCE_INDEX_FORMAT);
+        let bundle = prebuilt::Bundle::open(&three).unwrap();
+        let mut against = 0;
+        for (kernel, record) in &bundle.index().kernels {
+            for variant in &record.variants {
+                against += usize::from(variant.artifact.dictionary.is_some());
+                let bytes = bundle.read_artifact(kernel, variant).unwrap();
+                assert_eq!(bytes, cubins[&variant.artifact.digest], "{kernel}");
+            }
+        }
+        assert!(against > 0, "some frame is against a reference cubin");
+        // Nothing but artifacts, the two indexes: a reference costs no file of its own.
+        assert!(files_under(&three)
+            .keys()
+            .all(|path| path.starts_with(ARTIFACTS_DIR)
+                || path == Path::new(INDEX_FILE)
+                || path == Path::new(LOOKUP_FILE)));
     }
 
     #[test]

@@ -12,8 +12,12 @@
 //! ```
 //!
 //! Every artifact is its own zstd frame (no solid archive), so a loader decompresses only
-//! the cubin it picked. Identical cubins share one file. Nothing read from an artifact is
-//! handed out before its sha256 matches the index.
+//! the cubin it picked, after at most one other frame: the raw-content prefix its record names
+//! by sha256 ([`StoredFile::dictionary`]), which is either a family dictionary under
+//! `dictionaries/` (index format 3) or, from format 4, another shipped cubin whose own
+//! artifact is a plain frame, so a reference costs no byte of its own ([`read_prefix`]).
+//! Identical cubins share one file. Nothing read from an artifact is handed out before its
+//! sha256 matches the index.
 //!
 //! An index is untrusted input: [`parse_index`] checks every kernel name, path, digest and
 //! size in it ([`crate::untrusted::check_index`]) before anything joins a path, only regular
@@ -32,9 +36,9 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::cache::{write_atomically, ArtifactCache};
+use crate::cache::ArtifactCache;
 use crate::index::{
-    ArtifactLocation, Index, StoredFile, Variant, FAMILY_INDEX_FORMAT, INDEX_FORMAT,
+    ArtifactLocation, Index, StoredFile, Variant, INDEX_FORMAT, REFERENCE_INDEX_FORMAT,
 };
 use crate::key::sha256_hex;
 use crate::target::Arch;
@@ -106,7 +110,7 @@ pub enum BundleError {
     },
     /// The index was written by a newer or older format.
     #[error(
-        "bundle index `{}` has format {found}, this kwheel reads formats {INDEX_FORMAT} to {FAMILY_INDEX_FORMAT}: rebuild the bundle with this version",
+        "bundle index `{}` has format {found}, this kwheel reads formats {INDEX_FORMAT} to {REFERENCE_INDEX_FORMAT}: rebuild the bundle with this version",
         path.display()
     )]
     UnsupportedFormat {
@@ -376,7 +380,7 @@ pub fn parse_index(path: &Path, bytes: &[u8]) -> Result<Index, BundleError> {
             path: path.to_owned(),
             source,
         })?;
-    if !(INDEX_FORMAT..=FAMILY_INDEX_FORMAT).contains(&format.format) {
+    if !(INDEX_FORMAT..=REFERENCE_INDEX_FORMAT).contains(&format.format) {
         return Err(BundleError::UnsupportedFormat {
             path: path.to_owned(),
             found: format.format,
@@ -526,15 +530,40 @@ pub fn decompress_with_prefix(
             "the frame declares {declared} bytes, more than the {limit} recorded"
         )));
     }
-    let mut context = zstd_safe::DCtx::create();
-    // The writer's window reaches from a cubin back over its prefix: a dictionary is at most
-    // MAX_DICTIONARY_SIZE and a cubin MAX_ARTIFACT_SIZE, so 2^29 covers every frame it writes.
-    context
-        .set_parameter(DParameter::WindowLogMax(29))
-        .map_err(zstd)?;
-    context.ref_prefix(prefix).map_err(zstd)?;
+    thread_local! {
+        // One context per thread, kept: creating one costs more than decoding a small cubin.
+        static CONTEXT: std::cell::RefCell<Option<zstd_safe::DCtx<'static>>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    let new_context = || -> std::io::Result<zstd_safe::DCtx<'static>> {
+        let mut context = zstd_safe::DCtx::create();
+        // The writer's window reaches from a cubin back over its prefix, each at most
+        // MAX_ARTIFACT_SIZE, so 2^29 covers every frame it writes.
+        context
+            .set_parameter(DParameter::WindowLogMax(29))
+            .map_err(zstd)?;
+        Ok(context)
+    };
     let mut bytes = Vec::with_capacity(declared as usize);
-    let decoded = context.decompress(&mut bytes, compressed).map_err(zstd)?;
+    // Content that starts like a zstd dictionary would be read as one, not as raw content:
+    // such a prefix takes a fresh context that is told it is a prefix.
+    let decoded = if prefix.get(..4) == Some(&0xEC30_A437u32.to_le_bytes()[..]) {
+        let mut context = new_context()?;
+        context.ref_prefix(prefix).map_err(zstd)?;
+        context.decompress(&mut bytes, compressed).map_err(zstd)?
+    } else {
+        CONTEXT.with(|cell| -> std::io::Result<usize> {
+            let mut cell = cell.borrow_mut();
+            let context = match &mut *cell {
+                Some(context) => context,
+                empty => empty.insert(new_context()?),
+            };
+            // Raw content is only referenced, never copied (ZSTD_decompress_usingDict).
+            context
+                .decompress_using_dict(&mut bytes, compressed, prefix)
+                .map_err(zstd)
+        })?
+    };
     if decoded as u64 != declared {
         return Err(invalid(format!(
             "the frame declares {declared} bytes but holds {decoded}"
@@ -554,10 +583,21 @@ pub fn dictionary_path(digest: &str) -> String {
     )
 }
 
-/// Reads the family dictionary with raw-content sha256 `digest` (a plain zstd frame) and
-/// decompresses it; with `verify`, checks its sha256 too. The loader does not: a frame
-/// decompressed against other bytes fails its checksum or the cubin's own sha256, which is
-/// always checked, so hashing the dictionary would only name the file in the error.
+/// Where the prefix with raw-content sha256 `digest` is stored in the bundle at `root`, relative
+/// to it: a dictionary file (index format 3), else the artifact of the shipped cubin with that
+/// digest (format 4), whose frame is plain; `None` when neither is a file. Both are one plain
+/// zstd frame of the same bytes, so a reader need not know which it found.
+pub fn prefix_path(root: &Path, digest: &str) -> Option<String> {
+    [dictionary_path(digest), artifact_path(digest)]
+        .into_iter()
+        .find(|relative| root.join(relative).is_file())
+}
+
+/// Reads the prefix with raw-content sha256 `digest` (a family dictionary or a reference
+/// cubin's artifact, [`prefix_path`]; a plain zstd frame) and decompresses it; with `verify`,
+/// checks its sha256 too. The loader does not: a frame decompressed against other bytes fails
+/// its checksum or the cubin's own sha256, which is always checked before a load, so hashing
+/// the prefix would only name the file in the error.
 pub fn read_prefix(
     root: &Path,
     digest: &str,
@@ -572,23 +612,30 @@ pub fn read_prefix(
     };
     Digest::parse(digest)
         .map_err(|e| refused(e.of(format!("the dictionary of `{kernel}` ({variant})"))))?;
-    let relative = ArtifactPath::parse(&dictionary_path(digest)).map_err(refused)?;
+    // A dictionary is capped lower than a cubin; a reference cubin is one.
+    let (stored_at, cap) = match prefix_path(root, digest) {
+        Some(found) if found.starts_with(ARTIFACTS_DIR) => (found, MAX_ARTIFACT_SIZE),
+        found => (
+            found.unwrap_or_else(|| dictionary_path(digest)),
+            MAX_DICTIONARY_SIZE,
+        ),
+    };
+    let relative = ArtifactPath::parse(&stored_at).map_err(refused)?;
     let path = resolve_inside(root, &relative).map_err(|source| BundleError::Read {
         path: relative.join_to(root),
         source,
     })?;
-    let stored =
-        read_regular_file(&path, MAX_DICTIONARY_SIZE).map_err(|source| BundleError::Read {
-            path: path.clone(),
-            source,
-        })?;
+    let stored = read_regular_file(&path, cap).map_err(|source| BundleError::Read {
+        path: path.clone(),
+        source,
+    })?;
     let corrupt = |source| BundleError::Corrupt {
         kernel: kernel.to_owned(),
         variant: format!("{variant} dictionary"),
         path: path.clone(),
         source,
     };
-    let bytes = decompress_with_prefix(&stored, &[], MAX_DICTIONARY_SIZE).map_err(corrupt)?;
+    let bytes = decompress_with_prefix(&stored, &[], cap).map_err(corrupt)?;
     if verify_digest {
         let actual = sha256_hex(&bytes);
         if actual != digest {
@@ -851,7 +898,7 @@ mod tests {
     #[test]
     fn a_frame_shared_by_many_variants_is_decoded_and_written_once() {
         let dir = tempfile::tempdir().unwrap();
-        let content = vec![0u8; 256 << 20];
+        let content = vec![0u8; MAX_ARTIFACT_SIZE as usize];
         let root = shared_bundle(dir.path(), 40, &content);
         let index = read_index(&root).unwrap();
         let stored = &index.kernels["k000"].variants[0].artifact;
@@ -866,7 +913,7 @@ mod tests {
             }
         }
         let verify = started.elapsed();
-        assert_eq!(decoded(&bundle), 256 << 20);
+        assert_eq!(decoded(&bundle), MAX_ARTIFACT_SIZE);
 
         let bundle = Bundle::open(&root).unwrap();
         let out = dir.path().join("out");
@@ -874,7 +921,7 @@ mod tests {
         let written = bundle.extract_to(&out).unwrap();
         let extract = started.elapsed();
         assert_eq!(written.len(), 80);
-        assert_eq!(decoded(&bundle), 256 << 20);
+        assert_eq!(decoded(&bundle), MAX_ARTIFACT_SIZE);
         let inodes: std::collections::BTreeSet<u64> = written
             .iter()
             .map(|relative| std::fs::metadata(out.join(relative)).unwrap().ino())
@@ -927,6 +974,103 @@ mod tests {
             }
         }
         assert_eq!(decoded(&bundle), 1 << 20);
+    }
+
+    /// A bundle of two kernels: `k0`'s cubin stored plain, `k1`'s compressed against it (its
+    /// prefix is `k0`'s cubin, index format 4).
+    fn reference_bundle(dir: &Path, reference: &[u8], member: &[u8]) -> (PathBuf, Index) {
+        use zstd::zstd_safe::{CCtx, CParameter};
+        let mut context = CCtx::create();
+        context
+            .set_parameter(CParameter::ContentSizeFlag(true))
+            .unwrap();
+        context
+            .set_parameter(CParameter::ChecksumFlag(true))
+            .unwrap();
+        context.ref_prefix(reference).unwrap();
+        let mut against = Vec::with_capacity(zstd::zstd_safe::compress_bound(member.len()));
+        context.compress2(&mut against, member).unwrap();
+        let root = shared_bundle(dir, 2, reference);
+        let mut index = read_index(&root).unwrap();
+        let member_digest = sha256_hex(member);
+        let variant = &mut index.kernels.get_mut("k001").unwrap().variants;
+        variant.truncate(1);
+        variant[0].key = member_digest.clone();
+        variant[0].artifact = StoredFile {
+            path: artifact_path(&member_digest),
+            digest: member_digest,
+            size: member.len() as u64,
+            stored_size: against.len() as u64,
+            dictionary: Some(sha256_hex(reference)),
+        };
+        let file = root.join(&variant[0].artifact.path);
+        index.format = index.required_format();
+        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        std::fs::write(&file, &against).unwrap();
+        std::fs::write(root.join(INDEX_FILE), index.to_json()).unwrap();
+        (root, index)
+    }
+
+    /// A frame whose prefix is another shipped cubin reads back through that cubin's artifact,
+    /// with no dictionary file; a damaged reference fails the read, naming its file.
+    #[test]
+    fn a_frame_against_a_reference_cubin_reads_through_its_artifact() {
+        let dir = tempfile::tempdir().unwrap();
+        let reference: Vec<u8> = (0..64 << 10).map(|n: u32| (n * 7 % 253) as u8).collect();
+        let mut member = reference.clone();
+        member[1000..1100].fill(9);
+        let (root, index) = reference_bundle(dir.path(), &reference, &member);
+        assert_eq!(index.format, REFERENCE_INDEX_FORMAT);
+        assert!(!root.join(DICTIONARIES_DIR).exists());
+        let bundle = Bundle::open(&root).unwrap();
+        let variant = &bundle.index().kernels["k001"].variants[0];
+        assert!(
+            variant.artifact.stored_size < 1024,
+            "{}",
+            variant.artifact.stored_size
+        );
+        assert_eq!(bundle.read_artifact("k001", variant).unwrap(), member);
+        let digest = sha256_hex(&reference);
+        assert_eq!(
+            prefix_path(&root, &digest).as_deref(),
+            Some(artifact_path(&digest).as_str())
+        );
+
+        let damaged = zstd::bulk::compress(&vec![1u8; reference.len()], 1).unwrap();
+        std::fs::write(root.join(artifact_path(&digest)), damaged).unwrap();
+        let error = read_artifact(&root, None, "k001", variant).unwrap_err();
+        let message = crate::error_chain(&error);
+        assert!(
+            matches!(error, BundleError::DigestMismatch { .. })
+                && message.contains(&artifact_path(&digest)),
+            "{message}"
+        );
+        // The loader's read (the prefix not hashed) still never hands out other bytes.
+        let bundle = Bundle::open(&root).unwrap();
+        let loader = read_artifact_with(
+            &root,
+            "k001",
+            variant,
+            |digest, label| read_prefix(&root, digest, false, "k001", label),
+            |_| Ok(None::<Vec<u8>>),
+        );
+        assert!(loader.is_err());
+        drop(bundle);
+    }
+
+    /// A reader refuses an index of a newer format by its number, saying what it reads.
+    #[test]
+    fn an_index_of_a_newer_format_is_refused_by_its_number() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = shared_bundle(dir.path(), 1, b"cubin bytes");
+        let mut index = read_index(&root).unwrap();
+        index.format = REFERENCE_INDEX_FORMAT + 1;
+        std::fs::write(root.join(INDEX_FILE), index.to_json()).unwrap();
+        let message = crate::error_chain(&Bundle::open(&root).unwrap_err());
+        assert!(
+            message.contains("has format 5, this kwheel reads formats 1 to 4"),
+            "{message}"
+        );
     }
 
     /// One digest, two sizes: one of the claims is false, so the index is refused at open.

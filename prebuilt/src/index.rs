@@ -24,6 +24,10 @@ pub const STORE_INDEX_FORMAT: u32 = 2;
 /// ([`StoredFile::dictionary`]): a reader of format 2 could not decompress them, so it must
 /// refuse the index. A store may be recorded too.
 pub const FAMILY_INDEX_FORMAT: u32 = 3;
+/// The index format of a bundle where an artifact's prefix is another shipped cubin (its
+/// artifact, a plain frame), not a dictionary file: a reader of format 3 would look for a
+/// dictionary that is not there, so it must refuse the index.
+pub const REFERENCE_INDEX_FORMAT: u32 = 4;
 
 /// The whole index of a bundle (`index.json`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -294,17 +298,18 @@ impl Index {
         self.format = self.required_format();
     }
 
-    /// The oldest format whose readers can read this index: [`FAMILY_INDEX_FORMAT`] when an
-    /// artifact needs a family dictionary, [`STORE_INDEX_FORMAT`] with a store, else
-    /// [`INDEX_FORMAT`], so an index without the newer features stays readable by older
+    /// The oldest format whose readers can read this index: [`REFERENCE_INDEX_FORMAT`] when an
+    /// artifact's prefix is another artifact, [`FAMILY_INDEX_FORMAT`] when it is a dictionary,
+    /// [`STORE_INDEX_FORMAT`] with a store, else [`INDEX_FORMAT`], so an index without the newer features stays readable by older
     /// readers byte for byte.
     pub fn required_format(&self) -> u32 {
-        let families = self
-            .kernels
-            .values()
-            .flat_map(|record| &record.variants)
-            .any(|variant| variant.artifact.dictionary.is_some());
-        if families {
+        let artifacts = || self.kernels.values().flat_map(|record| &record.variants);
+        let digests: std::collections::BTreeSet<&str> =
+            artifacts().map(|v| v.artifact.digest.as_str()).collect();
+        let prefixes = || artifacts().filter_map(|v| v.artifact.dictionary.as_deref());
+        if prefixes().any(|prefix| digests.contains(prefix)) {
+            REFERENCE_INDEX_FORMAT
+        } else if prefixes().next().is_some() {
             FAMILY_INDEX_FORMAT
         } else if self.store.is_some() {
             STORE_INDEX_FORMAT

@@ -654,9 +654,10 @@ fn bundle_files(
         for variant in &record.variants {
             if ship.is_none_or(|filter| filter.ships(variant)) {
                 stored.insert(variant.artifact.path.clone());
-                // The family dictionary a shipped frame needs ships with it.
+                // The prefix a shipped frame needs (a dictionary or a reference cubin) ships
+                // with it.
                 if let Some(family) = &variant.artifact.dictionary {
-                    stored.insert(prebuilt::bundle::dictionary_path(family));
+                    stored.extend(prebuilt::bundle::prefix_path(bundle.root(), family));
                 }
             }
         }
