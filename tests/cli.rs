@@ -2,6 +2,7 @@
 //! meets, on the embedded library with the real toolchains.
 
 mod getting_started;
+mod index;
 mod support;
 mod warm_packs;
 

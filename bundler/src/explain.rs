@@ -4,8 +4,8 @@ use std::collections::BTreeSet;
 use std::fmt::{self, Write};
 use std::path::{Path, PathBuf};
 
-use prebuilt::bundle::read_index;
 use prebuilt::index::{Index, KernelInputs, TargetInputs};
+use prebuilt::lookup::read_bundle_index;
 use prebuilt::CudaBuild;
 
 use crate::build::{plan_kernel, target_keys, BuildToolchain};
@@ -82,7 +82,7 @@ pub fn explain(
 
     let changes = match against {
         Some(path) => {
-            let index = read_index(path)?;
+            let index = read_bundle_index(path)?;
             Some(changes_since(
                 &index,
                 kernel,

@@ -28,6 +28,7 @@ use prebuilt::coverage::{fleet_coverage, FleetDevice};
 use prebuilt::cubin::{entry_resources, EntryResources};
 use prebuilt::device::DeviceQuery;
 use prebuilt::index::{Index, KernelRecord, Variant};
+use prebuilt::lookup::LOOKUP_FILE;
 use prebuilt::Bundle;
 
 use crate::Error;
@@ -63,11 +64,12 @@ impl Release {
         })?;
         let mut archive = zip::ZipArchive::new(std::io::Cursor::new(bytes))
             .map_err(|error| compare(format!("cannot read it as a zip archive: {error}")))?;
-        let index_suffix = format!("/_prebuilt/{INDEX_FILE}");
+        // A bundle is found by its `kernels.idx` (all a wheel needs to ship) or `index.json`.
+        let suffixes = [INDEX_FILE, LOOKUP_FILE].map(|file| format!("/_prebuilt/{file}"));
         let names: Vec<String> = archive.file_names().map(str::to_owned).collect();
         let roots: BTreeSet<&str> = names
             .iter()
-            .filter_map(|name| name.strip_suffix(&index_suffix))
+            .filter_map(|name| suffixes.iter().find_map(|suffix| name.strip_suffix(suffix)))
             .collect();
         let root = match roots.len() {
             1 => format!("{}/_prebuilt/", roots.iter().next().unwrap_or(&"")),
@@ -102,8 +104,9 @@ impl Release {
             let mut file = std::fs::File::create(&target).map_err(write_error)?;
             std::io::copy(&mut entry, &mut file).map_err(write_error)?;
         }
-        let bundle =
-            Bundle::open(scratch.path()).map_err(|error| Error::Bundle(Box::new(error)))?;
+        let bundle = prebuilt::lookup::restore_index_json(scratch.path())
+            .and_then(|_| Bundle::open(scratch.path()))
+            .map_err(|error| Error::Bundle(Box::new(error)))?;
         Ok(Release {
             path: path.to_owned(),
             bundle,
