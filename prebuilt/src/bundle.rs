@@ -54,6 +54,9 @@ const MAX_HELD_BYTES: u64 = 512 << 20;
 
 mod reads;
 use reads::{link_atomically, Reads, Reuse};
+mod stream;
+pub use stream::stream_stored;
+use stream::write_streamed;
 
 /// File name of the index inside a bundle.
 pub const INDEX_FILE: &str = "index.json";
@@ -246,7 +249,7 @@ impl Bundle {
     pub fn verify_artifact(&self, kernel: &str, variant: &Variant) -> Result<(), BundleError> {
         match self.reuse(kernel, variant, false)? {
             Reuse::Verified | Reuse::Bytes(_) => Ok(()),
-            Reuse::Decode(charged) => self.decode(kernel, variant, false, charged).map(drop),
+            Reuse::Decode(charged) => self.stream(kernel, variant, charged, &mut std::io::sink()),
         }
     }
 }
@@ -279,25 +282,23 @@ impl Bundle {
                         // Same file, so same digest and size (the index was checked): take
                         // the variant's turn without decoding, then link.
                         match self.reuse(kernel, variant, false)? {
-                            Reuse::Decode(charged) => {
-                                let cubin = self.decode(kernel, variant, false, charged)?;
-                                write_atomically(&path, &cubin).map_err(write_error)?;
-                            }
+                            Reuse::Decode(charged) => write_streamed(&path, |file| {
+                                self.stream(kernel, variant, charged, file)
+                            })?,
                             Reuse::Verified | Reuse::Bytes(_) => {
                                 link_atomically(earlier, &path).map_err(write_error)?;
                             }
                         }
                     }
                     None => {
-                        // The other variants of this file link to what is written here.
-                        let cubin = match self.reuse(kernel, variant, true)? {
-                            Reuse::Bytes(bytes) => bytes,
-                            Reuse::Verified => self.decode(kernel, variant, false, false)?,
-                            Reuse::Decode(charged) => {
-                                self.decode(kernel, variant, false, charged)?
-                            }
+                        // Inflated straight into the file, never held; the other variants of
+                        // this file link to it. Verified earlier (by another call) is decoded
+                        // again, as the caller's own repeat.
+                        let charged = match self.reuse(kernel, variant, false)? {
+                            Reuse::Decode(charged) => charged,
+                            Reuse::Verified | Reuse::Bytes(_) => false,
                         };
-                        write_atomically(&path, &cubin).map_err(write_error)?;
+                        write_streamed(&path, |file| self.stream(kernel, variant, charged, file))?;
                         first.insert(&variant.artifact.path, path.clone());
                     }
                 }

@@ -24,8 +24,10 @@ use std::path::{Path, PathBuf};
 use crate::index::{Index, KernelRecord, StoredFile};
 
 /// Largest cubin (uncompressed) or stored artifact kwheel reads: a limit checked before any
-/// memory is reserved for it.
-pub const MAX_ARTIFACT_SIZE: u64 = 256 << 20;
+/// memory is reserved for it, and what the loader may hold for one cubin. The largest of
+/// FlashInfer's 15,970 production cubins is 624,480 bytes; 64 MiB leaves about 100 times that
+/// for larger kernels and `-G`/`-lineinfo` builds (docs/security.md, Caps).
+pub const MAX_ARTIFACT_SIZE: u64 = 64 << 20;
 /// Largest zstd dictionary (the writer trains at most 112 KiB).
 pub const MAX_DICTIONARY_SIZE: u64 = 16 << 20;
 /// Largest `index.json` or `shard.json` (a 16,000-variant index is 18 MB).

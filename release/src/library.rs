@@ -197,7 +197,7 @@ pub fn build_library_wheel(options: &LibraryWheelOptions) -> Result<BuiltWheel, 
     let bundle = Bundle::open(&options.bundle)?;
     for (kernel, record) in &bundle.index().kernels {
         for variant in &record.variants {
-            bundle.read_artifact(kernel, variant)?;
+            bundle.verify_artifact(kernel, variant)?;
         }
     }
 

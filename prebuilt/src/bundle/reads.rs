@@ -92,30 +92,64 @@ impl Bundle {
         keep: bool,
         charged: bool,
     ) -> Result<Vec<u8>, BundleError> {
+        self.with_dictionary(kernel, variant, |dictionary, label| {
+            if charged {
+                self.charge(kernel, variant)?;
+            }
+            let read = read_stored(&self.root, &variant.artifact, dictionary, kernel, label);
+            self.record(variant, read.as_ref().map(|bytes| Some(&bytes[..])), keep);
+            read
+        })
+    }
+
+    /// [`Bundle::decode`] into `sink` as it inflates ([`stream_stored`]), keeping nothing.
+    pub(super) fn stream(
+        &self,
+        kernel: &str,
+        variant: &Variant,
+        charged: bool,
+        sink: &mut dyn std::io::Write,
+    ) -> Result<(), BundleError> {
+        self.with_dictionary(kernel, variant, |dictionary, label| {
+            if charged {
+                self.charge(kernel, variant)?;
+            }
+            let read = stream_stored(
+                &self.root,
+                &variant.artifact,
+                dictionary,
+                kernel,
+                label,
+                sink,
+            );
+            self.record(variant, read.as_ref().map(|()| None), false);
+            read
+        })
+    }
+
+    /// Runs `read` with the dictionary `variant`'s frame needs (read once and kept).
+    fn with_dictionary<T>(
+        &self,
+        kernel: &str,
+        variant: &Variant,
+        read: impl FnOnce(FrameDictionary<'_>, &str) -> Result<T, BundleError>,
+    ) -> Result<T, BundleError> {
         let label = variant.label();
-        let prefix;
-        let trained;
-        let dictionary = match (&variant.artifact.dictionary, &self.index.dictionary) {
+        match (&variant.artifact.dictionary, &self.index.dictionary) {
             (Some(digest), _) => {
-                prefix = self.dictionary(digest, || {
+                let prefix = self.dictionary(digest, || {
                     read_prefix(&self.root, digest, true, kernel, &label)
                 })?;
-                FrameDictionary::Prefix(&prefix)
+                read(FrameDictionary::Prefix(&prefix), &label)
             }
             (None, Some(stored)) => {
-                trained = self.dictionary(&stored.path, || {
+                let trained = self.dictionary(&stored.path, || {
                     read_dictionary(&self.root, stored, kernel, &label)
                 })?;
-                FrameDictionary::Trained(&trained)
+                read(FrameDictionary::Trained(&trained), &label)
             }
-            (None, None) => FrameDictionary::None,
-        };
-        if charged {
-            self.charge(kernel, variant)?;
+            (None, None) => read(FrameDictionary::None, &label),
         }
-        let read = read_stored(&self.root, &variant.artifact, dictionary, kernel, &label);
-        self.record(variant, &read, keep);
-        read
     }
 
     /// Whether `variant` can be answered from an earlier decode of its file; with `bytes`,
@@ -205,7 +239,7 @@ impl Bundle {
     pub(super) fn record(
         &self,
         variant: &Variant,
-        read: &Result<Vec<u8>, BundleError>,
+        read: Result<Option<&[u8]>, &BundleError>,
         keep: bool,
     ) {
         let mut reads = self.reads.lock().unwrap_or_else(PoisonError::into_inner);
@@ -221,16 +255,16 @@ impl Bundle {
         }
         decoded.outcome = match read {
             Ok(bytes) => {
-                let keep = keep
-                    && decoded.pending > 0
-                    && reads.held + bytes.len() as u64 <= MAX_HELD_BYTES;
-                if keep {
-                    reads.held += bytes.len() as u64;
+                let kept = bytes.filter(|bytes| {
+                    keep && decoded.pending > 0 && reads.held + bytes.len() as u64 <= MAX_HELD_BYTES
+                });
+                if let Some(kept) = kept {
+                    reads.held += kept.len() as u64;
                 }
                 Outcome::Verified {
                     digest: variant.artifact.digest.clone(),
                     size: variant.artifact.size,
-                    bytes: keep.then(|| Arc::new(bytes.clone())),
+                    bytes: kept.map(|bytes| Arc::new(bytes.to_vec())),
                 }
             }
             Err(BundleError::DigestMismatch { actual, .. }) => Outcome::Mismatch {
@@ -273,7 +307,7 @@ impl Bundle {
 }
 
 /// `to` as a hard link to `from` (a copy where links are not possible), put in place by a
-/// rename like [`write_atomically`], through a temp file named as its are
+/// rename like [`crate::cache::write_atomically`], through a temp file named as its are
 /// (`.<file name>.<pid>.<n>.tmp`), so a killed run's leftovers look like the writer's.
 pub(super) fn link_atomically(from: &Path, to: &Path) -> std::io::Result<()> {
     use std::sync::atomic::{AtomicU64, Ordering};

@@ -12,7 +12,7 @@
 //! | tar | one stream of 512-byte headers with valid checksums and plain octal numbers, ended by a zero block, followed by zero padding only |
 //! | entries | regular files (`0`, or `\0` without a trailing `/`) and directories (`5`, size 0) only; no links, devices, FIFOs, sparse or contiguous files, global or Solaris extended headers |
 //! | names | UTF-8 without control characters; at most one override per entry (a PAX `path` or a GNU long name, never both, never two), used only for a name longer than the header holds and starting with the header's name; a ustar prefix only under POSIX `ustar\0` `00` magic; PAX records only `path`, times, ids and a `size` equal to the header's |
-//! | paths | each once: no duplicates, no entry inside a file |
+//! | paths | each once: no duplicates, no entry inside a file, no two that differ only by letter case |
 //!
 //! Bounds: the file at most [`MAX_SDIST_SIZE`]; an entry at most [`MAX_SDIST_ENTRY`]; all
 //! decompressed bytes (headers and padding included) at most [`MAX_SDIST_CONTENT`] and, past
@@ -194,6 +194,8 @@ fn read_tar<R: Read>(
     let mut entries: Vec<ArchiveEntry> = Vec::new();
     // Every path so far → whether it is a directory.
     let mut paths: BTreeMap<String, bool> = BTreeMap::new();
+    // Every path and folder on it so far, by its lower-case form.
+    let mut folded: BTreeMap<String, String> = BTreeMap::new();
     let mut pending = Pending::default();
     let mut block = [0u8; BLOCK];
     loop {
@@ -279,6 +281,7 @@ fn read_tar<R: Read>(
                     return Err(format!("holds more than {MAX_SDIST_ENTRIES} entries"));
                 }
                 claim(&mut paths, &entry)?;
+                claim_case(&mut folded, &entry.path)?;
                 if let EntryKind::File { size, .. } = entry.kind {
                     let mut data = (&mut *stream).take(size);
                     on_file(&entry.path, &mut data)
@@ -572,6 +575,29 @@ fn ascii_replaced(name: &str) -> String {
     name.chars()
         .map(|c| if c.is_ascii() { c } else { '?' })
         .collect()
+}
+
+/// Records `path` and the folders on it by their lower-case form, refusing one that differs
+/// from an earlier path only by letter case: on the case-insensitive file systems of macOS and
+/// Windows the two are one file (or folder), and what pip unpacks depends on archive order.
+fn claim_case(folded: &mut BTreeMap<String, String>, path: &str) -> Result<(), String> {
+    let ends = path
+        .match_indices('/')
+        .map(|(at, _)| at)
+        .chain(std::iter::once(path.len()));
+    for end in ends {
+        let part = &path[..end];
+        let earlier = folded
+            .entry(part.to_lowercase())
+            .or_insert_with(|| part.to_owned());
+        if earlier != part {
+            return Err(format!(
+                "`{path}` differs from `{earlier}` only by letter case: they are one path on \
+                 case-insensitive file systems, where an unpack keeps one of them"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Records `entry`'s path, refusing a second entry of the same path, an entry inside a

@@ -262,6 +262,14 @@ pub(super) fn central_directory(bytes: &[u8]) -> Result<Directory, String> {
                 "uses compression method {method}, not stored (0) or deflate (8)"
             ));
         }
+        if method == 0 && flags & DATA_DESCRIPTOR != 0 {
+            // A deflate stream marks its own end; stored bytes do not, so a reader of local
+            // headers finds the end only by searching for a descriptor the data may hold.
+            return refuse(
+                "is stored uncompressed with a data descriptor: a streaming reader finds its \
+                 end by searching its data for a signature, and may stop elsewhere",
+            );
+        }
         if entry.u16(at + 34) != Some(0) {
             return refuse("starts on another disk");
         }
@@ -378,7 +386,7 @@ fn extra_fields(mut extra: &[u8]) -> Result<Vec<(u16, &[u8])>, String> {
 /// What is wrong with one entry's local record, or with the bytes the entries leave
 /// unclaimed: (the entry's index, or `None` for the archive, and the problem).
 pub(super) fn local_problems(bytes: &[u8], directory: &Directory) -> Vec<(Option<usize>, String)> {
-    let mut problems = Vec::new();
+    let mut problems = case_collisions(directory);
     // (start, end, index) of every local record that could be measured.
     let mut spans = Vec::new();
     for (index, entry) in directory.entries.iter().enumerate() {
@@ -387,7 +395,7 @@ pub(super) fn local_problems(bytes: &[u8], directory: &Directory) -> Vec<(Option
             Err(problem) => problems.push((Some(index), problem)),
         }
     }
-    if !problems.is_empty() {
+    if spans.len() < directory.entries.len() {
         return problems;
     }
     spans.sort_unstable();
@@ -534,4 +542,39 @@ fn local_record(bytes: &[u8], entry: &RawEntry, directory: usize) -> Result<usiz
         }
     }
     Ok(record_end)
+}
+
+/// Entries whose path, or a folder on it, differs from an earlier entry's only by letter case
+/// (`demo/A.py` after `demo/a.py`, `Demo/x.py` after `demo/y.py`): one file or folder on the
+/// case-insensitive file systems of macOS and Windows, where what pip installs would then
+/// depend on archive order. Names that are equal are the caller's duplicates.
+fn case_collisions(directory: &Directory) -> Vec<(Option<usize>, String)> {
+    let mut seen: std::collections::BTreeMap<String, String> = Default::default();
+    let mut problems = Vec::new();
+    for (index, entry) in directory.entries.iter().enumerate() {
+        let name = String::from_utf8_lossy(&entry.name);
+        let ends = name
+            .match_indices('/')
+            .map(|(at, _)| at)
+            .chain(std::iter::once(name.len()));
+        for end in ends {
+            let path = &name[..end];
+            let earlier = seen
+                .entry(path.to_lowercase())
+                .or_insert_with(|| path.to_owned());
+            if earlier != path {
+                problems.push((
+                    Some(index),
+                    format!(
+                        "differs from `{}` only by letter case: they are one {} on \
+                         case-insensitive file systems, where an install keeps one of them",
+                        earlier.escape_debug(),
+                        if end == name.len() { "file" } else { "folder" }
+                    ),
+                ));
+                break;
+            }
+        }
+    }
+    problems
 }

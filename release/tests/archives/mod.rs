@@ -7,6 +7,8 @@
 
 use super::*;
 
+mod crafted;
+
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
