@@ -14,10 +14,12 @@ declares seven).
 - the torch reference, when given, as the CPU implementation (and, with ``fallback=True``, on
   CUDA where no prebuilt variant fits and the JIT is disabled);
 
-and returns the operator overload, callable with the schema's arguments. Only public
-``torch.library`` calls register it (``Library.define`` and ``Library.impl``); ``read_schema``
-reads the schema's arguments and defaults for kwheel's own use. ``autograd`` attaches a
-backward made of other ops (with ``torch.library.register_autograd``'s contract).
+and returns the operator overload, callable with the schema's arguments; ``declare`` does the
+same on the op's first ``lookup``, so that an import declaring many ops defines none. Only
+public ``torch.library`` calls register it (``Library.define`` and ``Library.impl``);
+``read_schema`` reads the schema for kwheel's own use, and what has no public API is in
+``kwheel/_torch_private.py``. ``autograd`` attaches a backward made of other ops (with
+``torch.library.register_autograd``'s contract).
 
 The kernel loads on the op's first CUDA call on each device (the device of the op's first
 tensor argument, whatever the current device is), once per process and device, under a lock,
@@ -29,12 +31,10 @@ While a torch profiler runs, or always under ``<PACKAGE>_TRACE=1`` (read when th
 created), each launch is marked with a ``record_function`` and an NVTX range named after the
 binary that ran: ``kwheel:<kernel> <variant> <source> <key, 12 digits> cuda:<device>``
 (``kwheel.provenance()`` lists the same facts; docs/provenance.md). Otherwise a call pays one
-check for it. ``<NAMESPACE>_COMPILE_WRAP=disable`` (read when the library is
-created, normally at import) registers nothing: ops become plain Python functions, and
-``torch.compile`` breaks its graph at each of them.
-
-Only importable where torch is; ``import kwheel`` itself never imports torch. See
-docs/torch.md.
+check for it. ``<NAMESPACE>_COMPILE_WRAP=disable`` (read when the library is created,
+normally at import) registers nothing: ops become plain Python functions, and
+``torch.compile`` breaks its graph at each of them. Only importable where torch is; ``import
+kwheel`` itself never imports torch. See docs/torch.md.
 """
 
 import ast
