@@ -594,3 +594,81 @@ fn a_lineinfo_jit_cubin_is_the_bundles_byte_for_byte() {
         "the JIT's cubin differs from the bundle's"
     );
 }
+
+#[test]
+fn apex_layer_norm_obeys_maxrregcount_on_cu129_and_cu130_alike() {
+    // apex publishes no sources to the package registry: a checkout named by `KWHEEL_APEX`,
+    // else the test skips.
+    let Some(apex) = std::env::var_os("KWHEEL_APEX").map(PathBuf::from) else {
+        skipped!("skipped: KWHEEL_APEX names no apex checkout");
+        return;
+    };
+    let kernel_file = apex.join("csrc/layer_norm_cuda_kernel.cu");
+    assert!(kernel_file.is_file(), "{} missing", kernel_file.display());
+    let Some(toolchains) = toolchains() else {
+        return;
+    };
+    let torch = match bundler::torch::TorchHeaders::find() {
+        Ok(torch) => torch,
+        Err(error) => {
+            skipped!("skipped: {error}");
+            return;
+        }
+    };
+    let mut version = torch.version.split('.');
+    let pin = format!("{}.{}.*", version.next().unwrap(), version.next().unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    let csrc = dir.path().join("csrc");
+    std::fs::create_dir(&csrc).unwrap();
+    for entry in std::fs::read_dir(apex.join("csrc")).unwrap() {
+        let entry = entry.unwrap();
+        if entry.path().is_file() {
+            std::fs::copy(entry.path(), csrc.join(entry.file_name())).unwrap();
+        }
+    }
+    // setup.py's nvcc options for fused_layer_norm_cuda.
+    let manifest = write_library(
+        dir.path(),
+        &format!(
+            "[library]\npackage = \"apex-kernels\"\narchs = [\"sm_90a\"]\n\
+             cuda-builds = [\"cu129\", \"cu130\"]\ntorch = \"{pin}\"\ntorch-extension = true\n\
+             nvcc-flags = [\"-maxrregcount=50\", \"-O3\", \"--use_fast_math\"]\n\
+             [kernels.layer_norm]\nsources = [\"csrc/layer_norm_cuda_kernel.cu\"]\n\
+             entries = [\"cuApplyLayerNorm<float, float, float>\", \
+             \"cuComputeGradInput<at::BFloat16, float, at::BFloat16, true>\"]\n"
+        ),
+        &[],
+    );
+    let summary = bundle_kernels(&options_in(dir.path(), &manifest, toolchains))
+        .unwrap_or_else(|error| panic!("{}", anyhow_like(&error)));
+    let bundle = Bundle::open(&summary.out).unwrap();
+    let record = &bundle.index().kernels["layer_norm"];
+    let registers: BTreeMap<String, BTreeMap<String, (Option<u32>, Option<u32>)>> = record
+        .variants
+        .iter()
+        .map(|variant| {
+            let cubin = bundle.read_artifact("layer_norm", variant).unwrap();
+            let entries = prebuilt::cubin::entry_resources(&cubin)
+                .unwrap()
+                .into_iter()
+                .map(|(symbol, used)| (symbol, (used.registers, used.register_cap)))
+                .collect();
+            (variant.label(), entries)
+        })
+        .collect();
+    assert_eq!(
+        registers.keys().collect::<Vec<_>>(),
+        ["cu129/sm_90a", "cu130/sm_90a"]
+    );
+    for (label, entries) in &registers {
+        assert!(entries.len() > 10, "{label}: {entries:?}");
+        for (symbol, (used, cap)) in entries {
+            assert_eq!(*cap, Some(50), "{label} {symbol}");
+            assert!(
+                used.is_some_and(|used| used <= 50),
+                "{label} {symbol}: {used:?}"
+            );
+        }
+    }
+    assert_eq!(registers["cu129/sm_90a"], registers["cu130/sm_90a"]);
+}
