@@ -7,6 +7,23 @@ use release::diff::{diff_releases, Change, DiffPolicy, Release};
 
 use super::{chain, copy_library, scratch, toolchains};
 
+/// What differs from one machine or run to the next in the outputs snapshotted here, in the
+/// way uv's tests filter theirs: every sha256 (a key or a digest, in full or as its first 12
+/// digits), the host compiler an nvcc build records (`nvcc 13.0.88, host gcc (Debian …)`,
+/// which its key holds too), and the scratch folder, which each test replaces with
+/// `<scratch>` first.
+fn snapshot_filters() -> Vec<(&'static str, &'static str)> {
+    vec![
+        (r"\b[0-9a-f]{64}\b", "[sha256]"),
+        (r"\b[0-9a-f]{12}\b", "[key12]"),
+        (r#", host [^"|]+"#, ", host [host compiler]"),
+    ]
+}
+
+fn stable(text: &str, root: &Path) -> String {
+    text.replace(&root.display().to_string(), "<scratch>")
+}
+
 /// The kernels both builds hold: the edited header reaches `swiglu`, the flag is on
 /// `masked_softmax_pair_bias`, and `layernorm_bf16` sees neither.
 const KERNELS: [&str; 3] = ["layernorm_bf16", "masked_softmax_pair_bias", "swiglu"];
@@ -161,6 +178,13 @@ fn release_diff_shows_exactly_the_edited_kernels_with_why_and_registers() {
         ..DiffPolicy::default()
     };
     assert_eq!(loose.breaches(&diff), Vec::<String>::new());
+
+    // The whole Markdown and JSON, as `kwheel release diff` prints them.
+    let json = stable(&serde_json::to_string_pretty(&diff).unwrap(), &root);
+    insta::with_settings!({filters => snapshot_filters()}, {
+        insta::assert_snapshot!("release_diff_markdown", text);
+        insta::assert_snapshot!("release_diff_json", json);
+    });
 }
 
 /// `release check --against OLD` holds the diff to the manifest's `[release]` policy: a
@@ -194,6 +218,18 @@ fn release_check_against_gates_on_the_manifest_policy() {
         gate.reason
     );
     assert!(!gate.reason.contains("swiglu"), "{}", gate.reason);
+    // The gate as `release check --against OLD` prints it, and its JSON.
+    let failed = release::check::Checklist {
+        gates: vec![gate.clone()],
+        built: Vec::new(),
+    };
+    insta::with_settings!({filters => snapshot_filters()}, {
+        insta::assert_snapshot!("release_check_against_fails", stable(&failed.to_string(), &root));
+        insta::assert_snapshot!(
+            "release_check_against_fails_json",
+            stable(&serde_json::to_string_pretty(&failed).unwrap(), &root)
+        );
+    });
     let gate = release::check::against_gate(&with_policy(64), &old, &new);
     assert_eq!(gate.status, release::check::GateStatus::Pass, "{gate:?}");
     assert!(
@@ -202,6 +238,13 @@ fn release_check_against_gates_on_the_manifest_policy() {
         "{}",
         gate.reason
     );
+    let passed = release::check::Checklist {
+        gates: vec![gate],
+        built: Vec::new(),
+    };
+    insta::with_settings!({filters => snapshot_filters()}, {
+        insta::assert_snapshot!("release_check_against_passes", stable(&passed.to_string(), &root));
+    });
 }
 
 /// A wheel is read through `wheel verify`, then its `_prebuilt/`: the default library's wheel
