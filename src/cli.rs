@@ -403,6 +403,11 @@ pub(crate) struct BuildWheelArgs {
     /// The store that holds the variants left out [default: the manifest's `store`].
     #[arg(long)]
     pub(crate) store: Option<String>,
+    /// The largest wheel file (`100MiB`, `64KiB`, bytes): artifacts that do not fit go into
+    /// companion part wheels `<package>-kernels-<group>` that the wheel pins
+    /// [default: the manifest's `[wheel] max-file-size`, else no limit].
+    #[arg(long, value_parser = release::wheel::parts::parse_file_size)]
+    pub(crate) max_file_size: Option<u64>,
     /// Ship this warm pack (`kwheel jit export` wrote it) in the wheel, verified against the
     /// bundle, so its kernels load as prebuilt where nothing else fits (repeatable).
     #[arg(long, value_name = "PACK")]

@@ -176,6 +176,7 @@ fn build_wheel(args: BuildWheelArgs) -> Result<()> {
             .transpose()?,
         store: args.store,
         recipes_only: args.recipes_only,
+        max_file_size: args.max_file_size,
         packs: args.add_pack,
         ..release::LibraryWheelOptions::new(args.manifest.resolve()?)
     };

@@ -48,6 +48,17 @@ pub struct Manifest {
     pub kernels: BTreeMap<String, KernelSpec>,
     /// The `[release]` table: what `release check --against` holds a new release to.
     pub release: ReleasePolicy,
+    /// The `[wheel]` table: how `dev build-wheel` cuts the wheel.
+    pub wheel: WheelSettings,
+}
+
+/// The `[wheel]` table.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct WheelSettings {
+    /// The largest wheel file (`100MiB`): what does not fit goes into companion part wheels
+    /// (`docs/registry-sized-wheels.md`); `dev build-wheel --max-file-size` overrides it.
+    pub max_file_size: Option<String>,
 }
 
 /// The `[release]` table: the policy `kwheel release check --against OLD` applies to
@@ -248,6 +259,8 @@ struct ManifestFile {
     kernels: BTreeMap<String, KernelSpec>,
     #[serde(default)]
     release: ReleasePolicy,
+    #[serde(default)]
+    wheel: WheelSettings,
 }
 
 impl Manifest {
@@ -289,6 +302,7 @@ impl Manifest {
             library: file.library,
             kernels: file.kernels,
             release: file.release,
+            wheel: file.wheel,
         };
         manifest.check(text)?;
         Ok(manifest)

@@ -18,6 +18,7 @@
 //! | 2 | [`cubin`] | cubin and PTX facts: SM number, kind, entry symbols, parameter sizes |
 //! | 3 | [`cache`] | the user's cache directories, the one atomic writer, the artifact cache |
 //! | 4 | [`bundle`] | the on-disk layout: open, read verified artifacts, list, extract, find |
+//! | 5 | [`parts`] | registry-sized wheel sets: which companion package holds an artifact, found where pip put it |
 //! | 3 | [`select`] | which variant fits a device, as a pure function, and why the others do not |
 //! | 3 | [`compile`] | the one compile recipe the bundler and the JIT share |
 //! | 5 | [`coverage`] | selection over a whole bundle, for one device or a fleet |
@@ -48,12 +49,15 @@ pub mod key;
 mod layering;
 pub mod lookup;
 pub mod nvrtc;
+pub mod parts;
 pub mod registry;
 pub mod select;
 pub mod site;
 pub mod target;
-#[cfg(test)]
-mod testing;
+// Fixture builders, also for other crates' tests through the `testing` feature (the test kit).
+#[cfg(any(test, feature = "testing"))]
+#[doc(hidden)]
+pub mod testing;
 pub mod untrusted;
 
 pub use bundle::{Bundle, BundleError};

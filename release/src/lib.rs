@@ -303,6 +303,16 @@ pub enum Error {
         /// Every problem found.
         problems: Vec<String>,
     },
+    /// A wheel cannot be cut into files of at most the size limit, or the limit is not a size.
+    #[error("cannot cut `{package}` into wheels of at most {limit} bytes: {reason}")]
+    FileSizeLimit {
+        /// The distribution.
+        package: String,
+        /// The limit, as given.
+        limit: String,
+        /// What does not fit, or what is wrong with the limit.
+        reason: String,
+    },
     /// The store's URL or client could not be set up.
     #[error(transparent)]
     Fetch(#[from] Box<prebuilt::fetch::FetchError>),

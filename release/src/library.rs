@@ -95,6 +95,9 @@ pub struct LibraryWheelOptions {
     /// Ship no cubins, only the sources and an index of recipes, so every kernel
     /// JIT-compiles on first load; nothing is bundled and no toolchain is needed.
     pub recipes_only: bool,
+    /// The largest wheel file in bytes: what does not fit goes into companion part wheels
+    /// ([`crate::wheel::parts`]); `None` takes the manifest's `[wheel] max-file-size`.
+    pub max_file_size: Option<u64>,
     /// Warm packs to ship under the bundle's `packs/`, each verified against the bundle.
     pub packs: Vec<PathBuf>,
 }
@@ -115,6 +118,7 @@ impl LibraryWheelOptions {
             ship: None,
             store: None,
             recipes_only: false,
+            max_file_size: None,
             packs: Vec::new(),
         }
     }
@@ -135,6 +139,8 @@ pub struct BuiltWheel {
     pub size: u64,
     /// Its verification.
     pub report: VerifyReport,
+    /// The companion part wheels it requires, when it was cut to a file size limit.
+    pub parts: Vec<BuiltWheel>,
 }
 
 /// Builds the kernel library's wheel (see the module docs for the steps).
@@ -246,16 +252,54 @@ fn write_library_wheel(
             torch_requirement(torch)?,
         ],
     };
-    write_verified_wheel(
-        WheelSpec {
-            filename,
-            metadata,
-            files,
-            out_dir: options.out.clone(),
-            modified: None,
+    let spec = WheelSpec {
+        filename,
+        metadata,
+        files,
+        out_dir: options.out.clone(),
+        modified: None,
+    };
+    let limit = crate::wheel::parts::file_size_limit(options.max_file_size, manifest)?;
+    match limit {
+        Some(limit) => match crate::wheel::parts::split_wheel(&spec, limit)? {
+            Some(set) => write_verified_set(set, bundled),
+            None => write_verified_wheel(spec, bundled),
         },
-        bundled,
-    )
+        None => write_verified_wheel(spec, bundled),
+    }
+}
+
+/// Writes the parts of a set, then its main wheel, whose verification checks the whole set;
+/// a failure removes every wheel of the set written.
+fn write_verified_set(
+    set: crate::wheel::parts::WheelSet,
+    bundled: Option<BundleSummary>,
+) -> Result<BuiltWheel, Error> {
+    let mut parts: Vec<BuiltWheel> = Vec::new();
+    let remove = |parts: &[BuiltWheel]| {
+        for part in parts {
+            let _ = std::fs::remove_file(&part.path);
+        }
+    };
+    for spec in set.parts {
+        match write_verified_wheel(spec, None) {
+            Ok(part) => parts.push(part),
+            Err(error) => {
+                remove(&parts);
+                return Err(error);
+            }
+        }
+    }
+    match write_verified_wheel(set.main, bundled) {
+        Ok(mut main) => {
+            main.parts = parts;
+            Ok(main)
+        }
+        Err(error) => {
+            remove(&parts);
+            Err(error)
+        }
+    }
 }
 
 /// The runtime a library's wheel needs: `kwheel` of this version or a later compatible one
@@ -783,6 +827,7 @@ pub(crate) fn write_verified_wheel(
         files: file_count,
         size,
         report,
+        parts: Vec::new(),
     })
 }
 

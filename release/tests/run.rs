@@ -2125,6 +2125,8 @@ mod diff;
 
 // wheel verify names recorded flags the JIT refuses.
 mod jit_flags;
+// Registry-sized wheels: a main wheel and its companion parts.
+mod parts;
 
 #[path = "../../prebuilt/tests/support/loopback_store.rs"]
 mod loopback_store;

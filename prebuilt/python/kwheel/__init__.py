@@ -335,6 +335,8 @@ class Registry:
                     jit=self._jit,
                     site_packages=_site_packages(),
                     device=device,
+                    # Companion part packages of a registry-sized wheel set, wherever pip put them.
+                    search_path=[entry for entry in _sys.path if entry],
                 )
             return self._runtime
 

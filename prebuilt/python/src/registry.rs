@@ -310,9 +310,12 @@ impl Registry {
     /// supports); `torch`: the runtime's torch version, checked against each variant's pin
     /// (default: not checked); `jit`: `True`/`False` allow or forbid compiling what no cubin
     /// fits (default: `<PACKAGE>_JIT_FALLBACK`); `site_packages`: more directories to look
-    /// for NVIDIA's NVRTC wheels in, after those of the environment; `device`: the ordinal.
+    /// for NVIDIA's NVRTC wheels in, after those of the environment; `device`: the ordinal;
+    /// `search_path`: where to look for the companion part packages of a registry-sized wheel
+    /// set after the directory holding the bundle's package (`sys.path`).
     #[new]
-    #[pyo3(signature = (path, *, cuda=None, torch=None, jit=None, site_packages=Vec::new(), device=0))]
+    #[pyo3(signature = (path, *, cuda=None, torch=None, jit=None, site_packages=Vec::new(), device=0, search_path=Vec::new()))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         path: PathBuf,
@@ -321,6 +324,7 @@ impl Registry {
         jit: Option<bool>,
         site_packages: Vec<PathBuf>,
         device: u32,
+        search_path: Vec<PathBuf>,
     ) -> PyResult<Registry> {
         let mut compilers = CompilerSearch::from_env();
         for dir in site_packages {
@@ -341,6 +345,7 @@ impl Registry {
             },
             compilers,
             device,
+            part_search: search_path,
             ..RegistryOptions::default()
         };
         let inner = py

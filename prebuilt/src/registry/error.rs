@@ -10,6 +10,21 @@ pub enum LoadError {
     /// The bundle's index or one of its artifacts could not be read or did not verify.
     #[error(transparent)]
     Bundle(Box<BundleError>),
+    /// The bundle's `parts.json` (the companion packages of a registry-sized wheel set) could
+    /// not be read or is refused.
+    #[error(transparent)]
+    Parts(Box<PartError>),
+    /// The companion package holding the chosen cubin is not installed, or is another version.
+    #[error("`{kernel}` ({variant}) cannot load its prebuilt cubin")]
+    Part {
+        /// The kernel.
+        kernel: String,
+        /// The variant label (`cu130/sm_90a`).
+        variant: String,
+        /// Which package is missing, and how to install it.
+        #[source]
+        source: Box<PartError>,
+    },
     /// A setting from the environment is not valid.
     #[error("{variable}=`{value}` is not a CUDA build: {reason}")]
     Setting {

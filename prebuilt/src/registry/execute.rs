@@ -2,6 +2,8 @@
 //! the device's primary context. Nothing here decides anything [`Registry::status`] would not
 //! have said.
 
+use std::path::Path;
+
 use super::*;
 
 /// What a load tells about its cubin besides the bytes, for the [`Kernel`] to report.
@@ -76,11 +78,19 @@ impl Registry {
             }
             ArtifactLocation::Bundle | ArtifactLocation::Missing => {
                 // Nothing whose sha256 differs from the index's is handed out.
+                let root = self
+                    .parts
+                    .root_for(self.catalog.root(), &variant.artifact.path)
+                    .map_err(|source| LoadError::Part {
+                        kernel: name.to_owned(),
+                        variant: label.clone(),
+                        source: Box::new(source),
+                    })?;
                 let cubin = read_artifact_with(
-                    self.catalog.root(),
+                    &root,
                     name,
                     &variant,
-                    |digest, label| self.prefix(digest, name, label),
+                    |digest, label| self.prefix(&root, digest, name, label),
                     |label| self.dictionary(name, label),
                 )?;
                 (cubin, location)
@@ -138,13 +148,18 @@ impl Registry {
 
     /// The family dictionary with raw-content sha256 `digest`, read once per registry and kept
     /// for the family's other kernels. Not hashed: see [`read_prefix`].
-    fn prefix(&self, digest: &str, kernel: &str, label: &str) -> Result<Arc<[u8]>, BundleError> {
+    fn prefix(
+        &self,
+        root: &Path,
+        digest: &str,
+        kernel: &str,
+        label: &str,
+    ) -> Result<Arc<[u8]>, BundleError> {
         let prefixes = || self.prefixes.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(bytes) = prefixes().get(digest) {
             return Ok(Arc::clone(bytes));
         }
-        let bytes: Arc<[u8]> =
-            read_prefix(self.catalog.root(), digest, false, kernel, label)?.into();
+        let bytes: Arc<[u8]> = read_prefix(root, digest, false, kernel, label)?.into();
         prefixes().insert(digest.to_owned(), Arc::clone(&bytes));
         Ok(bytes)
     }

@@ -211,6 +211,7 @@ impl Setup {
             ptx_jit: PtxJitPolicy::Allowed,
             artifact_cache: self.cache.path().to_owned(),
             store: StoreOptions::default(),
+            part_search: Vec::new(),
         }
     }
 

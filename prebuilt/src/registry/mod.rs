@@ -84,6 +84,7 @@ use crate::index::{
 use crate::jit::pack::{self, PackEntry};
 use crate::jit::{self, compile_cached, CompilerSearch, JitCompiler, JitError, JitRequest};
 use crate::lookup::{Catalog, Meta};
+use crate::parts::{PartError, Parts};
 use crate::select::{select_available, NoFit, RefusalReason};
 use crate::{error_chain, Arch, CudaBuild, KernelKey};
 
@@ -113,6 +114,9 @@ pub struct RegistryOptions {
     pub artifact_cache: PathBuf,
     /// Timeouts, retries and the token for the store.
     pub store: StoreOptions,
+    /// More directories to look for the bundle's companion part packages in, after the one
+    /// holding its package (the Python runtime passes `sys.path`; see [`crate::parts`]).
+    pub part_search: Vec<PathBuf>,
 }
 
 impl Default for RegistryOptions {
@@ -130,6 +134,7 @@ impl Default for RegistryOptions {
             ptx_jit: PtxJitPolicy::FromEnvironment,
             artifact_cache: crate::cache::default_artifact_cache_dir(),
             store: StoreOptions::default(),
+            part_search: Vec::new(),
         }
     }
 }
@@ -148,6 +153,8 @@ pub struct Registry {
     dictionary: OnceLock<Option<Vec<u8>>>,
     /// Family dictionaries read so far, by the sha256 of their raw content.
     prefixes: Mutex<BTreeMap<String, Arc<[u8]>>>,
+    /// The companion packages holding artifacts of a registry-sized wheel set.
+    parts: Parts,
     /// Kernels asked for so far, with their records; a kernel's record is read on first use.
     kernels: Mutex<BTreeMap<String, Arc<Slot>>>,
 }
@@ -211,6 +218,8 @@ impl Registry {
         store: Option<Arc<dyn ArtifactStore>>,
     ) -> Result<Registry, LoadError> {
         let catalog = Catalog::open(bundle_dir)?;
+        let parts = Parts::open(catalog.root(), &options.part_search)
+            .map_err(|source| LoadError::Parts(Box::new(source)))?;
         if options.cuda.is_none() {
             options.cuda = policy::build_from_env()?;
         }
@@ -230,6 +239,7 @@ impl Registry {
             compiler: OnceLock::new(),
             dictionary: OnceLock::new(),
             prefixes: Mutex::new(BTreeMap::new()),
+            parts,
             kernels: Mutex::new(BTreeMap::new()),
         })
     }
@@ -271,6 +281,10 @@ impl Registry {
 
     /// Where `variant`'s cubin is: the wheel, the artifact cache, or only the store.
     pub fn locate(&self, variant: &Variant) -> ArtifactLocation {
+        if self.parts.part_of(&variant.artifact.path).is_some() {
+            // In a companion package of the wheel set: installed with it, or named by the plan.
+            return ArtifactLocation::Bundle;
+        }
         locate(
             self.catalog.root(),
             self.meta().store.as_deref(),

@@ -144,11 +144,19 @@ impl Registry {
         let ptx_forbidden_by = self.policy.ptx_forbidden_by.as_deref();
         let no_fit = match select_available(name, record, &query, ptx_forbidden_by, &available) {
             Ok(choice) => {
+                let path = &choice.variant.artifact.path;
+                if let Err(source) = self.parts.root_for(self.catalog.root(), path) {
+                    return Plan::Refused(LoadError::Part {
+                        kernel: name.to_owned(),
+                        variant: choice.variant.label(),
+                        source: Box::new(source),
+                    });
+                }
                 return Plan::Prebuilt(PrebuiltPlan {
                     location: self.locate(choice.variant),
                     variant: choice.variant.clone(),
                     reason: choice.reason,
-                })
+                });
             }
             Err(no_fit) => no_fit,
         };

@@ -16,6 +16,7 @@
 //! | `rebuild` | a sample of variants (`--rebuild-sample N`, default 2, first by key) compiled again from source with an empty cache is byte-identical to the bundle's |
 //! | `reproducible` | two builds of the wheel are byte-identical |
 //! | `wheel` | `wheel verify` and the manylinux audit pass on the wheel |
+//! | `parts` | a wheel cut to `[wheel] max-file-size` has every part beside it, each artifact in exactly one wheel of the set, every file within the limit, every part pinned |
 //! | `install` | the wheels install into a fresh venv and every kernel selects on simulated devices |
 //! | `gpu` | with a GPU: every kernel loads prebuilt with the JIT disabled |
 //! | `size` | the wheel is within the size budget |
@@ -25,7 +26,7 @@
 //! | --- | --- |
 //! | `source` | `version`, `bundle`, `keys`, `cubins`: the tree and the bundle built from it |
 //! | `rebuild` | `rebuild`: the bundle's bytes against a fresh compile of a sample |
-//! | `wheel` | `reproducible`, `wheel`, `install`, `size`: the wheels built from the bundle |
+//! | `wheel` | `reproducible`, `wheel`, `parts`, `install`, `size`: the wheels built from the bundle |
 //! | `delivery` | `gpu`, `publish`: the bundle on a device, the artifacts in the store |
 
 mod against;
@@ -46,7 +47,7 @@ use delivery::{check_gpu, check_publish};
 use rebuild::check_rebuild;
 pub use rebuild::DEFAULT_REBUILD_SAMPLE;
 use source::{check_bundle, check_cubins, check_keys, check_version};
-use wheel::{check_install, check_reproducible, check_size, check_wheel};
+use wheel::{check_install, check_parts, check_reproducible, check_size, check_wheel, part_wheels};
 
 use crate::library::LibraryWheelOptions;
 
@@ -287,13 +288,19 @@ pub fn release_check(options: &CheckOptions) -> Checklist {
         run.skip("reproducible", "no bundle to build wheels from");
         None
     };
+    let mut parts = Vec::new();
     match &wheel {
         Some(wheel) => {
-            check_wheel(&mut run, wheel);
-            check_install(&mut run, &manifest, options, wheel);
+            let report = check_wheel(&mut run, wheel);
+            match &report {
+                Some(report) => check_parts(&mut run, report),
+                None => run.skip("parts", "the wheel could not be read"),
+            }
+            parts = part_wheels(wheel, report.as_ref());
+            check_install(&mut run, &manifest, options, wheel, &parts);
         }
         None => {
-            for name in ["wheel", "install"] {
+            for name in ["wheel", "parts", "install"] {
                 run.skip(name, "no wheel to check");
             }
         }
@@ -303,7 +310,7 @@ pub fn release_check(options: &CheckOptions) -> Checklist {
         None => run.skip("gpu", "no bundle to load from"),
     }
     match &wheel {
-        Some(wheel) => check_size(&mut run, wheel, options.size_budget),
+        Some(wheel) => check_size(&mut run, wheel, &parts, options.size_budget),
         None => run.skip("size", "no wheel to measure"),
     }
     match (&options.publish, &wheel) {

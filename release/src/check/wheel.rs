@@ -1,4 +1,5 @@
-//! The gates on the wheels built from the bundle: `reproducible`, `wheel`, `install`, `size`.
+//! The gates on the wheels built from the bundle: `reproducible`, `wheel`, `parts`, `install`,
+//! `size`.
 
 use std::path::{Path, PathBuf};
 
@@ -7,7 +8,7 @@ use prebuilt::error_chain;
 
 use super::{CheckOptions, Run};
 use crate::library::{build_library_wheel, LibraryWheelOptions};
-use crate::verify::verify_wheel;
+use crate::verify::{verify_wheel, VerifyReport};
 
 /// Builds the wheel twice into scratch directories and compares; writes the release wheel
 /// into the wheel directory only when it is missing. Returns the release wheel's path.
@@ -37,26 +38,35 @@ pub(super) fn check_reproducible(run: &mut Run, options: &CheckOptions) -> Optio
             ship: None,
             store: None,
             recipes_only: false,
+            // The manifest's `[wheel] max-file-size`: the release is the set it cuts.
+            max_file_size: None,
             packs: Vec::new(),
         })
     };
-    let mut digests = Vec::new();
+    // Every wheel of a build (the main wheel first, then its parts), by file name and sha256.
+    let mut builds: Vec<Vec<(String, String)>> = Vec::new();
     for n in 0..2 {
         match build(scratch.path().join(format!("build-{n}"))) {
-            Ok(built) => match std::fs::read(&built.path) {
-                Ok(bytes) => digests.push((
-                    built.filename.to_string(),
-                    prebuilt::key::sha256_hex(&bytes),
-                )),
-                Err(error) => {
-                    run.fail(
-                        "reproducible",
-                        format!("{}: {error}", built.path.display()),
-                        "retry",
-                    );
-                    return None;
+            Ok(built) => {
+                let mut wheels = Vec::new();
+                for path in std::iter::once(&built.path).chain(built.parts.iter().map(|p| &p.path))
+                {
+                    match std::fs::read(path) {
+                        Ok(bytes) => {
+                            wheels.push((file_name(path), prebuilt::key::sha256_hex(&bytes)))
+                        }
+                        Err(error) => {
+                            run.fail(
+                                "reproducible",
+                                format!("{}: {error}", path.display()),
+                                "retry",
+                            );
+                            return None;
+                        }
+                    }
                 }
-            },
+                builds.push(wheels);
+            }
             Err(error) => {
                 run.fail(
                     "reproducible",
@@ -67,84 +77,176 @@ pub(super) fn check_reproducible(run: &mut Run, options: &CheckOptions) -> Optio
             }
         }
     }
-    let (name, first) = digests[0].clone();
-    if first != digests[1].1 {
+    let name = builds[0][0].0.clone();
+    if builds[0] != builds[1] {
+        let differ: Vec<String> = builds[0]
+            .iter()
+            .zip(&builds[1])
+            .filter(|(a, b)| a != b)
+            .map(|((name, a), (_, b))| format!("{name}: sha256 {} and {}", &a[..12], &b[..12]))
+            .collect();
         run.fail(
             "reproducible",
-            format!(
-                "two builds of {name} differ: sha256 {} and {}",
-                &first[..12],
-                &digests[1].1[..12]
-            ),
+            format!("two builds differ: {}", differ.join("; ")),
             "find the nondeterministic input (a time, an unordered map, a host path)",
         );
         return None;
     }
-    let released = options.wheels.join(&name);
-    if !released.is_file() {
-        if options.no_rebuild {
-            run.fail(
-                "reproducible",
-                format!("no wheel {} (--no-rebuild)", released.display()),
-                "run `kwheel dev build-wheel`",
-            );
-            return None;
+    let mut mismatched = Vec::new();
+    for (wheel, digest) in &builds[0] {
+        let released = options.wheels.join(wheel);
+        if !released.is_file() {
+            if options.no_rebuild {
+                run.fail(
+                    "reproducible",
+                    format!("no wheel {} (--no-rebuild)", released.display()),
+                    "run `kwheel dev build-wheel`",
+                );
+                return None;
+            }
+            if let Err(error) = std::fs::create_dir_all(&options.wheels)
+                .and_then(|()| std::fs::copy(scratch.path().join("build-0").join(wheel), &released))
+            {
+                run.fail(
+                    "reproducible",
+                    format!("{}: {error}", released.display()),
+                    "check permissions",
+                );
+                return None;
+            }
+            run.built
+                .push(format!("the missing wheel {}", released.display()));
         }
-        if let Err(error) = std::fs::create_dir_all(&options.wheels)
-            .and_then(|()| std::fs::copy(scratch.path().join("build-0").join(&name), &released))
-        {
-            run.fail(
-                "reproducible",
-                format!("{}: {error}", released.display()),
-                "check permissions",
-            );
-            return None;
-        }
-        run.built
-            .push(format!("the missing wheel {}", released.display()));
-    }
-    match std::fs::read(&released) {
-        Ok(bytes) if prebuilt::key::sha256_hex(&bytes) == first => run.pass(
-            "reproducible",
-            format!("two builds of {name} are byte-identical (sha256 {}), and so is the wheel in {}", &first[..12], options.wheels.display()),
-        ),
-        Ok(bytes) => run.fail(
-            "reproducible",
-            format!(
-                "{} (sha256 {}) differs from a fresh build of the same inputs (sha256 {}): it was edited or built from other inputs",
+        match std::fs::read(&released) {
+            Ok(bytes) if prebuilt::key::sha256_hex(&bytes) == *digest => {}
+            Ok(bytes) => mismatched.push(format!(
+                "{} (sha256 {}) differs from a fresh build of the same inputs (sha256 {})",
                 released.display(),
                 &prebuilt::key::sha256_hex(&bytes)[..12],
-                &first[..12]
+                &digest[..12]
+            )),
+            Err(error) => mismatched.push(format!("{}: {error}", released.display())),
+        }
+    }
+    let released = options.wheels.join(&name);
+    if !mismatched.is_empty() {
+        run.fail(
+            "reproducible",
+            format!(
+                "{}: it was edited or built from other inputs",
+                mismatched.join("; ")
             ),
             "delete it and run `kwheel dev build-wheel`",
-        ),
-        Err(error) => run.fail("reproducible", format!("{}: {error}", released.display()), "rebuild it"),
+        );
+    } else if builds[0].len() == 1 {
+        run.pass(
+            "reproducible",
+            format!(
+                "two builds of {name} are byte-identical (sha256 {}), and so is the wheel in {}",
+                &builds[0][0].1[..12],
+                options.wheels.display()
+            ),
+        );
+    } else {
+        run.pass(
+            "reproducible",
+            format!(
+                "two builds of {name} and its {} parts are byte-identical, and so are the wheels in {}",
+                builds[0].len() - 1,
+                options.wheels.display()
+            ),
+        );
     }
     Some(released)
 }
 
-pub(super) fn check_wheel(run: &mut Run, wheel: &Path) {
+/// The `wheel` gate; the report, for the `parts` gate, when the wheel could be read.
+pub(super) fn check_wheel(run: &mut Run, wheel: &Path) -> Option<VerifyReport> {
     match verify_wheel(wheel) {
-        Ok(report) if report.problems.is_empty() => run.pass(
-            "wheel",
+        Ok(report) if report.problems.is_empty() => {
+            run.pass(
+                "wheel",
+                format!(
+                    "{}: RECORD, tags, zip hygiene, {} bundle(s) and the manylinux_2_28 audit pass",
+                    wheel.display(),
+                    report.bundles.len()
+                ),
+            );
+            Some(report)
+        }
+        Ok(report) => {
+            run.fail(
+                "wheel",
+                report
+                    .problems
+                    .iter()
+                    .map(|p| p.to_string())
+                    .collect::<Vec<_>>()
+                    .join("; "),
+                "rebuild the wheel with `kwheel dev build-wheel`",
+            );
+            Some(report)
+        }
+        Err(error) => {
+            run.fail("wheel", error_chain(&error), "rebuild the wheel");
+            None
+        }
+    }
+}
+
+/// The `parts` gate: a wheel cut to a file size limit comes with every part, each artifact
+/// in exactly one wheel of the set, every file at most the limit, every part pinned.
+pub(super) fn check_parts(run: &mut Run, report: &VerifyReport) {
+    let Some(set) = &report.set else {
+        return run.skip(
+            "parts",
+            "one wheel holds every artifact (no `[wheel] max-file-size` cut it)",
+        );
+    };
+    if set.problems.is_empty() {
+        let largest = set.parts.iter().map(|part| part.size).max().unwrap_or(0);
+        let variants: usize = set.parts.iter().map(|part| part.variants).sum();
+        run.pass(
+            "parts",
             format!(
-                "{}: RECORD, tags, zip hygiene, {} bundle(s) and the manylinux_2_28 audit pass",
-                wheel.display(),
-                report.bundles.len()
+                "{} parts beside the wheel, each pinned at its version; {variants} variants in \
+                 exactly one part each, verified; the largest file {largest} bytes, within the \
+                 limit of {}",
+                set.parts.len(),
+                set.max_file_size
             ),
-        ),
-        Ok(report) => run.fail(
-            "wheel",
-            report
-                .problems
+        );
+    } else {
+        run.fail(
+            "parts",
+            set.problems
                 .iter()
                 .map(|p| p.to_string())
                 .collect::<Vec<_>>()
                 .join("; "),
-            "rebuild the wheel with `kwheel dev build-wheel`",
-        ),
-        Err(error) => run.fail("wheel", error_chain(&error), "rebuild the wheel"),
+            "build the set again with `kwheel dev build-wheel` into one directory",
+        );
     }
+}
+
+/// The part wheels of the set `report` verified, beside `wheel`.
+pub(super) fn part_wheels(wheel: &Path, report: Option<&VerifyReport>) -> Vec<PathBuf> {
+    let directory = wheel.parent().unwrap_or(Path::new("."));
+    report
+        .and_then(|report| report.set.as_ref())
+        .map(|set| {
+            set.parts
+                .iter()
+                .map(|part| directory.join(&part.wheel))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn file_name(path: &Path) -> String {
+    path.file_name()
+        .map(|name| name.to_string_lossy().into_owned())
+        .unwrap_or_default()
 }
 
 /// The simulated devices and CUDA builds the install gate selects for.
@@ -164,6 +266,7 @@ pub(super) fn check_install(
     manifest: &Manifest,
     options: &CheckOptions,
     wheel: &Path,
+    parts: &[PathBuf],
 ) {
     let runtime = match runtime_wheel(run, options) {
         Ok(Some(runtime)) => runtime,
@@ -185,7 +288,7 @@ pub(super) fn check_install(
     else {
         return run.skip("install", "the manifest names no Python package");
     };
-    match install_and_select(options, wheel, &runtime, &module) {
+    match install_and_select(options, wheel, parts, &runtime, &module) {
         Ok(summary) => run.pass("install", summary),
         Err(reason) => run.fail(
             "install",
@@ -253,6 +356,7 @@ print(json.dumps(results))
 fn install_and_select(
     options: &CheckOptions,
     wheel: &Path,
+    parts: &[PathBuf],
     runtime: &Path,
     module: &str,
 ) -> Result<String, String> {
@@ -292,8 +396,9 @@ fn install_and_select(
                 "--disable-pip-version-check",
             ])
             .arg(wheel)
+            .args(parts)
             .arg(runtime),
-        "pip install of both wheels",
+        "pip install of the wheels",
     )?;
     let simulated = serde_json::to_string(&SIMULATED).expect("serializes");
     let output = run_command(
@@ -339,7 +444,12 @@ fn install_and_select(
     }
     if failures.is_empty() {
         Ok(format!(
-            "both wheels install into a fresh venv; {selected} of {} selections for sm_90/sm_100 × CUDA 12.9/13.0 load, {declared} refused only by a declared skip",
+            "{} install into a fresh venv; {selected} of {} selections for sm_90/sm_100 × CUDA 12.9/13.0 load, {declared} refused only by a declared skip",
+            if parts.is_empty() {
+                "both wheels".to_owned()
+            } else {
+                format!("the runtime, the wheel and its {} parts", parts.len())
+            },
             rows.len()
         ))
     } else {
@@ -347,22 +457,43 @@ fn install_and_select(
     }
 }
 
-pub(super) fn check_size(run: &mut Run, wheel: &Path, budget: u64) {
-    let size = std::fs::metadata(wheel).map(|m| m.len()).unwrap_or(0);
-    if size <= budget {
-        return run.pass(
-            "size",
-            format!("{size} bytes, within the budget of {budget}"),
-        );
+pub(super) fn check_size(run: &mut Run, wheel: &Path, parts: &[PathBuf], budget: u64) {
+    let size = |path: &Path| std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    let over: Vec<&Path> = std::iter::once(wheel)
+        .chain(parts.iter().map(PathBuf::as_path))
+        .filter(|path| size(path) > budget)
+        .collect();
+    if over.is_empty() {
+        let detail = if parts.is_empty() {
+            format!("{} bytes, within the budget of {budget}", size(wheel))
+        } else {
+            let total: u64 = parts.iter().map(|p| size(p)).sum::<u64>() + size(wheel);
+            format!(
+                "the wheel {} bytes and each of its {} parts within the budget of {budget} per \
+                 file ({total} bytes in all)",
+                size(wheel),
+                parts.len()
+            )
+        };
+        return run.pass("size", detail);
     }
-    let largest = largest_entries(wheel).unwrap_or_default();
+    let details: Vec<String> = over
+        .iter()
+        .map(|path| {
+            let largest = largest_entries(path).unwrap_or_default();
+            format!(
+                "{}: {} bytes, over the budget of {budget}; largest: {}",
+                file_name(path),
+                size(path),
+                largest.join(", ")
+            )
+        })
+        .collect();
     run.fail(
         "size",
-        format!(
-            "{size} bytes, over the budget of {budget}; largest: {}",
-            largest.join(", ")
-        ),
-        "ship fewer variants in the wheel, or raise --size-budget",
+        details.join("; "),
+        "cut the wheel into parts (`[wheel] max-file-size`, see docs/registry-sized-wheels.md), \
+         ship fewer variants in the wheel, or raise --size-budget",
     );
 }
 

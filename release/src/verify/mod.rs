@@ -11,6 +11,7 @@
 //! | `RECORD` | a file is unlisted, listed twice, listed but absent, or its hash (sha256/384/512) or size differs; RECORD does not list itself with an empty hash and size |
 //! | bundles | under any `…/_prebuilt/index.json`: an artifact or the dictionary is missing, does not decompress, or does not match its digest; a shipped source does not match the index's hash |
 //! | audit | a host ELF breaks the platform tag's policy ([`crate::audit`]) |
+//! | set | a bundle lists companion part wheels (`_prebuilt/parts.json`): a part is missing beside the wheel, not pinned, fails on its own, holds an artifact another wheel holds too, is over the set's size limit, or an artifact in it fails its digest (`parts`) |
 //!
 //! Entries are read with the zip crate; names, modes, sizes and duplicates come from a walk of
 //! the central directory itself, since a zip reader may hide a duplicate or decode a name.
@@ -29,9 +30,11 @@
 //! | `zip_directory` | the central directory as stored, walked without a zip reader |
 //! | `dist_info` | `.dist-info`, `METADATA`, `WHEEL`, `RECORD` and its hashes |
 //! | `bundles` | every `_prebuilt/` bundle inside, read the way the loader reads it |
+//! | `parts` | the set of a registry-sized wheel: its companion parts, found beside it |
 
 mod bundles;
 mod dist_info;
+mod parts;
 mod zip_directory;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -41,6 +44,7 @@ use std::path::{Path, PathBuf};
 
 use bundles::check_bundles;
 use dist_info::check_dist_info;
+pub use parts::{PartCheck, SetCheck};
 use zip_directory::{
     central_directory, local_problems, RawEntry, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG,
 };
@@ -112,6 +116,8 @@ pub struct VerifyReport {
     pub problems: Vec<Problem>,
     /// Departures from what the spec recommends, which do not fail it.
     pub warnings: Vec<Problem>,
+    /// The registry-sized set this wheel is the main wheel of, checked with it.
+    pub set: Option<SetCheck>,
 }
 
 impl VerifyReport {
@@ -175,6 +181,21 @@ impl fmt::Display for VerifyReport {
                     "no sources (no JIT fallback)"
                 }
             )?;
+        }
+        if let Some(set) = &self.set {
+            writeln!(
+                f,
+                "  set: {} parts, every file at most {} bytes",
+                set.parts.len(),
+                set.max_file_size
+            )?;
+            for part in &set.parts {
+                writeln!(
+                    f,
+                    "  part {}: {} bytes, {} variants verified",
+                    part.wheel, part.size, part.variants
+                )?;
+            }
         }
         writeln!(
             f,
@@ -245,6 +266,7 @@ pub fn verify_wheel_bytes(path: &Path, bytes: &[u8]) -> VerifyReport {
         cubins: 0,
         problems: Vec::new(),
         warnings: Vec::new(),
+        set: None,
     };
     match WheelFilename::parse(&wheel_name) {
         Ok(filename) => report.filename = Some(filename),
@@ -425,6 +447,7 @@ pub fn verify_wheel_bytes(path: &Path, bytes: &[u8]) -> VerifyReport {
     };
     check_dist_info(&mut report, &filename, &wheel_name, &order, &contents);
     check_bundles(&mut report, &contents);
+    parts::check_set(&mut report, path, bytes.len() as u64, &contents);
     audit_contents(&mut report, &filename, &contents);
     report
 }

@@ -31,9 +31,11 @@
 //! | this one | [`WheelSpec`], [`WheelFile`] and [`write_wheel`]: the deterministic writer |
 //! | `filename` | [`WheelFilename`]: parsing, normalizing and expanding tags |
 //! | `dist_info` | the `.dist-info` texts: [`Metadata`], `WHEEL`, `RECORD` |
+//! | [`parts`] | cutting a wheel into a registry-sized set: a main wheel and its companion parts |
 
 mod dist_info;
 mod filename;
+pub mod parts;
 
 use std::io::{BufWriter, Write as _};
 use std::path::{Path, PathBuf};

@@ -1,0 +1,414 @@
+//! Registry-sized wheels: the default library cut into a main wheel and companion parts,
+//! installed by pip with `--target`, and read by the loader through the device seam (the
+//! cubins it hands the device are checked against the index; no GPU needed).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+
+use prebuilt::device::DriverVersion;
+use prebuilt::driver::{Context, DriverError, LaunchConfig};
+use prebuilt::parts::{PartsIndex, PARTS_FILE};
+use prebuilt::registry::{Device, DeviceFacts, LoadedModule, ModuleFailure};
+use prebuilt::{JitPolicy, PtxJitPolicy, Registry, RegistryOptions};
+
+use super::*;
+
+/// Small enough that the main wheel (index, loader table, sources, Python files) still fits,
+/// and the artifacts need several parts.
+const LIMIT: u64 = 160 << 10;
+
+/// The default library's wheel set at `limit`, built into `out` from the shared bundle.
+fn build_set(shared: &Shared, out: &Path, limit: u64, ship_sources: bool) -> BuiltWheel {
+    build_library_wheel(&LibraryWheelOptions {
+        max_file_size: Some(limit),
+        ship_sources,
+        ..options(&default_manifest(), &shared.bundle, out, &shared.cache)
+    })
+    .unwrap_or_else(|error| panic!("the set builds: {}", chain(&error)))
+}
+
+struct FakeModule;
+
+impl LoadedModule for FakeModule {
+    fn context(&self) -> Option<&Arc<Context>> {
+        None
+    }
+
+    unsafe fn launch(&self, _: usize, _: &LaunchConfig, _: &[&[u8]]) -> Result<(), DriverError> {
+        Ok(())
+    }
+}
+
+/// A GPU of one compute capability whose driver supports CUDA 13.0; it keeps the sha256 of
+/// every image the loader hands it.
+struct FakeGpu {
+    capability: (u32, u32),
+    loaded: Mutex<Vec<String>>,
+}
+
+impl Device for FakeGpu {
+    fn facts(&self, _: u32) -> Result<DeviceFacts, DriverError> {
+        Ok(DeviceFacts {
+            capability: self.capability,
+            driver: DriverVersion {
+                major: 13,
+                minor: 0,
+            },
+        })
+    }
+
+    fn load(
+        &self,
+        _: u32,
+        image: &[u8],
+        _: &[&str],
+    ) -> Result<Arc<dyn LoadedModule>, ModuleFailure> {
+        self.loaded
+            .lock()
+            .unwrap()
+            .push(prebuilt::key::sha256_hex(image));
+        Ok(Arc::new(FakeModule))
+    }
+}
+
+/// Loads every kernel of the installed bundle at `bundle` on each simulated GPU and CUDA
+/// build, the JIT off: the variants loaded (`kernel cu130/sm_90a`), each checked to be the
+/// image whose digest the index records.
+fn load_everywhere(bundle: &Path, search: &[PathBuf]) -> BTreeSet<String> {
+    let index = prebuilt::Bundle::open(bundle).unwrap().index().clone();
+    let mut loaded = BTreeSet::new();
+    for capability in [(9, 0), (10, 0), (10, 3), (12, 0)] {
+        for cuda in ["cu129", "cu130"] {
+            let gpu = Arc::new(FakeGpu {
+                capability,
+                loaded: Mutex::new(Vec::new()),
+            });
+            let options = RegistryOptions {
+                cuda: Some(cuda.parse().unwrap()),
+                torch: None,
+                jit: JitPolicy::Disabled,
+                ptx_jit: PtxJitPolicy::Allowed,
+                part_search: search.to_vec(),
+                ..RegistryOptions::default()
+            };
+            let registry = Registry::open_on(bundle, options, gpu.clone(), None).unwrap();
+            for (name, record) in &index.kernels {
+                let Ok(kernel) = registry.load(name) else {
+                    // A target the manifest declares skipped for this kernel.
+                    continue;
+                };
+                let variant = record
+                    .variants
+                    .iter()
+                    .find(|v| v.label() == kernel.variant())
+                    .unwrap();
+                assert_eq!(
+                    gpu.loaded.lock().unwrap().last(),
+                    Some(&variant.artifact.digest),
+                    "{name} {}",
+                    kernel.variant()
+                );
+                loaded.insert(format!("{name} {}", kernel.variant()));
+            }
+        }
+    }
+    loaded
+}
+
+fn every_variant(bundle: &Path) -> BTreeSet<String> {
+    let index = prebuilt::Bundle::open(bundle).unwrap().index().clone();
+    index
+        .kernels
+        .iter()
+        .flat_map(|(name, record)| {
+            record
+                .variants
+                .iter()
+                .map(move |variant| format!("{name} {}", variant.label()))
+        })
+        .collect()
+}
+
+/// `pip install --no-deps --target <target> <wheels>`; `false` (skipped) without pip.
+fn pip_install_target(target: &Path, wheels: &[&Path]) -> bool {
+    let Some(python) = python() else { return false };
+    let output = Command::new(python)
+        .args(["-m", "pip", "install", "--quiet", "--no-index", "--no-deps"])
+        .args(["--disable-pip-version-check", "--target"])
+        .arg(target)
+        .args(wheels)
+        .output()
+        .unwrap();
+    assert_succeeded(&output);
+    true
+}
+
+fn set_wheels(built: &BuiltWheel) -> Vec<&Path> {
+    std::iter::once(built.path.as_path())
+        .chain(built.parts.iter().map(|part| part.path.as_path()))
+        .collect()
+}
+
+#[test]
+fn a_wheel_over_the_limit_is_cut_into_pinned_parts_by_build_and_gpu_generation() {
+    let Some(shared) = shared() else { return };
+    let root = scratch("parts-cut");
+    let built = build_set(shared, &root.join("wheels"), LIMIT, true);
+    let names: Vec<String> = built
+        .parts
+        .iter()
+        .map(|part| part.filename.to_string())
+        .collect();
+    assert!(names.len() >= 3, "{names:?}");
+    for part in &built.parts {
+        assert!(
+            part.size <= LIMIT,
+            "{} is {} bytes",
+            part.filename,
+            part.size
+        );
+        assert!(part
+            .filename
+            .to_string()
+            .ends_with("-0.1.0-py3-none-manylinux_2_28_x86_64.manylinux_2_28_aarch64.whl"));
+    }
+    assert!(
+        built.size <= LIMIT,
+        "the main wheel is {} bytes",
+        built.size
+    );
+    // One part per CUDA build and GPU generation (PTX apart), named after the package.
+    let groups: BTreeSet<String> = names
+        .iter()
+        .map(|name| name.split('-').next().unwrap().to_owned())
+        .collect();
+    for group in [
+        "af3_kernels_kernels_cu129_sm90",
+        "af3_kernels_kernels_cu130_sm90",
+        "af3_kernels_kernels_cu129_sm100",
+        "af3_kernels_kernels_cu130_sm100",
+        "af3_kernels_kernels_cu129_ptx",
+        "af3_kernels_kernels_cu130_ptx",
+    ] {
+        assert!(groups.contains(group), "{group} in {groups:?}");
+    }
+
+    // The main wheel keeps the index and pins every part exactly; no artifact is left in it.
+    let main = std::fs::read(&built.path).unwrap();
+    let metadata = entry(&main, &format!("{DIST_INFO}/METADATA"));
+    for part in &built.parts {
+        let line = format!(
+            "Requires-Dist: {}==0.1.0\n",
+            part.report
+                .filename
+                .as_ref()
+                .unwrap()
+                .name()
+                .replace('_', "-")
+        );
+        assert!(metadata.contains(&line), "{line} in\n{metadata}");
+    }
+    let main_names: Vec<String> = entries(&main).into_iter().map(|(name, _)| name).collect();
+    assert!(!main_names
+        .iter()
+        .any(|n| n.contains("/_prebuilt/artifacts/")));
+    let parts_json = entry(&main, &format!("af3_kernels/_prebuilt/{PARTS_FILE}"));
+    let index = PartsIndex::parse(Path::new(PARTS_FILE), parts_json.as_bytes()).unwrap();
+    assert_eq!(index.max_file_size, LIMIT);
+    assert_eq!(index.parts.len(), built.parts.len());
+
+    // Every artifact of the index is in exactly one part.
+    let bundle = prebuilt::Bundle::open(&shared.bundle).unwrap();
+    let mut holders: BTreeMap<&str, usize> = BTreeMap::new();
+    for part in &index.parts {
+        for file in part.files.iter().filter(|f| f.starts_with("artifacts/")) {
+            *holders.entry(file).or_default() += 1;
+        }
+    }
+    for record in bundle.index().kernels.values() {
+        for variant in &record.variants {
+            assert_eq!(holders.get(variant.artifact.path.as_str()), Some(&1));
+        }
+    }
+
+    // `wheel verify` of the main wheel checks the whole set.
+    let report = verify_wheel(&built.path).unwrap();
+    assert!(report.is_ok(), "{report}");
+    let set = report.set.as_ref().unwrap();
+    assert_eq!(set.parts.len(), built.parts.len());
+    let verified: usize = set.parts.iter().map(|part| part.variants).sum();
+    assert_eq!(verified, every_variant(&shared.bundle).len());
+}
+
+#[test]
+fn every_wheel_of_the_set_rebuilds_byte_for_byte() {
+    let Some(shared) = shared() else { return };
+    let root = scratch("parts-twice");
+    let first = build_set(shared, &root.join("a"), LIMIT, true);
+    let second = build_set(shared, &root.join("b"), LIMIT, true);
+    let bytes = |built: &BuiltWheel| -> Vec<(String, Vec<u8>)> {
+        set_wheels(built)
+            .into_iter()
+            .map(|path| {
+                (
+                    path.file_name().unwrap().to_string_lossy().into_owned(),
+                    std::fs::read(path).unwrap(),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(bytes(&first), bytes(&second));
+}
+
+#[test]
+fn a_group_too_big_for_one_file_is_cut_by_size_into_numbered_parts() {
+    let Some(shared) = shared() else { return };
+    let root = scratch("parts-numbered");
+    // Without sources the main wheel is small enough for a limit under one group's size.
+    let limit = 40 << 10;
+    let built = build_set(shared, &root.join("wheels"), limit, false);
+    let names: Vec<String> = built
+        .parts
+        .iter()
+        .map(|part| part.filename.name().to_owned())
+        .collect();
+    assert!(
+        names.contains(&"af3_kernels_kernels_cu130_sm100_1".to_owned())
+            && names.contains(&"af3_kernels_kernels_cu130_sm100_2".to_owned()),
+        "{names:?}"
+    );
+    for wheel in set_wheels(&built) {
+        let size = std::fs::metadata(wheel).unwrap().len();
+        assert!(size <= limit, "{} is {size} bytes", wheel.display());
+    }
+    let target = root.join("site");
+    if !pip_install_target(&target, &set_wheels(&built)) {
+        return;
+    }
+    let bundle = target.join("af3_kernels/_prebuilt");
+    assert_eq!(load_everywhere(&bundle, &[]), every_variant(&shared.bundle));
+}
+
+#[test]
+fn pip_installs_the_set_with_target_and_the_loader_reads_every_variant_from_its_parts() {
+    let Some(shared) = shared() else { return };
+    let root = scratch("parts-target");
+    let built = build_set(shared, &root.join("wheels"), LIMIT, true);
+    let target = root.join("site");
+    if !pip_install_target(&target, &set_wheels(&built)) {
+        return;
+    }
+    let bundle = target.join("af3_kernels/_prebuilt");
+    assert!(!bundle.join("artifacts").exists());
+    assert!(target
+        .join("af3_kernels_kernels_cu130_sm90/_prebuilt/part.json")
+        .is_file());
+    // Selection for sm_90, sm_100, sm_103 and sm_120 (PTX) under both builds reaches every
+    // variant the bundle has, each read from its part and verified before the device saw it.
+    assert_eq!(load_everywhere(&bundle, &[]), every_variant(&shared.bundle));
+}
+
+#[test]
+fn an_editable_main_package_finds_its_parts_on_the_search_path() {
+    let Some(shared) = shared() else { return };
+    let root = scratch("parts-editable");
+    let built = build_set(shared, &root.join("wheels"), LIMIT, true);
+    // The main package where a source checkout keeps it, the parts where pip installs them.
+    let checkout = root.join("checkout");
+    let parts: Vec<&Path> = built.parts.iter().map(|p| p.path.as_path()).collect();
+    let site = root.join("site-packages");
+    if !pip_install_target(&checkout, &[built.path.as_path()]) || !pip_install_target(&site, &parts)
+    {
+        return;
+    }
+    let bundle = checkout.join("af3_kernels/_prebuilt");
+    let error = Registry::open_on(
+        &bundle,
+        RegistryOptions {
+            cuda: Some("cu130".parse().unwrap()),
+            jit: JitPolicy::Disabled,
+            ..RegistryOptions::default()
+        },
+        Arc::new(FakeGpu {
+            capability: (9, 0),
+            loaded: Mutex::new(Vec::new()),
+        }),
+        None,
+    )
+    .unwrap()
+    .load("layernorm_bf16")
+    .unwrap_err();
+    assert!(chain(&error).contains("af3-kernels-kernels-cu130-sm90"));
+    assert_eq!(
+        load_everywhere(&bundle, std::slice::from_ref(&site)),
+        every_variant(&shared.bundle)
+    );
+}
+
+#[test]
+fn a_missing_part_is_named_with_the_command_that_installs_it() {
+    let Some(shared) = shared() else { return };
+    let root = scratch("parts-missing");
+    let built = build_set(shared, &root.join("wheels"), LIMIT, true);
+    let target = root.join("site");
+    let without_sm90: Vec<&Path> = set_wheels(&built)
+        .into_iter()
+        .filter(|path| {
+            !path
+                .to_string_lossy()
+                .contains("af3_kernels_kernels_cu130_sm90-")
+        })
+        .collect();
+    if !pip_install_target(&target, &without_sm90) {
+        return;
+    }
+    let registry = Registry::open_on(
+        target.join("af3_kernels/_prebuilt"),
+        RegistryOptions {
+            cuda: Some("cu130".parse().unwrap()),
+            jit: JitPolicy::Disabled,
+            ..RegistryOptions::default()
+        },
+        Arc::new(FakeGpu {
+            capability: (9, 0),
+            loaded: Mutex::new(Vec::new()),
+        }),
+        None,
+    )
+    .unwrap();
+    let error = prebuilt::error_chain(&registry.load("layernorm_bf16").unwrap_err());
+    assert!(
+        error.starts_with(
+            "`layernorm_bf16` (cu130/sm_90a) cannot load its prebuilt cubin: the cubins for \
+             cu130-sm90 are in the companion package `af3-kernels-kernels-cu130-sm90` 0.1.0, \
+             which is not installed"
+        ),
+        "{error}"
+    );
+    assert!(
+        error.contains("install it with `pip install af3-kernels-kernels-cu130-sm90==0.1.0`"),
+        "{error}"
+    );
+    // status() says the same, before any load.
+    let prebuilt::Status::Unavailable { reason } = &registry.status()["layernorm_bf16"] else {
+        panic!("{:?}", registry.status()["layernorm_bf16"]);
+    };
+    assert!(reason.contains("pip install af3-kernels-kernels-cu130-sm90==0.1.0"));
+
+    // `wheel verify` of the main wheel alone names the part missing beside it.
+    let alone = root.join("alone");
+    std::fs::create_dir_all(&alone).unwrap();
+    let copied = alone.join(built.path.file_name().unwrap());
+    std::fs::copy(&built.path, &copied).unwrap();
+    let report = verify_wheel(&copied).unwrap();
+    let missing: Vec<&str> = report
+        .problems
+        .iter()
+        .filter(|p| p.message.starts_with("is missing beside"))
+        .map(|p| p.file.as_str())
+        .collect();
+    assert_eq!(missing.len(), built.parts.len(), "{report}");
+    assert!(missing.contains(
+        &"af3_kernels_kernels_cu130_sm90-0.1.0-py3-none-manylinux_2_28_x86_64.manylinux_2_28_aarch64.whl"
+    ));
+}
