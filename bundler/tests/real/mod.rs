@@ -643,7 +643,9 @@ fn apex_layer_norm_obeys_maxrregcount_on_cu129_and_cu130_alike() {
         .unwrap_or_else(|error| panic!("{}", anyhow_like(&error)));
     let bundle = Bundle::open(&summary.out).unwrap();
     let record = &bundle.index().kernels["layer_norm"];
-    let registers: BTreeMap<String, BTreeMap<String, (Option<u32>, Option<u32>)>> = record
+    // Per variant, per entry: (registers, register cap).
+    type Registers = BTreeMap<String, (Option<u32>, Option<u32>)>;
+    let registers: BTreeMap<String, Registers> = record
         .variants
         .iter()
         .map(|variant| {
