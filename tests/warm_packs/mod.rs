@@ -264,7 +264,7 @@ fn a_jit_only_kernel_exported_on_one_machine_loads_from_the_pack_on_another_with
     );
     assert_eq!(
         device.loaded.lock().unwrap().as_slice(),
-        [machines.compiled.clone()],
+        std::slice::from_ref(&machines.compiled),
         "machine B loads the very cubin machine A compiled"
     );
     assert!(
