@@ -4,6 +4,7 @@
 mod getting_started;
 mod index;
 mod support;
+mod user_text;
 mod warm_packs;
 
 use std::path::{Path, PathBuf};

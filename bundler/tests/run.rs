@@ -9,52 +9,9 @@ use bundler::compiler::{CompileError, CompileOutput, CompileRequest, Compiler};
 use bundler::toolchain::{CompilerId, CompilerKind};
 use bundler::{bundle_kernels, BuildToolchain, BundleOptions, BundleSummary, Error};
 use prebuilt::cubin::validate_cubin;
-use prebuilt::{Arch, Bundle, CudaBuild};
+use prebuilt::{Arch, Bundle};
 
-/// `eprintln!` for a test that passes without testing, past the test harness's capture, so
-/// that `ci/test` lists it: `SKIPPED: <test>: <message>`.
-macro_rules! skipped {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let message = format!($($arg)*);
-        let message = message.strip_prefix("skipped: ").unwrap_or(&message).to_owned();
-        let test = std::thread::current().name().unwrap_or("(unnamed test)").to_owned();
-        let _ = writeln!(std::io::stderr(), "SKIPPED: {test}: {message}");
-    }};
-}
-
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_owned()
-}
-
-fn default_manifest() -> PathBuf {
-    workspace().join("kernels/kernels.toml")
-}
-
-/// The real toolchains, or `None` (with the reason printed) where they are not installed.
-/// With `KWHEEL_REQUIRE_TOOLCHAINS=1` (CI) a missing toolchain fails the test instead.
-fn toolchains() -> Option<Vec<BuildToolchain>> {
-    static TOOLCHAINS: OnceLock<Result<Vec<BuildToolchain>, String>> = OnceLock::new();
-    let found = TOOLCHAINS.get_or_init(|| {
-        ["cu129", "cu130"]
-            .iter()
-            .map(|b| BuildToolchain::discover(b.parse().unwrap()).map_err(|e| format!("{e}")))
-            .collect()
-    });
-    match found {
-        Ok(toolchains) => Some(toolchains.clone()),
-        Err(reason) if std::env::var("KWHEEL_REQUIRE_TOOLCHAINS").as_deref() == Ok("1") => {
-            panic!("toolchains required but missing: {reason}")
-        }
-        Err(reason) => {
-            skipped!("skipped: {reason}");
-            None
-        }
-    }
-}
+use testkit::{default_manifest, skipped, toolchains, workspace};
 
 fn options(
     manifest: &Path,
@@ -80,26 +37,10 @@ fn options_in(dir: &Path, manifest: &Path, toolchains: Vec<BuildToolchain>) -> B
     options(manifest, &dir.join("out"), &dir.join("cache"), toolchains)
 }
 
-/// Copies the embedded library (sources and manifest, not the Rust references) to `dir`.
+/// Copies the embedded library (sources and manifest, not the Rust references) to `dir`;
+/// returns the copy's manifest.
 fn copy_library(dir: &Path) -> PathBuf {
-    fn copy(from: &Path, to: &Path) {
-        std::fs::create_dir_all(to).unwrap();
-        for entry in std::fs::read_dir(from).unwrap() {
-            let entry = entry.unwrap();
-            let name = entry.file_name();
-            if name == "reference" || name == "target" {
-                continue;
-            }
-            if entry.file_type().unwrap().is_dir() {
-                copy(&entry.path(), &to.join(&name));
-            } else {
-                std::fs::copy(entry.path(), to.join(&name)).unwrap();
-            }
-        }
-    }
-    let to = dir.join("kernels");
-    copy(&workspace().join("kernels"), &to);
-    to.join("kernels.toml")
+    testkit::copy_library(dir, &["reference", "target"]).join("kernels.toml")
 }
 
 /// One cold build of the default library, shared by the tests that only read it.
@@ -683,16 +624,9 @@ fn computed_include_is_refused_with_its_location() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let manifest = write_library(
+    let manifest = small_library(
         dir.path(),
-        SMALL_LIBRARY,
-        &[
-            (
-                "add.cu",
-                &format!("#define HEADER \"tiny/common.cuh\"\n#include HEADER\n{ADD_KERNEL}"),
-            ),
-            ("include/tiny/common.cuh", COMMON_HEADER),
-        ],
+        &format!("#define HEADER \"tiny/common.cuh\"\n#include HEADER\n{ADD_KERNEL}"),
     );
     let error = bundle_kernels(&options_in(dir.path(), &manifest, toolchains)).unwrap_err();
     let text = anyhow_like(&error);
@@ -706,16 +640,9 @@ fn compile_error_shows_the_log_with_kernel_arch_and_build() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let manifest = write_library(
+    let manifest = small_library(
         dir.path(),
-        SMALL_LIBRARY,
-        &[
-            (
-                "add.cu",
-                &ADD_KERNEL.replace("twice(in[i])", "undeclared_function(in[i])"),
-            ),
-            ("include/tiny/common.cuh", COMMON_HEADER),
-        ],
+        &ADD_KERNEL.replace("twice(in[i])", "undeclared_function(in[i])"),
     );
     for toolchain in toolchains {
         let build = toolchain.build;
@@ -829,6 +756,18 @@ cubins = [{{ arch = "sm_90a", cuda = "cu130", path = "vendor.cubin" }}]
     );
 }
 
+/// The small library at `dir` with `add_cu` as its kernel's source, beside its common header.
+fn small_library(dir: &Path, add_cu: &str) -> PathBuf {
+    write_library(
+        dir,
+        SMALL_LIBRARY,
+        &[
+            ("add.cu", add_cu),
+            ("include/tiny/common.cuh", COMMON_HEADER),
+        ],
+    )
+}
+
 /// An error with its whole source chain, as the CLI prints it.
 fn anyhow_like(error: &Error) -> String {
     let mut text = error.to_string();
@@ -877,54 +816,9 @@ impl Compiler for FakeCompiler {
 
 #[test]
 fn jobs_run_in_parallel_up_to_the_limit_and_hit_the_cache_after() {
-    let fixtures = workspace().join("prebuilt/tests/fixtures/cubin");
-    let cubin_path = std::fs::read_dir(&fixtures)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| {
-            p.to_string_lossy().contains("sm_90a") && p.extension().is_some_and(|e| e == "cubin")
-        })
-        .min()
-        .unwrap();
-    let cubin = std::fs::read(&cubin_path).unwrap();
-    let entry = prebuilt::cubin::inspect_cubin(&cubin).unwrap().functions[0]
-        .symbol
-        .clone();
-    let dir = tempfile::tempdir().unwrap();
-    let mut manifest_text = "[library]\npackage = \"fake\"\narchs = [\"sm_90a\"]\ncuda-builds = [\"cu130\"]\ntorch = \"2.13.*\"\n".to_owned();
-    let mut files = Vec::new();
-    for n in 0..8 {
-        manifest_text.push_str(&format!(
-            "[kernels.k{n}]\nsources = [\"k{n}.cu\"]\nentries = [\"{entry}\"]\n"
-        ));
-        files.push((format!("k{n}.cu"), format!("// kernel {n}\n")));
-    }
-    let file_refs: Vec<(&str, &str)> = files
-        .iter()
-        .map(|(a, b)| (a.as_str(), b.as_str()))
-        .collect();
-    let manifest = write_library(dir.path(), &manifest_text, &file_refs);
-    let fake = Arc::new(FakeCompiler {
-        id: CompilerId {
-            kind: CompilerKind::Nvcc,
-            version: "13.0.88".into(),
-        },
-        cubin,
-        calls: Mutex::new(Vec::new()),
-        in_flight: 0.into(),
-        max_in_flight: 0.into(),
-    });
-    let toolchain = BuildToolchain {
-        build: CudaBuild {
-            major: 13,
-            minor: 0,
-        },
-        compiler: fake.clone(),
-        supported_sms: BTreeSet::from([90, 100]),
-        include_dirs: Vec::new(),
-        nvcc_route: None,
-    };
-    let mut opts = options_in(dir.path(), &manifest, vec![toolchain]);
+    let library = fake_library(8);
+    let fake = &library.fake;
+    let mut opts = library.options("jobs");
     opts.jobs = 3;
     let summary = bundle_kernels(&opts).unwrap();
     assert_eq!(summary.compiled.len(), 8);
@@ -934,7 +828,7 @@ fn jobs_run_in_parallel_up_to_the_limit_and_hit_the_cache_after() {
         3
     );
     // Eight kernels with one identical cubin: stored once.
-    let bundle = tree_bytes(&dir.path().join("out"));
+    let bundle = tree_bytes(&opts.out);
     assert_eq!(
         bundle
             .keys()
@@ -959,16 +853,13 @@ fn jobs_run_in_parallel_up_to_the_limit_and_hit_the_cache_after() {
 // ---- many machines: shards, and the remote cache ------------------------------------------
 //
 // The fault cases run against the fault-injecting loopback store of
-// `prebuilt/tests/support/loopback_store.rs`; `remote_cache_on_a_real_server_*` runs against
+// `testkit::loopback_store`; `remote_cache_on_a_real_server_*` runs against
 // the server `.ci/run` starts (nginx with WebDAV `PUT`), named by `KWHEEL_TEST_STORE`, and is
 // skipped without it unless `KWHEEL_REQUIRE_STORE=1`.
 
-#[path = "../../prebuilt/tests/support/loopback_store.rs"]
-mod loopback_store;
-
 use bundler::remote::RemoteCacheOptions;
 use bundler::shard::{merge_shards, Shard, SharedBuild};
-use loopback_store::{Fault, LoopbackStore};
+use testkit::loopback_store::{Fault, LoopbackStore};
 
 mod remote_identity;
 
@@ -1160,10 +1051,14 @@ fn real_shards_merge_into_the_single_machine_bundle_byte_for_byte() {
     for (path, bytes) in &single {
         assert!(merged[path] == *bytes, "{path} differs");
     }
-    // Compressed with a dictionary (trained, or the families'), the same in both.
-    assert!(merged
-        .keys()
-        .any(|path| path == "dictionary.zdict" || path.starts_with("dictionaries/")));
+    // Compressed with a trained dictionary, or against reference cubins (index format 4),
+    // the same in both.
+    let format = prebuilt::bundle::read_index(&out).unwrap().format;
+    assert!(
+        merged.keys().any(|path| path == "dictionary.zdict")
+            || format == prebuilt::index::REFERENCE_INDEX_FORMAT,
+        "format {format}"
+    );
 }
 
 #[test]
@@ -1370,7 +1265,7 @@ fn thirdparty(test: &str, name: &str) -> Option<PathBuf> {
     if dir.is_dir() {
         return Some(dir);
     }
-    if std::env::var("KWHEEL_REQUIRE_TOOLCHAINS").as_deref() == Ok("1") {
+    if testkit::required() {
         panic!("{} missing: run `ci/setup-thirdparty`", dir.display());
     }
     eprintln!(

@@ -5,18 +5,18 @@ use std::collections::BTreeMap;
 use crate::device::{DeviceQuery, DriverVersion};
 use crate::index::{CompilerRecord, Index, KernelInputs, KernelRecord, Skip, StoredFile, Variant};
 
-pub(crate) const SKIP_REASON: &str = "tcgen05 needs CUDA 13";
+pub const SKIP_REASON: &str = "tcgen05 needs CUDA 13";
 use crate::{Arch, CudaBuild};
 
-pub(crate) fn arch(text: &str) -> Arch {
+pub fn arch(text: &str) -> Arch {
     text.parse().unwrap()
 }
 
-pub(crate) fn build(text: &str) -> CudaBuild {
+pub fn build(text: &str) -> CudaBuild {
     text.parse().unwrap()
 }
 
-pub(crate) fn variant(label: &str) -> Variant {
+pub fn variant(label: &str) -> Variant {
     let (cuda, target) = label.split_once('/').unwrap();
     Variant {
         arch: arch(target),
@@ -38,7 +38,7 @@ pub(crate) fn variant(label: &str) -> Variant {
     }
 }
 
-pub(crate) fn record(variants: &[&str], skipped: &[(&str, &str)]) -> KernelRecord {
+pub fn record(variants: &[&str], skipped: &[(&str, &str)]) -> KernelRecord {
     KernelRecord {
         inputs: KernelInputs::default(),
         recipe: None,
@@ -59,7 +59,7 @@ pub(crate) fn record(variants: &[&str], skipped: &[(&str, &str)]) -> KernelRecor
 }
 
 /// Both builds × sm_90a/sm_100a; one kernel missing cu129/sm_100a; one with plain sm_80.
-pub(crate) fn index() -> Index {
+pub fn index() -> Index {
     let kernels = [
         (
             "layernorm",
@@ -101,7 +101,7 @@ pub(crate) fn index() -> Index {
     }
 }
 
-pub(crate) fn query(device: &str, cuda: &str, driver: &str, torch: Option<&str>) -> DeviceQuery {
+pub fn query(device: &str, cuda: &str, driver: &str, torch: Option<&str>) -> DeviceQuery {
     DeviceQuery {
         capability: DeviceQuery::parse_device(device).unwrap(),
         driver: DriverVersion::parse(driver).unwrap(),
@@ -111,7 +111,7 @@ pub(crate) fn query(device: &str, cuda: &str, driver: &str, torch: Option<&str>)
 }
 
 /// Every kind of target, all built with CUDA 13.0: `a`, `f`, plain and PTX.
-pub(crate) const EVERY_KIND: [&str; 6] = [
+pub const EVERY_KIND: [&str; 6] = [
     "cu130/compute_90",
     "cu130/sm_90",
     "cu130/sm_90a",

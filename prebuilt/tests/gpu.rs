@@ -38,8 +38,7 @@ use prebuilt::compile::{toolchain_dir, ToolkitLayout};
 use prebuilt::cubin::inspect_cubin;
 use prebuilt::driver::{DeviceBuffer, Driver};
 use prebuilt::index::{
-    CompilerRecord, Function, Index, KernelInputs, KernelRecord, SourceRecipe, StoredFile, Variant,
-    INDEX_FORMAT,
+    Function, Index, KernelInputs, KernelRecord, SourceRecipe, StoredFile, Variant, INDEX_FORMAT,
 };
 use prebuilt::jit::{compile_cached, entry_paths, CompilerSearch, JitCompiler, JitRequest};
 use prebuilt::key::{sha256_hex, KernelKey, KeyInputs};
@@ -48,17 +47,8 @@ use prebuilt::registry::{
 };
 use prebuilt::{Arch, CudaBuild, JitPolicy, PtxJitPolicy};
 
-/// `eprintln!` for a test that passes without testing, past the test harness's capture, so
-/// that `ci/test` lists it: `SKIPPED: <test>: <message>`.
-macro_rules! skipped {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let message = format!($($arg)*);
-        let message = message.strip_prefix("skipped: ").unwrap_or(&message).to_owned();
-        let test = std::thread::current().name().unwrap_or("(unnamed test)").to_owned();
-        let _ = writeln!(std::io::stderr(), "SKIPPED: {test}: {message}");
-    }};
-}
+use testkit::fixtures::{arch, build, compiler};
+use testkit::{error_chain, skipped};
 
 /// The fixture source, built into the binary so that it runs from any directory (the GPU
 /// machine gets this binary, not the checkout it was built in).
@@ -67,24 +57,6 @@ const FIXTURE_SOURCE: &[u8] = include_bytes!("fixtures/cubin/kernels.cu");
 const ROLE: &str = "KWHEEL_TEST_ROLE";
 /// The first line of a child's answer on stdout.
 const ANSWER: &str = "KWHEEL_TEST_ANSWER";
-
-fn arch(text: &str) -> Arch {
-    text.parse().unwrap()
-}
-
-fn build(text: &str) -> CudaBuild {
-    text.parse().unwrap()
-}
-
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(error) = cause {
-        text.push_str(&format!("\n  caused by: {error}"));
-        cause = error.source();
-    }
-    text
-}
 
 // ---------------------------------------------------------------------------------------------
 // A small bundle written by hand from the cubin fixtures (the bundle writer is the bundler's).
@@ -170,10 +142,7 @@ fn fixture_bundle(dir: &Path) -> PathBuf {
                     }
                 })
                 .collect();
-            let compiler = CompilerRecord {
-                kind: kind.to_owned(),
-                version: version.to_owned(),
-            };
+            let compiler = compiler(kind, version);
             let key = KernelKey::compute(&KeyInputs {
                 kernel: name,
                 inputs: &inputs,
@@ -430,15 +399,12 @@ fn child_compile() {
             std::thread::sleep(Duration::from_millis(1));
         }
     }
-    let index = bundle.index();
-    let request = JitRequest {
-        bundle_root: bundle.root(),
-        kernel: &kernel,
-        record: &index.kernels[&kernel],
-        torch: &index.torch,
-        arch: arch(&std::env::var("KWHEEL_TEST_ARCH").unwrap()),
-        cuda: build(&std::env::var("KWHEEL_TEST_CUDA").unwrap()),
-    };
+    let request = jit_request(
+        &bundle,
+        &kernel,
+        arch(&std::env::var("KWHEEL_TEST_ARCH").unwrap()),
+        build(&std::env::var("KWHEEL_TEST_CUDA").unwrap()),
+    );
     match compile_cached(&request, &compiler, &child_env("KWHEEL_TEST_CACHE")) {
         Ok(output) => println!(
             "{ANSWER} {} {} {}",
@@ -484,6 +450,24 @@ struct JitFixture {
 
 const JIT_KERNEL: &str = "fixture_axpy";
 
+/// The JIT's request for `kernel` of the opened bundle, on `arch` and `cuda`.
+fn jit_request<'a>(
+    opened: &'a Bundle,
+    kernel: &'a str,
+    arch: Arch,
+    cuda: CudaBuild,
+) -> JitRequest<'a> {
+    let index = opened.index();
+    JitRequest {
+        bundle_root: opened.root(),
+        kernel,
+        record: &index.kernels[kernel],
+        torch: &index.torch,
+        arch,
+        cuda,
+    }
+}
+
 fn jit_fixture() -> Option<JitFixture> {
     let nvrtc = nvrtc_12_9()?;
     let dir = tempfile::tempdir().unwrap();
@@ -497,19 +481,8 @@ fn jit_fixture() -> Option<JitFixture> {
     let version = search.candidates()[0].version.clone().unwrap();
     assert_eq!(version, "12.9.86");
     let opened = Bundle::open(&bundle).unwrap();
-    let index = opened.index();
-    let request = JitRequest {
-        bundle_root: opened.root(),
-        kernel: JIT_KERNEL,
-        record: &index.kernels[JIT_KERNEL],
-        torch: &index.torch,
-        arch: arch("sm_90a"),
-        cuda: build("cu129"),
-    };
-    let key = request.key(&CompilerRecord {
-        kind: "nvrtc".into(),
-        version,
-    });
+    let request = jit_request(&opened, JIT_KERNEL, arch("sm_90a"), build("cu129"));
+    let key = request.key(&compiler("nvrtc", &version));
     Some(JitFixture {
         dir,
         bundle,
@@ -1366,13 +1339,12 @@ fn arguments_are_checked_before_launch() {
 
 // ---------------------------------------------------------------------------------------------
 // Slim bundles: artifacts fetched from a store (the `fetch` feature). The store is the
-// fault-injecting loopback server of `support/loopback_store.rs`; the fault cases run on a CPU
+// fault-injecting loopback server of `testkit::loopback_store`; the fault cases run on a CPU
 // through `prebuilt::fetch`, which is what the loader calls; the last test loads on a GPU.
 // ---------------------------------------------------------------------------------------------
 
 #[cfg(feature = "fetch")]
-#[path = "support/loopback_store.rs"]
-mod loopback_store;
+use testkit::loopback_store;
 
 #[cfg(feature = "fetch")]
 mod slim {
@@ -1703,5 +1675,9 @@ mod slim {
 
 // A bundle never steers the compiler; the JIT reads its inputs checked.
 mod jit_flags;
+
+// Property tests of the round trips: keys and torch pins; kernels.idx.
+mod lookup_roundtrip;
+mod properties;
 // Warm packs: JIT results carried to a machine without a compiler, launched.
 mod warm_pack;

@@ -11,10 +11,7 @@
 //!
 //! Loopback only, one thread per connection, and bounded: it serves at most
 //! [`MAX_CONNECTIONS`] connections, a `Slow` fault sleeps at most 5 s, and dropping the
-//! server stops it. Shared by the `prebuilt`, `bundler` and `release` tests through
-//! `#[path]`.
-
-#![allow(dead_code)]
+//! server stops it. Shared by the `prebuilt`, `bundler` and `release` tests.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io::{BufRead, BufReader, Read, Write};

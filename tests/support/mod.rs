@@ -19,9 +19,7 @@ pub const BUILD: i32 = 5;
 /// The exit code of a store that could not be reached.
 pub const NETWORK: i32 = 6;
 
-pub fn workspace() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+pub use testkit::workspace;
 
 /// The binary under test, run from the workspace, where the embedded library is the default.
 pub fn kwheel() -> Command {
@@ -59,57 +57,20 @@ pub fn failed(output: &Output) -> String {
     text
 }
 
-/// Says that the running test passes without testing: `SKIPPED: <test>: <reason>`, written
-/// to stderr past the test harness's capture, so that `ci/test` lists it in its summary.
-pub fn skipped(reason: &str) {
-    use std::io::Write as _;
-    let test = std::thread::current()
-        .name()
-        .unwrap_or("(unnamed test)")
-        .to_owned();
-    let _ = writeln!(std::io::stderr(), "SKIPPED: {test}: {reason}");
-}
+pub use testkit::{copy_tree, skipped};
 
 /// Whether the toolchains are installed; without them a test skips with the reason, unless
 /// `KWHEEL_REQUIRE_TOOLCHAINS=1` (CI), where it fails.
 pub fn have_toolchains() -> bool {
     let output = kwheel().arg("toolchains").output().unwrap();
-    if output.status.success() {
-        return true;
-    }
-    assert!(
-        std::env::var("KWHEEL_REQUIRE_TOOLCHAINS").as_deref() != Ok("1"),
-        "toolchains required but missing:\n{}",
-        text(&output)
-    );
-    skipped(&format!("no toolchains ({})", stdout(&output).trim()));
-    false
-}
-
-/// Copies the tree at `from` to `to`, leaving out entries named in `except`.
-pub fn copy_tree(from: &Path, to: &Path, except: &[&str]) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap() {
-        let entry = entry.unwrap();
-        let name = entry.file_name();
-        if except.iter().any(|skip| name == *skip) {
-            continue;
-        }
-        let target = to.join(&name);
-        if entry.file_type().unwrap().is_dir() {
-            copy_tree(&entry.path(), &target, except);
-        } else {
-            std::fs::copy(entry.path(), &target).unwrap();
-        }
-    }
+    output.status.success()
+        || testkit::missing(&format!("no toolchains ({})", stdout(&output).trim()))
 }
 
 /// A copy of the embedded library under `dir` (without its CPU references); its manifest is
 /// `<returned>/kernels.toml`.
 pub fn copy_library(dir: &Path) -> PathBuf {
-    let to = dir.join("kernels");
-    copy_tree(&workspace().join("kernels"), &to, &["reference"]);
-    to
+    testkit::copy_library(dir, &["reference"])
 }
 
 /// `kwheel bundle list <bundle>`.

@@ -6,7 +6,6 @@ use super::*;
 
 use bundler::build::{plan_kernel, target_key};
 use bundler::torch::{TorchHeaders, TORCH_ENV};
-use prebuilt::index::CompilerRecord;
 
 /// The torch tests share `KWHEEL_TORCH`: one at a time.
 fn torch_lock() -> std::sync::MutexGuard<'static, ()> {
@@ -221,13 +220,6 @@ fn fake_torch(site: &Path, version: &str, header: &str) -> PathBuf {
     package
 }
 
-fn nvcc_record() -> CompilerRecord {
-    CompilerRecord {
-        kind: "nvcc".into(),
-        version: "13.0.88".into(),
-    }
-}
-
 /// The sm_90a/cu130 key of kernel `k` of `manifest`, planned with `KWHEEL_TORCH` = `torch`,
 /// or the error as the command line prints it.
 fn planned_key(
@@ -243,7 +235,7 @@ fn planned_key(
         "cu130".parse().unwrap(),
         "sm_90a".parse().unwrap(),
         &manifest.library.torch,
-        &nvcc_record(),
+        &testkit::fixtures::compiler("nvcc", "13.0.88"),
     );
     Ok((key.0, planned.inputs))
 }

@@ -150,15 +150,7 @@ fn case_2_bundle_flags_never_run_a_program_or_write_a_file() {
         if let Some(nvcc) = &nvcc {
             let compiler = JitCompiler::nvcc_at(nvcc).unwrap();
             let opened = Bundle::open(&bundle).unwrap();
-            let index = opened.index();
-            let request = JitRequest {
-                bundle_root: opened.root(),
-                kernel: JIT_KERNEL,
-                record: &index.kernels[JIT_KERNEL],
-                torch: &index.torch,
-                arch: arch("sm_90a"),
-                cuda: build("cu130"),
-            };
+            let request = jit_request(&opened, JIT_KERNEL, arch("sm_90a"), build("cu130"));
             let error = compile_cached(&request, &compiler, &cache).unwrap_err();
             assert!(error.to_string().contains(&refused), "{error}");
         }
@@ -181,15 +173,7 @@ fn case_2_allowed_flags_still_compile() {
     let bundle = bundle_with_nvcc_flags(dir.path(), &flags);
     let compiler = JitCompiler::nvcc_at(&nvcc).unwrap();
     let opened = Bundle::open(&bundle).unwrap();
-    let index = opened.index();
-    let request = JitRequest {
-        bundle_root: opened.root(),
-        kernel: JIT_KERNEL,
-        record: &index.kernels[JIT_KERNEL],
-        torch: &index.torch,
-        arch: arch("sm_90a"),
-        cuda: build("cu130"),
-    };
+    let request = jit_request(&opened, JIT_KERNEL, arch("sm_90a"), build("cu130"));
     let output = compile_cached(&request, &compiler, &dir.path().join("jit-cache"))
         .unwrap_or_else(|error| panic!("{}", error_chain(&error)));
     assert!(output.compiled);

@@ -73,27 +73,7 @@ fn files_under(dir: &Path) -> BTreeSet<String> {
 /// files pip adds to `.dist-info` itself.
 fn pip_install_wheel(python: &str, wheel: &Path) -> BTreeSet<String> {
     let target = tempfile::tempdir().unwrap();
-    let output = Command::new(python)
-        .args([
-            "-m",
-            "pip",
-            "install",
-            "--no-deps",
-            "--no-index",
-            "--no-compile",
-            "--disable-pip-version-check",
-            "--target",
-        ])
-        .arg(target.path())
-        .arg(wheel)
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "pip install `{}` failed:\n{}",
-        wheel.display(),
-        output_text(&output)
-    );
+    pip_install_into(python, wheel, target.path());
     files_under(target.path())
         .into_iter()
         .filter(|path| {

@@ -28,27 +28,8 @@ fn wheel_with_index(dir: &Path, original: &[u8], edit: impl Fn(&mut prebuilt::In
             _ => (name.clone(), data.clone()),
         })
         .collect();
-    let mut record = String::new();
-    for (name, data) in &files {
-        record.push_str(&format!("{name},{},{}\n", record_hash(data), data.len()));
-    }
-    record.push_str(&format!("{record_name},,\n"));
     let path = dir.join(WHEEL_NAME);
-    let mut writer = zip::ZipWriter::new(std::fs::File::create(&path).unwrap());
-    for (name, data) in files
-        .iter()
-        .chain([&(record_name.clone(), record.into_bytes())])
-    {
-        let stored = name.ends_with(".zst") || name.ends_with(".zdict");
-        let options = SimpleFileOptions::default().compression_method(if stored {
-            zip::CompressionMethod::Stored
-        } else {
-            zip::CompressionMethod::Deflated
-        });
-        writer.start_file(name.as_str(), options).unwrap();
-        writer.write_all(data).unwrap();
-    }
-    writer.finish().unwrap();
+    write_with_record(&path, &files, &record_name);
     path
 }
 
@@ -82,12 +63,7 @@ fn case_2_wheel_verify_names_flags_the_jit_refuses() {
             .insert("X".into(), "$(touch /tmp/pwned)".into());
     });
     let report = verify_wheel(&hostile).unwrap();
-    let about: Vec<&str> = report
-        .problems
-        .iter()
-        .filter(|problem| problem.file == index_name)
-        .map(|problem| problem.message.as_str())
-        .collect();
+    let about = problems_about(&report, &index_name);
     assert_eq!(about.len(), 3, "{report}");
     for (message, refused) in about.iter().zip([
         "flags holds `--compiler-bindir=/tmp/evil`",

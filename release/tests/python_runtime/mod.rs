@@ -1,0 +1,786 @@
+//! The kwheel runtime wheel (prebuilt/python) and its Python API, installed into a fresh venv.
+
+use super::*;
+
+use release::audit::ViolationKind;
+use release::runtime::{command_path, find_cargo_zigbuild, find_zig, MODULE_PATH};
+use release::{
+    build_runtime_wheel, NativeCommand, NativeModule, RuntimeArch, RuntimeWheelOptions,
+    MANYLINUX_2_28_AARCH64,
+};
+
+const RUNTIME_DIST_INFO: &str = "kwheel-0.1.0.dist-info";
+
+/// Where the module and the command are built: `KWHEEL_PYTHON_TARGET_DIR` (`ci/test` keeps
+/// it under ~/.cache), else the workspace's `target/kwheel/runtime`, as `release
+/// build-kwheel` and `release check` build them (a second run builds nothing). Apart from
+/// the workspace's own target directory, whose lock the running `cargo test` holds.
+fn module_target_dir() -> PathBuf {
+    release::runtime::default_target_dir(&workspace())
+}
+
+/// A zig-built `kwheel` wheel, built once per run (as `release build-kwheel` builds it).
+struct Runtime {
+    built: BuiltWheel,
+    bytes: Vec<u8>,
+}
+
+fn build_for(arch: RuntimeArch) -> Option<Runtime> {
+    if find_cargo_zigbuild().is_none() {
+        skip("cargo-zigbuild is not installed (`bash ci/setup` installs it)");
+        return None;
+    }
+    if find_zig().is_none() {
+        skip("no zig for cargo-zigbuild (`bash ci/setup` installs ziglang)");
+        return None;
+    }
+    if let Some(target) = release::runtime::missing_rust_target(arch) {
+        skip(&format!(
+            "no Rust standard library for {target} (`bash ci/setup` adds it)"
+        ));
+        return None;
+    }
+    let built = build_runtime_wheel(&RuntimeWheelOptions {
+        arch,
+        module: NativeModule::Build {
+            target_dir: Some(module_target_dir()),
+        },
+        ..RuntimeWheelOptions::new(workspace(), scratch(&format!("runtime-wheel-{arch}")))
+    })
+    .unwrap_or_else(|error| panic!("the {arch} kwheel wheel builds: {}", chain(&error)));
+    let bytes = std::fs::read(&built.path).unwrap();
+    Some(Runtime { built, bytes })
+}
+
+/// The x86_64 wheel, the one this machine installs.
+fn runtime() -> Option<&'static Runtime> {
+    static RUNTIME: OnceLock<Option<Runtime>> = OnceLock::new();
+    RUNTIME
+        .get_or_init(|| build_for(RuntimeArch::X86_64))
+        .as_ref()
+}
+
+/// The aarch64 wheel (cross-compiled: the slowest build of the suite, cached in
+/// [`module_target_dir`]).
+fn runtime_aarch64() -> Option<&'static Runtime> {
+    static RUNTIME: OnceLock<Option<Runtime>> = OnceLock::new();
+    RUNTIME
+        .get_or_init(|| build_for(RuntimeArch::Aarch64))
+        .as_ref()
+}
+
+fn module_bytes(runtime: &Runtime) -> Vec<u8> {
+    entries(&runtime.bytes)
+        .into_iter()
+        .find(|(name, _)| name == MODULE_PATH)
+        .map(|(_, data)| data)
+        .expect("the module is in the wheel")
+}
+
+#[test]
+fn runtime_wheel_holds_the_package_and_the_abi3_module_for_glibc_2_28() {
+    let Some(runtime) = runtime() else { return };
+    assert_eq!(
+        runtime.built.filename.to_string(),
+        format!("kwheel-{KWHEEL_VERSION}-cp39-abi3-manylinux_2_28_x86_64.whl")
+    );
+    let names: Vec<String> = entries(&runtime.bytes)
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect();
+    // Every Python file of the package (the build backend among them), the module, the
+    // command; sorted, `.dist-info` last.
+    let mut expected = vec![command_path(), MODULE_PATH.to_owned()];
+    for entry in std::fs::read_dir(workspace().join("prebuilt/python/kwheel")).unwrap() {
+        let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+        if name.ends_with(".py") {
+            expected.push(format!("kwheel/{name}"));
+        }
+    }
+    assert!(expected.contains(&"kwheel/build.py".to_owned()));
+    expected.sort();
+    expected
+        .extend(["METADATA", "WHEEL", "RECORD"].map(|file| format!("{RUNTIME_DIST_INFO}/{file}")));
+    assert_eq!(names, expected);
+    let command = entries(&runtime.bytes)
+        .into_iter()
+        .find(|(name, _)| *name == command_path())
+        .map(|(_, bytes)| bytes)
+        .unwrap();
+    assert!(
+        audit_elf(&MANYLINUX_2_28_X86_64, &command_path(), &command).is_empty(),
+        "the command keeps to manylinux_2_28"
+    );
+    let wheel = entry(&runtime.bytes, &format!("{RUNTIME_DIST_INFO}/WHEEL"));
+    assert!(
+        wheel.ends_with("Root-Is-Purelib: false\nTag: cp39-abi3-manylinux_2_28_x86_64\n"),
+        "{wheel}"
+    );
+    let metadata = entry(&runtime.bytes, &format!("{RUNTIME_DIST_INFO}/METADATA"));
+    assert!(metadata.contains("Name: kwheel\n"), "{metadata}");
+    assert!(metadata.contains("Requires-Python: >=3.9\n"), "{metadata}");
+    assert!(!metadata.contains("Requires-Dist"), "{metadata}");
+    verify_wheel(&runtime.built.path)
+        .unwrap()
+        .into_result()
+        .unwrap();
+}
+
+#[test]
+fn zig_built_module_needs_nothing_newer_than_glibc_2_28() {
+    let Some(runtime) = runtime() else { return };
+    let violations = audit_elf(&MANYLINUX_2_28_X86_64, MODULE_PATH, &module_bytes(runtime));
+    assert!(violations.is_empty(), "{violations:?}");
+}
+
+#[test]
+fn runtime_wheel_builds_twice_to_identical_bytes() {
+    let Some(runtime) = runtime() else { return };
+    let again = build_runtime_wheel(&RuntimeWheelOptions {
+        arch: RuntimeArch::X86_64,
+        module: NativeModule::Build {
+            target_dir: Some(module_target_dir()),
+        },
+        ..RuntimeWheelOptions::new(workspace(), scratch("runtime-wheel-again"))
+    })
+    .unwrap();
+    assert_eq!(std::fs::read(&again.path).unwrap(), runtime.bytes);
+}
+
+/// glibc's version on this machine, from `getconf`, as (major, minor).
+fn host_glibc() -> Option<(u32, u32)> {
+    let output = Command::new("getconf")
+        .arg("GNU_LIBC_VERSION")
+        .output()
+        .ok()?;
+    let text = String::from_utf8(output.stdout).ok()?;
+    let version = text.trim().strip_prefix("glibc ")?;
+    let (major, minor) = version.split_once('.')?;
+    Some((major.parse().ok()?, minor.parse().ok()?))
+}
+
+#[test]
+fn module_linked_without_zig_fails_the_audit_naming_the_symbol_version() {
+    match host_glibc() {
+        // Rust's standard library takes the GLIBC_2.34 symbols where glibc has them.
+        Some(version) if version >= (2, 34) => {}
+        other => {
+            skip(&format!(
+                "this machine's glibc ({other:?}) is older than 2.34, which a plain build \
+                 would need"
+            ));
+            return;
+        }
+    }
+    let target_dir = module_target_dir();
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    // The debug profile: the linker, not the optimizer, decides the symbol versions, and
+    // it builds in two thirds of the time.
+    let output = Command::new(cargo)
+        .args(["build", "--locked", "-p", "kwheel-python"])
+        .arg("--manifest-path")
+        .arg(workspace().join("Cargo.toml"))
+        .arg("--target-dir")
+        .arg(&target_dir)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "cargo build failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let plain = target_dir.join("debug/lib_kwheel.so");
+    let violations = audit_elf(
+        &MANYLINUX_2_28_X86_64,
+        MODULE_PATH,
+        &std::fs::read(&plain).unwrap(),
+    );
+    let too_new: Vec<&str> = violations
+        .iter()
+        .filter_map(|violation| match &violation.kind {
+            ViolationKind::SymbolVersion {
+                version, library, ..
+            } if library == "libc.so.6" => Some(version.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        too_new
+            .iter()
+            .any(|version| ["GLIBC_2.33", "GLIBC_2.34"].contains(version)),
+        "{violations:?}"
+    );
+    let message = violations
+        .iter()
+        .find(|violation| violation.to_string().contains("GLIBC_2.3"))
+        .unwrap()
+        .to_string();
+    assert!(
+        message.starts_with("kwheel/_kwheel.abi3.so needs GLIBC_2.3")
+            && message
+                .ends_with(" (from libc.so.6), newer than manylinux_2_28 allows (GLIBC_2.28)"),
+        "{message}"
+    );
+
+    // Packed as the runtime, it fails the writer's audit and leaves no wheel.
+    let out = scratch("runtime-wheel-plain");
+    let error = build_runtime_wheel(&RuntimeWheelOptions {
+        arch: RuntimeArch::X86_64,
+        module: NativeModule::Prebuilt(plain),
+        command: NativeCommand::Omit,
+        ..RuntimeWheelOptions::new(workspace(), &out)
+    })
+    .unwrap_err();
+    assert!(matches!(error, Error::Audit { .. }), "{error}");
+    let text = error.to_string();
+    assert!(
+        text.starts_with(
+            "`kwheel-0.1.0-cp39-abi3-manylinux_2_28_x86_64.whl` fails the \
+             manylinux_2_28_x86_64 audit:\n  kwheel/_kwheel.abi3.so needs GLIBC_2."
+        ),
+        "{text}"
+    );
+    assert!(
+        text.lines().any(|line| line
+            == "  kwheel/_kwheel.abi3.so needs GLIBC_2.34 (from libc.so.6), newer than \
+                manylinux_2_28 allows (GLIBC_2.28)"),
+        "{text}"
+    );
+    assert_eq!(std::fs::read_dir(&out).unwrap().count(), 0);
+}
+
+/// A fresh venv with both wheels installed by pip, offline.
+struct Venv {
+    python: PathBuf,
+    site_packages: PathBuf,
+}
+
+fn venv() -> Option<&'static Venv> {
+    static VENV: OnceLock<Option<Venv>> = OnceLock::new();
+    VENV.get_or_init(|| {
+        let runtime = runtime()?;
+        let library = shared()?;
+        let root = scratch("python-venv");
+        let created = Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(&root)
+            .output();
+        match created {
+            Ok(output) if output.status.success() => {}
+            Ok(output) => {
+                skip(&format!(
+                    "python3 -m venv failed: {}",
+                    String::from_utf8_lossy(&output.stderr)
+                ));
+                return None;
+            }
+            Err(error) => {
+                skip(&format!("no python3: {error}"));
+                return None;
+            }
+        }
+        let python = root.join("bin/python");
+        let output = Command::new(&python)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--no-index",
+                "--no-deps",
+                "--disable-pip-version-check",
+                "--no-input",
+            ])
+            .arg(&runtime.built.path)
+            .arg(&library.built.path)
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "pip install of both wheels failed:\n{}",
+            output_text(&output)
+        );
+        let site_packages = python_output(&python, "import site; print(site.getsitepackages()[0])");
+        Some(Venv {
+            python,
+            site_packages: PathBuf::from(site_packages.trim()),
+        })
+    })
+    .as_ref()
+}
+
+/// A `Command` for the venv's python with the variables the runtime reads cleared.
+fn python_command(python: &Path) -> Command {
+    let mut command = Command::new(python);
+    for variable in [
+        "PYTHONPATH",
+        "PYTHONHOME",
+        "KWHEEL_CUDA_BUILD",
+        "AF3_KERNELS_JIT_FALLBACK",
+        "VIRTUAL_ENV",
+    ] {
+        command.env_remove(variable);
+    }
+    command.env("PYTHONDONTWRITEBYTECODE", "1");
+    command
+}
+
+fn python_output(python: &Path, code: &str) -> String {
+    let output = python_command(python).args(["-c", code]).output().unwrap();
+    assert!(
+        output.status.success(),
+        "python -c {code:?} failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).unwrap()
+}
+
+#[test]
+fn both_wheels_install_offline_and_import() {
+    let Some(venv) = venv() else { return };
+    assert!(venv.site_packages.join(MODULE_PATH).is_file());
+    assert!(venv
+        .site_packages
+        .join("af3_kernels/_prebuilt/index.json")
+        .is_file());
+    assert!(venv
+        .site_packages
+        .join(RUNTIME_DIST_INFO)
+        .join("RECORD")
+        .is_file());
+    let out = python_output(
+        &venv.python,
+        "import kwheel, af3_kernels\n\
+         print(kwheel.__version__)\n\
+         print(af3_kernels._registry.package, len(af3_kernels._registry.kernels))\n",
+    );
+    assert_eq!(out, format!("{KWHEEL_VERSION}\naf3-kernels 7\n"));
+}
+
+#[test]
+fn python_api_tests_pass_in_the_venv() {
+    let Some(venv) = venv() else { return };
+    let tests = workspace().join("prebuilt/python/tests");
+    // From the tests' own directory: `-m` puts it first on sys.path, and it holds no
+    // `kwheel`, so the installed package is the one imported.
+    let output = python_command(&venv.python)
+        .args(["-m", "unittest", "-v", "test_kwheel"])
+        .current_dir(&tests)
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "Python tests failed:\n{report}");
+    assert!(
+        report.trim_end().ends_with("OK") || report.contains("OK (skipped="),
+        "{report}"
+    );
+    eprintln!("{report}");
+}
+
+/// The pinned torch that `ci/setup-torch` installs: `KWHEEL_TORCH`, else
+/// `${XDG_CACHE_HOME:-~/.cache}/kwheel/torch`; `None` (skipped, or failed under
+/// `KWHEEL_REQUIRE_TOOLCHAINS=1`) where it is not installed.
+fn torch_site() -> Option<PathBuf> {
+    let dir = match std::env::var_os("KWHEEL_TORCH").filter(|dir| !dir.is_empty()) {
+        Some(dir) => PathBuf::from(dir),
+        None => std::env::var_os("XDG_CACHE_HOME")
+            .filter(|dir| !dir.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|home| Path::new(&home).join(".cache")))?
+            .join("kwheel/torch"),
+    };
+    if dir.join("torch/__init__.py").is_file() {
+        Some(dir)
+    } else {
+        skip(&format!(
+            "no torch in {} (`bash ci/setup-torch` installs the pinned one)",
+            dir.display()
+        ));
+        None
+    }
+}
+
+#[test]
+fn torch_op_tests_pass_in_the_venv() {
+    let Some(venv) = venv() else { return };
+    let Some(torch) = torch_site() else { return };
+    for (dir, module) in [
+        ("prebuilt/python/tests", "test_torch"),
+        ("kernels/python/tests", "test_ops"),
+    ] {
+        let output = python_command(&venv.python)
+            .env("PYTHONPATH", &torch)
+            .args(["-m", "unittest", "-v", module])
+            .current_dir(workspace().join(dir))
+            .output()
+            .unwrap();
+        let report = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{module} failed:\n{report}");
+        // Every test ran: nothing skips for want of torch.
+        assert!(report.trim_end().ends_with("OK"), "{report}");
+        eprintln!("{report}");
+    }
+}
+/// A fresh venv under `dir` (outside the repository when `dir` is); `None` (skipped)
+/// without a Python that makes one.
+fn fresh_venv(dir: &Path) -> Option<PathBuf> {
+    match Command::new("python3")
+        .args(["-m", "venv"])
+        .arg(dir)
+        .output()
+    {
+        Ok(output) if output.status.success() => Some(dir.join("bin/python")),
+        Ok(output) => {
+            skip(&format!(
+                "python3 -m venv failed: {}",
+                String::from_utf8_lossy(&output.stderr)
+            ));
+            None
+        }
+        Err(error) => {
+            skip(&format!("no python3: {error}"));
+            None
+        }
+    }
+}
+
+/// `python -m pip install --no-index --disable-pip-version-check <args>`, which must pass.
+fn pip_install(python: &Path, args: &[&std::ffi::OsStr]) -> String {
+    let output = python_command(python)
+        .args([
+            "-m",
+            "pip",
+            "install",
+            "--no-index",
+            "--disable-pip-version-check",
+        ])
+        .args(args)
+        .output()
+        .unwrap();
+    let text = output_text(&output);
+    assert!(
+        output.status.success(),
+        "pip install {args:?} failed:\n{text}"
+    );
+    text
+}
+
+#[test]
+fn the_kwheel_wheel_puts_kwheel_on_path_and_it_builds_a_library_outside_the_repository() {
+    let Some(runtime) = runtime() else { return };
+    let Some(shared) = shared() else { return };
+    let outside = tempfile::tempdir().unwrap();
+    let Some(python) = fresh_venv(&outside.path().join("venv")) else {
+        return;
+    };
+    pip_install(
+        &python,
+        &["--no-deps".as_ref(), runtime.built.path.as_os_str()],
+    );
+    let bin = python.parent().unwrap();
+    assert!(bin.join("kwheel").is_file(), "pip installs the command");
+    let path = std::env::join_paths(std::iter::once(bin.to_owned()).chain(std::env::split_paths(
+        &std::env::var_os("PATH").unwrap_or_default(),
+    )))
+    .unwrap();
+    let project = outside.path().join("project");
+    copy_library(&project);
+    // `kwheel` as a shell finds it on PATH, in a directory that is no kwheel checkout.
+    let run = |args: &[&str]| {
+        let output = Command::new("kwheel")
+            .args(args)
+            .env("PATH", &path)
+            .current_dir(&project)
+            .output()
+            .unwrap();
+        let text = output_text(&output);
+        assert!(output.status.success(), "kwheel {args:?}:\n{text}");
+        text
+    };
+    assert_eq!(run(&["--version"]), format!("kwheel {KWHEEL_VERSION}\n"));
+    let cache = shared.cache.to_str().unwrap();
+    let bundled = run(&["dev", "bundle-kernels", "--quiet", "--cache-dir", cache]);
+    assert!(
+        bundled.contains("bundle target/kwheel/_prebuilt"),
+        "{bundled}"
+    );
+    let built = run(&["dev", "build-wheel", "--quiet", "--cache-dir", cache]);
+    let wheel = project.join("target/kwheel/wheels").join(WHEEL_NAME);
+    assert!(built.starts_with("target/kwheel/wheels/"), "{built}");
+    verify_wheel(&wheel).unwrap().into_result().unwrap();
+    let only = std::fs::read_dir(project.join("target/kwheel/wheels"))
+        .unwrap()
+        .count();
+    assert_eq!(only, 1, "dev build-wheel builds the library's wheel only");
+}
+
+/// What an installed `af3_kernels` says: cubins in its index, `select()`'s answer (or its
+/// refusal), `status()` of one kernel.
+const REPORT_SCRIPT: &str = r#"
+import json, os, af3_kernels, kwheel
+index = json.load(open(os.path.join(af3_kernels._registry.path, "index.json")))
+variants = sum(len(k["variants"]) for k in index["kernels"].values())
+sources = os.path.isdir(os.path.join(af3_kernels._registry.path, "sources"))
+try:
+chosen = af3_kernels.select("layernorm_bf16", "sm_90", cuda="12.9")
+selected = [str(chosen), chosen.location]
+except kwheel.NoFitError as error:
+selected = [None, str(error)]
+print(json.dumps([variants, sources, selected, af3_kernels.status()["layernorm_bf16"]]))
+"#;
+
+type Report = (usize, bool, (Option<String>, String), String);
+
+fn report(python: &Path) -> Report {
+    let scratch = tempfile::tempdir().unwrap();
+    let output = python_command(python)
+        .args(["-c", REPORT_SCRIPT])
+        .current_dir(scratch.path())
+        .output()
+        .unwrap();
+    assert_succeeded(&output);
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+/// The JIT path, as an installed package built from source reports it.
+fn assert_jit_path(report: &Report, how: &str) {
+    let (variants, sources, (chosen, refusal), status) = report;
+    assert_eq!(*variants, 0, "{how}: no cubin");
+    assert!(*sources, "{how}: the sources are shipped");
+    assert_eq!(*chosen, None, "{how}");
+    assert!(
+        refusal.contains(release::library::RECIPES_ONLY_REASON),
+        "{how}: select() names the JIT path: {refusal}"
+    );
+    // Without a GPU status() names the missing driver; with one, the compile to come.
+    assert!(
+        status.contains("compiles on first load")
+            || (status.starts_with("unavailable") && status.contains("driver")),
+        "{how}: {status}"
+    );
+}
+
+#[test]
+fn pip_builds_the_library_from_its_directory_and_its_sdist_into_the_jit_path() {
+    let Some(runtime) = runtime() else { return };
+    let Some(shared) = shared() else { return };
+    let outside = tempfile::tempdir().unwrap();
+    let Some(python) = fresh_venv(&outside.path().join("venv")) else {
+        return;
+    };
+    // Build isolation installs `kwheel` for the backend from the same wheel, offline.
+    let find_links = runtime.built.path.parent().unwrap().as_os_str().to_owned();
+    let from = |target: &std::ffi::OsStr| {
+        pip_install(
+            &python,
+            &[
+                "--find-links".as_ref(),
+                &find_links,
+                "--no-deps".as_ref(),
+                "--force-reinstall".as_ref(),
+                target,
+            ],
+        )
+    };
+    pip_install(
+        &python,
+        &["--no-deps".as_ref(), runtime.built.path.as_os_str()],
+    );
+    let project = outside.path().join("project");
+    let manifest = copy_library(&project);
+    let directory = from(manifest.parent().unwrap().as_os_str());
+    assert!(
+        directory.contains("Successfully installed af3-kernels-0.1.0"),
+        "{directory}"
+    );
+    assert_jit_path(&report(&python), "pip install <directory>");
+
+    let sdist = release::build_sdist(&release::SdistOptions {
+        manifest: manifest.clone(),
+        out: outside.path().join("sdist"),
+    })
+    .unwrap_or_else(|error| panic!("{}", chain(&error)));
+    from(sdist.path.as_os_str());
+    assert_jit_path(&report(&python), "pip install <sdist>");
+
+    // The wheel `dev build-wheel` builds instead: prebuilt cubins, in the wheel.
+    from(shared.built.path.as_os_str());
+    let (variants, _, (chosen, location), status) = report(&python);
+    assert!(variants > 0);
+    assert_eq!(chosen.as_deref(), Some("cu129/sm_90a"));
+    assert_eq!(location, "local (bundle)");
+    assert!(
+        status.contains("prebuilt")
+            || (status.starts_with("unavailable") && status.contains("driver")),
+        "{status}"
+    );
+}
+
+/// PyPA's auditwheel, as `ci/setup` installs it; `None` (skipped) without it.
+fn auditwheel(wheel: &Path) -> Option<String> {
+    let dir = std::env::var_os("KWHEEL_AUDITWHEEL")
+        .map(PathBuf::from)
+        .or_else(|| {
+            let cache = std::env::var_os("XDG_CACHE_HOME")
+                .map(PathBuf::from)
+                .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache")))?;
+            Some(cache.join("kwheel/auditwheel"))
+        })
+        .filter(|dir| dir.join("auditwheel").is_dir());
+    let Some(dir) = dir else {
+        skip("no auditwheel (`bash ci/setup` installs it)");
+        return None;
+    };
+    let output = Command::new("python3")
+        .args(["-m", "auditwheel", "show"])
+        .arg(wheel)
+        .env("PYTHONPATH", &dir)
+        .output()
+        .unwrap();
+    let text = output_text(&output);
+    assert!(
+        output.status.success(),
+        "auditwheel show {}:\n{text}",
+        wheel.display()
+    );
+    Some(text.split_whitespace().collect::<Vec<_>>().join(" "))
+}
+
+#[test]
+fn auditwheel_accepts_both_kwheel_wheels() {
+    for (runtime, arch) in [
+        (runtime(), RuntimeArch::X86_64),
+        (runtime_aarch64(), RuntimeArch::Aarch64),
+    ] {
+        let Some(runtime) = runtime else { return };
+        let Some(shown) = auditwheel(&runtime.built.path) else {
+            return;
+        };
+        let tag = arch.platform_tag();
+        assert!(
+            shown.contains(&format!(
+                "consistent with the following platform tag: \"{tag}\""
+            )),
+            "{shown}"
+        );
+    }
+}
+
+#[test]
+fn the_aarch64_wheel_holds_aarch64_code_for_glibc_2_28() {
+    let Some(runtime) = runtime_aarch64() else {
+        return;
+    };
+    assert_eq!(
+        runtime.built.filename.to_string(),
+        format!("kwheel-{KWHEEL_VERSION}-cp39-abi3-manylinux_2_28_aarch64.whl")
+    );
+    for (name, bytes) in entries(&runtime.bytes) {
+        if name == MODULE_PATH || name == command_path() {
+            assert_eq!(
+                u16::from_le_bytes([bytes[18], bytes[19]]),
+                183,
+                "{name}: EM_AARCH64"
+            );
+            let violations = audit_elf(&MANYLINUX_2_28_AARCH64, &name, &bytes);
+            assert!(violations.is_empty(), "{violations:?}");
+            // The x86_64 policy refuses it, naming the machine.
+            assert!(!audit_elf(&MANYLINUX_2_28_X86_64, &name, &bytes).is_empty());
+        }
+    }
+}
+
+/// `qemu-aarch64-static` and the arm64 sysroot `ci/setup` unpacks; `None` (skipped) without.
+fn arm64_emulation() -> Option<(PathBuf, PathBuf)> {
+    let root = std::env::var_os("KWHEEL_ARM64_ROOT")
+        .map(PathBuf::from)
+        .or_else(|| {
+            let cache = std::env::var_os("XDG_CACHE_HOME")
+                .map(PathBuf::from)
+                .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache")))?;
+            Some(cache.join("kwheel/arm64"))
+        })?;
+    let qemu = root.join("qemu-aarch64-static");
+    let sysroot = root.join("sysroot");
+    if qemu.is_file() && sysroot.join("usr/bin/python3.11").is_file() {
+        Some((qemu, sysroot))
+    } else {
+        skip(&format!(
+            "no arm64 emulation at {} (`bash ci/setup` unpacks qemu-user and an arm64 Python)",
+            root.display()
+        ));
+        None
+    }
+}
+
+#[test]
+fn the_aarch64_wheel_imports_and_answers_under_emulation() {
+    let Some(runtime) = runtime_aarch64() else {
+        return;
+    };
+    let Some(shared) = shared() else { return };
+    let Some((qemu, sysroot)) = arm64_emulation() else {
+        return;
+    };
+    // pip installs both wheels for an aarch64 CPython 3.11, as it would on the machine.
+    let target = scratch("arm64-site");
+    let output = Command::new("python3")
+        .args(["-m", "pip", "install", "--no-index", "--no-deps", "--quiet"])
+        .args(["--disable-pip-version-check", "--only-binary=:all:"])
+        .args([
+            "--platform",
+            "manylinux_2_28_aarch64",
+            "--python-version",
+            "3.11",
+        ])
+        .args(["--implementation", "cp", "--target"])
+        .arg(&target)
+        .arg(&runtime.built.path)
+        .arg(&shared.built.path)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "pip install for aarch64:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let script = "import json, platform, kwheel, af3_kernels\n\
+                  chosen = af3_kernels.select('layernorm_bf16', 'sm_90', cuda='12.9')\n\
+                  print(json.dumps([platform.machine(), kwheel.__version__, str(chosen),\n\
+                  af3_kernels.status()['layernorm_bf16']]))\n";
+    let output = Command::new(&qemu)
+        .arg("-L")
+        .arg(&sysroot)
+        .arg(sysroot.join("usr/bin/python3.11"))
+        .args(["-c", script])
+        .env("PYTHONPATH", &target)
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env_remove("PYTHONHOME")
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "python under qemu-aarch64:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let (machine, version, chosen, status): (String, String, String, String) =
+        serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(machine, "aarch64");
+    assert_eq!(version, KWHEEL_VERSION);
+    assert_eq!(chosen, "cu129/sm_90a");
+    assert!(
+        status.starts_with("unavailable") && status.contains("driver"),
+        "{status}"
+    );
+    // The command from the wheel's scripts runs there too.
+    let output = Command::new(&qemu)
+        .arg("-L")
+        .arg(&sysroot)
+        .arg(target.join("bin/kwheel"))
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        format!("kwheel {KWHEEL_VERSION}\n")
+    );
+}

@@ -1,0 +1,160 @@
+//! Snapshots of what a user reads from the binary: every `--help`, the errors met most often,
+//! `bundle list`, `dev coverage` and `dev explain`. Temp paths, digests, keys, the host
+//! compiler and cubin sizes are filtered (they change from machine to machine or with every
+//! source edit); the layout, the words and the exit codes are what the snapshots hold.
+//!
+//! After a deliberate change of that text: `INSTA_UPDATE=always cargo test --release --test
+//! cli user_text` rewrites the `.snap` files, to be reviewed in the diff.
+
+use super::*;
+
+/// Runs `kwheel args` and renders what a user sees: the command, its exit code, its output.
+fn session(args: &[&str]) -> String {
+    let output = kwheel().args(args).output().unwrap();
+    let code = output.status.code().unwrap_or(-1);
+    let text = text(&output);
+    assert!(!text.contains("panicked"), "{text}");
+    format!("$ kwheel {}\nexit code: {code}\n{text}", args.join(" "))
+}
+
+/// The kit's filters, plus the table columns of this binary that change with every build.
+fn settings() -> insta::Settings {
+    let mut settings = insta::Settings::clone_current();
+    for (pattern, replacement) in testkit::snapshot_filters() {
+        settings.add_filter(&pattern, replacement);
+    }
+    // The host compiler that nvcc drives is the machine's own.
+    settings.add_filter(r"host [^ ]+ \([^)]*\) [0-9.]+", "host [HOST COMPILER]");
+    settings.add_filter(r"host [^ ]+ [0-9.]+", "host [HOST COMPILER]");
+    // `bundle list`: size, stored size and short key of a row.
+    settings.add_filter(r"\d+( +)\d+( +)\[HEX\]", "[SIZE]$1[STORED]$2[KEY]");
+    settings.set_prepend_module_to_snapshot(false);
+    settings
+}
+
+/// The subcommands a `--help` text lists under `Commands:`, `help` left out.
+fn subcommands(help: &str) -> Vec<String> {
+    help.lines()
+        .skip_while(|line| !line.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|line| line.starts_with("  "))
+        .filter_map(|line| line.split_whitespace().next())
+        .filter(|name| *name != "help")
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn every_help_text() {
+    let settings = settings();
+    let mut pending = vec![Vec::<String>::new()];
+    let mut seen = 0;
+    while let Some(path) = pending.pop() {
+        let mut args: Vec<&str> = path.iter().map(String::as_str).collect();
+        args.push("--help");
+        let output = kwheel().args(&args).output().unwrap();
+        assert!(output.status.success(), "{}", text(&output));
+        let help = stdout(&output);
+        let name = if path.is_empty() {
+            "help".to_owned()
+        } else {
+            format!("help_{}", path.join("_"))
+        };
+        settings.bind(|| insta::assert_snapshot!(name, help));
+        seen += 1;
+        for command in subcommands(&help) {
+            let mut next = path.clone();
+            next.push(command);
+            pending.push(next);
+        }
+    }
+    // The top level, its eight commands, and theirs.
+    assert!(seen > 20, "{seen} help texts");
+}
+
+#[test]
+fn errors_a_user_meets() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing_manifest = dir.path().join("kernels.toml").display().to_string();
+    let invalid = dir.path().join("invalid");
+    std::fs::create_dir_all(&invalid).unwrap();
+    let invalid_manifest = invalid.join("kernels.toml");
+    std::fs::write(
+        &invalid_manifest,
+        "[library]\npackage = \"demo\"\narchs = [\"sm_90a\"]\ncuda-builds = [\"cu130\"]\n\
+         torch = \"2.13.*\"\n\n[kernels.one]\nsources = 3\n",
+    )
+    .unwrap();
+    let invalid_manifest = invalid_manifest.display().to_string();
+    let not_a_wheel = dir.path().join("demo-1.0-py3-none-any.whl");
+    std::fs::write(&not_a_wheel, b"not a zip").unwrap();
+    let not_a_wheel = not_a_wheel.display().to_string();
+    let cases: [(&str, Vec<&str>); 6] = [
+        ("error_unknown_command", vec!["bundel"]),
+        ("error_not_a_bundle", vec!["bundle", "list", "/nonexistent"]),
+        (
+            "error_missing_manifest",
+            vec!["toolchains", "--manifest", &missing_manifest],
+        ),
+        (
+            "error_invalid_manifest",
+            vec!["toolchains", "--manifest", &invalid_manifest],
+        ),
+        (
+            "error_no_such_kernel",
+            vec!["dev", "explain", "no_such_kernel"],
+        ),
+        ("error_not_a_zip", vec!["wheel", "verify", &not_a_wheel]),
+    ];
+    let settings = settings();
+    for (name, args) in cases {
+        let text = session(&args);
+        settings.bind(|| insta::assert_snapshot!(name, text));
+    }
+}
+
+#[test]
+fn dev_explain_of_a_kernel() {
+    if !have_toolchains() {
+        return;
+    }
+    let text = session(&["dev", "explain", "swiglu"]);
+    settings().bind(|| insta::assert_snapshot!("dev_explain_swiglu", text));
+}
+
+#[test]
+fn bundle_list_and_dev_coverage_of_the_default_library() {
+    if !have_toolchains() {
+        return;
+    }
+    // The user's build cache, warm after `ci/test`'s own bundle of the default library.
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = dir.path().join("bundle");
+    let output = kwheel()
+        .args(["dev", "bundle-kernels", "--quiet", "--out"])
+        .arg(&bundle)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", text(&output));
+    let bundle = bundle.display().to_string();
+    let settings = settings();
+    let list = session(&["bundle", "list", &bundle]);
+    // The compiler column is as wide as the host compiler's name: columns kept, widths not.
+    let mut columns = settings.clone();
+    columns.add_filter(r" {2,}", "  ");
+    columns.bind(|| insta::assert_snapshot!("bundle_list", list));
+    let coverage = session(&[
+        "dev", "coverage", &bundle, "--device", "sm_100", "--cuda", "13.0", "--driver", "580.65",
+    ]);
+    settings.bind(|| insta::assert_snapshot!("dev_coverage_b200", coverage));
+    let fleet = session(&[
+        "dev",
+        "coverage",
+        &bundle,
+        "--fleet",
+        "H200,B200,B300,Thor,GB10,next=13.0",
+        "--cuda",
+        "13.0",
+    ]);
+    settings.bind(|| insta::assert_snapshot!("dev_coverage_fleet", fleet));
+}
