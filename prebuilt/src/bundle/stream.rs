@@ -226,7 +226,14 @@ mod tests {
         out
     }
 
-    fn stored(dir: &Path, content: &[u8], stored_bytes: &[u8]) -> StoredFile {
+    /// `stored_bytes` as the artifact of `content` in a bundle of its own under `dir`.
+    fn stored(dir: &Path, content: &[u8], stored_bytes: &[u8]) -> (PathBuf, StoredFile) {
+        static BUNDLES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let dir = dir.join(
+            BUNDLES
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                .to_string(),
+        );
         let digest = sha256_hex(content);
         let stored = StoredFile {
             path: artifact_path(&digest),
@@ -238,7 +245,7 @@ mod tests {
         let path = dir.join(&stored.path);
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(path, stored_bytes).unwrap();
-        stored
+        (dir, stored)
     }
 
     /// Records the largest single write: the decoder hands the cubin over in pieces.
@@ -293,47 +300,55 @@ mod tests {
 
         // Plain, trained and prefix frames of the right bytes.
         let plain = stored(root, &content, &frame(&content, None));
-        both(root, &plain, FrameDictionary::None).unwrap();
+        both(&plain.0, &plain.1, FrameDictionary::None).unwrap();
         if let Some(dictionary) = &dictionary {
             let bytes = zstd::bulk::Compressor::with_dictionary(3, dictionary)
                 .unwrap()
                 .compress(&content)
                 .unwrap();
             let trained = stored(root, &content, &bytes);
-            both(root, &trained, FrameDictionary::Trained(dictionary)).unwrap();
+            both(&trained.0, &trained.1, FrameDictionary::Trained(dictionary)).unwrap();
         }
         let family = stored(root, &content, &frame(&content, Some(&prefix)));
-        both(root, &family, FrameDictionary::Prefix(&prefix)).unwrap();
+        both(&family.0, &family.1, FrameDictionary::Prefix(&prefix)).unwrap();
 
         // Other bytes, a size recorded one short, a cut frame, a wrong prefix.
         let mut other_bytes = content.clone();
         other_bytes[12345] ^= 1;
         let other = stored(root, &content, &frame(&other_bytes, None));
-        let message = both(root, &other, FrameDictionary::None).unwrap_err();
+        let message = both(&other.0, &other.1, FrameDictionary::None).unwrap_err();
         assert!(message.contains("failed verification"), "{message}");
-        let plain = stored(root, &content, &frame(&content, None));
-        let mut short = family.clone();
+        let mut short = family.1.clone();
         short.size -= 1;
-        let message = both(root, &short, FrameDictionary::Prefix(&prefix)).unwrap_err();
+        let message = both(&family.0, &short, FrameDictionary::Prefix(&prefix)).unwrap_err();
         assert!(message.contains("more than the"), "{message}");
-        let mut short = plain.clone();
+        let mut short = plain.1.clone();
         short.size -= 1;
-        both(root, &short, FrameDictionary::None).unwrap_err();
+        both(&plain.0, &short, FrameDictionary::None).unwrap_err();
         let bytes = frame(&content, None);
         let cut = stored(root, &content, &bytes[..bytes.len() / 2]);
-        both(root, &cut, FrameDictionary::None).unwrap_err();
+        both(&cut.0, &cut.1, FrameDictionary::None).unwrap_err();
         let wrong: Vec<u8> = prefix.iter().map(|b| b ^ 1).collect();
-        both(root, &family, FrameDictionary::Prefix(&wrong)).unwrap_err();
+        both(&family.0, &family.1, FrameDictionary::Prefix(&wrong)).unwrap_err();
 
         // Bytes after a prefix frame fail the loader's whole-file decode, so they fail here.
         let mut trailing = frame(&content, Some(&prefix));
         trailing.extend_from_slice(b"tail");
         let trailing = stored(root, &content, &trailing);
-        both(root, &trailing, FrameDictionary::Prefix(&prefix)).unwrap_err();
+        let message = both(&trailing.0, &trailing.1, FrameDictionary::Prefix(&prefix)).unwrap_err();
+        assert!(message.contains("is corrupt"), "{message}");
 
         // Streamed in pieces, never as one buffer.
         let mut pieces = Pieces::default();
-        stream_stored(root, &plain, FrameDictionary::None, "k", "v", &mut pieces).unwrap();
+        stream_stored(
+            &plain.0,
+            &plain.1,
+            FrameDictionary::None,
+            "k",
+            "v",
+            &mut pieces,
+        )
+        .unwrap();
         assert_eq!(pieces.total, content.len() as u64);
         assert!(pieces.largest <= 1 << 20, "{}", pieces.largest);
     }
@@ -343,11 +358,12 @@ mod tests {
     fn a_streamed_write_that_fails_verification_leaves_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let content = vec![5u8; 1 << 20];
-        let mut record = stored(dir.path(), &content, &frame(&content, None));
-        record.digest = sha256_hex(b"another cubin");
+        let mut other = content.clone();
+        other[0] = 6;
+        let (root, record) = stored(dir.path(), &content, &frame(&other, None));
         let out = dir.path().join("out/k/cu130/sm_90a.cubin");
         let error = write_streamed(&out, |file| {
-            stream_stored(dir.path(), &record, FrameDictionary::None, "k", "v", file)
+            stream_stored(&root, &record, FrameDictionary::None, "k", "v", file)
         })
         .unwrap_err();
         assert!(
