@@ -1236,7 +1236,8 @@ mod tests {
         let names = b"k00000k00001";
         let entries = [(0, 6, 2, 0, 0), (6, 6, 2, 2, 0)];
         let records = [b"{}{}".to_vec(), vec![0, 0]].concat();
-        let cases: [(&str, &[u32], &[(u64, u32)], &str); 4] = [
+        type Case<'a> = (&'a str, &'a [u32], &'a [(u64, u32)], &'a str);
+        let cases: [Case; 4] = [
             (
                 "past the graphs",
                 &[0, 2],

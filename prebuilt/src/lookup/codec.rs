@@ -146,7 +146,7 @@ fn raw_digest(text: &str) -> Option<[u8; 32]> {
     }
     let mut raw = [0u8; 32];
     for (at, pair) in bytes.chunks_exact(2).enumerate() {
-        raw[at] = hex(pair[0])? << 4 | hex(pair[1])?;
+        raw[at] = (hex(pair[0])? << 4) | hex(pair[1])?;
     }
     Some(raw)
 }
