@@ -294,7 +294,9 @@ mod tests {
     fn streamed_verification_accepts_and_refuses_what_the_loader_does() {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path();
-        let content: Vec<u8> = (0..3u32 << 20).map(|n| (n % 251 ^ n >> 13) as u8).collect();
+        let content: Vec<u8> = (0..3u32 << 20)
+            .map(|n| ((n % 251) ^ (n >> 13)) as u8)
+            .collect();
         let prefix: Vec<u8> = content[..1 << 20].iter().rev().copied().collect();
         let dictionary = zstd::dict::from_continuous(&content, &[content.len()], 4096).ok();
 
