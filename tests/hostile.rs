@@ -681,3 +681,25 @@ fn concurrent_builds_on_one_out_serialize_and_leave_one_bundle() {
         std::fs::read(built().bundle.join("index.json")).unwrap()
     );
 }
+
+/// A frame naming a family dictionary the bundle does not hold: extraction fails naming the
+/// missing file and writes nothing.
+#[test]
+fn a_frame_naming_a_dictionary_not_in_the_bundle_is_refused_and_writes_nothing() {
+    if !have_toolchains() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let missing = "ab".repeat(32);
+    let bundle = edited_bundle(dir.path(), |index| {
+        first_artifact(index)["dictionary"] = missing.clone().into();
+    });
+    let out = dir.path().join("out");
+    let output = bundle_extract(&bundle, &out);
+    let message = failed(&output);
+    assert!(
+        message.contains(&format!("dictionaries/ab/{missing}.zst")),
+        "{message}"
+    );
+    assert!(!out.exists(), "{:?}", listing(&out));
+}
