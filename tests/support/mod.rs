@@ -57,6 +57,8 @@ pub fn failed(output: &Output) -> String {
     text
 }
 
+// Like the functions here, not every test binary uses both.
+#[allow(unused_imports)]
 pub use testkit::{copy_tree, skipped};
 
 /// Whether the toolchains are installed; without them a test skips with the reason, unless

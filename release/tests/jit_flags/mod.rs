@@ -63,7 +63,7 @@ fn case_2_wheel_verify_names_flags_the_jit_refuses() {
             .insert("X".into(), "$(touch /tmp/pwned)".into());
     });
     let report = verify_wheel(&hostile).unwrap();
-    let about = problems_about(&report, &index_name);
+    let about = problems_about(&report, index_name);
     assert_eq!(about.len(), 3, "{report}");
     for (message, refused) in about.iter().zip([
         "flags holds `--compiler-bindir=/tmp/evil`",

@@ -481,7 +481,7 @@ fn a_loader_index_that_disagrees_with_the_index_fails_verify() {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         write_with_record(&path, &files, &record_name);
         let report = verify_wheel(&path).unwrap();
-        let about = problems_about(&report, &lookup_name);
+        let about = problems_about(&report, lookup_name);
         assert_eq!(about.len(), 1, "{case}: {report}");
         let expected = if replacement.is_some() {
             "does not match"
