@@ -46,6 +46,7 @@ pub struct PackPlan {
     pub entry: PackEntry,
     /// Why it fits (selection's sentence).
     pub reason: String,
+}
 
 /// How the JIT fallback builds a kernel that no prebuilt variant fits.
 #[derive(Debug)]
