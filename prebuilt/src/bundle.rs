@@ -32,7 +32,6 @@
 //! other variants' files to it.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -52,6 +51,8 @@ use crate::untrusted::{
 /// counts against the bundle's decode budget.
 const MAX_HELD_BYTES: u64 = 512 << 20;
 
+mod list;
+pub use list::list_bundle;
 mod reads;
 use reads::{link_atomically, Reads, Reuse};
 mod stream;
@@ -746,69 +747,6 @@ pub fn read_index(path: &Path) -> Result<Index, BundleError> {
         source,
     })?;
     parse_index(&file, &bytes)
-}
-
-/// The `bundle list` table: one row per variant and per skip.
-pub fn list_bundle(index: &Index) -> String {
-    let mut rows = vec![[
-        "kernel".to_owned(),
-        "build".into(),
-        "arch".into(),
-        "compiler".into(),
-        "size".into(),
-        "stored".into(),
-        "key".into(),
-        "skipped because".into(),
-    ]];
-    for (kernel, record) in &index.kernels {
-        for variant in &record.variants {
-            rows.push([
-                kernel.clone(),
-                variant.cuda.to_string(),
-                variant.arch.to_string(),
-                variant.compiler.to_string(),
-                variant.artifact.size.to_string(),
-                variant.artifact.stored_size.to_string(),
-                variant.key[..12.min(variant.key.len())].to_owned(),
-                String::new(),
-            ]);
-        }
-        for skip in &record.skipped {
-            rows.push([
-                kernel.clone(),
-                skip.cuda.to_string(),
-                skip.arch.to_string(),
-                "-".into(),
-                "-".into(),
-                "-".into(),
-                "-".into(),
-                skip.reason.clone(),
-            ]);
-        }
-    }
-    let mut widths = [0usize; 8];
-    for row in &rows {
-        for (width, cell) in widths.iter_mut().zip(row) {
-            *width = (*width).max(cell.chars().count());
-        }
-    }
-    let mut out = String::new();
-    for row in &rows {
-        let mut line = String::new();
-        for (n, (cell, width)) in row.iter().zip(widths).enumerate() {
-            if n > 0 {
-                line.push_str("  ");
-            }
-            if n == 4 || n == 5 {
-                let _ = write!(line, "{cell:>width$}");
-            } else {
-                let _ = write!(line, "{cell:<width$}");
-            }
-        }
-        out.push_str(line.trim_end());
-        out.push('\n');
-    }
-    out
 }
 
 /// Where `variant`'s cubin is: the bundle at `root`, the cache, the bundle's `store`, or

@@ -115,11 +115,12 @@ fn test_only_paths(src: &Path) -> BTreeSet<PathBuf> {
             _ => file.with_extension(""),
         };
         for (start, end) in test_items(&text) {
-            let item = text[start..end]
-                .split_once(']')
-                .map_or("", |(_, item)| item);
+            // The item after its attributes (`#[cfg(..)]`, `#[doc(hidden)]`, ...).
+            let mut item = text[start..end].trim();
+            while let Some(rest) = item.strip_prefix("#[") {
+                item = rest.split_once(']').map_or("", |(_, after)| after).trim();
+            }
             let item = item
-                .trim()
                 .trim_start_matches("pub(crate) ")
                 .trim_start_matches("pub ");
             if let Some(name) = item.strip_prefix("mod ").and_then(|n| n.strip_suffix(';')) {
@@ -163,20 +164,26 @@ fn non_test_code(text: &str) -> String {
     code
 }
 
+/// Attributes that make an item test code: the crate's own tests, and the fixture builders it
+/// lends other crates' tests through the `testing` feature.
+const TEST_ATTRIBUTES: [&str; 2] = ["#[cfg(test)]", "#[cfg(any(test, feature = \"testing\"))]"];
+
 /// The byte ranges of every `#[cfg(test)]` item of `text` that starts a line: from the
 /// attribute to the `;` or the closing `}` that ends the item.
 fn test_items(text: &str) -> Vec<(usize, usize)> {
-    const ATTRIBUTE: &str = "#[cfg(test)]";
     let mut items = Vec::new();
     let mut at = 0;
-    while let Some(found) = text[at..].find(ATTRIBUTE) {
-        let start = at + found;
+    while let Some((start, attribute)) = TEST_ATTRIBUTES
+        .iter()
+        .filter_map(|attribute| Some((at + text[at..].find(attribute)?, attribute.len())))
+        .min()
+    {
         let line_start = text[..start].rfind('\n').map_or(0, |newline| newline + 1);
         if !text[line_start..start].trim().is_empty() {
-            at = start + ATTRIBUTE.len();
+            at = start + attribute;
             continue;
         }
-        let end = item_end(text, start + ATTRIBUTE.len());
+        let end = item_end(text, start + attribute);
         items.push((line_start, end));
         at = end;
     }
