@@ -13,6 +13,13 @@
 //! with an empty JIT cache: the shipped sources verified and compiled by NVRTC (or nvcc, as the
 //! search finds), validated, cached, and loaded. libnvrtc itself is loaded before timing.
 //!
+//! Beside each first call, in the same process: the bare `cuModuleLoadData` +
+//! `cuModuleGetFunction` of the same (already decoded) cubin, straight through the driver,
+//! which is the floor a first call can reach; and the warm first call, the same kernel loaded
+//! by a registry that has already loaded another kernel whose frame reads the same reference
+//! (its family's reference cubin or dictionary is then decoded and held), where one exists.
+//! The cold first call is the plain one: a fresh registry, its family's reference read too.
+//!
 //! Prints markdown tables (the breakdown of one first call, and the comparison) for
 //! `docs/benchmarks.md`; `--json` also writes the numbers for `load_inline_bench.py`.
 //!
@@ -22,10 +29,12 @@
 //! fresh `CUDA_CACHE_PATH` for one compile and then cache hits. The header says which.
 
 use std::collections::BTreeMap;
+use std::ffi::CString;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use cudarc::driver::result;
 use prebuilt::bundle::{Bundle, INDEX_FILE};
 use prebuilt::device::DriverVersion;
 use prebuilt::driver::{Context, Driver};
@@ -175,6 +184,7 @@ fn run() -> Result<(), String> {
     let context = Context::primary(0).map_err(|error| error.to_string())?;
     let context_time = started.elapsed();
     let device = context.device().clone();
+    make_primary_current()?;
 
     let probe = Registry::open_with(
         &arguments.bundle,
@@ -323,11 +333,24 @@ fn run() -> Result<(), String> {
             median(&mut jit_calls)
         };
         let ratio = jit.as_secs_f64() / first_call.as_secs_f64();
+        let (bare, warm) = bare_and_warm(&arguments, name, &names, &unused_cache)?;
+        let warm_cell = warm.as_ref().map_or_else(
+            || "no sibling".to_owned(),
+            |(sibling, time)| {
+                format!(
+                    "{:.3} ms ({:.1}×, after `{sibling}`)",
+                    ms(*time),
+                    time.as_secs_f64() / bare.as_secs_f64()
+                )
+            },
+        );
         rows.push(format!(
-            "| `{name}` | {variant} | {:.3} ms ({:.3}–{:.3}) | {:.1} ms | {ratio:.0}× |",
+            "| `{name}` | {variant} | {:.3} ms ({:.3}–{:.3}) | {:.3} ms | {:.1}× | {warm_cell} | {:.1} ms | {ratio:.0}× |",
             ms(first_call),
             ms(minimum),
             ms(maximum),
+            ms(bare),
+            first_call.as_secs_f64() / bare.as_secs_f64(),
             ms(jit)
         ));
         report.insert(
@@ -338,17 +361,22 @@ fn run() -> Result<(), String> {
                 "first_call_min_ms": ms(minimum),
                 "first_call_max_ms": ms(maximum),
                 "jit_ms": ms(jit),
+                "bare_load_ms": ms(bare),
+                "cold_over_bare": first_call.as_secs_f64() / bare.as_secs_f64(),
+                "warm_ms": warm.as_ref().map(|(_, time)| ms(*time)),
+                "warm_after": warm.as_ref().map(|(sibling, _)| sibling.clone()),
+                "warm_over_bare": warm.as_ref().map(|(_, time)| time.as_secs_f64() / bare.as_secs_f64()),
                 "jit_over_first_call": ratio,
             }),
         );
     }
     println!(
-        "| kernel | loads | first call, median of {} (min–max) | {} JIT, median of {} | JIT / first call |",
+        "| kernel | loads | cold first call, median of {} (min–max) | bare load | cold / bare | warm first call (/ bare) | {} JIT, median of {} | JIT / first call |",
         arguments.repetitions,
         compiler.as_ref().map_or_else(|| "no".to_owned(), |c| c.kind().to_string()),
         arguments.jit_repetitions
     );
-    println!("| --- | --- | ---: | ---: | ---: |");
+    println!("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |");
     for row in &rows {
         println!("{row}");
     }
@@ -367,6 +395,110 @@ fn run() -> Result<(), String> {
     }
     drop(context);
     Ok(())
+}
+
+/// The bare load of a verified `image`: `cuModuleLoadData` and `cuModuleGetFunction` of every
+/// symbol, straight through the driver with device 0's primary context current (set by
+/// [`make_primary_current`]); the module is unloaded after the clock stops.
+fn bare_load(image: &[u8], symbols: &[CString]) -> Result<Duration, String> {
+    let terminated;
+    let image = if image.starts_with(b"\x7fELF") || image.last() == Some(&0) {
+        image
+    } else {
+        terminated = [image, &[0]].concat();
+        &terminated
+    };
+    let started = Instant::now();
+    // SAFETY: `image` is a whole cubin whose sha256 the catalog checked, or NUL-terminated PTX,
+    // readable for the call (which copies it); the primary context is current on this thread.
+    let module = unsafe { result::module::load_data(image.as_ptr().cast()) }
+        .map_err(|error| format!("cuModuleLoadData: {error:?}"))?;
+    for symbol in symbols {
+        // SAFETY: `module` is loaded and its context current.
+        unsafe { result::module::get_function(module, symbol.clone()) }
+            .map_err(|error| format!("cuModuleGetFunction {symbol:?}: {error:?}"))?;
+    }
+    let elapsed = started.elapsed();
+    // SAFETY: `module` was loaded above and no function of it outlives this call.
+    unsafe { result::module::unload(module) }
+        .map_err(|error| format!("cuModuleUnload: {error:?}"))?;
+    Ok(elapsed)
+}
+
+/// Makes device 0's primary context (the one the registry uses) current on this thread, for
+/// [`bare_load`]; the retain is kept for the process.
+fn make_primary_current() -> Result<(), String> {
+    // SAFETY: plain driver calls on device 0, whose primary context the registry retained
+    // already; the retain taken here is never released, so the handle stays valid.
+    unsafe {
+        let device = result::device::get(0).map_err(|error| format!("cuDeviceGet: {error:?}"))?;
+        let context = result::primary_ctx::retain(device)
+            .map_err(|error| format!("cuDevicePrimaryCtxRetain: {error:?}"))?;
+        result::ctx::set_current(context).map_err(|error| format!("cuCtxSetCurrent: {error:?}"))
+    }
+}
+
+/// Medians of the bare load of `name`'s chosen cubin, and of its warm first call (after a
+/// sibling sharing its frame's reference was loaded by the same registry; `None` without one).
+fn bare_and_warm(
+    arguments: &Arguments,
+    name: &str,
+    names: &[String],
+    cache: &Path,
+) -> Result<(Duration, Option<(String, Duration)>), String> {
+    let open = || {
+        Registry::open_with(
+            &arguments.bundle,
+            options(arguments, JitPolicy::Disabled, cache),
+        )
+        .map_err(|error| error.to_string())
+    };
+    let registry = open()?;
+    let query = registry.device_query().map_err(|error| error.to_string())?;
+    let chosen = |registry: &Registry, kernel: &str| -> Result<_, String> {
+        let record = registry
+            .catalog()
+            .record(kernel)
+            .map_err(|error| error.to_string())?
+            .ok_or_else(|| format!("no kernel `{kernel}`"))?;
+        let choice =
+            select_variant(kernel, &record, &query).map_err(|no_fit| no_fit.to_string())?;
+        Ok(choice.variant.clone())
+    };
+    let variant = chosen(&registry, name)?;
+    let image = registry
+        .catalog()
+        .read_artifact(name, &variant)
+        .map_err(|error| error.to_string())?;
+    let symbols: Vec<CString> = variant
+        .functions
+        .iter()
+        .map(|function| CString::new(function.symbol.clone()).map_err(|error| error.to_string()))
+        .collect::<Result<_, _>>()?;
+    let mut bare = Vec::new();
+    for _ in 0..arguments.repetitions {
+        bare.push(bare_load(&image, &symbols)?);
+    }
+    let mut warm = None;
+    if let Some(reference) = &variant.artifact.dictionary {
+        let sibling = names.iter().filter(|other| *other != name).find(|other| {
+            chosen(&registry, other)
+                .is_ok_and(|sibling| sibling.artifact.dictionary.as_ref() == Some(reference))
+        });
+        if let Some(sibling) = sibling {
+            let mut times = Vec::new();
+            for _ in 0..arguments.repetitions {
+                let registry = open()?;
+                let _held = registry.load(sibling).map_err(|error| error.to_string())?;
+                let started = Instant::now();
+                let kernel = registry.load(name).map_err(|error| error.to_string())?;
+                times.push(started.elapsed());
+                drop(kernel);
+            }
+            warm = Some((sibling.clone(), median(&mut times)));
+        }
+    }
+    Ok((median(&mut bare), warm))
 }
 
 fn copy_dir(from: &Path, to: &Path) -> Result<(), String> {
