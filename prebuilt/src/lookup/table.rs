@@ -5,7 +5,7 @@ use std::path::Path;
 
 use super::{refused, Entry, ENTRY_LEN, GRAPH_ENTRY_LEN};
 use crate::bundle::BundleError;
-use crate::untrusted::KernelName;
+use crate::untrusted::{KernelName, MAX_NAME_LEN};
 
 /// An absolute span of the file: offset and length.
 pub(super) type Span = (u64, u32);
@@ -78,12 +78,17 @@ pub(super) fn check_table(
             )));
         }
         let name = &names[name_end as usize..(name_end + name_len) as usize];
-        let text = std::str::from_utf8(name).unwrap_or("(not UTF-8)");
-        KernelName::parse(text).map_err(|source| BundleError::Refused {
-            path: path.to_owned(),
-            source: source.of(format!("the name of table entry {position}")),
-        })?;
+        // The common case checked on bytes, with no allocation (this runs for every kernel at
+        // every open); a name it does not pass gets `KernelName::parse`'s error.
+        if !is_short_identifier(name) {
+            let text = std::str::from_utf8(name).unwrap_or("(not UTF-8)");
+            KernelName::parse(text).map_err(|source| BundleError::Refused {
+                path: path.to_owned(),
+                source: source.of(format!("the name of table entry {position}")),
+            })?;
+        }
         if previous.is_some_and(|previous| previous >= name) {
+            let text = std::str::from_utf8(name).unwrap_or("(not UTF-8)");
             return Err(refused(
                 path,
                 "the name table",
@@ -150,4 +155,16 @@ pub(super) fn check_table(
         ));
     }
     Ok((entries, graphs))
+}
+
+/// Whether `name` is what [`KernelName::parse`] accepts: an ASCII identifier of at most
+/// [`MAX_NAME_LEN`] bytes.
+fn is_short_identifier(name: &[u8]) -> bool {
+    name.len() <= MAX_NAME_LEN
+        && name
+            .first()
+            .is_some_and(|&first| first == b'_' || first.is_ascii_alphabetic())
+        && name
+            .iter()
+            .all(|&byte| byte == b'_' || byte.is_ascii_alphanumeric())
 }

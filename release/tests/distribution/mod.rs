@@ -100,7 +100,16 @@ fn a_slim_wheel_ships_only_its_filter_and_lists_everything() {
     assert_eq!(index.format, index.required_format());
     assert_eq!(index.store.as_deref(), Some("https://cache.example.com"));
     let full = prebuilt::Bundle::open(&shared.bundle).unwrap();
-    let mut remote = 0;
+    // A shipped frame compressed against another cubin (its reference) needs that cubin's
+    // artifact too, whatever its target: it ships as well, and nothing else does.
+    let references: std::collections::BTreeSet<&String> = index
+        .kernels
+        .values()
+        .flat_map(|record| &record.variants)
+        .filter(|variant| variant.arch.to_string() == "sm_90a")
+        .filter_map(|variant| variant.artifact.dictionary.as_ref())
+        .collect();
+    let (mut remote, mut other_targets) = (0, 0);
     for (kernel, record) in &index.kernels {
         assert_eq!(
             record,
@@ -110,16 +119,24 @@ fn a_slim_wheel_ships_only_its_filter_and_lists_everything() {
         for variant in &record.variants {
             let path = format!("af3_kernels/_prebuilt/{}", variant.artifact.path);
             let shipped = names.contains(&path);
-            assert_eq!(shipped, variant.arch.to_string() == "sm_90a", "{path}");
+            let wanted = variant.arch.to_string() == "sm_90a";
+            let reference = references.contains(&variant.artifact.digest);
+            assert_eq!(shipped, wanted || reference, "{path}");
             remote += usize::from(!shipped);
+            other_targets += usize::from(!wanted);
         }
     }
     assert_eq!(
-        remote, 36,
+        other_targets, 36,
         "6 kernels × 2 builds have sm_100a, sm_100f and compute_90"
     );
-    assert_eq!(built.report.bundles[0].remote, 36);
-    assert_eq!(built.report.bundles[0].variants, 14);
+    assert!(
+        remote <= 36 && remote + references.len() >= 36,
+        "{remote} left to the store"
+    );
+    assert_eq!(built.report.bundles[0].remote, remote);
+    // The 14 sm_90a variants, and those whose cubin ships as a reference.
+    assert_eq!(built.report.bundles[0].variants, 14 + (36 - remote));
     assert!(built.size < shared.built.size);
     // The bundle on disk is unchanged: no store, and the format its artifacts need.
     assert_eq!(full.index().format, full.index().required_format());
