@@ -450,6 +450,23 @@ impl Manifest {
             match (kernel.sources.len(), kernel.cubins.is_empty()) {
                 (1, true) => {
                     let source = &kernel.sources[0];
+                    // The bundle ships its sources under their manifest-relative paths, and
+                    // the key and the JIT find them there: a source outside the library root
+                    // would build a bundle that no reader opens.
+                    let inside = std::path::Path::new(source).components().all(|component| {
+                        matches!(
+                            component,
+                            std::path::Component::Normal(_) | std::path::Component::CurDir
+                        )
+                    });
+                    if !inside {
+                        return Err(invalid(
+                            Some(name),
+                            format!(
+                                "source `{source}` is not inside the library's folder (absolute,                                  or through `..`): put a one-line `.cu` beside the manifest that                                  `#include`s it from an include dir"
+                            ),
+                        ));
+                    }
                     if !TRANSLATION_UNITS.iter().any(|ext| source.ends_with(ext)) {
                         return Err(invalid(
                             Some(name),

@@ -466,6 +466,14 @@ fn per_arch_tables_torch_and_translation_units_are_checked_when_the_manifest_is_
             "`torch` applies to compiled sources, not to `cubins`",
         ),
         (
+            BASE.replace("\"add.cu\"", "\"/opt/lib/impl.cu\""),
+            "source `/opt/lib/impl.cu` is not inside the library's folder",
+        ),
+        (
+            BASE.replace("\"add.cu\"", "\"../other/add.cu\""),
+            "source `../other/add.cu` is not inside the library's folder",
+        ),
+        (
             BASE.replace("add.cu", "add.txt"),
             "source `add.txt` is not a translation unit nvcc and NVRTC compile as CUDA (.cu, \
              .cuh, .h, .hpp)",
