@@ -442,3 +442,72 @@ fn export_without_jit_results_says_what_it_passed_over() {
     );
     assert!(!dir.path().join("pack").exists());
 }
+
+#[test]
+fn a_pack_added_to_a_wheel_ships_verified_and_loads_from_the_installed_bundle() {
+    let Some(machines) = machine_a() else { return };
+    let wheels = machines.root.join("wheels");
+    let output = kwheel()
+        // The whole library's bundle (from the shared build cache), built first: the wheel
+        // ships every kernel, and the pack is checked against its `swiglu`.
+        .args(["dev", "build-wheel", "--quiet", "--bundle"])
+        .arg(machines.root.join("full"))
+        .arg("--add-pack")
+        .arg(&machines.pack)
+        .arg("--out")
+        .arg(&wheels)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", text(&output));
+    let wheel = std::fs::read_dir(&wheels)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .find(|path| path.extension().is_some_and(|ext| ext == "whl"))
+        .expect("a wheel");
+    let verify = kwheel()
+        .args(["wheel", "verify"])
+        .arg(&wheel)
+        .output()
+        .unwrap();
+    assert!(verify.status.success(), "{}", text(&verify));
+
+    // Installed as pip unpacks it, on machine B, with no import and no compiler.
+    let site = machines.root.join("site");
+    let unpacked = std::process::Command::new("python3")
+        .args(["-m", "zipfile", "-e"])
+        .arg(&wheel)
+        .arg(&site)
+        .output()
+        .unwrap();
+    assert!(unpacked.status.success(), "{}", text(&unpacked));
+    let bundle = site.join("af3_kernels/_prebuilt");
+    let packs: Vec<PathBuf> = std::fs::read_dir(bundle.join("packs"))
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .collect();
+    assert_eq!(packs.len(), 1, "{packs:?}");
+    assert!(packs[0].join(PACK_FILE).is_file());
+
+    let b = machines.root.join("b");
+    let device = Arc::new(Ada::default());
+    let registry = Registry::open_on(
+        &bundle,
+        options(JitPolicy::Disabled, &b_cache(&b), no_compiler(&b)),
+        device.clone(),
+        None,
+    )
+    .unwrap();
+    let kernel = registry
+        .load(KERNEL)
+        .unwrap_or_else(|error| panic!("{}", prebuilt::error_chain(&error)));
+    let Provenance::Pack { variant, pack, .. } = kernel.provenance() else {
+        panic!("{}", kernel.provenance());
+    };
+    assert_eq!(variant, "cu129/sm_89");
+    assert!(pack.starts_with(&bundle), "{}", pack.display());
+    assert_eq!(
+        device.loaded.lock().unwrap().as_slice(),
+        std::slice::from_ref(&machines.compiled),
+        "the wheel's pack holds the very cubin machine A compiled"
+    );
+}
