@@ -521,10 +521,10 @@ index = json.load(open(os.path.join(af3_kernels._registry.path, "index.json")))
 variants = sum(len(k["variants"]) for k in index["kernels"].values())
 sources = os.path.isdir(os.path.join(af3_kernels._registry.path, "sources"))
 try:
-chosen = af3_kernels.select("layernorm_bf16", "sm_90", cuda="12.9")
-selected = [str(chosen), chosen.location]
+    chosen = af3_kernels.select("layernorm_bf16", "sm_90", cuda="12.9")
+    selected = [str(chosen), chosen.location]
 except kwheel.NoFitError as error:
-selected = [None, str(error)]
+    selected = [None, str(error)]
 print(json.dumps([variants, sources, selected, af3_kernels.status()["layernorm_bf16"]]))
 "#;
 
