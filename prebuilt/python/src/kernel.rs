@@ -312,10 +312,10 @@ fn traced(py: Python<'_>, label: &str, launch: impl FnOnce() -> PyResult<()>) ->
 /// Where a loaded kernel's cubin came from.
 #[pyclass(frozen, module = "kwheel._kwheel")]
 pub struct Provenance {
-    /// `prebuilt`, `jit-cache` or `jit-compiled`.
+    /// `prebuilt`, `pack`, `jit-cache` or `jit-compiled`.
     #[pyo3(get)]
     kind: String,
-    /// The variant, `cu130/sm_90a`, for a prebuilt cubin; `None` for the JIT's.
+    /// The variant, `cu130/sm_90a`, for a prebuilt cubin or a warm pack's; `None` for the JIT's.
     #[pyo3(get)]
     variant: Option<String>,
     /// The cubin's key.
@@ -327,7 +327,8 @@ pub struct Provenance {
 impl From<&prebuilt::Provenance> for Provenance {
     fn from(provenance: &prebuilt::Provenance) -> Provenance {
         let variant = match provenance {
-            prebuilt::Provenance::Prebuilt { variant, .. } => Some(variant.clone()),
+            prebuilt::Provenance::Prebuilt { variant, .. }
+            | prebuilt::Provenance::Pack { variant, .. } => Some(variant.clone()),
             _ => None,
         };
         Provenance {
