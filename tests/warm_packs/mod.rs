@@ -511,3 +511,64 @@ fn a_pack_added_to_a_wheel_ships_verified_and_loads_from_the_installed_bundle() 
         "the wheel's pack holds the very cubin machine A compiled"
     );
 }
+
+#[test]
+fn a_crafted_pack_cannot_choose_where_it_installs_or_swap_its_index() {
+    let Some(machines) = machine_a() else { return };
+    let b = machines.root.join("b");
+    // Without `--package` the pack's own package name picks the bundle and the folder.
+    let import_as = |pack: &Path, package: bool| {
+        let mut command = on_machine_b(&b);
+        command
+            .arg("import")
+            .arg(pack)
+            .arg("--jit-cache")
+            .arg(b_cache(&b));
+        if package {
+            command.arg("--package").arg(&machines.bundle);
+        }
+        command.output().unwrap()
+    };
+    let import = |pack: &Path| import_as(pack, true);
+    let elsewhere = machines.root.join("elsewhere/b");
+    let pathed = altered(&machines, "pathed", |_, index| {
+        index.package = elsewhere.display().to_string();
+    });
+    let message = failure(&import_as(&pathed, false), VERIFICATION);
+    assert!(message.contains("is not a distribution name"), "{message}");
+    assert!(!machines.root.join("elsewhere").exists());
+    assert!(!machines.root.join("elsewhere".to_lowercase()).exists());
+
+    // One entry listed twice (the work of verifying a pack is bounded by distinct entries).
+    let twice = altered(&machines, "twice", |_, index| {
+        let record = index.kernels.get_mut(KERNEL).unwrap();
+        let again = record.variants[0].clone();
+        record.variants.push(again);
+    });
+    let message = failure(&import(&twice), VERIFICATION);
+    assert!(message.contains("is listed twice"), "{message}");
+
+    // No entries named: nothing would be checked against the kernel's entry points.
+    let anonymous = altered(&machines, "anonymous", |_, index| {
+        index.kernels.get_mut(KERNEL).unwrap().variants[0]
+            .functions
+            .clear();
+    });
+    let message = failure(&import(&anonymous), VERIFICATION);
+    assert!(message.contains("not the kernel's"), "{message}");
+
+    // A `pack.json` that is a link out of the pack is refused, like an artifact's.
+    let linked = altered(&machines, "linked", |_, _| {});
+    let outside = machines.root.join("outside.json");
+    std::fs::rename(linked.join(PACK_FILE), &outside).unwrap();
+    std::os::unix::fs::symlink(&outside, linked.join(PACK_FILE)).unwrap();
+    let output = import(&linked);
+    assert!(!output.status.success(), "{}", text(&output));
+    assert!(text(&output).contains("leads out"), "{}", text(&output));
+    assert!(
+        !b_cache(&b).join("packs-v1").exists()
+            || std::fs::read_dir(b_cache(&b).join("packs-v1/af3-kernels"))
+                .map_or(true, |mut dir| dir.next().is_none()),
+        "a refused pack installs nothing"
+    );
+}

@@ -202,6 +202,22 @@ pub fn check_variant(
             variant.torch
         ));
     }
+    if !variant
+        .functions
+        .iter()
+        .map(|function| function.name.as_str())
+        .eq(inputs.entries.iter().map(String::as_str))
+    {
+        return Err(format!(
+            "lists the entries {:?}, not the kernel's {:?}",
+            variant
+                .functions
+                .iter()
+                .map(|function| &function.name)
+                .collect::<Vec<_>>(),
+            inputs.entries
+        ));
+    }
     if !matches!(variant.compiler.kind.as_str(), "nvrtc" | "nvcc") {
         return Err(format!(
             "names the compiler `{}`: a pack holds only what NVRTC or nvcc compiled",
@@ -231,12 +247,41 @@ pub fn check_variant(
 /// Reads the pack index of the pack at `dir`: a regular `pack.json` of a known format whose
 /// names, paths, digests and sizes are well formed.
 pub fn read_pack(dir: &Path) -> Result<PackIndex, PackError> {
+    let (path, bytes) = read_pack_bytes(dir)?;
+    parse_pack(&path, &bytes)
+}
+
+/// The bytes of the pack's `pack.json` (a regular file inside the pack, no link leading out),
+/// read once: what is verified is what is installed.
+fn read_pack_bytes(dir: &Path) -> Result<(PathBuf, Vec<u8>), PackError> {
     let path = dir.join(PACK_FILE);
-    let bytes = read_regular_file(&path, MAX_INDEX_SIZE).map_err(|source| PackError::Read {
+    let read_error = |source| PackError::Read {
         path: path.clone(),
         source,
-    })?;
-    parse_pack(&path, &bytes)
+    };
+    let relative = ArtifactPath::parse(PACK_FILE).expect("a plain file name");
+    crate::untrusted::resolve_inside(dir, &relative).map_err(read_error)?;
+    let bytes = read_regular_file(&path, MAX_INDEX_SIZE).map_err(read_error)?;
+    Ok((path, bytes))
+}
+
+/// Most entries a pack may hold, and most bytes its cubins may decode to in all: far above a
+/// machine's JIT cache for one package, and a bound on the work of verifying one.
+pub const MAX_PACK_ENTRIES: usize = 16_384;
+/// See [`MAX_PACK_ENTRIES`].
+pub const MAX_PACK_DECODED: u64 = 4 << 30;
+
+/// Whether `name` can be a distribution name (PEP 508): letters, digits, `.`, `_`, `-`,
+/// starting and ending with a letter or digit. A pack's package must be one, never a path.
+fn is_distribution_name(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= 128
+        && bytes[0].is_ascii_alphanumeric()
+        && bytes[bytes.len() - 1].is_ascii_alphanumeric()
+        && bytes
+            .iter()
+            .all(|&b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
 fn parse_pack(path: &Path, bytes: &[u8]) -> Result<PackIndex, PackError> {
@@ -252,10 +297,41 @@ fn parse_pack(path: &Path, bytes: &[u8]) -> Result<PackIndex, PackError> {
             index.format
         )));
     }
+    if !is_distribution_name(&index.package) {
+        return Err(format(format!(
+            "its package `{}` is not a distribution name (letters, digits, `.`, `_`, `-`)",
+            index.package
+        )));
+    }
+    let entries: usize = index.kernels.values().map(|k| k.variants.len()).sum();
+    if entries > MAX_PACK_ENTRIES {
+        return Err(format(format!(
+            "{entries} entries, over the cap of {MAX_PACK_ENTRIES}"
+        )));
+    }
+    let decoded: u64 = index
+        .kernels
+        .values()
+        .flat_map(|k| &k.variants)
+        .map(|v| v.artifact.size)
+        .sum();
+    if decoded > MAX_PACK_DECODED {
+        return Err(format(format!(
+            "its cubins decode to {decoded} bytes, over the cap of {MAX_PACK_DECODED}"
+        )));
+    }
+    let mut seen = std::collections::BTreeSet::new();
     for (kernel, record) in &index.kernels {
         KernelName::parse(kernel).map_err(|error| format(error.to_string()))?;
         for variant in &record.variants {
             let what = format!("`{kernel}` ({})", variant.label());
+            if !seen.insert((kernel, variant.label()))
+                || !seen.insert((kernel, variant.artifact.digest.clone()))
+            {
+                return Err(format(format!(
+                    "{what} is listed twice, or shares its cubin with another entry"
+                )));
+            }
             check_stored(&variant.artifact, MAX_ARTIFACT_SIZE, &what)
                 .map_err(|error| format(error.to_string()))?;
             let expected = artifact_path(&variant.artifact.digest);
@@ -306,7 +382,11 @@ pub fn read_pack_cubin(pack: &Path, kernel: &str, variant: &Variant) -> Result<V
 /// its kernel's inputs give and its cubin. Reads every cubin; used before a pack is installed
 /// or shipped.
 pub fn verify_pack(dir: &Path, bundle: &Bundle) -> Result<PackIndex, PackError> {
-    let index = read_pack(dir)?;
+    verify_index(dir, read_pack(dir)?, bundle)
+}
+
+/// [`verify_pack`] of `index`, the pack index read from `dir`.
+fn verify_index(dir: &Path, index: PackIndex, bundle: &Bundle) -> Result<PackIndex, PackError> {
     let path = dir.join(PACK_FILE);
     let package = &bundle.index().package;
     if crate::site::normalize_package(&index.package) != crate::site::normalize_package(package) {
@@ -392,10 +472,13 @@ pub fn installed_packs_dir(jit_cache: &Path, package: &str) -> PathBuf {
 /// `jit_cache` where the loader looks ([`pack_dirs`]). Nothing is written unless every entry
 /// verifies; the copy appears whole, by rename.
 pub fn install_pack(dir: &Path, bundle: &Bundle, jit_cache: &Path) -> Result<Installed, PackError> {
-    let index = verify_pack(dir, bundle)?;
+    // `pack.json` is read once: the bytes verified are the bytes installed and named.
+    let (pack_path, pack_json) = read_pack_bytes(dir)?;
+    let index = verify_index(dir, parse_pack(&pack_path, &pack_json)?, bundle)?;
     let entries = entry_names(&index);
-    let parent = installed_packs_dir(jit_cache, &bundle.index().package);
-    let path = parent.join(pack_id(dir)?);
+    let parent = installed_packs_dir(jit_cache, &index.package);
+    let id = sha256_hex(&pack_json)[..16].to_owned();
+    let path = parent.join(&id);
     let installed = |already| Installed {
         path: path.clone(),
         package: bundle.index().package.clone(),
@@ -410,9 +493,9 @@ pub fn install_pack(dir: &Path, bundle: &Bundle, jit_cache: &Path) -> Result<Ins
         move |source| PackError::Write { path, source }
     };
     fs::create_dir_all(&parent).map_err(write_error(&parent))?;
-    let temp = parent.join(format!(".{}.{}.tmp", pack_id(dir)?, std::process::id()));
+    let temp = parent.join(format!(".{id}.{}.tmp", std::process::id()));
     let _ = fs::remove_dir_all(&temp);
-    let copied = copy_pack(dir, &index, &temp);
+    let copied = copy_pack(dir, &pack_json, &index, &temp);
     let placed = copied.and_then(|()| {
         let _ = fs::remove_dir_all(&path);
         fs::rename(&temp, &path).map_err(write_error(&path))
@@ -424,13 +507,21 @@ pub fn install_pack(dir: &Path, bundle: &Bundle, jit_cache: &Path) -> Result<Ins
 }
 
 /// Copies the files of the pack at `dir` into the new folder `to`.
-pub(super) fn copy_pack(dir: &Path, index: &PackIndex, to: &Path) -> Result<(), PackError> {
+pub(super) fn copy_pack(
+    dir: &Path,
+    pack_json: &[u8],
+    index: &PackIndex,
+    to: &Path,
+) -> Result<(), PackError> {
     for (relative, from) in pack_files(dir, index) {
-        let bytes =
+        let bytes = if relative == PACK_FILE {
+            pack_json.to_vec()
+        } else {
             read_regular_file(&from, MAX_ARTIFACT_SIZE).map_err(|source| PackError::Read {
                 path: from.clone(),
                 source,
-            })?;
+            })?
+        };
         let target = ArtifactPath::parse(&relative)
             .map_err(|error| PackError::Format {
                 path: dir.join(PACK_FILE),
