@@ -121,15 +121,8 @@ struct Machines {
     compiled: Vec<u8>,
 }
 
-/// Machine A: bundle `swiglu`, load it on the 8.9 device (the JIT compiles it into A's cache),
-/// export the pack.
-fn machine_a() -> Option<Machines> {
-    if !have_toolchains() {
-        return None;
-    }
-    let nvrtc = ToolkitLayout::scan(&toolchain_dir("cu129".parse().unwrap())).nvrtc?;
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().to_path_buf();
+/// `root/bundle`: the default library's bundle of `swiglu` alone, with its own build cache.
+fn bundle_kernel(root: &Path) -> PathBuf {
     let bundle = root.join("bundle");
     let output = kwheel()
         .args([
@@ -146,6 +139,19 @@ fn machine_a() -> Option<Machines> {
         .output()
         .unwrap();
     assert!(output.status.success(), "{}", text(&output));
+    bundle
+}
+
+/// Machine A: bundle `swiglu`, load it on the 8.9 device (the JIT compiles it into A's cache),
+/// export the pack.
+fn machine_a() -> Option<Machines> {
+    if !have_toolchains() {
+        return None;
+    }
+    let nvrtc = ToolkitLayout::scan(&toolchain_dir("cu129".parse().unwrap())).nvrtc?;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    let bundle = bundle_kernel(&root);
 
     let a_cache = root.join("a/jit");
     let search = CompilerSearch {
@@ -410,22 +416,7 @@ fn export_without_jit_results_says_what_it_passed_over() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let bundle = dir.path().join("bundle");
-    let output = kwheel()
-        .args([
-            "dev",
-            "bundle-kernels",
-            "--quiet",
-            "--only",
-            KERNEL,
-            "--out",
-        ])
-        .arg(&bundle)
-        .arg("--cache-dir")
-        .arg(dir.path().join("build-cache"))
-        .output()
-        .unwrap();
-    assert!(output.status.success(), "{}", text(&output));
+    let bundle = bundle_kernel(dir.path());
     let output = kwheel()
         .args(["jit", "export", "--package"])
         .arg(&bundle)
