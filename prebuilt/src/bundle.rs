@@ -417,6 +417,35 @@ fn stored_path(
     })
 }
 
+/// The checked path of `kernel`'s `variant`'s stored artifact under `root`.
+fn artifact_file(
+    root: &Path,
+    stored: &StoredFile,
+    kernel: &str,
+    variant: &str,
+) -> Result<PathBuf, BundleError> {
+    stored_path(
+        root,
+        stored,
+        MAX_ARTIFACT_SIZE,
+        &format!("`{kernel}` ({variant})"),
+    )
+}
+
+/// The error of `kernel`'s `variant`, whose frame at `path` does not decode.
+fn corrupt_artifact<'a>(
+    kernel: &'a str,
+    variant: &'a str,
+    path: &'a Path,
+) -> impl Fn(std::io::Error) -> BundleError + 'a {
+    move |source| BundleError::Corrupt {
+        kernel: kernel.to_owned(),
+        variant: variant.to_owned(),
+        path: path.to_owned(),
+        source,
+    }
+}
+
 /// Reads a stored artifact under `root`, decompresses it and verifies it against `stored`.
 pub fn read_stored(
     root: &Path,
@@ -425,23 +454,13 @@ pub fn read_stored(
     kernel: &str,
     variant: &str,
 ) -> Result<Vec<u8>, BundleError> {
-    let path = stored_path(
-        root,
-        stored,
-        MAX_ARTIFACT_SIZE,
-        &format!("`{kernel}` ({variant})"),
-    )?;
+    let path = artifact_file(root, stored, kernel, variant)?;
     let compressed =
         read_regular_file(&path, MAX_ARTIFACT_SIZE).map_err(|source| BundleError::Read {
             path: path.clone(),
             source,
         })?;
-    let corrupt = |source| BundleError::Corrupt {
-        kernel: kernel.to_owned(),
-        variant: variant.to_owned(),
-        path: path.clone(),
-        source,
-    };
+    let corrupt = corrupt_artifact(kernel, variant, &path);
     let bytes = match dictionary {
         FrameDictionary::None => decompress_bounded(&compressed, None, stored.size),
         FrameDictionary::Trained(dictionary) => {

@@ -147,19 +147,15 @@ impl Kernel {
         trace: bool,
     ) -> PyResult<()> {
         let function = self.entry(py, entry)?;
-        let request = Launch {
-            grid,
-            block,
-            args,
-            shared_mem,
-            stream,
-        };
-        let launch = || request.run(py, self.inner.name(), &function, self.device);
-        if trace {
-            traced(py, &self.label, launch)
-        } else {
-            launch()
-        }
+        let request = Launch::new(grid, block, args, shared_mem, stream);
+        request.run_traced(
+            py,
+            self.inner.name(),
+            &function,
+            self.device,
+            &self.label,
+            trace,
+        )
     }
 
     /// Waits for all work in the kernel's context, and raises the first error any of it hit.
@@ -235,19 +231,15 @@ impl Function {
         stream: Option<&Bound<'_, PyAny>>,
         trace: bool,
     ) -> PyResult<()> {
-        let request = Launch {
-            grid,
-            block,
-            args,
-            shared_mem,
-            stream,
-        };
-        let launch = || request.run(py, &self.kernel, &self.inner, self.device);
-        if trace {
-            traced(py, &self.label, launch)
-        } else {
-            launch()
-        }
+        let request = Launch::new(grid, block, args, shared_mem, stream);
+        request.run_traced(
+            py,
+            &self.kernel,
+            &self.inner,
+            self.device,
+            &self.label,
+            trace,
+        )
     }
 
     fn __repr__(&self) -> String {
@@ -269,7 +261,41 @@ struct Launch<'a, 'py> {
     stream: Option<&'a Bound<'py, PyAny>>,
 }
 
-impl Launch<'_, '_> {
+impl<'a, 'py> Launch<'a, 'py> {
+    fn new(
+        grid: &'a Bound<'py, PyAny>,
+        block: &'a Bound<'py, PyAny>,
+        args: &'a Bound<'py, PyAny>,
+        shared_mem: u32,
+        stream: Option<&'a Bound<'py, PyAny>>,
+    ) -> Self {
+        Launch {
+            grid,
+            block,
+            args,
+            shared_mem,
+            stream,
+        }
+    }
+
+    /// [`Launch::run`], inside the trace range `label` when `trace` asks for one.
+    fn run_traced(
+        &self,
+        py: Python<'_>,
+        kernel: &str,
+        function: &EntryFunction,
+        device: u32,
+        label: &str,
+        trace: bool,
+    ) -> PyResult<()> {
+        let launch = || self.run(py, kernel, function, device);
+        if trace {
+            traced(py, label, launch)
+        } else {
+            launch()
+        }
+    }
+
     fn run(
         &self,
         py: Python<'_>,

@@ -19,12 +19,7 @@ pub fn stream_stored(
 ) -> Result<(), BundleError> {
     use std::io::{BufRead as _, Read as _};
     use zstd::zstd_safe::{self, DParameter};
-    let path = stored_path(
-        root,
-        stored,
-        MAX_ARTIFACT_SIZE,
-        &format!("`{kernel}` ({variant})"),
-    )?;
+    let path = artifact_file(root, stored, kernel, variant)?;
     let read_error = |source| BundleError::Read {
         path: path.clone(),
         source,
@@ -37,12 +32,7 @@ pub fn stream_stored(
             format!("{length} bytes, over the {MAX_ARTIFACT_SIZE}-byte cap"),
         )));
     }
-    let corrupt = |source| BundleError::Corrupt {
-        kernel: kernel.to_owned(),
-        variant: variant.to_owned(),
-        path: path.clone(),
-        source,
-    };
+    let corrupt = corrupt_artifact(kernel, variant, &path);
     let invalid =
         |what: String| corrupt(std::io::Error::new(std::io::ErrorKind::InvalidData, what));
     let mut file = file.take(MAX_ARTIFACT_SIZE);
@@ -80,7 +70,7 @@ pub fn stream_stored(
             })
         }
     }
-    .map_err(corrupt)?
+    .map_err(&corrupt)?
     .single_frame();
     let mut hashing = HashingWriter {
         inner: sink,
@@ -124,7 +114,7 @@ pub fn stream_stored(
         return Err(BundleError::DigestMismatch {
             kernel: kernel.to_owned(),
             variant: variant.to_owned(),
-            path,
+            path: path.clone(),
             expected: stored.digest.clone(),
             actual,
         });

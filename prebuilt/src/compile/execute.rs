@@ -91,6 +91,19 @@ pub struct CompileJob<'a> {
     pub preamble: &'a str,
 }
 
+impl<'a> CompileJob<'a> {
+    /// The job's options, with its include dirs as the compiler is to see them.
+    fn options(&self, include_dirs: &'a [PathBuf]) -> CompileOptions<'a> {
+        CompileOptions {
+            arch: self.arch,
+            cxx_std: self.cxx_std,
+            include_dirs,
+            defines: self.defines,
+            flags: self.flags,
+        }
+    }
+}
+
 /// What a compile produced.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Compiled {
@@ -224,13 +237,7 @@ fn run_nvcc(
         PathBuf::from(ENTRY_PROBES_SOURCE)
     };
     let include_dirs: Vec<PathBuf> = job.include_dirs.iter().map(|dir| in_tree(dir)).collect();
-    let options = CompileOptions {
-        arch: job.arch,
-        cxx_std: job.cxx_std,
-        include_dirs: &include_dirs,
-        defines: job.defines,
-        flags: job.flags,
-    };
+    let options = job.options(&include_dirs);
     let ptx_route = assemble.is_some();
     let output = PathBuf::from(if ptx_route {
         "kernel.ptx"
@@ -406,13 +413,7 @@ fn run_nvrtc(
         .iter()
         .map(|dir| work.path().join(in_tree(dir)))
         .collect();
-    let options = CompileOptions {
-        arch: job.arch,
-        cxx_std: job.cxx_std,
-        include_dirs: &include_dirs,
-        defines: job.defines,
-        flags: job.flags,
-    };
+    let options = job.options(&include_dirs);
     // Absolute: NVRTC resolves a relative `#line` name against this process's directory.
     let preamble_file = work.path().join(PREAMBLE_FILE).display().to_string();
     let text = with_preamble(&text, job.preamble, &preamble_file);

@@ -434,6 +434,29 @@ pub enum EntryError {
     },
 }
 
+impl EntryError {
+    /// The entry and the entries the output has, for an error that names a missing entry (a
+    /// C++ kernel that a plain entry names becomes one line saying how to write it), or the
+    /// reason the output is no valid cubin. The bundler and the JIT word it alike.
+    pub fn missing_entry(self) -> Result<(String, Vec<String>), CubinError> {
+        match self {
+            EntryError::Invalid(source) => Err(source),
+            EntryError::Missing { entry, found } => Ok((entry, found)),
+            EntryError::NotExternC {
+                entry,
+                symbol,
+                expression,
+            } => Ok((
+                entry,
+                vec![format!(
+                    "{symbol}, a C++ kernel: a plain entry names an `extern \"C\"` one, so \
+                     write it as `{expression}`"
+                )],
+            )),
+        }
+    }
+}
+
 /// The index's record of each of `entries` in a compiled `cubin` for `arch`: its symbol (for a
 /// plain name the `extern "C"` symbol itself; for a name expression the one the compiler gave
 /// it in `symbols`, else the mangled symbol that demangles to it) and its parameter sizes,
@@ -651,20 +674,9 @@ mod tests {
 
     #[test]
     fn a_header_translation_unit_is_compiled_as_cuda() {
-        let (include_dirs, defines, flags) = options_fixture();
-        let options = CompileOptions {
-            arch: "sm_90a".parse().unwrap(),
-            cxx_std: "c++17",
-            include_dirs: &include_dirs,
-            defines: &defines,
-            flags: &flags,
-        };
-        let arguments = |source: &str| -> Vec<String> {
-            nvcc_arguments(&options, Path::new(source), Path::new("out.cubin"))
-                .into_iter()
-                .map(|argument| argument.into_string().unwrap())
-                .collect()
-        };
+        let fixture = OptionsFixture::new();
+        let options = fixture.options("sm_90a", "c++17");
+        let arguments = |source: &str| nvcc_strings(&options, source, "out.cubin");
         for header in ["src/k.cuh", "src/k.h", "src/k.hpp"] {
             let header_arguments = arguments(header);
             assert_eq!(header_arguments[3..5], ["-x", "cu"], "{header}");
@@ -684,27 +696,48 @@ mod tests {
         assert_eq!(parse_nvcc_version("hello"), None);
     }
 
-    fn options_fixture() -> (Vec<PathBuf>, BTreeMap<String, String>, Vec<String>) {
-        (
-            vec![PathBuf::from("/src/include")],
-            BTreeMap::from([
-                ("B".to_owned(), "2".to_owned()),
-                ("A".to_owned(), "x y".to_owned()),
-            ]),
-            vec!["--use_fast_math".to_owned()],
-        )
+    /// The include dirs, defines and flags the option tests compile with.
+    struct OptionsFixture {
+        include_dirs: Vec<PathBuf>,
+        defines: BTreeMap<String, String>,
+        flags: Vec<String>,
+    }
+
+    impl OptionsFixture {
+        fn new() -> OptionsFixture {
+            OptionsFixture {
+                include_dirs: vec![PathBuf::from("/src/include")],
+                defines: BTreeMap::from([
+                    ("B".to_owned(), "2".to_owned()),
+                    ("A".to_owned(), "x y".to_owned()),
+                ]),
+                flags: vec!["--use_fast_math".to_owned()],
+            }
+        }
+
+        fn options<'a>(&'a self, arch: &str, cxx_std: &'a str) -> CompileOptions<'a> {
+            CompileOptions {
+                arch: arch.parse().unwrap(),
+                cxx_std,
+                include_dirs: &self.include_dirs,
+                defines: &self.defines,
+                flags: &self.flags,
+            }
+        }
+    }
+
+    /// nvcc's arguments for `source` into `out`, as strings.
+    fn nvcc_strings(options: &CompileOptions, source: &str, out: &str) -> Vec<String> {
+        nvcc_arguments(options, Path::new(source), Path::new(out))
+            .into_iter()
+            .map(|argument| argument.into_string().unwrap())
+            .collect()
     }
 
     #[test]
     fn nvrtc_options_are_the_bundlers() {
-        let (include_dirs, defines, flags) = options_fixture();
-        let options = CompileOptions {
-            arch: "sm_100a".parse().unwrap(),
-            cxx_std: "c++20",
-            include_dirs: &include_dirs,
-            defines: &defines,
-            flags: &flags,
-        };
+        let fixture = OptionsFixture::new();
+        let options = fixture.options("sm_100a", "c++20");
         let toolkit = [PathBuf::from("/tk/runtime"), PathBuf::from("/tk/cccl")];
         assert_eq!(
             nvrtc_options(&options, &toolkit),
@@ -723,22 +756,9 @@ mod tests {
 
     #[test]
     fn nvcc_arguments_are_the_bundlers() {
-        let (include_dirs, defines, flags) = options_fixture();
-        let options = CompileOptions {
-            arch: "sm_90a".parse().unwrap(),
-            cxx_std: "c++17",
-            include_dirs: &include_dirs,
-            defines: &defines,
-            flags: &flags,
-        };
-        let arguments: Vec<String> = nvcc_arguments(
-            &options,
-            Path::new("/src/k.cu"),
-            Path::new("/tmp/out.cubin"),
-        )
-        .into_iter()
-        .map(|argument| argument.into_string().unwrap())
-        .collect();
+        let fixture = OptionsFixture::new();
+        let options = fixture.options("sm_90a", "c++17");
+        let arguments = nvcc_strings(&options, "/src/k.cu", "/tmp/out.cubin");
         assert_eq!(
             arguments,
             [

@@ -19,11 +19,12 @@
 //! another kernel's; it cannot catch an impostor with the same names, target and toolkit but
 //! other code. `kwheel release check --rebuild-sample` does, by recompiling and comparing bytes.
 
-use object::elf::FileHeader64;
 use object::read::elf::{FileHeader, SectionHeader};
 use object::LittleEndian;
 
-use super::{bytemuck_bytes, inspect_artifact, validate_cubin, CubinError, CubinInfo};
+use super::{
+    elf_header, elf_sections, inspect_artifact, validate_cubin, with_aligned, CubinError, CubinInfo,
+};
 use crate::index::{CompilerRecord, Function};
 use crate::{Arch, ArchKind, CudaBuild};
 
@@ -207,20 +208,14 @@ pub fn artifact_toolkit(bytes: &[u8]) -> Result<Result<Toolkit, u32>, CubinError
 }
 
 fn cubin_toolkit(bytes: &[u8]) -> Result<Result<Toolkit, u32>, CubinError> {
-    // As in `inspect`: `object` needs the ELF structures 8-byte aligned.
-    if bytes.as_ptr().align_offset(8) != 0 {
-        let mut aligned = vec![0u64; bytes.len().div_ceil(8)];
-        let view = &mut bytemuck_bytes(&mut aligned)[..bytes.len()];
-        view.copy_from_slice(bytes);
-        return cubin_toolkit(view);
-    }
+    with_aligned(bytes, aligned_cubin_toolkit)
+}
+
+fn aligned_cubin_toolkit(bytes: &[u8]) -> Result<Result<Toolkit, u32>, CubinError> {
     let malformed = |what: String| CubinError::Malformed { what };
     let endian = LittleEndian;
-    let header = FileHeader64::<LittleEndian>::parse(bytes)
-        .map_err(|error| malformed(format!("cannot read the ELF header: {error}")))?;
-    let sections = header
-        .sections(endian, bytes)
-        .map_err(|error| malformed(format!("cannot read the section headers: {error}")))?;
+    let header = elf_header(bytes)?;
+    let sections = elf_sections(header, bytes)?;
     if let Some((_, section)) = sections.section_by_name(endian, b".note.nv.tkinfo") {
         let note = section
             .data(endian, bytes)
@@ -320,14 +315,24 @@ mod tests {
 
     fn check(file: &str, arch: &str, cuda: &str, compiler: &CompilerRecord) -> Result<(), String> {
         let bytes = fixture(file);
-        let functions = functions(&bytes);
+        check_recorded(&bytes, arch, cuda, compiler, &functions(&bytes))
+    }
+
+    /// [`check_identity`] of `bytes` against a record of `functions`, its error as text.
+    fn check_recorded(
+        bytes: &[u8],
+        arch: &str,
+        cuda: &str,
+        compiler: &CompilerRecord,
+        functions: &[Function],
+    ) -> Result<(), String> {
         check_identity(
-            &bytes,
+            bytes,
             &ExpectedCubin {
                 arch: arch.parse().unwrap(),
                 cuda: cuda.parse().unwrap(),
                 compiler,
-                functions: &functions,
+                functions,
             },
         )
         .map(|_| ())
@@ -443,37 +448,14 @@ mod tests {
         let bytes = fixture("nvcc130_sm_90a.cubin");
         let mut recorded = functions(&bytes);
         recorded[1].param_sizes.push(8);
-        let error = check_identity(
-            &bytes,
-            &ExpectedCubin {
-                arch: "sm_90a".parse().unwrap(),
-                cuda: "cu130".parse().unwrap(),
-                compiler: &nvcc,
-                functions: &recorded,
-            },
-        )
-        .unwrap_err();
+        let error = check_recorded(&bytes, "sm_90a", "cu130", &nvcc, &recorded).unwrap_err();
         assert!(
-            error
-                .to_string()
-                .contains("entry `kw_axpy` takes parameters of [8, 4, 8] bytes"),
+            error.contains("entry `kw_axpy` takes parameters of [8, 4, 8] bytes"),
             "{error}"
         );
         recorded[1].symbol = "kw_other".into();
-        let error = check_identity(
-            &bytes,
-            &ExpectedCubin {
-                arch: "sm_90a".parse().unwrap(),
-                cuda: "cu130".parse().unwrap(),
-                compiler: &nvcc,
-                functions: &recorded,
-            },
-        )
-        .unwrap_err();
-        assert!(
-            error.to_string().contains("no kernel entry `kw_other`"),
-            "{error}"
-        );
+        let error = check_recorded(&bytes, "sm_90a", "cu130", &nvcc, &recorded).unwrap_err();
+        assert!(error.contains("no kernel entry `kw_other`"), "{error}");
     }
 
     #[test]

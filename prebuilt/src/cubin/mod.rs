@@ -73,7 +73,7 @@ use std::collections::BTreeMap;
 use object::elf::{
     FileHeader64, ELFCLASS64, ELFDATA2LSB, ELFDATA2MSB, ELFMAG, SHT_SYMTAB, STT_FUNC,
 };
-use object::read::elf::{FileHeader, SectionHeader, Sym};
+use object::read::elf::{FileHeader, SectionHeader, SectionTable, Sym};
 use object::LittleEndian;
 
 use crate::{Arch, ArchKind};
@@ -495,26 +495,45 @@ struct Inspection {
     device_functions: Vec<String>,
 }
 
-/// The bytes of a `u64` buffer, which is 8-byte aligned.
-fn bytemuck_bytes(words: &mut [u64]) -> &mut [u8] {
-    bytemuck::cast_slice_mut(words)
+/// `read` run on `bytes` 8-byte aligned: `object` reads ELF structures in place and needs them
+/// so, and bytes from `include_bytes!` or a slice into a larger buffer may not be. The bytes
+/// themselves where they are aligned, else an aligned copy.
+fn with_aligned<T>(bytes: &[u8], read: impl FnOnce(&[u8]) -> T) -> T {
+    if bytes.as_ptr().align_offset(8) == 0 {
+        return read(bytes);
+    }
+    let mut words = vec![0u64; bytes.len().div_ceil(8)];
+    let aligned = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..bytes.len()];
+    aligned.copy_from_slice(bytes);
+    read(aligned)
+}
+
+/// The ELF header of a cubin, which is 64-bit little-endian; `bytes` aligned ([`with_aligned`]).
+fn elf_header(bytes: &[u8]) -> Result<&FileHeader64<LittleEndian>, CubinError> {
+    FileHeader64::<LittleEndian>::parse(bytes)
+        .map_err(|error| malformed(format!("cannot read the ELF header: {error}")))
+}
+
+/// The section table that `header`, read from `bytes`, points to.
+fn elf_sections<'a>(
+    header: &FileHeader64<LittleEndian>,
+    bytes: &'a [u8],
+) -> Result<SectionTable<'a, FileHeader64<LittleEndian>>, CubinError> {
+    header
+        .sections(LittleEndian, bytes)
+        .map_err(|error| malformed(format!("cannot read the section headers: {error}")))
 }
 
 fn inspect(bytes: &[u8]) -> Result<Inspection, CubinError> {
-    // `object` reads ELF structures in place and needs them 8-byte aligned; bytes from
-    // `include_bytes!` or a slice into a larger buffer may not be.
-    if bytes.as_ptr().align_offset(8) != 0 {
-        let mut aligned = vec![0u64; bytes.len().div_ceil(8)];
-        let view = &mut bytemuck_bytes(&mut aligned)[..bytes.len()];
-        view.copy_from_slice(bytes);
-        return inspect(view);
-    }
+    with_aligned(bytes, inspect_aligned)
+}
+
+fn inspect_aligned(bytes: &[u8]) -> Result<Inspection, CubinError> {
     let machine = elf_machine(bytes)?;
     if machine != EM_CUDA {
         return Err(CubinError::WrongMachine { machine });
     }
-    let header = FileHeader64::<LittleEndian>::parse(bytes)
-        .map_err(|error| malformed(format!("cannot read the ELF header: {error}")))?;
+    let header = elf_header(bytes)?;
     let ident = header.e_ident();
     if ident.class != ELFCLASS64 || ident.data != ELFDATA2LSB {
         return Err(malformed(
@@ -529,9 +548,7 @@ fn inspect(bytes: &[u8]) -> Result<Inspection, CubinError> {
         elf_flags,
     })?;
 
-    let sections = header
-        .sections(endian, bytes)
-        .map_err(|error| malformed(format!("cannot read the section headers: {error}")))?;
+    let sections = elf_sections(header, bytes)?;
     let mut nv_info = BTreeMap::new();
     let mut compat_specific = None;
     let mut ptxas_arch = None;
@@ -692,30 +709,16 @@ mod tests {
 
     const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/cubin");
 
-    const SM_90A: Arch = Arch {
-        sm: 90,
-        kind: ArchKind::Specific,
-    };
-    const SM_100A: Arch = Arch {
-        sm: 100,
-        kind: ArchKind::Specific,
-    };
-    const SM_90: Arch = Arch {
-        sm: 90,
-        kind: ArchKind::Plain,
-    };
-    const SM_100F: Arch = Arch {
-        sm: 100,
-        kind: ArchKind::Family,
-    };
-    const SM_100: Arch = Arch {
-        sm: 100,
-        kind: ArchKind::Plain,
-    };
-    const COMPUTE_90: Arch = Arch {
-        sm: 90,
-        kind: ArchKind::Ptx,
-    };
+    const fn target(sm: u32, kind: ArchKind) -> Arch {
+        Arch { sm, kind }
+    }
+
+    const SM_90A: Arch = target(90, ArchKind::Specific);
+    const SM_100A: Arch = target(100, ArchKind::Specific);
+    const SM_90: Arch = target(90, ArchKind::Plain);
+    const SM_100F: Arch = target(100, ArchKind::Family);
+    const SM_100: Arch = target(100, ArchKind::Plain);
+    const COMPUTE_90: Arch = target(90, ArchKind::Ptx);
 
     /// (file, target, ELF ABI version, e_flags), as `cuobjdump -elf` reports them.
     const CUBINS: [(&str, Arch, u8, u32); 8] = [
@@ -972,53 +975,51 @@ mod tests {
                 .unwrap_err()
                 .to_string()
         };
-        let compute_100 = Arch {
-            sm: 100,
-            kind: ArchKind::Ptx,
-        };
+        let compute_100 = target(100, ArchKind::Ptx);
         assert_eq!(
             message(&ptx, compute_100),
             "PTX is for `.target sm_90`, but the target compute_100 needs `.target sm_100`"
         );
-        assert_eq!(
-            message(&ptx.replace(".target sm_90", ".target sm_90a"), COMPUTE_90),
-            "PTX is for `.target sm_90a`, but the target compute_90 needs `.target sm_90`"
-        );
-        assert_eq!(
-            message(&ptx.replace(".version 9.0", ""), COMPUTE_90),
-            "malformed PTX: `.target` comes before `.version`"
-        );
-        assert_eq!(
-            message(&ptx.replace(".version 9.0", ".version nine"), COMPUTE_90),
-            "malformed PTX: `.version nine` is not a version"
-        );
-        assert_eq!(
-            message(&ptx.replace(".target sm_90", ""), COMPUTE_90),
-            "malformed PTX: no `.target` directive"
-        );
-        assert_eq!(
-            message(
-                &ptx.replace(".address_size 64", ".address_size 32"),
-                COMPUTE_90
+        // (what the PTX says instead, the message), each on the PTX for compute_90.
+        let edits = [
+            (
+                (".target sm_90", ".target sm_90a"),
+                "PTX is for `.target sm_90a`, but the target compute_90 needs `.target sm_90`",
             ),
-            "malformed PTX: `.address_size 32`: kernels are loaded as 64-bit code only"
-        );
-        assert_eq!(
-            message(&ptx.replace(".entry kw_axpy", ".entry kw_axpz"), COMPUTE_90),
-            "cubin has no kernel entry `kw_axpy`; its entries are `_Z9kw_squareIfEvPT_i`, \
-             `kw_axpz`, `kw_empty`, `kw_large`, `kw_scalars`, `kw_structs`"
-        );
-        assert_eq!(
-            message(&ptx.replacen(".version", "\0.version", 1), COMPUTE_90),
-            "malformed PTX: it contains a NUL byte before its end"
-        );
-        assert_eq!(
-            message(
-                &ptx.replace("kw_structs_param_1[12]", "kw_structs_param_1[twelve]"),
-                COMPUTE_90
+            (
+                (".version 9.0", ""),
+                "malformed PTX: `.target` comes before `.version`",
             ),
-            "malformed PTX: in `.entry kw_structs`: array size `twelve` is not a number"
-        );
+            (
+                (".version 9.0", ".version nine"),
+                "malformed PTX: `.version nine` is not a version",
+            ),
+            (
+                (".target sm_90", ""),
+                "malformed PTX: no `.target` directive",
+            ),
+            (
+                (".address_size 64", ".address_size 32"),
+                "malformed PTX: `.address_size 32`: kernels are loaded as 64-bit code only",
+            ),
+            (
+                (".entry kw_axpy", ".entry kw_axpz"),
+                "cubin has no kernel entry `kw_axpy`; its entries are `_Z9kw_squareIfEvPT_i`, \
+                 `kw_axpz`, `kw_empty`, `kw_large`, `kw_scalars`, `kw_structs`",
+            ),
+            (
+                (".version", "\0.version"),
+                "malformed PTX: it contains a NUL byte before its end",
+            ),
+            (
+                ("kw_structs_param_1[12]", "kw_structs_param_1[twelve]"),
+                "malformed PTX: in `.entry kw_structs`: array size `twelve` is not a number",
+            ),
+        ];
+        for ((from, to), expected) in edits {
+            let edited = ptx.replacen(from, to, 1);
+            assert_eq!(message(&edited, COMPUTE_90), expected, "{from:?} → {to:?}");
+        }
         // A declaration before the definition is not a second entry.
         let declared = ptx.replacen(
             ".visible .entry kw_empty()",

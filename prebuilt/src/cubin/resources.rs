@@ -17,12 +17,14 @@
 
 use std::collections::BTreeMap;
 
-use object::elf::{FileHeader64, SHT_SYMTAB, STT_FUNC};
-use object::read::elf::{FileHeader, SectionHeader, Sym};
+use object::elf::{SHT_SYMTAB, STT_FUNC};
+use object::read::elf::{SectionHeader, Sym};
 use object::LittleEndian;
 
 use super::nvinfo::{attributes, parameter_sizes};
-use super::{malformed, CubinError, EIFMT_HVAL, EIFMT_SVAL, STO_CUDA_ENTRY};
+use super::{
+    elf_header, elf_sections, malformed, CubinError, EIFMT_HVAL, EIFMT_SVAL, STO_CUDA_ENTRY,
+};
 
 const EIATTR_MAX_THREADS: u8 = 0x05;
 const EIATTR_FRAME_SIZE: u8 = 0x11;
@@ -51,21 +53,15 @@ pub struct EntryResources {
 /// The resources of every kernel entry of a cubin, by symbol. PTX has none: the driver
 /// decides them when it compiles.
 pub fn entry_resources(bytes: &[u8]) -> Result<BTreeMap<String, EntryResources>, CubinError> {
-    if bytes.as_ptr().align_offset(8) != 0 {
-        let mut aligned = vec![0u64; bytes.len().div_ceil(8)];
-        let view = &mut super::bytemuck_bytes(&mut aligned)[..bytes.len()];
-        view.copy_from_slice(bytes);
-        return entry_resources(view);
-    }
+    super::with_aligned(bytes, aligned_entry_resources)
+}
+
+fn aligned_entry_resources(bytes: &[u8]) -> Result<BTreeMap<String, EntryResources>, CubinError> {
     if !super::is_cubin(bytes) {
         return Ok(BTreeMap::new());
     }
     let endian = LittleEndian;
-    let header = FileHeader64::<LittleEndian>::parse(bytes)
-        .map_err(|error| malformed(format!("cannot read the ELF header: {error}")))?;
-    let sections = header
-        .sections(endian, bytes)
-        .map_err(|error| malformed(format!("cannot read the section headers: {error}")))?;
+    let sections = elf_sections(elf_header(bytes)?, bytes)?;
     let symbols = sections
         .symbols(endian, bytes, SHT_SYMTAB)
         .map_err(|error| malformed(format!("cannot read the symbol table: {error}")))?;

@@ -219,23 +219,18 @@ pub fn stub_entries(bytes: &[u8]) -> Result<Vec<StubEntry>, CubinError> {
     if !is_cubin(bytes) {
         return Ok(Vec::new());
     }
-    if bytes.as_ptr().align_offset(8) != 0 {
-        let mut aligned = vec![0u64; bytes.len().div_ceil(8)];
-        let view = &mut bytemuck_bytes(&mut aligned)[..bytes.len()];
-        view.copy_from_slice(bytes);
-        return stub_entries(view);
-    }
+    with_aligned(bytes, aligned_stub_entries)
+}
+
+fn aligned_stub_entries(bytes: &[u8]) -> Result<Vec<StubEntry>, CubinError> {
     let endian = LittleEndian;
-    let header = FileHeader64::<LittleEndian>::parse(bytes)
-        .map_err(|error| malformed(format!("cannot read the ELF header: {error}")))?;
+    let header = elf_header(bytes)?;
     let ident = header.e_ident();
     let sm = sm_from_flags(ident.abi_version, header.e_flags(endian)).unwrap_or(0);
     if !reads_sm(sm) {
         return Ok(Vec::new());
     }
-    let sections = header
-        .sections(endian, bytes)
-        .map_err(|error| malformed(format!("cannot read the section headers: {error}")))?;
+    let sections = elf_sections(header, bytes)?;
     let mut texts = BTreeMap::new();
     let mut infos = BTreeMap::new();
     for section in sections.iter() {

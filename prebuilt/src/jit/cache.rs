@@ -407,14 +407,20 @@ mod tests {
         }
     }
 
+    /// A key and its entry's paths under `cache`, the entry's folder created.
+    fn entry_folder(cache: &Path) -> (KernelKey, CacheEntryPaths) {
+        let key = KernelKey("5a".repeat(32));
+        let paths = entry_paths(cache, &key);
+        fs::create_dir_all(&paths.dir).unwrap();
+        (key, paths)
+    }
+
     #[test]
     fn case_9_a_fifo_cache_entry_is_a_miss_not_a_hang() {
         let cache = tempfile::tempdir().unwrap();
         let record = request_fixture();
         let request = request(&record);
-        let key = KernelKey("5a".repeat(32));
-        let paths = entry_paths(cache.path(), &key);
-        fs::create_dir_all(&paths.dir).unwrap();
+        let (key, paths) = entry_folder(cache.path());
         mkfifo(&paths.metadata);
         mkfifo(&paths.cubin);
         let started = Instant::now();
@@ -434,9 +440,7 @@ mod tests {
         let cache = tempfile::tempdir().unwrap();
         let record = request_fixture();
         let request = request(&record);
-        let key = KernelKey("5a".repeat(32));
-        let paths = entry_paths(cache.path(), &key);
-        fs::create_dir_all(&paths.dir).unwrap();
+        let (key, paths) = entry_folder(cache.path());
         let cubin = b"not what the json records".to_vec();
         let entry = CacheEntry {
             format: ENTRY_FORMAT,

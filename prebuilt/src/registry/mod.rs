@@ -524,41 +524,11 @@ mod tests {
 
     #[test]
     fn the_newest_build_the_driver_supports_is_the_default() {
-        let variant = |cuda: &str| Variant {
-            arch: "sm_90a".parse().unwrap(),
-            cuda: cuda.parse().unwrap(),
-            torch: "2.13.*".into(),
-            compiler: crate::index::CompilerRecord {
-                kind: "nvrtc".into(),
-                version: "12.9.86".into(),
-            },
-            key: String::new(),
-            artifact: crate::index::StoredFile {
-                digest: String::new(),
-                size: 0,
-                path: String::new(),
-                stored_size: 0,
-                dictionary: None,
-            },
-            functions: Vec::new(),
-        };
-        let index = Index {
-            format: crate::index::INDEX_FORMAT,
-            store: None,
-            package: "p".into(),
-            torch: "2.13.*".into(),
-            dictionary: None,
-            kernels: BTreeMap::from([(
-                "k".to_owned(),
-                KernelRecord {
-                    inputs: Default::default(),
-                    recipe: None,
-                    constants: BTreeMap::new(),
-                    variants: vec![variant("cu129"), variant("cu130")],
-                    skipped: Vec::new(),
-                },
-            )]),
-        };
+        let mut index = crate::testing::index();
+        index.kernels = BTreeMap::from([(
+            "k".to_owned(),
+            crate::testing::record(&["cu129/sm_90a", "cu130/sm_90a"], &[]),
+        )]);
         let driver = |text| DriverVersion::parse(text).unwrap();
         let builds = Meta::of(&index).builds;
         assert_eq!(
