@@ -80,6 +80,36 @@ pub trait Corpus: Sync {
     fn key(&self, index: usize) -> &str;
     /// The bytes of cubin `index`.
     fn read(&self, index: usize) -> Result<Cow<'_, [u8]>, Error>;
+    /// The partition of cubin `index`: a frame's reference is always a cubin of its own
+    /// partition, so what is shipped apart (a CUDA build and target of a slim wheel or a
+    /// registry-sized part) decodes without the others. One partition unless overridden.
+    fn partition(&self, _index: usize) -> &str {
+        ""
+    }
+}
+
+/// A corpus whose cubins are partitioned by a label per cubin (for the writer: the variant's
+/// `cuda/arch`), given in the corpus's order.
+pub struct Partitioned<'a> {
+    /// The cubins.
+    pub corpus: &'a dyn Corpus,
+    /// One label per cubin of `corpus`.
+    pub labels: Vec<String>,
+}
+
+impl Corpus for Partitioned<'_> {
+    fn count(&self) -> usize {
+        self.corpus.count()
+    }
+    fn key(&self, index: usize) -> &str {
+        self.corpus.key(index)
+    }
+    fn read(&self, index: usize) -> Result<Cow<'_, [u8]>, Error> {
+        self.corpus.read(index)
+    }
+    fn partition(&self, index: usize) -> &str {
+        &self.labels[index]
+    }
 }
 
 /// Cubins in memory, as (key, bytes) sorted by key.
@@ -295,7 +325,7 @@ pub fn plan_corpus(
     let mut groups = Vec::new();
     let mut grouped = vec![false; count];
     let pool = thread_pool(settings.jobs, count);
-    for slice in slices(&sketches) {
+    for slice in slices(corpus, &sketches) {
         let slice_groups = pool.install(|| group_slice(&slice, &sketches, &sizes, max_references));
         for group in slice_groups {
             for &(member, _) in &group.members {
@@ -452,23 +482,31 @@ fn similarity(a: &Sketch, b: &Sketch) -> u32 {
     a.iter().zip(b).filter(|(x, y)| x == y).count() as u32
 }
 
-/// Cuts the corpus into slices of at most [`MAX_SLICE`] cubins, ordered by sketch so that
-/// cubins sharing their first MinHashes (likely siblings) share a slice.
-fn slices(sketches: &[Sketch]) -> Vec<Vec<usize>> {
-    let mut order: Vec<usize> = (0..sketches.len()).collect();
-    if sketches.len() > MAX_SLICE {
-        order.sort_by(|&a, &b| sketches[a].cmp(&sketches[b]).then(a.cmp(&b)));
+/// Cuts the corpus into slices: one partition each ([`Corpus::partition`], in label order), a
+/// partition over [`MAX_SLICE`] cubins cut into slices ordered by sketch so that cubins sharing
+/// their first MinHashes (likely siblings) share a slice.
+fn slices(corpus: &dyn Corpus, sketches: &[Sketch]) -> Vec<Vec<usize>> {
+    let mut partitions: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+    for index in 0..sketches.len() {
+        partitions
+            .entry(corpus.partition(index))
+            .or_default()
+            .push(index);
     }
-    let count = sketches.len().div_ceil(MAX_SLICE).max(1);
-    let size = sketches.len().div_ceil(count).max(1);
-    order
-        .chunks(size)
-        .map(|chunk| {
+    let mut slices = Vec::new();
+    for mut order in partitions.into_values() {
+        if order.len() > MAX_SLICE {
+            order.sort_by(|&a, &b| sketches[a].cmp(&sketches[b]).then(a.cmp(&b)));
+        }
+        let count = order.len().div_ceil(MAX_SLICE).max(1);
+        let size = order.len().div_ceil(count).max(1);
+        slices.extend(order.chunks(size).map(|chunk| {
             let mut chunk = chunk.to_vec();
             chunk.sort_unstable();
             chunk
-        })
-        .collect()
+        }));
+    }
+    slices
 }
 
 /// A prefix's references (corpus indices) and the cubins compressed against it (references
@@ -774,6 +812,46 @@ mod tests {
                 "{references:?}: {} of {raw}",
                 plan.stored_size()
             );
+        }
+    }
+
+    #[test]
+    fn references_stay_inside_their_partition() {
+        // One family whose members alternate between two labels (two CUDA builds of one
+        // kernel, say): unpartitioned, members reference across labels.
+        let corpus = family_corpus(1, 16);
+        let label = |key: &str| {
+            let member: u64 = key.rsplit("member").next().unwrap().parse().unwrap();
+            ["cu129/sm_90a", "cu130/sm_90a"][(member % 2) as usize].to_owned()
+        };
+        let in_memory = borrowed(&corpus);
+        let mut sorted = in_memory.clone();
+        sorted.sort_by_key(|(key, _)| *key);
+        let labels: Vec<String> = sorted.iter().map(|(key, _)| label(key)).collect();
+        let crosses = |plan: &CompressionPlan| {
+            plan.frames
+                .iter()
+                .filter(|(key, frame)| {
+                    matches!(&frame.prefix, Some(Prefix::Cubin(r)) if label(r) != label(key))
+                })
+                .count()
+        };
+        let whole = plan_compression(&in_memory, 3, 2);
+        assert!(crosses(&whole) > 0, "the family is one partition here");
+        let partitioned = Partitioned {
+            corpus: &sorted,
+            labels,
+        };
+        let plan = plan_corpus(&partitioned, &Settings::exact(3, 2), &|_, _, _| {}).unwrap();
+        assert_eq!(crosses(&plan), 0);
+        assert_round_trip(&plan, &in_memory);
+        for wanted in ["cu129/sm_90a", "cu130/sm_90a"] {
+            let against = plan
+                .frames
+                .iter()
+                .filter(|(key, frame)| label(key) == wanted && frame.prefix.is_some())
+                .count();
+            assert!(against >= 6, "{wanted}: {against} frames use a prefix");
         }
     }
 

@@ -42,8 +42,8 @@ use std::fs::File;
 
 // Called by path: `File` has inherent lock methods of the same names in newer Rust.
 use crate::compress::{
-    plain_frames, plan_corpus, thread_pool, CompressionPlan, Corpus, Prefix, References, Settings,
-    Stage,
+    plain_frames, plan_corpus, thread_pool, CompressionPlan, Corpus, Partitioned, Prefix,
+    References, Settings, Stage,
 };
 use fs4::fs_std::FileExt;
 #[cfg(test)]
@@ -131,7 +131,7 @@ pub fn write_bundle_from(
     output.stage(|root| {
         // (digest, frame, the digest of the prefix it needs) for every cubin.
         let frames: Vec<(String, Vec<u8>, Option<String>)> =
-            match compress_bundle(cubins, jobs, progress)? {
+            match compress_bundle(&partitioned(&index, cubins), jobs, progress)? {
                 Compressed::Trained { dictionary, frames } => {
                     if let Some(dictionary) = &dictionary {
                         let digest = sha256_hex(dictionary);
@@ -194,6 +194,32 @@ pub fn write_bundle_from(
         crate::cache::write_atomically(&root.join(LOOKUP_FILE), &prebuilt::lookup::encode(&index))
     })?;
     Ok((index, WriteOutcome::Written))
+}
+
+/// `cubins` partitioned by the label (`cu130/sm_90a`) of the variants they are the artifact of
+/// (the first label, for bytes two variants share): no frame is compressed against a cubin of
+/// another CUDA build or target, so a slim wheel or a registry-sized part that ships one
+/// variant label ships no reference of another.
+fn partitioned<'a>(index: &Index, cubins: &'a dyn Corpus) -> Partitioned<'a> {
+    let mut label_of: BTreeMap<&str, String> = BTreeMap::new();
+    for variant in index.kernels.values().flat_map(|record| &record.variants) {
+        let label = variant.label();
+        label_of
+            .entry(variant.artifact.digest.as_str())
+            .and_modify(|first| {
+                if label < *first {
+                    first.clone_from(&label);
+                }
+            })
+            .or_insert(label);
+    }
+    let labels = (0..cubins.count())
+        .map(|i| label_of.get(cubins.key(i)).cloned().unwrap_or_default())
+        .collect();
+    Partitioned {
+        corpus: cubins,
+        labels,
+    }
 }
 
 /// The writer's bar on stderr (drawn only on a terminal) for `len` cubins.
@@ -636,6 +662,12 @@ fn compress_bundle(
         member_level: LEVEL,
         compare_plain: true,
         ..streamed
+    };
+    let keyed = Partitioned {
+        corpus: &keyed,
+        labels: (0..cubins.count())
+            .map(|i| cubins.partition(i).to_owned())
+            .collect(),
     };
     let plan = plan_corpus(&keyed, &exact, progress)?;
     let uses_prefix = plan.frames.values().any(|frame| frame.prefix.is_some());
