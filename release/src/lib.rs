@@ -30,6 +30,7 @@ pub mod library;
 pub mod publish;
 pub mod runtime;
 pub mod sdist;
+mod tree;
 pub mod verify;
 pub mod wheel;
 

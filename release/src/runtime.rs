@@ -587,35 +587,16 @@ fn last_lines(text: &str, count: usize) -> String {
 
 /// The package's files as `kwheel/<relative path>`, without caches and hidden files, sorted.
 fn package_files(dir: &Path) -> Result<Vec<WheelFile>, Error> {
-    let mut files = Vec::new();
-    let mut pending = vec![(PACKAGE_DIR.to_owned(), dir.to_owned())];
-    while let Some((prefix, dir)) = pending.pop() {
-        let entries = std::fs::read_dir(&dir).map_err(|source| Error::Read {
-            path: dir.clone(),
-            source,
-        })?;
-        for entry in entries {
-            let entry = entry.map_err(|source| Error::Read {
-                path: dir.clone(),
-                source,
-            })?;
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let skip = name.starts_with('.')
-                || name == "__pycache__"
-                || name.ends_with(".pyc")
-                || name.ends_with(".so");
-            if skip {
-                continue;
-            }
-            let path = entry.path();
-            let relative = format!("{prefix}/{name}");
-            if path.is_dir() {
-                pending.push((relative, path));
-            } else {
-                files.push(WheelFile::from_disk(relative, path)?);
-            }
-        }
-    }
+    let keep = |name: &str| {
+        !(name.starts_with('.')
+            || name == "__pycache__"
+            || name.ends_with(".pyc")
+            || name.ends_with(".so"))
+    };
+    let files = crate::tree::files_under(dir, keep)?
+        .into_iter()
+        .map(|(relative, path)| WheelFile::from_disk(format!("{PACKAGE_DIR}/{relative}"), path))
+        .collect::<Result<Vec<_>, _>>()?;
     if !files.iter().any(|file| file.path == "kwheel/__init__.py") {
         return Err(Error::Read {
             path: dir.join("__init__.py"),
@@ -625,7 +606,6 @@ fn package_files(dir: &Path) -> Result<Vec<WheelFile>, Error> {
             ),
         });
     }
-    files.sort_by(|a, b| a.path.cmp(&b.path));
     Ok(files)
 }
 

@@ -44,10 +44,11 @@ use flate2::{Compression, GzBuilder};
 
 use crate::library::{
     check_file_inside, check_inside_root, kwheel_requirement, python_package_dir, summary,
-    torch_requirement, walk,
+    torch_requirement,
 };
 use crate::wheel::{
-    normalize_name, parse_headers, source_date_epoch, Metadata, DEFAULT_EPOCH, KWHEEL_VERSION,
+    normalize_name, parse_headers, set_readable, source_date_epoch, Metadata, DEFAULT_EPOCH,
+    KWHEEL_VERSION,
 };
 use crate::Error;
 
@@ -198,13 +199,13 @@ pub fn build_sdist(options: &SdistOptions) -> Result<Sdist, Error> {
             package_dir.display()
         ))
     })?;
-    for (relative, path) in walk(&package_dir)? {
-        let hidden = relative
-            .split('/')
-            .any(|part| part.starts_with('.') || part == "__pycache__");
-        if hidden || relative.ends_with(".pyc") || relative.ends_with(".pyo") {
-            continue;
-        }
+    let keep = |name: &str| {
+        !(name.starts_with('.')
+            || name == "__pycache__"
+            || name.ends_with(".pyc")
+            || name.ends_with(".pyo"))
+    };
+    for (relative, path) in crate::tree::files_under(&package_dir, keep)? {
         files.insert(format!("{package}/{relative}"), path);
     }
 
@@ -332,17 +333,6 @@ fn relative_name(root: &Path, path: &Path) -> Option<String> {
         .collect();
     let parts = parts?;
     (!parts.is_empty()).then(|| parts.join("/"))
-}
-
-#[cfg(unix)]
-fn set_readable(path: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))
-}
-
-#[cfg(not(unix))]
-fn set_readable(_: &Path) -> std::io::Result<()> {
-    Ok(())
 }
 
 #[cfg(unix)]

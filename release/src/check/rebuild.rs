@@ -179,35 +179,8 @@ fn rebuild(
 mod tests {
     use super::*;
     use crate::check::{Gate, GateStatus};
-    use std::path::{Path, PathBuf};
-
-    fn workspace() -> PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .parent()
-            .unwrap()
-            .to_owned()
-    }
-
-    /// The real toolchains; `None` (the test passes without testing, and says so) where they
-    /// are missing, unless `KWHEEL_REQUIRE_TOOLCHAINS=1`.
-    fn toolchains() -> Option<Vec<BuildToolchain>> {
-        let found: Result<Vec<_>, String> = ["cu129", "cu130"]
-            .iter()
-            .map(|build| {
-                BuildToolchain::discover(build.parse().unwrap()).map_err(|e| error_chain(&e))
-            })
-            .collect();
-        match found {
-            Ok(toolchains) => Some(toolchains),
-            Err(reason) => {
-                if std::env::var("KWHEEL_REQUIRE_TOOLCHAINS").as_deref() == Ok("1") {
-                    panic!("toolchain required but missing: {reason}");
-                }
-                eprintln!("SKIPPED: rebuild gate: {reason}");
-                None
-            }
-        }
-    }
+    use std::path::Path;
+    use testkit::{copy_tree, toolchains, workspace};
 
     fn build(manifest: &Path, out: &Path, toolchains: &[BuildToolchain]) -> prebuilt::Index {
         bundler::bundle_kernels(&BundleOptions {
@@ -248,19 +221,6 @@ mod tests {
         run.gates.pop().unwrap()
     }
 
-    fn copy_tree(from: &Path, to: &Path) {
-        std::fs::create_dir_all(to).unwrap();
-        for entry in std::fs::read_dir(from).unwrap() {
-            let entry = entry.unwrap();
-            let target = to.join(entry.file_name());
-            if entry.file_type().unwrap().is_dir() {
-                copy_tree(&entry.path(), &target);
-            } else {
-                std::fs::copy(entry.path(), &target).unwrap();
-            }
-        }
-    }
-
     /// What a remote cache that answers a key with another build's cubin of the same kernel
     /// (same entry, target and toolkit: it passes every other check) leaves in a bundle.
     #[test]
@@ -280,7 +240,7 @@ mod tests {
 
         // The impostor: swiglu built with another block size.
         let library = dir.path().join("library");
-        copy_tree(&workspace().join("kernels"), &library);
+        copy_tree(&workspace().join("kernels"), &library, &[]);
         let text = std::fs::read_to_string(library.join("kernels.toml")).unwrap();
         let swiglu = "entries = [\"swiglu\"]\nconstants = { BLOCK_SIZE = 256 }";
         assert!(text.contains(swiglu));

@@ -103,88 +103,56 @@ pub fn record_hash(bytes: &[u8]) -> String {
     )
 }
 
-/// Renders RECORD rows as CSV (fields quoted when they need it), one `\n`-ended line each.
+/// Renders RECORD rows as CSV, one `\n`-ended line each, a field quoted only when it holds a
+/// comma, a quote or a line break (as Python's `csv` module writes it for pip).
 pub fn record_text(entries: &[RecordEntry]) -> String {
-    let mut out = String::new();
+    let mut writer = csv::WriterBuilder::new()
+        .terminator(csv::Terminator::Any(b'\n'))
+        .from_writer(Vec::new());
     for entry in entries {
-        out.push_str(&csv_field(&entry.path));
-        out.push(',');
-        out.push_str(&csv_field(&entry.hash));
-        out.push(',');
-        out.push_str(&csv_field(&entry.size));
-        out.push('\n');
+        writer
+            .write_record([&entry.path, &entry.hash, &entry.size])
+            .expect("writing CSV into memory cannot fail");
     }
-    out
+    let bytes = writer
+        .into_inner()
+        .expect("flushing CSV into memory cannot fail");
+    String::from_utf8(bytes).expect("CSV of UTF-8 fields is UTF-8")
 }
 
-pub(super) fn csv_field(field: &str) -> String {
-    if field.contains([',', '"', '\r', '\n']) {
-        format!("\"{}\"", field.replace('"', "\"\""))
-    } else {
-        field.to_owned()
-    }
-}
-
-/// Parses `RECORD` CSV into rows; an error names the 1-based line.
+/// Parses `RECORD` CSV into rows, blank lines skipped; an error names the 1-based line.
 pub fn parse_record(text: &str) -> Result<Vec<RecordEntry>, String> {
+    let mut reader = csv::ReaderBuilder::new()
+        .has_headers(false)
+        .flexible(true)
+        .from_reader(text.as_bytes());
+    // The reader counts a row's line, and its start, from before the blank lines it skipped:
+    // count the line breaks up to the row's first byte instead.
+    let line_at = |position: &csv::Position| {
+        let bytes = text.as_bytes();
+        let mut start =
+            usize::try_from(position.byte()).map_or(bytes.len(), |b| b.min(bytes.len()));
+        while start < bytes.len() && matches!(bytes[start], b'\r' | b'\n') {
+            start += 1;
+        }
+        bytes[..start].iter().filter(|&&b| b == b'\n').count() + 1
+    };
     let mut rows = Vec::new();
-    let mut chars = text.chars().peekable();
-    let mut line = 1;
-    while chars.peek().is_some() {
-        let start_line = line;
-        let mut fields = Vec::new();
-        let mut field = String::new();
-        let mut quoted = false;
-        let mut in_quotes = false;
-        loop {
-            let Some(c) = chars.next() else {
-                if in_quotes {
-                    return Err(format!("line {start_line}: unterminated quoted field"));
-                }
-                fields.push(std::mem::take(&mut field));
-                break;
-            };
-            if in_quotes {
-                match c {
-                    '"' if chars.peek() == Some(&'"') => {
-                        chars.next();
-                        field.push('"');
-                    }
-                    '"' => in_quotes = false,
-                    '\n' => {
-                        line += 1;
-                        field.push(c);
-                    }
-                    _ => field.push(c),
-                }
-                continue;
-            }
-            match c {
-                '"' if field.is_empty() && !quoted => {
-                    quoted = true;
-                    in_quotes = true;
-                }
-                ',' => {
-                    fields.push(std::mem::take(&mut field));
-                    quoted = false;
-                }
-                '\r' if chars.peek() == Some(&'\n') => {}
-                '\n' => {
-                    line += 1;
-                    fields.push(std::mem::take(&mut field));
-                    break;
-                }
-                _ => field.push(c),
-            }
-        }
-        if fields.len() == 1 && fields[0].is_empty() {
-            continue;
-        }
-        match <[String; 3]>::try_from(fields) {
-            Ok([path, hash, size]) => rows.push(RecordEntry { path, hash, size }),
-            Err(fields) => {
+    for row in reader.records() {
+        let row = row.map_err(|error| match error.position() {
+            Some(position) => format!("line {}: {error}", line_at(position)),
+            None => error.to_string(),
+        })?;
+        let line = row.position().map_or(0, line_at);
+        match row.iter().collect::<Vec<_>>()[..] {
+            [path, hash, size] => rows.push(RecordEntry {
+                path: path.to_owned(),
+                hash: hash.to_owned(),
+                size: size.to_owned(),
+            }),
+            ref fields => {
                 return Err(format!(
-                    "line {start_line}: {} fields, not 3 (path, hash, size)",
+                    "line {line}: {} fields, not 3 (path, hash, size)",
                     fields.len()
                 ))
             }

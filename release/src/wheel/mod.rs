@@ -368,15 +368,15 @@ impl<W: std::io::Write + std::io::Seek> Archive<'_, W> {
     }
 }
 
-/// A temp file is created 0600; a wheel is for others to read.
+/// A temp file is created 0600; a wheel (or an sdist) is for others to read.
 #[cfg(unix)]
-fn set_readable(path: &Path) -> std::io::Result<()> {
+pub(crate) fn set_readable(path: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))
 }
 
 #[cfg(not(unix))]
-fn set_readable(_: &Path) -> std::io::Result<()> {
+pub(crate) fn set_readable(_: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
@@ -404,6 +404,38 @@ pub fn warm_pack_files(
         }
     }
     Ok(files)
+}
+
+/// The `.dist-info` of `wheel` without `RECORD` (which speaks for the wheel's other files),
+/// unpacked into `into` as PEP 517's `prepare_metadata_for_build_wheel` leaves it; returns the
+/// folder's name (`af3_kernels-0.1.0.dist-info`).
+pub fn unpack_dist_info(wheel: &Path, into: &Path) -> Result<String, Error> {
+    use std::io::Read as _;
+    let read_error = |source| Error::Read {
+        path: wheel.to_owned(),
+        source,
+    };
+    let name = wheel.file_name().unwrap_or_default().to_string_lossy();
+    let dist_info = WheelFilename::parse(&name)?.dist_info();
+    let file = std::fs::File::open(wheel).map_err(read_error)?;
+    let mut archive = zip::ZipArchive::new(file).map_err(|e| read_error(e.into()))?;
+    let folder = into.join(&dist_info);
+    let write_error = |path: &Path, source| Error::Write {
+        path: path.to_owned(),
+        source,
+    };
+    std::fs::create_dir_all(&folder).map_err(|source| write_error(&folder, source))?;
+    for file_name in ["METADATA", "WHEEL"] {
+        let mut bytes = Vec::new();
+        archive
+            .by_name(&format!("{dist_info}/{file_name}"))
+            .map_err(|e| read_error(e.into()))?
+            .read_to_end(&mut bytes)
+            .map_err(read_error)?;
+        let path = folder.join(file_name);
+        std::fs::write(&path, bytes).map_err(|source| write_error(&path, source))?;
+    }
+    Ok(dist_info)
 }
 
 /// `SOURCE_DATE_EPOCH`, when it is set and not empty.
@@ -460,7 +492,6 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
 
 #[cfg(test)]
 mod tests {
-    use super::dist_info::csv_field;
     use super::*;
 
     #[test]
@@ -483,29 +514,40 @@ mod tests {
     }
 
     #[test]
-    fn csv_fields_are_quoted_only_when_needed() {
-        assert_eq!(csv_field("a/b.py"), "a/b.py");
-        assert_eq!(csv_field("a,b.py"), "\"a,b.py\"");
-        assert_eq!(csv_field("say \"hi\".txt"), "\"say \"\"hi\"\".txt\"");
+    fn record_fields_are_quoted_only_when_needed() {
+        let row = |path: &str, hash: &str, size: &str| RecordEntry {
+            path: path.into(),
+            hash: hash.into(),
+            size: size.into(),
+        };
         let rows = vec![
-            RecordEntry {
-                path: "a,\"b\".txt".into(),
-                hash: "sha256=x".into(),
-                size: "3".into(),
-            },
-            RecordEntry {
-                path: "d/RECORD".into(),
-                hash: String::new(),
-                size: String::new(),
-            },
+            row("a/b.py", "sha256=x", "3"),
+            row("a,b.py", "sha256=y", "4"),
+            row("say \"hi\".txt", "sha256=z", "5"),
+            row("line\rbreak\n.txt", "sha256=w", "6"),
+            row("d/RECORD", "", ""),
         ];
-        assert_eq!(parse_record(&record_text(&rows)).unwrap(), rows);
+        let text = record_text(&rows);
+        assert_eq!(
+            text,
+            "a/b.py,sha256=x,3\n\"a,b.py\",sha256=y,4\n\"say \"\"hi\"\".txt\",sha256=z,5\n\
+             \"line\rbreak\n.txt\",sha256=w,6\nd/RECORD,,\n"
+        );
+        assert_eq!(parse_record(&text).unwrap(), rows);
+        // Blank lines and CRLF line ends (a RECORD edited on Windows) read the same.
+        let crlf = "a/b.py,sha256=x,3\r\n\r\nd/RECORD,,\r\n";
+        assert_eq!(
+            parse_record(crlf).unwrap(),
+            [rows[0].clone(), rows[4].clone()]
+        );
     }
 
     #[test]
     fn record_rows_need_three_fields() {
         let error = parse_record("a,b\n").unwrap_err();
         assert_eq!(error, "line 1: 2 fields, not 3 (path, hash, size)");
+        let error = parse_record("a,b,1\n\nc,d,2,e\n").unwrap_err();
+        assert_eq!(error, "line 3: 4 fields, not 3 (path, hash, size)");
     }
 
     #[test]

@@ -292,14 +292,8 @@ fn bench_first_call_fetch_vs_wheel() {
          cache write | from the cache |"
     );
     println!("| --- | ---: | ---: | ---: | ---: | ---: |");
-    let kernels: Vec<String> = prebuilt::Bundle::open(&shared.bundle)
-        .unwrap()
-        .index()
-        .kernels
-        .keys()
-        .cloned()
-        .collect();
-    for name in &kernels {
+    let bundled = &shared.built.bundled.as_ref().unwrap().index;
+    for name in bundled.kernels.keys() {
         let (mut wheel, mut setup, mut fetch, mut cached) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let mut size = 0;

@@ -46,6 +46,15 @@ struct FakeGpu {
     loaded: Mutex<Vec<String>>,
 }
 
+impl FakeGpu {
+    fn new(capability: (u32, u32)) -> Arc<FakeGpu> {
+        Arc::new(FakeGpu {
+            capability,
+            loaded: Mutex::new(Vec::new()),
+        })
+    }
+}
+
 impl Device for FakeGpu {
     fn facts(&self, _: u32) -> Result<DeviceFacts, DriverError> {
         Ok(DeviceFacts {
@@ -79,10 +88,7 @@ fn load_everywhere(bundle: &Path, search: &[PathBuf]) -> BTreeSet<String> {
     let mut loaded = BTreeSet::new();
     for capability in [(9, 0), (10, 0), (10, 3), (12, 0)] {
         for cuda in ["cu129", "cu130"] {
-            let gpu = Arc::new(FakeGpu {
-                capability,
-                loaded: Mutex::new(Vec::new()),
-            });
+            let gpu = FakeGpu::new(capability);
             let options = RegistryOptions {
                 cuda: Some(cuda.parse().unwrap()),
                 torch: None,
@@ -113,6 +119,16 @@ fn load_everywhere(bundle: &Path, search: &[PathBuf]) -> BTreeSet<String> {
         }
     }
     loaded
+}
+
+/// The registry a cu130 runtime with the JIT off opens on `bundle` for an sm_90 GPU.
+fn sm90_registry(bundle: &Path) -> Registry {
+    let options = RegistryOptions {
+        cuda: Some("cu130".parse().unwrap()),
+        jit: JitPolicy::Disabled,
+        ..RegistryOptions::default()
+    };
+    Registry::open_on(bundle, options, FakeGpu::new((9, 0)), None).unwrap()
 }
 
 fn every_variant(bundle: &Path) -> BTreeSet<String> {
@@ -324,22 +340,7 @@ fn an_editable_main_package_finds_its_parts_on_the_search_path() {
         return;
     }
     let bundle = checkout.join("af3_kernels/_prebuilt");
-    let error = Registry::open_on(
-        &bundle,
-        RegistryOptions {
-            cuda: Some("cu130".parse().unwrap()),
-            jit: JitPolicy::Disabled,
-            ..RegistryOptions::default()
-        },
-        Arc::new(FakeGpu {
-            capability: (9, 0),
-            loaded: Mutex::new(Vec::new()),
-        }),
-        None,
-    )
-    .unwrap()
-    .load("layernorm_bf16")
-    .unwrap_err();
+    let error = sm90_registry(&bundle).load("layernorm_bf16").unwrap_err();
     assert!(chain(&error).contains("af3-kernels-kernels-cu130-sm90"));
     assert_eq!(
         load_everywhere(&bundle, std::slice::from_ref(&site)),
@@ -364,20 +365,7 @@ fn a_missing_part_is_named_with_the_command_that_installs_it() {
     if !pip_install_target(&target, &without_sm90) {
         return;
     }
-    let registry = Registry::open_on(
-        target.join("af3_kernels/_prebuilt"),
-        RegistryOptions {
-            cuda: Some("cu130".parse().unwrap()),
-            jit: JitPolicy::Disabled,
-            ..RegistryOptions::default()
-        },
-        Arc::new(FakeGpu {
-            capability: (9, 0),
-            loaded: Mutex::new(Vec::new()),
-        }),
-        None,
-    )
-    .unwrap();
+    let registry = sm90_registry(&target.join("af3_kernels/_prebuilt"));
     let error = prebuilt::error_chain(&registry.load("layernorm_bf16").unwrap_err());
     assert!(
         error.starts_with(

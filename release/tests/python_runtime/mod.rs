@@ -260,26 +260,7 @@ fn venv() -> Option<&'static Venv> {
     VENV.get_or_init(|| {
         let runtime = runtime()?;
         let library = shared()?;
-        let root = scratch("python-venv");
-        let created = Command::new("python3")
-            .args(["-m", "venv"])
-            .arg(&root)
-            .output();
-        match created {
-            Ok(output) if output.status.success() => {}
-            Ok(output) => {
-                skip(&format!(
-                    "python3 -m venv failed: {}",
-                    String::from_utf8_lossy(&output.stderr)
-                ));
-                return None;
-            }
-            Err(error) => {
-                skip(&format!("no python3: {error}"));
-                return None;
-            }
-        }
-        let python = root.join("bin/python");
+        let python = fresh_venv(&scratch("python-venv"))?;
         let output = Command::new(&python)
             .args([
                 "-m",
