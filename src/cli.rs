@@ -42,6 +42,9 @@ pub(crate) enum Command {
     /// Warm packs: carry what the JIT compiled here to machines without a compiler.
     #[command(subcommand)]
     Jit(JitCommand),
+    /// The build backend's side of PEP 517 (`kwheel.build` calls it; answers in JSON).
+    #[command(subcommand, hide = true)]
+    Pep517(crate::pep517::Pep517Command),
 }
 
 #[derive(Subcommand)]

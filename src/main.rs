@@ -3,6 +3,7 @@
 
 mod cli;
 mod exit;
+mod pep517;
 mod report;
 
 use std::path::Path;
@@ -122,6 +123,7 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Toolchains(args) => toolchains(&args.manifest.resolve()?, args.json),
+        Command::Pep517(command) => pep517::run(command),
     }
 }
 

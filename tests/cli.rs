@@ -3,6 +3,8 @@
 
 mod getting_started;
 mod index;
+// The build backend's JSON answers (`kwheel pep517 …`).
+mod pep517;
 mod support;
 mod user_text;
 mod warm_packs;

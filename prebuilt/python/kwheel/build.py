@@ -21,9 +21,16 @@ and the manifest's CUDA toolchains present (``kwheel toolchains``), the backend 
 cubins into the wheel instead; without the toolchains it says why on stderr and falls back to
 the JIT path.
 
-The ``kwheel`` command is ``KWHEEL_COMMAND`` when set, else the one installed with this
-package (its ``.data/scripts``), else ``kwheel`` on ``PATH``. The backend reads the command's
-answers as JSON (``--json``), never its text, so rewording a message cannot break a build.
+Each hook is one call of ``kwheel pep517 <verb>`` (maturin's pattern): this module reads
+``pyproject.toml`` and the config settings, the command does the work (including the
+toolchain check and the fallback to the JIT wheel) and prints one JSON object, which is all
+the backend reads of its output, so rewording a message cannot break a build. The command is
+``KWHEEL_COMMAND`` when set, else the one installed with this package (its
+``.data/scripts``), else ``kwheel`` on ``PATH``.
+
+``pyproject.toml`` is read with ``tomllib`` (Python 3.11+), else with ``tomli``, the same
+parser as a package, which ``get_requires_for_build_*`` asks pip to install into the build
+environment on Python 3.9 and 3.10 (the versions the ``cp39-abi3`` runtime also supports).
 
 Until kwheel is published on the package registry, pip finds this backend among local wheels:
 ``PIP_FIND_LINKS=<folder of kwheel's wheel> pip install .`` (see docs/getting-started.md).
@@ -35,8 +42,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
-import zipfile
 
 __all__ = [
     "build_sdist",
@@ -74,21 +79,11 @@ def get_requires_for_build_sdist(config_settings=None):
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
     """Builds the library's wheel into ``wheel_directory`` and returns its file name."""
     config = _config(config_settings)
-    command = [_kwheel_command(), "dev", "build-wheel", "--manifest", config["manifest"]]
-    command += ["--out", os.path.abspath(wheel_directory), "--quiet", "--json"]
-    if config.get("torch"):
-        command += ["--torch", config["torch"]]
+    command = _pep517("build-wheel", config)
+    command += ["--wheel-directory", os.path.abspath(wheel_directory)]
     if config["prebuilt"]:
-        missing = _missing_toolchains(config["manifest"])
-        if missing is None:
-            with tempfile.TemporaryDirectory(prefix="kwheel-bundle-") as scratch:
-                command += ["--bundle", os.path.join(scratch, "_prebuilt")]
-                return _run(command)
-        _say(
-            "prebuilt cubins were asked for, but the CUDA toolchains are missing "
-            f"({missing}); building a wheel that JIT-compiles each kernel on first load"
-        )
-    return _run(command + ["--recipes-only"])
+        command.append("--prebuilt")
+    return _file_name(command, _run(command))
 
 
 def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
@@ -98,26 +93,29 @@ def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
     those of the wheel ``build_wheel`` builds either way, so pip need not bundle twice.
     """
     config = _config(config_settings)
-    with tempfile.TemporaryDirectory(prefix="kwheel-metadata-") as scratch:
-        command = [_kwheel_command(), "dev", "build-wheel", "--manifest", config["manifest"]]
-        command += ["--out", scratch, "--quiet", "--json", "--recipes-only"]
-        if config.get("torch"):
-            command += ["--torch", config["torch"]]
-        wheel = os.path.join(scratch, _run(command))
-        with zipfile.ZipFile(wheel) as archive:
-            names = [name for name in archive.namelist() if ".dist-info/" in name]
-            dist_info = names[0].split("/", 1)[0]
-            for name in names:
-                if not name.endswith("/RECORD"):
-                    archive.extract(name, metadata_directory)
+    command = _pep517("prepare-metadata", config)
+    command += ["--metadata-directory", os.path.abspath(metadata_directory)]
+    answer = _run(command)
+    dist_info = answer.get("dist_info")
+    if not isinstance(dist_info, str) or not dist_info.endswith(".dist-info"):
+        raise BuildError(f"`{' '.join(command)}` named no .dist-info: {answer}")
     return dist_info
 
 
 def build_sdist(sdist_directory, config_settings=None):
     """Writes the library's sdist into ``sdist_directory`` and returns its file name."""
     config = _config(config_settings)
-    command = [_kwheel_command(), "dev", "build-sdist", "--manifest", config["manifest"]]
-    return _run(command + ["--out", os.path.abspath(sdist_directory), "--json"])
+    command = [_kwheel_command(), "pep517", "build-sdist", "--manifest", config["manifest"]]
+    command += ["--sdist-directory", os.path.abspath(sdist_directory)]
+    return _file_name(command, _run(command))
+
+
+def _pep517(verb, config):
+    """``kwheel pep517 <verb>`` for a wheel of this configuration."""
+    command = [_kwheel_command(), "pep517", verb, "--manifest", config["manifest"]]
+    if config.get("torch"):
+        command += ["--torch", config["torch"]]
+    return command
 
 
 def _say(message):
@@ -125,7 +123,7 @@ def _say(message):
 
 
 def _run(command):
-    """Runs ``kwheel`` with ``--json``; returns the file name of what it wrote."""
+    """Runs ``kwheel pep517 …``, passing its notes on to stderr; returns its JSON answer."""
     _say(" ".join(command))
     result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if result.stderr:
@@ -134,38 +132,21 @@ def _run(command):
         raise BuildError(
             f"`{' '.join(command)}` failed (exit {result.returncode}):\n{result.stderr.strip()}"
         )
-    answer = _json_answer(command, result.stdout)
-    name = answer.get("file_name")
-    if not isinstance(name, str) or not name or not answer.get("verified"):
-        raise BuildError(f"`{' '.join(command)}` named no verified file:\n{result.stdout}")
-    return name
-
-
-def _json_answer(command, stdout):
-    """The JSON object a ``--json`` command prints as its last line."""
-    lines = [line for line in stdout.splitlines() if line.strip()]
     try:
-        answer = json.loads(lines[-1]) if lines else None
+        answer = json.loads(result.stdout)
     except ValueError:
         answer = None
     if not isinstance(answer, dict):
-        raise BuildError(f"`{' '.join(command)}` gave no JSON answer:\n{stdout}")
+        raise BuildError(f"`{' '.join(command)}` gave no JSON answer:\n{result.stdout}")
     return answer
 
 
-def _missing_toolchains(manifest):
-    """None when every CUDA build of the manifest has a toolchain, else what is missing."""
-    command = [_kwheel_command(), "toolchains", "--manifest", manifest, "--json"]
-    result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        answer = _json_answer(command, result.stdout)
-    except BuildError:
-        # No answer at all (a broken manifest, an old kwheel): the command's own words.
-        return (result.stderr or result.stdout).strip() or f"exit {result.returncode}"
-    missing = answer.get("missing") or []
-    if result.returncode == 0 and not missing:
-        return None
-    return "; ".join(missing) or (result.stderr or result.stdout).strip()
+def _file_name(command, answer):
+    """The file name of the verified archive the answer names."""
+    name = answer.get("file_name")
+    if not isinstance(name, str) or not name or answer.get("verified") is not True:
+        raise BuildError(f"`{' '.join(command)}` named no verified file: {answer}")
+    return name
 
 
 def _kwheel_command():
