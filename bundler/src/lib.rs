@@ -32,6 +32,7 @@ pub mod explain;
 pub mod manifest;
 pub mod remote;
 pub mod shard;
+pub mod shard_file;
 pub mod torch;
 pub mod writer;
 

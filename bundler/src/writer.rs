@@ -504,7 +504,7 @@ fn check_replaceable(out: &Path, replaceable: Replaceable) -> Result<(), Error> 
             let (marker, what) = if replaceable == Replaceable::Bundle {
                 (INDEX_FILE, "a bundle")
             } else {
-                (crate::shard::SHARD_FILE, "a shard")
+                (crate::shard_file::SHARD_FILE, "a shard")
             };
             let files = match vocabulary(out, replaceable) {
                 Ok(files) => files,

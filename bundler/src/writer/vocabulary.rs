@@ -23,7 +23,7 @@ use prebuilt::lookup::LOOKUP_FILE;
 use prebuilt::untrusted::{read_regular_file, MAX_INDEX_SIZE};
 
 use super::{Replaceable, STAGING_MARKER};
-use crate::shard::{CUBINS_DIR, SHARD_FILE};
+use crate::shard_file::{CUBINS_DIR, SHARD_FILE};
 
 /// The relative paths of the files the writer makes in one folder, and the folders on the
 /// way to them.
@@ -59,7 +59,7 @@ impl Vocabulary {
 pub(super) fn vocabulary(dir: &Path, kind: Replaceable) -> Result<Vocabulary, String> {
     match kind {
         Replaceable::Shard => {
-            let files = crate::shard::shard_files(dir).map_err(|error| {
+            let files = crate::shard_file::shard_files(dir).map_err(|error| {
                 format!(
                     "has no kwheel `{SHARD_FILE}` ({})",
                     prebuilt::error_chain(&error)
