@@ -1,9 +1,18 @@
-//! Shared test fixtures: small indexes, variants and device queries built in code.
+//! Shared test fixtures: small indexes, variants and device queries built in code, artifacts
+//! written into a bundle folder, a fake GPU behind the registry's `Device` seam, and a compiler
+//! search that finds nothing.
 
 use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
 
+use crate::bundle::artifact_path;
 use crate::device::{DeviceQuery, DriverVersion};
+use crate::driver::{Context, DriverError, LaunchConfig};
 use crate::index::{CompilerRecord, Index, KernelInputs, KernelRecord, Skip, StoredFile, Variant};
+use crate::jit::CompilerSearch;
+use crate::key::sha256_hex;
+use crate::registry::{Device, DeviceFacts, LoadedModule, ModuleFailure};
 
 pub const SKIP_REASON: &str = "tcgen05 needs CUDA 13";
 use crate::{Arch, CudaBuild};
@@ -119,3 +128,108 @@ pub const EVERY_KIND: [&str; 6] = [
     "cu130/sm_100a",
     "cu130/sm_120",
 ];
+
+/// Writes `bytes` into the bundle folder `root` as the loader reads an artifact (one zstd frame
+/// at its content-addressed path) and returns its record.
+pub fn write_artifact(root: &Path, bytes: &[u8]) -> StoredFile {
+    write_frame(root, bytes, &zstd::encode_all(bytes, 19).unwrap())
+}
+
+/// Writes `frame` into the bundle folder `root` as the stored artifact whose content is
+/// `content`, and returns its record.
+pub fn write_frame(root: &Path, content: &[u8], frame: &[u8]) -> StoredFile {
+    let stored = stored_file(content, frame);
+    let file = root.join(&stored.path);
+    std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+    std::fs::write(&file, frame).unwrap();
+    stored
+}
+
+/// The record of `frame` as the stored artifact whose content is `content`, written nowhere.
+pub fn stored_file(content: &[u8], frame: &[u8]) -> StoredFile {
+    let digest = sha256_hex(content);
+    StoredFile {
+        path: artifact_path(&digest),
+        digest,
+        size: content.len() as u64,
+        stored_size: frame.len() as u64,
+        dictionary: None,
+    }
+}
+
+/// A compiler search that finds nothing: no NVRTC, no site-packages, a `CUDA_HOME` and a
+/// `PATH` under `dir` that do not exist.
+pub fn no_compiler(dir: &Path) -> CompilerSearch {
+    CompilerSearch {
+        nvrtc: None,
+        site_packages: Vec::new(),
+        cuda_home: Some(dir.join("no-cuda")),
+        path: Some(dir.join("no-bin").into_os_string()),
+        system_library_path: false,
+    }
+}
+
+/// A GPU behind the registry's [`Device`] seam, or a machine without a driver: it keeps every
+/// image it is asked to load, and its modules launch nothing.
+pub struct FakeDevice {
+    facts: Result<DeviceFacts, DriverError>,
+    loaded: Mutex<Vec<Vec<u8>>>,
+}
+
+impl FakeDevice {
+    /// A device of compute capability `capability` behind a driver for CUDA `driver` (`13.0`).
+    pub fn new(capability: (u32, u32), driver: &str) -> Arc<FakeDevice> {
+        Arc::new(FakeDevice {
+            facts: Ok(DeviceFacts {
+                capability,
+                driver: DriverVersion::parse(driver).unwrap(),
+            }),
+            loaded: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// A machine whose `libcuda.so.1` does not load.
+    pub fn without_driver() -> Arc<FakeDevice> {
+        Arc::new(FakeDevice {
+            facts: Err(DriverError::Missing {
+                library: "libcuda.so.1".to_owned(),
+                detail: "libcuda.so.1: cannot open shared object file".to_owned(),
+            }),
+            loaded: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The images loaded so far, in order.
+    pub fn loaded(&self) -> Vec<Vec<u8>> {
+        self.loaded.lock().unwrap().clone()
+    }
+}
+
+impl Device for FakeDevice {
+    fn facts(&self, _ordinal: u32) -> Result<DeviceFacts, DriverError> {
+        self.facts.clone()
+    }
+
+    fn load(
+        &self,
+        _ordinal: u32,
+        image: &[u8],
+        _symbols: &[&str],
+    ) -> Result<Arc<dyn LoadedModule>, ModuleFailure> {
+        self.loaded.lock().unwrap().push(image.to_vec());
+        Ok(Arc::new(FakeModule))
+    }
+}
+
+/// A module of a [`FakeDevice`]: a launch does nothing and succeeds.
+struct FakeModule;
+
+impl LoadedModule for FakeModule {
+    fn context(&self) -> Option<&Arc<Context>> {
+        None
+    }
+
+    unsafe fn launch(&self, _: usize, _: &LaunchConfig, _: &[&[u8]]) -> Result<(), DriverError> {
+        Ok(())
+    }
+}

@@ -33,12 +33,12 @@ use std::time::{Duration, Instant};
 
 use fs4::fs_std::FileExt;
 use kernel_reference::{cases, Arg, Case};
-use prebuilt::bundle::{artifact_path, Bundle, BundleError, INDEX_FILE, SOURCES_DIR};
+use prebuilt::bundle::{Bundle, BundleError, INDEX_FILE, SOURCES_DIR};
 use prebuilt::compile::{toolchain_dir, ToolkitLayout};
 use prebuilt::cubin::inspect_cubin;
 use prebuilt::driver::{DeviceBuffer, Driver};
 use prebuilt::index::{
-    Function, Index, KernelInputs, KernelRecord, SourceRecipe, StoredFile, Variant, INDEX_FORMAT,
+    Function, Index, KernelInputs, KernelRecord, SourceRecipe, Variant, INDEX_FORMAT,
 };
 use prebuilt::jit::{compile_cached, entry_paths, CompilerSearch, JitCompiler, JitRequest};
 use prebuilt::key::{sha256_hex, KernelKey, KeyInputs};
@@ -47,7 +47,7 @@ use prebuilt::registry::{
 };
 use prebuilt::{Arch, CudaBuild, JitPolicy, PtxJitPolicy};
 
-use testkit::fixtures::{arch, build, compiler};
+use testkit::fixtures::{arch, build, compiler, variant, write_artifact};
 use testkit::{error_chain, skipped};
 
 /// The fixture source, built into the binary so that it runs from any directory (the GPU
@@ -121,11 +121,7 @@ fn fixture_bundle(dir: &Path) -> PathBuf {
         for (bytes, target, cuda, kind, version) in FIXTURE_CUBINS {
             // Owned, so aligned: the ELF reader needs an aligned header.
             let cubin = bytes.to_vec();
-            let digest = sha256_hex(&cubin);
-            let path = artifact_path(&digest);
-            let stored = zstd::encode_all(cubin.as_slice(), 19).unwrap();
-            fs::create_dir_all(root.join(&path).parent().unwrap()).unwrap();
-            fs::write(root.join(&path), &stored).unwrap();
+            let artifact = write_artifact(&root, &cubin);
             let info = inspect_cubin(&cubin).unwrap();
             let functions = entries
                 .iter()
@@ -152,19 +148,11 @@ fn fixture_bundle(dir: &Path) -> PathBuf {
                 compiler: &compiler,
             });
             variants.push(Variant {
-                arch: arch(target),
-                cuda: build(cuda),
-                torch: "2.13.*".to_owned(),
                 compiler,
                 key: key.0,
-                artifact: StoredFile {
-                    digest,
-                    size: cubin.len() as u64,
-                    path,
-                    stored_size: stored.len() as u64,
-                    dictionary: None,
-                },
+                artifact,
                 functions,
+                ..variant(&format!("{cuda}/{target}"))
             });
         }
         variants.sort_by_key(|variant| (variant.cuda, variant.arch));

@@ -224,17 +224,7 @@ mod tests {
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
                 .to_string(),
         );
-        let digest = sha256_hex(content);
-        let stored = StoredFile {
-            path: artifact_path(&digest),
-            digest,
-            size: content.len() as u64,
-            stored_size: stored_bytes.len() as u64,
-            dictionary: None,
-        };
-        let path = dir.join(&stored.path);
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(path, stored_bytes).unwrap();
+        let stored = crate::testing::write_frame(&dir, content, stored_bytes);
         (dir, stored)
     }
 

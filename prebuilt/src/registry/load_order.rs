@@ -4,78 +4,13 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use super::*;
 use crate::bundle::{artifact_path, BundleError, INDEX_FILE};
-use crate::device::DriverVersion;
-use crate::driver::{Context, LaunchConfig};
-use crate::index::{CompilerRecord, KernelInputs, StoredFile, INDEX_FORMAT, STORE_INDEX_FORMAT};
+use crate::index::{CompilerRecord, KernelInputs, INDEX_FORMAT, STORE_INDEX_FORMAT};
 use crate::key::sha256_hex;
-
-/// A device of capability `capability` behind a 13.0 driver, or no driver at all; every image
-/// it is asked to load is kept.
-struct FakeDevice {
-    facts: Result<DeviceFacts, DriverError>,
-    loaded: Mutex<Vec<Vec<u8>>>,
-}
-
-impl FakeDevice {
-    fn new(capability: (u32, u32)) -> Arc<FakeDevice> {
-        Arc::new(FakeDevice {
-            facts: Ok(DeviceFacts {
-                capability,
-                driver: DriverVersion {
-                    major: 13,
-                    minor: 0,
-                },
-            }),
-            loaded: Mutex::new(Vec::new()),
-        })
-    }
-
-    fn without_driver() -> Arc<FakeDevice> {
-        Arc::new(FakeDevice {
-            facts: Err(DriverError::Missing {
-                library: "libcuda.so.1".to_owned(),
-                detail: "libcuda.so.1: cannot open shared object file".to_owned(),
-            }),
-            loaded: Mutex::new(Vec::new()),
-        })
-    }
-
-    fn loaded(&self) -> Vec<Vec<u8>> {
-        self.loaded.lock().unwrap().clone()
-    }
-}
-
-struct FakeModule;
-
-impl LoadedModule for FakeModule {
-    fn context(&self) -> Option<&Arc<Context>> {
-        None
-    }
-
-    unsafe fn launch(&self, _: usize, _: &LaunchConfig, _: &[&[u8]]) -> Result<(), DriverError> {
-        Ok(())
-    }
-}
-
-impl Device for FakeDevice {
-    fn facts(&self, _ordinal: u32) -> Result<DeviceFacts, DriverError> {
-        self.facts.clone()
-    }
-
-    fn load(
-        &self,
-        _ordinal: u32,
-        image: &[u8],
-        _symbols: &[&str],
-    ) -> Result<Arc<dyn LoadedModule>, ModuleFailure> {
-        self.loaded.lock().unwrap().push(image.to_vec());
-        Ok(Arc::new(FakeModule))
-    }
-}
+use crate::testing::{stored_file, write_artifact, FakeDevice};
 
 /// A store holding `objects` by digest; `tampered` hands out other bytes than asked for.
 #[derive(Default)]
@@ -117,37 +52,25 @@ pub(super) fn artifact(label: &str) -> Vec<u8> {
 fn write_bundle(dir: &Path, labels: &[&str], shipped: &[&str]) {
     let mut variants = Vec::new();
     for label in labels {
-        let (cuda, arch) = label.split_once('/').unwrap();
         let bytes = artifact(label);
-        let digest = sha256_hex(&bytes);
-        let path = artifact_path(&digest);
-        let frame = zstd::encode_all(&bytes[..], 3).unwrap();
-        if shipped.contains(label) {
-            let file = dir.join(&path);
-            std::fs::create_dir_all(file.parent().unwrap()).unwrap();
-            std::fs::write(&file, &frame).unwrap();
-        }
+        let stored = if shipped.contains(label) {
+            write_artifact(dir, &bytes)
+        } else {
+            stored_file(&bytes, &zstd::encode_all(&bytes[..], 3).unwrap())
+        };
         variants.push(Variant {
-            arch: arch.parse().unwrap(),
-            cuda: cuda.parse().unwrap(),
-            torch: "2.13.*".to_owned(),
             compiler: CompilerRecord {
                 kind: "nvrtc".to_owned(),
                 version: "13.0.88".to_owned(),
             },
             key: sha256_hex(label.as_bytes()),
-            artifact: StoredFile {
-                digest,
-                size: bytes.len() as u64,
-                path,
-                stored_size: frame.len() as u64,
-                dictionary: None,
-            },
+            artifact: stored,
             functions: vec![EntryRecord {
                 name: "scale".to_owned(),
                 symbol: "scale".to_owned(),
                 param_sizes: vec![8, 4],
             }],
+            ..crate::testing::variant(label)
         });
     }
     let slim = shipped.len() < labels.len();
@@ -215,21 +138,25 @@ impl Setup {
         }
     }
 
-    fn registry(
-        &self,
-        device: Arc<FakeDevice>,
-        store: Option<Arc<FakeStore>>,
-        jit: JitPolicy,
-        downloads: DownloadPolicy,
-    ) -> Registry {
-        let store = store.map(|store| store as Arc<dyn ArtifactStore>);
-        Registry::open_on(
+    /// The registry of `case` on this bundle, with its device and store.
+    fn run(&self, case: Case) -> Run {
+        let device = match case.capability {
+            Some(capability) => FakeDevice::new(capability, "13.0"),
+            None => FakeDevice::without_driver(),
+        };
+        let store = case.store.map(|answers| store_with(&BOTH, answers));
+        let registry = Registry::open_on(
             self.bundle.path(),
-            self.options(jit, downloads),
+            self.options(case.jit, case.downloads),
+            device.clone(),
+            store.clone().map(|store| store as Arc<dyn ArtifactStore>),
+        )
+        .unwrap();
+        Run {
             device,
             store,
-        )
-        .unwrap()
+            registry,
+        }
     }
 
     fn cached(&self, label: &str) -> bool {
@@ -240,15 +167,77 @@ impl Setup {
     }
 }
 
-fn store_with(labels: &[&str], tampered: bool) -> Arc<FakeStore> {
+/// What a case's store answers.
+#[derive(Clone, Copy)]
+enum Answers {
+    /// The bytes asked for.
+    Honest,
+    /// Other bytes than those asked for.
+    Tampered,
+}
+
+fn store_with(labels: &[&str], answers: Answers) -> Arc<FakeStore> {
     Arc::new(FakeStore {
         objects: labels
             .iter()
             .map(|label| (sha256_hex(&artifact(label)), artifact(label)))
             .collect(),
-        tampered,
+        tampered: matches!(answers, Answers::Tampered),
         requests: AtomicUsize::new(0),
     })
+}
+
+/// The device, store and policies a case loads with.
+#[derive(Clone, Copy)]
+struct Case {
+    /// The device's compute capability; `None`: a machine without a driver.
+    capability: Option<(u32, u32)>,
+    /// A store holding every variant, or none.
+    store: Option<Answers>,
+    jit: JitPolicy,
+    downloads: DownloadPolicy,
+}
+
+impl Default for Case {
+    /// Compute 9.0, no store, the JIT forbidden, downloads allowed.
+    fn default() -> Case {
+        Case {
+            capability: Some((9, 0)),
+            store: None,
+            jit: JitPolicy::Disabled,
+            downloads: DownloadPolicy::Allowed,
+        }
+    }
+}
+
+/// A case's registry, and the device and store it loads from.
+struct Run {
+    device: Arc<FakeDevice>,
+    store: Option<Arc<FakeStore>>,
+    registry: Registry,
+}
+
+impl Run {
+    /// [`status_then_load`] of `scale`.
+    fn load(&self) -> Result<Kernel, LoadError> {
+        status_then_load(&self.registry, self.store.as_deref())
+    }
+
+    /// A load that is refused: the error and its chain, after checking that nothing reached
+    /// the device.
+    fn refused(&self) -> (LoadError, String) {
+        let error = self.load().unwrap_err();
+        let message = crate::error_chain(&error);
+        assert!(self.device.loaded().is_empty(), "{message}");
+        (error, message)
+    }
+
+    /// How many times the store was asked for an object.
+    fn requests(&self) -> usize {
+        self.store
+            .as_ref()
+            .map_or(0, |store| store.requests.load(Ordering::SeqCst))
+    }
 }
 
 fn variant_of(kernel: &Kernel) -> &str {
@@ -355,89 +344,65 @@ fn status_then_load(registry: &Registry, store: Option<&FakeStore>) -> Result<Ke
 
 const BOTH: [&str; 2] = ["cu130/sm_90a", "cu130/sm_100a"];
 
+/// A case whose store holds every variant and answers `answers`.
+fn with_store(answers: Answers) -> Case {
+    Case {
+        store: Some(answers),
+        ..Case::default()
+    }
+}
+
 #[test]
 fn the_wheel_comes_first_and_its_bytes_are_what_loads() {
     let setup = Setup::new(&BOTH, &BOTH);
-    let device = FakeDevice::new((9, 0));
-    let store = store_with(&BOTH, false);
-    let registry = setup.registry(
-        device.clone(),
-        Some(store.clone()),
-        JitPolicy::Disabled,
-        DownloadPolicy::Allowed,
-    );
-    let kernel = status_then_load(&registry, Some(&*store)).unwrap();
+    let run = setup.run(with_store(Answers::Honest));
+    let kernel = run.load().unwrap();
     assert_eq!(variant_of(&kernel), "cu130/sm_90a");
     assert_eq!(kernel.location(), Some(ArtifactLocation::Bundle));
-    assert_eq!(device.loaded(), [artifact("cu130/sm_90a")]);
-    assert_eq!(store.requests.load(Ordering::SeqCst), 0);
+    assert_eq!(run.device.loaded(), [artifact("cu130/sm_90a")]);
+    assert_eq!(run.requests(), 0);
     // Loaded once: a second load is the same kernel, not a second module.
-    registry.load("scale").unwrap();
-    assert_eq!(device.loaded().len(), 1);
+    run.registry.load("scale").unwrap();
+    assert_eq!(run.device.loaded().len(), 1);
 }
 
 #[test]
 fn the_cache_comes_before_the_store() {
     let setup = Setup::new(&BOTH, &["cu130/sm_100a"]);
+    let bytes = artifact("cu130/sm_90a");
     ArtifactCache::new(setup.cache.path())
-        .write(
-            &sha256_hex(&artifact("cu130/sm_90a")),
-            &artifact("cu130/sm_90a"),
-        )
+        .write(&sha256_hex(&bytes), &bytes)
         .unwrap();
-    let device = FakeDevice::new((9, 0));
-    let store = store_with(&BOTH, false);
-    let registry = setup.registry(
-        device.clone(),
-        Some(store.clone()),
-        JitPolicy::Disabled,
-        DownloadPolicy::Allowed,
-    );
-    let kernel = status_then_load(&registry, Some(&*store)).unwrap();
+    let run = setup.run(with_store(Answers::Honest));
+    let kernel = run.load().unwrap();
     assert_eq!(kernel.location(), Some(ArtifactLocation::Cache));
-    assert_eq!(device.loaded(), [artifact("cu130/sm_90a")]);
-    assert_eq!(store.requests.load(Ordering::SeqCst), 0);
+    assert_eq!((run.device.loaded(), run.requests()), (vec![bytes], 0));
 }
 
 #[test]
 fn the_store_fills_the_cache_then_loads() {
     let setup = Setup::new(&BOTH, &["cu130/sm_100a"]);
-    let device = FakeDevice::new((9, 0));
-    let store = store_with(&BOTH, false);
-    let registry = setup.registry(
-        device.clone(),
-        Some(store.clone()),
-        JitPolicy::Disabled,
-        DownloadPolicy::Allowed,
-    );
+    let run = setup.run(with_store(Answers::Honest));
     assert!(!setup.cached("cu130/sm_90a"));
-    let kernel = status_then_load(&registry, Some(&*store)).unwrap();
+    let kernel = run.load().unwrap();
     assert_eq!(variant_of(&kernel), "cu130/sm_90a");
-    assert_eq!(device.loaded(), [artifact("cu130/sm_90a")]);
-    assert_eq!(store.requests.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        (run.device.loaded(), run.requests()),
+        (vec![artifact("cu130/sm_90a")], 1)
+    );
     assert!(setup.cached("cu130/sm_90a"));
 }
 
 #[test]
 fn a_tampered_store_answer_is_refused_and_nothing_is_cached_or_loaded() {
     let setup = Setup::new(&BOTH, &["cu130/sm_100a"]);
-    let device = FakeDevice::new((9, 0));
-    let store = store_with(&BOTH, true);
-    let registry = setup.registry(
-        device.clone(),
-        Some(store.clone()),
-        JitPolicy::Disabled,
-        DownloadPolicy::Allowed,
-    );
-    let error = status_then_load(&registry, Some(&*store)).unwrap_err();
-    let message = crate::error_chain(&error);
+    let (error, message) = setup.run(with_store(Answers::Tampered)).refused();
     assert!(matches!(error, LoadError::Fetch { .. }), "{message}");
-    assert!(message.contains("cu130/sm_90a"), "{message}");
+    let digest = sha256_hex(&artifact("cu130/sm_90a"));
     assert!(
-        message.contains(&sha256_hex(&artifact("cu130/sm_90a"))),
+        message.contains("cu130/sm_90a") && message.contains(&digest),
         "{message}"
     );
-    assert!(device.loaded().is_empty());
     assert!(!setup.cached("cu130/sm_90a"));
 }
 
@@ -450,102 +415,83 @@ fn a_tampered_wheel_artifact_is_refused_naming_kernel_variant_and_digests() {
     let mut other = artifact("cu130/sm_90a");
     other[0] ^= 0xff;
     std::fs::write(&path, zstd::encode_all(&other[..], 3).unwrap()).unwrap();
-    let device = FakeDevice::new((9, 0));
-    let registry = setup.registry(
-        device.clone(),
-        None,
-        JitPolicy::Disabled,
-        DownloadPolicy::Allowed,
-    );
-    let error = status_then_load(&registry, None).unwrap_err();
-    let message = crate::error_chain(&error);
-    assert!(message.contains("`scale` (cu130/sm_90a)"), "{message}");
-    assert!(message.contains(&expected), "{message}");
-    assert!(message.contains(&sha256_hex(&other)), "{message}");
-    assert!(device.loaded().is_empty());
+    let (_, message) = setup.run(Case::default()).refused();
+    for named in ["`scale` (cu130/sm_90a)", &expected, &sha256_hex(&other)] {
+        assert!(message.contains(named), "{named}: {message}");
+    }
 }
 
 #[test]
 fn with_downloads_forbidden_a_store_only_variant_does_not_count() {
     let setup = Setup::new(&BOTH, &["cu130/sm_100a"]);
-    let device = FakeDevice::new((9, 0));
-    let store = store_with(&BOTH, false);
-    let registry = setup.registry(
-        device.clone(),
-        Some(store.clone()),
-        JitPolicy::Disabled,
-        DownloadPolicy::Forbidden,
-    );
-    let error = status_then_load(&registry, Some(&*store)).unwrap_err();
-    let message = crate::error_chain(&error);
+    let run = setup.run(Case {
+        downloads: DownloadPolicy::Forbidden,
+        ..with_store(Answers::Honest)
+    });
+    let (error, message) = run.refused();
     assert!(matches!(error, LoadError::NoFit { .. }), "{message}");
     assert!(message.contains("FAKE_KERNELS_NO_DOWNLOAD"), "{message}");
-    assert_eq!(store.requests.load(Ordering::SeqCst), 0);
-    assert!(device.loaded().is_empty());
+    assert_eq!(run.requests(), 0);
+}
+
+/// Compute 8.0, which no variant of [`BOTH`] fits, with the JIT `jit`.
+fn no_fit(jit: JitPolicy) -> Case {
+    Case {
+        capability: Some((8, 0)),
+        jit,
+        ..Case::default()
+    }
 }
 
 #[test]
 fn no_fit_with_the_jit_forbidden_is_a_refusal_naming_the_setting() {
     let setup = Setup::new(&BOTH, &BOTH);
-    let device = FakeDevice::new((8, 0));
-    let registry = setup.registry(
-        device.clone(),
-        None,
-        JitPolicy::Disabled,
-        DownloadPolicy::Allowed,
-    );
-    let error = status_then_load(&registry, None).unwrap_err();
-    let message = crate::error_chain(&error);
+    let run = setup.run(no_fit(JitPolicy::Disabled));
+    let (error, message) = run.refused();
     assert!(matches!(error, LoadError::NoFit { .. }), "{message}");
-    assert!(message.contains("FAKE_KERNELS_JIT_FALLBACK=0"), "{message}");
-    assert!(message.contains("cu130/sm_90a") && message.contains("cu130/sm_100a"));
-    assert!(device.loaded().is_empty());
-    let status = registry.unavailable_reason("scale").unwrap();
+    for named in [
+        "FAKE_KERNELS_JIT_FALLBACK=0",
+        "cu130/sm_90a",
+        "cu130/sm_100a",
+    ] {
+        assert!(message.contains(named), "{named}: {message}");
+    }
+    let status = run.registry.unavailable_reason("scale").unwrap();
     assert!(status.contains("FAKE_KERNELS_JIT_FALLBACK"), "{status}");
 }
 
 #[test]
 fn no_fit_with_the_jit_allowed_tries_it_and_says_why_it_could_not() {
     let setup = Setup::new(&BOTH, &BOTH);
-    let device = FakeDevice::new((8, 0));
-    let registry = setup.registry(
-        device.clone(),
-        None,
-        JitPolicy::Allowed,
-        DownloadPolicy::Allowed,
-    );
-    let error = status_then_load(&registry, None).unwrap_err();
-    let message = crate::error_chain(&error);
+    let run = setup.run(no_fit(JitPolicy::Allowed));
+    let (error, message) = run.refused();
     assert!(matches!(error, LoadError::Jit { .. }), "{message}");
     // The bundle ships no sources for `scale`, and the refusals are kept.
     assert!(message.contains("cu130/sm_90a"), "{message}");
-    assert!(device.loaded().is_empty());
 }
 
 #[test]
 fn no_driver_is_an_answer_not_a_panic() {
     let setup = Setup::new(&BOTH, &BOTH);
-    let registry = setup.registry(
-        FakeDevice::without_driver(),
-        None,
-        JitPolicy::Disabled,
-        DownloadPolicy::Allowed,
-    );
-    let error = status_then_load(&registry, None).unwrap_err();
+    let run = setup.run(Case {
+        capability: None,
+        ..Case::default()
+    });
+    let (error, _) = run.refused();
     assert!(matches!(error, LoadError::NoGpu(_)), "{error}");
-    let reason = registry.unavailable_reason("scale").unwrap();
+    let reason = run.registry.unavailable_reason("scale").unwrap();
     assert!(reason.contains("no CUDA driver"), "{reason}");
 }
 
 #[test]
 fn a_store_only_variant_refused_for_downloads_is_a_refusal_in_index_order() {
     let setup = Setup::new(&BOTH, &["cu130/sm_100a"]);
-    let registry = setup.registry(
-        FakeDevice::new((9, 0)),
-        None,
-        JitPolicy::Disabled,
-        DownloadPolicy::Forbidden,
-    );
+    let registry = setup
+        .run(Case {
+            downloads: DownloadPolicy::Forbidden,
+            ..Case::default()
+        })
+        .registry;
     let Plan::Refused(LoadError::NoFit { refusals, .. }) = registry.plan("scale") else {
         panic!("{:?}", registry.plan("scale"));
     };
@@ -559,12 +505,7 @@ fn a_store_only_variant_refused_for_downloads_is_a_refusal_in_index_order() {
         ]
     );
     // Downloads allowed: the same variant, planned from the store.
-    let registry = setup.registry(
-        FakeDevice::new((9, 0)),
-        None,
-        JitPolicy::Disabled,
-        DownloadPolicy::Allowed,
-    );
+    let registry = setup.run(Case::default()).registry;
     let Plan::Prebuilt(plan) = registry.plan("scale") else {
         panic!("{:?}", registry.plan("scale"));
     };

@@ -5,19 +5,9 @@
 //! (provenance `pack`), and every reference case runs and matches on the device.
 
 use prebuilt::jit::pack::{export_pack, install_pack};
+use testkit::fixtures::no_compiler;
 
 use super::*;
-
-/// A search that finds no compiler.
-fn no_compiler(dir: &Path) -> CompilerSearch {
-    CompilerSearch {
-        nvrtc: None,
-        site_packages: Vec::new(),
-        cuda_home: Some(dir.join("no-cuda")),
-        path: Some(dir.join("no-bin").into_os_string()),
-        system_library_path: false,
-    }
-}
 
 #[test]
 fn warm_pack_kernels_load_without_a_compiler_and_match_their_references() {

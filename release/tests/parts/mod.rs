@@ -3,13 +3,10 @@
 //! cubins it hands the device are checked against the index; no GPU needed).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex};
 
-use prebuilt::device::DriverVersion;
-use prebuilt::driver::{Context, DriverError, LaunchConfig};
 use prebuilt::parts::{PartsIndex, PARTS_FILE};
-use prebuilt::registry::{Device, DeviceFacts, LoadedModule, ModuleFailure};
 use prebuilt::{JitPolicy, PtxJitPolicy, Registry, RegistryOptions};
+use testkit::fixtures::FakeDevice;
 
 use super::*;
 
@@ -27,59 +24,6 @@ fn build_set(shared: &Shared, out: &Path, limit: u64, ship_sources: bool) -> Bui
     .unwrap_or_else(|error| panic!("the set builds: {}", chain(&error)))
 }
 
-struct FakeModule;
-
-impl LoadedModule for FakeModule {
-    fn context(&self) -> Option<&Arc<Context>> {
-        None
-    }
-
-    unsafe fn launch(&self, _: usize, _: &LaunchConfig, _: &[&[u8]]) -> Result<(), DriverError> {
-        Ok(())
-    }
-}
-
-/// A GPU of one compute capability whose driver supports CUDA 13.0; it keeps the sha256 of
-/// every image the loader hands it.
-struct FakeGpu {
-    capability: (u32, u32),
-    loaded: Mutex<Vec<String>>,
-}
-
-impl FakeGpu {
-    fn new(capability: (u32, u32)) -> Arc<FakeGpu> {
-        Arc::new(FakeGpu {
-            capability,
-            loaded: Mutex::new(Vec::new()),
-        })
-    }
-}
-
-impl Device for FakeGpu {
-    fn facts(&self, _: u32) -> Result<DeviceFacts, DriverError> {
-        Ok(DeviceFacts {
-            capability: self.capability,
-            driver: DriverVersion {
-                major: 13,
-                minor: 0,
-            },
-        })
-    }
-
-    fn load(
-        &self,
-        _: u32,
-        image: &[u8],
-        _: &[&str],
-    ) -> Result<Arc<dyn LoadedModule>, ModuleFailure> {
-        self.loaded
-            .lock()
-            .unwrap()
-            .push(prebuilt::key::sha256_hex(image));
-        Ok(Arc::new(FakeModule))
-    }
-}
-
 /// Loads every kernel of the installed bundle at `bundle` on each simulated GPU and CUDA
 /// build, the JIT off: the variants loaded (`kernel cu130/sm_90a`), each checked to be the
 /// image whose digest the index records.
@@ -88,7 +32,7 @@ fn load_everywhere(bundle: &Path, search: &[PathBuf]) -> BTreeSet<String> {
     let mut loaded = BTreeSet::new();
     for capability in [(9, 0), (10, 0), (10, 3), (12, 0)] {
         for cuda in ["cu129", "cu130"] {
-            let gpu = FakeGpu::new(capability);
+            let gpu = FakeDevice::new(capability, "13.0");
             let options = RegistryOptions {
                 cuda: Some(cuda.parse().unwrap()),
                 torch: None,
@@ -109,8 +53,10 @@ fn load_everywhere(bundle: &Path, search: &[PathBuf]) -> BTreeSet<String> {
                     .find(|v| v.label() == kernel.variant())
                     .unwrap();
                 assert_eq!(
-                    gpu.loaded.lock().unwrap().last(),
-                    Some(&variant.artifact.digest),
+                    gpu.loaded()
+                        .last()
+                        .map(|image| prebuilt::key::sha256_hex(image)),
+                    Some(variant.artifact.digest.clone()),
                     "{name} {}",
                     kernel.variant()
                 );
@@ -128,7 +74,7 @@ fn sm90_registry(bundle: &Path) -> Registry {
         jit: JitPolicy::Disabled,
         ..RegistryOptions::default()
     };
-    Registry::open_on(bundle, options, FakeGpu::new((9, 0)), None).unwrap()
+    Registry::open_on(bundle, options, FakeDevice::new((9, 0), "13.0"), None).unwrap()
 }
 
 fn every_variant(bundle: &Path) -> BTreeSet<String> {
