@@ -17,13 +17,17 @@
 //! family's later cubins). The whole library at its full size is `--bench production`. Names given after `--` run only
 //! those corpora. Nothing here asserts a timing; every frame is checked to decode to its cubin.
 
+mod corpus;
+
 use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use bundler::compress::{plan_compression, CompressionPlan, Prefix};
 use prebuilt::bundle::decompress_with_prefix;
 use sha2::{Digest as _, Sha256};
+
+use corpus::{append_file, corpus_root, cubin_paths, micros, percentile};
 
 const LEVEL: i32 = 19;
 const SAMPLE: usize = 2000;
@@ -197,66 +201,12 @@ fn solid_size(cubins: &[(String, Vec<u8>)]) -> usize {
     encoder.window_log(30).expect("valid parameter");
     let mut archive = tar::Builder::new(encoder);
     for (path, bytes) in cubins {
-        let mut header = tar::Header::new_gnu();
-        header.set_size(bytes.len() as u64);
-        header.set_mode(0o644);
-        header.set_mtime(0);
-        archive
-            .append_data(&mut header, path, bytes.as_slice())
-            .expect("in-memory tar");
+        append_file(&mut archive, path, bytes);
     }
     let encoder = archive.into_inner().expect("in-memory tar");
     encoder.finish().expect("in-memory zstd").len()
 }
 
-/// `${KWHEEL_BENCH:-${XDG_CACHE_HOME:-~/.cache}/kwheel/bench}/flashinfer-cubin/cubins`, as
-/// `ci/bench-setup` lays it out.
-fn corpus_root() -> PathBuf {
-    let bench = match std::env::var_os("KWHEEL_BENCH").filter(|v| !v.is_empty()) {
-        Some(dir) => PathBuf::from(dir),
-        None => prebuilt::cache::user_cache_dir().join("kwheel/bench"),
-    };
-    bench.join("flashinfer-cubin/cubins")
-}
-
-/// Every `.cubin` below `root`, as sorted `/`-separated paths relative to it (the paths inside
-/// the wheel); `None` when there are none.
-fn cubin_paths(root: &Path) -> Option<Vec<String>> {
-    fn walk(dir: &Path, root: &Path, out: &mut Vec<String>) {
-        let Ok(entries) = std::fs::read_dir(dir) else {
-            return;
-        };
-        for entry in entries.flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                walk(&path, root, out);
-            } else if path.extension().is_some_and(|e| e == "cubin") {
-                let relative = path.strip_prefix(root).expect("below the root");
-                let parts: Vec<_> = relative
-                    .components()
-                    .map(|c| c.as_os_str().to_string_lossy().into_owned())
-                    .collect();
-                out.push(parts.join("/"));
-            }
-        }
-    }
-    let mut out = Vec::new();
-    walk(root, root, &mut out);
-    out.sort();
-    (!out.is_empty()).then_some(out)
-}
-
-fn percentile(sorted: &[Duration], percent: usize) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    sorted[(sorted.len() - 1) * percent / 100]
-}
-
 fn mb(bytes: usize) -> String {
     format!("{:.2} MB", bytes as f64 / 1e6)
-}
-
-fn micros(duration: Duration) -> String {
-    format!("{:.0} µs", duration.as_secs_f64() * 1e6)
 }

@@ -20,6 +20,8 @@
 //! only paths containing TEXT, `--jobs N`, `--solid`, `--keep` keeps the bundle under
 //! `target/kwheel/bench-production/`.
 
+mod corpus;
+
 use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -34,6 +36,8 @@ use prebuilt::index::{
 };
 use rayon::prelude::*;
 use sha2::{Digest as _, Sha256};
+
+use corpus::{append_file, corpus_root, cubin_paths, micros, percentile};
 
 /// The wheel's own size for its cubins: every `.cubin` member's compressed size.
 const WHEEL_STORED: f64 = 447.9e6;
@@ -383,24 +387,12 @@ fn decode_times(root: &Path, index: &Index) -> (Vec<Duration>, Vec<Duration>) {
 
 /// Every file under `root` with its size, by `/`-separated relative path.
 fn bundle_files(root: &Path) -> BTreeMap<String, u64> {
-    fn walk(dir: &Path, root: &Path, out: &mut BTreeMap<String, u64>) {
-        for entry in std::fs::read_dir(dir).unwrap().flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                walk(&path, root, out);
-            } else {
-                let relative = path
-                    .strip_prefix(root)
-                    .unwrap()
-                    .to_string_lossy()
-                    .into_owned();
-                out.insert(relative, entry.metadata().unwrap().len());
-            }
-        }
-    }
-    let mut out = BTreeMap::new();
-    walk(root, root, &mut out);
-    out
+    let size = |path: PathBuf| std::fs::metadata(path).unwrap().len();
+    let files = testkit::tree::files(root);
+    files
+        .into_iter()
+        .map(|(name, path)| (name, size(path)))
+        .collect()
 }
 
 /// The file deflated at level 6, as a wheel stores a file (the zip's own headers aside).
@@ -429,14 +421,7 @@ fn solid_size(root: &Path, paths: &[String]) -> u64 {
     encoder.window_log(30).unwrap();
     let mut archive = tar::Builder::new(encoder);
     for (n, path) in paths.iter().enumerate() {
-        let bytes = std::fs::read(root.join(path)).unwrap();
-        let mut header = tar::Header::new_gnu();
-        header.set_size(bytes.len() as u64);
-        header.set_mode(0o644);
-        header.set_mtime(0);
-        archive
-            .append_data(&mut header, path, bytes.as_slice())
-            .unwrap();
+        append_file(&mut archive, path, &std::fs::read(root.join(path)).unwrap());
         report("solid", n + 1, paths.len());
     }
     archive.into_inner().unwrap().finish().unwrap().0
@@ -452,54 +437,6 @@ fn peak_rss() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
-/// `${KWHEEL_BENCH:-${XDG_CACHE_HOME:-~/.cache}/kwheel/bench}/flashinfer-cubin/cubins`, as
-/// `ci/bench-setup` lays it out.
-fn corpus_root() -> PathBuf {
-    let bench = match std::env::var_os("KWHEEL_BENCH").filter(|v| !v.is_empty()) {
-        Some(dir) => PathBuf::from(dir),
-        None => prebuilt::cache::user_cache_dir().join("kwheel/bench"),
-    };
-    bench.join("flashinfer-cubin/cubins")
-}
-
-/// Every `.cubin` below `root`, as sorted `/`-separated paths relative to it; `None` when
-/// there are none.
-fn cubin_paths(root: &Path) -> Option<Vec<String>> {
-    fn walk(dir: &Path, root: &Path, out: &mut Vec<String>) {
-        let Ok(entries) = std::fs::read_dir(dir) else {
-            return;
-        };
-        for entry in entries.flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                walk(&path, root, out);
-            } else if path.extension().is_some_and(|e| e == "cubin") {
-                let relative = path.strip_prefix(root).expect("below the root");
-                let parts: Vec<_> = relative
-                    .components()
-                    .map(|c| c.as_os_str().to_string_lossy().into_owned())
-                    .collect();
-                out.push(parts.join("/"));
-            }
-        }
-    }
-    let mut out = Vec::new();
-    walk(root, root, &mut out);
-    out.sort();
-    (!out.is_empty()).then_some(out)
-}
-
-fn percentile(sorted: &[Duration], percent: usize) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    sorted[(sorted.len() - 1) * percent / 100]
-}
-
 fn mb(bytes: u64) -> String {
     format!("{:.2} MB", bytes as f64 / 1e6)
-}
-
-fn micros(duration: Duration) -> String {
-    format!("{:.0} µs", duration.as_secs_f64() * 1e6)
 }

@@ -26,15 +26,6 @@ use prebuilt::select::select_variant;
 
 const KERNELS: usize = 4000;
 const RUNS: usize = 21;
-/// Default kernels with every one of the four targets (the wgmma kernel is sm_90a only).
-const BASES: [&str; 6] = [
-    "layernorm_bf16",
-    "masked_softmax_pair_bias",
-    "scale_rows",
-    "sigmoid_gate",
-    "sigmoid_gate_backward",
-    "swiglu",
-];
 const TARGETS: [(&str, &str); 4] = [
     ("cu129", "sm_90a"),
     ("cu129", "sm_100a"),
@@ -70,7 +61,8 @@ fn main() {
             .map(|record| record.variants.len())
             .sum::<usize>()
     };
-    let middle = format!("k{:04}_{}", KERNELS / 2, BASES[(KERNELS / 2) % BASES.len()]);
+    let bases = bases(&prebuilt::bundle::read_index(&default).unwrap());
+    let middle = format!("k{:04}_{}", KERNELS / 2, bases[(KERNELS / 2) % bases.len()]);
     let cases = [
         (
             "default library, loader index",
@@ -242,13 +234,14 @@ fn write_scale_manifest(default: &Path, dir: &Path) {
     if !cubins.is_dir() {
         bundle.extract_to(&cubins).unwrap();
     }
+    let bases = bases(bundle.index());
     let mut manifest = String::from(
         "[library]\npackage = \"scale-kernels\"\nversion = \"0.1.0\"\n\
          archs = [\"sm_90a\", \"sm_100a\"]\ncuda-builds = [\"cu129\", \"cu130\"]\n\
          torch = \"2.13.*\"\n",
     );
     for n in 0..KERNELS {
-        let base = BASES[n % BASES.len()];
+        let base = &bases[n % bases.len()];
         let entries = &bundle.index().kernels[base].variants[0].functions;
         let entries: Vec<String> = entries.iter().map(|f| format!("{:?}", f.name)).collect();
         manifest.push_str(&format!(
@@ -264,6 +257,24 @@ fn write_scale_manifest(default: &Path, dir: &Path) {
         manifest.push_str("]\n");
     }
     std::fs::write(dir.join("kernels.toml"), manifest).unwrap();
+}
+
+/// The default library's kernels built for every one of [`TARGETS`] (the wgmma kernel is
+/// sm_90a only), in name order: what the scale library repeats.
+fn bases(index: &prebuilt::index::Index) -> Vec<String> {
+    let built = |record: &prebuilt::index::KernelRecord, (cuda, arch): (&str, &str)| {
+        let label = format!("{cuda}/{arch}");
+        record
+            .variants
+            .iter()
+            .any(|variant| variant.label() == label)
+    };
+    index
+        .kernels
+        .iter()
+        .filter(|(_, record)| TARGETS.iter().all(|target| built(record, *target)))
+        .map(|(name, _)| name.clone())
+        .collect()
 }
 
 fn run_probe(bundle: &Path, kernel: &str, mode: &str) -> Duration {

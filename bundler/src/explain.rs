@@ -215,20 +215,15 @@ pub fn diff_inputs(old: &KernelInputs, new: &KernelInputs) -> Vec<String> {
             _ => {}
         }
     }
-    if old.flags != new.flags {
-        changes.push(format!("flags: {:?} → {:?}", old.flags, new.flags));
-    }
-    if old.nvcc_flags != new.nvcc_flags {
-        changes.push(format!(
-            "nvcc flags: {:?} → {:?}",
-            old.nvcc_flags, new.nvcc_flags
-        ));
-    }
-    if old.nvrtc_flags != new.nvrtc_flags {
-        changes.push(format!(
-            "NVRTC flags: {:?} → {:?}",
-            old.nvrtc_flags, new.nvrtc_flags
-        ));
+    let flag_lists = [
+        ("flags", &old.flags, &new.flags),
+        ("nvcc flags", &old.nvcc_flags, &new.nvcc_flags),
+        ("NVRTC flags", &old.nvrtc_flags, &new.nvrtc_flags),
+    ];
+    for (what, before, after) in flag_lists {
+        if before != after {
+            changes.push(format!("{what}: {before:?} → {after:?}"));
+        }
     }
     if old.cxx_std != new.cxx_std {
         changes.push(format!("C++ standard: {} → {}", old.cxx_std, new.cxx_std));
@@ -403,8 +398,9 @@ impl fmt::Display for Explanation {
 mod tests {
     use std::collections::BTreeMap;
 
-    use prebuilt::index::{CompilerRecord, KernelRecord, StoredFile, Variant, INDEX_FORMAT};
+    use prebuilt::index::{CompilerRecord, KernelRecord};
     use prebuilt::KernelKey;
+    use testkit::fixtures;
 
     use super::*;
 
@@ -419,43 +415,22 @@ mod tests {
     }
 
     fn nvcc() -> CompilerRecord {
-        CompilerRecord {
-            kind: "nvcc".into(),
-            version: "13.0.88".into(),
-        }
+        fixtures::compiler("nvcc", "13.0.88")
     }
 
     /// An index holding `kernel` built for cu130/sm_90a with `inputs` under `key`.
     fn index(inputs: KernelInputs, key: &str) -> Index {
-        let variant = Variant {
-            arch: "sm_90a".parse().unwrap(),
-            cuda: "cu130".parse().unwrap(),
-            torch: "2.13.*".into(),
-            compiler: nvcc(),
-            key: key.into(),
-            artifact: StoredFile {
-                digest: "cd".repeat(32),
-                size: 1,
-                path: String::new(),
-                stored_size: 0,
-                dictionary: None,
-            },
-            functions: Vec::new(),
-        };
+        let mut variant = fixtures::variant("cu130/sm_90a");
+        variant.compiler = nvcc();
+        variant.key = key.into();
         let record = KernelRecord {
             inputs,
-            recipe: None,
-            constants: BTreeMap::new(),
             variants: vec![variant],
-            skipped: Vec::new(),
+            ..fixtures::record(&[], &[])
         };
         Index {
-            format: INDEX_FORMAT,
-            package: "p".into(),
-            torch: "2.13.*".into(),
-            store: None,
-            dictionary: None,
             kernels: BTreeMap::from([("k".into(), record)]),
+            ..fixtures::index()
         }
     }
 

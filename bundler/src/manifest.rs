@@ -195,32 +195,42 @@ pub struct KernelSpec {
     pub targets: BTreeMap<Arch, TargetSpec>,
 }
 
-/// A `targets.<arch>` table: defines and flags for that target arch only.
+/// A `targets.<arch>` table: defines and flags for that target arch only; each is optional.
 #[derive(Clone, Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
 pub struct TargetSpec {
     /// Defines for this arch, over the level's own.
-    #[serde(default)]
     pub defines: BTreeMap<String, String>,
     /// Flags for every compiler, for this arch.
-    #[serde(default)]
     pub flags: Vec<String>,
     /// Flags for nvcc only, for this arch.
-    #[serde(default)]
     pub nvcc_flags: Vec<String>,
     /// Flags for NVRTC only, for this arch.
-    #[serde(default)]
     pub nvrtc_flags: Vec<String>,
 }
 
-impl TargetSpec {
-    fn flag_lists(&self) -> [(&'static str, &Vec<String>); 3] {
-        [
-            ("flags", &self.flags),
-            ("nvcc-flags", &self.nvcc_flags),
-            ("nvrtc-flags", &self.nvrtc_flags),
-        ]
-    }
+/// A level's three flag lists (`flags`, `nvcc-flags`, `nvrtc-flags`) by manifest key.
+fn flag_lists<'a>(
+    flags: &'a [String],
+    nvcc_flags: &'a [String],
+    nvrtc_flags: &'a [String],
+) -> [(&'static str, &'a [String]); 3] {
+    [
+        ("flags", flags),
+        ("nvcc-flags", nvcc_flags),
+        ("nvrtc-flags", nvrtc_flags),
+    ]
+}
+
+/// The first of a level's flag lists that passes an include path, as [`include_path_flag`]
+/// words it, each list named by `key` of its manifest key.
+fn include_path_in(
+    lists: [(&'static str, &[String]); 3],
+    key: impl Fn(&str) -> String,
+) -> Option<String> {
+    lists
+        .into_iter()
+        .find_map(|(field, flags)| include_path_flag(&key(field), flags))
 }
 
 /// Which compiler a CUDA build that has NVRTC and `ptxas` but no nvcc of its own uses (the
@@ -335,15 +345,9 @@ impl Manifest {
         if let Err(error) = prebuilt::select::TorchPin::parse(&library.torch) {
             return Err(invalid(None, format!("`torch`: {error}")));
         }
-        let library_flags = [
-            ("flags", &library.flags),
-            ("nvcc-flags", &library.nvcc_flags),
-            ("nvrtc-flags", &library.nvrtc_flags),
-        ];
-        for (key, flags) in library_flags {
-            if let Some(message) = include_path_flag(key, flags) {
-                return Err(invalid(None, message));
-            }
+        let library_flags = flag_lists(&library.flags, &library.nvcc_flags, &library.nvrtc_flags);
+        if let Some(message) = include_path_in(library_flags, str::to_owned) {
+            return Err(invalid(None, message));
         }
         if library.archs.is_empty() || library.cuda_builds.is_empty() {
             return Err(invalid(
@@ -367,15 +371,9 @@ impl Manifest {
                     format!("kernel name `{name}` must be a C identifier"),
                 ));
             }
-            let kernel_flags = [
-                ("flags", &kernel.flags),
-                ("nvcc-flags", &kernel.nvcc_flags),
-                ("nvrtc-flags", &kernel.nvrtc_flags),
-            ];
-            for (key, flags) in kernel_flags {
-                if let Some(message) = include_path_flag(key, flags) {
-                    return Err(invalid(Some(name), message));
-                }
+            let kernel_flags = flag_lists(&kernel.flags, &kernel.nvcc_flags, &kernel.nvrtc_flags);
+            if let Some(message) = include_path_in(kernel_flags, str::to_owned) {
+                return Err(invalid(Some(name), message));
             }
             let archs = kernel.arch.as_deref().unwrap_or(&library.archs);
             let narrowed = if kernel.arch.is_some() {
@@ -599,23 +597,17 @@ impl Manifest {
 
     /// A kernel's compiler flags: the library's, then its own.
     pub fn flags_of(&self, kernel: &KernelSpec) -> Vec<String> {
-        let mut flags = self.library.flags.clone();
-        flags.extend(kernel.flags.iter().cloned());
-        flags
+        [&self.library.flags[..], &kernel.flags].concat()
     }
 
     /// A kernel's nvcc-only flags: the library's, then its own.
     pub fn nvcc_flags_of(&self, kernel: &KernelSpec) -> Vec<String> {
-        let mut flags = self.library.nvcc_flags.clone();
-        flags.extend(kernel.nvcc_flags.iter().cloned());
-        flags
+        [&self.library.nvcc_flags[..], &kernel.nvcc_flags].concat()
     }
 
     /// A kernel's NVRTC-only flags: the library's, then its own.
     pub fn nvrtc_flags_of(&self, kernel: &KernelSpec) -> Vec<String> {
-        let mut flags = self.library.nvrtc_flags.clone();
-        flags.extend(kernel.nvrtc_flags.iter().cloned());
-        flags
+        [&self.library.nvrtc_flags[..], &kernel.nvrtc_flags].concat()
     }
 
     /// A kernel's compiler choice for builds without their own nvcc.
@@ -686,10 +678,8 @@ fn check_targets(
         }
         let key = |field: &str| format!("targets.{arch}.{field}");
         check_defines(&key("defines"), &target.defines).or_else(|| {
-            target
-                .flag_lists()
-                .into_iter()
-                .find_map(|(field, flags)| include_path_flag(&key(field), flags))
+            let lists = flag_lists(&target.flags, &target.nvcc_flags, &target.nvrtc_flags);
+            include_path_in(lists, key)
         })
     })
 }

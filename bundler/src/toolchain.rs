@@ -451,49 +451,57 @@ pub(crate) const CUDA_13_0: CudaBuild = CudaBuild {
     minor: 0,
 };
 
-/// The real toolchain for `build`, or `None` (with the reason printed) when it is not
-/// installed. With `KWHEEL_REQUIRE_TOOLCHAINS=1`, as CI sets it, a missing toolchain fails.
+/// The real toolchain for `build`, or `None` (with the reason said, as `testkit::missing`
+/// says it) when it is not installed. With `KWHEEL_REQUIRE_TOOLCHAINS=1`, as CI sets it, a
+/// missing toolchain fails.
 #[cfg(test)]
 pub(crate) fn toolchain_for_tests(build: CudaBuild) -> Option<Toolchain> {
-    let required = std::env::var_os("KWHEEL_REQUIRE_TOOLCHAINS").is_some_and(|value| value == "1");
     match discover(build) {
         Ok(toolchain) => Some(toolchain),
-        Err(error @ (ToolchainError::Missing { .. } | ToolchainError::NoCompiler { .. }))
-            if !required =>
-        {
-            eprintln!("skipped: {error}");
+        Err(error @ (ToolchainError::Missing { .. } | ToolchainError::NoCompiler { .. })) => {
+            testkit::missing(&error.to_string());
             None
         }
-        Err(error) => panic!("{build} toolchain: {}", error_chain(&error)),
+        Err(error) => panic!("{build} toolchain: {}", testkit::error_chain(&error)),
     }
 }
 
-/// An error and its causes on one line each, for test failures.
+/// Both CUDA builds' real toolchains, (cu129, cu130), or `None` as [`toolchain_for_tests`].
 #[cfg(test)]
-pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(error) = cause {
-        text.push_str(&format!("\n  caused by: {error}"));
-        cause = error.source();
+pub(crate) fn both_toolchains() -> Option<(Toolchain, Toolchain)> {
+    Some((
+        toolchain_for_tests(CUDA_12_9)?,
+        toolchain_for_tests(CUDA_13_0)?,
+    ))
+}
+
+/// A toolchain under `/tk` that exists only as a description, for command lines and refusals.
+#[cfg(test)]
+pub(crate) fn described_toolchain(
+    build: CudaBuild,
+    kind: CompilerKind,
+    version: &str,
+) -> Toolchain {
+    Toolchain {
+        build,
+        root: PathBuf::from("/tk"),
+        nvcc: None,
+        nvrtc: None,
+        ptxas: None,
+        host_compiler: None,
+        include_dirs: Vec::new(),
+        compiler: CompilerId {
+            kind,
+            version: version.into(),
+        },
+        supported_archs: BTreeSet::from([90, 100]),
     }
-    text
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::ffi::OsString;
     use std::fs;
-
-    fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<OsString> + 'a {
-        move |name| {
-            pairs
-                .iter()
-                .find(|(key, _)| *key == name)
-                .map(|(_, value)| OsString::from(value))
-        }
-    }
 
     #[test]
     fn missing_toolchain_says_how_to_install_it() {
@@ -569,42 +577,10 @@ mod tests {
     }
 
     #[test]
-    fn toolkit_root_layout_is_understood() {
-        let dir = tempfile::tempdir().unwrap();
-        let root = dir.path();
-        for folder in ["bin", "lib64", "include/cub", "nvidia"] {
-            fs::create_dir_all(root.join(folder)).unwrap();
-        }
-        for file in [
-            "bin/nvcc",
-            "lib64/libnvrtc.so",
-            "lib64/libnvrtc.so.12",
-            "lib64/libnvrtc.so.12.9.86",
-            "include/cuda_runtime.h",
-        ] {
-            fs::write(root.join(file), b"").unwrap();
-        }
-        let layout = ToolkitLayout::scan(root);
-        assert_eq!(layout.nvcc, Some(root.join("bin/nvcc")));
-        assert_eq!(layout.nvrtc, Some(root.join("lib64/libnvrtc.so.12")));
-        assert_eq!(layout.include_dirs, vec![root.join("include")]);
-    }
-
-    #[test]
     fn a_architectures_need_sm_90_or_newer() {
         let toolchain = Toolchain {
-            build: CUDA_13_0,
-            root: PathBuf::new(),
-            nvcc: None,
-            nvrtc: None,
-            ptxas: None,
-            host_compiler: None,
-            include_dirs: Vec::new(),
-            compiler: CompilerId {
-                kind: CompilerKind::Nvcc,
-                version: "13.0.88".into(),
-            },
             supported_archs: BTreeSet::from([80, 90, 100]),
+            ..described_toolchain(CUDA_13_0, CompilerKind::Nvcc, "13.0.88")
         };
         let arch = |text: &str| text.parse::<Arch>().unwrap();
         assert!(toolchain.supports(arch("sm_90a")));
@@ -707,6 +683,13 @@ mod tests {
         }
     }
 
+    /// The toolchain's include dirs, relative to its root.
+    fn include_dirs_in_root(toolchain: &Toolchain) -> Vec<PathBuf> {
+        let root = &toolchain.root;
+        let relative = |dir: &PathBuf| dir.strip_prefix(root).unwrap().to_owned();
+        toolchain.include_dirs.iter().map(relative).collect()
+    }
+
     #[test]
     fn cu130_toolchain_uses_nvcc() {
         let Some(toolchain) = toolchain_for_tests(CUDA_13_0) else {
@@ -716,13 +699,8 @@ mod tests {
         assert!(toolchain.nvcc.is_some());
         assert!(toolchain.supports("sm_90a".parse().unwrap()));
         assert!(toolchain.supports("sm_100a".parse().unwrap()));
-        let names: Vec<_> = toolchain
-            .include_dirs
-            .iter()
-            .map(|dir| dir.strip_prefix(&toolchain.root).unwrap().to_owned())
-            .collect();
         assert_eq!(
-            names,
+            include_dirs_in_root(&toolchain),
             [
                 PathBuf::from("nvidia/cu13/include"),
                 PathBuf::from("nvidia/cu13/include/cccl")
@@ -744,13 +722,8 @@ mod tests {
             .ends_with("nvidia/cuda_nvrtc/lib/libnvrtc.so.12"));
         assert!(toolchain.supports("sm_90a".parse().unwrap()));
         assert!(toolchain.supports("sm_100a".parse().unwrap()));
-        let names: Vec<_> = toolchain
-            .include_dirs
-            .iter()
-            .map(|dir| dir.strip_prefix(&toolchain.root).unwrap().to_owned())
-            .collect();
         assert_eq!(
-            names,
+            include_dirs_in_root(&toolchain),
             [
                 PathBuf::from("nvidia/cuda_runtime/include"),
                 PathBuf::from("nvidia/cuda_cccl/include"),
@@ -768,8 +741,9 @@ mod tests {
         let Some(cu130) = toolchain_for_tests(CUDA_13_0) else {
             return;
         };
-        let pairs = [("KWHEEL_CUDA_CU129", cu130.root.to_str().unwrap())];
-        let dir = toolchain_dir_from(CUDA_12_9, env(&pairs));
+        let env =
+            |name: &str| (name == "KWHEEL_CUDA_CU129").then(|| cu130.root.clone().into_os_string());
+        let dir = toolchain_dir_from(CUDA_12_9, env);
         let error = discover_at(CUDA_12_9, &dir).unwrap_err();
         let ToolchainError::VersionMismatch { found, .. } = &error else {
             panic!("expected a version mismatch, got {error}");
@@ -789,7 +763,7 @@ mod tests {
 /// The NVRTC loader (in `prebuilt`) against the real libraries this module discovers.
 #[cfg(test)]
 mod nvrtc_library_tests {
-    use super::{toolchain_for_tests, CUDA_12_9, CUDA_13_0};
+    use super::{both_toolchains, toolchain_for_tests, CUDA_12_9, CUDA_13_0};
 
     #[test]
     fn real_library_reports_version_and_archs() {
@@ -809,12 +783,9 @@ mod nvrtc_library_tests {
     /// process so that no other test in this process ever sees a second libnvrtc.
     #[test]
     fn second_library_in_one_process_is_an_error() {
-        let (Some(_), Some(_)) = (
-            toolchain_for_tests(CUDA_12_9),
-            toolchain_for_tests(CUDA_13_0),
-        ) else {
+        if both_toolchains().is_none() {
             return;
-        };
+        }
         let output = std::process::Command::new(std::env::current_exe().unwrap())
             .args([
                 "--exact",

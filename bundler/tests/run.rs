@@ -43,6 +43,38 @@ fn copy_library(dir: &Path) -> PathBuf {
     testkit::copy_library(dir, &["reference", "target"]).join("kernels.toml")
 }
 
+/// The toolchains of `build` among `toolchains`.
+fn of_build(toolchains: Vec<BuildToolchain>, build: &str) -> Vec<BuildToolchain> {
+    toolchains
+        .into_iter()
+        .filter(|toolchain| toolchain.build.to_string() == build)
+        .collect()
+}
+
+/// The nvcc of the installed cu130 toolchain.
+fn cu130_nvcc() -> PathBuf {
+    let toolchain = bundler::toolchain::discover("cu130".parse().unwrap()).unwrap();
+    toolchain.nvcc.unwrap()
+}
+
+/// The pin (`2.9.*`) of the torch whose headers a torch extension compiles with, or `None`
+/// (skipped, with the reason) where there is no torch.
+fn torch_pin() -> Option<String> {
+    let torch = match bundler::torch::TorchHeaders::find() {
+        Ok(torch) => torch,
+        Err(error) => {
+            skipped!("skipped: {error}");
+            return None;
+        }
+    };
+    let mut version = torch.version.split('.');
+    Some(format!(
+        "{}.{}.*",
+        version.next().unwrap(),
+        version.next().unwrap()
+    ))
+}
+
 /// One cold build of the default library, shared by the tests that only read it.
 struct DefaultBuild {
     _dir: tempfile::TempDir,
@@ -71,18 +103,15 @@ fn default_build() -> Option<&'static DefaultBuild> {
         .as_ref()
 }
 
-/// Options for the default library that bundle into `dir/bundle` from the shared build's
-/// cache, with that build; `None` where the toolchains are missing.
-fn from_default_build(dir: &Path) -> Option<(BundleOptions, &'static DefaultBuild)> {
+/// A fresh folder, options for the default library that bundle into its `bundle` from the
+/// shared build's cache, and that build; `None` where the toolchains are missing.
+fn from_default_build() -> Option<(tempfile::TempDir, BundleOptions, &'static DefaultBuild)> {
     let toolchains = toolchains()?;
     let build = default_build()?;
-    let options = options(
-        &default_manifest(),
-        &dir.join("bundle"),
-        &build.cache,
-        toolchains,
-    );
-    Some((options, build))
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("bundle");
+    let options = options(&default_manifest(), &out, &build.cache, toolchains);
+    Some((dir, options, build))
 }
 
 /// Runs `nvcc -M …` and returns the files its dependency rule lists, canonical; the rule's
@@ -103,25 +132,20 @@ fn nvcc_dependencies(command: &mut std::process::Command) -> Vec<PathBuf> {
         .collect()
 }
 
-fn tree_bytes(dir: &Path) -> BTreeMap<String, Vec<u8>> {
-    fn walk(root: &Path, dir: &Path, files: &mut BTreeMap<String, Vec<u8>>) {
-        for entry in std::fs::read_dir(dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                walk(root, &path, files);
-            } else {
-                let relative = path
-                    .strip_prefix(root)
-                    .unwrap()
-                    .to_string_lossy()
-                    .into_owned();
-                files.insert(relative, std::fs::read(&path).unwrap());
-            }
-        }
-    }
-    let mut files = BTreeMap::new();
-    walk(dir, dir, &mut files);
-    files
+/// `variant`'s cubin, read back from `bundle`, validated for its arch with the symbols the
+/// index records.
+fn validate_variant(
+    bundle: &Bundle,
+    kernel: &str,
+    variant: &prebuilt::index::Variant,
+) -> prebuilt::cubin::CubinInfo {
+    let cubin = bundle.read_artifact(kernel, variant).unwrap();
+    let symbols: Vec<&str> = variant
+        .functions
+        .iter()
+        .map(|f| f.symbol.as_str())
+        .collect();
+    validate_cubin(&cubin, variant.arch, &symbols).unwrap()
 }
 
 #[test]
@@ -145,13 +169,7 @@ fn default_library_bundles_every_target_minus_declared_skips() {
         let mut cells = BTreeSet::new();
         for variant in &record.variants {
             cells.insert((variant.cuda.to_string(), variant.arch.to_string()));
-            let cubin = bundle.read_artifact(name, variant).unwrap();
-            let symbols: Vec<&str> = variant
-                .functions
-                .iter()
-                .map(|f| f.symbol.as_str())
-                .collect();
-            validate_cubin(&cubin, variant.arch, &symbols).unwrap();
+            validate_variant(&bundle, name, variant);
             assert_eq!(variant.functions.len(), record.inputs.entries.len());
             for function in &variant.functions {
                 assert!(!function.param_sizes.is_empty(), "{name}: {function:?}");
@@ -216,7 +234,7 @@ fn default_library_bundles_every_target_minus_declared_skips() {
 fn second_run_compiles_nothing_and_rewrites_nothing() {
     let Some(build) = default_build() else { return };
     assert!(!build.summary.compiled.is_empty());
-    let before = tree_bytes(&build.out);
+    let before = testkit::tree::bytes(&build.out);
     let again = bundle_kernels(&options(
         &default_manifest(),
         &build.out,
@@ -226,7 +244,7 @@ fn second_run_compiles_nothing_and_rewrites_nothing() {
     .unwrap();
     assert!(again.compiled.is_empty(), "recompiled {:?}", again.compiled);
     assert_eq!(again.written, bundler::writer::WriteOutcome::Unchanged);
-    assert_eq!(tree_bytes(&build.out), before);
+    assert_eq!(testkit::tree::bytes(&build.out), before);
 }
 
 #[test]
@@ -243,7 +261,10 @@ fn identical_inputs_give_identical_bundles() {
         toolchains().unwrap(),
     ))
     .unwrap();
-    assert_eq!(tree_bytes(&warm), tree_bytes(&build.out));
+    assert_eq!(
+        testkit::tree::bytes(&warm),
+        testkit::tree::bytes(&build.out)
+    );
     let cold = dir.path().join("cold");
     let summary = bundle_kernels(&options(
         &default_manifest(),
@@ -253,7 +274,10 @@ fn identical_inputs_give_identical_bundles() {
     ))
     .unwrap();
     assert_eq!(summary.cached, 0);
-    assert_eq!(tree_bytes(&cold), tree_bytes(&build.out));
+    assert_eq!(
+        testkit::tree::bytes(&cold),
+        testkit::tree::bytes(&build.out)
+    );
 }
 
 #[test]
@@ -307,10 +331,7 @@ fn scanned_includes_are_a_superset_of_nvcc_dependencies() {
         return;
     };
     let Some(build) = default_build() else { return };
-    let nvcc = bundler::toolchain::discover("cu130".parse().unwrap())
-        .unwrap()
-        .nvcc
-        .unwrap();
+    let nvcc = cu130_nvcc();
     drop(toolchains);
     let kernels_dir = workspace().join("kernels").canonicalize().unwrap();
     let manifest = bundler::Manifest::load(&default_manifest()).unwrap();
@@ -352,8 +373,7 @@ fn scanned_includes_are_a_superset_of_nvcc_dependencies() {
 
 #[test]
 fn only_builds_a_subset_and_unknown_names_are_errors() {
-    let dir = tempfile::tempdir().unwrap();
-    let Some((mut opts, _)) = from_default_build(dir.path()) else {
+    let Some((_dir, mut opts, _)) = from_default_build() else {
         return;
     };
     opts.only = vec!["swiglu".into(), "sigmoid_gate".into()];
@@ -373,8 +393,7 @@ fn only_builds_a_subset_and_unknown_names_are_errors() {
 
 #[test]
 fn require_turns_a_declared_skip_into_an_error() {
-    let dir = tempfile::tempdir().unwrap();
-    let Some((mut opts, _)) = from_default_build(dir.path()) else {
+    let Some((dir, mut opts, _)) = from_default_build() else {
         return;
     };
     opts.require = true;
@@ -393,8 +412,7 @@ fn require_turns_a_declared_skip_into_an_error() {
 
 #[test]
 fn torch_pin_override_changes_keys_and_the_index() {
-    let dir = tempfile::tempdir().unwrap();
-    let Some((mut opts, build)) = from_default_build(dir.path()) else {
+    let Some((_dir, mut opts, build)) = from_default_build() else {
         return;
     };
     opts.torch = Some("2.11.*".into());
@@ -422,18 +440,38 @@ fn write_library(dir: &Path, manifest: &str, files: &[(&str, &str)]) -> PathBuf 
     path
 }
 
-const SMALL_LIBRARY: &str = r#"
-[library]
-package = "tiny"
-archs = ["sm_90a", "sm_100a"]
-cuda-builds = ["cu129", "cu130"]
-torch = "2.13.*"
-include-dirs = ["include"]
+/// A library's `[library]` table for sm_90a and sm_100a with both CUDA builds and the torch
+/// pin, then `rest`: further library keys, then its kernels.
+fn matrix_library(package: &str, rest: &str) -> String {
+    format!(
+        "[library]\npackage = \"{package}\"\narchs = [\"sm_90a\", \"sm_100a\"]\n\
+         cuda-builds = [\"cu129\", \"cu130\"]\ntorch = \"2.13.*\"\n{rest}"
+    )
+}
 
-[kernels.add]
-sources = ["add.cu"]
-entries = ["add"]
-"#;
+/// One kernel, `add`, whose source includes `tiny/common.cuh` from the include dir.
+fn small_manifest() -> String {
+    matrix_library(
+        "tiny",
+        "include-dirs = [\"include\"]\n\n[kernels.add]\nsources = [\"add.cu\"]\nentries = [\"add\"]\n",
+    )
+}
+
+/// `text` loaded as a library's manifest from a fresh folder: the manifest's path (which the
+/// messages name) and the manifest, or the error's text.
+fn load_manifest(text: &str) -> (PathBuf, Result<bundler::Manifest, String>) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_library(dir.path(), text, &[]);
+    let loaded = bundler::Manifest::load(&path).map_err(|error| error.to_string());
+    (path, loaded)
+}
+
+/// A library of `manifest` and `files` in a fresh folder: the folder and the manifest.
+fn library_in(manifest: &str, files: &[(&str, &str)]) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = write_library(dir.path(), manifest, files);
+    (dir, manifest)
+}
 
 const ADD_KERNEL: &str = r#"#include "tiny/common.cuh"
 extern "C" __global__ void add(float* out, const float* in, int n) {
@@ -447,13 +485,8 @@ const COMMON_HEADER: &str =
 
 #[test]
 fn manifest_syntax_error_names_file_line_and_column() {
-    let dir = tempfile::tempdir().unwrap();
-    let manifest = write_library(
-        dir.path(),
-        "[library]\npackage = \"tiny\"\narchs = [\"sm_90a\"\n",
-        &[],
-    );
-    let error = bundler::Manifest::load(&manifest).unwrap_err().to_string();
+    let (manifest, loaded) = load_manifest("[library]\npackage = \"tiny\"\narchs = [\"sm_90a\"\n");
+    let error = loaded.unwrap_err();
     let expected_prefix = format!("{}:", manifest.display());
     assert!(error.starts_with(&expected_prefix), "{error}");
     assert!(
@@ -501,53 +534,46 @@ fn include_dirs_in_flags_are_refused_naming_the_key_and_the_flag() {
         ),
     ];
     for (line, expected) in cases {
-        let dir = tempfile::tempdir().unwrap();
-        let text = SMALL_LIBRARY.replace(
+        let text = small_manifest().replace(
             "entries = [\"add\"]",
             &format!("entries = [\"add\"]\n{line}"),
         );
-        let manifest = write_library(dir.path(), &text, &[]);
-        let error = bundler::Manifest::load(&manifest).unwrap_err().to_string();
+        let error = load_manifest(&text).1.unwrap_err();
         assert!(error.contains("(kernel `add`)"), "{line}: {error}");
         assert!(error.contains(expected), "{line}: {error}");
         assert!(error.contains("`include-dirs`"), "{line}: {error}");
         // The same at library level.
-        let text = SMALL_LIBRARY.replace(
+        let text = small_manifest().replace(
             "include-dirs = [\"include\"]",
             &format!("include-dirs = [\"include\"]\n{line}"),
         );
-        let manifest = write_library(dir.path(), &text, &[]);
-        let error = bundler::Manifest::load(&manifest).unwrap_err().to_string();
+        let error = load_manifest(&text).1.unwrap_err();
         assert!(
             error.contains(expected) && !error.contains("(kernel"),
             "{line}: {error}"
         );
     }
     // Flags that only look alike pass.
-    let dir = tempfile::tempdir().unwrap();
-    let text = SMALL_LIBRARY.replace(
+    let text = small_manifest().replace(
         "entries = [\"add\"]",
         "entries = [\"add\"]\nnvcc-flags = [\"-Xptxas=-v\", \"--use_fast_math\", \"-lineinfo\"]",
     );
-    bundler::Manifest::load(&write_library(dir.path(), &text, &[])).unwrap();
+    load_manifest(&text).1.unwrap();
 }
 
 /// A torch pin is a PEP 440 specifier set, checked when the manifest is read.
 #[test]
 fn torch_pins_are_checked_when_the_manifest_is_read() {
     for pin in [">=2.9", "~=2.11", "==2.11.*", "2.13.*", ">=2.11,<2.14"] {
-        let dir = tempfile::tempdir().unwrap();
-        let text = SMALL_LIBRARY.replace("torch = \"2.13.*\"", &format!("torch = \"{pin}\""));
-        let manifest = bundler::Manifest::load(&write_library(dir.path(), &text, &[]))
+        let text = small_manifest().replace("torch = \"2.13.*\"", &format!("torch = \"{pin}\""));
+        let manifest = load_manifest(&text)
+            .1
             .unwrap_or_else(|error| panic!("{pin}: {error}"));
         assert_eq!(manifest.library.torch, pin);
     }
     for pin in ["latest", "=>2.9", ">=", "2.x"] {
-        let dir = tempfile::tempdir().unwrap();
-        let text = SMALL_LIBRARY.replace("torch = \"2.13.*\"", &format!("torch = \"{pin}\""));
-        let error = bundler::Manifest::load(&write_library(dir.path(), &text, &[]))
-            .unwrap_err()
-            .to_string();
+        let text = small_manifest().replace("torch = \"2.13.*\"", &format!("torch = \"{pin}\""));
+        let error = load_manifest(&text).1.unwrap_err();
         assert!(
             error.contains(&format!("`torch`: invalid torch pin `{pin}`")),
             "{error}"
@@ -557,13 +583,12 @@ fn torch_pins_are_checked_when_the_manifest_is_read() {
 
 #[test]
 fn unknown_manifest_key_names_line_and_column() {
-    let dir = tempfile::tempdir().unwrap();
-    let text = SMALL_LIBRARY.replace(
+    let text = small_manifest().replace(
         "entries = [\"add\"]",
         "entries = [\"add\"]\nentry-points = [\"x\"]",
     );
-    let manifest = write_library(dir.path(), &text, &[]);
-    let error = bundler::Manifest::load(&manifest).unwrap_err().to_string();
+    let (manifest, loaded) = load_manifest(&text);
+    let error = loaded.unwrap_err();
     assert!(error.contains("entry-points"), "{error}");
     assert!(
         error.contains(&format!("{}:", manifest.display())),
@@ -582,10 +607,8 @@ fn unknown_manifest_key_names_line_and_column() {
 
 #[test]
 fn invalid_arch_in_manifest_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let text = SMALL_LIBRARY.replace("\"sm_100a\"]", "\"sm100a\"]");
-    let manifest = write_library(dir.path(), &text, &[]);
-    let error = bundler::Manifest::load(&manifest).unwrap_err().to_string();
+    let text = small_manifest().replace("\"sm_100a\"]", "\"sm100a\"]");
+    let error = load_manifest(&text).1.unwrap_err();
     assert!(
         error.contains("`sm100a` is not a valid architecture"),
         "{error}"
@@ -597,10 +620,8 @@ fn missing_header_names_the_include_chain() {
     let Some(toolchains) = toolchains() else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let manifest = write_library(
-        dir.path(),
-        SMALL_LIBRARY,
+    let (dir, manifest) = library_in(
+        &small_manifest(),
         &[
             ("add.cu", ADD_KERNEL),
             (
@@ -623,11 +644,9 @@ fn computed_include_is_refused_with_its_location() {
     let Some(toolchains) = toolchains() else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let manifest = small_library(
-        dir.path(),
-        &format!("#define HEADER \"tiny/common.cuh\"\n#include HEADER\n{ADD_KERNEL}"),
-    );
+    let (dir, manifest) = small_library(&format!(
+        "#define HEADER \"tiny/common.cuh\"\n#include HEADER\n{ADD_KERNEL}"
+    ));
     let error = bundle_kernels(&options_in(dir.path(), &manifest, toolchains)).unwrap_err();
     let text = anyhow_like(&error);
     assert!(text.contains("add.cu:2"), "{text}");
@@ -639,11 +658,8 @@ fn compile_error_shows_the_log_with_kernel_arch_and_build() {
     let Some(toolchains) = toolchains() else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let manifest = small_library(
-        dir.path(),
-        &ADD_KERNEL.replace("twice(in[i])", "undeclared_function(in[i])"),
-    );
+    let (dir, manifest) =
+        small_library(&ADD_KERNEL.replace("twice(in[i])", "undeclared_function(in[i])"));
     for toolchain in toolchains {
         let build = toolchain.build;
         let mut opts = options_in(dir.path(), &manifest, vec![toolchain]);
@@ -756,11 +772,11 @@ cubins = [{{ arch = "sm_90a", cuda = "cu130", path = "vendor.cubin" }}]
     );
 }
 
-/// The small library at `dir` with `add_cu` as its kernel's source, beside its common header.
-fn small_library(dir: &Path, add_cu: &str) -> PathBuf {
-    write_library(
-        dir,
-        SMALL_LIBRARY,
+/// The small library in a fresh folder with `add_cu` as its kernel's source, beside its common
+/// header: the folder and the manifest.
+fn small_library(add_cu: &str) -> (tempfile::TempDir, PathBuf) {
+    library_in(
+        &small_manifest(),
         &[
             ("add.cu", add_cu),
             ("include/tiny/common.cuh", COMMON_HEADER),
@@ -804,7 +820,7 @@ impl Compiler for FakeCompiler {
         self.calls
             .lock()
             .unwrap()
-            .push(format!("{} {}", request.kernel, request.arch));
+            .push(format!("{} {}", request.kernel, request.job.arch));
         self.in_flight.fetch_sub(1, Ordering::SeqCst);
         Ok(CompileOutput {
             cubin: self.cubin.clone(),
@@ -828,7 +844,7 @@ fn jobs_run_in_parallel_up_to_the_limit_and_hit_the_cache_after() {
         3
     );
     // Eight kernels with one identical cubin: stored once.
-    let bundle = tree_bytes(&opts.out);
+    let bundle = testkit::tree::bytes(&opts.out);
     assert_eq!(
         bundle
             .keys()
@@ -951,7 +967,7 @@ fn remote(url: &str) -> SharedBuild {
 /// Every local build-cache entry is a whole cubin equal to `cubin`: nothing partial, nothing
 /// unverified, no temporary file left.
 fn assert_cache_holds_only(cache: &Path, cubin: &[u8]) {
-    let files = tree_bytes(cache);
+    let files = testkit::tree::bytes(cache);
     assert!(!files.is_empty());
     for (path, bytes) in files {
         assert!(path.ends_with(".cubin"), "{path}");
@@ -1001,7 +1017,10 @@ fn fake_shards_merge_into_the_single_build_and_bad_sets_are_refused() {
     )
     .unwrap();
     assert_eq!(merged.shards, 3);
-    assert_eq!(tree_bytes(&out), tree_bytes(&single.out));
+    assert_eq!(
+        testkit::tree::bytes(&out),
+        testkit::tree::bytes(&single.out)
+    );
 
     let error = merge_shards(&dirs[..2], &library.dir.path().join("bad"), 2).unwrap_err();
     assert_eq!(error.to_string(), "cannot merge shards: shard 3/3 missing");
@@ -1043,7 +1062,10 @@ fn real_shards_merge_into_the_single_machine_bundle_byte_for_byte() {
     }
     let out = dir.path().join("_prebuilt");
     merge_shards(&shards, &out, 2).unwrap();
-    let (merged, single) = (tree_bytes(&out), tree_bytes(&single.out));
+    let (merged, single) = (
+        testkit::tree::bytes(&out),
+        testkit::tree::bytes(&single.out),
+    );
     assert_eq!(
         merged.keys().collect::<Vec<_>>(),
         single.keys().collect::<Vec<_>>()
@@ -1087,7 +1109,10 @@ fn the_remote_cache_serves_a_second_machine() {
     assert!(second.compiled.is_empty());
     assert_eq!(second.from_remote, 4);
     assert_eq!(library.calls(), 4);
-    assert_eq!(tree_bytes(&second.out), tree_bytes(&first.out));
+    assert_eq!(
+        testkit::tree::bytes(&second.out),
+        testkit::tree::bytes(&first.out)
+    );
     assert_cache_holds_only(&library.dir.path().join("two/cache"), &library.cubin);
 }
 
@@ -1206,7 +1231,10 @@ fn remote_cache_on_a_real_server_serves_a_second_machine() {
     let second = bundler::bundle_kernels_shared(&library.options("two"), &remote(&url)).unwrap();
     assert!(second.compiled.is_empty());
     assert_eq!(second.from_remote, 4);
-    assert_eq!(tree_bytes(&second.out), tree_bytes(&first.out));
+    assert_eq!(
+        testkit::tree::bytes(&second.out),
+        testkit::tree::bytes(&first.out)
+    );
 }
 
 /// `cargo test --release -p bundler --test run bench_remote_cache -- --ignored --nocapture`:
@@ -1238,7 +1266,10 @@ fn bench_remote_cache_rebuild() {
     let warm = build("warm");
     assert_eq!(warm.from_remote, cold.compiled.len());
     assert!(warm.compiled.is_empty());
-    assert_eq!(tree_bytes(&warm.out), tree_bytes(&cold.out));
+    assert_eq!(
+        testkit::tree::bytes(&warm.out),
+        testkit::tree::bytes(&cold.out)
+    );
     println!(
         "| cold build, {} cubins compiled, uploaded | {:.2} s |\n| rebuild on an empty local \
          cache, {} from the remote cache | {:.2} s |",
@@ -1254,14 +1285,7 @@ fn bench_remote_cache_rebuild() {
 /// Where `ci/setup-thirdparty` puts third-party headers, or `None` (printing why) when it has
 /// not run; with `KWHEEL_REQUIRE_TOOLCHAINS=1` (CI) their absence fails the test.
 fn thirdparty(test: &str, name: &str) -> Option<PathBuf> {
-    let root = std::env::var_os("KWHEEL_THIRDPARTY")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            prebuilt::cache::user_cache_dir()
-                .join("kwheel")
-                .join("thirdparty")
-        });
-    let dir = root.join(name).join("include");
+    let dir = thirdparty_root().join(name).join("include");
     if dir.is_dir() {
         return Some(dir);
     }
@@ -1273,6 +1297,14 @@ fn thirdparty(test: &str, name: &str) -> Option<PathBuf> {
         dir.display()
     );
     None
+}
+
+/// `$KWHEEL_THIRDPARTY`, else the user cache's `kwheel/thirdparty`: where
+/// `ci/setup-thirdparty` fetches to.
+fn thirdparty_root() -> PathBuf {
+    std::env::var_os("KWHEEL_THIRDPARTY")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| prebuilt::cache::user_cache_dir().join("kwheel/thirdparty"))
 }
 
 #[test]
@@ -1321,13 +1353,7 @@ fn flashinfer_activation_norm_and_quantization_build_for_the_whole_matrix() {
         for variant in &record.variants {
             // Each cubin validates for its arch with the symbols the compiler named, and a
             // cu129 one is what CUDA 12.9's ptxas writes (ABI 7 for sm_90a, as NVRTC 12.9).
-            let cubin = bundle.read_artifact(name, variant).unwrap();
-            let symbols: Vec<&str> = variant
-                .functions
-                .iter()
-                .map(|f| f.symbol.as_str())
-                .collect();
-            let info = validate_cubin(&cubin, variant.arch, &symbols).unwrap();
+            let info = validate_variant(&bundle, name, variant);
             if variant.label() == "cu129/sm_90a" {
                 assert_eq!((info.abi_version, info.elf_flags), (7, 0x5a0d5a), "{name}");
             }
@@ -1367,10 +1393,7 @@ fn flashinfer_activation_norm_and_quantization_build_for_the_whole_matrix() {
 
     // The hashed files are exactly the library files nvcc reads (`nvcc -M`), those reached
     // through toolkit and system headers included.
-    let nvcc = bundler::toolchain::discover("cu130".parse().unwrap())
-        .unwrap()
-        .nvcc
-        .unwrap();
+    let nvcc = cu130_nvcc();
     let library_roots = [
         dir.path().canonicalize().unwrap(),
         flashinfer.canonicalize().unwrap(),
@@ -1414,9 +1437,7 @@ fn a_library_header_reached_through_a_toolkit_header_is_in_the_key() {
     };
     // `<cuda/std/utility>` is the toolkit's; it includes `<cuda/std/detail/__config>`, which
     // this library's include dir shadows (as a library vendoring a newer CCCL does).
-    let dir = tempfile::tempdir().unwrap();
-    let manifest = write_library(
-        dir.path(),
+    let (dir, manifest) = library_in(
         "[library]\npackage = \"shadow\"\narchs = [\"sm_90a\"]\ncuda-builds = [\"cu130\"]\ntorch = \"2.13.*\"\ninclude-dirs = [\"vendor\"]\n[kernels.k]\nsources = [\"k.cu\"]\nentries = [\"k\"]\n",
         &[
             (
@@ -1430,10 +1451,7 @@ fn a_library_header_reached_through_a_toolkit_header_is_in_the_key() {
             ),
         ],
     );
-    let cu130: Vec<BuildToolchain> = toolchains
-        .into_iter()
-        .filter(|t| t.build.to_string() == "cu130")
-        .collect();
+    let cu130 = of_build(toolchains, "cu130");
     let manifest_file = bundler::Manifest::load(&manifest).unwrap();
     let spec = &manifest_file.kernels["k"];
     let toolkit: Vec<PathBuf> = cu130[0].include_dirs.clone();
@@ -1450,10 +1468,7 @@ fn a_library_header_reached_through_a_toolkit_header_is_in_the_key() {
         before.inputs.files.keys().collect::<Vec<_>>()
     );
     // nvcc reads that file too.
-    let nvcc = bundler::toolchain::discover("cu130".parse().unwrap())
-        .unwrap()
-        .nvcc
-        .unwrap();
+    let nvcc = cu130_nvcc();
     let output = std::process::Command::new(&nvcc)
         .args(["-M", "-arch=sm_90a", "-std=c++17"])
         .arg(format!("-I{}", dir.path().join("vendor").display()))
@@ -1485,13 +1500,12 @@ fn a_library_header_reached_through_a_toolkit_header_is_in_the_key() {
     );
 }
 
-const PARTLY_BUILDABLE: &str = r#"
-[library]
-package = "partly"
-archs = ["sm_90a", "sm_100a"]
-cuda-builds = ["cu129", "cu130"]
-torch = "2.13.*"
-# nvcc rejects this NVRTC option: it reaches NVRTC only.
+/// Three kernels: `fill` builds everywhere, `picky` everywhere but with nvcc for sm_100a,
+/// `newest` only with cu130.
+fn partly_buildable() -> String {
+    matrix_library(
+        "partly",
+        r#"# nvcc rejects this NVRTC option: it reaches NVRTC only.
 nvrtc-flags = ["-default-device"]
 
 [kernels.fill]
@@ -1506,7 +1520,9 @@ entries = ["picky"]
 sources = ["newest.cu"]
 entries = ["newest"]
 cuda-builds = ["cu130"]
-"#;
+"#,
+    )
+}
 
 const FILL_KERNEL: &str = r#"#include <cuda_fp16.h>
 template <typename T, int N>
@@ -1530,10 +1546,8 @@ fn a_target_that_fails_is_recorded_and_the_rest_is_bundled() {
     let Some(toolchains) = toolchains() else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let manifest = write_library(
-        dir.path(),
-        PARTLY_BUILDABLE,
+    let (dir, manifest) = library_in(
+        &partly_buildable(),
         &[
             ("fill.cu", FILL_KERNEL),
             ("picky.cu", PICKY_KERNEL),
@@ -1624,7 +1638,7 @@ impl Compiler for FailingCompiler {
     fn compile(&self, request: &CompileRequest<'_>) -> Result<CompileOutput, CompileError> {
         Err(CompileError::Failed {
             kernel: request.kernel.to_owned(),
-            arch: request.arch,
+            arch: request.job.arch,
             build: "cu130".parse().unwrap(),
             compiler: self.0.clone(),
             log: "error: nothing compiles here\n".into(),
@@ -1634,9 +1648,7 @@ impl Compiler for FailingCompiler {
 
 #[test]
 fn a_kernel_built_for_no_target_fails_the_build() {
-    let dir = tempfile::tempdir().unwrap();
-    let manifest = write_library(
-        dir.path(),
+    let (dir, manifest) = library_in(
         "[library]\npackage = \"none\"\narchs = [\"sm_90a\", \"sm_100a\"]\ncuda-builds = [\"cu130\"]\ntorch = \"2.13.*\"\n[kernels.k]\nsources = [\"k.cu\"]\nentries = [\"k\"]\n",
         &[("k.cu", "// k\n")],
     );
@@ -1668,9 +1680,7 @@ fn an_unknown_entry_lists_the_candidates_as_entries_spell_them() {
     let Some(toolchains) = toolchains() else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let manifest = write_library(
-        dir.path(),
+    let (dir, manifest) = library_in(
         "[library]\npackage = \"typo\"\narchs = [\"sm_90a\"]\ncuda-builds = [\"cu130\"]\ntorch = \"2.13.*\"\n[kernels.k]\nsources = [\"k.cu\"]\nentries = [\"scale<float>\", \"scale_rows\"]\n",
         &[(
             "k.cu",
@@ -1680,11 +1690,7 @@ fn an_unknown_entry_lists_the_candidates_as_entries_spell_them() {
              template __global__ void scale<float, 8, twice>(float*);\n",
         )],
     );
-    let toolchains = toolchains
-        .into_iter()
-        .filter(|t| t.build.to_string() == "cu130")
-        .collect();
-    let mut opts = options_in(dir.path(), &manifest, toolchains);
+    let mut opts = options_in(dir.path(), &manifest, of_build(toolchains, "cu130"));
     opts.require = true;
     let error = bundle_kernels(&opts).unwrap_err();
     let text = anyhow_like(&error);

@@ -9,6 +9,7 @@
 //! | the embedded library, copied to edit | [`copy_library`], [`copy_tree`], [`NOT_SOURCES`] |
 //! | an error and its causes in a failure message | [`error_chain`] |
 //! | a store with faults on request | [`loopback_store`] |
+//! | a folder's files by relative path, to compare or measure trees | [`tree`] |
 //! | variants, records, indexes, device queries in code | [`fixtures`] |
 //! | user-facing text with temp paths, digests and versions filtered | [`snapshot_filters`] |
 //!
@@ -18,6 +19,7 @@
 use std::path::{Path, PathBuf};
 
 pub mod loopback_store;
+pub mod tree;
 
 /// `text` with every regex metacharacter escaped, for a snapshot filter.
 pub use regex::escape as regex_escape;

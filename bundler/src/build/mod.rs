@@ -38,7 +38,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use prebuilt::compile::{resolve_entries, EntryError};
+use prebuilt::compile::{resolve_entries, CompileJob};
 use prebuilt::cubin::{stub_entries, StubEntry};
 use prebuilt::index::{
     CompilerRecord, Function, Index, KernelInputs, KernelRecord, Skip, SourceRecipe, StoredFile,

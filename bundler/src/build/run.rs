@@ -375,16 +375,18 @@ fn fetch_or_compile(job: &Job, kernel: &PlannedKernel, cache: &BuildCache) -> Re
             let flags = inputs.flags_for(&job.compiler.kind);
             let request = CompileRequest {
                 kernel: &kernel.name,
-                key: &job.key,
-                tree,
-                source,
-                include_dirs,
-                defines: &inputs.defines,
-                flags: &flags,
-                cxx_std: &inputs.cxx_std,
-                arch: job.arch,
-                name_expressions: &name_expressions,
-                preamble: &inputs.preamble,
+                job: CompileJob {
+                    key: &job.key,
+                    tree,
+                    source,
+                    include_dirs,
+                    defines: &inputs.defines,
+                    flags: &flags,
+                    cxx_std: &inputs.cxx_std,
+                    arch: job.arch,
+                    name_expressions: &name_expressions,
+                    preamble: &inputs.preamble,
+                },
             };
             let output = compiler.compile(&request).map_err(Box::new)?;
             (output.cubin, output.lowered_names)
@@ -443,34 +445,22 @@ pub(super) fn check_cubin(
     kernel: &PlannedKernel,
     symbols: &BTreeMap<String, String>,
 ) -> Result<Vec<Function>, Error> {
-    resolve_entries(cubin, job.arch, &kernel.inputs.entries, symbols).map_err(|error| match error {
-        EntryError::Invalid(source) => Error::InvalidCubin {
-            kernel: kernel.name.clone(),
-            arch: job.arch,
-            build: job.build,
-            source,
-        },
-        EntryError::Missing { entry, found } => Error::MissingEntry {
-            kernel: kernel.name.clone(),
-            arch: job.arch,
-            build: job.build,
-            entry,
-            found,
-        },
-        EntryError::NotExternC {
-            entry,
-            symbol,
-            expression,
-        } => Error::MissingEntry {
-            kernel: kernel.name.clone(),
-            arch: job.arch,
-            build: job.build,
-            entry,
-            found: vec![format!(
-                "{symbol}, a C++ kernel: a plain entry names an `extern \"C\"` one, so write \
-                 it as `{expression}`"
-            )],
-        },
+    resolve_entries(cubin, job.arch, &kernel.inputs.entries, symbols).map_err(|error| {
+        match error.missing_entry() {
+            Err(source) => Error::InvalidCubin {
+                kernel: kernel.name.clone(),
+                arch: job.arch,
+                build: job.build,
+                source,
+            },
+            Ok((entry, found)) => Error::MissingEntry {
+                kernel: kernel.name.clone(),
+                arch: job.arch,
+                build: job.build,
+                entry,
+                found,
+            },
+        }
     })
 }
 

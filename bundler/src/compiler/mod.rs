@@ -32,10 +32,9 @@ mod nvrtc;
 #[cfg(test)]
 mod tests;
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use prebuilt::compile::{self, CompileFailure, CompileJob, CompilerTool, SourceTree};
+use prebuilt::compile::{self, CompileFailure, CompileJob, CompilerTool};
 use prebuilt::index::CompilerRecord;
 use prebuilt::nvrtc::NvrtcError;
 use prebuilt::target::{Arch, CudaBuild};
@@ -51,39 +50,15 @@ pub use nvrtc::{explain_nvrtc_log, Nvrtc};
 pub struct CompileRequest<'a> {
     /// The kernel's name, for messages.
     pub kernel: &'a str,
-    /// The target's key, which names the folder the compile runs in.
-    pub key: &'a str,
-    /// The library's files, laid out as a bundle's `sources/`.
-    pub tree: &'a SourceTree,
-    /// The `.cu` file to compile, by stable path (relative to the library root).
-    pub source: &'a str,
-    /// The kernel's include directories by stable name (`.`, `include`, `[0]`), searched
-    /// before the toolkit's.
-    pub include_dirs: &'a [String],
-    /// Preprocessor definitions, passed as `-DNAME=value`.
-    pub defines: &'a BTreeMap<String, String>,
-    /// Further compiler flags, passed as given after everything else.
-    pub flags: &'a [String],
-    /// The C++ standard, `c++17`.
-    pub cxx_std: &'a str,
-    /// The target architecture.
-    pub arch: Arch,
-    /// Templated entry points to instantiate and lower, like `scale_rows<float>`.
-    pub name_expressions: &'a [String],
-    /// C++ text compiled after the source, before the entries are named (empty for none).
-    pub preamble: &'a str,
+    /// What the executor compiles: the key (which names the folder the compile runs in),
+    /// the library's files laid out as a bundle's `sources/`, the source, include dirs,
+    /// defines, flags, C++ standard, target arch, name expressions and preamble.
+    pub job: CompileJob<'a>,
 }
 
-/// What a successful compile produced.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CompileOutput {
-    /// The cubin.
-    pub cubin: Vec<u8>,
-    /// The compiler's output: warnings, or empty.
-    pub log: String,
-    /// NVRTC: each name expression with its mangled symbol. nvcc: empty.
-    pub lowered_names: BTreeMap<String, String>,
-}
+/// What a successful compile produced: the cubin, the compiler's output (warnings, or
+/// empty), and each name expression with its mangled symbol.
+pub use prebuilt::compile::Compiled as CompileOutput;
 
 /// Compiles one kernel for one architecture. The scheduler holds these; tests substitute fakes.
 pub trait Compiler: Send + Sync {
@@ -254,6 +229,28 @@ pub enum CompileError {
     },
 }
 
+impl CompileError {
+    /// The same error, a failed compile's log rewritten by `explain` (a note appended).
+    fn explain_log(self, explain: impl FnOnce(String) -> String) -> CompileError {
+        match self {
+            CompileError::Failed {
+                kernel,
+                arch,
+                build,
+                compiler,
+                log,
+            } => CompileError::Failed {
+                kernel,
+                arch,
+                build,
+                compiler,
+                log: explain(log),
+            },
+            error => error,
+        }
+    }
+}
+
 fn sm_list(archs: &[u32]) -> String {
     let names: Vec<String> = archs.iter().map(|sm| format!("sm_{sm}")).collect();
     names.join(", ")
@@ -322,12 +319,12 @@ impl Identity {
     }
 
     fn check_arch(&self, request: &CompileRequest<'_>) -> Result<(), CompileError> {
-        if self.toolchain.supports(request.arch) {
+        if self.toolchain.supports(request.job.arch) {
             return Ok(());
         }
         Err(CompileError::Unsupported {
             kernel: request.kernel.to_owned(),
-            arch: request.arch,
+            arch: request.job.arch,
             build: self.build(),
             compiler: self.compiler().clone(),
             supported: self.toolchain.supported_archs.iter().copied().collect(),
@@ -339,26 +336,14 @@ impl Identity {
         &self,
         tool: &CompilerTool<'_>,
         request: &CompileRequest<'_>,
-    ) -> Result<compile::Compiled, CompileError> {
+    ) -> Result<CompileOutput, CompileError> {
         self.check_arch(request)?;
-        let job = CompileJob {
-            key: request.key,
-            tree: request.tree,
-            source: request.source,
-            include_dirs: request.include_dirs,
-            arch: request.arch,
-            cxx_std: request.cxx_std,
-            defines: request.defines,
-            flags: request.flags,
-            name_expressions: request.name_expressions,
-            preamble: request.preamble,
-        };
-        compile::compile(tool, &job).map_err(|failure| self.error(request, failure))
+        compile::compile(tool, &request.job).map_err(|failure| self.error(request, failure))
     }
 
     fn error(&self, request: &CompileRequest<'_>, failure: CompileFailure) -> CompileError {
         let kernel = request.kernel.to_owned();
-        let arch = request.arch;
+        let arch = request.job.arch;
         let build = self.build();
         let compiler = self.compiler().clone();
         match failure {
@@ -418,14 +403,5 @@ impl Identity {
                 source,
             },
         }
-    }
-}
-
-/// What the executor produced, as the scheduler takes it.
-fn output(compiled: compile::Compiled) -> CompileOutput {
-    CompileOutput {
-        cubin: compiled.cubin,
-        log: compiled.log,
-        lowered_names: compiled.lowered_names,
     }
 }

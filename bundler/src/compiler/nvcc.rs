@@ -4,7 +4,7 @@
 use prebuilt::compile::{self, CompilerTool};
 use prebuilt::index::CompilerRecord;
 
-use super::{output, CompileError, CompileOutput, CompileRequest, Compiler, Identity};
+use super::{CompileError, CompileOutput, CompileRequest, Compiler, Identity};
 use crate::toolchain::{CompilerId, CompilerKind, Toolchain};
 use std::path::PathBuf;
 
@@ -44,7 +44,6 @@ impl Compiler for Nvcc {
         };
         self.identity
             .run(&tool, request)
-            .map(output)
             .map_err(|error| explain_probes(request, error))
     }
 }
@@ -80,33 +79,21 @@ fn errs_at_probe_line(log: &str, probes: usize) -> bool {
 /// ([`compile::entry_probes_source`]): an error in `kwheel-entries.cu` is an entry that names
 /// no kernel as written.
 pub(super) fn explain_probes(request: &CompileRequest<'_>, error: CompileError) -> CompileError {
-    match error {
-        CompileError::Failed {
-            kernel,
-            arch,
-            build,
-            compiler,
-            log,
-        } if errs_at_probe_line(&log, request.name_expressions.len()) => {
-            let lines: Vec<String> = request
-                .name_expressions
-                .iter()
-                .enumerate()
-                .map(|(n, entry)| format!("line {}: entry `{entry}`", 3 + 2 * n))
-                .collect();
-            CompileError::Failed {
-                kernel,
-                arch,
-                build,
-                compiler,
-                log: format!(
-                    "{log}\nnote: `kwheel-entries.cu` is the kernel's source followed by one \
-                     line per name expression of `entries`, taking its address ({}); an error \
-                     there means the entry names no kernel as written\n",
-                    lines.join(", ")
-                ),
-            }
+    let expressions = request.job.name_expressions;
+    error.explain_log(|log| {
+        if !errs_at_probe_line(&log, expressions.len()) {
+            return log;
         }
-        error => error,
-    }
+        let lines: Vec<String> = expressions
+            .iter()
+            .enumerate()
+            .map(|(n, entry)| format!("line {}: entry `{entry}`", 3 + 2 * n))
+            .collect();
+        format!(
+            "{log}\nnote: `kwheel-entries.cu` is the kernel's source followed by one line per \
+             name expression of `entries`, taking its address ({}); an error there means the \
+             entry names no kernel as written\n",
+            lines.join(", ")
+        )
+    })
 }

@@ -9,7 +9,7 @@ use prebuilt::compile::CompilerTool;
 use prebuilt::index::CompilerRecord;
 
 use super::nvcc::{explain_probes, nvcc_record};
-use super::{output, CompileError, CompileOutput, CompileRequest, Compiler, Identity};
+use super::{CompileError, CompileOutput, CompileRequest, Compiler, Identity};
 use crate::toolchain::{ptxas_version, CompilerId, CompilerKind, Toolchain};
 
 /// A CUDA build without nvcc of its own (CUDA 12.9 from its wheels) compiling code with host
@@ -78,7 +78,6 @@ impl Compiler for NvccPtxas {
         };
         self.identity
             .run(&tool, request)
-            .map(output)
             .map_err(|error| explain_probes(request, error))
     }
 }

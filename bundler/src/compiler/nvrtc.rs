@@ -6,7 +6,7 @@ use std::sync::Arc;
 use prebuilt::compile::CompilerTool;
 use prebuilt::nvrtc::{self, NvrtcLibrary};
 
-use super::{output, CompileError, CompileOutput, CompileRequest, Compiler, Identity};
+use super::{CompileError, CompileOutput, CompileRequest, Compiler, Identity};
 use crate::toolchain::{CompilerId, CompilerKind, Toolchain};
 
 /// NVRTC, through the toolchain's libnvrtc loaded into this process.
@@ -47,23 +47,7 @@ impl Compiler for Nvrtc {
         };
         self.identity
             .run(&tool, request)
-            .map(output)
-            .map_err(|error| match error {
-                CompileError::Failed {
-                    kernel,
-                    arch,
-                    build,
-                    compiler,
-                    log,
-                } => CompileError::Failed {
-                    kernel,
-                    arch,
-                    build,
-                    compiler,
-                    log: explain_nvrtc_log(log),
-                },
-                error => error,
-            })
+            .map_err(|error| error.explain_log(explain_nvrtc_log))
     }
 }
 

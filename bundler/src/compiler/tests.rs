@@ -1,14 +1,17 @@
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use prebuilt::compile::SourceTree;
+use prebuilt::compile::{CompileJob, SourceTree};
 use prebuilt::key::sha256_hex;
 use prebuilt::target::CudaBuild;
 
 use super::*;
-use crate::toolchain::{error_chain, toolchain_for_tests, CUDA_12_9, CUDA_13_0};
+use crate::toolchain::{
+    both_toolchains, described_toolchain, toolchain_for_tests, CUDA_12_9, CUDA_13_0,
+};
+use testkit::error_chain;
 
 const KERNEL: &str = r#"
 #include "scale.cuh"
@@ -86,16 +89,18 @@ fn request<'a>(
 ) -> CompileRequest<'a> {
     CompileRequest {
         kernel: "scale_rows",
-        key,
-        tree: &fixture.tree,
-        source: "scale.cu",
-        include_dirs: if include { &fixture.include } else { &[] },
-        defines: &fixture.defines,
-        flags: &[],
-        cxx_std: "c++17",
-        arch: arch.parse().unwrap(),
-        name_expressions,
-        preamble: "",
+        job: CompileJob {
+            key,
+            tree: &fixture.tree,
+            source: "scale.cu",
+            include_dirs: if include { &fixture.include } else { &[] },
+            defines: &fixture.defines,
+            flags: &[],
+            cxx_std: "c++17",
+            arch: arch.parse().unwrap(),
+            name_expressions,
+            preamble: "",
+        },
     }
 }
 
@@ -104,24 +109,6 @@ fn request<'a>(
 fn installed_compiler(build: CudaBuild) -> Option<Box<dyn Compiler>> {
     let toolchain = toolchain_for_tests(build)?;
     Some(compiler_for(&toolchain).unwrap())
-}
-
-/// A toolchain under `/tk` that exists only as a description, for command lines and refusals.
-fn described_toolchain(build: CudaBuild, kind: CompilerKind, version: &str) -> Toolchain {
-    Toolchain {
-        build,
-        root: PathBuf::from("/tk"),
-        nvcc: None,
-        nvrtc: None,
-        ptxas: None,
-        host_compiler: None,
-        include_dirs: Vec::new(),
-        compiler: CompilerId {
-            kind,
-            version: version.into(),
-        },
-        supported_archs: BTreeSet::from([90, 100]),
-    }
 }
 
 /// The log of a compile that must have failed in the compiler itself.
@@ -262,10 +249,8 @@ fn nvrtc_rejected_option_names_the_kernel_and_compiler() {
     let fixture = fixture(KERNEL);
     let key = fixture_key(&fixture, "");
     let flags = ["--no-such-option".to_owned()];
-    let request = CompileRequest {
-        flags: &flags,
-        ..request(&fixture, &key, true, "sm_90a", &[])
-    };
+    let mut request = request(&fixture, &key, true, "sm_90a", &[]);
+    request.job.flags = &flags;
     let error = compiler.compile(&request).unwrap_err();
     assert!(matches!(error, CompileError::Nvrtc { .. }), "{error}");
     assert_eq!(
@@ -294,10 +279,7 @@ fn compiler_must_be_the_toolchains_own() {
 
 #[test]
 fn host_code_builds_for_cu129_through_nvcc_and_ptxas() {
-    let (Some(cu129), Some(cu130)) = (
-        toolchain_for_tests(CUDA_12_9),
-        toolchain_for_tests(CUDA_13_0),
-    ) else {
+    let Some((cu129, cu130)) = both_toolchains() else {
         return;
     };
     let route = NvccPtxas::new(&cu129, &cu130).unwrap();
@@ -459,12 +441,7 @@ extern "C" __global__ void hungry(float* out, const float* in, int n) {
 /// Both CUDA builds' compilers, the way a kernel with host code (or `nvcc-flags`) builds:
 /// cu130's nvcc and cu129's nvcc+ptxas route.
 fn nvcc_and_route() -> Option<(Box<dyn Compiler>, NvccPtxas)> {
-    let (Some(cu129), Some(cu130)) = (
-        toolchain_for_tests(CUDA_12_9),
-        toolchain_for_tests(CUDA_13_0),
-    ) else {
-        return None;
-    };
+    let (cu129, cu130) = both_toolchains()?;
     Some((
         compiler_for(&cu130).unwrap(),
         NvccPtxas::new(&cu129, &cu130).unwrap(),
@@ -479,11 +456,9 @@ fn maxrregcount_reaches_ptxas_on_the_cu129_route_as_on_cu130() {
     let fixture = fixture(REGISTER_HUNGRY);
     let key = fixture_key(&fixture, "");
     let registers = |compiler: &dyn Compiler, flags: &[String]| {
-        let request = CompileRequest {
-            kernel: "hungry",
-            flags,
-            ..request(&fixture, &key, false, "sm_90a", &[])
-        };
+        let mut request = request(&fixture, &key, false, "sm_90a", &[]);
+        request.kernel = "hungry";
+        request.job.flags = flags;
         let output = compiler
             .compile(&request)
             .unwrap_or_else(|error| panic!("{}", error_chain(&error)));
@@ -510,11 +485,9 @@ fn a_flag_the_cu129_route_cannot_honour_is_refused_by_name() {
     let fixture = fixture(REGISTER_HUNGRY);
     let key = fixture_key(&fixture, "");
     let flags = ["-lineinfo".to_owned(), "-rdc=true".to_owned()];
-    let request = CompileRequest {
-        kernel: "hungry",
-        flags: &flags,
-        ..request(&fixture, &key, false, "sm_90a", &[])
-    };
+    let mut request = request(&fixture, &key, false, "sm_90a", &[]);
+    request.kernel = "hungry";
+    request.job.flags = &flags;
     let error = route.compile(&request).unwrap_err();
     assert!(matches!(error, CompileError::Unhonoured { .. }), "{error}");
     let message = error.to_string();
@@ -572,6 +545,44 @@ fn place_sensitive_library(root: &Path) -> SourceTree {
     }
 }
 
+/// Every compiler of the two CUDA builds: cu130's nvcc, cu129's nvcc+ptxas route, cu129's
+/// NVRTC.
+fn every_compiler(cu129: &Toolchain, cu130: &Toolchain) -> Vec<Box<dyn Compiler>> {
+    vec![
+        compiler_for(cu130).unwrap(),
+        Box::new(NvccPtxas::new(cu129, cu130).unwrap()),
+        compiler_for(cu129).unwrap(),
+    ]
+}
+
+/// The cubin of [`PLACE_SENSITIVE`]'s kernel in `tree`, for sm_90a with `flags`.
+fn compile_place_sensitive(
+    compiler: &dyn Compiler,
+    key: &str,
+    tree: &SourceTree,
+    flags: &[String],
+) -> Vec<u8> {
+    let request = CompileRequest {
+        kernel: "k",
+        job: CompileJob {
+            key,
+            tree,
+            source: "ops/k.cu",
+            include_dirs: &["include".to_owned()],
+            defines: &BTreeMap::new(),
+            flags,
+            cxx_std: "c++17",
+            arch: "sm_90a".parse().unwrap(),
+            name_expressions: &[],
+            preamble: "",
+        },
+    };
+    compiler
+        .compile(&request)
+        .unwrap_or_else(|error| panic!("{}", error_chain(&error)))
+        .cubin
+}
+
 /// `haystack` contains `needle`.
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack
@@ -581,17 +592,10 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 
 #[test]
 fn cubins_are_the_same_from_any_checkout_and_name_none() {
-    let (Some(cu129), Some(cu130)) = (
-        toolchain_for_tests(CUDA_12_9),
-        toolchain_for_tests(CUDA_13_0),
-    ) else {
+    let Some((cu129, cu130)) = both_toolchains() else {
         return;
     };
-    let compilers: Vec<Box<dyn Compiler>> = vec![
-        compiler_for(&cu130).unwrap(),
-        Box::new(NvccPtxas::new(&cu129, &cu130).unwrap()),
-        compiler_for(&cu129).unwrap(),
-    ];
+    let compilers = every_compiler(&cu129, &cu130);
     let dir = tempfile::tempdir().unwrap();
     let first = dir.path().join("checkout");
     let second = dir.path().join("elsewhere/deeper/checkout-2");
@@ -599,29 +603,11 @@ fn cubins_are_the_same_from_any_checkout_and_name_none() {
         place_sensitive_library(&first),
         place_sensitive_library(&second),
     ];
-    let include = ["include".to_owned()];
     for compiler in &compilers {
         for flags in [Vec::new(), vec!["-lineinfo".to_owned()]] {
             let key = sha256_hex(format!("{} {flags:?}", compiler.id()).as_bytes());
-            let build = |tree: &SourceTree| {
-                let request = CompileRequest {
-                    kernel: "k",
-                    key: &key,
-                    tree,
-                    source: "ops/k.cu",
-                    include_dirs: &include,
-                    defines: &BTreeMap::new(),
-                    flags: &flags,
-                    cxx_std: "c++17",
-                    arch: "sm_90a".parse().unwrap(),
-                    name_expressions: &[],
-                    preamble: "",
-                };
-                compiler
-                    .compile(&request)
-                    .unwrap_or_else(|error| panic!("{}", error_chain(&error)))
-                    .cubin
-            };
+            let build =
+                |tree: &SourceTree| compile_place_sensitive(&**compiler, &key, tree, &flags);
             let what = format!("{} {flags:?}", compiler.id());
             // Cold twice from one checkout, then from another at another path.
             let cubin = build(&trees[0]);
@@ -642,66 +628,23 @@ fn cubins_are_the_same_from_any_checkout_and_name_none() {
     }
 }
 
-/// Stamps every file under `root` with `time` (seconds after the epoch).
-fn stamp_files(root: &Path, time: u64) {
-    let time = std::time::UNIX_EPOCH + std::time::Duration::from_secs(time);
-    let mut folders = vec![root.to_path_buf()];
-    while let Some(folder) = folders.pop() {
-        for entry in fs::read_dir(folder).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                folders.push(path);
-            } else {
-                let file = fs::File::options().write(true).open(&path).unwrap();
-                file.set_modified(time).unwrap();
-            }
-        }
-    }
-}
-
 #[test]
 fn lineinfo_cubins_do_not_carry_the_sources_modification_times() {
     // nvcc and NVRTC write each file's mtime into `-lineinfo` line tables, so a checkout, a
     // bundle's shipped sources and a JIT cache gave three byte strings for one key.
-    let (Some(cu129), Some(cu130)) = (
-        toolchain_for_tests(CUDA_12_9),
-        toolchain_for_tests(CUDA_13_0),
-    ) else {
+    let Some((cu129, cu130)) = both_toolchains() else {
         return;
     };
-    let compilers: Vec<Box<dyn Compiler>> = vec![
-        compiler_for(&cu130).unwrap(),
-        Box::new(NvccPtxas::new(&cu129, &cu130).unwrap()),
-        compiler_for(&cu129).unwrap(),
-    ];
+    let compilers = every_compiler(&cu129, &cu130);
     let dir = tempfile::tempdir().unwrap();
     let (old, new) = (dir.path().join("old"), dir.path().join("new"));
     let trees = [place_sensitive_library(&old), place_sensitive_library(&new)];
-    stamp_files(&old, 978_307_200); // 2001-01-01
-    stamp_files(&new, 1_796_149_005); // 2026-12-01
-    let include = ["include".to_owned()];
+    testkit::tree::stamp(&old, 978_307_200); // 2001-01-01
+    testkit::tree::stamp(&new, 1_796_149_005); // 2026-12-01
     let flags = ["-lineinfo".to_owned()];
     for compiler in &compilers {
         let key = sha256_hex(format!("{} mtimes", compiler.id()).as_bytes());
-        let build = |tree: &SourceTree| {
-            let request = CompileRequest {
-                kernel: "k",
-                key: &key,
-                tree,
-                source: "ops/k.cu",
-                include_dirs: &include,
-                defines: &BTreeMap::new(),
-                flags: &flags,
-                cxx_std: "c++17",
-                arch: "sm_90a".parse().unwrap(),
-                name_expressions: &[],
-                preamble: "",
-            };
-            compiler
-                .compile(&request)
-                .unwrap_or_else(|error| panic!("{}", error_chain(&error)))
-                .cubin
-        };
+        let build = |tree: &SourceTree| compile_place_sensitive(&**compiler, &key, tree, &flags);
         let what = compiler.id();
         let cubin = build(&trees[0]);
         // The line table lists the library's two files (and any toolkit header), every time 0.

@@ -11,14 +11,7 @@ use super::*;
 fn thirdparty_dir(test: &str, name: &str) -> Option<PathBuf> {
     // `thirdparty` names the `include/` inside; these libraries keep more than headers, and
     // an sdist's sources (causal-conv1d's `csrc/`) have no `include/` at all.
-    let root = std::env::var_os("KWHEEL_THIRDPARTY")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            prebuilt::cache::user_cache_dir()
-                .join("kwheel")
-                .join("thirdparty")
-        });
-    let dir = root.join(name);
+    let dir = thirdparty_root().join(name);
     if dir.join(".kwheel-stamp").is_file() {
         return Some(dir);
     }
@@ -130,10 +123,7 @@ fn headers_from_include_dirs_quoted_paths_and_a_host_dir_are_all_hashed_as_nvcc_
             ("common/local.cuh", "#pragma once\n#define LOCAL 2\n"),
         ],
     );
-    let cu130: Vec<BuildToolchain> = toolchains
-        .into_iter()
-        .filter(|t| t.build.to_string() == "cu130")
-        .collect();
+    let cu130 = of_build(toolchains, "cu130");
     let manifest_file = bundler::Manifest::load(&manifest).unwrap();
     let planned = bundler::build::plan_kernel(
         &manifest_file,
@@ -142,10 +132,7 @@ fn headers_from_include_dirs_quoted_paths_and_a_host_dir_are_all_hashed_as_nvcc_
         &cu130[0].include_dirs,
     )
     .unwrap();
-    let nvcc = bundler::toolchain::discover("cu130".parse().unwrap())
-        .unwrap()
-        .nvcc
-        .unwrap();
+    let nvcc = cu130_nvcc();
     let nvcc_reads = library_files_nvcc_reads(
         &nvcc,
         &[vendor.path().to_owned()],
@@ -204,10 +191,7 @@ fn cutlass_example_48_builds_for_hopper_and_its_blackwell_build_is_a_recorded_st
     let Some(cutlass) = thirdparty_dir(test, "nvidia-cutlass-4.2.0.0") else {
         return;
     };
-    let cu130: Vec<BuildToolchain> = toolchains
-        .into_iter()
-        .filter(|t| t.build.to_string() == "cu130")
-        .collect();
+    let cu130 = of_build(toolchains, "cu130");
     // CUTLASS's own CMake options for its examples: the include dirs and
     // `--expt-relaxed-constexpr`. The example's `.cu` is taken from where it lies.
     let example = "examples/48_hopper_warp_specialized_gemm";
@@ -287,27 +271,13 @@ fn causal_conv1d_forward_builds_as_a_torch_extension() {
     let Some(causal_conv1d) = thirdparty_dir(test, "causal-conv1d-1.5.2") else {
         return;
     };
-    let torch = match bundler::torch::TorchHeaders::find() {
-        Ok(torch) => torch,
-        Err(error) => {
-            skipped!("skipped: {error}");
-            return;
-        }
+    let Some(pin) = torch_pin() else {
+        return;
     };
-    let mut version = torch.version.split('.');
-    let pin = format!("{}.{}.*", version.next().unwrap(), version.next().unwrap());
-    let cu130: Vec<BuildToolchain> = toolchains
-        .into_iter()
-        .filter(|t| t.build.to_string() == "cu130")
-        .collect();
+    let cu130 = of_build(toolchains, "cu130");
     // The library's own folder, as its setup.py compiles it: no include dir or define copied.
     let dir = tempfile::tempdir().unwrap();
-    let csrc = dir.path().join("csrc");
-    std::fs::create_dir(&csrc).unwrap();
-    for entry in std::fs::read_dir(causal_conv1d.join("csrc")).unwrap() {
-        let entry = entry.unwrap();
-        std::fs::copy(entry.path(), csrc.join(entry.file_name())).unwrap();
-    }
+    testkit::copy_tree(&causal_conv1d.join("csrc"), &dir.path().join("csrc"), &[]);
     let manifest = write_library(
         dir.path(),
         &format!(
@@ -350,26 +320,13 @@ fn mamba_selective_scan_forward_builds_with_its_setup_py_flags_and_no_defines_ta
     let Some(mamba) = thirdparty_dir(test, "mamba-ssm-2.2.6.post3") else {
         return;
     };
-    let torch = match bundler::torch::TorchHeaders::find() {
-        Ok(torch) => torch,
-        Err(error) => {
-            skipped!("skipped: {error}");
-            return;
-        }
+    let Some(pin) = torch_pin() else {
+        return;
     };
-    let mut version = torch.version.split('.');
-    let pin = format!("{}.{}.*", version.next().unwrap(), version.next().unwrap());
-    let cu130: Vec<BuildToolchain> = toolchains
-        .into_iter()
-        .filter(|t| t.build.to_string() == "cu130")
-        .collect();
+    let cu130 = of_build(toolchains, "cu130");
     let dir = tempfile::tempdir().unwrap();
-    let scan = dir.path().join("csrc/selective_scan");
-    std::fs::create_dir_all(&scan).unwrap();
-    for entry in std::fs::read_dir(mamba.join("csrc/selective_scan")).unwrap() {
-        let entry = entry.unwrap();
-        std::fs::copy(entry.path(), scan.join(entry.file_name())).unwrap();
-    }
+    let scan = "csrc/selective_scan";
+    testkit::copy_tree(&mamba.join(scan), &dir.path().join(scan), &[]);
     // setup.py's nvcc options for selective_scan_cuda, as it writes them (its `-std=c++17` is
     // `cxx-std`, its `--threads 4` a build-speed option); torch's defines come from torch.
     let manifest = write_library(
@@ -449,10 +406,7 @@ fn deep_gemm_sm100_gemm_for_hopper_is_a_recorded_stub_and_loads_nowhere_there() 
     let Some(cutlass) = thirdparty_dir(test, "nvidia-cutlass-4.2.0.0") else {
         return;
     };
-    let cu130: Vec<BuildToolchain> = toolchains
-        .into_iter()
-        .filter(|t| t.build.to_string() == "cu130")
-        .collect();
+    let cu130 = of_build(toolchains, "cu130");
     // DeepGEMM's JIT flags (csrc/jit/compiler.hpp) and the unit it generates for
     // sm100_bf16_gemm (csrc/jit_kernels/impls/sm100_bf16_gemm.hpp): the impl header, `using
     // namespace deep_gemm;`, one instantiation. The unit lives in this library, the header
@@ -513,23 +467,6 @@ fn deep_gemm_sm100_gemm_for_hopper_is_a_recorded_stub_and_loads_nowhere_there() 
     }
 }
 
-/// Stamps every file under `root` with `time` (seconds after the epoch).
-fn stamp_files(root: &Path, time: u64) {
-    let time = std::time::UNIX_EPOCH + std::time::Duration::from_secs(time);
-    let mut folders = vec![root.to_path_buf()];
-    while let Some(folder) = folders.pop() {
-        for entry in std::fs::read_dir(folder).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                folders.push(path);
-            } else {
-                let file = std::fs::File::options().write(true).open(&path).unwrap();
-                file.set_modified(time).unwrap();
-            }
-        }
-    }
-}
-
 #[test]
 fn a_lineinfo_jit_cubin_is_the_bundles_byte_for_byte() {
     // The JIT compiles a bundle's shipped `sources/`, written when the bundle was (or the
@@ -556,21 +493,14 @@ fn a_lineinfo_jit_cubin_is_the_bundles_byte_for_byte() {
             ),
         ],
     );
-    stamp_files(&dir.path().join("ops"), 978_307_200); // 2001-01-01
-    let cu130: Vec<BuildToolchain> = toolchains()
-        .unwrap()
-        .into_iter()
-        .filter(|t| t.build.to_string() == "cu130")
-        .collect();
+    testkit::tree::stamp(&dir.path().join("ops"), 978_307_200); // 2001-01-01
+    let cu130 = of_build(toolchains().unwrap(), "cu130");
     let summary = bundle_kernels(&options_in(dir.path(), &manifest, cu130))
         .unwrap_or_else(|error| panic!("{}", anyhow_like(&error)));
     let bundle = Bundle::open(&summary.out).unwrap();
     let record = &bundle.index().kernels["k"];
     let shipped = bundle.read_artifact("k", &record.variants[0]).unwrap();
-    let nvcc = bundler::toolchain::discover("cu130".parse().unwrap())
-        .unwrap()
-        .nvcc
-        .unwrap();
+    let nvcc = cu130_nvcc();
     let compiler = prebuilt::jit::JitCompiler::nvcc_at(&nvcc).unwrap();
     let request = prebuilt::jit::JitRequest {
         bundle_root: bundle.root(),
@@ -608,15 +538,9 @@ fn apex_layer_norm_obeys_maxrregcount_on_cu129_and_cu130_alike() {
     let Some(toolchains) = toolchains() else {
         return;
     };
-    let torch = match bundler::torch::TorchHeaders::find() {
-        Ok(torch) => torch,
-        Err(error) => {
-            skipped!("skipped: {error}");
-            return;
-        }
+    let Some(pin) = torch_pin() else {
+        return;
     };
-    let mut version = torch.version.split('.');
-    let pin = format!("{}.{}.*", version.next().unwrap(), version.next().unwrap());
     let dir = tempfile::tempdir().unwrap();
     let csrc = dir.path().join("csrc");
     std::fs::create_dir(&csrc).unwrap();

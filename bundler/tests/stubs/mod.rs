@@ -220,7 +220,7 @@ impl Compiler for FailsOnHopper {
 
     fn compile(&self, request: &CompileRequest<'_>) -> Result<CompileOutput, CompileError> {
         *self.calls.lock().unwrap() += 1;
-        if request.arch.sm == 100 {
+        if request.job.arch.sm == 100 {
             return Ok(CompileOutput {
                 cubin: self.cubin.clone(),
                 log: String::new(),
@@ -229,7 +229,7 @@ impl Compiler for FailsOnHopper {
         }
         Err(CompileError::Failed {
             kernel: request.kernel.to_owned(),
-            arch: request.arch,
+            arch: request.job.arch,
             build: "cu130".parse().unwrap(),
             compiler: self.id.clone(),
             log: "k.cu(3): error: identifier \"undefined_thing\" is undefined\n".into(),

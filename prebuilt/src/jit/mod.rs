@@ -88,7 +88,7 @@ use crate::bundle::SOURCES_DIR;
 use crate::cache::{cache_dir_from as cache_dir_in, write_atomically};
 use crate::compile::{
     is_name_expression, nvcc_record, nvcc_version, nvrtc_package_version, resolve_entries,
-    CompilerKind, EntryError, ProbeError,
+    CompilerKind, ProbeError,
 };
 use crate::cubin::{validate_cubin, CubinError};
 use crate::device::DriverVersion;

@@ -72,34 +72,20 @@ pub(super) fn compile(
     })?;
     let (cubin, lowered_names) = (compiled.cubin, compiled.lowered_names);
     let functions = resolve_entries(&cubin, request.arch, &inputs.entries, &lowered_names)
-        .map_err(|error| match error {
-            EntryError::Invalid(source) => JitError::InvalidCubin {
+        .map_err(|error| match error.missing_entry() {
+            Err(source) => JitError::InvalidCubin {
                 kernel: kernel.to_owned(),
                 arch: request.arch,
                 build: request.cuda,
                 compiler: record.clone(),
                 source: Box::new(source),
             },
-            EntryError::Missing { entry, found } => JitError::MissingEntry {
+            Ok((entry, found)) => JitError::MissingEntry {
                 kernel: kernel.to_owned(),
                 arch: request.arch,
                 compiler: record.clone(),
                 entry,
                 found,
-            },
-            EntryError::NotExternC {
-                entry,
-                symbol,
-                expression,
-            } => JitError::MissingEntry {
-                kernel: kernel.to_owned(),
-                arch: request.arch,
-                compiler: record.clone(),
-                entry,
-                found: vec![format!(
-                    "{symbol}, a C++ kernel: a plain entry names an `extern \"C\"` one, so \
-                     write it as `{expression}`"
-                )],
             },
         })?;
     refuse_stubs(kernel, request.arch, &record, &cubin, &functions)?;
