@@ -7,6 +7,7 @@
 //! | [`Digest`] | a sha256, 64 lowercase hex digits | anything else (upper case, multi-byte characters, `..`, `/`) |
 //! | [`KernelName`] | a kernel's name, an identifier (`layernorm_bf16`) | separators, `..`, dots, control characters, empty or over [`MAX_NAME_LEN`] |
 //! | [`ArtifactPath`] | a relative path of `/`-separated normal components | absolute paths, `..`, `.`, empty components, `\`, control characters |
+//! | [`LittleEndianFields`] | the integers of a binary record, by offset | a field past the end (`None`, never a panic) |
 //!
 //! [`check_index`] runs every check over a parsed index before any of its paths is joined;
 //! [`read_regular_file`] reads only a regular file and never more than a cap. A file refused
@@ -22,6 +23,32 @@ use std::io::Read as _;
 use std::path::{Path, PathBuf};
 
 use crate::index::{Index, KernelRecord, StoredFile};
+
+/// Little-endian fields of bytes from outside (a wheel's zip records, a cubin's line table),
+/// each read bounds-checked: `None` where the field runs past the end.
+#[derive(Clone, Copy, Debug)]
+pub struct LittleEndianFields<'a>(pub &'a [u8]);
+
+impl LittleEndianFields<'_> {
+    fn array<const N: usize>(&self, at: usize) -> Option<[u8; N]> {
+        self.0.get(at..at.checked_add(N)?)?.try_into().ok()
+    }
+
+    /// The `u16` at byte `at`.
+    pub fn u16(&self, at: usize) -> Option<u16> {
+        self.array(at).map(u16::from_le_bytes)
+    }
+
+    /// The `u32` at byte `at`.
+    pub fn u32(&self, at: usize) -> Option<u32> {
+        self.array(at).map(u32::from_le_bytes)
+    }
+
+    /// The `u64` at byte `at`.
+    pub fn u64(&self, at: usize) -> Option<u64> {
+        self.array(at).map(u64::from_le_bytes)
+    }
+}
 
 /// Largest cubin (uncompressed) or stored artifact kwheel reads: a limit checked before any
 /// memory is reserved for it, and what the loader may hold for one cubin. The largest of

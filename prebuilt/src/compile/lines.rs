@@ -17,6 +17,8 @@ use object::elf::FileHeader64;
 use object::read::elf::{FileHeader, SectionHeader};
 use object::LittleEndian;
 
+use crate::untrusted::LittleEndianFields;
+
 /// `cubin` with every file time in its line tables set to 0; anything that is not an ELF with
 /// a `.debug_line` section (PTX, a cubin built without line info) is returned as it is.
 pub fn without_file_times(mut cubin: Vec<u8>) -> Vec<u8> {
@@ -143,16 +145,15 @@ impl Reader<'_> {
     }
 
     fn u16(&mut self) -> Option<u16> {
-        self.take(2)
-            .map(|bytes| u16::from_le_bytes([bytes[0], bytes[1]]))
+        LittleEndianFields(self.take(2)?).u16(0)
     }
 
     /// The unit's end, reading its `unit_length` (32-bit, or 64-bit after `0xffffffff`).
     fn unit_end(&mut self) -> Option<usize> {
-        let short = u32::from_le_bytes(self.take(4)?.try_into().ok()?);
+        let short = LittleEndianFields(self.take(4)?).u32(0)?;
         let length = if short == u32::MAX {
             self.wide = true;
-            u64::from_le_bytes(self.take(8)?.try_into().ok()?)
+            LittleEndianFields(self.take(8)?).u64(0)?
         } else {
             self.wide = false;
             u64::from(short)
@@ -164,9 +165,9 @@ impl Reader<'_> {
     /// A section offset: 32-bit, or 64-bit in a unit of the 64-bit format.
     fn offset(&mut self) -> Option<usize> {
         if self.wide {
-            usize::try_from(u64::from_le_bytes(self.take(8)?.try_into().ok()?)).ok()
+            usize::try_from(LittleEndianFields(self.take(8)?).u64(0)?).ok()
         } else {
-            usize::try_from(u32::from_le_bytes(self.take(4)?.try_into().ok()?)).ok()
+            usize::try_from(LittleEndianFields(self.take(4)?).u32(0)?).ok()
         }
     }
 

@@ -16,6 +16,8 @@
 //! | local headers | agree with their directory entry on name, flags, method, CRC-32 and sizes (or a data descriptor that does) |
 //! | coverage | the entries' local records tile the bytes before the directory: the first at 0, each starting where the one before ends, the last ending where the directory starts |
 
+use prebuilt::untrusted::LittleEndianFields;
+
 /// One entry of the central directory, as stored.
 pub(super) struct RawEntry {
     pub(super) name: Vec<u8>,
@@ -61,27 +63,6 @@ const KNOWN_FLAGS: u16 = 0x0002 | 0x0004 | 0x0008 | 0x0800;
 const DATA_DESCRIPTOR: u16 = 0x0008;
 const UTF8_NAME: u16 = 0x0800;
 
-/// Little-endian fields of a byte slice; `None` past its end.
-struct Fields<'a>(&'a [u8]);
-
-impl Fields<'_> {
-    fn u16(&self, at: usize) -> Option<u16> {
-        Some(u16::from_le_bytes(
-            self.0.get(at..at.checked_add(2)?)?.try_into().ok()?,
-        ))
-    }
-    fn u32(&self, at: usize) -> Option<u32> {
-        Some(u32::from_le_bytes(
-            self.0.get(at..at.checked_add(4)?)?.try_into().ok()?,
-        ))
-    }
-    fn u64(&self, at: usize) -> Option<u64> {
-        Some(u64::from_le_bytes(
-            self.0.get(at..at.checked_add(8)?)?.try_into().ok()?,
-        ))
-    }
-}
-
 /// The end records' view of the directory: where it is, how long, how many entries.
 struct EndRecords {
     count: u64,
@@ -94,7 +75,7 @@ struct EndRecords {
 /// Reads the end-of-central-directory record and the zip64 records, refusing any
 /// disagreement among them (see the module docs).
 fn end_records(bytes: &[u8]) -> Result<EndRecords, String> {
-    let fields = Fields(bytes);
+    let fields = LittleEndianFields(bytes);
     let eocd = bytes
         .len()
         .checked_sub(EOCD_SIZE)
@@ -224,7 +205,7 @@ pub(super) fn central_directory(bytes: &[u8]) -> Result<Directory, String> {
     while at < end.end {
         let n = entries.len();
         let directory = &bytes[..end.end];
-        let entry = Fields(directory);
+        let entry = LittleEndianFields(directory);
         if entry.u32(at) != Some(HEADER) {
             return Err(format!(
                 "central directory entry {n} (byte {at}) does not start with its signature"
@@ -436,7 +417,7 @@ pub(super) fn local_problems(bytes: &[u8], directory: &Directory) -> Vec<(Option
 /// Checks an entry's local header (and data descriptor) against its directory entry; where
 /// its record ends.
 fn local_record(bytes: &[u8], entry: &RawEntry, directory: usize) -> Result<usize, String> {
-    let local = Fields(&bytes[..directory]);
+    let local = LittleEndianFields(&bytes[..directory]);
     let at = usize::try_from(entry.local_offset)
         .ok()
         .filter(|&at| local.u32(at) == Some(LOCAL))
@@ -478,7 +459,7 @@ fn local_record(bytes: &[u8], entry: &RawEntry, directory: usize) -> Result<usiz
     let mut uncompressed = u64::from(local.u32(at + 22).unwrap_or_default());
     if let Some(zip64) = local_zip64 {
         // A local zip64 field holds both sizes, uncompressed first.
-        let value = |n: usize| Fields(zip64).u64(n * 8);
+        let value = |n: usize| LittleEndianFields(zip64).u64(n * 8);
         if uncompressed == 0xffff_ffff {
             uncompressed = value(0).unwrap_or(u64::MAX);
         }
