@@ -532,9 +532,11 @@ fn coverage(args: CoverageArgs) -> Result<()> {
 
 /// Opens a bundle directory; when it is not one, says where the bundle probably is.
 fn open_bundle(path: &Path) -> Result<prebuilt::Bundle> {
-    prebuilt::Bundle::open(path).map_err(|error| {
+    prebuilt::lookup::open_bundle(path).map_err(|error| {
         let nested = path.join("_prebuilt");
-        let hint = if nested.join("index.json").is_file() {
+        let hint = if nested.join(prebuilt::lookup::LOOKUP_FILE).is_file()
+            || nested.join("index.json").is_file()
+        {
             format!(
                 "`{}` holds a bundle in `_prebuilt/`: give `{}`",
                 path.display(),
@@ -612,7 +614,7 @@ fn jit_note(bundle: &prebuilt::Bundle, report: &prebuilt::coverage::CoverageRepo
 
 fn fetch(args: FetchArgs) -> Result<()> {
     let query = device_query(args.device, args.cuda, args.driver, args.torch);
-    let bundle = prebuilt::Bundle::open(prebuilt::bundle::find_bundle(&args.package)?)?;
+    let bundle = prebuilt::lookup::open_bundle(prebuilt::lookup::find_bundle(&args.package)?)?;
     let report = prebuilt::fetch::prefetch(
         &bundle,
         &query,
@@ -645,7 +647,7 @@ fn pack_failure(error: prebuilt::jit::pack::PackError) -> anyhow::Error {
 }
 
 fn jit_export(args: JitExportArgs) -> Result<()> {
-    let bundle = prebuilt::Bundle::open(prebuilt::bundle::find_bundle(&args.package)?)?;
+    let bundle = prebuilt::lookup::open_bundle(prebuilt::lookup::find_bundle(&args.package)?)?;
     let cache = args
         .jit_cache
         .unwrap_or_else(prebuilt::jit::default_cache_dir);
@@ -682,7 +684,7 @@ fn jit_import(args: JitImportArgs) -> Result<()> {
                 .package
         }
     };
-    let bundle = prebuilt::Bundle::open(prebuilt::bundle::find_bundle(&package)?)?;
+    let bundle = prebuilt::lookup::open_bundle(prebuilt::lookup::find_bundle(&package)?)?;
     let cache = args
         .jit_cache
         .unwrap_or_else(prebuilt::jit::default_cache_dir);

@@ -223,6 +223,17 @@ impl Bundle {
         Ok(Bundle { root, index, reads })
     }
 
+    /// The bundle at `root` with an index read and checked elsewhere: decoded from the
+    /// bundle's `kernels.idx` (`lookup::open_bundle`), all a wheel ships.
+    pub fn with_index(root: impl Into<PathBuf>, index: Index) -> Bundle {
+        let reads = Mutex::new(Reads::of(&index));
+        Bundle {
+            root: root.into(),
+            index,
+            reads,
+        }
+    }
+
     /// The bundle's root directory.
     pub fn root(&self) -> &Path {
         &self.root
@@ -321,41 +332,6 @@ pub fn bundle_file(root: &Path, name: &str) -> Result<PathBuf, BundleError> {
     resolve_inside(root, &relative).map_err(|source| BundleError::Read {
         path: relative.join_to(root),
         source,
-    })
-}
-
-/// The bundle a command means: a bundle directory (with `index.json`), a package directory
-/// (with `_prebuilt/index.json`), or the name of an installed package, looked up in the
-/// site-packages of `$KWHEEL_SITE_PACKAGES`, `$VIRTUAL_ENV`, `$CONDA_PREFIX` and
-/// `python3`'s own.
-pub fn find_bundle(package_or_path: &str) -> Result<PathBuf, PackageNotFound> {
-    let path = Path::new(package_or_path);
-    for candidate in [path.to_path_buf(), path.join(PREBUILT_DIR)] {
-        if candidate.join(INDEX_FILE).is_file() {
-            return Ok(candidate);
-        }
-    }
-    let searched = crate::site::site_packages();
-    let wanted = crate::site::normalize_package(package_or_path);
-    for site in &searched {
-        let Ok(entries) = std::fs::read_dir(site) else {
-            continue;
-        };
-        let mut dirs: Vec<PathBuf> = entries.flatten().map(|entry| entry.path()).collect();
-        dirs.sort();
-        for dir in dirs {
-            let bundle = dir.join(PREBUILT_DIR);
-            let Ok(opened) = Bundle::open(&bundle) else {
-                continue;
-            };
-            if crate::site::normalize_package(&opened.index().package) == wanted {
-                return Ok(bundle);
-            }
-        }
-    }
-    Err(PackageNotFound {
-        package: package_or_path.to_owned(),
-        searched,
     })
 }
 

@@ -6,7 +6,7 @@
 //! kernels/python/af3_kernels/  ─┐
 //! target/kwheel/_prebuilt/     ─┴─► af3_kernels-0.1.0-py3-none-manylinux_2_28_x86_64.manylinux_2_28_aarch64.whl
 //!                                   ├── af3_kernels/__init__.py
-//!                                   ├── af3_kernels/_prebuilt/{index.json, dictionary.zdict,
+//!                                   ├── af3_kernels/_prebuilt/{kernels.idx, dictionary.zdict,
 //!                                   │                          artifacts/, sources/}
 //!                                   └── af3_kernels-0.1.0.dist-info/
 //! ```
@@ -40,6 +40,7 @@ use prebuilt::lookup::{encode, LOOKUP_FILE};
 use prebuilt::{Bundle, CudaBuild};
 
 use crate::publish::ShipFilter;
+use crate::tree::files_under;
 use crate::verify::{verify_wheel, VerifyReport};
 use crate::wheel::{write_wheel, Metadata, WheelFile, WheelFilename, WheelSpec, KWHEEL_VERSION};
 use crate::{Error, StaleKernel};
@@ -372,10 +373,10 @@ pub fn recipe_files(manifest: &Manifest, torch: &str, root: &str) -> Result<Vec<
             },
         );
     }
-    let mut files = vec![
-        WheelFile::from_bytes(format!("{root}/{INDEX_FILE}"), index.to_json()),
-        WheelFile::from_bytes(format!("{root}/{LOOKUP_FILE}"), encode(&index)),
-    ];
+    let mut files = vec![WheelFile::from_bytes(
+        format!("{root}/{LOOKUP_FILE}"),
+        encode(&index),
+    )];
     for (stable, path) in sources {
         files.push(WheelFile::from_disk(
             format!("{root}/{SOURCES_DIR}/{stable}"),
@@ -627,11 +628,9 @@ fn python_package_files(
     import_name: &str,
 ) -> Result<Vec<WheelFile>, Error> {
     let mut files = Vec::new();
-    for (relative, path) in walk(dir)? {
-        let hidden = relative
-            .split('/')
-            .any(|part| part.starts_with('.') || part == "__pycache__");
-        if hidden || relative.ends_with(".pyc") || relative.ends_with(".pyo") {
+    let shown = |name: &str| !name.starts_with('.') && name != "__pycache__";
+    for (relative, path) in files_under(dir, shown)? {
+        if relative.ends_with(".pyc") || relative.ends_with(".pyo") {
             continue;
         }
         files.push(WheelFile::from_disk(
@@ -682,7 +681,8 @@ fn slim_store(
     Ok(Some(store))
 }
 
-/// The bundle's files under `root/`: the index, the dictionary, the artifacts of the variants
+/// The bundle's files under `root/`: the loader index (`kernels.idx`, which holds the whole
+/// index: `index.json` stays in the bundle directory, for the build tools), the dictionary, the artifacts of the variants
 /// `ship` keeps (all without a filter), and the sources unless left out. With a `store`, the
 /// index is the bundle's with the store recorded.
 fn bundle_files(
@@ -716,15 +716,10 @@ fn bundle_files(
         let mut slim = index.clone();
         slim.set_store(store);
         files.push(WheelFile::from_bytes(
-            format!("{root}/{INDEX_FILE}"),
-            slim.to_json(),
-        ));
-        files.push(WheelFile::from_bytes(
             format!("{root}/{LOOKUP_FILE}"),
             encode(&slim),
         ));
     } else {
-        stored.insert(INDEX_FILE.to_owned());
         stored.insert(LOOKUP_FILE.to_owned());
     }
     for relative in stored {
@@ -735,7 +730,7 @@ fn bundle_files(
     }
     let sources = bundle.root().join(SOURCES_DIR);
     if ship_sources && sources.is_dir() {
-        for (relative, path) in walk(&sources)? {
+        for (relative, path) in files_under(&sources, |_| true)? {
             files.push(WheelFile::from_disk(
                 format!("{root}/{SOURCES_DIR}/{relative}"),
                 path,
@@ -743,38 +738,6 @@ fn bundle_files(
         }
     }
     Ok(files)
-}
-
-/// Every file under `dir`, as (`/`-separated path relative to `dir`, path), sorted.
-pub(crate) fn walk(dir: &Path) -> Result<Vec<(String, PathBuf)>, Error> {
-    let mut found = Vec::new();
-    let mut pending = vec![(String::new(), dir.to_owned())];
-    while let Some((prefix, dir)) = pending.pop() {
-        let entries = std::fs::read_dir(&dir).map_err(|source| Error::Read {
-            path: dir.clone(),
-            source,
-        })?;
-        for entry in entries {
-            let entry = entry.map_err(|source| Error::Read {
-                path: dir.clone(),
-                source,
-            })?;
-            let path = entry.path();
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let relative = if prefix.is_empty() {
-                name
-            } else {
-                format!("{prefix}/{name}")
-            };
-            if path.is_dir() {
-                pending.push((relative, path));
-            } else {
-                found.push((relative, path));
-            }
-        }
-    }
-    found.sort();
-    Ok(found)
 }
 
 /// The first line of the package's docstring, if `__init__.py` opens with one.

@@ -76,10 +76,14 @@ __all__ = [
     "provenance",
     "PREBUILT_DIR",
     "INDEX_FILE",
+    "LOOKUP_FILE",
 ]
 
 PREBUILT_DIR = "_prebuilt"
 INDEX_FILE = "index.json"
+# What marks a bundle: the loader's index, all a wheel ships (a bundle directory that
+# `dev bundle-kernels` writes has `index.json` beside it).
+LOOKUP_FILE = "kernels.idx"
 
 
 def open(package_or_path, *, cuda=None, torch=None, jit=None, device=None):
@@ -100,12 +104,19 @@ def find_bundle(package_or_path):
         return _package_bundle(package_or_path)
     path = _os.fspath(package_or_path)
     for candidate in (path, _os.path.join(path, PREBUILT_DIR)):
-        if _os.path.isfile(_os.path.join(candidate, INDEX_FILE)):
+        if _is_bundle(candidate):
             return _os.path.abspath(candidate)
     raise KwheelError(
         f"no kwheel bundle at `{path}`: neither it nor `{_os.path.join(path, PREBUILT_DIR)}` "
-        f"holds an `{INDEX_FILE}`"
+        f"holds a `{LOOKUP_FILE}` (or an `{INDEX_FILE}`)"
     )
+
+
+def _is_bundle(directory):
+    """Whether ``directory`` holds a bundle's index: ``kernels.idx``, or the ``index.json`` of
+    a bundle written before it existed."""
+    names = (LOOKUP_FILE, INDEX_FILE)
+    return any(_os.path.isfile(_os.path.join(directory, name)) for name in names)
 
 
 def _is_package_name(text):
@@ -132,10 +143,10 @@ def _package_bundle(name):
             )
     for location in locations:
         bundle = _os.path.join(location, PREBUILT_DIR)
-        if _os.path.isfile(_os.path.join(bundle, INDEX_FILE)):
+        if _is_bundle(bundle):
             return bundle
     raise KwheelError(
-        f"package `{name}` ({', '.join(locations)}) has no `{PREBUILT_DIR}/{INDEX_FILE}`: "
+        f"package `{name}` ({', '.join(locations)}) has no `{PREBUILT_DIR}/{LOOKUP_FILE}`: "
         "it was not installed from a wheel that kwheel built"
     )
 

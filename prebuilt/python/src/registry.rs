@@ -113,7 +113,7 @@ impl Bundle {
     ) -> PyResult<String> {
         let query = self.simulated(device, cuda, torch, driver)?;
         let bundle = py
-            .detach(|| prebuilt::Bundle::open(self.inner.root()))
+            .detach(|| prebuilt::lookup::open_bundle(self.inner.root()))
             .map_err(|error| load_error(py, &LoadError::from(error)))?;
         let report = py
             .detach(|| {

@@ -89,7 +89,7 @@ class Open(unittest.TestCase):
         with self.assertRaises(kwheel.KwheelError) as raised:
             kwheel.open("unittest")
         self.assertIn("package `unittest`", str(raised.exception))
-        self.assertIn("has no `_prebuilt/index.json`", str(raised.exception))
+        self.assertIn("has no `_prebuilt/kernels.idx`", str(raised.exception))
         with self.assertRaises(kwheel.KwheelError) as raised:
             kwheel.open("no_such_package_anywhere")
         self.assertIn("no package `no_such_package_anywhere`", str(raised.exception))

@@ -1,5 +1,6 @@
-//! The bundles inside a wheel: each `…/_prebuilt/` is extracted to scratch and read the way
-//! the loader reads it, every artifact against its digest (streamed through
+//! The bundles inside a wheel: each `…/_prebuilt/` (found by its `kernels.idx`, or by the
+//! `index.json` a wheel of an older kwheel shipped) is extracted to scratch and read the way
+//! the loader reads it, its whole index decoded from `kernels.idx`, every artifact against its digest (streamed through
 //! `Bundle::verify_artifact`, never held whole) and every source against its hash.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -12,12 +13,16 @@ use prebuilt::lookup::{encode, LOOKUP_FILE};
 use super::{BundleCheck, VerifyReport};
 
 pub(super) fn check_bundles(report: &mut VerifyReport, contents: &BTreeMap<String, Vec<u8>>) {
-    let index_suffix = format!("_prebuilt/{INDEX_FILE}");
-    let roots: Vec<String> = contents
-        .keys()
-        .filter(|name| *name == &index_suffix || name.ends_with(&format!("/{index_suffix}")))
-        .map(|name| name[..name.len() - INDEX_FILE.len()].to_owned())
-        .collect();
+    let mut roots = BTreeSet::new();
+    for file in [LOOKUP_FILE, INDEX_FILE] {
+        let suffix = format!("_prebuilt/{file}");
+        roots.extend(
+            contents
+                .keys()
+                .filter(|name| *name == &suffix || name.ends_with(&format!("/{suffix}")))
+                .map(|name| name[..name.len() - file.len()].to_owned()),
+        );
+    }
     for root in roots {
         check_bundle(report, contents, &root);
     }
@@ -26,7 +31,12 @@ pub(super) fn check_bundles(report: &mut VerifyReport, contents: &BTreeMap<Strin
 /// Checks the bundle at `root` (`af3_kernels/_prebuilt/`) by extracting it and reading every
 /// artifact the way the loader does.
 fn check_bundle(report: &mut VerifyReport, contents: &BTreeMap<String, Vec<u8>>, root: &str) {
-    let index_path = format!("{root}{INDEX_FILE}");
+    // What the messages about the index as a whole name: the file its index is read from.
+    let index_path = if contents.contains_key(&format!("{root}{INDEX_FILE}")) {
+        format!("{root}{INDEX_FILE}")
+    } else {
+        format!("{root}{LOOKUP_FILE}")
+    };
     let scratch = match tempfile::Builder::new().prefix("kwheel-verify-").tempdir() {
         Ok(dir) => dir,
         Err(error) => {
@@ -51,7 +61,7 @@ fn check_bundle(report: &mut VerifyReport, contents: &BTreeMap<String, Vec<u8>>,
             return;
         }
     }
-    let bundle = match prebuilt::Bundle::open(scratch.path()) {
+    let bundle = match prebuilt::lookup::open_bundle(scratch.path()) {
         Ok(bundle) => bundle,
         Err(error) => {
             report.problem(&index_path, bundle_message(&error, scratch.path(), root));
@@ -59,9 +69,11 @@ fn check_bundle(report: &mut VerifyReport, contents: &BTreeMap<String, Vec<u8>>,
         }
     };
     let index = bundle.index();
-    // The loader reads kernels.idx, never index.json: the two must be one index.
+    // The loader reads kernels.idx, never index.json: where a wheel ships both (an older
+    // kwheel's), the two must be one index.
     let lookup_path = format!("{root}{LOOKUP_FILE}");
     match contents.get(&lookup_path) {
+        Some(_) if index_path == lookup_path => {}
         None => report.problem(
             &lookup_path,
             "is missing: the loader reads this kernel table, not index.json; rebuild the \

@@ -16,7 +16,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read as _;
 use std::path::Path;
 
-use prebuilt::bundle::{read_artifact_with, read_dictionary, read_prefix, INDEX_FILE};
+use prebuilt::bundle::{read_artifact_with, read_dictionary, read_prefix};
+use prebuilt::lookup::{Lookup, LOOKUP_FILE};
 use prebuilt::parts::{find_part, PartStamp, PartsIndex, PARTS_FILE, PARTS_FORMAT, PART_FILE};
 
 use super::{verify_wheel_bytes, VerifyReport, MAX_WHEEL_SIZE};
@@ -134,8 +135,10 @@ fn check_one(
         );
     }
     let requirements = requirements(contents, &filename);
-    let bundle_index = match contents.get(&format!("{root}{INDEX_FILE}")) {
-        Some(bytes) => match prebuilt::bundle::parse_index(Path::new(INDEX_FILE), bytes) {
+    let bundle_index = match contents.get(&format!("{root}{LOOKUP_FILE}")) {
+        Some(bytes) => match Lookup::from_bytes(Path::new(LOOKUP_FILE), bytes.clone())
+            .and_then(|lookup| lookup.index())
+        {
             Ok(index) => index,
             Err(_) => return Some(index.max_file_size), // the bundle check names it
         },

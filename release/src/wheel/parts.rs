@@ -18,9 +18,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use prebuilt::bundle::{
-    artifact_path, dictionary_path, ARTIFACTS_DIR, DICTIONARIES_DIR, INDEX_FILE,
-};
+use prebuilt::bundle::{artifact_path, dictionary_path, ARTIFACTS_DIR, DICTIONARIES_DIR};
+use prebuilt::lookup::LOOKUP_FILE;
 use prebuilt::parts::{
     group_of, import_name, part_distribution, PartRecord, PartStamp, PartsIndex, PARTS_FILE,
     PARTS_FORMAT, PART_FILE,
@@ -125,16 +124,19 @@ pub fn split_wheel(spec: &WheelSpec, limit: u64) -> Result<Option<WheelSet>, Err
         limit: limit.to_string(),
         reason,
     };
-    let index_suffix = format!("/{}/{INDEX_FILE}", prebuilt::bundle::PREBUILT_DIR);
+    let index_suffix = format!("/{}/{LOOKUP_FILE}", prebuilt::bundle::PREBUILT_DIR);
     let Some(index_file) = spec.files.iter().find(|f| f.path.ends_with(&index_suffix)) else {
         return Err(too_large(format!(
-            "the wheel is {whole} bytes and holds no `_prebuilt/{INDEX_FILE}` whose artifacts \
+            "the wheel is {whole} bytes and holds no `_prebuilt/{LOOKUP_FILE}` whose artifacts \
              could move to companion packages"
         )));
     };
-    let root = index_file.path[..index_file.path.len() - INDEX_FILE.len()].to_owned();
-    let index =
-        prebuilt::bundle::parse_index(std::path::Path::new(&index_file.path), &index_file.read()?)?;
+    let root = index_file.path[..index_file.path.len() - LOOKUP_FILE.len()].to_owned();
+    let index = prebuilt::lookup::Lookup::from_bytes(
+        std::path::Path::new(&index_file.path),
+        index_file.read()?.into_owned(),
+    )?
+    .index()?;
 
     // Artifact path → (group, the prefix digest its frame needs); the smallest group among
     // the variants naming it.

@@ -5,12 +5,12 @@
 use super::*;
 
 use super::loopback_store::{Fault, LoopbackStore};
-use prebuilt::bundle::find_bundle;
 use prebuilt::cache::ArtifactCache;
 use prebuilt::coverage::bundle_coverage as coverage;
 use prebuilt::device::{DeviceQuery, DriverVersion};
 use prebuilt::fetch::{prefetch, Prefetched, StoreOptions};
 use prebuilt::index::ArtifactLocation;
+use prebuilt::lookup::find_bundle;
 use release::publish::{publish, PublishOptions, Published, ShipFilter};
 use std::time::Duration;
 
@@ -93,8 +93,17 @@ fn a_slim_wheel_ships_only_its_filter_and_lists_everything() {
     );
     let bytes = std::fs::read(&built.path).unwrap();
     let names: Vec<String> = entries(&bytes).into_iter().map(|(n, _)| n).collect();
-    let index: prebuilt::Index =
-        serde_json::from_str(&entry(&bytes, "af3_kernels/_prebuilt/index.json")).unwrap();
+    // The wheel ships the loader index only, which holds the whole index.
+    let lookup = "af3_kernels/_prebuilt/kernels.idx";
+    let lookup_bytes = entries(&bytes)
+        .into_iter()
+        .find(|(n, _)| n == lookup)
+        .unwrap()
+        .1;
+    let index = prebuilt::lookup::Lookup::from_bytes(std::path::Path::new(lookup), lookup_bytes)
+        .unwrap()
+        .index()
+        .unwrap();
     // A store needs format 2 at least; family dictionaries make it 3.
     assert!(index.format >= prebuilt::index::STORE_INDEX_FORMAT);
     assert_eq!(index.format, index.required_format());

@@ -8,11 +8,20 @@ use super::*;
 /// The built wheel with every kernel's recorded inputs changed by `edit`; RECORD and
 /// kernels.idx rewritten to agree with the new index.
 fn wheel_with_index(dir: &Path, original: &[u8], edit: impl Fn(&mut prebuilt::Index)) -> PathBuf {
-    let index_name = "af3_kernels/_prebuilt/index.json";
     let lookup_name = "af3_kernels/_prebuilt/kernels.idx";
     let original = entries(original);
-    let mut index: prebuilt::Index =
-        serde_json::from_slice(&original.iter().find(|(n, _)| n == index_name).unwrap().1).unwrap();
+    let mut index: prebuilt::Index = prebuilt::lookup::Lookup::from_bytes(
+        Path::new(lookup_name),
+        original
+            .iter()
+            .find(|(n, _)| n == lookup_name)
+            .unwrap()
+            .1
+            .clone(),
+    )
+    .unwrap()
+    .index()
+    .unwrap();
     edit(&mut index);
     let record_name = original
         .iter()
@@ -23,7 +32,6 @@ fn wheel_with_index(dir: &Path, original: &[u8], edit: impl Fn(&mut prebuilt::In
         .iter()
         .filter(|(name, _)| *name != record_name)
         .map(|(name, data)| match name.as_str() {
-            n if n == index_name => (name.clone(), index.to_json().into_bytes()),
             n if n == lookup_name => (name.clone(), prebuilt::lookup::encode(&index)),
             _ => (name.clone(), data.clone()),
         })
@@ -37,7 +45,8 @@ fn wheel_with_index(dir: &Path, original: &[u8], edit: impl Fn(&mut prebuilt::In
 fn case_2_wheel_verify_names_flags_the_jit_refuses() {
     let Some(shared) = shared() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let index_name = "af3_kernels/_prebuilt/index.json";
+    // The wheel ships kernels.idx only: what refers to the index names it.
+    let index_name = "af3_kernels/_prebuilt/kernels.idx";
 
     // Flags on the allowlist verify.
     let allowed = wheel_with_index(dir.path(), &shared.bytes, |index| {

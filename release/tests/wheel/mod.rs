@@ -91,7 +91,9 @@ fn entries_are_sorted_with_dist_info_last_and_no_directories() {
     );
     assert!(names.iter().all(|n| !n.ends_with('/')));
     assert!(names.contains(&"af3_kernels/__init__.py".to_owned()));
-    assert!(names.contains(&"af3_kernels/_prebuilt/index.json".to_owned()));
+    // The loader index holds the whole index: index.json stays in the bundle directory.
+    assert!(names.contains(&"af3_kernels/_prebuilt/kernels.idx".to_owned()));
+    assert!(!names.contains(&"af3_kernels/_prebuilt/index.json".to_owned()));
     assert!(names.contains(&"af3_kernels/_prebuilt/sources/layernorm/layernorm.cu".to_owned()));
     assert!(names.contains(&"af3_kernels/_prebuilt/sources/include/af3/common.cuh".to_owned()));
 }
@@ -170,7 +172,7 @@ fn python_zipfile_reads_the_wheel_and_agrees_with_record() {
         .output()
         .unwrap();
     assert!(listing.status.success(), "{listing:?}");
-    assert!(String::from_utf8_lossy(&listing.stdout).contains("af3_kernels/_prebuilt/index.json"));
+    assert!(String::from_utf8_lossy(&listing.stdout).contains("af3_kernels/_prebuilt/kernels.idx"));
 
     let script = r#"
 import base64, csv, hashlib, io, sys, zipfile
@@ -213,11 +215,11 @@ fn pip_installs_the_wheel_offline() {
     pip_install_into(python, &shared.built.path, target.path());
     let installed = target.path().join("af3_kernels");
     assert!(installed.join("__init__.py").is_file());
-    assert!(installed.join("_prebuilt/index.json").is_file());
-    let index = std::fs::read(installed.join("_prebuilt/index.json")).unwrap();
+    assert!(!installed.join("_prebuilt/index.json").exists());
+    let index = std::fs::read(installed.join("_prebuilt/kernels.idx")).unwrap();
     assert_eq!(
         index,
-        std::fs::read(shared.bundle.join("index.json")).unwrap()
+        std::fs::read(shared.bundle.join("kernels.idx")).unwrap()
     );
     assert!(target.path().join(DIST_INFO).join("RECORD").is_file());
 }
@@ -238,7 +240,7 @@ fn sources_can_be_left_out() {
     let bytes = std::fs::read(&built.path).unwrap();
     let names: Vec<String> = entries(&bytes).into_iter().map(|(n, _)| n).collect();
     assert!(!names.iter().any(|n| n.contains("_prebuilt/sources/")));
-    assert!(names.contains(&"af3_kernels/_prebuilt/index.json".to_owned()));
+    assert!(names.contains(&"af3_kernels/_prebuilt/kernels.idx".to_owned()));
     assert!(!built.report.bundles[0].sources);
     assert!(bytes.len() < shared.bytes.len());
 }
@@ -443,11 +445,15 @@ fn a_local_header_naming_another_path_fails_verify() {
 fn a_loader_index_that_disagrees_with_the_index_fails_verify() {
     let Some(shared) = shared() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let original = entries(&shared.bytes);
+    // A wheel of an older kwheel, which shipped index.json beside kernels.idx: the two must be
+    // one index.
+    let mut original = entries(&shared.bytes);
     let index_name = "af3_kernels/_prebuilt/index.json";
     let lookup_name = "af3_kernels/_prebuilt/kernels.idx";
-    let index: prebuilt::Index =
-        serde_json::from_slice(&original.iter().find(|(n, _)| n == index_name).unwrap().1).unwrap();
+    let json = std::fs::read(shared.bundle.join("index.json")).unwrap();
+    let index: prebuilt::Index = serde_json::from_slice(&json).unwrap();
+    let at = original.iter().position(|(n, _)| n == lookup_name).unwrap();
+    original.insert(at, (index_name.to_owned(), json));
     assert_eq!(
         original.iter().find(|(n, _)| n == lookup_name).unwrap().1,
         prebuilt::lookup::encode(&index),
