@@ -39,24 +39,24 @@ fn built() -> &'static Built {
 
 /// `kwheel dev bundle-kernels` of the `swiglu` kernel into `out`, with the cache at `cache`.
 fn build_command(out: &Path, cache: &Path) -> Command {
-    let mut command = kwheel();
-    command
-        .args([
-            "dev",
-            "bundle-kernels",
-            "--quiet",
-            "--only",
-            "swiglu",
-            "--out",
-        ])
-        .arg(out)
-        .arg("--cache-dir")
-        .arg(cache);
+    let mut command = bundle_kernels(out, cache);
+    command.args(["--only", "swiglu"]);
     command
 }
 
 fn build(out: &Path, cache: &Path, extra: &[&str]) -> Output {
     build_command(out, cache).args(extra).output().unwrap()
+}
+
+/// A shard (1/1) of `kernels` built from the shared cache, under `dir`.
+fn shard_of(dir: &Path, kernels: &str) -> PathBuf {
+    let shard = dir.join(format!("shard-{}", kernels.replace(',', "-")));
+    let output = bundle_kernels(&shard, &built().cache)
+        .args(["--only", kernels, "--shard", "1/1"])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", text(&output));
+    shard
 }
 
 /// A copy of the built bundle under `dir`, with `edit` applied to its index as JSON.
@@ -413,16 +413,7 @@ fn out_refuses_a_folder_that_is_not_a_bundle() {
     assert_eq!(listing(&out), ["t.tex"]);
 
     // merge-bundles follows the same rule.
-    let shard = dir.path().join("shard");
-    let output = build(&shard, &built().cache, &["--shard", "1/1"]);
-    assert!(output.status.success(), "{}", text(&output));
-    let output = kwheel()
-        .args(["dev", "merge-bundles"])
-        .arg(&shard)
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .unwrap();
+    let output = merge_bundles(&shard_of(dir.path(), "swiglu"), &out);
     assert!(!output.status.success(), "{}", text(&output));
     assert!(text(&output).contains("t.tex"), "{}", text(&output));
     assert_eq!(listing(&out), ["t.tex"]);
@@ -500,31 +491,18 @@ fn a_digest_with_a_multibyte_character_is_refused_not_sliced() {
     let bundle = edited_bundle(dir.path(), |index| {
         first_artifact(index)["digest"] = digest.clone().into();
     });
-    let output = kwheel()
-        .args(["dev", "coverage"])
-        .arg(&bundle)
-        .args(["--device", "sm_100", "--cuda", "13.0"])
-        .output()
-        .unwrap();
+    let output = coverage(&bundle, &["--device", "sm_100", "--cuda", "13.0"]);
     let message = failed(&output);
     assert!(message.contains("not a sha256"), "{message}");
 
     // The same digest in a shard manifest.
-    let shard = dir.path().join("shard");
-    let output = build(&shard, &built().cache, &["--shard", "1/1"]);
-    assert!(output.status.success(), "{}", text(&output));
+    let shard = shard_of(dir.path(), "swiglu");
     let path = shard.join("shard.json");
     let edited = std::fs::read_to_string(&path).unwrap();
     let mut value: serde_json::Value = serde_json::from_str(&edited).unwrap();
     first_artifact(&mut value["index"])["digest"] = digest.clone().into();
     std::fs::write(&path, serde_json::to_vec(&value).unwrap()).unwrap();
-    let output = kwheel()
-        .args(["dev", "merge-bundles"])
-        .arg(&shard)
-        .arg("--out")
-        .arg(dir.path().join("merged"))
-        .output()
-        .unwrap();
+    let output = merge_bundles(&shard, &dir.path().join("merged"));
     let message = failed(&output);
     assert!(message.contains("not a sha256"), "{message}");
 }

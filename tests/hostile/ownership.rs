@@ -58,16 +58,8 @@ fn out_keeps_a_folder_whose_index_json_has_a_format_key() {
     }
     // merge-bundles --out reads the folder the same way.
     let out = dir.path().join("d2");
-    let shard = dir.path().join("shard");
-    let output = build(&shard, &built().cache, &["--shard", "1/1"]);
-    assert!(output.status.success(), "{}", text(&output));
-    let output = kwheel()
-        .args(["dev", "merge-bundles"])
-        .arg(&shard)
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .unwrap();
+    let shard = shard_of(dir.path(), "swiglu");
+    let output = merge_bundles(&shard, &out);
     assert!(failed(&output).contains("thesis.tex"), "{}", text(&output));
     assert_thesis_intact(&out);
     // A shard folder with a foreign file is not a shard to replace either.
@@ -161,31 +153,6 @@ fn leftover_siblings_kwheel_did_not_write_are_left_in_place() {
 // 8. merge-bundles checked only sha256 and size: another target's, toolkit's or kernel's cubin
 //    merged, and a cubin linked out of its shard was followed.
 
-/// A shard (1/1) of `kernels` built from the shared cache, under `dir`.
-fn shard_of(dir: &Path, kernels: &str) -> PathBuf {
-    let shard = dir.join(format!("shard-{}", kernels.replace(',', "-")));
-    let mut command = kwheel();
-    command
-        .args(["dev", "bundle-kernels", "--quiet", "--only", kernels])
-        .args(["--shard", "1/1", "--out"])
-        .arg(&shard)
-        .arg("--cache-dir")
-        .arg(&built().cache);
-    let output = command.output().unwrap();
-    assert!(output.status.success(), "{}", text(&output));
-    shard
-}
-
-fn merge(shard: &Path, out: &Path) -> Output {
-    kwheel()
-        .args(["dev", "merge-bundles"])
-        .arg(shard)
-        .arg("--out")
-        .arg(out)
-        .output()
-        .unwrap()
-}
-
 /// The variant `label` (`cu130/sm_90a`) of `kernel` in a shard file.
 fn shard_variant<'v>(
     file: &'v mut serde_json::Value,
@@ -209,7 +176,7 @@ fn merge_refuses_a_cubin_of_another_target_toolkit_or_kernel() {
     let dir = tempfile::tempdir().unwrap();
     let shard = shard_of(dir.path(), "swiglu,sigmoid_gate");
     let out = dir.path().join("merged");
-    let output = merge(&shard, &out);
+    let output = merge_bundles(&shard, &out);
     assert!(output.status.success(), "{}", text(&output));
     // (kernel, variant, whose cubin it is given, what the refusal says)
     let cases = [
@@ -249,7 +216,7 @@ fn merge_refuses_a_cubin_of_another_target_toolkit_or_kernel() {
         shard_variant(&mut file, kernel, label)["artifact"] = artifact;
         std::fs::write(&path, serde_json::to_vec_pretty(&file).unwrap()).unwrap();
         let out = dir.path().join("refused");
-        let message = failed(&merge(&edited, &out));
+        let message = failed(&merge_bundles(&edited, &out));
         assert!(
             message.contains(&format!("`{kernel}` ({label})"))
                 && message.contains(&edited.display().to_string())
@@ -292,7 +259,7 @@ fn merge_refuses_a_cubin_that_is_a_symbolic_link() {
         std::fs::remove_file(edited.join(&relative)).unwrap();
         std::os::unix::fs::symlink(&target, edited.join(&relative)).unwrap();
         let out = dir.path().join("refused");
-        let message = failed(&merge(&edited, &out));
+        let message = failed(&merge_bundles(&edited, &out));
         assert!(
             message.contains("symbolic link") && message.contains(&relative),
             "{message}"

@@ -94,3 +94,36 @@ pub fn bundle_extract(bundle: &Path, out: &Path) -> Output {
         .output()
         .unwrap()
 }
+
+/// `kwheel dev bundle-kernels --quiet` into `out` with its build cache at `cache`; a test adds
+/// what else it needs (`--only`, `--manifest`, `--shard`).
+pub fn bundle_kernels(out: &Path, cache: &Path) -> Command {
+    let mut command = kwheel();
+    command
+        .args(["dev", "bundle-kernels", "--quiet", "--out"])
+        .arg(out)
+        .arg("--cache-dir")
+        .arg(cache);
+    command
+}
+
+/// `kwheel dev coverage <bundle> <args>`.
+pub fn coverage(bundle: &Path, args: &[&str]) -> Output {
+    kwheel()
+        .args(["dev", "coverage"])
+        .arg(bundle)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// `kwheel dev merge-bundles <shard> --out <out>`.
+pub fn merge_bundles(shard: &Path, out: &Path) -> Output {
+    kwheel()
+        .args(["dev", "merge-bundles"])
+        .arg(shard)
+        .arg("--out")
+        .arg(out)
+        .output()
+        .unwrap()
+}
