@@ -818,25 +818,21 @@ mod tests {
         }
     }
 
+    /// The variant whose artifact is `bytes`, recorded as `size` bytes (a hostile record may
+    /// say more than it holds).
     fn variant_of(bytes: &[u8], size: u64) -> Variant {
-        let digest = sha256_hex(bytes);
+        let artifact = StoredFile {
+            size,
+            ..crate::testing::stored_file(bytes, &[0; 8])
+        };
         Variant {
-            arch: "sm_90a".parse().unwrap(),
-            cuda: "cu130".parse().unwrap(),
-            torch: "2.13.*".to_owned(),
             compiler: crate::index::CompilerRecord {
                 kind: "nvrtc".to_owned(),
                 version: "13.0.88".to_owned(),
             },
-            key: digest.clone(),
-            artifact: StoredFile {
-                path: crate::bundle::artifact_path(&digest),
-                digest,
-                size,
-                stored_size: 8,
-                dictionary: None,
-            },
-            functions: Vec::new(),
+            key: artifact.digest.clone(),
+            artifact,
+            ..crate::testing::variant("cu130/sm_90a")
         }
     }
 
