@@ -203,9 +203,8 @@ pub(crate) struct CheckArgs {
     /// Release tags are this prefix and the version.
     #[arg(long, default_value = "v")]
     pub(crate) tag_prefix: String,
-    /// The build cache directory [default: ${XDG_CACHE_HOME:-~/.cache}/kwheel/build].
-    #[arg(long)]
-    pub(crate) cache_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub(crate) cache: CacheDirArg,
     /// Also publish the bundle's artifacts and the wheels to this store and verify them (a
     /// bearer token is read from $KWHEEL_STORE_TOKEN).
     #[arg(long)]
@@ -286,9 +285,8 @@ pub(crate) struct BundleKernelsArgs {
     /// Override the manifest's torch pin (for example `2.11.*`).
     #[arg(long)]
     pub(crate) torch: Option<String>,
-    /// The build cache directory [default: ${XDG_CACHE_HOME:-~/.cache}/kwheel/build].
-    #[arg(long)]
-    pub(crate) cache_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub(crate) cache: CacheDirArg,
     /// No progress bar.
     #[arg(long)]
     pub(crate) quiet: bool,
@@ -339,6 +337,9 @@ pub(crate) struct PublishArgs {
 }
 
 #[derive(Args)]
+#[command(mut_arg("driver", |driver| driver.help(
+    "The driver: the CUDA version it supports (`13.0`) or its release (`580.65`)"
+)))]
 pub(crate) struct FetchArgs {
     /// An installed package (`af3_kernels`) or a bundle directory.
     pub(crate) package: String,
@@ -346,15 +347,8 @@ pub(crate) struct FetchArgs {
     /// `10.0`.
     #[arg(long, value_parser = parse_device)]
     pub(crate) device: (u32, u32),
-    /// The runtime's CUDA build: `13.0` or `cu130`.
-    #[arg(long, value_parser = parse_cuda)]
-    pub(crate) cuda: prebuilt::CudaBuild,
-    /// The runtime's torch version (not checked when absent).
-    #[arg(long)]
-    pub(crate) torch: Option<String>,
-    /// The driver: the CUDA version it supports (`13.0`) or its release (`580.65`).
-    #[arg(long, value_parser = parse_driver)]
-    pub(crate) driver: Option<prebuilt::device::DriverVersion>,
+    #[command(flatten)]
+    pub(crate) runtime: RuntimeArgs,
     /// Print the report as JSON.
     #[arg(long)]
     pub(crate) json: bool,
@@ -418,9 +412,8 @@ pub(crate) struct BuildWheelArgs {
     /// Parallel compile jobs when bundling [default: the number of cores].
     #[arg(long)]
     pub(crate) jobs: Option<usize>,
-    /// The build cache directory [default: ${XDG_CACHE_HOME:-~/.cache}/kwheel/build].
-    #[arg(long)]
-    pub(crate) cache_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub(crate) cache: CacheDirArg,
     /// No progress output.
     #[arg(long)]
     pub(crate) quiet: bool,
@@ -431,6 +424,7 @@ pub(crate) struct BuildWheelArgs {
 
 #[derive(Args)]
 #[command(group(clap::ArgGroup::new("devices").required(true).args(["device", "fleet"])))]
+#[command(mut_arg("cuda", |cuda| cuda.help("The runtime's CUDA build: `12.9` or `cu129`")))]
 pub(crate) struct CoverageArgs {
     /// The bundle directory.
     pub(crate) bundle: PathBuf,
@@ -445,7 +439,35 @@ pub(crate) struct CoverageArgs {
     /// Refuse PTX variants, as `<PACKAGE>_PTX_JIT=0` does at run time.
     #[arg(long)]
     pub(crate) no_ptx_jit: bool,
-    /// The runtime's CUDA build: `12.9` or `cu129`.
+    #[command(flatten)]
+    pub(crate) runtime: RuntimeArgs,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+#[derive(Args)]
+pub(crate) struct CacheDirArg {
+    /// The build cache directory [default: ${XDG_CACHE_HOME:-~/.cache}/kwheel/build].
+    #[arg(long)]
+    pub(crate) cache_dir: Option<PathBuf>,
+}
+
+impl CacheDirArg {
+    /// The build cache given, else the user's default.
+    pub(crate) fn resolve(&self) -> PathBuf {
+        self.cache_dir
+            .clone()
+            .unwrap_or_else(bundler::cache::default_cache_dir)
+    }
+}
+
+/// The runtime a command answers for, on a device it is given: `dev coverage` and `fetch`
+/// describe it the same way, and it becomes the same query. Where one of them has always
+/// worded a help line of its own, its `mut_arg` keeps those words.
+#[derive(Args)]
+pub(crate) struct RuntimeArgs {
+    /// The runtime's CUDA build: `13.0` or `cu130`.
     #[arg(long, value_parser = parse_cuda)]
     pub(crate) cuda: prebuilt::CudaBuild,
     /// The runtime's torch version (not checked when absent).
@@ -455,9 +477,18 @@ pub(crate) struct CoverageArgs {
     /// [default: the minimum driver of the CUDA build].
     #[arg(long, value_parser = parse_driver)]
     pub(crate) driver: Option<prebuilt::device::DriverVersion>,
-    /// Print JSON instead of a table.
-    #[arg(long)]
-    pub(crate) json: bool,
+}
+
+impl RuntimeArgs {
+    /// This runtime on a device of compute capability `capability`.
+    pub(crate) fn query(&self, capability: (u32, u32)) -> prebuilt::device::DeviceQuery {
+        prebuilt::device::DeviceQuery::simulated(
+            capability,
+            self.cuda,
+            self.driver,
+            self.torch.clone(),
+        )
+    }
 }
 
 /// Where a command looks for the manifest when not given `--manifest`, in order, relative to

@@ -142,9 +142,7 @@ fn release_check(args: CheckArgs) -> Result<()> {
         publish: args.publish,
         rebuild_sample: args.rebuild_sample,
         against: args.against,
-        cache_dir: args
-            .cache_dir
-            .unwrap_or_else(bundler::cache::default_cache_dir),
+        cache_dir: args.cache.resolve(),
         ..release::CheckOptions::new(args.manifest.resolve()?)
     };
     let checklist = release::release_check(&options);
@@ -160,15 +158,12 @@ fn release_check(args: CheckArgs) -> Result<()> {
 }
 
 fn build_wheel(args: BuildWheelArgs) -> Result<()> {
-    let cache_dir_given = args.cache_dir.clone();
     let options = release::LibraryWheelOptions {
         bundle: args.bundle,
         out: args.out,
         torch: args.torch,
         ship_sources: !args.no_sources,
-        cache_dir: args
-            .cache_dir
-            .unwrap_or_else(bundler::cache::default_cache_dir),
+        cache_dir: args.cache.resolve(),
         jobs: default_jobs(args.jobs),
         progress: !args.quiet,
         ship: args
@@ -209,7 +204,7 @@ fn build_wheel(args: BuildWheelArgs) -> Result<()> {
                     ("--manifest", Some(&options.manifest)),
                     ("--out", Some(&options.bundle)),
                     ("--torch", options.torch.as_ref().map(Path::new)),
-                    ("--cache-dir", cache_dir_given.as_deref()),
+                    ("--cache-dir", args.cache.cache_dir.as_deref()),
                 ],
             );
             error = error.context(Hint(format!(
@@ -322,9 +317,7 @@ fn bundle_kernels(args: BundleKernelsArgs) -> Result<()> {
     let options = bundler::BundleOptions {
         manifest: args.manifest.resolve()?,
         out: args.out,
-        cache_dir: args
-            .cache_dir
-            .unwrap_or_else(bundler::cache::default_cache_dir),
+        cache_dir: args.cache.resolve(),
         jobs,
         only: if args.only.is_empty() {
             kernels_from_env(std::env::var("KWHEEL_KERNELS").ok().as_deref())
@@ -452,15 +445,6 @@ fn kernels_from_env(value: Option<&str>) -> Vec<String> {
         .collect()
 }
 
-fn device_query(
-    capability: (u32, u32),
-    cuda: prebuilt::CudaBuild,
-    driver: Option<prebuilt::device::DriverVersion>,
-    torch: Option<String>,
-) -> prebuilt::device::DeviceQuery {
-    prebuilt::device::DeviceQuery::simulated(capability, cuda, driver, torch)
-}
-
 fn release_diff(args: DiffArgs) -> Result<()> {
     use prebuilt::coverage::FleetDevice;
     let old = release::diff::Release::open(&args.old)?;
@@ -471,7 +455,7 @@ fn release_diff(args: DiffArgs) -> Result<()> {
         .map(|text| FleetDevice::parse(text))
         .collect::<Result<Vec<_>, _>>()?;
     // Each device's capability replaces this one's.
-    let query = device_query((9, 0), args.cuda, None, None);
+    let query = prebuilt::device::DeviceQuery::simulated((9, 0), args.cuda, None, None);
     let fleet = (!fleet.is_empty()).then_some((fleet.as_slice(), &query));
     let diff = release::diff::diff_releases(&old, &new, fleet)?;
     if args.json {
@@ -497,7 +481,7 @@ fn coverage(args: CoverageArgs) -> Result<()> {
             .map(|text| FleetDevice::parse(text))
             .collect::<Result<Vec<_>, _>>()?;
         // Each device's capability replaces this one's.
-        let query = device_query((9, 0), args.cuda, args.driver, args.torch);
+        let query = args.runtime.query((9, 0));
         refuse_unbuilt_cuda(&bundle, &query)?;
         let report = fleet_coverage(bundle.index(), &fleet, &query, ptx_forbidden_by.as_deref());
         if args.json {
@@ -509,7 +493,7 @@ fn coverage(args: CoverageArgs) -> Result<()> {
     }
     // clap requires one of --device and --fleet.
     let capability = args.device.unwrap_or((9, 0));
-    let query = device_query(capability, args.cuda, args.driver, args.torch);
+    let query = args.runtime.query(capability);
     refuse_unbuilt_cuda(&bundle, &query)?;
     let cache = prebuilt::cache::ArtifactCache::default();
     let mut report = prebuilt::coverage::bundle_coverage(&bundle, &query, &cache);
@@ -613,7 +597,7 @@ fn jit_note(bundle: &prebuilt::Bundle, report: &prebuilt::coverage::CoverageRepo
 }
 
 fn fetch(args: FetchArgs) -> Result<()> {
-    let query = device_query(args.device, args.cuda, args.driver, args.torch);
+    let query = args.runtime.query(args.device);
     let bundle = prebuilt::lookup::open_bundle(prebuilt::lookup::find_bundle(&args.package)?)?;
     let report = prebuilt::fetch::prefetch(
         &bundle,
