@@ -124,22 +124,25 @@ struct Machines {
 /// `root/bundle`: the default library's bundle of `swiglu` alone, with its own build cache.
 fn bundle_kernel(root: &Path) -> PathBuf {
     let bundle = root.join("bundle");
-    let output = kwheel()
-        .args([
-            "dev",
-            "bundle-kernels",
-            "--quiet",
-            "--only",
-            KERNEL,
-            "--out",
-        ])
-        .arg(&bundle)
-        .arg("--cache-dir")
-        .arg(root.join("build-cache"))
+    let output = bundle_kernels(&bundle, &root.join("build-cache"))
+        .args(["--only", KERNEL])
         .output()
         .unwrap();
     assert!(output.status.success(), "{}", text(&output));
     bundle
+}
+
+/// `kwheel jit export --package <bundle> --out <out> --jit-cache <jit_cache>`.
+fn jit_export(bundle: &Path, out: &Path, jit_cache: &Path) -> std::process::Command {
+    let mut command = kwheel();
+    command
+        .args(["jit", "export", "--package"])
+        .arg(bundle)
+        .arg("--out")
+        .arg(out)
+        .arg("--jit-cache")
+        .arg(jit_cache);
+    command
 }
 
 /// Machine A: bundle `swiglu`, load it on the 8.9 device (the JIT compiles it into A's cache),
@@ -166,21 +169,14 @@ fn machine_a() -> Option<Machines> {
         None,
     )
     .unwrap();
-    let kernel = registry
-        .load(KERNEL)
-        .unwrap_or_else(|error| panic!("{}", prebuilt::error_chain(&error)));
+    let kernel = load(&registry);
     assert_eq!(kernel.provenance().kind(), ProvenanceKind::JitCompiled);
     assert_eq!(kernel.variant(), "cu129/sm_89");
     let compiled = device.loaded.lock().unwrap()[0].clone();
 
     let pack = root.join("pack");
-    let output = kwheel()
-        .args(["jit", "export", "--json", "--package"])
-        .arg(&bundle)
-        .arg("--out")
-        .arg(&pack)
-        .arg("--jit-cache")
-        .arg(&a_cache)
+    let output = jit_export(&bundle, &pack, &a_cache)
+        .arg("--json")
         .output()
         .unwrap();
     assert!(output.status.success(), "{}", text(&output));
@@ -200,28 +196,48 @@ fn b_cache(b: &Path) -> PathBuf {
     b.join("cache/kwheel/jit")
 }
 
+impl Machines {
+    /// `kwheel jit import <pack> --package <the bundle>` on machine B (rooted at `b`).
+    fn import_on_b(&self, b: &Path, pack: &Path) -> std::process::Output {
+        on_machine_b(b)
+            .arg("import")
+            .arg(pack)
+            .arg("--package")
+            .arg(&self.bundle)
+            .output()
+            .unwrap()
+    }
+}
+
+/// The loader as machine B (rooted at `b`) opens `bundle`: its own JIT cache, the JIT off, no
+/// compiler, `device` for the GPU.
+fn on_machine_b_registry(bundle: &Path, b: &Path, device: Arc<Ada>) -> Registry {
+    Registry::open_on(
+        bundle,
+        options(JitPolicy::Disabled, &b_cache(b), no_compiler(b)),
+        device,
+        None,
+    )
+    .unwrap()
+}
+
+/// `KERNEL` loaded, or a panic with the whole error chain.
+fn load(registry: &Registry) -> prebuilt::Kernel {
+    registry
+        .load(KERNEL)
+        .unwrap_or_else(|error| panic!("{}", prebuilt::error_chain(&error)))
+}
+
 #[test]
 fn a_jit_only_kernel_exported_on_one_machine_loads_from_the_pack_on_another_without_a_compiler() {
     let Some(machines) = machine_a() else { return };
     let b = machines.root.join("b");
 
     // Before the import machine B has nothing for this GPU, and may not compile.
-    let before = Registry::open_on(
-        &machines.bundle,
-        options(JitPolicy::Disabled, &b_cache(&b), no_compiler(&b)),
-        Arc::new(Ada::default()),
-        None,
-    )
-    .unwrap();
+    let before = on_machine_b_registry(&machines.bundle, &b, Arc::new(Ada::default()));
     assert!(matches!(before.load(KERNEL), Err(LoadError::NoFit { .. })));
 
-    let output = on_machine_b(&b)
-        .arg("import")
-        .arg(&machines.pack)
-        .arg("--package")
-        .arg(&machines.bundle)
-        .output()
-        .unwrap();
+    let output = machines.import_on_b(&b, &machines.pack);
     assert!(output.status.success(), "{}", text(&output));
     let installed = b_cache(&b).join("packs-v1/af3-kernels");
     assert!(
@@ -231,13 +247,7 @@ fn a_jit_only_kernel_exported_on_one_machine_loads_from_the_pack_on_another_with
     );
 
     let device = Arc::new(Ada::default());
-    let registry = Registry::open_on(
-        &machines.bundle,
-        options(JitPolicy::Disabled, &b_cache(&b), no_compiler(&b)),
-        device.clone(),
-        None,
-    )
-    .unwrap();
+    let registry = on_machine_b_registry(&machines.bundle, &b, device.clone());
     let Status::Available {
         variant,
         provenance,
@@ -256,9 +266,7 @@ fn a_jit_only_kernel_exported_on_one_machine_loads_from_the_pack_on_another_with
         "{reason}"
     );
 
-    let kernel = registry
-        .load(KERNEL)
-        .unwrap_or_else(|error| panic!("{}", prebuilt::error_chain(&error)));
+    let kernel = load(&registry);
     let Provenance::Pack { variant, key, pack } = kernel.provenance() else {
         panic!("{}", kernel.provenance());
     };
@@ -279,13 +287,7 @@ fn a_jit_only_kernel_exported_on_one_machine_loads_from_the_pack_on_another_with
     );
 
     // Importing the same pack again changes nothing.
-    let again = on_machine_b(&b)
-        .arg("import")
-        .arg(&machines.pack)
-        .arg("--package")
-        .arg(&machines.bundle)
-        .output()
-        .unwrap();
+    let again = machines.import_on_b(&b, &machines.pack);
     assert!(
         stdout(&again).starts_with("already installed:"),
         "{}",
@@ -312,15 +314,7 @@ fn artifact(index: &PackIndex) -> String {
 fn a_tampered_pack_is_refused_naming_the_pack_file_and_kernel() {
     let Some(machines) = machine_a() else { return };
     let b = machines.root.join("b");
-    let import = |pack: &Path| {
-        on_machine_b(&b)
-            .arg("import")
-            .arg(pack)
-            .arg("--package")
-            .arg(&machines.bundle)
-            .output()
-            .unwrap()
-    };
+    let import = |pack: &Path| machines.import_on_b(&b, pack);
 
     // Other bytes under the recorded digest: the artifact no longer verifies.
     let flipped = altered(&machines, "flipped", |dir, index| {
@@ -389,13 +383,7 @@ fn a_tampered_pack_is_refused_naming_the_pack_file_and_kernel() {
     cubin[0] ^= 0xff;
     std::fs::write(&stored, zstd::encode_all(cubin.as_slice(), 3).unwrap()).unwrap();
     let device = Arc::new(Ada::default());
-    let registry = Registry::open_on(
-        &machines.bundle,
-        options(JitPolicy::Disabled, &b_cache(&b), no_compiler(&b)),
-        device.clone(),
-        None,
-    )
-    .unwrap();
+    let registry = on_machine_b_registry(&machines.bundle, &b, device.clone());
     let error = registry.load(KERNEL).unwrap_err();
     let message = prebuilt::error_chain(&error);
     assert!(matches!(error, LoadError::Pack(_)), "{message}");
@@ -417,13 +405,7 @@ fn export_without_jit_results_says_what_it_passed_over() {
     }
     let dir = tempfile::tempdir().unwrap();
     let bundle = bundle_kernel(dir.path());
-    let output = kwheel()
-        .args(["jit", "export", "--package"])
-        .arg(&bundle)
-        .arg("--out")
-        .arg(dir.path().join("pack"))
-        .arg("--jit-cache")
-        .arg(dir.path().join("empty"))
+    let output = jit_export(&bundle, &dir.path().join("pack"), &dir.path().join("empty"))
         .output()
         .unwrap();
     let message = failure(&output, NOT_FOUND);
@@ -481,16 +463,8 @@ fn a_pack_added_to_a_wheel_ships_verified_and_loads_from_the_installed_bundle() 
 
     let b = machines.root.join("b");
     let device = Arc::new(Ada::default());
-    let registry = Registry::open_on(
-        &bundle,
-        options(JitPolicy::Disabled, &b_cache(&b), no_compiler(&b)),
-        device.clone(),
-        None,
-    )
-    .unwrap();
-    let kernel = registry
-        .load(KERNEL)
-        .unwrap_or_else(|error| panic!("{}", prebuilt::error_chain(&error)));
+    let registry = on_machine_b_registry(&bundle, &b, device.clone());
+    let kernel = load(&registry);
     let Provenance::Pack { variant, pack, .. } = kernel.provenance() else {
         panic!("{}", kernel.provenance());
     };
