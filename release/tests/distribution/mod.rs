@@ -94,16 +94,7 @@ fn a_slim_wheel_ships_only_its_filter_and_lists_everything() {
     let bytes = std::fs::read(&built.path).unwrap();
     let names: Vec<String> = entries(&bytes).into_iter().map(|(n, _)| n).collect();
     // The wheel ships the loader index only, which holds the whole index.
-    let lookup = "af3_kernels/_prebuilt/kernels.idx";
-    let lookup_bytes = entries(&bytes)
-        .into_iter()
-        .find(|(n, _)| n == lookup)
-        .unwrap()
-        .1;
-    let index = prebuilt::lookup::Lookup::from_bytes(std::path::Path::new(lookup), lookup_bytes)
-        .unwrap()
-        .index()
-        .unwrap();
+    let index = wheel_index(&bytes);
     // A store needs format 2 at least; family dictionaries make it 3.
     assert!(index.format >= prebuilt::index::STORE_INDEX_FORMAT);
     assert_eq!(index.format, index.required_format());
@@ -320,7 +311,7 @@ fn bench_first_call_fetch_vs_wheel() {
             let handle = StoreHandle::connect(&store, &quick()).unwrap();
             setup.push(started.elapsed().as_secs_f64() * 1e3);
             let started = Instant::now();
-            let bundle = prebuilt::Bundle::open(&slim).unwrap();
+            let bundle = prebuilt::lookup::open_bundle(&slim).unwrap();
             let record = &bundle.index().kernels[name];
             let choice = select_variant(name, record, &h200).unwrap();
             let connect = || Ok(handle.clone());
@@ -337,7 +328,7 @@ fn bench_first_call_fetch_vs_wheel() {
             assert_eq!(fetched, cubin);
 
             let started = Instant::now();
-            let bundle = prebuilt::Bundle::open(&slim).unwrap();
+            let bundle = prebuilt::lookup::open_bundle(&slim).unwrap();
             let record = &bundle.index().kernels[name];
             let choice = select_variant(name, record, &h200).unwrap();
             let again = cache.read(&choice.variant.artifact).unwrap();

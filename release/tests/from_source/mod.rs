@@ -220,16 +220,7 @@ fn the_recipes_only_wheel_ships_sources_and_recipes_and_no_cubin() {
     assert_eq!(built.filename.to_string(), WHEEL_NAME);
     let bytes = std::fs::read(&built.path).unwrap();
     // The wheel ships the loader index only, which holds the whole index.
-    let lookup = "af3_kernels/_prebuilt/kernels.idx";
-    let lookup_bytes = entries(&bytes)
-        .into_iter()
-        .find(|(n, _)| n == lookup)
-        .unwrap()
-        .1;
-    let index = prebuilt::lookup::Lookup::from_bytes(std::path::Path::new(lookup), lookup_bytes)
-        .unwrap()
-        .index()
-        .unwrap();
+    let index = wheel_index(&bytes);
     let planned = bundler::Manifest::load(&manifest).unwrap();
     assert_eq!(index.kernels.len(), planned.kernels.len());
     let names: Vec<String> = entries(&bytes).into_iter().map(|(name, _)| name).collect();

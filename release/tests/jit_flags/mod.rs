@@ -8,20 +8,8 @@ use super::*;
 /// The built wheel with every kernel's recorded inputs changed by `edit`; RECORD and
 /// kernels.idx rewritten to agree with the new index.
 fn wheel_with_index(dir: &Path, original: &[u8], edit: impl Fn(&mut prebuilt::Index)) -> PathBuf {
-    let lookup_name = "af3_kernels/_prebuilt/kernels.idx";
+    let mut index = wheel_index(original);
     let original = entries(original);
-    let mut index: prebuilt::Index = prebuilt::lookup::Lookup::from_bytes(
-        Path::new(lookup_name),
-        original
-            .iter()
-            .find(|(n, _)| n == lookup_name)
-            .unwrap()
-            .1
-            .clone(),
-    )
-    .unwrap()
-    .index()
-    .unwrap();
     edit(&mut index);
     let record_name = original
         .iter()
@@ -32,7 +20,7 @@ fn wheel_with_index(dir: &Path, original: &[u8], edit: impl Fn(&mut prebuilt::In
         .iter()
         .filter(|(name, _)| *name != record_name)
         .map(|(name, data)| match name.as_str() {
-            n if n == lookup_name => (name.clone(), prebuilt::lookup::encode(&index)),
+            "af3_kernels/_prebuilt/kernels.idx" => (name.clone(), prebuilt::lookup::encode(&index)),
             _ => (name.clone(), data.clone()),
         })
         .collect();

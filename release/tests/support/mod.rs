@@ -187,6 +187,20 @@ pub(crate) fn entry(bytes: &[u8], name: &str) -> String {
     String::from_utf8(data).unwrap()
 }
 
+/// The whole index of the default library's wheel `bytes`, decoded from the loader index it
+/// ships (`kernels.idx`; wheels carry no `index.json`).
+pub(crate) fn wheel_index(bytes: &[u8]) -> prebuilt::Index {
+    let lookup = "af3_kernels/_prebuilt/kernels.idx";
+    let (_, data) = entries(bytes)
+        .into_iter()
+        .find(|(n, _)| n == lookup)
+        .unwrap_or_else(|| panic!("no `{lookup}` in the wheel"));
+    prebuilt::lookup::Lookup::from_bytes(Path::new(lookup), data)
+        .unwrap()
+        .index()
+        .unwrap()
+}
+
 pub(crate) fn python() -> Option<&'static str> {
     let found = Command::new("python3")
         .args(["-c", "import zipfile, hashlib, csv, base64"])
