@@ -212,7 +212,7 @@ fn publish_then_prefetch_for_another_device_makes_its_variants_local() {
     let site = scratch("distribution-site");
     install(&built.path, &site);
     let bundle_dir = find_bundle(site.join("af3_kernels").to_str().unwrap()).unwrap();
-    let bundle = prebuilt::Bundle::open(&bundle_dir).unwrap();
+    let bundle = prebuilt::lookup::open_bundle(&bundle_dir).unwrap();
     let cache = ArtifactCache::new(site.join("artifact-cache"));
     let b200 = cuda_13_0_device((10, 0));
     let before = coverage(&bundle, &b200, &cache);
