@@ -502,7 +502,7 @@ fn the_kwheel_wheel_puts_kwheel_on_path_and_it_builds_a_library_outside_the_repo
 /// refusal), `status()` of one kernel.
 const REPORT_SCRIPT: &str = r#"
 import json, os, af3_kernels, kwheel
-variants = af3_kernels._registry.path
+variants = str(af3_kernels._registry.path)
 sources = os.path.isdir(os.path.join(af3_kernels._registry.path, "sources"))
 try:
     chosen = af3_kernels.select("layernorm_bf16", "sm_90", cuda="12.9")
