@@ -140,11 +140,7 @@ fn help_lists_the_exit_codes_the_readme_lists() {
 }
 
 fn build_into(dir: &Path, extra: &[&str]) -> Output {
-    kwheel()
-        .args(["dev", "bundle-kernels", "--quiet", "--out"])
-        .arg(dir.join("bundle"))
-        .arg("--cache-dir")
-        .arg(dir.join("cache"))
+    bundle_kernels(&dir.join("bundle"), &dir.join("cache"))
         .args(extra)
         .output()
         .unwrap()
@@ -223,12 +219,10 @@ fn list_extract_and_explain_work_on_a_bundle() {
     assert_eq!((info.sm, info.kind), (90, Some(prebuilt::ArchKind::Ptx)));
 
     // What would load on a B200 with CUDA 13.0, as a table and as JSON.
-    let output = kwheel()
-        .args(["dev", "coverage"])
-        .arg(dir.path().join("bundle"))
-        .args(["--device", "sm_100", "--cuda", "13.0", "--driver", "580.65"])
-        .output()
-        .unwrap();
+    let output = coverage(
+        &dir.path().join("bundle"),
+        &["--device", "sm_100", "--cuda", "13.0", "--driver", "580.65"],
+    );
     let text = stdout(&output);
     assert!(output.status.success(), "{}", stderr(&output));
     let row = |kernel: &str| {
@@ -253,17 +247,15 @@ fn list_extract_and_explain_work_on_a_bundle() {
     );
     assert!(text.contains("not built: declared"), "{text}");
     // A fleet in one table: B300 takes the family cubin, Thor and a future GPU the PTX.
-    let output = kwheel()
-        .args(["dev", "coverage"])
-        .arg(dir.path().join("bundle"))
-        .args([
+    let output = coverage(
+        &dir.path().join("bundle"),
+        &[
             "--fleet",
             "H200,B200,B300,Thor,GB10,next=13.0",
             "--cuda",
             "13.0",
-        ])
-        .output()
-        .unwrap();
+        ],
+    );
     let text = stdout(&output);
     assert!(output.status.success(), "{}", stderr(&output));
     let row = |kernel: &str| {
@@ -285,19 +277,17 @@ fn list_extract_and_explain_work_on_a_bundle() {
         Some("wgmma_matmul_bf16 sm_90a none none none none none"),
         "{text}"
     );
-    let output = kwheel()
-        .args(["dev", "coverage"])
-        .arg(dir.path().join("bundle"))
-        .args([
+    let output = coverage(
+        &dir.path().join("bundle"),
+        &[
             "--fleet",
             "Thor",
             "--cuda",
             "13.0",
             "--no-ptx-jit",
             "--json",
-        ])
-        .output()
-        .unwrap();
+        ],
+    );
     assert!(output.status.success(), "{}", stderr(&output));
     let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
     let thor = &json["devices"][0]["report"]["kernels"]["swiglu"];
@@ -309,12 +299,10 @@ fn list_extract_and_explain_work_on_a_bundle() {
         "{json}"
     );
 
-    let output = kwheel()
-        .args(["dev", "coverage"])
-        .arg(dir.path().join("bundle"))
-        .args(["--device", "8.6", "--cuda", "cu129", "--json"])
-        .output()
-        .unwrap();
+    let output = coverage(
+        &dir.path().join("bundle"),
+        &["--device", "8.6", "--cuda", "cu129", "--json"],
+    );
     let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
     let kernels = json["kernels"].as_object().unwrap();
     assert_eq!(kernels.len(), 7);
@@ -341,29 +329,14 @@ fn coverage_says_what_would_jit_and_refuses_a_cuda_build_the_bundle_lacks() {
     }
     let dir = tempfile::tempdir().unwrap();
     let bundle = dir.path().join("target/kwheel/_prebuilt");
-    let output = kwheel()
-        .args([
-            "dev",
-            "bundle-kernels",
-            "--quiet",
-            "--only",
-            "swiglu",
-            "--out",
-        ])
-        .arg(&bundle)
-        .arg("--cache-dir")
-        .arg(dir.path().join("cache"))
+    let output = bundle_kernels(&bundle, &dir.path().join("cache"))
+        .args(["--only", "swiglu"])
         .output()
         .unwrap();
     assert!(output.status.success(), "{}", stderr(&output));
 
     // Ampere: nothing loads; it says what load() does instead, and fails.
-    let output = kwheel()
-        .args(["dev", "coverage"])
-        .arg(&bundle)
-        .args(["--device", "8.6", "--cuda", "12.9"])
-        .output()
-        .unwrap();
+    let output = coverage(&bundle, &["--device", "8.6", "--cuda", "12.9"]);
     assert!(!output.status.success());
     assert_eq!(
         stderr(&output),
@@ -372,22 +345,12 @@ fn coverage_says_what_would_jit_and_refuses_a_cuda_build_the_bundle_lacks() {
          error: no kernel of the bundle has a prebuilt cubin for this device\n"
     );
     // Hopper on 12.9 loads: success, no note.
-    let output = kwheel()
-        .args(["dev", "coverage"])
-        .arg(&bundle)
-        .args(["--device", "sm_90", "--cuda", "12.9"])
-        .output()
-        .unwrap();
+    let output = coverage(&bundle, &["--device", "sm_90", "--cuda", "12.9"]);
     assert!(output.status.success(), "{}", stderr(&output));
     assert_eq!(stderr(&output), "");
 
     // A CUDA build the bundle was not built for is refused, not tabulated.
-    let output = kwheel()
-        .args(["dev", "coverage"])
-        .arg(&bundle)
-        .args(["--device", "sm_90", "--cuda", "12.8"])
-        .output()
-        .unwrap();
+    let output = coverage(&bundle, &["--device", "sm_90", "--cuda", "12.8"]);
     failure(&output, USAGE);
     assert!(
         stderr(&output).starts_with(
@@ -553,11 +516,8 @@ fn killed_build_leaves_nothing_half_written_and_the_next_run_continues() {
     }
     let dir = tempfile::tempdir().unwrap();
     let cache = dir.path().join("cache");
-    let mut child = kwheel()
-        .args(["dev", "bundle-kernels", "--quiet", "--jobs", "1", "--out"])
-        .arg(dir.path().join("bundle"))
-        .arg("--cache-dir")
-        .arg(&cache)
+    let mut child = bundle_kernels(&dir.path().join("bundle"), &cache)
+        .args(["--jobs", "1"])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -640,6 +600,15 @@ fn release_check(dir: &Path, library: &Path, extra: &[&str]) -> (bool, serde_jso
     (output.status.success(), json)
 }
 
+/// A copy of the library under `dir` that passes a first `release check` (which builds its
+/// bundle and wheels there), with that check's answer.
+fn released_library(dir: &Path) -> (PathBuf, serde_json::Value) {
+    let library = copy_library(dir);
+    let (passed, json) = release_check(dir, &library, &[]);
+    assert!(passed, "{json:#}");
+    (library, json)
+}
+
 fn gate<'j>(json: &'j serde_json::Value, name: &str) -> &'j serde_json::Value {
     json["gates"]
         .as_array()
@@ -655,9 +624,7 @@ fn release_check_passes_on_a_clean_tree_and_builds_only_what_is_missing() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let library = copy_library(dir.path());
-    let (passed, json) = release_check(dir.path(), &library, &[]);
-    assert!(passed, "{json:#}");
+    let (library, json) = released_library(dir.path());
     for name in [
         "version",
         "bundle",
@@ -734,9 +701,7 @@ fn release_check_names_the_kernel_and_file_edited_after_bundling() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let library = copy_library(dir.path());
-    let (passed, json) = release_check(dir.path(), &library, &[]);
-    assert!(passed, "{json:#}");
+    let (library, _) = released_library(dir.path());
     let source = library.join("sigmoid_gate/sigmoid_gate.cu");
     let text = std::fs::read_to_string(&source).unwrap() + "\n// edited after bundling\n";
     std::fs::write(&source, text).unwrap();
@@ -974,17 +939,23 @@ fn a_cubin_swapped_for_another_in_a_copied_bundle_exits_with_verification() {
     assert!(output.status.success(), "{}", stderr(&output));
 }
 
+/// A copy of the library under `dir` whose `swiglu` has a line that is not C++.
+fn library_with_broken_swiglu(dir: &Path) -> PathBuf {
+    let library = copy_library(dir);
+    let source = library.join("swiglu/swiglu.cu");
+    let mut text = std::fs::read_to_string(&source).unwrap();
+    text.push_str("\nthis is not C++;\n");
+    std::fs::write(&source, text).unwrap();
+    library
+}
+
 #[test]
 fn a_kernel_that_does_not_compile_exits_with_build() {
     if !have_toolchains() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let library = copy_library(dir.path());
-    let source = library.join("swiglu/swiglu.cu");
-    let mut text = std::fs::read_to_string(&source).unwrap();
-    text.push_str("\nthis is not C++;\n");
-    std::fs::write(&source, text).unwrap();
+    let library = library_with_broken_swiglu(dir.path());
     let output = build_into(
         dir.path(),
         &[
@@ -1151,21 +1122,16 @@ fn gpu_names_are_devices_wherever_devices_are_taken() {
     let output = build_into(dir.path(), &["--only", "swiglu"]);
     assert!(output.status.success(), "{}", stderr(&output));
     let bundle = dir.path().join("bundle");
-    let coverage = |device: &str| {
-        let output = kwheel()
-            .args(["dev", "coverage"])
-            .arg(&bundle)
-            .args(["--device", device, "--cuda", "13.0", "--json"])
-            .output()
-            .unwrap();
+    let coverage_of = |device: &str| {
+        let output = coverage(&bundle, &["--device", device, "--cuda", "13.0", "--json"]);
         assert!(output.status.success(), "{device}: {}", text(&output));
         stdout(&output)
     };
     // As `--fleet H100` and `--fleet B300` read them: 9.0 and 10.3.
-    assert_eq!(coverage("H100"), coverage("sm_90"));
-    assert_eq!(coverage("h200"), coverage("9.0"));
-    assert_eq!(coverage("B300"), coverage("10.3"));
-    assert_ne!(coverage("H100"), coverage("B300"));
+    assert_eq!(coverage_of("H100"), coverage_of("sm_90"));
+    assert_eq!(coverage_of("h200"), coverage_of("9.0"));
+    assert_eq!(coverage_of("B300"), coverage_of("10.3"));
+    assert_ne!(coverage_of("H100"), coverage_of("B300"));
 }
 
 #[test]
@@ -1275,11 +1241,7 @@ fn one_syntax_error_is_summarized_once_with_every_target_it_hit() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let library = copy_library(dir.path());
-    let source = library.join("swiglu/swiglu.cu");
-    let mut text = std::fs::read_to_string(&source).unwrap();
-    text.push_str("\nthis is not C++;\n");
-    std::fs::write(&source, text).unwrap();
+    let library = library_with_broken_swiglu(dir.path());
     let bundle = |extra: &[&str]| {
         Command::new(env!("CARGO_BIN_EXE_kwheel"))
             .args(["dev", "bundle-kernels", "--quiet", "--only", "swiglu"])
