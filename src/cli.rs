@@ -44,7 +44,7 @@ pub(crate) enum Command {
     Jit(JitCommand),
     /// The build backend's side of PEP 517 (`kwheel.build` calls it; answers in JSON).
     #[command(subcommand, hide = true)]
-    Pep517(crate::pep517::Pep517Command),
+    Pep517(Pep517Command),
 }
 
 #[derive(Subcommand)]
@@ -256,6 +256,55 @@ pub(crate) struct ToolchainsArgs {
     /// Print one JSON object (every build, found or missing) instead of a table.
     #[arg(long)]
     pub(crate) json: bool,
+}
+
+/// `kwheel pep517 …` (see `pep517.rs`).
+#[derive(Subcommand)]
+pub(crate) enum Pep517Command {
+    /// Build the library's wheel into a folder (PEP 517 `build_wheel`).
+    BuildWheel(Pep517BuildWheelArgs),
+    /// Write the `.dist-info` the wheel will have into a folder, compiling nothing (PEP 517
+    /// `prepare_metadata_for_build_wheel`).
+    PrepareMetadata(Pep517PrepareMetadataArgs),
+    /// Build the library's sdist into a folder (PEP 517 `build_sdist`).
+    BuildSdist(Pep517BuildSdistArgs),
+}
+
+#[derive(Args)]
+pub(crate) struct Pep517BuildWheelArgs {
+    #[command(flatten)]
+    pub(crate) manifest: ManifestArg,
+    /// The folder the wheel goes into.
+    #[arg(long)]
+    pub(crate) wheel_directory: PathBuf,
+    /// Override the manifest's torch pin.
+    #[arg(long)]
+    pub(crate) torch: Option<String>,
+    /// Bundle prebuilt cubins when the manifest's CUDA toolchains are found (else the wheel
+    /// JIT-compiles, and the answer says why).
+    #[arg(long)]
+    pub(crate) prebuilt: bool,
+}
+
+#[derive(Args)]
+pub(crate) struct Pep517PrepareMetadataArgs {
+    #[command(flatten)]
+    pub(crate) manifest: ManifestArg,
+    /// The folder the `.dist-info` goes into.
+    #[arg(long)]
+    pub(crate) metadata_directory: PathBuf,
+    /// Override the manifest's torch pin.
+    #[arg(long)]
+    pub(crate) torch: Option<String>,
+}
+
+#[derive(Args)]
+pub(crate) struct Pep517BuildSdistArgs {
+    #[command(flatten)]
+    pub(crate) manifest: ManifestArg,
+    /// The folder the sdist goes into.
+    #[arg(long)]
+    pub(crate) sdist_directory: PathBuf,
 }
 
 #[derive(Args)]

@@ -13,60 +13,10 @@
 //! cubins; otherwise it is the recipes-only wheel that JIT-compiles each kernel on first load,
 //! and `jit_reason` says why when cubins were asked for.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
+use crate::cli::{Pep517BuildWheelArgs, Pep517Command, Pep517PrepareMetadataArgs};
 use anyhow::{Context, Result};
-use clap::{Args, Subcommand};
-
-use crate::cli::ManifestArg;
-
-#[derive(Subcommand)]
-pub(crate) enum Pep517Command {
-    /// Build the library's wheel into a folder (PEP 517 `build_wheel`).
-    BuildWheel(BuildWheelArgs),
-    /// Write the `.dist-info` the wheel will have into a folder, compiling nothing (PEP 517
-    /// `prepare_metadata_for_build_wheel`).
-    PrepareMetadata(PrepareMetadataArgs),
-    /// Build the library's sdist into a folder (PEP 517 `build_sdist`).
-    BuildSdist(BuildSdistArgs),
-}
-
-#[derive(Args)]
-pub(crate) struct BuildWheelArgs {
-    #[command(flatten)]
-    manifest: ManifestArg,
-    /// The folder the wheel goes into.
-    #[arg(long)]
-    wheel_directory: PathBuf,
-    /// Override the manifest's torch pin.
-    #[arg(long)]
-    torch: Option<String>,
-    /// Bundle prebuilt cubins when the manifest's CUDA toolchains are found (else the wheel
-    /// JIT-compiles, and the answer says why).
-    #[arg(long)]
-    prebuilt: bool,
-}
-
-#[derive(Args)]
-pub(crate) struct PrepareMetadataArgs {
-    #[command(flatten)]
-    manifest: ManifestArg,
-    /// The folder the `.dist-info` goes into.
-    #[arg(long)]
-    metadata_directory: PathBuf,
-    /// Override the manifest's torch pin.
-    #[arg(long)]
-    torch: Option<String>,
-}
-
-#[derive(Args)]
-pub(crate) struct BuildSdistArgs {
-    #[command(flatten)]
-    manifest: ManifestArg,
-    /// The folder the sdist goes into.
-    #[arg(long)]
-    sdist_directory: PathBuf,
-}
 
 pub(crate) fn run(command: Pep517Command) -> Result<()> {
     let answer = match command {
@@ -86,7 +36,7 @@ pub(crate) fn run(command: Pep517Command) -> Result<()> {
     Ok(())
 }
 
-fn build_wheel(args: BuildWheelArgs) -> Result<serde_json::Value> {
+fn build_wheel(args: Pep517BuildWheelArgs) -> Result<serde_json::Value> {
     let manifest = args.manifest.resolve()?;
     let jit_reason = if args.prebuilt {
         missing_toolchains(&manifest)?.map(|missing| {
@@ -122,7 +72,7 @@ fn build_wheel(args: BuildWheelArgs) -> Result<serde_json::Value> {
 
 /// The `.dist-info` of the recipes-only wheel, which compiles nothing: its METADATA and WHEEL
 /// are those of the wheel `build-wheel` builds either way, so pip need not bundle twice.
-fn prepare_metadata(args: PrepareMetadataArgs) -> Result<serde_json::Value> {
+fn prepare_metadata(args: Pep517PrepareMetadataArgs) -> Result<serde_json::Value> {
     let manifest = args.manifest.resolve()?;
     let scratch = tempfile::Builder::new()
         .prefix("kwheel-metadata-")
