@@ -632,6 +632,11 @@ pub fn compress_one(bytes: &[u8], prefix: Option<&[u8]>, level: i32) -> Vec<u8> 
             .ref_prefix(prefix)
             .expect("zstd accepts any bytes as a raw-content prefix");
     }
+    compress_frame(&mut context, bytes)
+}
+
+/// `bytes` as one frame of the configured `context`.
+fn compress_frame(context: &mut zstd_safe::CCtx<'_>, bytes: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(zstd_safe::compress_bound(bytes.len()));
     context
         .compress2(&mut out, bytes)
@@ -679,12 +684,7 @@ impl<'p> PrefixTables<'p> {
         context
             .ref_cdict(tables)
             .expect("zstd accepts its own tables");
-        let mut out = Vec::with_capacity(zstd_safe::compress_bound(bytes.len()));
-        context
-            .compress2(&mut out, bytes)
-            .expect("the output buffer holds zstd's bound");
-        out.shrink_to_fit();
-        out
+        compress_frame(&mut context, bytes)
     }
 }
 

@@ -47,7 +47,7 @@ pub use crate::shard_file::{
     check_shard_file, PlannedJob, Shard, CUBINS_DIR, MAX_SHARDS, SHARD_FILE, SHARD_FORMAT,
 };
 use crate::shard_file::{cubin_path, read_shard, ShardFile};
-use crate::writer::{stage_directory, write_bundle, OutputKind, WriteOutcome};
+use crate::writer::{stage_directory, write_bundle, write_sources, OutputKind, WriteOutcome};
 use crate::Error;
 
 /// How a build shares work and results with other machines.
@@ -82,13 +82,7 @@ pub fn write_shard(
         for (digest, cubin) in cubins {
             crate::cache::write_atomically(&root.join(cubin_path(digest)), cubin)?;
         }
-        for (stable, path) in sources {
-            let bytes = std::fs::read(path).map_err(|source| Error::Read {
-                path: path.clone(),
-                source,
-            })?;
-            crate::cache::write_atomically(&root.join(SOURCES_DIR).join(stable), &bytes)?;
-        }
+        write_sources(root, sources)?;
         crate::cache::write_atomically(&root.join(SHARD_FILE), text.as_bytes())
     })?;
     Ok(WriteOutcome::Written)

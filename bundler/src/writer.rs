@@ -183,17 +183,24 @@ pub fn write_bundle_from(
             }
         }
         index.format = index.required_format();
-        for (stable, path) in sources {
-            let bytes = std::fs::read(path).map_err(|source| Error::Read {
-                path: path.clone(),
-                source,
-            })?;
-            crate::cache::write_atomically(&root.join(SOURCES_DIR).join(stable), &bytes)?;
-        }
+        write_sources(root, sources)?;
         crate::cache::write_atomically(&root.join(INDEX_FILE), index.to_json().as_bytes())?;
         crate::cache::write_atomically(&root.join(LOOKUP_FILE), &prebuilt::lookup::encode(&index))
     })?;
     Ok((index, WriteOutcome::Written))
+}
+
+/// The shipped `sources` (stable path → file) copied under `root/sources/`, as a bundle and a
+/// shard both carry them.
+pub(crate) fn write_sources(root: &Path, sources: &BTreeMap<String, PathBuf>) -> Result<(), Error> {
+    for (stable, path) in sources {
+        let bytes = std::fs::read(path).map_err(|source| Error::Read {
+            path: path.clone(),
+            source,
+        })?;
+        crate::cache::write_atomically(&root.join(SOURCES_DIR).join(stable), &bytes)?;
+    }
+    Ok(())
 }
 
 /// `cubins` partitioned by the label (`cu130/sm_90a`) of the variants they are the artifact of
