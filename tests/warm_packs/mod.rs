@@ -8,17 +8,15 @@
 //! it is given; `prebuilt/tests/warm_pack/mod.rs` launches the kernel on an H200.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use prebuilt::compile::{toolchain_dir, ToolkitLayout};
-use prebuilt::device::DriverVersion;
-use prebuilt::driver::{Context, DriverError, LaunchConfig};
 use prebuilt::jit::pack::{PackIndex, PACK_FILE};
 use prebuilt::jit::CompilerSearch;
-use prebuilt::registry::{
-    Device, DeviceFacts, LoadedModule, ModuleFailure, Provenance, ProvenanceKind,
-};
+use prebuilt::registry::{Provenance, ProvenanceKind};
 use prebuilt::{JitPolicy, LoadError, Registry, RegistryOptions, Status};
+
+use testkit::fixtures::{no_compiler, FakeDevice};
 
 use super::support::*;
 
@@ -26,54 +24,8 @@ const KERNEL: &str = "swiglu";
 
 /// Compute 8.9 behind a CUDA 12.9 driver: the bundle's cubins are all `sm_90a`/`sm_100a`, so
 /// only a JIT result (or a pack's) fits. Keeps every image it is asked to load.
-#[derive(Default)]
-struct Ada {
-    loaded: Mutex<Vec<Vec<u8>>>,
-}
-
-struct Module;
-
-impl LoadedModule for Module {
-    fn context(&self) -> Option<&Arc<Context>> {
-        None
-    }
-
-    unsafe fn launch(&self, _: usize, _: &LaunchConfig, _: &[&[u8]]) -> Result<(), DriverError> {
-        unreachable!("nothing is launched on a CPU")
-    }
-}
-
-impl Device for Ada {
-    fn facts(&self, _ordinal: u32) -> Result<DeviceFacts, DriverError> {
-        Ok(DeviceFacts {
-            capability: (8, 9),
-            driver: DriverVersion {
-                major: 12,
-                minor: 9,
-            },
-        })
-    }
-
-    fn load(
-        &self,
-        _ordinal: u32,
-        image: &[u8],
-        _symbols: &[&str],
-    ) -> Result<Arc<dyn LoadedModule>, ModuleFailure> {
-        self.loaded.lock().unwrap().push(image.to_vec());
-        Ok(Arc::new(Module))
-    }
-}
-
-/// A search that finds nothing: machine B has no compiler.
-fn no_compiler(dir: &Path) -> CompilerSearch {
-    CompilerSearch {
-        nvrtc: None,
-        site_packages: Vec::new(),
-        cuda_home: Some(dir.join("no-cuda")),
-        path: Some(dir.join("no-bin").into_os_string()),
-        system_library_path: false,
-    }
+fn ada() -> Arc<FakeDevice> {
+    FakeDevice::new((8, 9), "12.9")
 }
 
 fn options(jit: JitPolicy, jit_cache: &Path, compilers: CompilerSearch) -> RegistryOptions {
@@ -161,7 +113,7 @@ fn machine_a() -> Option<Machines> {
         nvrtc: Some(nvrtc),
         ..no_compiler(&root)
     };
-    let device = Arc::new(Ada::default());
+    let device = ada();
     let registry = Registry::open_on(
         &bundle,
         options(JitPolicy::Allowed, &a_cache, search),
@@ -172,7 +124,7 @@ fn machine_a() -> Option<Machines> {
     let kernel = load(&registry);
     assert_eq!(kernel.provenance().kind(), ProvenanceKind::JitCompiled);
     assert_eq!(kernel.variant(), "cu129/sm_89");
-    let compiled = device.loaded.lock().unwrap()[0].clone();
+    let compiled = device.loaded()[0].clone();
 
     let pack = root.join("pack");
     let output = jit_export(&bundle, &pack, &a_cache)
@@ -211,7 +163,7 @@ impl Machines {
 
 /// The loader as machine B (rooted at `b`) opens `bundle`: its own JIT cache, the JIT off, no
 /// compiler, `device` for the GPU.
-fn on_machine_b_registry(bundle: &Path, b: &Path, device: Arc<Ada>) -> Registry {
+fn on_machine_b_registry(bundle: &Path, b: &Path, device: Arc<FakeDevice>) -> Registry {
     Registry::open_on(
         bundle,
         options(JitPolicy::Disabled, &b_cache(b), no_compiler(b)),
@@ -234,7 +186,7 @@ fn a_jit_only_kernel_exported_on_one_machine_loads_from_the_pack_on_another_with
     let b = machines.root.join("b");
 
     // Before the import machine B has nothing for this GPU, and may not compile.
-    let before = on_machine_b_registry(&machines.bundle, &b, Arc::new(Ada::default()));
+    let before = on_machine_b_registry(&machines.bundle, &b, ada());
     assert!(matches!(before.load(KERNEL), Err(LoadError::NoFit { .. })));
 
     let output = machines.import_on_b(&b, &machines.pack);
@@ -246,7 +198,7 @@ fn a_jit_only_kernel_exported_on_one_machine_loads_from_the_pack_on_another_with
         text(&output)
     );
 
-    let device = Arc::new(Ada::default());
+    let device = ada();
     let registry = on_machine_b_registry(&machines.bundle, &b, device.clone());
     let Status::Available {
         variant,
@@ -277,7 +229,7 @@ fn a_jit_only_kernel_exported_on_one_machine_loads_from_the_pack_on_another_with
         format!("kwheel:swiglu cu129/sm_89 pack {} cuda:0", &key[..12])
     );
     assert_eq!(
-        device.loaded.lock().unwrap().as_slice(),
+        device.loaded().as_slice(),
         std::slice::from_ref(&machines.compiled),
         "machine B loads the very cubin machine A compiled"
     );
@@ -382,7 +334,7 @@ fn a_tampered_pack_is_refused_naming_the_pack_file_and_kernel() {
     let mut cubin = zstd::decode_all(std::fs::read(&stored).unwrap().as_slice()).unwrap();
     cubin[0] ^= 0xff;
     std::fs::write(&stored, zstd::encode_all(cubin.as_slice(), 3).unwrap()).unwrap();
-    let device = Arc::new(Ada::default());
+    let device = ada();
     let registry = on_machine_b_registry(&machines.bundle, &b, device.clone());
     let error = registry.load(KERNEL).unwrap_err();
     let message = prebuilt::error_chain(&error);
@@ -392,10 +344,7 @@ fn a_tampered_pack_is_refused_naming_the_pack_file_and_kernel() {
             && message.contains("`swiglu` (cu129/sm_89)"),
         "{message}"
     );
-    assert!(
-        device.loaded.lock().unwrap().is_empty(),
-        "nothing was loaded"
-    );
+    assert!(device.loaded().is_empty(), "nothing was loaded");
 }
 
 #[test]
@@ -462,7 +411,7 @@ fn a_pack_added_to_a_wheel_ships_verified_and_loads_from_the_installed_bundle() 
     assert!(packs[0].join(PACK_FILE).is_file());
 
     let b = machines.root.join("b");
-    let device = Arc::new(Ada::default());
+    let device = ada();
     let registry = on_machine_b_registry(&bundle, &b, device.clone());
     let kernel = load(&registry);
     let Provenance::Pack { variant, pack, .. } = kernel.provenance() else {
@@ -471,7 +420,7 @@ fn a_pack_added_to_a_wheel_ships_verified_and_loads_from_the_installed_bundle() 
     assert_eq!(variant, "cu129/sm_89");
     assert!(pack.starts_with(&bundle), "{}", pack.display());
     assert_eq!(
-        device.loaded.lock().unwrap().as_slice(),
+        device.loaded().as_slice(),
         std::slice::from_ref(&machines.compiled),
         "the wheel's pack holds the very cubin machine A compiled"
     );
