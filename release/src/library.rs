@@ -189,15 +189,11 @@ pub fn build_library_wheel(options: &LibraryWheelOptions) -> Result<BuiltWheel, 
             );
         }
         Some(bundler::bundle_kernels(&BundleOptions {
-            manifest: options.manifest.clone(),
-            out: options.bundle.clone(),
-            cache_dir: options.cache_dir.clone(),
             jobs: options.jobs,
-            only: Vec::new(),
-            require: false,
             torch: options.torch.clone(),
             progress: options.progress,
             toolchains: options.toolchains.clone(),
+            ..BundleOptions::new(&options.manifest, &options.bundle, &options.cache_dir)
         })?)
     };
 

@@ -161,6 +161,24 @@ pub struct BundleOptions {
     pub toolchains: Option<Vec<BuildToolchain>>,
 }
 
+impl BundleOptions {
+    /// The whole manifest bundled into `out` with the cache at `cache_dir`: one job per core,
+    /// every kernel, skips allowed, the manifest's torch pin and CUDA builds, no progress bar.
+    pub fn new(manifest: &Path, out: &Path, cache_dir: &Path) -> BundleOptions {
+        BundleOptions {
+            manifest: manifest.to_owned(),
+            out: out.to_owned(),
+            cache_dir: cache_dir.to_owned(),
+            jobs: std::thread::available_parallelism().map_or(1, usize::from),
+            only: Vec::new(),
+            require: false,
+            torch: None,
+            progress: false,
+            toolchains: None,
+        }
+    }
+}
+
 /// What a `bundle-kernels` run did.
 #[derive(Debug)]
 pub struct BundleSummary {

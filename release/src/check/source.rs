@@ -134,15 +134,10 @@ pub(super) fn check_bundle(
             return None;
         }
         let bundled = bundler::bundle_kernels(&bundler::BundleOptions {
-            manifest: options.manifest.clone(),
-            out: options.bundle.clone(),
-            cache_dir: options.cache_dir.clone(),
             jobs: options.jobs,
-            only: Vec::new(),
-            require: false,
             torch: Some(torch.to_owned()),
-            progress: false,
             toolchains: options.toolchains.clone(),
+            ..bundler::BundleOptions::new(&options.manifest, &options.bundle, &options.cache_dir)
         });
         match bundled {
             Ok(summary) => run.built.push(format!(

@@ -28,7 +28,10 @@ fn build_set(shared: &Shared, out: &Path, limit: u64, ship_sources: bool) -> Bui
 /// build, the JIT off: the variants loaded (`kernel cu130/sm_90a`), each checked to be the
 /// image whose digest the index records.
 fn load_everywhere(bundle: &Path, search: &[PathBuf]) -> BTreeSet<String> {
-    let index = prebuilt::lookup::open_bundle(bundle).unwrap().index().clone();
+    let index = prebuilt::lookup::open_bundle(bundle)
+        .unwrap()
+        .index()
+        .clone();
     let mut loaded = BTreeSet::new();
     for capability in [(9, 0), (10, 0), (10, 3), (12, 0)] {
         for cuda in ["cu129", "cu130"] {
@@ -78,7 +81,10 @@ fn sm90_registry(bundle: &Path) -> Registry {
 }
 
 fn every_variant(bundle: &Path) -> BTreeSet<String> {
-    let index = prebuilt::lookup::open_bundle(bundle).unwrap().index().clone();
+    let index = prebuilt::lookup::open_bundle(bundle)
+        .unwrap()
+        .index()
+        .clone();
     index
         .kernels
         .iter()
