@@ -32,7 +32,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 
 import torch
 
@@ -276,30 +275,15 @@ def main():
     REPORT["torch"] = torch.__version__
     REPORT["kwheel"] = kwheel.__version__
     REPORT["status_cuda_1"] = ops.library.registry.status(device=1)
-    for step in (check_ops_on_device_1, check_trace_on_device_1, check_block_and_graph_on_device_1, check_two_ranks):
-        began = time.perf_counter()
-        try:
-            step()
-        except Exception as error:  # keep going: one report with every failure
-            import traceback
-
-            traceback.print_exc()
-            check(False, f"{step.__name__} raised {type(error).__name__}: {error}")
-        print(f"{step.__name__}: {time.perf_counter() - began:.1f} s", flush=True)
+    helpers.run_steps(
+        (check_ops_on_device_1, check_trace_on_device_1, check_block_and_graph_on_device_1, check_two_ranks),
+        check,
+    )
     REPORT["provenance"] = kwheel.provenance()
     for entry in REPORT["provenance"]:
         print(f"{entry['label']}")
         check(entry["source"] == "prebuilt", f"{entry['kernel']} on device {entry['device']}: {entry['source']}")
-    REPORT["failures"] = FAILURES
-    text = json.dumps(REPORT, indent=2, default=str)
-    print(text)
-    if options.json:
-        with open(options.json, "w") as handle:
-            handle.write(text)
-    if FAILURES:
-        print(f"gpu_multi: {len(FAILURES)} failed", file=sys.stderr)
-        sys.exit(1)
-    print("gpu_multi: all checks passed")
+    helpers.finish("gpu_multi", REPORT, FAILURES, options.json)
 
 
 if __name__ == "__main__":

@@ -578,6 +578,34 @@ def time_first_call(processes=5):
     REPORT["first_call_ms"] = results
 
 
+def run_steps(steps, check):
+    """Runs each step, timed; a step that raises is one failure, and the rest still run."""
+    for step in steps:
+        began = time.perf_counter()
+        try:
+            step()
+        except Exception as error:  # keep going: one report with every failure
+            import traceback
+
+            traceback.print_exc()
+            check(False, f"{step.__name__} raised {type(error).__name__}: {error}")
+        print(f"{step.__name__}: {time.perf_counter() - began:.1f} s", flush=True)
+
+
+def finish(name, report, failures, json_path):
+    """Prints the report (and writes it to `json_path`), then exits 1 if anything failed."""
+    report["failures"] = failures
+    text = json.dumps(report, indent=2, default=str)
+    print(text)
+    if json_path:
+        with open(json_path, "w") as handle:
+            handle.write(text)
+    if failures:
+        print(f"{name}: {len(failures)} failed", file=sys.stderr)
+        sys.exit(1)
+    print(f"{name}: all checks passed")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="write the results as JSON here")
@@ -595,32 +623,14 @@ def main():
     ]
     if not options.skip_first_call:
         steps.append(time_first_call)
-    for step in steps:
-        began = time.perf_counter()
-        try:
-            step()
-        except Exception as error:  # keep going: one report with every failure
-            import traceback
-
-            traceback.print_exc()
-            check(False, f"{step.__name__} raised {type(error).__name__}: {error}")
-        print(f"{step.__name__}: {time.perf_counter() - began:.1f} s", flush=True)
+    run_steps(steps, check)
 
     provenance = {name: str(op.kernel.registry.load(op.kernel.name, device=0).provenance) for name, op in ops.library.ops.items()}
     REPORT["provenance"] = provenance
     REPORT["loaded"] = kwheel.provenance()
     for name, text in provenance.items():
         check(text.startswith("prebuilt "), f"{name}: kernel not prebuilt ({text})")
-    REPORT["failures"] = FAILURES
-    text = json.dumps(REPORT, indent=2, default=str)
-    print(text)
-    if options.json:
-        with open(options.json, "w") as handle:
-            handle.write(text)
-    if FAILURES:
-        print(f"gpu_torch: {len(FAILURES)} failed", file=sys.stderr)
-        sys.exit(1)
-    print("gpu_torch: all checks passed")
+    finish("gpu_torch", REPORT, FAILURES, options.json)
 
 
 if __name__ == "__main__":
