@@ -204,7 +204,7 @@ pub(crate) fn write_sources(root: &Path, sources: &BTreeMap<String, PathBuf>) ->
 }
 
 /// `cubins` partitioned by the label (`cu130/sm_90a`) of the variants they are the artifact of
-/// (the first label, for bytes two variants share): no frame is compressed against a cubin of
+/// (the smallest label, for bytes two variants share): no frame is compressed against a cubin of
 /// another CUDA build or target, so a slim wheel or a registry-sized part that ships one
 /// variant label ships no reference of another.
 fn partitioned<'a>(index: &Index, cubins: &'a dyn Corpus) -> Partitioned<'a> {
