@@ -48,6 +48,8 @@ struct Arguments {
     jobs: usize,
     solid: bool,
     keep: bool,
+    /// Write a manifest of the corpus (one kernel per cubin) into this folder instead.
+    manifest: Option<PathBuf>,
 }
 
 fn arguments() -> Arguments {
@@ -57,6 +59,7 @@ fn arguments() -> Arguments {
         jobs: std::thread::available_parallelism().map_or(1, usize::from),
         solid: false,
         keep: false,
+        manifest: None,
     };
     let mut given = std::env::args().skip(1);
     while let Some(argument) = given.next() {
@@ -66,6 +69,7 @@ fn arguments() -> Arguments {
             "--jobs" => parsed.jobs = given.next().and_then(|n| n.parse().ok()).unwrap_or(1),
             "--solid" => parsed.solid = true,
             "--keep" => parsed.keep = true,
+            "--manifest" => parsed.manifest = given.next().map(PathBuf::from),
             _ => {}
         }
     }
@@ -126,6 +130,10 @@ fn main() {
             })
             .collect()
     });
+    if let Some(folder) = &arguments.manifest {
+        write_manifest(folder, &root, &scanned);
+        return;
+    }
     let raw: u64 = scanned.iter().map(|s| s.size).sum();
     let index = index_of(&scanned);
     let corpus = FileCorpus::new(
@@ -240,6 +248,59 @@ fn main() {
     if !arguments.keep {
         let _ = std::fs::remove_dir_all(&out_dir);
     }
+}
+
+/// `kernels.toml` in `folder`: the corpus as a library of precompiled cubins, one kernel per
+/// cubin with the names [`index_of`] gives, each for its own target and CUDA 13.0 only, so
+/// that `kwheel dev bundle-kernels` and `dev build-wheel` run on the whole production library.
+fn write_manifest(folder: &Path, root: &Path, scanned: &[Scanned]) {
+    let index = index_of(scanned);
+    let archs: std::collections::BTreeSet<String> =
+        scanned.iter().map(|s| s.arch.to_string()).collect();
+    let quoted = |items: &mut dyn Iterator<Item = String>| {
+        items
+            .map(|item| format!("{item:?}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut text = format!(
+        "# Every cubin of flashinfer-cubin 0.6.13 as a precompiled kernel (written by\n\
+         # `cargo bench -p bundler --bench production -- --manifest DIR`).\n\
+         [library]\npackage = \"flashinfer-cubin-bundle\"\nversion = \"0.6.13\"\n\
+         python-package = \"python/flashinfer_cubin_bundle\"\n\
+         archs = [{}]\ncuda-builds = [\"cu130\"]\ntorch = \"2.13.*\"\n\n\
+         [wheel]\nmax-file-size = \"100MiB\"\n",
+        quoted(&mut archs.iter().cloned())
+    );
+    for ((name, record), cubin) in index.kernels.iter().zip(order_by_name(scanned)) {
+        let arch = cubin.arch.to_string();
+        text.push_str(&format!(
+            "\n[kernels.{name}]\nentries = [{}]\narch = [{arch:?}]\ncubins = [{{ arch = {arch:?}, cuda = \"cu130\", path = {:?} }}]\n",
+            quoted(&mut record.variants[0].functions.iter().map(|f| f.symbol.clone())),
+            root.join(&cubin.path).display().to_string(),
+        ));
+    }
+    let package = folder.join("python/flashinfer_cubin_bundle");
+    std::fs::create_dir_all(&package).unwrap();
+    std::fs::write(package.join("__init__.py"), "").unwrap();
+    std::fs::write(folder.join("kernels.toml"), text).unwrap();
+    println!(
+        "production: wrote {} ({} kernels)",
+        folder.join("kernels.toml").display(),
+        index.kernels.len()
+    );
+}
+
+/// `scanned` in the order of the names [`index_of`] gives them (the index is a map by name).
+fn order_by_name(scanned: &[Scanned]) -> Vec<&Scanned> {
+    let index = index_of(scanned);
+    let by_digest: BTreeMap<&str, &Scanned> =
+        scanned.iter().map(|s| (s.digest.as_str(), s)).collect();
+    index
+        .kernels
+        .values()
+        .map(|record| by_digest[record.variants[0].artifact.digest.as_str()])
+        .collect()
 }
 
 /// One progress line per 5% of a stage, on stderr.

@@ -129,6 +129,8 @@ impl Corpus for Vec<(&str, &[u8])> {
 #[derive(Clone, Debug, Default)]
 pub struct FileCorpus {
     entries: Vec<(String, PathBuf)>,
+    /// Whether each key is the sha256 of its file, checked on every read.
+    verified: bool,
 }
 
 impl FileCorpus {
@@ -136,7 +138,19 @@ impl FileCorpus {
     pub fn new(mut entries: Vec<(String, PathBuf)>) -> FileCorpus {
         entries.sort_by(|a, b| a.0.cmp(&b.0));
         entries.dedup_by(|later, earlier| later.0 == earlier.0);
-        FileCorpus { entries }
+        FileCorpus {
+            entries,
+            verified: false,
+        }
+    }
+
+    /// [`FileCorpus::new`] of (sha256, path) pairs, each file checked against its digest
+    /// whenever it is read: the build cache's entries, which another build may replace.
+    pub fn verified(entries: Vec<(String, PathBuf)>) -> FileCorpus {
+        FileCorpus {
+            verified: true,
+            ..FileCorpus::new(entries)
+        }
     }
 }
 
@@ -148,13 +162,22 @@ impl Corpus for FileCorpus {
         &self.entries[index].0
     }
     fn read(&self, index: usize) -> Result<Cow<'_, [u8]>, Error> {
-        let path = &self.entries[index].1;
-        std::fs::read(path)
-            .map(Cow::Owned)
-            .map_err(|source| Error::Read {
-                path: path.clone(),
-                source,
-            })
+        let (key, path) = &self.entries[index];
+        let bytes = std::fs::read(path).map_err(|source| Error::Read {
+            path: path.clone(),
+            source,
+        })?;
+        if self.verified {
+            let actual = hex::encode(Sha256::digest(&bytes));
+            if actual != *key {
+                return Err(Error::ChangedFile {
+                    path: path.clone(),
+                    expected: key.clone(),
+                    actual,
+                });
+            }
+        }
+        Ok(Cow::Owned(bytes))
     }
 }
 

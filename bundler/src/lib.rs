@@ -59,6 +59,21 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// A file read twice in one run (a build cache entry the writer streams) is no longer
+    /// what it was when it was validated.
+    #[error(
+        "`{}` changed during the build: sha256 {actual}, validated as {expected}; run the build \
+         again",
+        path.display()
+    )]
+    ChangedFile {
+        /// The file.
+        path: PathBuf,
+        /// The digest it had when validated.
+        expected: String,
+        /// The digest it has now.
+        actual: String,
+    },
     /// An output folder that kwheel may not replace (it holds something kwheel did not
     /// write), or that does not name a folder.
     #[error("refusing to replace `{}`: {reason}", path.display())]

@@ -98,7 +98,19 @@ pub fn write_bundle(
         .iter()
         .map(|(digest, bytes)| (digest.as_str(), bytes.as_slice()))
         .collect();
-    let bar = progress_bar(corpus.len());
+    write_bundle_streamed(out, index, &corpus, sources, jobs)
+}
+
+/// [`write_bundle`] of cubins read from `corpus` (by digest) as they are needed, with a
+/// progress bar: what `dev bundle-kernels` writes from its build cache, in bounded memory.
+pub fn write_bundle_streamed(
+    out: &Path,
+    index: Index,
+    corpus: &dyn Corpus,
+    sources: &BTreeMap<String, PathBuf>,
+    jobs: usize,
+) -> Result<(Index, WriteOutcome), Error> {
+    let bar = progress_bar(corpus.count());
     let progress = |stage: Stage, done: usize, _of: usize| {
         if done == 1 {
             bar.set_message(match stage {
@@ -108,7 +120,7 @@ pub fn write_bundle(
         }
         bar.set_position(done as u64);
     };
-    let written = write_bundle_from(out, index, &corpus, sources, jobs, &progress);
+    let written = write_bundle_from(out, index, corpus, sources, jobs, &progress);
     bar.finish_and_clear();
     written
 }

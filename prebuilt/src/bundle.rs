@@ -42,8 +42,8 @@ use crate::index::{
 use crate::key::sha256_hex;
 use crate::target::Arch;
 use crate::untrusted::{
-    check_index, check_stored, read_regular_file, resolve_inside, ArtifactPath, Digest, KernelName,
-    Untrusted, MAX_ARTIFACT_SIZE, MAX_DICTIONARY_SIZE, MAX_INDEX_SIZE,
+    check_index, check_stored, read_regular_file, refusal, resolve_inside, ArtifactPath, Digest,
+    KernelName, Untrusted, MAX_ARTIFACT_SIZE, MAX_DICTIONARY_SIZE, MAX_INDEX_SIZE,
 };
 
 /// At most this many decoded bytes of shared artifacts and dictionaries are kept by an open
@@ -51,6 +51,10 @@ use crate::untrusted::{
 /// counts against the bundle's decode budget.
 const MAX_HELD_BYTES: u64 = 512 << 20;
 
+mod frames;
+pub(crate) use frames::open_inside;
+pub use frames::read_inside;
+use frames::{decompress_declared, new_context, with_kept_context, ZSTD_DICTIONARY_MAGIC};
 mod list;
 pub use list::list_bundle;
 mod reads;
@@ -408,6 +412,27 @@ fn artifact_file(
     )
 }
 
+/// The path and bytes of `kernel`'s `variant`'s stored artifact under `root`, its record
+/// checked as [`stored_path`] checks it and the file read as [`read_inside`] reads it.
+fn read_artifact_file(
+    root: &Path,
+    stored: &StoredFile,
+    kernel: &str,
+    variant: &str,
+) -> Result<(PathBuf, Vec<u8>), BundleError> {
+    let refused = |source| BundleError::Refused {
+        path: root.join(INDEX_FILE),
+        source,
+    };
+    let what = || format!("`{kernel}` ({variant})");
+    // Checked with the name built only for a refusal's message: this runs on every load.
+    if check_stored(stored, MAX_ARTIFACT_SIZE, "").is_err() {
+        check_stored(stored, MAX_ARTIFACT_SIZE, &what()).map_err(refused)?;
+    }
+    let relative = ArtifactPath::parse(&stored.path).map_err(refused)?;
+    read_inside(root, &relative, MAX_ARTIFACT_SIZE)
+}
+
 /// The error of `kernel`'s `variant`, whose frame at `path` does not decode.
 fn corrupt_artifact<'a>(
     kernel: &'a str,
@@ -430,12 +455,7 @@ pub fn read_stored(
     kernel: &str,
     variant: &str,
 ) -> Result<Vec<u8>, BundleError> {
-    let path = artifact_file(root, stored, kernel, variant)?;
-    let compressed =
-        read_regular_file(&path, MAX_ARTIFACT_SIZE).map_err(|source| BundleError::Read {
-            path: path.clone(),
-            source,
-        })?;
+    let (path, compressed) = read_artifact_file(root, stored, kernel, variant)?;
     let corrupt = corrupt_artifact(kernel, variant, &path);
     let bytes = match dictionary {
         FrameDictionary::None => decompress_bounded(&compressed, None, stored.size),
@@ -514,7 +534,7 @@ pub fn decompress_with_prefix(
     prefix: &[u8],
     size: u64,
 ) -> std::io::Result<Vec<u8>> {
-    use zstd::zstd_safe::{self, DParameter};
+    use zstd::zstd_safe;
     let invalid = |what: String| std::io::Error::new(std::io::ErrorKind::InvalidData, what);
     let zstd = |code| invalid(zstd_safe::get_error_name(code).to_owned());
     let declared = match zstd_safe::get_frame_content_size(compressed) {
@@ -527,35 +547,16 @@ pub fn decompress_with_prefix(
             "the frame declares {declared} bytes, more than the {limit} recorded"
         )));
     }
-    thread_local! {
-        // One context per thread, kept: creating one costs more than decoding a small cubin.
-        static CONTEXT: std::cell::RefCell<Option<zstd_safe::DCtx<'static>>> =
-            const { std::cell::RefCell::new(None) };
-    }
-    let new_context = || -> std::io::Result<zstd_safe::DCtx<'static>> {
-        let mut context = zstd_safe::DCtx::create();
-        // The writer's window reaches from a cubin back over its prefix, each at most
-        // MAX_ARTIFACT_SIZE, so 2^29 covers every frame it writes.
-        context
-            .set_parameter(DParameter::WindowLogMax(29))
-            .map_err(zstd)?;
-        Ok(context)
-    };
     let mut bytes = Vec::with_capacity(declared as usize);
     // Content that starts like a zstd dictionary would be read as one, not as raw content:
     // such a prefix takes a fresh context that is told it is a prefix.
-    let decoded = if prefix.get(..4) == Some(&0xEC30_A437u32.to_le_bytes()[..]) {
+    let decoded = if prefix.get(..4) == Some(&ZSTD_DICTIONARY_MAGIC[..]) {
         let mut context = new_context()?;
         context.ref_prefix(prefix).map_err(zstd)?;
         context.decompress(&mut bytes, compressed).map_err(zstd)?
     } else {
-        CONTEXT.with(|cell| -> std::io::Result<usize> {
-            let mut cell = cell.borrow_mut();
-            let context = match &mut *cell {
-                Some(context) => context,
-                empty => empty.insert(new_context()?),
-            };
-            // Raw content is only referenced, never copied (ZSTD_decompress_usingDict).
+        // Raw content is only referenced, never copied (ZSTD_decompress_usingDict).
+        with_kept_context(|context| {
             context
                 .decompress_using_dict(&mut bytes, compressed, prefix)
                 .map_err(zstd)
@@ -609,23 +610,32 @@ pub fn read_prefix(
     };
     Digest::parse(digest)
         .map_err(|e| refused(e.of(format!("the dictionary of `{kernel}` ({variant})"))))?;
-    // A dictionary is capped lower than a cubin; a reference cubin is one.
-    let (stored_at, cap) = match prefix_path(root, digest) {
-        Some(found) if found.starts_with(ARTIFACTS_DIR) => (found, MAX_ARTIFACT_SIZE),
-        found => (
-            found.unwrap_or_else(|| dictionary_path(digest)),
-            MAX_DICTIONARY_SIZE,
-        ),
+    // A dictionary is capped lower than a cubin; a reference cubin is one. Each candidate is
+    // read where it is (no `stat` to look first): the first that is there, as `prefix_path`.
+    let dictionary = ArtifactPath::parse(&dictionary_path(digest)).map_err(refused)?;
+    let (path, stored) = match read_inside(root, &dictionary, MAX_DICTIONARY_SIZE) {
+        Err(BundleError::Read { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            let artifact = ArtifactPath::parse(&artifact_path(digest)).map_err(refused)?;
+            match read_inside(root, &artifact, MAX_ARTIFACT_SIZE) {
+                // Neither is there: named as the dictionary, as before.
+                Err(BundleError::Read { source, .. })
+                    if source.kind() == std::io::ErrorKind::NotFound =>
+                {
+                    Err(BundleError::Read {
+                        path: dictionary.join_to(root),
+                        source,
+                    })
+                }
+                read => read,
+            }
+        }
+        read => read,
+    }?;
+    let cap = if path.starts_with(root.join(ARTIFACTS_DIR)) {
+        MAX_ARTIFACT_SIZE
+    } else {
+        MAX_DICTIONARY_SIZE
     };
-    let relative = ArtifactPath::parse(&stored_at).map_err(refused)?;
-    let path = resolve_inside(root, &relative).map_err(|source| BundleError::Read {
-        path: relative.join_to(root),
-        source,
-    })?;
-    let stored = read_regular_file(&path, cap).map_err(|source| BundleError::Read {
-        path: path.clone(),
-        source,
-    })?;
     let corrupt = |source| BundleError::Corrupt {
         kernel: kernel.to_owned(),
         variant: format!("{variant} dictionary"),
@@ -680,6 +690,9 @@ pub fn decompress_bounded(
     size: u64,
 ) -> std::io::Result<Vec<u8>> {
     use std::io::Read as _;
+    if let Some(bytes) = decompress_declared(compressed, dictionary, size) {
+        return Ok(bytes);
+    }
     let limit = size.min(MAX_ARTIFACT_SIZE).saturating_add(1);
     let mut decoder = match dictionary {
         Some(dictionary) => zstd::stream::read::Decoder::with_dictionary(compressed, dictionary)?,
@@ -692,6 +705,20 @@ pub fn decompress_bounded(
     Ok(bytes)
 }
 
+/// Checks that `bytes` are `kernel`'s `variant`'s cubin, as its record in the bundle at `root`
+/// gives its size and sha256: what every read of an artifact checks, for bytes had otherwise
+/// (a family reference a sibling's load decoded).
+pub fn verify_artifact(
+    bytes: &[u8],
+    root: &Path,
+    kernel: &str,
+    variant: &Variant,
+) -> Result<(), BundleError> {
+    let stored = &variant.artifact;
+    let path = root.join(&stored.path);
+    verify(bytes, stored, &path, kernel, &variant.label())
+}
+
 fn verify(
     bytes: &[u8],
     stored: &StoredFile,
@@ -699,8 +726,15 @@ fn verify(
     kernel: &str,
     variant: &str,
 ) -> Result<(), BundleError> {
-    let actual = sha256_hex(bytes);
-    if actual != stored.digest || bytes.len() as u64 != stored.size {
+    use sha2::Digest as _;
+    let hash = sha2::Sha256::digest(bytes);
+    // Compared as hex on the stack: a String of it is only made for a mismatch.
+    let mut text = [0u8; 64];
+    let matches = bytes.len() as u64 == stored.size
+        && hex::encode_to_slice(hash, &mut text).is_ok()
+        && text[..] == *stored.digest.as_bytes();
+    if !matches {
+        let actual = hex::encode(hash);
         return Err(BundleError::DigestMismatch {
             kernel: kernel.to_owned(),
             variant: variant.to_owned(),

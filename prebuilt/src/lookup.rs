@@ -49,8 +49,6 @@
 //! refuses a format it does not know, naming the file, the format found and the one it reads.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs::File;
-use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -65,8 +63,10 @@ use crate::untrusted::{
 };
 
 mod codec;
+mod data;
 mod folder;
 mod table;
+use data::Data;
 pub use folder::{find_bundle, open_bundle, read_bundle_index, restore_index_json};
 use table::{check_table, Layout, LazyTable, Sections, Span};
 
@@ -240,37 +240,6 @@ pub struct Lookup {
     whole: OnceLock<Tables>,
 }
 
-/// Where the file's bytes are: the file itself, or bytes already read (a wheel's entry).
-#[derive(Debug)]
-enum Data {
-    File(File),
-    Bytes(Vec<u8>),
-}
-
-impl Data {
-    fn read_at(&self, buffer: &mut [u8], offset: u64) -> std::io::Result<()> {
-        match self {
-            Data::File(file) => file.read_exact_at(buffer, offset),
-            Data::Bytes(bytes) => {
-                let start = usize::try_from(offset).unwrap_or(usize::MAX);
-                let span = start
-                    .checked_add(buffer.len())
-                    .and_then(|end| bytes.get(start..end))
-                    .ok_or(std::io::ErrorKind::UnexpectedEof)?;
-                buffer.copy_from_slice(span);
-                Ok(())
-            }
-        }
-    }
-
-    fn len(&self) -> std::io::Result<u64> {
-        match self {
-            Data::File(file) => Ok(file.metadata()?.len()),
-            Data::Bytes(bytes) => Ok(bytes.len() as u64),
-        }
-    }
-}
-
 /// Both tables and the names, read whole and checked together ([`table::check_table`]).
 #[derive(Debug)]
 struct Tables {
@@ -309,7 +278,12 @@ impl Lookup {
         };
         if let Some(name) = path.file_name().and_then(|name| name.to_str()) {
             if let Ok(relative) = crate::untrusted::ArtifactPath::parse(name) {
-                crate::untrusted::resolve_inside(folder, &relative).map_err(read_error)?;
+                // The checks below, in fewer system calls; errors name `path` as given.
+                return match crate::bundle::open_inside(folder, &relative) {
+                    Ok((_, file, _)) => Lookup::of(path, Data::File(file)),
+                    Err(BundleError::Read { source, .. }) => Err(read_error(source)),
+                    Err(other) => Err(other),
+                };
             }
         }
         let file = open_regular_file(path).map_err(read_error)?;
@@ -728,7 +702,8 @@ impl Catalog {
         // A link in its place is opened (and refused when it leads out), never taken for
         // "no loader index".
         let (source, meta) = if std::fs::symlink_metadata(&lookup).is_ok() {
-            let lookup = Lookup::open(&crate::bundle::bundle_file(&root, LOOKUP_FILE)?)?;
+            // `Lookup::open` checks that no link leads out, as `bundle_file` would again.
+            let lookup = Lookup::open(&lookup)?;
             let meta = lookup.meta().clone();
             (Source::Lookup(Box::new(lookup)), meta)
         } else {
@@ -765,6 +740,16 @@ impl Catalog {
                 inputs: KernelInputs::default(),
                 ..record.clone()
             })),
+        }
+    }
+
+    /// Whether a frame may be compressed against the cubin with sha256 `digest`, so that its
+    /// bytes are worth keeping once loaded; `false` for a bundle read from `index.json`.
+    pub fn is_reference(&self, digest: &str) -> bool {
+        match &self.source {
+            // Every family dictionary's digest is a word (a crafted, unsorted list: `false`).
+            Source::Lookup(lookup) => lookup.words.binary_search_by(|w| w[..].cmp(digest)).is_ok(),
+            Source::Index(_) => false,
         }
     }
 

@@ -49,12 +49,13 @@ use prebuilt::{Arch, CudaBuild, KernelKey};
 
 use crate::cache::BuildCache;
 use crate::compiler::{compiler_for, CompileRequest, Compiler, NvccPtxas};
+use crate::compress::{Corpus as _, FileCorpus};
 use crate::include::{scan_includes, IncludeGraph, ScanRoots};
 use crate::manifest::{CompilerChoice, KernelSpec, Manifest};
 use crate::remote::{RemoteCache, RemoteStats};
 use crate::shard::{write_shard, PlannedJob, Shard, SharedBuild};
 use crate::toolchain::{discover, front_end_for, CompilerId};
-use crate::writer::{write_bundle, WriteOutcome};
+use crate::writer::{write_bundle_streamed, WriteOutcome};
 use crate::Error;
 
 /// A CUDA build ready to compile: the seam tests use to substitute compilers.
@@ -411,7 +412,7 @@ pub fn bundle_kernels_shared(
             .filter(|(n, (job, _))| job.kernel == position && !stubs.contains(n))
             .filter_map(|(_, (job, result))| Some((job, result.as_ref().ok()?)))
         {
-            let digest = sha256_hex(&built.cubin);
+            let digest = built.digest.clone();
             if built.compiled {
                 compiled.push((kernel.name.clone(), job.build, job.arch));
             } else {
@@ -426,14 +427,14 @@ pub fn bundle_kernels_shared(
                 key: job.key.clone(),
                 artifact: StoredFile {
                     digest: digest.clone(),
-                    size: built.cubin.len() as u64,
+                    size: built.size,
                     path: String::new(),
                     stored_size: 0,
                     dictionary: None,
                 },
                 functions: built.functions.clone(),
             });
-            cubins.insert(digest, built.cubin.clone());
+            cubins.insert(digest, cache.entry_path(&job.key));
         }
         variants.sort_by_key(|v| (v.cuda, v.arch));
         let mut skips = skipped.remove(&position).unwrap_or_default();
@@ -473,12 +474,19 @@ pub fn bundle_kernels_shared(
         })
         .collect();
     let remote = cache.remote().map(RemoteCache::stats);
+    // The cubins stay in the build cache: the writer reads each when it needs it, and checks
+    // that it is still the cubin the job validated.
+    let corpus = FileCorpus::verified(cubins.into_iter().collect());
     let (index, written) = match shared.shard {
         Some(shard) => {
+            // A shard's folder holds its cubins whole; a shard is a part of a build by design.
+            let cubins = (0..corpus.count())
+                .map(|i| Ok((corpus.key(i).to_owned(), corpus.read(i)?.into_owned())))
+                .collect::<Result<BTreeMap<_, _>, Error>>()?;
             let written = write_shard(&options.out, shard, plan, &index, &cubins, &sources)?;
             (index, written)
         }
-        None => write_bundle(&options.out, index, &cubins, &sources, options.jobs)?,
+        None => write_bundle_streamed(&options.out, index, &corpus, &sources, options.jobs)?,
     };
     Ok(BundleSummary {
         out: options.out.clone(),

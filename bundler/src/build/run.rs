@@ -10,6 +10,18 @@ pub(super) struct Built {
     pub(super) functions: Vec<Function>,
     pub(super) compiled: bool,
     pub(super) remote: bool,
+}
+
+/// What a job leaves for the bundle: its cubin's digest and size, not its bytes, which stay in
+/// the build cache under the job's key until the writer streams them from there. Holding every
+/// cubin of a production library at once (15,970 cubins, 1.9 GB, and a copy) is what took the
+/// build above 4 GB resident.
+pub(super) struct Outcome {
+    pub(super) digest: String,
+    pub(super) size: u64,
+    pub(super) functions: Vec<Function>,
+    pub(super) compiled: bool,
+    pub(super) remote: bool,
     /// The declared entries whose bodies are stubs on this target, as (entry, stub).
     pub(super) stubs: Vec<(String, StubEntry)>,
 }
@@ -22,12 +34,12 @@ pub(super) fn run_jobs(
     kernels: &[PlannedKernel],
     cache: &BuildCache,
     options: &BundleOptions,
-) -> Result<Vec<Result<Built, Error>>, Error> {
+) -> Result<Vec<Result<Outcome, Error>>, Error> {
     let bar = progress_bar(jobs.len(), options.progress);
     let stop = AtomicBool::new(false);
     // `par_bridge` hands the jobs out one at a time in plan order, so a stop leaves only later
     // jobs unstarted; each result goes back to its job's place.
-    let mut results: Vec<(usize, Option<Result<Built, Error>>)> =
+    let mut results: Vec<(usize, Option<Result<Outcome, Error>>)> =
         crate::compress::thread_pool(options.jobs, jobs.len()).install(|| {
             jobs.iter()
                 .enumerate()
@@ -51,7 +63,7 @@ pub(super) fn run_jobs(
         });
     bar.finish_and_clear();
     results.sort_unstable_by_key(|(n, _)| *n);
-    let results: Vec<Option<Result<Built, Error>>> =
+    let results: Vec<Option<Result<Outcome, Error>>> =
         results.into_iter().map(|(_, result)| result).collect();
     let stopped = results.iter().flatten().find_map(|result| match result {
         Err(error) if options.require || !is_target_failure(error) => Some(()),
@@ -181,7 +193,7 @@ pub(super) fn run_job(
     job: &Job,
     kernel: &PlannedKernel,
     cache: &BuildCache,
-) -> Result<Built, Error> {
+) -> Result<Outcome, Error> {
     let compiles = matches!(job.work, Work::Compile { .. });
     let record = failure_record_path(cache, &job.key);
     if compiles && !cache.entry_path(&job.key).is_file() {
@@ -196,10 +208,14 @@ pub(super) fn run_job(
         }
     }
     match fetch_or_compile(job, kernel, cache) {
-        Ok(mut built) => {
-            built.stubs = entry_stubs(&built.cubin, job, kernel, &built.functions)?;
-            Ok(built)
-        }
+        Ok(built) => Ok(Outcome {
+            stubs: entry_stubs(&built.cubin, job, kernel, &built.functions)?,
+            digest: sha256_hex(&built.cubin),
+            size: built.cubin.len() as u64,
+            functions: built.functions,
+            compiled: built.compiled,
+            remote: built.remote,
+        }),
         Err(error) => {
             if compiles && is_lasting_failure(&error) {
                 write_failure(&record, &describe(&error));
@@ -307,7 +323,6 @@ fn fetch_or_compile(job: &Job, kernel: &PlannedKernel, cache: &BuildCache) -> Re
                     functions,
                     compiled: false,
                     remote: false,
-                    stubs: Vec::new(),
                 })
             }
             // A damaged entry (or one whose entry symbols were lost) is rebuilt, not bundled.
@@ -345,7 +360,6 @@ fn fetch_or_compile(job: &Job, kernel: &PlannedKernel, cache: &BuildCache) -> Re
                 functions,
                 compiled: false,
                 remote: true,
-                stubs: Vec::new(),
             });
         }
     }
@@ -405,7 +419,6 @@ fn fetch_or_compile(job: &Job, kernel: &PlannedKernel, cache: &BuildCache) -> Re
         functions,
         compiled: true,
         remote: false,
-        stubs: Vec::new(),
     })
 }
 

@@ -374,7 +374,11 @@ impl<'a> In<'a> {
             return self.text();
         }
         let raw = self.take(32)?;
-        Ok(raw.iter().map(|byte| format!("{byte:02x}")).collect())
+        // Hex on the stack, one allocation: a `format!` per byte cost more than the rest of
+        // the record.
+        let mut text = [0u8; 64];
+        hex::encode_to_slice(raw, &mut text).map_err(|error| error.to_string())?;
+        Ok(String::from_utf8_lossy(&text).into_owned())
     }
 
     fn word<'w>(&mut self, words: &'w [String]) -> Read<&'w str> {

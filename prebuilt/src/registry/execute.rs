@@ -14,6 +14,26 @@ struct Origin {
     location: Option<ArtifactLocation>,
 }
 
+impl Origin {
+    /// A prebuilt `variant` (labelled `label`), chosen for `reason`, read from `location`.
+    fn prebuilt(
+        variant: &Variant,
+        label: String,
+        reason: String,
+        location: ArtifactLocation,
+    ) -> Origin {
+        Origin {
+            provenance: Provenance::Prebuilt {
+                variant: label.clone(),
+                key: variant.key.clone(),
+            },
+            variant: label,
+            reason,
+            location: Some(location),
+        }
+    }
+}
+
 impl Registry {
     /// Loads `name` (record `record`) on device `ordinal` as `plan`, made for that device,
     /// says.
@@ -86,6 +106,26 @@ impl Registry {
                         variant: label.clone(),
                         source: Box::new(source),
                     })?;
+                let stored = &variant.artifact;
+                let held = stored
+                    .dictionary
+                    .is_none()
+                    .then(|| self.held_prefix(&stored.digest));
+                if let Some(Some(bytes)) = held {
+                    // This cubin is its family's reference, decoded already for a sibling:
+                    // verified here, as every cubin is before it loads.
+                    verify_artifact(&bytes, &root, name, &variant)?;
+                    let origin = Origin::prebuilt(&variant, label, reason, location);
+                    let entries = &variant.functions;
+                    return self.finish_load(
+                        name,
+                        &record.constants,
+                        &bytes,
+                        entries,
+                        origin,
+                        ordinal,
+                    );
+                }
                 let cubin = read_artifact_with(
                     &root,
                     name,
@@ -93,20 +133,25 @@ impl Registry {
                     |digest, label| self.prefix(&root, digest, name, label),
                     |label| self.dictionary(name, label),
                 )?;
+                if held.is_some() && self.catalog.is_reference(&stored.digest) {
+                    // Kept for the siblings whose frames reach back into it (see `prefix`).
+                    self.prefixes
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .insert(stored.digest.clone(), Arc::from(&cubin[..]));
+                }
                 (cubin, location)
             }
         };
-        let origin = Origin {
-            provenance: Provenance::Prebuilt {
-                variant: label.clone(),
-                key: variant.key.clone(),
-            },
-            variant: label,
-            reason,
-            location: Some(location),
-        };
+        let origin = Origin::prebuilt(&variant, label, reason, location);
         let entries = &variant.functions;
         self.finish_load(name, &record.constants, &cubin, entries, origin, ordinal)
+    }
+
+    /// The family reference with raw-content sha256 `digest`, if a sibling's load decoded it.
+    fn held_prefix(&self, digest: &str) -> Option<Arc<[u8]>> {
+        let prefixes = self.prefixes.lock().unwrap_or_else(PoisonError::into_inner);
+        prefixes.get(digest).cloned()
     }
 
     /// Loads a warm pack's entry: read and verified from the pack (digest, identity, not a

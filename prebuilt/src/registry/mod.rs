@@ -69,7 +69,9 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use serde::Serialize;
 
-use crate::bundle::{locate, read_artifact_with, read_dictionary, read_prefix, BundleError};
+use crate::bundle::{
+    locate, read_artifact_with, read_dictionary, read_prefix, verify_artifact, BundleError,
+};
 use crate::cache::ArtifactCache;
 use crate::device::{default_build, device_arch, DeviceQuery};
 use crate::driver::DriverError;

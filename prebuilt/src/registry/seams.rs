@@ -86,14 +86,26 @@ impl CudaDevice {
     }
 }
 
+/// Each device's facts, asked of the driver once per process: neither a device's compute
+/// capability nor the driver's version changes while it runs, and every registry (each opens
+/// its own [`CudaDevice`]) would otherwise ask again on its first load.
+static FACTS: Mutex<BTreeMap<u32, DeviceFacts>> = Mutex::new(BTreeMap::new());
+
 impl Device for CudaDevice {
     fn facts(&self, ordinal: u32) -> Result<DeviceFacts, DriverError> {
+        let known = || FACTS.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(facts) = known().get(&ordinal) {
+            return Ok(*facts);
+        }
         let driver = Driver::get()?;
         let device = driver.device(ordinal)?;
-        Ok(DeviceFacts {
+        let facts = DeviceFacts {
             capability: device.capability(),
             driver: DriverVersion::from_api(driver.version()),
-        })
+        };
+        // Only what the driver answered is kept: an error is asked again next time.
+        known().insert(ordinal, facts);
+        Ok(facts)
     }
 
     fn load(

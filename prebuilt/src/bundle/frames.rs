@@ -1,0 +1,158 @@
+//! The loader's reads of one stored file and its frame, in as few system calls and
+//! allocations as a first load can take: a file opened once where no link leads out of the
+//! bundle and read whole at its size, and frames decoded on one kept context per thread.
+
+use super::*;
+
+/// Reads the regular file at `relative` under `root`, at most `cap` bytes: what
+/// [`resolve_inside`] then [`read_regular_file`] do, with their errors, in fewer system calls
+/// (a first load reads two files): [`open_inside`], then one read of exactly the size `fstat`
+/// gave into a buffer of that size.
+pub fn read_inside(
+    root: &Path,
+    relative: &ArtifactPath,
+    cap: u64,
+) -> Result<(PathBuf, Vec<u8>), BundleError> {
+    use std::io::Read as _;
+    let (path, file, size) = open_inside(root, relative)?;
+    let read_error = |source| BundleError::Read {
+        path: path.clone(),
+        source,
+    };
+    if size > cap {
+        return Err(read_error(refusal(
+            std::io::ErrorKind::InvalidData,
+            format!("{size} bytes, over the {cap}-byte cap"),
+        )));
+    }
+    // `size` is at most `cap`; a file that grew since is read no further than its size.
+    let mut bytes = Vec::with_capacity(size as usize);
+    file.take(size)
+        .read_to_end(&mut bytes)
+        .map_err(read_error)?;
+    Ok((path, bytes))
+}
+
+/// Opens the regular file at `relative` under `root` and gives its path and size, refused as
+/// [`resolve_inside`] and [`open_regular_file`](crate::untrusted::open_regular_file) refuse
+/// (a link leading out first), in one `stat` (a FIFO is never opened), `open`, `fstat` and the
+/// opened file's own path from `/proc/self/fd`: when that is the path asked for, no link is
+/// on the way; else [`resolve_inside`] decides.
+pub(crate) fn open_inside(
+    root: &Path,
+    relative: &ArtifactPath,
+) -> Result<(PathBuf, std::fs::File, u64), BundleError> {
+    let path = relative.join_to(root);
+    let read_error = |source| BundleError::Read {
+        path: path.clone(),
+        source,
+    };
+    // A link leading out is the refusal whatever else is wrong with the file, as before.
+    let inside = || resolve_inside(root, relative).map(drop).map_err(read_error);
+    let not_regular = || refusal(std::io::ErrorKind::InvalidInput, "not a regular file");
+    let opened = std::fs::metadata(&path).and_then(|metadata| {
+        if !metadata.is_file() {
+            return Err(not_regular());
+        }
+        let file = std::fs::File::open(&path)?;
+        let metadata = file.metadata()?;
+        if !metadata.is_file() {
+            return Err(not_regular());
+        }
+        Ok((file, metadata.len()))
+    });
+    let (file, size) = match opened {
+        Ok(opened) => opened,
+        Err(error) => {
+            inside()?;
+            return Err(read_error(error));
+        }
+    };
+    if !opened_at(&file, &path) {
+        inside()?;
+    }
+    Ok((path, file, size))
+}
+
+/// Whether `file` is the file at `path` itself, reached without a symbolic link: the kernel's
+/// name for the open file equals the path asked for. `false` where that cannot be told.
+fn opened_at(file: &std::fs::File, path: &Path) -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd as _;
+        let link = format!("/proc/self/fd/{}", file.as_raw_fd());
+        std::fs::read_link(link).is_ok_and(|target| target == path)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = (file, path);
+        false
+    }
+}
+
+/// The first bytes of a zstd dictionary (`ZSTD_MAGIC_DICTIONARY`).
+pub(super) const ZSTD_DICTIONARY_MAGIC: [u8; 4] = 0xEC30_A437u32.to_le_bytes();
+
+/// A fresh decompression context whose window may reach `2^29` bytes.
+pub(super) fn new_context() -> std::io::Result<zstd::zstd_safe::DCtx<'static>> {
+    use zstd::zstd_safe::{self, DParameter};
+    let mut context = zstd_safe::DCtx::create();
+    // The writer's window reaches from a cubin back over its prefix, each at most
+    // MAX_ARTIFACT_SIZE, so 2^29 covers every frame it writes.
+    context
+        .set_parameter(DParameter::WindowLogMax(29))
+        .map_err(|code| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                zstd_safe::get_error_name(code),
+            )
+        })?;
+    Ok(context)
+}
+
+/// Runs `body` with this thread's decompression context, made on first use and kept:
+/// creating one costs more than decoding a small cubin.
+pub(super) fn with_kept_context<T>(
+    body: impl FnOnce(&mut zstd::zstd_safe::DCtx<'static>) -> std::io::Result<T>,
+) -> std::io::Result<T> {
+    thread_local! {
+        static CONTEXT: std::cell::RefCell<Option<zstd::zstd_safe::DCtx<'static>>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    CONTEXT.with(|cell| {
+        let mut cell = cell.borrow_mut();
+        let context = match &mut *cell {
+            Some(context) => context,
+            empty => empty.insert(new_context()?),
+        };
+        body(context)
+    })
+}
+
+/// [`decompress_bounded`]'s common case in one call on the thread's kept context (a stream
+/// decoder of its own costs more than a small cubin's decode): a first frame that declares a
+/// content size within `size`, decoded whole to exactly that. `None` for anything else, which
+/// the stream decoder then decodes, or refuses, as it always did.
+pub(super) fn decompress_declared(
+    compressed: &[u8],
+    dictionary: Option<&[u8]>,
+    size: u64,
+) -> Option<Vec<u8>> {
+    use zstd::zstd_safe;
+    let declared = zstd_safe::get_frame_content_size(compressed).ok()??;
+    if declared > size.min(MAX_ARTIFACT_SIZE) {
+        return None;
+    }
+    // The first frame alone, as the stream decoder's `single_frame` reads it.
+    let frame = compressed.get(..zstd_safe::find_frame_compressed_size(compressed).ok()?)?;
+    let mut bytes = Vec::with_capacity(declared as usize);
+    let decoded = with_kept_context(|context| {
+        // A trained dictionary is loaded as one, raw content as a prefix, as the stream
+        // decoder's `with_dictionary` does; an empty one is none.
+        context
+            .decompress_using_dict(&mut bytes, frame, dictionary.unwrap_or_default())
+            .map_err(|_| std::io::ErrorKind::InvalidData.into())
+    })
+    .ok()?;
+    (decoded as u64 == declared).then_some(bytes)
+}
