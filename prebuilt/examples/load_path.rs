@@ -44,6 +44,8 @@ struct Arguments {
     limit: Option<usize>,
     capability: (u32, u32),
     driver: String,
+    /// Load every kernel once on one registry and count the outcomes (`--every-kernel`).
+    every_kernel: bool,
 }
 
 fn parse_arguments() -> Result<Arguments, String> {
@@ -53,6 +55,7 @@ fn parse_arguments() -> Result<Arguments, String> {
         limit: None,
         capability: (9, 0),
         driver: "13.0".to_owned(),
+        every_kernel: false,
     };
     let mut bundle = None;
     let mut words = std::env::args().skip(1);
@@ -73,6 +76,7 @@ fn parse_arguments() -> Result<Arguments, String> {
                     .map_err(|error| format!("--device: {error}"))?;
             }
             "--driver" => arguments.driver = value("--driver")?,
+            "--every-kernel" => arguments.every_kernel = true,
             "-h" | "--help" => {
                 return Err("usage: load_path <bundle> [--repetitions 101] [--limit N] \
                             [--device 9.0] [--driver 13.0]"
@@ -147,6 +151,9 @@ fn run() -> Result<(), String> {
             .map_err(|error| error.to_string())
     };
 
+    if arguments.every_kernel {
+        return load_every_kernel(&open()?);
+    }
     let probe = open()?;
     let query = probe.device_query().map_err(|error| error.to_string())?;
     let mut names = probe.catalog().names().map_err(|error| error.to_string())?;
@@ -348,6 +355,39 @@ fn primitives(
         ));
     }
     Ok((read, decompress, sha256))
+}
+
+/// Loads every kernel of the bundle once, as the loader does (wherever its cubin is: the
+/// bundle or an installed part package), and prints how many loaded (read, verified,
+/// decompressed, handed to the device) and why the others did not.
+fn load_every_kernel(registry: &Registry) -> Result<(), String> {
+    let names = registry
+        .catalog()
+        .names()
+        .map_err(|error| error.to_string())?;
+    let started = Instant::now();
+    let mut loaded = 0;
+    let mut refused: std::collections::BTreeMap<String, usize> = Default::default();
+    for name in &names {
+        match registry.load(name) {
+            Ok(_) => loaded += 1,
+            Err(error) => {
+                // One line per kind of refusal: the message without the kernel's own name.
+                let text = error.to_string().replace(name.as_str(), "<kernel>");
+                *refused.entry(text).or_default() += 1;
+            }
+        }
+    }
+    println!(
+        "{} kernels: {loaded} loaded in {:.1} s, {} refused",
+        names.len(),
+        started.elapsed().as_secs_f64(),
+        names.len() - loaded
+    );
+    for (reason, count) in refused {
+        println!("  {count} × {reason}");
+    }
+    Ok(())
 }
 
 fn main() -> ExitCode {
