@@ -272,7 +272,7 @@ fn write_manifest(folder: &Path, root: &Path, scanned: &[Scanned]) {
          [wheel]\nmax-file-size = \"100MiB\"\n",
         quoted(&mut archs.iter().cloned())
     );
-    for ((name, record), cubin) in index.kernels.iter().zip(order_by_name(scanned)) {
+    for ((name, record), cubin) in index.kernels.iter().zip(order_by_name(&index, scanned)) {
         let arch = cubin.arch.to_string();
         text.push_str(&format!(
             "\n[kernels.{name}]\nentries = [{}]\narch = [{arch:?}]\ncubins = [{{ arch = {arch:?}, cuda = \"cu130\", path = {:?} }}]\n",
@@ -291,9 +291,8 @@ fn write_manifest(folder: &Path, root: &Path, scanned: &[Scanned]) {
     );
 }
 
-/// `scanned` in the order of the names [`index_of`] gives them (the index is a map by name).
-fn order_by_name(scanned: &[Scanned]) -> Vec<&Scanned> {
-    let index = index_of(scanned);
+/// `scanned` in the order of `index` (made of them by [`index_of`]), a map by kernel name.
+fn order_by_name<'a>(index: &Index, scanned: &'a [Scanned]) -> Vec<&'a Scanned> {
     let by_digest: BTreeMap<&str, &Scanned> =
         scanned.iter().map(|s| (s.digest.as_str(), s)).collect();
     index

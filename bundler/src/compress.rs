@@ -168,7 +168,7 @@ impl Corpus for FileCorpus {
             source,
         })?;
         if self.verified {
-            let actual = hex::encode(Sha256::digest(&bytes));
+            let actual = prebuilt::key::sha256_hex(&bytes);
             if actual != *key {
                 return Err(Error::ChangedFile {
                     path: path.clone(),

@@ -107,13 +107,11 @@ impl Registry {
                         source: Box::new(source),
                     })?;
                 let stored = &variant.artifact;
-                let held = stored
-                    .dictionary
-                    .is_none()
-                    .then(|| self.held_prefix(&stored.digest));
-                if let Some(Some(bytes)) = held {
-                    // This cubin is its family's reference, decoded already for a sibling:
-                    // verified here, as every cubin is before it loads.
+                // A plain frame may be its family's reference, which a sibling's load may
+                // have decoded already (see `prefix`).
+                let plain = stored.dictionary.is_none();
+                if let Some(bytes) = plain.then(|| self.held_prefix(&stored.digest)).flatten() {
+                    // Verified here, as every cubin is before it loads.
                     verify_artifact(&bytes, &root, name, &variant)?;
                     let origin = Origin::prebuilt(&variant, label, reason, location);
                     let entries = &variant.functions;
@@ -133,12 +131,9 @@ impl Registry {
                     |digest, label| self.prefix(&root, digest, name, label),
                     |label| self.dictionary(name, label),
                 )?;
-                if held.is_some() && self.catalog.is_reference(&stored.digest) {
-                    // Kept for the siblings whose frames reach back into it (see `prefix`).
-                    self.prefixes
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .insert(stored.digest.clone(), Arc::from(&cubin[..]));
+                if plain && self.catalog.is_reference(&stored.digest) {
+                    // Kept for the siblings whose frames reach back into it.
+                    self.hold_prefix(&stored.digest, Arc::from(&cubin[..]));
                 }
                 (cubin, location)
             }
@@ -148,10 +143,17 @@ impl Registry {
         self.finish_load(name, &record.constants, &cubin, entries, origin, ordinal)
     }
 
-    /// The family reference with raw-content sha256 `digest`, if a sibling's load decoded it.
+    /// The family reference with raw-content sha256 `digest`, if a load decoded it.
     fn held_prefix(&self, digest: &str) -> Option<Arc<[u8]>> {
         let prefixes = self.prefixes.lock().unwrap_or_else(PoisonError::into_inner);
         prefixes.get(digest).cloned()
+    }
+
+    /// Keeps the decoded family reference `bytes` (raw-content sha256 `digest`) for the frames
+    /// compressed against it.
+    fn hold_prefix(&self, digest: &str, bytes: Arc<[u8]>) {
+        let mut prefixes = self.prefixes.lock().unwrap_or_else(PoisonError::into_inner);
+        prefixes.insert(digest.to_owned(), bytes);
     }
 
     /// Loads a warm pack's entry: read and verified from the pack (digest, identity, not a
@@ -200,12 +202,11 @@ impl Registry {
         kernel: &str,
         label: &str,
     ) -> Result<Arc<[u8]>, BundleError> {
-        let prefixes = || self.prefixes.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(bytes) = prefixes().get(digest) {
-            return Ok(Arc::clone(bytes));
+        if let Some(bytes) = self.held_prefix(digest) {
+            return Ok(bytes);
         }
         let bytes: Arc<[u8]> = read_prefix(root, digest, false, kernel, label)?.into();
-        prefixes().insert(digest.to_owned(), Arc::clone(&bytes));
+        self.hold_prefix(digest, Arc::clone(&bytes));
         Ok(bytes)
     }
 
