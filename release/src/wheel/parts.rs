@@ -8,8 +8,9 @@
 //! | whether to cut | the wheel's files, counted at their uncompressed sizes with each entry's zip and RECORD overhead, do not fit under the limit |
 //! | what moves | every artifact (`_prebuilt/artifacts/…`) and family dictionary (`_prebuilt/dictionaries/…`); the index, loader table, trained dictionary, sources and Python files stay in the main wheel |
 //! | groups | an artifact goes to the group ([`prebuilt::parts::group_of`]) of the first variant naming it, in index order of the smallest group name: `cu130-sm90`, `cu130-sm100`, `cu129-ptx` |
-//! | size | a group too big for one file is filled in artifact-path (digest) order, a new part starting where the next artifact would cross the limit; parts are numbered from 1 (`…-cu130-sm90-1`) only then |
-//! | prefixes | what a frame is compressed against (a family dictionary, a reference cubin another part owns) is copied into every part holding one of its frames, so each part decodes alone |
+//! | families | a frame compressed against a prefix (a family dictionary, or a reference cubin) is of that prefix's family, with the reference itself; a plain frame that is no reference is a family of its own. Families are taken in the order of their prefix's path (a plain frame's own), each reference first among its frames |
+//! | size | a group too big for one file is filled family by family: a family goes whole into the part being filled, else starts a new part; only a family too big for one part is cut, artifact by artifact, a new part starting where the next would cross the limit. Parts are numbered from 1 (`…-cu130-sm90-1`) only then |
+//! | prefixes | a part holds a copy of each prefix its frames need that it does not own (a family dictionary, which no part owns; a reference cubin, where its family was cut), so each part decodes alone; a family kept whole stores its prefix once |
 //! | pins | the main wheel requires each part at exactly its version (`Requires-Dist: <part>==<version>`) |
 //! | names | `<package>-kernels-<group>[-<n>]`, import package the same with `_` ([`prebuilt::parts::part_distribution`]) |
 //!
@@ -182,55 +183,67 @@ pub fn split_wheel(spec: &WheelSpec, limit: u64) -> Result<Option<WheelSet>, Err
         let path_cost =
             |relative: &str| entry_cost_of(prefix + relative.len(), by_relative[relative].1);
         let base = WHEEL_OVERHEAD + 2 * ENTRY_OVERHEAD + 1024;
-        // Each part's artifacts, and the prefixes their frames need.
-        let mut cuts: Vec<(BTreeSet<String>, BTreeSet<String>)> = Vec::new();
-        let mut used = 0;
+        // Each artifact's family, keyed by the path of the prefix its frame needs, where the
+        // loader looks for it; a plain frame's by its own path, so a reference shares its
+        // frames' key. The reference comes first: the frames after it in its part need no copy.
+        let mut families: BTreeMap<String, Vec<(&str, Option<String>)>> = BTreeMap::new();
         for relative in members {
-            // Where the prefix is, as the loader looks for it: a family dictionary file, else
-            // the reference cubin's artifact.
             let prefix = artifacts[*relative].1.as_deref().and_then(|digest| {
                 [dictionary_path(digest), artifact_path(digest)]
                     .into_iter()
                     .find(|path| by_relative.contains_key(path.as_str()))
             });
-            let cost_in = |part: &(BTreeSet<String>, BTreeSet<String>)| {
-                path_cost(relative)
-                    + prefix
-                        .as_deref()
-                        .filter(|p| !part.0.contains(*p) && !part.1.contains(*p))
-                        .map_or(0, path_cost)
-            };
-            let alone = base + cost_in(&Default::default());
-            if alone > limit {
-                return Err(too_large(format!(
-                    "`{root}{relative}` (with the prefix its frame needs) takes {alone} bytes \
-                     in a wheel, more than fits in one part: raise the limit"
-                )));
+            let key = prefix.clone().unwrap_or_else(|| (*relative).to_owned());
+            let family = families.entry(key.clone()).or_default();
+            if *relative == key {
+                family.insert(0, (relative, prefix));
+            } else {
+                family.push((relative, prefix));
             }
-            let fits = cuts
-                .last()
-                .is_some_and(|part| used + cost_in(part) <= limit);
-            if !fits {
-                cuts.push(Default::default());
-                used = base;
+        }
+        let fresh = || Cut {
+            used: base,
+            ..Cut::default()
+        };
+        let mut cuts: Vec<Cut> = Vec::new();
+        for family in families.values() {
+            // A family goes whole into the part being filled, else starts a new one; a family
+            // too big for one part is then cut where its next artifact would cross the limit.
+            let fits = |part: &Cut| part.used + part.family_cost(family, path_cost) <= limit;
+            if !cuts.last().is_some_and(fits) {
+                cuts.push(fresh());
             }
-            let part = cuts.last_mut().expect("a part was just started");
-            used += cost_in(part);
-            if let Some(prefix) = prefix {
-                part.1.insert(prefix);
+            for (relative, prefix) in family {
+                let cost = |part: &Cut| part.cost(relative, prefix.as_deref(), path_cost);
+                let alone = base + cost(&Cut::default());
+                if alone > limit {
+                    return Err(too_large(format!(
+                        "`{root}{relative}` (with the prefix its frame needs) takes {alone} \
+                         bytes in a wheel, more than fits in one part: raise the limit"
+                    )));
+                }
+                let fits = |part: &Cut| part.used + cost(part) <= limit;
+                if !cuts.last().is_some_and(fits) {
+                    cuts.push(fresh());
+                }
+                let part = cuts.last_mut().expect("a part was just started");
+                part.used += cost(part);
+                if let Some(prefix) = prefix {
+                    part.prefixes.insert(prefix.clone());
+                }
+                part.files.insert((*relative).to_owned());
             }
-            part.0.insert((*relative).to_owned());
         }
         let numbered = cuts.len() > 1;
-        for (n, (files, mut prefixes)) in cuts.into_iter().enumerate() {
-            prefixes.retain(|prefix| !files.contains(prefix));
+        for (n, mut cut) in cuts.into_iter().enumerate() {
+            cut.prefixes.retain(|prefix| !cut.files.contains(prefix));
             let name = part_distribution(package, group, numbered.then_some(n + 1));
             records.push(PartRecord {
                 import: import_name(&name),
                 name,
                 group: (*group).to_owned(),
-                files: files.into_iter().collect(),
-                prefixes: prefixes.into_iter().collect(),
+                files: cut.files.into_iter().collect(),
+                prefixes: cut.prefixes.into_iter().collect(),
             });
         }
     }
@@ -311,6 +324,47 @@ pub fn split_wheel(spec: &WheelSpec, limit: u64) -> Result<Option<WheelSet>, Err
         parts,
         index: parts_index,
     }))
+}
+
+/// One part of a group as it is filled: its artifacts, the prefixes their frames need, and
+/// what it takes in a wheel so far (an upper bound).
+#[derive(Default)]
+struct Cut {
+    files: BTreeSet<String>,
+    prefixes: BTreeSet<String>,
+    used: u64,
+}
+
+impl Cut {
+    /// What adding `relative`, whose frame needs `prefix`, adds: its entry, and a copy of the
+    /// prefix unless the part has it.
+    fn cost(&self, relative: &str, prefix: Option<&str>, path_cost: impl Fn(&str) -> u64) -> u64 {
+        let missing = prefix.filter(|p| !self.holds(p));
+        path_cost(relative) + missing.map_or(0, &path_cost)
+    }
+
+    /// What adding a whole family adds: each artifact's entry, and one copy of the prefix
+    /// unless the part or the family has it.
+    fn family_cost(
+        &self,
+        family: &[(&str, Option<String>)],
+        path_cost: impl Fn(&str) -> u64,
+    ) -> u64 {
+        let own = family
+            .iter()
+            .map(|(relative, _)| path_cost(relative))
+            .sum::<u64>();
+        let missing = family
+            .iter()
+            .filter_map(|(_, prefix)| prefix.as_deref())
+            .find(|p| !self.holds(p) && !family.iter().any(|(relative, _)| relative == p));
+        own + missing.map_or(0, &path_cost)
+    }
+
+    /// Whether the part holds `path`, as its own or as a copy.
+    fn holds(&self, path: &str) -> bool {
+        self.files.contains(path) || self.prefixes.contains(path)
+    }
 }
 
 fn entry_cost(path: &str, size: u64) -> u64 {

@@ -180,8 +180,7 @@ fn a_wheel_over_the_limit_is_cut_into_pinned_parts_by_build_and_gpu_generation()
     assert!(!main_names
         .iter()
         .any(|n| n.contains("/_prebuilt/artifacts/")));
-    let parts_json = entry(&main, &format!("af3_kernels/_prebuilt/{PARTS_FILE}"));
-    let index = PartsIndex::parse(Path::new(PARTS_FILE), parts_json.as_bytes()).unwrap();
+    let index = parts_index(&built);
     assert_eq!(index.max_file_size, LIMIT);
     assert_eq!(index.parts.len(), built.parts.len());
 
@@ -353,4 +352,161 @@ fn a_missing_part_is_named_with_the_command_that_installs_it() {
     assert!(missing.contains(
         &"af3_kernels_kernels_cu130_sm90-0.1.0-py3-none-manylinux_2_28_x86_64.manylinux_2_28_aarch64.whl"
     ));
+}
+
+/// The set's `parts.json`, from its main wheel.
+fn parts_index(built: &BuiltWheel) -> PartsIndex {
+    let main = std::fs::read(&built.path).unwrap();
+    let parts_json = entry(&main, &format!("af3_kernels/_prebuilt/{PARTS_FILE}"));
+    PartsIndex::parse(Path::new(PARTS_FILE), parts_json.as_bytes()).unwrap()
+}
+
+/// The bundle's reference families: each reference cubin's artifact path, with the artifact
+/// paths of the frames compressed against it.
+fn reference_families(bundle: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let bundle = prebuilt::Bundle::open(bundle).unwrap();
+    let mut families: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for variant in bundle.index().kernels.values().flat_map(|r| &r.variants) {
+        if let Some(digest) = &variant.artifact.dictionary {
+            families
+                .entry(prebuilt::bundle::artifact_path(digest))
+                .or_default()
+                .insert(variant.artifact.path.clone());
+        }
+    }
+    families
+}
+
+/// The parts that hold each family, its reference or a frame (copies left out), by reference.
+fn parts_of_families(
+    index: &PartsIndex,
+    families: &BTreeMap<String, BTreeSet<String>>,
+) -> BTreeMap<String, BTreeSet<String>> {
+    let owner: BTreeMap<&str, &str> = index
+        .parts
+        .iter()
+        .flat_map(|part| {
+            part.files
+                .iter()
+                .map(|file| (file.as_str(), part.name.as_str()))
+        })
+        .collect();
+    families
+        .iter()
+        .map(|(reference, frames)| {
+            let parts = std::iter::once(reference)
+                .chain(frames)
+                .map(|path| owner[path.as_str()].to_owned())
+                .collect();
+            (reference.clone(), parts)
+        })
+        .collect()
+}
+
+/// The artifact files in all the set's part wheels, copies included.
+fn artifact_files(built: &BuiltWheel) -> usize {
+    built
+        .parts
+        .iter()
+        .map(|part| {
+            entries(&std::fs::read(&part.path).unwrap())
+                .iter()
+                .filter(|(name, _)| name.contains("/_prebuilt/artifacts/"))
+                .count()
+        })
+        .sum()
+}
+
+/// How many distinct artifacts the bundle's index names.
+fn distinct_artifacts(bundle: &Path) -> usize {
+    let bundle = prebuilt::Bundle::open(bundle).unwrap();
+    let paths: BTreeSet<&str> = bundle
+        .index()
+        .kernels
+        .values()
+        .flat_map(|record| &record.variants)
+        .map(|variant| variant.artifact.path.as_str())
+        .collect();
+    paths.len()
+}
+
+#[test]
+fn a_group_cut_into_parts_keeps_each_reference_family_in_one_part() {
+    let Some(shared) = shared() else { return };
+    let root = scratch("parts-families");
+    // Under the size of a group of two families (one per target, as the bundler compresses
+    // no cubin against another target's), over each family's.
+    let limit = 40 << 10;
+    let built = build_set(shared, &root.join("wheels"), limit, false);
+    let index = parts_index(&built);
+    let cut: Vec<&str> = index
+        .parts
+        .iter()
+        .filter(|part| part.group == "cu130-sm100")
+        .map(|part| part.name.as_str())
+        .collect();
+    assert!(cut.len() >= 2, "{cut:?}");
+
+    // Each family whole in one part, so nothing is copied: the set holds every artifact once.
+    let families = reference_families(&shared.bundle);
+    assert!(families.len() >= 8, "{families:?}");
+    for (reference, parts) in parts_of_families(&index, &families) {
+        assert_eq!(parts.len(), 1, "the family of `{reference}` in {parts:?}");
+    }
+    assert!(index.parts.iter().all(|part| part.prefixes.is_empty()));
+    assert_eq!(artifact_files(&built), distinct_artifacts(&shared.bundle));
+}
+
+#[test]
+fn a_family_too_big_for_one_part_is_cut_with_its_reference_copied_into_each_part_it_spans() {
+    let Some(shared) = shared() else { return };
+    let root = scratch("parts-family-cut");
+    // Over the largest artifact and the main wheel, under a family of a GPU target (six or
+    // seven cubins), over a PTX family.
+    let limit = 32 << 10;
+    let built = build_set(shared, &root.join("wheels"), limit, false);
+    let index = parts_index(&built);
+    let families = reference_families(&shared.bundle);
+    let spans = parts_of_families(&index, &families);
+
+    // A family cut across parts has its reference in one and a copy in each other; a family
+    // that fits stays whole; nothing else is copied.
+    let mut copies = 0;
+    for (reference, parts) in &spans {
+        for part in index.parts.iter().filter(|part| parts.contains(&part.name)) {
+            let copied = part.prefixes.contains(reference);
+            assert_ne!(
+                copied,
+                part.files.contains(reference),
+                "{reference} in {}",
+                part.name
+            );
+            copies += usize::from(copied);
+        }
+    }
+    let prefixes: usize = index.parts.iter().map(|part| part.prefixes.len()).sum();
+    assert_eq!(prefixes, copies);
+    assert!(copies > 0);
+    let whole: Vec<&String> = spans
+        .iter()
+        .filter(|(_, parts)| parts.len() == 1)
+        .map(|(reference, _)| reference)
+        .collect();
+    assert!(!whole.is_empty(), "the PTX families fit: {spans:?}");
+    assert_eq!(
+        artifact_files(&built),
+        distinct_artifacts(&shared.bundle) + copies
+    );
+
+    // Each part decodes alone: every variant loads from the installed set.
+    for wheel in set_wheels(&built) {
+        let size = std::fs::metadata(wheel).unwrap().len();
+        assert!(size <= limit, "{} is {size} bytes", wheel.display());
+    }
+    let target = root.join("site");
+    if !pip_install_target(&target, &set_wheels(&built)) {
+        return;
+    }
+    let bundle = target.join("af3_kernels/_prebuilt");
+    assert_eq!(load_everywhere(&bundle, &[]), every_variant(&bundle));
 }
