@@ -53,8 +53,9 @@ const MAX_HELD_BYTES: u64 = 512 << 20;
 
 mod frames;
 pub(crate) use frames::open_inside;
-pub use frames::read_inside;
+pub(crate) use frames::read_prefix_from;
 use frames::{decompress_declared, new_context, with_kept_context, ZSTD_DICTIONARY_MAGIC};
+pub use frames::{read_inside, read_prefix};
 mod list;
 pub use list::list_bundle;
 mod reads;
@@ -76,10 +77,13 @@ pub const SOURCES_DIR: &str = "sources";
 /// a [`crate::untrusted::Digest`]; any other text still gives a path (never a panic), which
 /// [`ArtifactPath::parse`] judges before it is used.
 pub fn artifact_path(digest: &str) -> String {
-    format!(
-        "{ARTIFACTS_DIR}/{}/{digest}.cubin.zst",
-        digest.get(..2).unwrap_or(digest)
-    )
+    // Pushed, not `format!`ed: decoding a kernel's record builds one per variant.
+    let shard = digest.get(..2).unwrap_or(digest);
+    let mut path = String::with_capacity(ARTIFACTS_DIR.len() + shard.len() + digest.len() + 12);
+    for part in [ARTIFACTS_DIR, "/", shard, "/", digest, ".cubin.zst"] {
+        path.push_str(part);
+    }
+    path
 }
 
 /// The bundle's directory inside a kernel library's Python package.
@@ -589,73 +593,6 @@ pub fn prefix_path(root: &Path, digest: &str) -> Option<String> {
     [dictionary_path(digest), artifact_path(digest)]
         .into_iter()
         .find(|relative| root.join(relative).is_file())
-}
-
-/// Reads the prefix with raw-content sha256 `digest` (a family dictionary or a reference
-/// cubin's artifact, [`prefix_path`]; a plain zstd frame) and decompresses it; with `verify`,
-/// checks its sha256 too. The loader does not: a frame decompressed against other bytes fails
-/// its checksum or the cubin's own sha256, which is always checked before a load, so hashing
-/// the prefix would only name the file in the error.
-pub fn read_prefix(
-    root: &Path,
-    digest: &str,
-    verify_digest: bool,
-    kernel: &str,
-    variant: &str,
-) -> Result<Vec<u8>, BundleError> {
-    let index = root.join(INDEX_FILE);
-    let refused = |source| BundleError::Refused {
-        path: index.clone(),
-        source,
-    };
-    Digest::parse(digest)
-        .map_err(|e| refused(e.of(format!("the dictionary of `{kernel}` ({variant})"))))?;
-    // A dictionary is capped lower than a cubin; a reference cubin is one. Each candidate is
-    // read where it is (no `stat` to look first): the first that is there, as `prefix_path`.
-    let dictionary = ArtifactPath::parse(&dictionary_path(digest)).map_err(refused)?;
-    let (path, stored) = match read_inside(root, &dictionary, MAX_DICTIONARY_SIZE) {
-        Err(BundleError::Read { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
-            let artifact = ArtifactPath::parse(&artifact_path(digest)).map_err(refused)?;
-            match read_inside(root, &artifact, MAX_ARTIFACT_SIZE) {
-                // Neither is there: named as the dictionary, as before.
-                Err(BundleError::Read { source, .. })
-                    if source.kind() == std::io::ErrorKind::NotFound =>
-                {
-                    Err(BundleError::Read {
-                        path: dictionary.join_to(root),
-                        source,
-                    })
-                }
-                read => read,
-            }
-        }
-        read => read,
-    }?;
-    let cap = if path.starts_with(root.join(ARTIFACTS_DIR)) {
-        MAX_ARTIFACT_SIZE
-    } else {
-        MAX_DICTIONARY_SIZE
-    };
-    let corrupt = |source| BundleError::Corrupt {
-        kernel: kernel.to_owned(),
-        variant: format!("{variant} dictionary"),
-        path: path.clone(),
-        source,
-    };
-    let bytes = decompress_with_prefix(&stored, &[], cap).map_err(corrupt)?;
-    if verify_digest {
-        let actual = sha256_hex(&bytes);
-        if actual != digest {
-            return Err(BundleError::DigestMismatch {
-                kernel: kernel.to_owned(),
-                variant: format!("{variant} dictionary"),
-                path,
-                expected: digest.to_owned(),
-                actual,
-            });
-        }
-    }
-    Ok(bytes)
 }
 
 /// Reads and verifies the bundle's zstd dictionary; `label` names the variant that needs it.

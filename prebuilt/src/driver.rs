@@ -24,11 +24,18 @@
 //!
 //! Every call that works on a context's objects makes that context current for the call
 //! (`cuCtxPushCurrent` / `cuCtxPopCurrent`), so the caller's thread keeps whatever context it
-//! had. The primary context is retained by every [`Context`] value and released when the last
+//! had; loading a module and looking up its entries (`Module::load_functions`) is one such
+//! call. The primary context is retained by every [`Context`] value and released when the last
 //! one is dropped; a process that also runs PyTorch shares the same context with it.
+//!
+//! A device's facts (its handle, compute capability and name) are asked of the driver once per
+//! process and ordinal ([`Driver::device`]): none of them changes while the process runs (the
+//! devices a process sees are fixed at `cuInit`), and every registry retains its own
+//! [`Context`], which would otherwise ask again on its first load.
 
+use std::collections::BTreeMap;
 use std::ffi::{c_uint, CString};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use cudarc::driver::{result, sys};
 
@@ -168,6 +175,9 @@ fn checked<T>(
 pub struct Driver {
     library_name: String,
     version: i32,
+    /// The devices asked for so far, by ordinal: only what the driver answered, so that an
+    /// error is asked again next time.
+    devices: Mutex<BTreeMap<u32, Device>>,
 }
 
 static DRIVER: OnceLock<Result<Driver, DriverError>> = OnceLock::new();
@@ -219,6 +229,7 @@ impl Driver {
         Ok(Driver {
             library_name,
             version,
+            devices: Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -267,8 +278,19 @@ impl Driver {
         Ok(u32::try_from(count).unwrap_or(0))
     }
 
-    /// The device with this ordinal: its compute capability and name.
+    /// The device with this ordinal: its compute capability and name. Asked of the driver the
+    /// first time it is found; the same answer after.
     pub fn device(&self, ordinal: u32) -> Result<Device, DriverError> {
+        let known = || self.devices.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(device) = known().get(&ordinal) {
+            return Ok(device.clone());
+        }
+        let device = self.ask_device(ordinal)?;
+        known().insert(ordinal, device.clone());
+        Ok(device)
+    }
+
+    fn ask_device(&self, ordinal: u32) -> Result<Device, DriverError> {
         let count = self.device_count()?;
         if ordinal >= count {
             return Err(DriverError::NoDevice { ordinal, count });
@@ -405,7 +427,7 @@ impl Context {
         // is current; `Current` pops it again on this thread.
         let result = unsafe { sys::cuCtxPushCurrent_v2(self.handle) };
         checked("cuCtxPushCurrent", result.result())?;
-        Ok(Current { _context: self })
+        Ok(Current { context: self })
     }
 }
 
@@ -421,7 +443,14 @@ impl Drop for Context {
 /// The context made current on this thread until dropped; the previous one is restored.
 /// Borrows the context so that it cannot be released while current.
 struct Current<'a> {
-    _context: &'a Context,
+    context: &'a Context,
+}
+
+impl Current<'_> {
+    /// Whether `context` is the one made current.
+    fn is(&self, context: &Context) -> bool {
+        std::ptr::eq(self.context, context)
+    }
 }
 
 impl Drop for Current<'_> {
@@ -455,11 +484,17 @@ impl std::fmt::Debug for Module {
 
 impl Module {
     /// Loads a cubin into `context`, or PTX, which the driver compiles for the device (its
-    /// PTX JIT, cached in the driver's compute cache).
+    /// PTX JIT, cached in the driver's compute cache), then looks up each of `symbols` in it,
+    /// in order, as [`Module::function`] does. The context is made current once for the load
+    /// and every lookup, not once per call: a kernel's first load pays for each push and pop.
     ///
     /// Crate-private on purpose: the only callers hand over bytes whose sha256 was checked
     /// against the bundle index, or that the JIT fallback just compiled or verified.
-    pub(crate) fn load(context: &Arc<Context>, cubin: &[u8]) -> Result<Arc<Module>, DriverError> {
+    pub(crate) fn load_functions(
+        context: &Arc<Context>,
+        cubin: &[u8],
+        symbols: &[&str],
+    ) -> Result<(Arc<Module>, Vec<Function>), ModuleStep> {
         // The driver reads PTX as a NUL-terminated string; the artifact has no NUL of its own.
         let terminated;
         let image = if cubin.starts_with(b"\x7fELF") || cubin.last() == Some(&0) {
@@ -468,16 +503,22 @@ impl Module {
             terminated = [cubin, &[0]].concat();
             &terminated
         };
-        let _current = context.make_current()?;
+        let current = context.make_current().map_err(ModuleStep::Load)?;
         // SAFETY: `image` is a whole ELF image or NUL-terminated PTX (validated before it
         // reached here), readable for the duration of the call, which copies it; the context
         // is current.
         let handle = unsafe { result::module::load_data(image.as_ptr().cast()) };
-        let handle = checked("cuModuleLoadData", handle)?;
-        Ok(Arc::new(Module {
+        let handle = checked("cuModuleLoadData", handle).map_err(ModuleStep::Load)?;
+        let module = Arc::new(Module {
             context: Arc::clone(context),
             handle,
-        }))
+        });
+        let functions = symbols
+            .iter()
+            .map(|symbol| module.get_function(&current, entry_name(symbol)?))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(ModuleStep::Lookup)?;
+        Ok((module, functions))
     }
 
     /// The context the module is loaded in.
@@ -487,15 +528,20 @@ impl Module {
 
     /// The kernel entry with this symbol (mangled, for a C++ template).
     pub fn function(self: &Arc<Self>, symbol: &str) -> Result<Function, DriverError> {
-        let name = CString::new(symbol).map_err(|_| DriverError::Call {
-            call: "cuModuleGetFunction",
-            code: 1,
-            name: "CUDA_ERROR_INVALID_VALUE".to_owned(),
-            description: format!("the symbol {symbol:?} contains a NUL byte"),
-        })?;
-        let _current = self.context.make_current()?;
+        let name = entry_name(symbol)?;
+        let current = self.context.make_current()?;
+        self.get_function(&current, name)
+    }
+
+    /// The entry `name`, with the module's context made current by `current`.
+    fn get_function(
+        self: &Arc<Self>,
+        current: &Current<'_>,
+        name: CString,
+    ) -> Result<Function, DriverError> {
+        debug_assert!(current.is(&self.context));
         // SAFETY: the module is loaded (this value unloads it only when dropped) and its
-        // context is current.
+        // context is current (`current`).
         let handle = unsafe { result::module::get_function(self.handle, name) };
         let handle = checked("cuModuleGetFunction", handle)?;
         Ok(Function {
@@ -505,11 +551,30 @@ impl Module {
     }
 }
 
+/// `symbol` as the driver reads it: NUL-terminated, so it must hold no NUL of its own.
+fn entry_name(symbol: &str) -> Result<CString, DriverError> {
+    CString::new(symbol).map_err(|_| DriverError::Call {
+        call: "cuModuleGetFunction",
+        code: 1,
+        name: "CUDA_ERROR_INVALID_VALUE".to_owned(),
+        description: format!("the symbol {symbol:?} contains a NUL byte"),
+    })
+}
+
+/// Which step of [`Module::load_functions`] failed.
+#[derive(Debug)]
+pub(crate) enum ModuleStep {
+    /// The context could not be made current, or the driver refused the image.
+    Load(DriverError),
+    /// An entry symbol is not in the loaded module.
+    Lookup(DriverError),
+}
+
 impl Drop for Module {
     fn drop(&mut self) {
         if let Ok(_current) = self.context.make_current() {
-            // SAFETY: the module was loaded by `Module::load` and is unloaded exactly once; no
-            // `Function` of it is alive, since each holds an `Arc` of this module.
+            // SAFETY: the module was loaded by `Module::load_functions` and is unloaded exactly
+            // once; no `Function` of it is alive, since each holds an `Arc` of this module.
             let _ = unsafe { result::module::unload(self.handle) };
         }
     }

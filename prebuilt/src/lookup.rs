@@ -33,7 +33,8 @@
 //! graph record that every kernel with the same graph names by id, so thousands of kernels
 //! built from one header tree store it once. Only the JIT, `dev explain` and tools read inputs.
 //!
-//! Opening reads the header and the meta only, whatever the number of kernels. The table's
+//! Opening reads the header and the meta only, whatever the number of kernels (a file of at
+//! most 16 KiB is read whole instead, in one call, and its lookups read nothing more). The table's
 //! rules are that the names are identifiers in strictly increasing order, every span lies end
 //! to end in table order (kernels' records, then graphs'), every graph id names a graph and
 //! every graph is named: no two kernels share record bytes, and work stays bounded by the
@@ -280,14 +281,17 @@ impl Lookup {
             if let Ok(relative) = crate::untrusted::ArtifactPath::parse(name) {
                 // The checks below, in fewer system calls; errors name `path` as given.
                 return match crate::bundle::open_inside(folder, &relative) {
-                    Ok((_, file, _)) => Lookup::of(path, Data::File(file)),
+                    Ok((_, file, size)) => {
+                        Lookup::of(path, Data::of_file(file, size).map_err(read_error)?)
+                    }
                     Err(BundleError::Read { source, .. }) => Err(read_error(source)),
                     Err(other) => Err(other),
                 };
             }
         }
         let file = open_regular_file(path).map_err(read_error)?;
-        Lookup::of(path, Data::File(file))
+        let size = file.metadata().map_err(read_error)?.len();
+        Lookup::of(path, Data::of_file(file, size).map_err(read_error)?)
     }
 
     /// Reads a `kernels.idx` already in memory (a wheel's entry); `path` names it in errors.
@@ -300,9 +304,9 @@ impl Lookup {
             path: path.to_owned(),
             source,
         };
-        let size = data.len().map_err(read_error)?;
+        let size = data.len();
         let mut header = [0u8; HEADER_LEN as usize];
-        let short = |_| {
+        let short = || {
             refused(
                 path,
                 "the loader index",
@@ -310,9 +314,14 @@ impl Lookup {
                 &format!("is shorter than its {HEADER_LEN}-byte header"),
             )
         };
+        // The header in one read, as much of it as the file holds.
+        let head = size.min(HEADER_LEN) as usize;
+        data.read_at(&mut header[..head], 0).map_err(read_error)?;
         // Magic and format first: a file of another format is named as such, whatever its
         // header's length is.
-        data.read_at(&mut header[..12], 0).map_err(short)?;
+        if head < 12 {
+            return Err(short());
+        }
         if &header[..8] != MAGIC {
             return Err(refused(
                 path,
@@ -329,7 +338,9 @@ impl Lookup {
                 reads: LOOKUP_FORMAT,
             });
         }
-        data.read_at(&mut header, 0).map_err(short)?;
+        if head < HEADER_LEN as usize {
+            return Err(short());
+        }
         let u32_at = |at: usize| u32::from_le_bytes(header[at..at + 4].try_into().unwrap());
         let u64_at = |at: usize| u64::from_le_bytes(header[at..at + 8].try_into().unwrap());
         let count = u64::from(u32_at(12));
@@ -698,18 +709,24 @@ impl Catalog {
     /// Opens the bundle at `root`: the loader index's header and meta only.
     pub fn open(root: impl Into<PathBuf>) -> Result<Catalog, BundleError> {
         let root = root.into();
-        let lookup = root.join(LOOKUP_FILE);
-        // A link in its place is opened (and refused when it leads out), never taken for
-        // "no loader index".
-        let (source, meta) = if std::fs::symlink_metadata(&lookup).is_ok() {
-            // `Lookup::open` checks that no link leads out, as `bundle_file` would again.
-            let lookup = Lookup::open(&lookup)?;
-            let meta = lookup.meta().clone();
-            (Source::Lookup(Box::new(lookup)), meta)
-        } else {
-            let index = read_index(&root)?;
-            let meta = Meta::of(&index);
-            (Source::Index(Box::new(index)), meta)
+        let path = root.join(LOOKUP_FILE);
+        // `Lookup::open` checks that no link leads out, as `bundle_file` would again. Only
+        // when nothing is there is the bundle one without a loader index: a link in its place
+        // (dangling, too) is opened, and refused, never taken for "no loader index".
+        let (source, meta) = match Lookup::open(&path) {
+            Ok(lookup) => {
+                let meta = lookup.meta().clone();
+                (Source::Lookup(Box::new(lookup)), meta)
+            }
+            Err(BundleError::Read { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound
+                    && std::fs::symlink_metadata(&path).is_err() =>
+            {
+                let index = read_index(&root)?;
+                let meta = Meta::of(&index);
+                (Source::Index(Box::new(index)), meta)
+            }
+            Err(error) => return Err(error),
         };
         Ok(Catalog { root, source, meta })
     }

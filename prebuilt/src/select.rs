@@ -330,11 +330,18 @@ pub fn select_available<'i>(
     ptx_forbidden_by: Option<&str>,
     available: &dyn Fn(&Variant) -> Result<(), RefusalReason>,
 ) -> Result<Choice<'i>, NoFit> {
-    let (chosen, refusals) = evaluate_available(record, query, ptx_forbidden_by, available);
-    chosen.ok_or_else(|| NoFit {
-        kernel: kernel.to_owned(),
-        refusals,
-    })
+    let (chosen, refused) = choose(record, query, ptx_forbidden_by, available);
+    match chosen {
+        Some(variant) => Ok(Choice {
+            variant,
+            reason: fit_reason(variant, query),
+        }),
+        // Labelled only when they are the answer: a first load that fits names none.
+        None => Err(NoFit {
+            kernel: kernel.to_owned(),
+            refusals: refusals(record, refused),
+        }),
+    }
 }
 
 /// Checks every variant and skipped target: the preferred variant that fits, and every
@@ -344,17 +351,23 @@ pub(crate) fn evaluate<'i>(
     query: &DeviceQuery,
     ptx_forbidden_by: Option<&str>,
 ) -> (Option<Choice<'i>>, Vec<Refusal>) {
-    evaluate_available(record, query, ptx_forbidden_by, &|_| Ok(()))
+    let (chosen, refused) = choose(record, query, ptx_forbidden_by, &|_| Ok(()));
+    let choice = chosen.map(|variant| Choice {
+        variant,
+        reason: fit_reason(variant, query),
+    });
+    (choice, refusals(record, refused))
 }
 
-fn evaluate_available<'i>(
+/// The preferred variant that fits, and each variant refused with its reason, in index order.
+fn choose<'i>(
     record: &'i KernelRecord,
     query: &DeviceQuery,
     ptx_forbidden_by: Option<&str>,
     available: &dyn Fn(&Variant) -> Result<(), RefusalReason>,
-) -> (Option<Choice<'i>>, Vec<Refusal>) {
+) -> (Option<&'i Variant>, Vec<(&'i Variant, RefusalReason)>) {
     let mut best: Option<&Variant> = None;
-    let mut refusals = Vec::new();
+    let mut refused = Vec::new();
     for variant in &record.variants {
         match check(variant, query, ptx_forbidden_by).and_then(|()| available(variant)) {
             // Strictly greater: on a tie the earlier variant stays, so the choice never
@@ -364,25 +377,25 @@ fn evaluate_available<'i>(
                     best = Some(variant);
                 }
             }
-            Err(reason) => refusals.push(Refusal {
-                variant: variant.label(),
-                reason,
-            }),
+            Err(reason) => refused.push((variant, reason)),
         }
     }
-    for skip in &record.skipped {
-        refusals.push(Refusal {
-            variant: format!("{}/{}", skip.cuda, skip.arch),
-            reason: RefusalReason::Skipped {
-                reason: skip.reason.clone(),
-            },
-        });
-    }
-    let choice = best.map(|variant| Choice {
-        variant,
-        reason: fit_reason(variant, query),
+    (best, refused)
+}
+
+/// The refusals of `refused` (from [`choose`]), then one per skipped target of `record`.
+fn refusals(record: &KernelRecord, refused: Vec<(&Variant, RefusalReason)>) -> Vec<Refusal> {
+    let variants = refused.into_iter().map(|(variant, reason)| Refusal {
+        variant: variant.label(),
+        reason,
     });
-    (choice, refusals)
+    let skipped = record.skipped.iter().map(|skip| Refusal {
+        variant: format!("{}/{}", skip.cuda, skip.arch),
+        reason: RefusalReason::Skipped {
+            reason: skip.reason.clone(),
+        },
+    });
+    variants.chain(skipped).collect()
 }
 
 /// The most specific kind first (arch-specific, family, plain, PTX), then the higher SM.

@@ -154,8 +154,14 @@ pub struct Digest(String);
 impl Digest {
     /// Parses `text`, refusing anything but 64 lowercase hex digits.
     pub fn parse(text: &str) -> Result<Digest, Untrusted> {
+        Digest::check(text)?;
+        Ok(Digest(text.to_owned()))
+    }
+
+    /// What [`Digest::parse`] checks, without keeping the text.
+    fn check(text: &str) -> Result<(), Untrusted> {
         if text.len() == 64 && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
-            Ok(Digest(text.to_owned()))
+            Ok(())
         } else {
             Err(Untrusted::new(
                 "digest",
@@ -190,6 +196,12 @@ pub struct KernelName(String);
 impl KernelName {
     /// Parses `text`, refusing anything but an identifier of at most [`MAX_NAME_LEN`] bytes.
     pub fn parse(text: &str) -> Result<KernelName, Untrusted> {
+        KernelName::check(text)?;
+        Ok(KernelName(text.to_owned()))
+    }
+
+    /// What [`KernelName::parse`] checks, without keeping the text.
+    fn check(text: &str) -> Result<(), Untrusted> {
         let mut chars = text.chars();
         let identifier = matches!(chars.next(), Some(c) if c == '_' || c.is_ascii_alphabetic())
             && chars.all(|c| c == '_' || c.is_ascii_alphanumeric());
@@ -207,7 +219,7 @@ impl KernelName {
                 format!("is longer than {MAX_NAME_LEN} bytes"),
             ));
         }
-        Ok(KernelName(text.to_owned()))
+        Ok(())
     }
 
     /// The name's text.
@@ -231,6 +243,17 @@ impl ArtifactPath {
     /// Parses `text`, refusing absolute paths, `..`, `.`, empty components, `\`, control
     /// characters, and paths over [`MAX_PATH_LEN`] bytes.
     pub fn parse(text: &str) -> Result<ArtifactPath, Untrusted> {
+        ArtifactPath::check(text)?;
+        Ok(ArtifactPath(text.to_owned()))
+    }
+
+    /// What [`ArtifactPath::parse`] checks, without keeping the text.
+    fn check(text: &str) -> Result<(), Untrusted> {
+        // The common case in one pass over the bytes; anything else gets the checks below,
+        // in their order, for the refusal's reason.
+        if ArtifactPath::is_plain(text) {
+            return Ok(());
+        }
         let refuse = |reason: &str| Err(Untrusted::new("path", text, reason));
         if text.is_empty() {
             return refuse("is empty");
@@ -254,7 +277,20 @@ impl ArtifactPath {
                 _ => {}
             }
         }
-        Ok(ArtifactPath(text.to_owned()))
+        Ok(())
+    }
+
+    /// Whether `text` passes [`ArtifactPath::check`] as printable ASCII without a backslash: not
+    /// empty nor over [`MAX_PATH_LEN`], not absolute, no empty, `.` or `..` component.
+    fn is_plain(text: &str) -> bool {
+        let bytes = text.as_bytes();
+        (1..=MAX_PATH_LEN).contains(&bytes.len())
+            && bytes
+                .iter()
+                .all(|&byte| (b' '..b'\x7f').contains(&byte) && byte != b'\\')
+            && bytes
+                .split(|&byte| byte == b'/')
+                .all(|component| !matches!(component, b"" | b"." | b".."))
     }
 
     /// The path's text.
@@ -308,29 +344,32 @@ pub fn check_index(index: &Index) -> Result<(), Untrusted> {
 
 /// [`check_index`] for one kernel: its name, its artifacts, its keys and its source paths.
 pub fn check_kernel(name: &str, record: &KernelRecord) -> Result<(), Untrusted> {
-    KernelName::parse(name)?;
+    KernelName::check(name)?;
     for variant in &record.variants {
-        let what = format!("`{name}` ({})", variant.label());
-        check_stored(&variant.artifact, MAX_ARTIFACT_SIZE, &what)?;
-        Digest::parse(&variant.key).map_err(|e| e.of(format!("the key of {what}")))?;
+        // Named only in a refusal: every first load checks its kernel's record.
+        let what = || format!("`{name}` ({})", variant.label());
+        if check_stored(&variant.artifact, MAX_ARTIFACT_SIZE, "").is_err() {
+            check_stored(&variant.artifact, MAX_ARTIFACT_SIZE, &what())?;
+        }
+        Digest::check(&variant.key).map_err(|e| e.of(format!("the key of {}", what())))?;
     }
     for (stable, digest) in &record.inputs.files {
-        Digest::parse(digest)
+        Digest::check(digest)
             .map_err(|e| e.of(format!("the digest of input `{stable}` of `{name}`")))?;
     }
     if let Some(recipe) = &record.recipe {
         // Shipped sources are joined under `sources/`: each must stay there.
         for stable in record.inputs.files.keys() {
-            ArtifactPath::parse(stable)
+            ArtifactPath::check(stable)
                 .map_err(|e| e.of(format!("source path of kernel `{name}`")))?;
         }
-        ArtifactPath::parse(&recipe.source)
+        ArtifactPath::check(&recipe.source)
             .map_err(|e| e.of(format!("the translation unit of kernel `{name}`")))?;
         for dir in &recipe.include_dirs {
             // `.` (the sources root itself) is an include directory; nothing else that is
             // not a plain relative path is.
             if dir != "." {
-                ArtifactPath::parse(dir)
+                ArtifactPath::check(dir)
                     .map_err(|e| e.of(format!("include directory of kernel `{name}`")))?;
             }
         }
@@ -340,13 +379,13 @@ pub fn check_kernel(name: &str, record: &KernelRecord) -> Result<(), Untrusted> 
 
 /// Checks a stored file's digest, path and sizes (`what` names it in the refusal).
 pub fn check_stored(stored: &StoredFile, cap: u64, what: &str) -> Result<(), Untrusted> {
-    Digest::parse(&stored.digest).map_err(|e| e.of(format!("the digest of {what}")))?;
+    Digest::check(&stored.digest).map_err(|e| e.of(format!("the digest of {what}")))?;
     if let Some(dictionary) = &stored.dictionary {
-        Digest::parse(dictionary).map_err(|e| e.of(format!("the dictionary of {what}")))?;
+        Digest::check(dictionary).map_err(|e| e.of(format!("the dictionary of {what}")))?;
     }
     // A bundle being written has no stored path yet; one read from disk always has.
     if !stored.path.is_empty() {
-        ArtifactPath::parse(&stored.path).map_err(|e| e.of(format!("the path of {what}")))?;
+        ArtifactPath::check(&stored.path).map_err(|e| e.of(format!("the path of {what}")))?;
     }
     for (size, name) in [(stored.size, "size"), (stored.stored_size, "stored size")] {
         if size > cap {

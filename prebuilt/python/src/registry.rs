@@ -5,7 +5,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use prebuilt::device::{default_build, parse_cuda_build, DeviceQuery, DriverVersion};
-use prebuilt::jit::CompilerSearch;
 use prebuilt::lookup::Catalog;
 use prebuilt::registry::describe_device;
 use prebuilt::{JitPolicy, LoadError, RegistryOptions, Status};
@@ -326,28 +325,27 @@ impl Registry {
         device: u32,
         search_path: Vec<PathBuf>,
     ) -> PyResult<Registry> {
-        let mut compilers = CompilerSearch::from_env();
+        // The defaults read the environment once (the compiler search lists the virtual
+        // environment's site-packages); the arguments then override them.
+        let mut options = RegistryOptions::default();
+        let searched = &mut options.compilers.site_packages;
         for dir in site_packages {
-            if !compilers.site_packages.contains(&dir) {
-                compilers.site_packages.push(dir);
+            if !searched.contains(&dir) {
+                searched.push(dir);
             }
         }
-        let options = RegistryOptions {
-            cuda: cuda
-                .map(parse_cuda_build)
-                .transpose()
-                .map_err(value_error)?,
-            torch,
-            jit: match jit {
-                None => JitPolicy::FromEnvironment,
-                Some(true) => JitPolicy::Allowed,
-                Some(false) => JitPolicy::Disabled,
-            },
-            compilers,
-            device,
-            part_search: search_path,
-            ..RegistryOptions::default()
+        options.cuda = cuda
+            .map(parse_cuda_build)
+            .transpose()
+            .map_err(value_error)?;
+        options.torch = torch;
+        options.jit = match jit {
+            None => JitPolicy::FromEnvironment,
+            Some(true) => JitPolicy::Allowed,
+            Some(false) => JitPolicy::Disabled,
         };
+        options.device = device;
+        options.part_search = search_path;
         let inner = py
             .detach(|| prebuilt::Registry::open_with(path, options))
             .map_err(|error| load_error(py, &error))?;

@@ -1,6 +1,8 @@
 //! The loader's reads of one stored file and its frame, in as few system calls and
 //! allocations as a first load can take: a file opened once where no link leads out of the
-//! bundle and read whole at its size, and frames decoded on one kept context per thread.
+//! bundle and read whole at its size, a frame's prefix (family dictionary or reference cubin)
+//! found where the index's format says it most likely is, and frames decoded on one kept
+//! context per thread.
 
 use super::*;
 
@@ -31,6 +33,102 @@ pub fn read_inside(
         .read_to_end(&mut bytes)
         .map_err(read_error)?;
     Ok((path, bytes))
+}
+
+/// Reads the prefix with raw-content sha256 `digest` (a family dictionary or a reference
+/// cubin's artifact, [`prefix_path`]; a plain zstd frame) and decompresses it; with `verify`,
+/// checks its sha256 too. The loader does not: a frame decompressed against other bytes fails
+/// its checksum or the cubin's own sha256, which is always checked before a load, so hashing
+/// the prefix would only name the file in the error.
+pub fn read_prefix(
+    root: &Path,
+    digest: &str,
+    verify_digest: bool,
+    kernel: &str,
+    variant: &str,
+) -> Result<Vec<u8>, BundleError> {
+    read_prefix_from(root, digest, verify_digest, false, kernel, variant)
+}
+
+/// [`read_prefix`], looking for the reference cubin's artifact before a dictionary file when
+/// `artifact_first` (an index of [`REFERENCE_INDEX_FORMAT`](crate::index::REFERENCE_INDEX_FORMAT),
+/// whose prefixes are mostly shipped cubins): both are one plain frame of the bytes with that
+/// digest, so the order only saves a lookup of a file that is not there.
+pub(crate) fn read_prefix_from(
+    root: &Path,
+    digest: &str,
+    verify_digest: bool,
+    artifact_first: bool,
+    kernel: &str,
+    variant: &str,
+) -> Result<Vec<u8>, BundleError> {
+    let index = root.join(INDEX_FILE);
+    let refused = |source| BundleError::Refused {
+        path: index.clone(),
+        source,
+    };
+    Digest::parse(digest)
+        .map_err(|e| refused(e.of(format!("the dictionary of `{kernel}` ({variant})"))))?;
+    // A dictionary is capped lower than a cubin; a reference cubin is one. Each candidate is
+    // read where it is (no `stat` to look first): the first that is there, as `prefix_path`.
+    let dictionary = (
+        ArtifactPath::parse(&dictionary_path(digest)).map_err(refused)?,
+        MAX_DICTIONARY_SIZE,
+    );
+    let artifact = (
+        ArtifactPath::parse(&artifact_path(digest)).map_err(refused)?,
+        MAX_ARTIFACT_SIZE,
+    );
+    let (first, second) = if artifact_first {
+        (&artifact, &dictionary)
+    } else {
+        (&dictionary, &artifact)
+    };
+    let absent = |read: &Result<_, BundleError>| {
+        matches!(read, Err(BundleError::Read { source, .. })
+            if source.kind() == std::io::ErrorKind::NotFound)
+    };
+    let mut read = read_inside(root, &first.0, first.1);
+    if absent(&read) {
+        read = match read_inside(root, &second.0, second.1) {
+            // Neither is there: named as the dictionary, as before.
+            Err(BundleError::Read { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                Err(BundleError::Read {
+                    path: dictionary.0.join_to(root),
+                    source,
+                })
+            }
+            other => other,
+        };
+    }
+    let (path, stored) = read?;
+    let cap = if path.starts_with(root.join(ARTIFACTS_DIR)) {
+        MAX_ARTIFACT_SIZE
+    } else {
+        MAX_DICTIONARY_SIZE
+    };
+    let corrupt = |source| BundleError::Corrupt {
+        kernel: kernel.to_owned(),
+        variant: format!("{variant} dictionary"),
+        path: path.clone(),
+        source,
+    };
+    let bytes = decompress_with_prefix(&stored, &[], cap).map_err(corrupt)?;
+    if verify_digest {
+        let actual = sha256_hex(&bytes);
+        if actual != digest {
+            return Err(BundleError::DigestMismatch {
+                kernel: kernel.to_owned(),
+                variant: format!("{variant} dictionary"),
+                path,
+                expected: digest.to_owned(),
+                actual,
+            });
+        }
+    }
+    Ok(bytes)
 }
 
 /// Opens the regular file at `relative` under `root` and gives its path and size, refused as

@@ -378,7 +378,9 @@ impl<'a> In<'a> {
         // the record.
         let mut text = [0u8; 64];
         hex::encode_to_slice(raw, &mut text).map_err(|error| error.to_string())?;
-        Ok(String::from_utf8_lossy(&text).into_owned())
+        Ok(std::str::from_utf8(&text)
+            .expect("hex digits are ASCII")
+            .to_owned())
     }
 
     fn word<'w>(&mut self, words: &'w [String]) -> Read<&'w str> {

@@ -194,7 +194,7 @@ impl Registry {
     }
 
     /// The family dictionary with raw-content sha256 `digest`, read once per registry and kept
-    /// for the family's other kernels. Not hashed: see [`read_prefix`].
+    /// for the family's other kernels. Not hashed: see [`crate::bundle::read_prefix`].
     fn prefix(
         &self,
         root: &Path,
@@ -205,7 +205,10 @@ impl Registry {
         if let Some(bytes) = self.held_prefix(digest) {
             return Ok(bytes);
         }
-        let bytes: Arc<[u8]> = read_prefix(root, digest, false, kernel, label)?.into();
+        // Where the index says prefixes are shipped cubins, their artifacts are looked for first.
+        let artifact_first = self.meta().format >= REFERENCE_INDEX_FORMAT;
+        let bytes: Arc<[u8]> =
+            read_prefix_from(root, digest, false, artifact_first, kernel, label)?.into();
         self.hold_prefix(digest, Arc::clone(&bytes));
         Ok(bytes)
     }

@@ -70,7 +70,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use serde::Serialize;
 
 use crate::bundle::{
-    locate, read_artifact_with, read_dictionary, read_prefix, verify_artifact, BundleError,
+    locate, read_artifact_with, read_dictionary, read_prefix_from, verify_artifact, BundleError,
 };
 use crate::cache::ArtifactCache;
 use crate::device::{default_build, device_arch, DeviceQuery};
@@ -82,6 +82,7 @@ use crate::env::{
 use crate::fetch::{self, obtain_remote, ArtifactStore, FetchError, StoreHandle, StoreOptions};
 use crate::index::{
     ArtifactLocation, Constant, Function as EntryRecord, Index, KernelRecord, Variant,
+    REFERENCE_INDEX_FORMAT,
 };
 use crate::jit::pack::{self, PackEntry};
 use crate::jit::{self, compile_cached, CompilerSearch, JitCompiler, JitError, JitRequest};

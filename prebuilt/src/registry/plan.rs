@@ -141,10 +141,24 @@ impl Registry {
             Err(error) => return Plan::Refused(error),
         };
         let store = self.meta().store.as_deref();
-        let available = |variant: &Variant| self.policy.obtainable(self.locate(variant), store);
+        // Each variant that passes selection's other checks is located once (a `stat`): the
+        // choice's location is the plan's.
+        let located = std::cell::RefCell::new(Vec::new());
+        let available = |variant: &Variant| {
+            let location = self.locate(variant);
+            located
+                .borrow_mut()
+                .push((std::ptr::from_ref(variant), location));
+            self.policy.obtainable(location, store)
+        };
         let ptx_forbidden_by = self.policy.ptx_forbidden_by.as_deref();
         let no_fit = match select_available(name, record, &query, ptx_forbidden_by, &available) {
             Ok(choice) => {
+                let location = located
+                    .borrow()
+                    .iter()
+                    .find(|(variant, _)| std::ptr::eq(*variant, choice.variant))
+                    .map(|(_, location)| *location);
                 let path = &choice.variant.artifact.path;
                 if let Err(source) = self.parts.root_for(self.catalog.root(), path) {
                     return Plan::Refused(LoadError::Part {
@@ -154,7 +168,7 @@ impl Registry {
                     });
                 }
                 return Plan::Prebuilt(PrebuiltPlan {
-                    location: self.locate(choice.variant),
+                    location: location.unwrap_or_else(|| self.locate(choice.variant)),
                     variant: choice.variant.clone(),
                     reason: choice.reason,
                 });

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::device::DriverVersion;
-use crate::driver::{self, Context, Driver, DriverError, LaunchConfig, Module};
+use crate::driver::{self, Context, Driver, DriverError, LaunchConfig, Module, ModuleStep};
 
 /// What selection needs from the device: its compute capability and the CUDA version its
 /// driver supports.
@@ -86,26 +86,16 @@ impl CudaDevice {
     }
 }
 
-/// Each device's facts, asked of the driver once per process: neither a device's compute
-/// capability nor the driver's version changes while it runs, and every registry (each opens
-/// its own [`CudaDevice`]) would otherwise ask again on its first load.
-static FACTS: Mutex<BTreeMap<u32, DeviceFacts>> = Mutex::new(BTreeMap::new());
-
 impl Device for CudaDevice {
+    /// Asked of the driver once per process ([`Driver::device`] keeps each device it found):
+    /// every registry opens its own [`CudaDevice`].
     fn facts(&self, ordinal: u32) -> Result<DeviceFacts, DriverError> {
-        let known = || FACTS.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(facts) = known().get(&ordinal) {
-            return Ok(*facts);
-        }
         let driver = Driver::get()?;
         let device = driver.device(ordinal)?;
-        let facts = DeviceFacts {
+        Ok(DeviceFacts {
             capability: device.capability(),
             driver: DriverVersion::from_api(driver.version()),
-        };
-        // Only what the driver answered is kept: an error is asked again next time.
-        known().insert(ordinal, facts);
-        Ok(facts)
+        })
     }
 
     fn load(
@@ -115,12 +105,11 @@ impl Device for CudaDevice {
         symbols: &[&str],
     ) -> Result<Arc<dyn LoadedModule>, ModuleFailure> {
         let context = self.context(ordinal).map_err(ModuleFailure::Context)?;
-        let module = Module::load(&context, image).map_err(ModuleFailure::Load)?;
-        let functions = symbols
-            .iter()
-            .map(|symbol| module.function(symbol))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(ModuleFailure::Lookup)?;
+        let (_module, functions) =
+            Module::load_functions(&context, image, symbols).map_err(|step| match step {
+                ModuleStep::Load(error) => ModuleFailure::Load(error),
+                ModuleStep::Lookup(error) => ModuleFailure::Lookup(error),
+            })?;
         Ok(Arc::new(CudaModule { context, functions }))
     }
 }
