@@ -111,6 +111,21 @@ fn pip_install_target(target: &Path, wheels: &[&Path]) -> bool {
     true
 }
 
+/// Every wheel of `built`'s set is at most `limit` bytes, and, where pip runs, the set
+/// installed with `--target` loads every variant of the bundle from its parts.
+fn installed_set_loads_every_variant(root: &Path, built: &BuiltWheel, limit: u64) {
+    for wheel in set_wheels(built) {
+        let size = std::fs::metadata(wheel).unwrap().len();
+        assert!(size <= limit, "{} is {size} bytes", wheel.display());
+    }
+    let target = root.join("site");
+    if !pip_install_target(&target, &set_wheels(built)) {
+        return;
+    }
+    let bundle = target.join("af3_kernels/_prebuilt");
+    assert_eq!(load_everywhere(&bundle, &[]), every_variant(&bundle));
+}
+
 fn set_wheels(built: &BuiltWheel) -> Vec<&Path> {
     std::iter::once(built.path.as_path())
         .chain(built.parts.iter().map(|part| part.path.as_path()))
@@ -244,16 +259,7 @@ fn a_group_too_big_for_one_file_is_cut_by_size_into_numbered_parts() {
             && names.contains(&"af3_kernels_kernels_cu130_sm100_2".to_owned()),
         "{names:?}"
     );
-    for wheel in set_wheels(&built) {
-        let size = std::fs::metadata(wheel).unwrap().len();
-        assert!(size <= limit, "{} is {size} bytes", wheel.display());
-    }
-    let target = root.join("site");
-    if !pip_install_target(&target, &set_wheels(&built)) {
-        return;
-    }
-    let bundle = target.join("af3_kernels/_prebuilt");
-    assert_eq!(load_everywhere(&bundle, &[]), every_variant(&bundle));
+    installed_set_loads_every_variant(&root, &built, limit);
 }
 
 #[test]
@@ -499,14 +505,5 @@ fn a_family_too_big_for_one_part_is_cut_with_its_reference_copied_into_each_part
     );
 
     // Each part decodes alone: every variant loads from the installed set.
-    for wheel in set_wheels(&built) {
-        let size = std::fs::metadata(wheel).unwrap().len();
-        assert!(size <= limit, "{} is {size} bytes", wheel.display());
-    }
-    let target = root.join("site");
-    if !pip_install_target(&target, &set_wheels(&built)) {
-        return;
-    }
-    let bundle = target.join("af3_kernels/_prebuilt");
-    assert_eq!(load_everywhere(&bundle, &[]), every_variant(&bundle));
+    installed_set_loads_every_variant(&root, &built, limit);
 }
