@@ -30,10 +30,14 @@ message is the loader's; make that warning an error to refuse instead. Every oth
 ``AF3_KERNELS_COMPILE_WRAP=disable``, read at import, defines no operators: each op is a plain
 Python call, and ``torch.compile`` breaks its graph at each.
 
-Importing this module declares the ops; each is defined with torch (``torch.ops.af3_kernels.<name>``
-appears) when first looked up here, so an import costs a fraction of a millisecond however
-many ops there are. A program that names ``torch.ops.af3_kernels`` ops before it touches them
-here (one that loads a saved graph, say) calls ``ops.library.define_all()`` first.
+Importing this module declares the ops and defines none. ``ops.layer_norm`` is a
+``kwheel.torch.Call``: an eager call on plain CUDA tensors that needs no gradient (and runs
+under no profiler, mode, trace or transform) launches the kernel straight away; any other call,
+and ``torch.compile``, goes through the operator, which is defined with torch
+(``torch.ops.af3_kernels.<name>`` appears) the first time a call needs it.
+``ops.layer_norm.default`` is that operator (for ``torch.library.opcheck``). A program that
+names ``torch.ops.af3_kernels`` ops before it touches them here (one that loads a saved graph,
+say) calls ``ops.library.define_all()`` first.
 """
 
 import torch
@@ -58,8 +62,8 @@ library = kwheel.torch.library(_registry, fallback=True)
 
 
 def __getattr__(name):
-    # Each op is defined with torch on its first lookup here (`ops.layer_norm`, `from
-    # af3_kernels.ops import layer_norm`), not at import; kept as a module attribute after.
+    # Each op's `Call` on its first lookup here (`ops.layer_norm`, `from af3_kernels.ops
+    # import layer_norm`); kept as a module attribute after.
     value = library.lookup(name)
     globals()[name] = value
     return value

@@ -3,8 +3,12 @@
 
 With the `kwheel` and `af3-kernels` wheels installed next to torch, this script checks
 
-- every op against its torch equivalent, eager and under `torch.compile(fullgraph=True)`, at
-  a small ragged and a larger shape, and `torch.library.opcheck` on CUDA tensors;
+- every op against its torch equivalent, eager (a direct launch), through the dispatcher and
+  under `torch.compile(fullgraph=True)`, at a small ragged and a larger shape, and
+  `torch.library.opcheck` on CUDA tensors;
+- in a fresh process, which calls skip the dispatcher: a plain eager call defines no operator;
+  an `int` where the schema says `float`, a call needing gradients, one under a profiler, one
+  under `FakeTensorMode` each go through it, with the same results;
 - a small AF3-style block built from the ops: `torch._dynamo.explain` reports 1 graph and 0
   breaks (and, in a process with `AF3_KERNELS_COMPILE_WRAP=disable`, one break per op);
   `mode="reduce-overhead"` and a manual `torch.cuda.graph` capture and replay match eager;
@@ -16,7 +20,7 @@ With the `kwheel` and `af3-kernels` wheels installed next to torch, this script 
   to NVTX (captured: `torch.cuda.nvtx.range_push`/`range_pop` replaced), and none while no
   profiler runs;
 
-and times, into the JSON report: the host cost of one op call (through the dispatcher)
+and times, into the JSON report: the host cost of one op call (direct, and through the dispatcher)
 against the raw `launch` and the equivalent native torch op; the block eager, compiled and
 reduce-overhead; the first call of an op in a fresh process against torch's first
 `layer_norm`.
@@ -162,7 +166,8 @@ def check_ops():
             want = reference(*args)
             want = want if isinstance(want, tuple) else (want,)
             compiled = torch.compile(lambda *a, op=op: op(*a), fullgraph=True, dynamic=False)
-            for mode, call in (("eager", op), ("compiled", compiled)):
+            modes = (("eager", op), ("dispatcher", op.default), ("compiled", compiled))
+            for mode, call in modes:
                 got = call(*args)
                 got = got if isinstance(got, tuple) else (got,)
                 ok, worst = True, 0.0
@@ -175,7 +180,7 @@ def check_ops():
                 check(ok, f"{name} {size} {mode}: max error {worst:.3g} (rtol {rtol}, atol {atol})")
             if size == "small":
                 try:
-                    torch.library.opcheck(op, args)
+                    torch.library.opcheck(op.default, args)
                     rows.append({"op": name, "size": size, "mode": "opcheck", "ok": True})
                 except Exception as error:  # report every op, not just the first failure
                     check(False, f"{name}: opcheck: {error}")
@@ -429,6 +434,69 @@ def per_call_us(call, count=2000, repeats=5):
     return statistics.median(samples)
 
 
+DIRECT = r"""
+import json, torch, torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+from af3_kernels import ops
+namespace = torch.ops.af3_kernels
+x = torch.randn((37, 300), device="cuda").bfloat16()
+w = torch.randn((300,), device="cuda").bfloat16()
+b = torch.randn((300,), device="cuda").bfloat16()
+gate = torch.randn((37, 300), device="cuda").bfloat16()
+found = {}
+y = ops.layer_norm(x, (300,), w, b, 1e-5)
+found["plain_call_defines"] = hasattr(namespace, "layer_norm")
+found["plain_matches"] = bool(torch.allclose(y.float(), F.layer_norm(x, (300,), w, b, 1e-5).float(), atol=0.05))
+one = ops.layer_norm(x, (300,), w, b, 1)
+found["int_eps_defines"] = hasattr(namespace, "layer_norm")
+found["int_eps_matches_float"] = bool(torch.equal(one, ops.layer_norm(x, (300,), w, b, 1.0)))
+s = ops.sigmoid_gate(x, gate)
+found["sigmoid_gate_plain_defines"] = hasattr(namespace, "sigmoid_gate")
+xg, gg = x.clone().requires_grad_(), gate.clone().requires_grad_()
+ops.sigmoid_gate(xg, gg).float().sum().backward()
+found["grad_defines"] = hasattr(namespace, "sigmoid_gate")
+xr, gr = x.float().requires_grad_(), gate.float().requires_grad_()
+(xr * torch.sigmoid(gr)).sum().backward()
+found["grad_matches"] = bool(torch.allclose(xg.grad.float(), xr.grad, atol=0.05) and torch.allclose(gg.grad.float(), gr.grad, atol=0.05))
+# Tensors the dispatcher resolves before a kernel sees them: a negative view, a zero tensor.
+want = (-x.float() * torch.sigmoid(gate.float())).bfloat16()
+found["negative_view_matches"] = bool(torch.allclose(ops.sigmoid_gate(torch._neg_view(x), gate).float(), want.float(), atol=0.05))
+zero = torch._efficientzerotensor(x.shape, dtype=x.dtype, device=x.device)
+found["zero_tensor_is_zero"] = bool(torch.equal(ops.sigmoid_gate(zero, gate), torch.zeros_like(x)))
+x32, f32 = torch.randn((8, 16), device="cuda"), torch.randn((8,), device="cuda")
+with torch.no_grad():  # a parameter (a module's weight) is a plain tensor: a direct call
+    scaled = ops.scale_rows(x32, torch.nn.Parameter(f32.clone()))
+found["parameter_matches"] = bool(torch.allclose(scaled, x32 * f32[:, None]))
+found["scale_rows_defined_before_profiler"] = hasattr(namespace, "scale_rows")
+with torch.profiler.profile() as profile:
+    ops.scale_rows(x32, f32)
+found["profiler_sees_op"] = any(event.name == "af3_kernels::scale_rows" for event in profile.events())
+with FakeTensorMode() as mode:
+    fake = ops.swiglu(mode.from_tensor(torch.randn((4, 8), device="cuda").bfloat16()))
+found["fake_shape"] = list(fake.shape)
+print(json.dumps(found))
+"""
+
+
+def check_direct():
+    """Which calls skip the dispatcher, in a fresh process (no op defined yet)."""
+    result = subprocess.run([sys.executable, "-c", DIRECT], capture_output=True, text=True)
+    if not check(result.returncode == 0, f"direct calls failed: {result.stderr[-3000:]}"):
+        return
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    REPORT["direct"] = found
+    want = {
+        "plain_call_defines": False, "plain_matches": True, "int_eps_defines": True,
+        "int_eps_matches_float": True, "sigmoid_gate_plain_defines": False,
+        "grad_defines": True, "grad_matches": True,
+        "negative_view_matches": True, "zero_tensor_is_zero": True, "parameter_matches": True,
+        "scale_rows_defined_before_profiler": False, "profiler_sees_op": True,
+        "fake_shape": [4, 4],
+    }
+    for name, value in want.items():
+        check(found.get(name) == value, f"direct calls: {name} is {found.get(name)!r}, expected {value!r}")
+
+
 def time_overhead():
     generator = torch.Generator(device="cuda").manual_seed(1)
     rows, cols = 64, 256
@@ -450,10 +518,11 @@ def time_overhead():
     p = {name: t.data_ptr() for name, t in dict(out=out, x=x, gate=gate, weight=weight, bias=bias, out32=out32, x32=x32, factors=factors).items()}
     library_ops = ops.library.ops
     results = {}
-    for name, op_call, implementation_call, raw_call, raw_int_call, native_call in (
+    for name, op_call, dispatcher_call, implementation_call, raw_call, raw_int_call, native_call in (
         (
             "sigmoid_gate",
             lambda: ops.sigmoid_gate(x, gate),
+            lambda: ops.sigmoid_gate.default(x, gate),
             lambda: library_ops["sigmoid_gate"].cuda(x, gate),
             lambda: gate_function.launch(count // 256, 256, [out, x, gate, count]),
             lambda: gate_function.launch(count // 256, 256, [p["out"], p["x"], p["gate"], count], 0, stream),
@@ -462,6 +531,7 @@ def time_overhead():
         (
             "scale_rows",
             lambda: ops.scale_rows(x32, factors),
+            lambda: ops.scale_rows.default(x32, factors),
             lambda: library_ops["scale_rows"].cuda(x32, factors),
             lambda: scale_function.launch(count // 256, 256, [out32, x32, factors, rows, cols]),
             lambda: scale_function.launch(count // 256, 256, [p["out32"], p["x32"], p["factors"], rows, cols], 0, stream),
@@ -470,6 +540,7 @@ def time_overhead():
         (
             "layer_norm",
             lambda: ops.layer_norm(x, (cols,), weight, bias, 1e-5),
+            lambda: ops.layer_norm.default(x, (cols,), weight, bias, 1e-5),
             lambda: library_ops["layer_norm"].cuda(x, (cols,), weight, bias, 1e-5),
             lambda: norm_function.launch(rows, 256, [out, x, weight, bias, rows, cols, 1e-5]),
             lambda: norm_function.launch(rows, 256, [p["out"], p["x"], p["weight"], p["bias"], rows, cols, 1e-5], 0, stream),
@@ -478,6 +549,7 @@ def time_overhead():
     ):
         row = {
             "op_us": per_call_us(op_call),
+            "dispatcher_us": per_call_us(dispatcher_call),
             "implementation_without_dispatcher_us": per_call_us(implementation_call),
             "raw_launch_us": per_call_us(raw_call),
             "raw_launch_ints_us": per_call_us(raw_int_call),
@@ -618,7 +690,8 @@ def main():
     REPORT["kwheel"] = kwheel.__version__
 
     steps = [
-        check_ops, check_block, check_trace, check_escape_hatch, check_gradients, time_overhead,
+        check_ops, check_direct, check_block, check_trace, check_escape_hatch, check_gradients,
+        time_overhead,
         time_block,
     ]
     if not options.skip_first_call:

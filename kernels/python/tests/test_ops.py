@@ -154,7 +154,7 @@ class Registration(unittest.TestCase):
         self.assertTrue(ops.library.compile_wrap)
         self.assertEqual(sorted(ops.library.ops), sorted(SCHEMAS))
         for name, schema in SCHEMAS.items():
-            overload = getattr(ops, name)
+            overload = getattr(ops, name).default
             self.assertIs(overload, getattr(torch.ops.af3_kernels, name).default, name)
             self.assertEqual(str(overload._schema), schema)
 
@@ -320,11 +320,11 @@ class CpuImplementations(unittest.TestCase):
     def test_opcheck(self):
         for name, args in examples().items():
             with self.subTest(op=name):
-                torch.library.opcheck(getattr(ops, name), args)
+                torch.library.opcheck(getattr(ops, name).default, args)
 
     def test_opcheck_with_gradients(self):
         x, gate = examples()["sigmoid_gate"]
-        torch.library.opcheck(ops.sigmoid_gate, (x.requires_grad_(), gate.requires_grad_()))
+        torch.library.opcheck(ops.sigmoid_gate.default, (x.requires_grad_(), gate.requires_grad_()))
 
 
 @unittest.skipUnless(HAS_TORCH, NO_TORCH)
@@ -444,7 +444,7 @@ class EscapeHatch(unittest.TestCase):
             "import importlib\n"
             "print(ops.library.compile_wrap, type(ops.swiglu).__name__)\n"
         )
-        self.assertEqual(out.split(), ["True", "OpOverload"])
+        self.assertEqual(out.split(), ["True", "Call"])
 
 
 @unittest.skipUnless(HAS_TORCH, NO_TORCH)

@@ -3,6 +3,7 @@
 | what | why no public API serves | used |
 | --- | --- | --- |
 | ``PROFILER``: torch.autograd.profiler's ``_is_profiler_enabled`` flag | torch has no public question "is a profiler recording?"; the flag is one attribute read (~10 ns) on each launch | always (``torch.autograd._profiler_enabled()`` where the flag is missing) |
+| ``intercepted``: ``_len_torch_dispatch_stack``, ``_is_torch_function_mode_enabled``, ``_is_tracing``, ``_functorch.peek_interpreter_stack`` | whether a dispatch or torch function mode, a jit trace or a functorch transform would see a call; torch asks these itself where it decides to run Python code under them, and has no public question for "would the dispatcher do anything but run the kernel?" | on every call of an op's ``Call`` (~0.3 µs), which goes straight to the kernel only when nothing would |
 | ``light_autograd``: the keyset after Autograd, ``redispatch``, ``_AutoDispatchBelowAutograd``, ``_any_requires_grad`` | ``torch.library.register_autograd``'s kernel sends a call that needs no gradient through the dispatcher a second time; this one goes straight to the CUDA implementation | only on the torch releases of ``kwheel.torch.LIGHT_AUTOGRAD_TORCH`` (checked on 2.11) |
 
 What the light kernel saves is measured by ``prebuilt/python/tests/bench_autograd.py`` (CPU)
@@ -29,13 +30,31 @@ PROFILER = (
 )
 
 
-def light_autograd(op, torch_library, backward, setup_context):
+_C = torch._C
+_dispatch_modes = _C._len_torch_dispatch_stack
+_function_modes = _C._is_torch_function_mode_enabled
+_tracing = _C._is_tracing
+_transforms = _C._functorch.peek_interpreter_stack
+
+
+def intercepted():
+    """Whether something would see an op's call that a direct launch skips: a torch dispatch
+    mode (fake tensors, ``make_fx``, functionalization), a torch function mode, a
+    ``torch.jit.trace``, or a functorch transform (``vmap``, ``grad``)."""
+    return (
+        _dispatch_modes() != 0
+        or _function_modes()
+        or _tracing()
+        or _transforms() is not None
+    )
+
+
+def light_autograd(op, overload, torch_library, backward, setup_context):
     """Registers ``op``'s Autograd kernel made lighter for the common call that needs no
     gradient: it goes straight to the CUDA implementation when nothing but fallthrough keys
     lies between (no fake tensors, no functionalization, no mode), instead of the second trip
     through the dispatcher that ``register_autograd``'s kernel makes. ``kwheel.torch`` calls
-    it only on the torch releases it was checked on."""
-    overload = op.callable
+    it only on the torch releases it was checked on. ``overload``: the op's."""
     below_autograd = torch._C._after_autograd_keyset
     cuda = torch._C.DispatchKey.CUDA
 

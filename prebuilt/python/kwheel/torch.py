@@ -14,8 +14,12 @@ declares seven).
 - the torch reference, when given, as the CPU implementation (and, with ``fallback=True``, on
   CUDA where no prebuilt variant fits and the JIT is disabled);
 
-and returns the operator overload, callable with the schema's arguments; ``declare`` does the
-same on the op's first ``lookup``, so that an import declaring many ops defines none. Only
+and returns the operator overload, callable with the schema's arguments. ``declare`` defines
+nothing: ``lookup`` returns the op's ``Call``, which launches the kernel straight from Python
+when nothing needs the dispatcher (no gradient, tracer, mode, transform or profiler; plain CUDA
+tensors) and defines the operator with torch on the first call that does, or while
+``torch.compile`` traces it, so that an import declaring many ops defines none and a plain
+eager call costs no dispatch. Only
 public ``torch.library`` calls register it (``Library.define`` and ``Library.impl``);
 ``read_schema`` reads the schema for kwheel's own use, and what has no public API is in
 ``kwheel/_torch_private.py``. ``autograd`` attaches a backward made of other ops (with
@@ -41,12 +45,20 @@ import ast
 import inspect
 import os
 import threading
+import types
 import warnings
 
 import torch
 
 from . import NoFitError, _kwheel, _note_fallback, _trace_range
 from ._torch_private import PROFILER as _PROFILER
+from ._torch_private import intercepted as _intercepted
+
+# Dynamo knows the function, not its name: under `torch.compile` this is True.
+_is_compiling = torch.compiler.is_compiling
+# The tensor types a direct call takes: a parameter disables `__torch_function__` as a
+# tensor does, so either is the plain tensor the dispatcher would hand the kernel.
+_PLAIN = frozenset((torch.Tensor, torch.nn.Parameter))
 from ._torch_private import light_autograd as _light_autograd
 
 __all__ = [
@@ -177,6 +189,8 @@ class Library:
         self._kernels = {}
         self._kernels_lock = threading.Lock()
         self.ops = {}
+        #: The ops as ``torch.ops`` overloads, each defined on its first lookup (``_Overloads``).
+        self.overloads = _Overloads(self)
 
     def __repr__(self):
         mode = "operators" if self.compile_wrap else "plain Python calls"
@@ -228,12 +242,14 @@ class Library:
         return op
 
     def lookup(self, name):
-        """What to call for op ``name`` (as ``define`` returns it), defined with torch on its
-        first lookup; ``AttributeError`` for a name the library does not declare."""
+        """What to call for op ``name``: its ``Call``, which defines nothing with torch until a
+        call needs the dispatcher (``Call.default`` is the ``torch.ops`` overload); under
+        ``<NAMESPACE>_COMPILE_WRAP=disable``, the plain function. ``AttributeError`` for a name
+        the library does not declare."""
         op = self.ops.get(name)
         if op is None:
             raise AttributeError(f"the library `{self.namespace}` declares no op `{name}`")
-        return op.callable
+        return op.call
 
     def define_all(self):
         """Defines every declared op with torch (for a program that names ``torch.ops`` ops
@@ -247,9 +263,12 @@ class Library:
             if op._callable is None:
                 if self._torch_library is None:
                     self._torch_library = torch.library.Library(self.namespace, "DEF")
-                op.register(self._torch_library)
+                overload = op.register(self._torch_library)
                 if op.backward is not None:
-                    op.register_autograd(self._torch_library)
+                    op.register_autograd(self._torch_library, overload)
+                # Published last: a call on another thread that reads it unlocked finds the
+                # op whole, its Autograd kernel included.
+                op._callable = overload
 
     def autograd(self, op, backward, setup_context):
         """Gives op (a name or what ``define`` returned) a backward: ``setup_context(ctx,
@@ -272,7 +291,10 @@ class Library:
         elif isinstance(op, str):
             found = self.ops.get(op)
         else:
-            found = next((each for each in self.ops.values() if each._callable is op), None)
+            found = next(
+                (each for each in self.ops.values() if op is each._callable or op is each.call),
+                None,
+            )
         if found is None:
             raise ValueError(f"`{op!r}` is no op of the library `{self.namespace}`")
         return found
@@ -397,9 +419,14 @@ def _open(text):
     )
 
 
+# The defaults a schema writes most, read without compiling them (`ast.literal_eval` compiles
+# its text: tens of µs an argument, at import).
+_PLAIN_DEFAULTS = {"None": None, "True": True, "False": False}
+
+
 def _read_default(schema, argument_type, name, text):
     try:
-        value = ast.literal_eval(text)
+        value = _PLAIN_DEFAULTS[text] if text in _PLAIN_DEFAULTS else _read_number(text)
     except (ValueError, SyntaxError):
         raise ValueError(
             f"`{schema}`: the default `{text}` of `{name}` is not a number, bool, None, string "
@@ -411,6 +438,21 @@ def _read_default(schema, argument_type, name, text):
     if argument_type.startswith("float") and type(value) is int:
         return float(value)
     return value
+
+
+def _read_number(text):
+    """An ``int`` or ``float`` written as Python writes one, else ``ast.literal_eval``'s
+    reading (strings, lists)."""
+    if text[:1].isdigit() or text[:1] in "-.":
+        try:
+            return int(text)
+        except ValueError:
+            pass
+        try:
+            return float(text)
+        except ValueError:
+            pass
+    return ast.literal_eval(text)
 
 
 class Op:
@@ -455,6 +497,13 @@ class Op:
         self._fallen_back = set()
         self._plans = {}
         self._callable = None if library.compile_wrap else self._plain_callable()
+        # What `lookup` returns: calls that need no dispatcher go straight to the kernel.
+        self.call = Call(self) if library.compile_wrap else self._callable
+        self._required_tensors = frozenset(required_tensors)
+        self._required_count = required
+        self._scalar_checks = tuple(
+            (i, check) for i, check in enumerate(map(_scalar_check, types)) if check is not None
+        )
 
     @property
     def callable(self):
@@ -473,19 +522,21 @@ class Op:
 
     def register(self, torch_library):
         """Defines the operator and its CUDA, CPU (the reference) and Meta (the fake)
-        kernels. FakeTensorMode runs a Meta kernel for fake tensors, so ``torch.compile``
-        traces through the op with no ``register_fake`` (which reads the caller's source
-        file and scans every loaded module: most of an import's cost)."""
+        kernels, and returns the overload. FakeTensorMode runs a Meta kernel for fake
+        tensors, so ``torch.compile`` traces through the op with no ``register_fake`` (which
+        reads the caller's source file and scans every loaded module: most of an import's
+        cost)."""
         torch_library.define(self.schema)
         torch_library.impl(self.name, self.cuda, "CUDA")
         if self.reference is not None:
             torch_library.impl(self.name, self.reference_call, "CPU")
         torch_library.impl(self.name, self.fake, "Meta")
-        self._callable = getattr(getattr(torch.ops, self.library.namespace), self.name).default
+        return getattr(getattr(torch.ops, self.library.namespace), self.name).default
 
-    def register_autograd(self, torch_library):
+    def register_autograd(self, torch_library, overload=None):
         """The op's Autograd kernel: on the torch releases of ``LIGHT_AUTOGRAD_TORCH``, the
-        lighter one of ``kwheel._torch_private``; elsewhere ``register_autograd``'s."""
+        lighter one of ``kwheel._torch_private``; elsewhere ``register_autograd``'s.
+        ``overload``: the op's, while it is being defined (default: the defined one)."""
         backward, setup_context = self.backward
         op = self
 
@@ -493,7 +544,7 @@ class Op:
             setup_context(ctx, list(op._complete(inputs)), output)
 
         if _torch_release() in LIGHT_AUTOGRAD_TORCH:
-            _light_autograd(self, torch_library, backward, setup)
+            _light_autograd(self, overload or self.callable, torch_library, backward, setup)
         else:
             torch.library.register_autograd(
                 self.qualified_name, backward, setup_context=setup, lib=torch_library
@@ -539,7 +590,7 @@ class Op:
         def call(*args, **kwargs):
             return Function.apply(*op.bind(args, kwargs))
 
-        self._callable = self._named(call, plain.__doc__)
+        self._callable = self.call = self._named(call, plain.__doc__)
 
     # --- implementations ---------------------------------------------------------------
 
@@ -600,9 +651,23 @@ class Op:
         """The CUDA kernel. A call with the shapes, dtypes and scalars of an earlier one
         reuses that call's launch plan: it allocates the outputs, gathers pointers and
         launches, running neither the shape nor the launch function."""
-        if len(args) != self._argument_count:
+        return self._run(args, False)
+
+    def _run(self, args, direct):
+        """``cuda``'s body. ``direct``: a ``Call`` with no mode, trace, transform or profiler
+        about, not the dispatcher; the call goes to the dispatcher instead (which also raises
+        the schema's own errors) unless every tensor argument is a plain CUDA tensor where the
+        schema has one and none needs a gradient, and, for a call that makes a plan, every
+        scalar has its schema type (``_scalars_fit``)."""
+        count = len(args)
+        if count != self._argument_count:
+            if direct and not self._required_count <= count < self._argument_count:
+                return self.callable(*args)
             args = self._complete(args)
         like = args[self.device_position]
+        if direct and (type(like) not in _PLAIN or not like.is_cuda):
+            return self.callable(*args)
+        grad = direct and torch.is_grad_enabled()
         device = like.get_device()
         loaded = self.kernel._loaded.get(device)
         if loaded is None:
@@ -611,13 +676,27 @@ class Op:
             except NoFitError as error:
                 if not self.fallback:
                     raise
+                if direct:  # the reference, as the dispatcher's path runs it (with autograd)
+                    return self.callable(*args)
                 return self._fall_back(like.device, device, error, args)
         key = [device]
         for position in self.tensor_positions:
             value = args[position]
             if value is None:
+                if direct and position in self._required_tensors:
+                    return self.callable(*args)
                 key.append(None)
                 continue
+            if direct and (
+                type(value) not in _PLAIN
+                or value.is_neg()
+                or value.is_conj()
+                or value._is_zerotensor()
+                or (grad and value.requires_grad)
+            ):
+                # The dispatcher resolves a negative or conjugate view and a zero tensor
+                # (whose data pointer is null) before the kernel sees them.
+                return self.callable(*args)
             if not value.is_contiguous():
                 args = list(args)
                 args[position] = value = value.contiguous()
@@ -634,6 +713,8 @@ class Op:
         key = tuple(key)
         plan = self._plans.get(key)
         if plan is None or plan is _UNCACHEABLE:
+            if direct and not self._scalars_fit(args):
+                return self.callable(*args)  # the dispatcher converts or refuses them
             return self._plan_and_launch(key, loaded, like, device, args, plan is None)
         function, grid, block, shared_mem, allocations, template, nothing_to_do, _ = plan
         outputs = [
@@ -653,6 +734,12 @@ class Op:
             else:
                 function.launch(grid, block, pointers, shared_mem, None)
         return outputs[0] if self.output_count == 1 else tuple(outputs)
+
+    def _scalars_fit(self, args):
+        """Whether every ``int``, ``float``, ``bool`` and ``int[]`` argument has exactly its
+        schema type, as the dispatcher hands them to ``cuda`` (it converts an ``int`` given
+        for a ``float``, which a launch would otherwise pass as an integer)."""
+        return all(check(args[position]) for position, check in self._scalar_checks)
 
     def _plan_and_launch(self, key, loaded, like, device, args, keep=True):
         """The first call with these shapes, dtypes and scalars: runs the shape and launch
@@ -767,6 +854,90 @@ class Op:
             FallbackWarning,
             stacklevel=3,
         )
+
+
+class Call:
+    """An op as ``Library.lookup`` returns it (``ops.layer_norm``): called like its
+    ``torch.ops`` overload and with the same results, it launches the kernel straight from
+    Python when nothing needs the dispatcher (``Op._run``), so the op is not defined with
+    torch until a call does: one that needs gradients, runs on CPU or fake tensors, under a
+    mode, a transform, a profiler or ``torch.compile``. While dynamo traces, the call reads
+    the overload from the library's ``overloads`` module, which dynamo reads for real, so the
+    graph holds the operator itself (one graph, no break). ``default`` is the overload, for
+    what takes one (``torch.library.opcheck``)."""
+
+    def __init__(self, op):
+        self.op = op
+        self.overloads = op.library.overloads
+        self.__name__ = self.__qualname__ = op.name
+        self.__doc__ = f"{op.qualified_name}: {op.schema}"
+
+    def __repr__(self):
+        return f"kwheel.torch.Call({self.op.qualified_name!r})"
+
+    # One per op and process, as an `OpOverload` is: a copied module keeps the same op.
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
+
+    @property
+    def default(self):
+        """The ``torch.ops`` overload, defined with torch now if it is not yet."""
+        return self.op.callable
+
+    def __call__(self, *args, **kwargs):
+        op = self.op
+        if _is_compiling():
+            return getattr(self.overloads, op.name)(*args, **kwargs)
+        # A profiler names the op, modes, traces and transforms see it: the dispatcher's.
+        if kwargs or _PROFILER._is_profiler_enabled or _intercepted():
+            return op.callable(*args, **kwargs)
+        return op._run(args, True)
+
+
+class _Overloads(types.ModuleType):
+    """A library's ops as ``torch.ops`` overloads, each defined with torch on its first
+    attribute lookup. A module, because dynamo looks a module's attributes up for real while
+    it traces (a lazily defined op is defined then, not traced into)."""
+
+    def __init__(self, library):
+        super().__init__(f"kwheel.torch.overloads.{library.namespace}")
+        self._library = library
+
+    def __getattr__(self, name):
+        op = self._library.ops.get(name) if not name.startswith("__") else None
+        if op is None:
+            raise AttributeError(f"the library `{self._library.namespace}` declares no op `{name}`")
+        overload = op.callable
+        setattr(self, name, overload)
+        return overload
+
+
+# The Python type a direct call's scalar argument must have, by schema type (`int[2]`,
+# `float?` included): what the dispatcher would hand the CUDA implementation.
+_SCALAR_TYPES = {"int": int, "SymInt": int, "float": float, "bool": bool}
+
+
+def _scalar_check(kind):
+    """The check of one argument of schema type ``kind``, or ``None`` for a type a direct call
+    passes as it is (tensors, strings, dtypes)."""
+    optional = kind.endswith("?")
+    base = kind.rstrip("?")
+    listed = base.endswith("]")
+    wanted = _SCALAR_TYPES.get(base.split("[", 1)[0])
+    if wanted is None:
+        return None
+
+    def check(value):
+        if value is None:
+            return optional
+        if listed:
+            return type(value) in (list, tuple) and all(type(item) is wanted for item in value)
+        return type(value) is wanted
+
+    return check
 
 
 def _find(tensors, tensor, positions):

@@ -11,8 +11,9 @@ measured side by side in one run; prints JSON.
    modules' bytecode under a private `PYTHONPYCACHEPREFIX`, as `pip install` does without
    `--no-compile`, so every counted process imports from bytecode, as a user's does.
 2. Host cost of one call (GPU only): the median of loops of 2,000 calls, each loop timed from
-   its first call to its last returning, kinds interleaved loop by loop: the op through the
-   dispatcher, its CUDA implementation called directly, a raw `Function.launch` with int
+   its first call to its last returning, kinds interleaved loop by loop: the op as a program
+   calls it (`ops.layer_norm`: a direct launch when nothing needs the dispatcher), the same op
+   through the dispatcher (`ops.layer_norm.default`), its CUDA implementation called directly, a raw `Function.launch` with int
    pointers (an explicit stream, and stream `None`, which the runtime resolves), and the
    native torch op; `sigmoid_gate` also through `torch.library.register_autograd`'s kernel
    (an op of its own namespace), which measures what the light Autograd kernel saves.
@@ -178,6 +179,7 @@ def host_costs():
     cases = {
         "layer_norm": {
             "op": lambda: ops.layer_norm(x, (cols,), weight, bias, 1e-5),
+            "dispatcher": lambda: ops.layer_norm.default(x, (cols,), weight, bias, 1e-5),
             "implementation": lambda: implementations["layer_norm"].cuda(x, (cols,), weight, bias, 1e-5),
             "raw_launch_ints": lambda: norm_function.launch(rows, norm_block, norm_ints, 0, stream),
             "raw_launch_ints_stream_none": lambda: norm_function.launch(rows, norm_block, norm_ints, 0, None),
@@ -185,10 +187,12 @@ def host_costs():
         },
         "layer_norm_without_affine": {
             "op": lambda: ops.layer_norm(x, (cols,)),
+            "dispatcher": lambda: ops.layer_norm.default(x, (cols,)),
             "native": lambda: F.layer_norm(x, (cols,)),
         },
         "sigmoid_gate": {
             "op": lambda: ops.sigmoid_gate(x, gate),
+            "dispatcher": lambda: ops.sigmoid_gate.default(x, gate),
             "op_register_autograd": lambda: public(x, gate),
             "implementation": lambda: implementations["sigmoid_gate"].cuda(x, gate),
             "raw_launch_ints": lambda: gate_function.launch(-(-count // gate_block), gate_block, gate_ints, 0, stream),
@@ -197,6 +201,7 @@ def host_costs():
         },
         "scale_rows": {
             "op": lambda: ops.scale_rows(x32, factors),
+            "dispatcher": lambda: ops.scale_rows.default(x32, factors),
             "implementation": lambda: implementations["scale_rows"].cuda(x32, factors),
             "raw_launch_ints": lambda: scale_function.launch(-(-count // scale_block), scale_block, scale_ints, 0, stream),
             "raw_launch_ints_stream_none": lambda: scale_function.launch(-(-count // scale_block), scale_block, scale_ints, 0, None),
@@ -207,14 +212,19 @@ def host_costs():
     for name, calls in cases.items():
         row = interleaved(calls)
         row["op_over_native"] = row["op"] / row["native"]
+        row["dispatcher_over_native"] = row["dispatcher"] / row["native"]
         if "op_register_autograd" in row:
             row["register_autograd_over_native"] = row["op_register_autograd"] / row["native"]
-            row["light_autograd_saves_us"] = row["op_register_autograd"] - row["op"]
+            row["light_autograd_saves_us"] = row["op_register_autograd"] - row["dispatcher"]
         results[name] = row
     with torch.inference_mode():
         for name in ("layer_norm", "sigmoid_gate"):
-            row = interleaved({"op": cases[name]["op"], "native": cases[name]["native"]})
-            results[f"{name}_inference_mode"] = dict(row, op_over_native=row["op"] / row["native"])
+            row = interleaved({kind: cases[name][kind] for kind in ("op", "dispatcher", "native")})
+            results[f"{name}_inference_mode"] = dict(
+                row,
+                op_over_native=row["op"] / row["native"],
+                dispatcher_over_native=row["dispatcher"] / row["native"],
+            )
     results["light_autograd"] = kwheel.torch._torch_release() in kwheel.torch.LIGHT_AUTOGRAD_TORCH
     return results
 

@@ -4,8 +4,9 @@
 1. Import and first definition, in fresh processes after `import torch` (the first one, not
    counted, writes the bytecode under a private `PYTHONPYCACHEPREFIX`): `import kwheel`,
    `import kwheel.torch`, `import af3_kernels`, `from af3_kernels import ops`, the first
-   `ops.layer_norm` lookup (torch defines the operator then) and its first call on a CPU
-   tensor (the torch reference), each stage timed with `perf_counter_ns`; median and min.
+   `ops.layer_norm` lookup (its `Call`: nothing defined yet) and its first call on a CPU
+   tensor (through the dispatcher to the torch reference: torch defines the operator then),
+   each stage timed with `perf_counter_ns`; median and min.
 2. Host cost of one call: the CUDA implementation `Op.cuda` run on CPU tensors with the
    loader's function replaced by one whose `launch` does nothing (as the CPU tests stub it),
    so what is timed is everything a call does but the launch: the plan lookup, the output

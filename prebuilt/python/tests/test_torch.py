@@ -411,7 +411,11 @@ def model(x):
     return lazy_ops.twice(x) + 1
 explained = torch._dynamo.explain(model)(torch.ones(3))
 print(explained.graph_count, explained.graph_break_count)
-print(lazy_ops.twice is torch.ops.kwheel_test_lazy_module.twice.default)
+print(hasattr(torch.ops.kwheel_test_lazy_module, "twice"), [
+    str(node.target) for graph in explained.graphs for node in graph.graph.nodes
+    if node.op == "call_function" and "twice" in str(node.target)
+])
+print(lazy_ops.twice.default is torch.ops.kwheel_test_lazy_module.twice.default)
 print(torch.compile(model, backend="aot_eager", fullgraph=True)(torch.ones(2)).tolist())
 """
 
@@ -429,16 +433,25 @@ class Declaring(unittest.TestCase):
             reference=lambda x, scale: x * scale,
         )
 
-    def test_a_declared_op_is_defined_on_its_first_lookup(self):
+    def test_a_declared_op_is_defined_when_a_call_needs_the_dispatcher(self):
         library = kt.Library(StubRegistry("kwheel-test-declare"))
         declared = self.declare(library)
         self.assertIsInstance(declared, kt.Op)
         namespace = torch.ops.kwheel_test_declare
-        self.assertFalse(hasattr(namespace, "scaled"))
         op = library.lookup("scaled")
-        self.assertIs(op, namespace.scaled.default)
+        self.assertIsInstance(op, kt.Call)
         self.assertIs(library.lookup("scaled"), op)
+        self.assertFalse(hasattr(namespace, "scaled"), "a lookup defines nothing")
+        # CPU tensors go through the dispatcher (to the reference): the op is defined then.
         self.assertEqual(op(torch.ones(2)).tolist(), [3.0, 3.0])
+        self.assertTrue(hasattr(namespace, "scaled"))
+        self.assertIs(op.default, namespace.scaled.default)
+        self.assertIs(library.overloads.scaled, op.default)
+        # One per op, as an OpOverload: a module holding it copies with the same op.
+        import copy
+
+        self.assertIs(copy.deepcopy({"op": op})["op"], op)
+        self.assertIs(copy.copy(op), op)
         with self.assertRaises(AttributeError) as raised:
             library.lookup("missing")
         self.assertEqual(str(raised.exception), "the library `kwheel_test_declare` declares no op `missing`")
@@ -473,7 +486,11 @@ class Declaring(unittest.TestCase):
                 handle.write(LAZY_MODULE)
             status, out, err = subprocess_run(FIRST_LOOKUP_INSIDE_COMPILE, directory)
         self.assertEqual(status, 0, err)
-        self.assertEqual(out.splitlines(), ["False", "1 0", "True", "[3.0, 3.0]"])
+        # Tracing defined the op, and the graph holds the operator itself.
+        self.assertEqual(
+            out.splitlines(),
+            ["False", "1 0", "True ['kwheel_test_lazy_module.twice.default']", "True", "[3.0, 3.0]"],
+        )
 
 
 @unittest.skipUnless(HAS_TORCH, NO_TORCH)
