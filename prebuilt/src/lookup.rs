@@ -74,8 +74,10 @@ use table::{check_table, Layout, LazyTable, Sections, Span};
 /// File name of the loader's index inside a bundle.
 pub const LOOKUP_FILE: &str = "kernels.idx";
 /// The format this reader reads and this writer writes. Bump it when the layout changes.
-/// Format 1 held each kernel's records as JSON, key inputs included, once per kernel.
-pub const LOOKUP_FORMAT: u32 = 2;
+/// Format 1 held each kernel's records as JSON, key inputs included, once per kernel; format 2
+/// wrote each skipped target's reason out, each kernel's entries in its inputs record again,
+/// and every function name whole.
+pub const LOOKUP_FORMAT: u32 = 3;
 
 const MAGIC: &[u8; 8] = b"KWHEELIX";
 const HEADER_LEN: u64 = 80;
@@ -155,7 +157,7 @@ pub fn encode(index: &Index) -> Vec<u8> {
     // `index.kernels` is a BTreeMap: its order is the byte order the reader searches in.
     for (name, record) in &index.kernels {
         let load = codec::encode_load(record, &words);
-        let inputs = codec::encode_inputs(&record.inputs);
+        let inputs = codec::encode_inputs(record);
         let graph = *graph_ids.entry(&record.inputs.files).or_insert_with(|| {
             graphs.push(&record.inputs.files);
             graphs.len() as u32 - 1
@@ -597,7 +599,7 @@ impl Lookup {
         let inputs = match inputs {
             None => KernelInputs::default(),
             Some((inputs, files)) => {
-                let mut inputs = codec::decode_inputs(inputs)
+                let mut inputs = codec::decode_inputs(inputs, &load)
                     .map_err(|reason| self.bad_record(kernel, "inputs", reason))?;
                 inputs.files = files;
                 inputs
@@ -1389,6 +1391,55 @@ mod tests {
     }
 
     #[test]
+    fn a_shared_skip_reason_entries_named_by_functions_and_shared_prefixes_are_written_once() {
+        let mut index = rich_index(300, 1);
+        let reason = "declared: the kernel targets only sm_100a";
+        for (n, record) in index.kernels.values_mut().enumerate() {
+            record.skipped[0].reason = reason.into();
+            let function = |name: String| crate::index::Function {
+                symbol: name.clone(),
+                name,
+                param_sizes: vec![8],
+            };
+            // A second entry that extends the first: its name shares the first's bytes.
+            let names = [
+                format!("entry_of_kernel_{n:05}"),
+                format!("entry_of_kernel_{n:05}GetSmemSize"),
+            ];
+            record.variants[0].functions = names.iter().cloned().map(function).collect();
+            record.inputs.entries = names.to_vec();
+        }
+        // One kernel declares entries its first variant's functions are not named by.
+        let odd = index.kernels.values_mut().next().unwrap();
+        odd.inputs.entries = vec!["an_entry_of_its_own".into()];
+        let bytes = encode(&index);
+        let count = |text: &str| {
+            bytes
+                .windows(text.len())
+                .filter(|w| *w == text.as_bytes())
+                .count()
+        };
+        assert_eq!(count(reason), 1, "once, in the vocabulary");
+        assert_eq!(
+            count("entry_of_kernel_"),
+            300,
+            "once each, in the load records"
+        );
+        assert_eq!(
+            count("GetSmemSize"),
+            300,
+            "the first name's bytes, then this"
+        );
+        assert_eq!(count("an_entry_of_its_own"), 1);
+        let (_dir, path) = written(&index);
+        let lookup = Lookup::open(&path).unwrap();
+        assert_eq!(lookup.index().unwrap(), index);
+        for (name, record) in &index.kernels {
+            assert_eq!(lookup.inputs(name).unwrap().unwrap(), record.inputs);
+        }
+    }
+
+    #[test]
     fn the_whole_index_comes_back_from_kernels_idx_as_it_was_written() {
         for (count, graphs) in [(0, 1), (1, 1), (37, 3), (500, 1)] {
             let index = rich_index(count, graphs);
@@ -1454,11 +1505,11 @@ mod tests {
         let message = error.to_string();
         assert!(message.contains(LOOKUP_FILE), "{message}");
         assert!(message.contains("has format 1"), "{message}");
-        assert!(message.contains("reads format 2"), "{message}");
+        assert!(message.contains("reads format 3"), "{message}");
         // A newer one, even one too short for this format's header, is named by its format.
-        bytes[8..12].copy_from_slice(&3u32.to_le_bytes());
+        bytes[8..12].copy_from_slice(&4u32.to_le_bytes());
         let message = opened(&bytes[..12]).0.unwrap_err().to_string();
-        assert!(message.contains("has format 3"), "{message}");
+        assert!(message.contains("has format 4"), "{message}");
     }
 
     #[test]

@@ -5,19 +5,24 @@
 //! Every number is an unsigned LEB128 varint; a string is its length then its UTF-8 bytes; a
 //! digest is a tag byte (0: the next 32 bytes are a sha256, written as 64 lowercase hex digits;
 //! 1: a string, for a value that is not one) then its bytes. Short strings that many records
-//! repeat (arches, builds, torch pins, compilers, family dictionary digests) are written once in the file's meta as its vocabulary and named by their position.
+//! repeat (arches, builds, torch pins, compilers, family dictionary digests, the reasons of
+//! skipped targets) are written once in the file's meta as its vocabulary and named by their
+//! position.
 //!
 //! ```text
 //! load record    recipe        u8 0 | 1, then source, include-dir count, include dirs
 //!                constants     count, then (name, tag 0 int | 1 float | 2 bool | 3 string, value)
-//!                function sets count, then per set: count, then (name, symbol-is-name u8,
-//!                              [symbol], parameter count, parameter sizes)
+//!                function sets count, then per set: count, then (name: the bytes it shares
+//!                              with the set's previous name, then the rest; symbol-is-name
+//!                              u8, [symbol], parameter count, parameter sizes)
 //!                variants      count, then (arch, build, torch, compiler kind, compiler
 //!                              version: vocabulary ids; key, artifact digest: digests; size,
 //!                              stored size; path u8 0 canonical | 1 then the path; family
 //!                              dictionary: 0 none | 1 + vocabulary id; function set id)
-//!                skips         count, then (arch, build: vocabulary ids; reason)
-//! inputs record  entries, defines (count, then name, value), flags, nvcc flags, nvrtc flags,
+//!                skips         count, then (arch, build, reason: vocabulary ids)
+//! inputs record  entries (u8 0: the names of the first variant's functions, in order, as the
+//!                load record has them | 1 then the names), defines (count, then name,
+//!                value), flags, nvcc flags, nvrtc flags,
 //!                C++ standard, preamble, targets (count, then arch, defines, flags, nvcc
 //!                flags, nvrtc flags)
 //! graph record   count, then (stable path, digest): the kernel's include graph
@@ -67,6 +72,9 @@ impl Vocabulary {
             for skip in &record.skipped {
                 words.insert(skip.arch.to_string());
                 words.insert(skip.cuda.to_string());
+                // A reason is mostly one of a few (`declared: …`, a toolchain's refusal),
+                // shared by thousands of kernels.
+                words.insert(skip.reason.clone());
             }
         }
         let ids = words.into_iter().zip(0..).collect();
@@ -151,6 +159,19 @@ fn raw_digest(text: &str) -> Option<[u8; 32]> {
     Some(raw)
 }
 
+/// How many leading bytes `name` shares with `previous`, ending on a character boundary.
+fn shared_prefix(previous: &str, name: &str) -> usize {
+    let mut shared = previous
+        .bytes()
+        .zip(name.bytes())
+        .take_while(|(a, b)| a == b)
+        .count();
+    while !name.is_char_boundary(shared) {
+        shared -= 1;
+    }
+    shared
+}
+
 /// The load record of `record`.
 pub(super) fn encode_load(record: &KernelRecord, words: &Vocabulary) -> Vec<u8> {
     let mut out = Out::default();
@@ -191,8 +212,13 @@ pub(super) fn encode_load(record: &KernelRecord, words: &Vocabulary) -> Vec<u8> 
     out.number(sets.len() as u64);
     for set in &sets {
         out.number(set.len() as u64);
+        let mut previous = "";
         for function in set.iter() {
-            out.text(&function.name);
+            // Entries of one kernel mostly share a long prefix (`gemm_…`, `gemm_…GetSmemSize`).
+            let shared = shared_prefix(previous, &function.name);
+            out.number(shared as u64);
+            out.text(&function.name[shared..]);
+            previous = &function.name;
             if function.symbol == function.name {
                 out.0.push(1);
             } else {
@@ -238,15 +264,22 @@ pub(super) fn encode_load(record: &KernelRecord, words: &Vocabulary) -> Vec<u8> 
     for skip in &record.skipped {
         out.number(words.id(&skip.arch.to_string()));
         out.number(words.id(&skip.cuda.to_string()));
-        out.text(&skip.reason);
+        out.number(words.id(&skip.reason));
     }
     out.0
 }
 
-/// The inputs record of `inputs`: everything but the include graph.
-pub(super) fn encode_inputs(inputs: &KernelInputs) -> Vec<u8> {
+/// The inputs record of `record`: its key inputs but the include graph. Entries that are the
+/// names of the first variant's functions (as they mostly are) are not written again.
+pub(super) fn encode_inputs(record: &KernelRecord) -> Vec<u8> {
+    let inputs = &record.inputs;
     let mut out = Out::default();
-    out.texts(&inputs.entries);
+    if inputs.entries == function_names(&record.variants) {
+        out.0.push(0);
+    } else {
+        out.0.push(1);
+        out.texts(&inputs.entries);
+    }
     out.map(&inputs.defines);
     out.texts(&inputs.flags);
     out.texts(&inputs.nvcc_flags);
@@ -439,9 +472,20 @@ pub(super) fn decode_load(bytes: &[u8], words: &[String]) -> Read<Load> {
     }
     let mut sets = Vec::new();
     for _ in 0..input.count()? {
-        let mut set = Vec::new();
+        let mut set: Vec<Function> = Vec::new();
         for _ in 0..input.count()? {
-            let name = input.text()?;
+            let previous = set.last().map_or("", |function| function.name.as_str());
+            let shared = input.number()?;
+            let prefix = usize::try_from(shared)
+                .ok()
+                .and_then(|shared| previous.get(..shared))
+                .ok_or_else(|| {
+                    format!(
+                        "shares {shared} bytes with a name of {} bytes",
+                        previous.len()
+                    )
+                })?;
+            let name = format!("{prefix}{}", input.text()?);
             let symbol = if input.flag()? {
                 name.clone()
             } else {
@@ -513,7 +557,7 @@ pub(super) fn decode_load(bytes: &[u8], words: &[String]) -> Read<Load> {
         skipped.push(Skip {
             arch: input.parsed(words)?,
             cuda: input.parsed(words)?,
-            reason: input.text()?,
+            reason: input.word(words)?.to_owned(),
         });
     }
     input.end()?;
@@ -525,11 +569,29 @@ pub(super) fn decode_load(bytes: &[u8], words: &[String]) -> Read<Load> {
     })
 }
 
-/// Reads an inputs record; its `files` are left empty for the graph record to fill.
-pub(super) fn decode_inputs(bytes: &[u8]) -> Read<KernelInputs> {
+/// The names of the first variant's functions, in order: what an inputs record's entries
+/// mostly are.
+fn function_names(variants: &[Variant]) -> Vec<String> {
+    variants.first().map_or_else(Vec::new, |variant| {
+        variant
+            .functions
+            .iter()
+            .map(|function| function.name.clone())
+            .collect()
+    })
+}
+
+/// Reads an inputs record, whose entries may be `load`'s function names; its `files` are left
+/// empty for the graph record to fill.
+pub(super) fn decode_inputs(bytes: &[u8], load: &Load) -> Read<KernelInputs> {
     let mut input = In::new(bytes);
+    let entries = if input.flag()? {
+        input.texts()?
+    } else {
+        function_names(&load.variants)
+    };
     let mut inputs = KernelInputs {
-        entries: input.texts()?,
+        entries,
         files: BTreeMap::new(),
         defines: input.map()?,
         flags: input.texts()?,
