@@ -1440,6 +1440,33 @@ mod tests {
     }
 
     #[test]
+    fn function_names_that_repeat_more_than_16_mib_are_refused() {
+        // 6,000 names, each the last one and a byte more: 24 KB in the record, 18 MB read.
+        let mut index = index(1);
+        let record = index.kernels.values_mut().next().unwrap();
+        let mut name = String::new();
+        record.variants[0].functions = (0..6000)
+            .map(|_| {
+                name.push('x');
+                crate::index::Function {
+                    name: name.clone(),
+                    symbol: name.clone(),
+                    param_sizes: vec![],
+                }
+            })
+            .collect();
+        let (_dir, path) = written(&index);
+        assert!(std::fs::metadata(&path).unwrap().len() < 100_000);
+        let lookup = Lookup::open(&path).unwrap();
+        let message = crate::error_chain(&lookup.record("k00000").unwrap_err());
+        assert!(message.contains("k00000"), "{message}");
+        assert!(
+            message.contains("repeats more than 16777216 bytes of its function names"),
+            "{message}"
+        );
+    }
+
+    #[test]
     fn the_whole_index_comes_back_from_kernels_idx_as_it_was_written() {
         for (count, graphs) in [(0, 1), (1, 1), (37, 3), (500, 1)] {
             let index = rich_index(count, graphs);

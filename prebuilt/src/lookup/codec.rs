@@ -442,6 +442,10 @@ impl<'a> In<'a> {
     }
 }
 
+/// The most bytes a load record's function names may repeat from earlier ones (16 MiB): a
+/// kernel's entries, however long their C++ names, share far less.
+const MAX_REPEATED: u64 = 16 << 20;
+
 /// Reads a load record.
 pub(super) fn decode_load(bytes: &[u8], words: &[String]) -> Read<Load> {
     let mut input = In::new(bytes);
@@ -471,11 +475,21 @@ pub(super) fn decode_load(bytes: &[u8], words: &[String]) -> Read<Load> {
         }
     }
     let mut sets = Vec::new();
+    // Bytes of names repeated from earlier ones: a few bytes each in the record, so bounded
+    // apart from its length (names each one byte longer than the last would grow as its
+    // square).
+    let mut repeated = 0u64;
     for _ in 0..input.count()? {
         let mut set: Vec<Function> = Vec::new();
         for _ in 0..input.count()? {
             let previous = set.last().map_or("", |function| function.name.as_str());
             let shared = input.number()?;
+            repeated = repeated.saturating_add(shared);
+            if repeated > MAX_REPEATED {
+                return Err(format!(
+                    "repeats more than {MAX_REPEATED} bytes of its function names"
+                ));
+            }
             let prefix = usize::try_from(shared)
                 .ok()
                 .and_then(|shared| previous.get(..shared))
