@@ -1440,7 +1440,7 @@ mod tests {
     }
 
     #[test]
-    fn function_names_that_repeat_more_than_16_mib_are_refused() {
+    fn function_names_that_repeat_more_than_the_records_budget_are_refused() {
         // 6,000 names, each the last one and a byte more: 24 KB in the record, 18 MB read.
         let mut index = index(1);
         let record = index.kernels.values_mut().next().unwrap();
@@ -1460,8 +1460,27 @@ mod tests {
         let lookup = Lookup::open(&path).unwrap();
         let message = crate::error_chain(&lookup.record("k00000").unwrap_err());
         assert!(message.contains("k00000"), "{message}");
+        assert!(message.contains("bytes of its function names"), "{message}");
+    }
+
+    #[test]
+    fn variants_that_copy_more_than_the_records_budget_of_function_names_are_refused() {
+        // One 100 KB name, named by 300 variants: each would hold its own copy (60 MB).
+        let mut index = index(1);
+        let record = index.kernels.values_mut().next().unwrap();
+        let name = "x".repeat(100_000);
+        record.variants[0].functions = vec![crate::index::Function {
+            name: name.clone(),
+            symbol: name,
+            param_sizes: vec![],
+        }];
+        record.variants = vec![record.variants[0].clone(); 300];
+        let (_dir, path) = written(&index);
+        assert!(std::fs::metadata(&path).unwrap().len() < 200_000);
+        let lookup = Lookup::open(&path).unwrap();
+        let message = crate::error_chain(&lookup.record("k00000").unwrap_err());
         assert!(
-            message.contains("repeats more than 16777216 bytes of its function names"),
+            message.contains("gives its variants more than"),
             "{message}"
         );
     }

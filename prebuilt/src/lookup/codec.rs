@@ -442,12 +442,17 @@ impl<'a> In<'a> {
     }
 }
 
-/// The most bytes a load record's function names may repeat from earlier ones (16 MiB): a
-/// kernel's entries, however long their C++ names, share far less.
-const MAX_REPEATED: u64 = 16 << 20;
+/// The most bytes a load record's function names may repeat from earlier ones, and the most
+/// its variants' copies of their function sets may hold, each: 1 MiB and 256 bytes per byte
+/// of the record. A kernel's entries, however long their C++ names, come to far less; a
+/// record cannot make reading it cost much more than its size.
+fn names_budget(record: &[u8]) -> u64 {
+    (1 << 20) + 256 * record.len() as u64
+}
 
 /// Reads a load record.
 pub(super) fn decode_load(bytes: &[u8], words: &[String]) -> Read<Load> {
+    let budget = names_budget(bytes);
     let mut input = In::new(bytes);
     let recipe = if input.flag()? {
         Some(SourceRecipe {
@@ -485,9 +490,9 @@ pub(super) fn decode_load(bytes: &[u8], words: &[String]) -> Read<Load> {
             let previous = set.last().map_or("", |function| function.name.as_str());
             let shared = input.number()?;
             repeated = repeated.saturating_add(shared);
-            if repeated > MAX_REPEATED {
+            if repeated > budget {
                 return Err(format!(
-                    "repeats more than {MAX_REPEATED} bytes of its function names"
+                    "repeats more than {budget} bytes of its function names"
                 ));
             }
             let prefix = usize::try_from(shared)
@@ -517,8 +522,14 @@ pub(super) fn decode_load(bytes: &[u8], words: &[String]) -> Read<Load> {
                 param_sizes,
             });
         }
-        sets.push(set);
+        let bytes: u64 = set
+            .iter()
+            .map(|function| (function.name.len() + function.symbol.len()) as u64)
+            .sum();
+        sets.push((set, bytes));
     }
+    // Each variant holds its own copy of its set: bounded in all as the names are.
+    let mut copied = 0u64;
     let mut variants = Vec::new();
     for _ in 0..input.count()? {
         let arch = input.parsed(words)?;
@@ -532,7 +543,13 @@ pub(super) fn decode_load(bytes: &[u8], words: &[String]) -> Read<Load> {
         let digest = input.digest()?;
         let (size, stored_size) = (input.number()?, input.number()?);
         let path = if input.flag()? {
-            input.text()?
+            // Written out only when it is not the canonical one; an index being built has no
+            // path yet, one read from disk always has.
+            let path = input.text()?;
+            if path.is_empty() {
+                return Err("gives a variant an empty artifact path".to_owned());
+            }
+            path
         } else {
             artifact_path(&digest)
         };
@@ -546,10 +563,16 @@ pub(super) fn decode_load(bytes: &[u8], words: &[String]) -> Read<Load> {
             ),
         };
         let set = input.number()?;
-        let functions = sets
+        let (functions, bytes) = sets
             .get(usize::try_from(set).unwrap_or(usize::MAX))
-            .ok_or_else(|| format!("names function set {set} of {}", sets.len()))?
-            .clone();
+            .ok_or_else(|| format!("names function set {set} of {}", sets.len()))?;
+        copied = copied.saturating_add(*bytes);
+        if copied > budget {
+            return Err(format!(
+                "gives its variants more than {budget} bytes of function names"
+            ));
+        }
+        let functions = functions.clone();
         variants.push(Variant {
             arch,
             cuda,
