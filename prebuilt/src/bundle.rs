@@ -42,8 +42,9 @@ use crate::index::{
 use crate::key::sha256_hex;
 use crate::target::Arch;
 use crate::untrusted::{
-    check_index, check_stored, read_regular_file, refusal, resolve_inside, ArtifactPath, Digest,
-    KernelName, Untrusted, MAX_ARTIFACT_SIZE, MAX_DICTIONARY_SIZE, MAX_INDEX_SIZE,
+    check_index, check_stored, check_stored_as, read_regular_file, refusal, resolve_inside,
+    ArtifactPath, Digest, KernelName, Untrusted, MAX_ARTIFACT_SIZE, MAX_DICTIONARY_SIZE,
+    MAX_INDEX_SIZE,
 };
 
 /// At most this many decoded bytes of shared artifacts and dictionaries are kept by an open
@@ -428,11 +429,9 @@ fn read_artifact_file(
         path: root.join(INDEX_FILE),
         source,
     };
+    // The name is built only for a refusal's message: this runs on every load.
     let what = || format!("`{kernel}` ({variant})");
-    // Checked with the name built only for a refusal's message: this runs on every load.
-    if check_stored(stored, MAX_ARTIFACT_SIZE, "").is_err() {
-        check_stored(stored, MAX_ARTIFACT_SIZE, &what()).map_err(refused)?;
-    }
+    check_stored_as(stored, MAX_ARTIFACT_SIZE, &what).map_err(refused)?;
     let relative = ArtifactPath::parse(&stored.path).map_err(refused)?;
     read_inside(root, &relative, MAX_ARTIFACT_SIZE)
 }

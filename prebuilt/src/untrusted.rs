@@ -348,9 +348,7 @@ pub fn check_kernel(name: &str, record: &KernelRecord) -> Result<(), Untrusted> 
     for variant in &record.variants {
         // Named only in a refusal: every first load checks its kernel's record.
         let what = || format!("`{name}` ({})", variant.label());
-        if check_stored(&variant.artifact, MAX_ARTIFACT_SIZE, "").is_err() {
-            check_stored(&variant.artifact, MAX_ARTIFACT_SIZE, &what())?;
-        }
+        check_stored_as(&variant.artifact, MAX_ARTIFACT_SIZE, &what)?;
         Digest::check(&variant.key).map_err(|e| e.of(format!("the key of {}", what())))?;
     }
     for (stable, digest) in &record.inputs.files {
@@ -379,18 +377,27 @@ pub fn check_kernel(name: &str, record: &KernelRecord) -> Result<(), Untrusted> 
 
 /// Checks a stored file's digest, path and sizes (`what` names it in the refusal).
 pub fn check_stored(stored: &StoredFile, cap: u64, what: &str) -> Result<(), Untrusted> {
-    Digest::check(&stored.digest).map_err(|e| e.of(format!("the digest of {what}")))?;
+    check_stored_as(stored, cap, &|| what.to_owned())
+}
+
+/// [`check_stored`], the name made only for a refusal: what every first load checks.
+pub fn check_stored_as(
+    stored: &StoredFile,
+    cap: u64,
+    what: &dyn Fn() -> String,
+) -> Result<(), Untrusted> {
+    Digest::check(&stored.digest).map_err(|e| e.of(format!("the digest of {}", what())))?;
     if let Some(dictionary) = &stored.dictionary {
-        Digest::check(dictionary).map_err(|e| e.of(format!("the dictionary of {what}")))?;
+        Digest::check(dictionary).map_err(|e| e.of(format!("the dictionary of {}", what())))?;
     }
     // A bundle being written has no stored path yet; one read from disk always has.
     if !stored.path.is_empty() {
-        ArtifactPath::check(&stored.path).map_err(|e| e.of(format!("the path of {what}")))?;
+        ArtifactPath::check(&stored.path).map_err(|e| e.of(format!("the path of {}", what())))?;
     }
     for (size, name) in [(stored.size, "size"), (stored.stored_size, "stored size")] {
         if size > cap {
             return Err(Untrusted::new(
-                format!("the {name} of {what}"),
+                format!("the {name} of {}", what()),
                 &size.to_string(),
                 format!("is over the {cap}-byte cap"),
             ));
