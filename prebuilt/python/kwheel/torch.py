@@ -53,13 +53,13 @@ import torch
 from . import NoFitError, _kwheel, _note_fallback, _trace_range
 from ._torch_private import PROFILER as _PROFILER
 from ._torch_private import intercepted as _intercepted
+from ._torch_private import light_autograd as _light_autograd
 
 # Dynamo knows the function, not its name: under `torch.compile` this is True.
 _is_compiling = torch.compiler.is_compiling
 # The tensor types a direct call takes: a parameter disables `__torch_function__` as a
 # tensor does, so either is the plain tensor the dispatcher would hand the kernel.
 _PLAIN = frozenset((torch.Tensor, torch.nn.Parameter))
-from ._torch_private import light_autograd as _light_autograd
 
 __all__ = [
     "FallbackWarning",
@@ -246,10 +246,18 @@ class Library:
         call needs the dispatcher (``Call.default`` is the ``torch.ops`` overload); under
         ``<NAMESPACE>_COMPILE_WRAP=disable``, the plain function. ``AttributeError`` for a name
         the library does not declare."""
+        return self._declared(name).call
+
+    def _declared(self, name):
+        """The ``Op`` declared as ``name``; ``AttributeError`` for a name the library does not
+        declare."""
         op = self.ops.get(name)
         if op is None:
-            raise AttributeError(f"the library `{self.namespace}` declares no op `{name}`")
-        return op.call
+            raise self._no_op(name)
+        return op
+
+    def _no_op(self, name):
+        return AttributeError(f"the library `{self.namespace}` declares no op `{name}`")
 
     def define_all(self):
         """Defines every declared op with torch (for a program that names ``torch.ops`` ops
@@ -868,7 +876,6 @@ class Call:
 
     def __init__(self, op):
         self.op = op
-        self.overloads = op.library.overloads
         self.__name__ = self.__qualname__ = op.name
         self.__doc__ = f"{op.qualified_name}: {op.schema}"
 
@@ -890,7 +897,7 @@ class Call:
     def __call__(self, *args, **kwargs):
         op = self.op
         if _is_compiling():
-            return getattr(self.overloads, op.name)(*args, **kwargs)
+            return getattr(op.library.overloads, op.name)(*args, **kwargs)
         # A profiler names the op, modes, traces and transforms see it: the dispatcher's.
         if kwargs or _PROFILER._is_profiler_enabled or _intercepted():
             return op.callable(*args, **kwargs)
@@ -907,10 +914,9 @@ class _Overloads(types.ModuleType):
         self._library = library
 
     def __getattr__(self, name):
-        op = self._library.ops.get(name) if not name.startswith("__") else None
-        if op is None:
-            raise AttributeError(f"the library `{self._library.namespace}` declares no op `{name}`")
-        overload = op.callable
+        if name.startswith("__"):  # what Python asks of any module, never an op here
+            raise self._library._no_op(name)
+        overload = self._library._declared(name).callable
         setattr(self, name, overload)
         return overload
 
