@@ -13,7 +13,7 @@
 //!      8     4  format (LOOKUP_FORMAT, little-endian like every number here)
 //!     12     4  kernel count N
 //!     16     8  meta offset    ─┐ JSON: package, torch, store, dictionary, index format,
-//!     24     8  meta length    ─┘       CUDA builds, and the records' vocabulary
+//!     24     8  meta length    ─┘       CUDA builds; right after it, the records' vocabulary
 //!     32     8  table offset         N entries of 32 bytes, sorted by kernel name (bytes)
 //!     40     8  graph table offset   G entries of 16 bytes, one per distinct include graph
 //!     48     8  names offset         the names, concatenated
@@ -21,7 +21,7 @@
 //!                                    then every graph record
 //!     64     8  file length          a cut or padded file is refused
 //!     72     4  graph count G
-//!     76     4  reserved (0)
+//!     76     4  vocabulary length (its bytes, between the meta and the table)
 //! table entry: name offset u64, name length u32, load length u32,
 //!              record offset u64, inputs length u32, graph id u32
 //! graph entry: record offset u64, length u32, reserved u32 (0)
@@ -76,8 +76,9 @@ pub const LOOKUP_FILE: &str = "kernels.idx";
 /// The format this reader reads and this writer writes. Bump it when the layout changes.
 /// Format 1 held each kernel's records as JSON, key inputs included, once per kernel; format 2
 /// wrote each skipped target's reason out, each kernel's entries in its inputs record again,
-/// and every function name whole.
-pub const LOOKUP_FORMAT: u32 = 3;
+/// and every function name whole; format 3 kept the vocabulary in the JSON meta (an open
+/// parsed every family's digest) and wrote each include graph file's folder out.
+pub const LOOKUP_FORMAT: u32 = 4;
 
 const MAGIC: &[u8; 8] = b"KWHEELIX";
 const HEADER_LEN: u64 = 80;
@@ -131,22 +132,10 @@ impl Meta {
     }
 }
 
-/// The meta section as stored: the meta and the vocabulary the records name by position.
-#[derive(Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct MetaSection {
-    meta: Meta,
-    words: Vec<String>,
-}
-
 /// Writes the loader's index for `index`.
 pub fn encode(index: &Index) -> Vec<u8> {
     let words = codec::Vocabulary::of(index.kernels.values());
-    let meta = serde_json::to_vec(&MetaSection {
-        meta: Meta::of(index),
-        words: words.words(),
-    })
-    .expect("meta serializes");
+    let meta = serde_json::to_vec(&Meta::of(index)).expect("meta serializes");
     let count = index.kernels.len() as u64;
     let mut table = Vec::with_capacity((count * ENTRY_LEN) as usize);
     let mut names = Vec::new();
@@ -174,7 +163,7 @@ pub fn encode(index: &Index) -> Vec<u8> {
     }
     let mut graph_table = Vec::with_capacity(graphs.len() * GRAPH_ENTRY_LEN as usize);
     for graph in &graphs {
-        let bytes = codec::encode_graph(graph);
+        let bytes = codec::encode_graph(graph, &words);
         graph_table.extend_from_slice(&(records.len() as u64).to_le_bytes());
         graph_table.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
         graph_table.extend_from_slice(&0u32.to_le_bytes());
@@ -182,8 +171,7 @@ pub fn encode(index: &Index) -> Vec<u8> {
     }
     assemble(
         &meta,
-        count,
-        graphs.len() as u32,
+        &words.encode(),
         &table,
         &graph_table,
         &names,
@@ -191,18 +179,19 @@ pub fn encode(index: &Index) -> Vec<u8> {
     )
 }
 
-/// The file of these sections, with a header that locates them.
+/// The file of these sections, with a header that locates them and counts the tables' entries.
 fn assemble(
     meta: &[u8],
-    count: u64,
-    graph_count: u32,
+    words: &[u8],
     table: &[u8],
     graph_table: &[u8],
     names: &[u8],
     records: &[u8],
 ) -> Vec<u8> {
+    let count = table.len() as u64 / ENTRY_LEN;
+    let graph_count = (graph_table.len() as u64 / GRAPH_ENTRY_LEN) as u32;
     let meta_offset = HEADER_LEN;
-    let table_offset = meta_offset + meta.len() as u64;
+    let table_offset = meta_offset + (meta.len() + words.len()) as u64;
     let graph_table_offset = table_offset + table.len() as u64;
     let names_offset = graph_table_offset + graph_table.len() as u64;
     let records_offset = names_offset + names.len() as u64;
@@ -223,8 +212,8 @@ fn assemble(
         out.extend_from_slice(&field.to_le_bytes());
     }
     out.extend_from_slice(&graph_count.to_le_bytes());
-    out.extend_from_slice(&0u32.to_le_bytes());
-    for section in [meta, table, graph_table, names, records] {
+    out.extend_from_slice(&(words.len() as u32).to_le_bytes());
+    for section in [meta, words, table, graph_table, names, records] {
         out.extend_from_slice(section);
     }
     out
@@ -238,7 +227,7 @@ pub struct Lookup {
     data: Data,
     layout: Layout,
     meta: Meta,
-    words: Vec<String>,
+    words: codec::Words,
     /// The whole table, read and checked once something needs every entry.
     whole: OnceLock<Tables>,
 }
@@ -369,16 +358,11 @@ impl Lookup {
                 ),
             ));
         }
-        if u32_at(76) != 0 {
-            return Err(bad(
-                "the loader index's reserved field",
-                u64::from(u32_at(76)),
-                "is not 0",
-            ));
-        }
+        let words_len = u64::from(u32_at(76));
         if meta_offset != HEADER_LEN
             || meta_len > MAX_META_LEN
-            || table_offset != meta_offset + meta_len
+            || words_len > MAX_META_LEN
+            || table_offset != meta_offset + meta_len + words_len
             || graph_table_offset != table_offset + count * ENTRY_LEN
             || names_offset != graph_table_offset + graph_count * GRAPH_ENTRY_LEN
             || records_offset < names_offset
@@ -390,11 +374,19 @@ impl Lookup {
                 "has sections out of order or out of the file",
             ));
         }
-        // The layout checks above put the meta inside the file, whose size is capped: reading
-        // it reserves no more than the file holds.
-        let mut meta = vec![0u8; meta_len as usize];
+        // The layout checks above put the meta and the vocabulary inside the file, whose size
+        // is capped: reading them (in one read) reserves no more than the file holds.
+        let mut meta = vec![0u8; (meta_len + words_len) as usize];
         data.read_at(&mut meta, meta_offset).map_err(read_error)?;
-        let MetaSection { meta, words } =
+        let words = codec::Words::read(meta.split_off(meta_len as usize)).map_err(|reason| {
+            refused(
+                path,
+                "the loader index's vocabulary",
+                &format!("{words_len} bytes"),
+                &reason,
+            )
+        })?;
+        let meta: Meta =
             serde_json::from_slice(&meta).map_err(|source| BundleError::InvalidIndex {
                 path: path.to_owned(),
                 source,
@@ -528,7 +520,7 @@ impl Lookup {
         // together. The load and inputs records are adjacent: one read.
         let both = self.bytes((entry.load.0, entry.load.1 + entry.inputs.1))?;
         let graph = self.bytes(graph)?;
-        let files = codec::decode_graph(&graph)
+        let files = codec::decode_graph(&graph, &self.words)
             .map_err(|reason| self.bad_record(kernel, "graph", reason))?;
         let (load, inputs) = both.split_at(entry.load.1 as usize);
         let record = self.decode(kernel, load, Some((inputs, files)))?;
@@ -566,8 +558,9 @@ impl Lookup {
             let name = &tables.names[entry.name.clone()];
             let slot = &mut graphs[entry.graph as usize];
             if slot.is_none() {
-                let graph = codec::decode_graph(span(tables.graphs[entry.graph as usize]))
-                    .map_err(|reason| self.bad_record(name, "graph", reason))?;
+                let graph =
+                    codec::decode_graph(span(tables.graphs[entry.graph as usize]), &self.words)
+                        .map_err(|reason| self.bad_record(name, "graph", reason))?;
                 *slot = Some(graph);
             }
             let files = slot.clone().unwrap_or_default();
@@ -767,7 +760,7 @@ impl Catalog {
     pub fn is_reference(&self, digest: &str) -> bool {
         match &self.source {
             // Every family dictionary's digest is a word (a crafted, unsorted list: `false`).
-            Source::Lookup(lookup) => lookup.words.binary_search_by(|w| w[..].cmp(digest)).is_ok(),
+            Source::Lookup(lookup) => lookup.words.contains(digest),
             Source::Index(_) => false,
         }
     }
@@ -970,11 +963,7 @@ mod tests {
         names: &[u8],
         records: &[u8],
     ) -> Vec<u8> {
-        let meta = serde_json::to_vec(&MetaSection {
-            meta: Meta::of(&index(0)),
-            words: Vec::new(),
-        })
-        .unwrap();
+        let meta = serde_json::to_vec(&Meta::of(&index(0))).unwrap();
         let mut table = Vec::new();
         for (position, &(name_offset, name_len, load_len, record_offset, inputs_len)) in
             entries.iter().enumerate()
@@ -993,12 +982,9 @@ mod tests {
             graph_table.extend_from_slice(&length.to_le_bytes());
             graph_table.extend_from_slice(&0u32.to_le_bytes());
         }
-        let count = entries.len() as u64;
-        let graph_count = graphs.len() as u32;
         assemble(
             &meta,
-            count,
-            graph_count,
+            &codec::Vocabulary::of(std::iter::empty()).encode(),
             &table,
             &graph_table,
             names,
@@ -1439,6 +1425,87 @@ mod tests {
         }
     }
 
+    /// Format 3 wrote every include graph file's folder out (an imported cubin's graph is its
+    /// one file: 130 of FlashInfer's ~280 bytes a kernel) and kept the vocabulary in the JSON
+    /// meta, which an open parsed whole: 93 µs for FlashInfer's 2,000 family digests.
+    #[test]
+    fn graph_folders_are_words_and_the_vocabulary_is_read_without_decoding_it() {
+        let folder = "/home/builder/checkout/third_party/cubins/fmha/trtllm-gen";
+        let mut index = index(300);
+        for (n, record) in index.kernels.values_mut().enumerate() {
+            let path = format!("{folder}/kernel{n:05}.cubin");
+            let digest = crate::key::sha256_hex(path.as_bytes());
+            record.inputs.files = BTreeMap::from([(path, digest)]);
+            // Imported, as FlashInfer's cubins are: no recipe, so its inputs may lie anywhere.
+            record.recipe = None;
+            // A family per kernel, as a dense corpus has thousands: each a digest word.
+            let family = crate::key::sha256_hex(format!("family {n}").as_bytes());
+            record.variants[0].artifact.dictionary = Some(family);
+        }
+        // A file in no folder, and one whose folder is the root.
+        let first = index.kernels.values_mut().next().unwrap();
+        first
+            .inputs
+            .files
+            .insert("top.cuh".into(), crate::key::sha256_hex(b"top"));
+        first
+            .inputs
+            .files
+            .insert("/abs.cuh".into(), crate::key::sha256_hex(b"abs"));
+        let bytes = encode(&index);
+        let count = |text: &[u8]| bytes.windows(text.len()).filter(|w| *w == text).count();
+        assert_eq!(count(folder.as_bytes()), 1, "once, in the vocabulary");
+        assert_eq!(count(b"kernel00299.cubin"), 1);
+        // Family digests are 32 raw bytes, never hex.
+        let family = &index.kernels["k00299"].variants[0].artifact.dictionary;
+        let family = family.as_deref().unwrap();
+        assert_eq!(count(family.as_bytes()), 0);
+        assert_eq!(count(&hex::decode(family).unwrap()), 1);
+        let (_dir, path) = written(&index);
+        let lookup = Lookup::open(&path).unwrap();
+        assert_eq!(lookup.words.len(), 300 + 7);
+        assert_eq!(lookup.index().unwrap(), index);
+        for (name, record) in &index.kernels {
+            assert_eq!(lookup.inputs(name).unwrap().unwrap(), record.inputs);
+        }
+        let catalog = Catalog::open(path.parent().unwrap()).unwrap();
+        assert!(catalog.is_reference(family));
+        assert!(!catalog.is_reference(&crate::key::sha256_hex(b"no family")));
+        assert!(
+            catalog.is_reference(folder),
+            "a word, though no digest: harmless"
+        );
+    }
+
+    #[test]
+    fn a_vocabulary_that_lies_is_refused_at_open_naming_it() {
+        let index = rich_index(3, 1);
+        let bytes = encode(&index);
+        let words_len = u32::from_le_bytes(bytes[76..80].try_into().unwrap()) as usize;
+        let meta_len = u64::from_le_bytes(bytes[24..32].try_into().unwrap()) as usize;
+        let words = HEADER_LEN as usize + meta_len;
+        // The first word (`2.11.*`'s text, say) made invalid UTF-8; then a count past the
+        // section; then a last word cut short.
+        let mut not_utf8 = bytes.clone();
+        let text = (words + 1..words + words_len)
+            .find(|&at| not_utf8[at] == 1 && not_utf8[at + 1] > 0)
+            .unwrap();
+        not_utf8[text + 2] = 0xff;
+        let mut overcounted = bytes.clone();
+        overcounted[words] = 0x7f;
+        let mut cut = bytes.clone();
+        let table = u64::from_le_bytes(bytes[32..40].try_into().unwrap());
+        cut[76..80].copy_from_slice(&(words_len as u32 - 1).to_le_bytes());
+        cut[32..40].copy_from_slice(&(table - 1).to_le_bytes());
+        for (case, bytes) in [("not UTF-8", not_utf8), ("overcounted", overcounted)] {
+            let message = crate::error_chain(&opened(&bytes).0.unwrap_err());
+            assert!(message.contains("vocabulary"), "{case}: {message}");
+            assert!(message.contains(LOOKUP_FILE), "{case}: {message}");
+        }
+        // A vocabulary whose length the header changes moves the table: refused too.
+        assert!(opened(&cut).0.is_err());
+    }
+
     #[test]
     fn function_names_that_repeat_more_than_the_records_budget_are_refused() {
         // 6,000 names, each the last one and a byte more: 24 KB in the record, 18 MB read.
@@ -1510,8 +1577,13 @@ mod tests {
     fn a_shared_include_graph_is_stored_once() {
         let shared = encode(&rich_index(1000, 1));
         let apart = encode(&rich_index(1000, 1000));
-        let one_graph = codec::encode_graph(&rich_index(1, 1).kernels["k00000"].inputs.files);
-        assert!(one_graph.len() > 2000, "{}", one_graph.len());
+        let one = &rich_index(1, 1).kernels["k00000"];
+        let one_graph = codec::encode_graph(
+            &one.inputs.files,
+            &codec::Vocabulary::of(std::iter::once(one)),
+        );
+        // 40 headers, each a folder id, a file name and a digest.
+        assert!(one_graph.len() > 1500, "{}", one_graph.len());
         assert!(
             apart.len() - shared.len() >= 999 * one_graph.len(),
             "{} vs {}",
@@ -1551,11 +1623,11 @@ mod tests {
         let message = error.to_string();
         assert!(message.contains(LOOKUP_FILE), "{message}");
         assert!(message.contains("has format 1"), "{message}");
-        assert!(message.contains("reads format 3"), "{message}");
+        assert!(message.contains("reads format 4"), "{message}");
         // A newer one, even one too short for this format's header, is named by its format.
-        bytes[8..12].copy_from_slice(&4u32.to_le_bytes());
+        bytes[8..12].copy_from_slice(&5u32.to_le_bytes());
         let message = opened(&bytes[..12]).0.unwrap_err().to_string();
-        assert!(message.contains("has format 4"), "{message}");
+        assert!(message.contains("has format 5"), "{message}");
     }
 
     #[test]

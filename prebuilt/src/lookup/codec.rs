@@ -6,8 +6,10 @@
 //! digest is a tag byte (0: the next 32 bytes are a sha256, written as 64 lowercase hex digits;
 //! 1: a string, for a value that is not one) then its bytes. Short strings that many records
 //! repeat (arches, builds, torch pins, compilers, family dictionary digests, the reasons of
-//! skipped targets) are written once in the file's meta as its vocabulary and named by their
-//! position.
+//! skipped targets, the folders of include graphs' files) are written once, as the file's
+//! vocabulary, and named by their position. The vocabulary is its word count, then each word
+//! as a digest (a family's digest takes 33 bytes): an open indexes it in one pass and decodes
+//! only the words a record names.
 //!
 //! ```text
 //! load record    recipe        u8 0 | 1, then source, include-dir count, include dirs
@@ -25,7 +27,8 @@
 //!                value), flags, nvcc flags, nvrtc flags,
 //!                C++ standard, preamble, targets (count, then arch, defines, flags, nvcc
 //!                flags, nvrtc flags)
-//! graph record   count, then (stable path, digest): the kernel's include graph
+//! graph record   count, then (folder: 0 none | 1 + vocabulary id, then the rest of the stable
+//!                path after the folder's `/`; digest): the kernel's include graph
 //! ```
 //!
 //! The reader takes every count, length and id as untrusted: nothing is reserved from a
@@ -33,6 +36,7 @@
 //! record must be read to its last byte. The records it returns are checked as `index.json`'s
 //! are ([`crate::untrusted::check_kernel`]) by the caller.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::bundle::artifact_path;
@@ -76,14 +80,26 @@ impl Vocabulary {
                 // shared by thousands of kernels.
                 words.insert(skip.reason.clone());
             }
+            // An include graph's files sit in a few folders (every one of FlashInfer's 15,970
+            // cubins in one of four).
+            for stable in record.inputs.files.keys() {
+                if let Some((folder, _)) = stable.rsplit_once('/') {
+                    words.insert(folder.to_owned());
+                }
+            }
         }
         let ids = words.into_iter().zip(0..).collect();
         Vocabulary { ids }
     }
 
-    /// The words, in id order, as the meta stores them.
-    pub fn words(&self) -> Vec<String> {
-        self.ids.keys().cloned().collect()
+    /// The words, in id order, as the file stores them.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Out::default();
+        out.number(self.ids.len() as u64);
+        for word in self.ids.keys() {
+            out.digest(word);
+        }
+        out.0
     }
 
     fn id(&self, word: &str) -> u64 {
@@ -298,14 +314,117 @@ pub(super) fn encode_inputs(record: &KernelRecord) -> Vec<u8> {
 }
 
 /// The graph record of an include graph (`KernelInputs::files`).
-pub(super) fn encode_graph(files: &BTreeMap<String, String>) -> Vec<u8> {
+pub(super) fn encode_graph(files: &BTreeMap<String, String>, words: &Vocabulary) -> Vec<u8> {
     let mut out = Out::default();
     out.number(files.len() as u64);
     for (stable, digest) in files {
-        out.text(stable);
+        match stable.rsplit_once('/') {
+            None => {
+                out.number(0);
+                out.text(stable);
+            }
+            Some((folder, name)) => {
+                out.number(1 + words.id(folder));
+                out.text(name);
+            }
+        }
         out.digest(digest);
     }
     out.0
+}
+
+/// The vocabulary of an open file: its bytes and where each word lies. A word is decoded
+/// when a record names it, so an open costs one pass over the words however many families a
+/// library has.
+#[derive(Debug, Default)]
+pub(super) struct Words {
+    bytes: Vec<u8>,
+    /// Each word's span in `bytes`, and whether it is a digest's 32 bytes (else UTF-8 text).
+    spans: Vec<(u32, u32, bool)>,
+}
+
+impl Words {
+    /// Indexes a vocabulary as [`Vocabulary::encode`] writes it, checking every word: a
+    /// digest's 32 bytes or UTF-8 text, and nothing past the last word.
+    pub fn read(bytes: Vec<u8>) -> Read<Words> {
+        let mut input = In::new(&bytes);
+        let count = input.count()?;
+        let mut spans = Vec::with_capacity(count as usize);
+        for _ in 0..count {
+            let text = input.flag()?;
+            let length = if text { input.number()? } else { 32 };
+            let start = input.at as u32;
+            let word = input.take(length)?;
+            if text && std::str::from_utf8(word).is_err() {
+                return Err(format!(
+                    "has a word that is not UTF-8 before byte {}",
+                    input.at
+                ));
+            }
+            spans.push((start, input.at as u32, !text));
+        }
+        input.end()?;
+        Ok(Words { bytes, spans })
+    }
+
+    pub fn len(&self) -> usize {
+        self.spans.len()
+    }
+
+    /// Word `id` as stored: its text, or a digest's 32 bytes; `None` past the vocabulary.
+    fn stored(&self, id: u64) -> Option<Result<&str, &[u8]>> {
+        let &(start, end, digest) = self.spans.get(usize::try_from(id).ok()?)?;
+        let bytes = &self.bytes[start as usize..end as usize];
+        // Text was checked to be UTF-8 when the vocabulary was read.
+        Some(if digest {
+            Err(bytes)
+        } else {
+            Ok(std::str::from_utf8(bytes).ok()?)
+        })
+    }
+
+    /// Word `id`, or `None` past the vocabulary.
+    pub fn get(&self, id: u64) -> Option<Cow<'_, str>> {
+        Some(match self.stored(id)? {
+            Ok(text) => Cow::Borrowed(text),
+            Err(raw) => Cow::Owned(hex_digest(raw)),
+        })
+    }
+
+    /// Whether `word` is one of the words, which the writer sorts; `false` for a crafted,
+    /// unsorted vocabulary. Allocates nothing.
+    pub fn contains(&self, word: &str) -> bool {
+        let (mut low, mut high) = (0, self.spans.len());
+        let mut hex = [0u8; 64];
+        while low < high {
+            let middle = low + (high - low) / 2;
+            let found = match self.stored(middle as u64) {
+                None => return false,
+                Some(Ok(text)) => text.as_bytes(),
+                Some(Err(raw)) => {
+                    hex::encode_to_slice(raw, &mut hex).expect("64 digits for 32 bytes");
+                    &hex[..]
+                }
+            };
+            match found.cmp(word.as_bytes()) {
+                std::cmp::Ordering::Less => low = middle + 1,
+                std::cmp::Ordering::Greater => high = middle,
+                std::cmp::Ordering::Equal => return true,
+            }
+        }
+        false
+    }
+}
+
+/// A digest's 32 bytes as 64 lowercase hex digits: on the stack, then one allocation (a
+/// `format!` per byte, or `hex::encode`'s per-character pushes, cost more than the rest of a
+/// record).
+fn hex_digest(raw: &[u8]) -> String {
+    let mut text = [0u8; 64];
+    hex::encode_to_slice(raw, &mut text).expect("64 digits for 32 bytes");
+    std::str::from_utf8(&text)
+        .expect("hex digits are ASCII")
+        .to_owned()
 }
 
 /// Bytes being read; every failure is a short reason.
@@ -406,25 +525,17 @@ impl<'a> In<'a> {
         if self.flag()? {
             return self.text();
         }
-        let raw = self.take(32)?;
-        // Hex on the stack, one allocation: a `format!` per byte cost more than the rest of
-        // the record.
-        let mut text = [0u8; 64];
-        hex::encode_to_slice(raw, &mut text).map_err(|error| error.to_string())?;
-        Ok(std::str::from_utf8(&text)
-            .expect("hex digits are ASCII")
-            .to_owned())
+        Ok(hex_digest(self.take(32)?))
     }
 
-    fn word<'w>(&mut self, words: &'w [String]) -> Read<&'w str> {
+    fn word<'w>(&mut self, words: &'w Words) -> Read<Cow<'w, str>> {
         let id = self.number()?;
         words
-            .get(usize::try_from(id).unwrap_or(usize::MAX))
-            .map(String::as_str)
+            .get(id)
             .ok_or_else(|| format!("names word {id} of a vocabulary of {}", words.len()))
     }
 
-    fn parsed<T: std::str::FromStr>(&mut self, words: &[String]) -> Read<T> {
+    fn parsed<T: std::str::FromStr>(&mut self, words: &Words) -> Read<T> {
         let word = self.word(words)?;
         word.parse()
             .map_err(|_| format!("names `{word}` where an arch or a CUDA build goes"))
@@ -451,7 +562,7 @@ fn names_budget(record: &[u8]) -> u64 {
 }
 
 /// Reads a load record.
-pub(super) fn decode_load(bytes: &[u8], words: &[String]) -> Read<Load> {
+pub(super) fn decode_load(bytes: &[u8], words: &Words) -> Read<Load> {
     let budget = names_budget(bytes);
     let mut input = In::new(bytes);
     let recipe = if input.flag()? {
@@ -534,10 +645,10 @@ pub(super) fn decode_load(bytes: &[u8], words: &[String]) -> Read<Load> {
     for _ in 0..input.count()? {
         let arch = input.parsed(words)?;
         let cuda = input.parsed(words)?;
-        let torch = input.word(words)?.to_owned();
+        let torch = input.word(words)?.into_owned();
         let compiler = CompilerRecord {
-            kind: input.word(words)?.to_owned(),
-            version: input.word(words)?.to_owned(),
+            kind: input.word(words)?.into_owned(),
+            version: input.word(words)?.into_owned(),
         };
         let key = input.digest()?;
         let digest = input.digest()?;
@@ -557,9 +668,9 @@ pub(super) fn decode_load(bytes: &[u8], words: &[String]) -> Read<Load> {
             0 => None,
             id => Some(
                 words
-                    .get(usize::try_from(id - 1).unwrap_or(usize::MAX))
+                    .get(id - 1)
                     .ok_or_else(|| format!("names dictionary {id} of {}", words.len()))?
-                    .clone(),
+                    .into_owned(),
             ),
         };
         let set = input.number()?;
@@ -594,7 +705,7 @@ pub(super) fn decode_load(bytes: &[u8], words: &[String]) -> Read<Load> {
         skipped.push(Skip {
             arch: input.parsed(words)?,
             cuda: input.parsed(words)?,
-            reason: input.word(words)?.to_owned(),
+            reason: input.word(words)?.into_owned(),
         });
     }
     input.end()?;
@@ -658,11 +769,19 @@ pub(super) fn decode_inputs(bytes: &[u8], load: &Load) -> Read<KernelInputs> {
 }
 
 /// Reads a graph record.
-pub(super) fn decode_graph(bytes: &[u8]) -> Read<BTreeMap<String, String>> {
+pub(super) fn decode_graph(bytes: &[u8], words: &Words) -> Read<BTreeMap<String, String>> {
     let mut input = In::new(bytes);
     let mut files = BTreeMap::new();
     for _ in 0..input.count()? {
-        let stable = input.text()?;
+        let stable = match input.number()? {
+            0 => input.text()?,
+            id => {
+                let folder = words
+                    .get(id - 1)
+                    .ok_or_else(|| format!("names folder {id} of {}", words.len()))?;
+                format!("{folder}/{}", input.text()?)
+            }
+        };
         let digest = input.digest()?;
         if files.insert(stable, digest).is_some() {
             return Err("names a file twice".to_owned());
