@@ -93,6 +93,7 @@ const MAX_EXPANDED: u64 = 8 * MAX_INDEX_SIZE;
 
 /// Everything of the index but its kernels.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Meta {
     /// The `format` of the index this was written from (`index.json`'s).
     pub format: u32,
@@ -1475,6 +1476,44 @@ mod tests {
             catalog.is_reference(folder),
             "a word, though no digest: harmless"
         );
+    }
+
+    /// A few bytes of a record name a word of up to the vocabulary's size: 2,000 files of one
+    /// 256 KiB folder (a 0.3 MB file) decoded to 0.5 GB of paths, and skips that each name a
+    /// 256 KiB reason as much.
+    #[test]
+    fn records_that_copy_more_than_their_budget_of_vocabulary_words_are_refused() {
+        let folder = "d".repeat(256 << 10);
+        let mut graph = index(1);
+        let record = graph.kernels.values_mut().next().unwrap();
+        record.recipe = None;
+        record.inputs.files = (0..2000)
+            .map(|n| (format!("{folder}/{n}"), crate::key::sha256_hex(b"x")))
+            .collect();
+        let mut skips = index(1);
+        let record = skips.kernels.values_mut().next().unwrap();
+        let skip = Skip {
+            arch: "sm_90a".parse().unwrap(),
+            cuda: "cu129".parse().unwrap(),
+            reason: folder.clone(),
+        };
+        record.skipped = vec![skip; 2000];
+        for (case, index, read) in [
+            ("graph", graph, Lookup::inputs as fn(&Lookup, &str) -> _),
+            ("skips", skips, |lookup: &Lookup, kernel: &str| {
+                lookup.record(kernel).map(|record| record.map(|r| r.inputs))
+            }),
+        ] {
+            let (_dir, path) = written(&index);
+            assert!(std::fs::metadata(&path).unwrap().len() < 400_000, "{case}");
+            let lookup = Lookup::open(&path).unwrap();
+            let message = crate::error_chain(&read(&lookup, "k00000").unwrap_err());
+            assert!(message.contains("k00000"), "{case}: {message}");
+            assert!(
+                message.contains("bytes of vocabulary words"),
+                "{case}: {message}"
+            );
+        }
     }
 
     #[test]

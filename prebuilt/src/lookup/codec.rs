@@ -349,7 +349,8 @@ impl Words {
     pub fn read(bytes: Vec<u8>) -> Read<Words> {
         let mut input = In::new(&bytes);
         let count = input.count()?;
-        let mut spans = Vec::with_capacity(count as usize);
+        // A word takes at least two bytes: nothing reserved past what the section can hold.
+        let mut spans = Vec::with_capacity(count.min(bytes.len() as u64 / 2) as usize);
         for _ in 0..count {
             let text = input.flag()?;
             let length = if text { input.number()? } else { 32 };
@@ -431,13 +432,20 @@ fn hex_digest(raw: &[u8]) -> String {
 struct In<'a> {
     bytes: &'a [u8],
     at: usize,
+    /// Bytes of vocabulary words the record may still copy out (a few bytes of the record
+    /// name a word of up to the vocabulary's size): [`names_budget`] of the record.
+    words_left: u64,
 }
 
 type Read<T> = Result<T, String>;
 
 impl<'a> In<'a> {
     fn new(bytes: &'a [u8]) -> In<'a> {
-        In { bytes, at: 0 }
+        In {
+            bytes,
+            at: 0,
+            words_left: names_budget(bytes),
+        }
     }
 
     fn byte(&mut self) -> Read<u8> {
@@ -530,9 +538,28 @@ impl<'a> In<'a> {
 
     fn word<'w>(&mut self, words: &'w Words) -> Read<Cow<'w, str>> {
         let id = self.number()?;
-        words
-            .get(id)
-            .ok_or_else(|| format!("names word {id} of a vocabulary of {}", words.len()))
+        self.copied(words.get(id), || {
+            format!("names word {id} of a vocabulary of {}", words.len())
+        })
+    }
+
+    /// `word`, a vocabulary word the record names (`missing` when it names none), charged to
+    /// what the record may copy out of the vocabulary.
+    fn copied<'w>(
+        &mut self,
+        word: Option<Cow<'w, str>>,
+        missing: impl FnOnce() -> String,
+    ) -> Read<Cow<'w, str>> {
+        let word = word.ok_or_else(missing)?;
+        let length = word.len() as u64;
+        if length > self.words_left {
+            return Err(format!(
+                "copies more than {} bytes of vocabulary words",
+                names_budget(self.bytes)
+            ));
+        }
+        self.words_left -= length;
+        Ok(word)
     }
 
     fn parsed<T: std::str::FromStr>(&mut self, words: &Words) -> Read<T> {
@@ -553,10 +580,11 @@ impl<'a> In<'a> {
     }
 }
 
-/// The most bytes a load record's function names may repeat from earlier ones, and the most
-/// its variants' copies of their function sets may hold, each: 1 MiB and 256 bytes per byte
-/// of the record. A kernel's entries, however long their C++ names, come to far less; a
-/// record cannot make reading it cost much more than its size.
+/// The most bytes a load record's function names may repeat from earlier ones, the most its
+/// variants' copies of their function sets may hold, and the most any record may copy out of
+/// the vocabulary (skip reasons, family digests, graph folders), each: 1 MiB and 256 bytes
+/// per byte of the record. A kernel's entries, however long their C++ names, come to far
+/// less; a record cannot make reading it cost much more than its size.
 fn names_budget(record: &[u8]) -> u64 {
     (1 << 20) + 256 * record.len() as u64
 }
@@ -667,9 +695,10 @@ pub(super) fn decode_load(bytes: &[u8], words: &Words) -> Read<Load> {
         let dictionary = match input.number()? {
             0 => None,
             id => Some(
-                words
-                    .get(id - 1)
-                    .ok_or_else(|| format!("names dictionary {id} of {}", words.len()))?
+                input
+                    .copied(words.get(id - 1), || {
+                        format!("names dictionary {id} of {}", words.len())
+                    })?
                     .into_owned(),
             ),
         };
@@ -776,9 +805,9 @@ pub(super) fn decode_graph(bytes: &[u8], words: &Words) -> Read<BTreeMap<String,
         let stable = match input.number()? {
             0 => input.text()?,
             id => {
-                let folder = words
-                    .get(id - 1)
-                    .ok_or_else(|| format!("names folder {id} of {}", words.len()))?;
+                let folder = input.copied(words.get(id - 1), || {
+                    format!("names folder {id} of {}", words.len())
+                })?;
                 format!("{folder}/{}", input.text()?)
             }
         };
