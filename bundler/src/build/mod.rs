@@ -28,7 +28,7 @@
 mod plan;
 mod run;
 
-use plan::{plan_job, select_kernels, Job, Work};
+use plan::{plan_job, select_kernels, Job, Work, DECLARED};
 pub use plan::{plan_kernel, target_key, target_keys, PlannedKernel, TargetKey};
 use run::{describe, index_reason, run_jobs, stub_reason};
 
@@ -129,6 +129,46 @@ impl BuildToolchain {
     ) -> CompilerRecord {
         self.compiler_for_kernel(manifest, spec, kernel).record()
     }
+}
+
+/// What to print of the targets the manifest leaves out of kernels (`declared`: kernel,
+/// arch, build, reason): each one when they are few, else how many each reason leaves out,
+/// with the first it does.
+fn declared_lines<'a>(
+    declared: &[(usize, Arch, CudaBuild, String)],
+    name: impl Fn(usize) -> &'a str,
+) -> Vec<String> {
+    const LISTED: usize = 20;
+    if declared.len() <= LISTED {
+        return declared
+            .iter()
+            .map(|(index, arch, build, reason)| {
+                format!("skipping `{}` for {arch} ({build}): {reason}", name(*index))
+            })
+            .collect();
+    }
+    let mut by_reason: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
+    for (at, (.., reason)) in declared.iter().enumerate() {
+        by_reason.entry(reason).or_insert((0, at)).0 += 1;
+    }
+    let mut reasons: Vec<_> = by_reason.into_iter().collect();
+    reasons.sort_by_key(|(_, (count, first))| (std::cmp::Reverse(*count), *first));
+    let mut lines = vec![format!(
+        "skipping {} targets the manifest leaves out of kernels (the index records each), by \
+         reason:",
+        declared.len()
+    )];
+    for (reason, (count, first)) in reasons.iter().take(LISTED) {
+        let (index, arch, build, _) = &declared[*first];
+        lines.push(format!(
+            "  {count} × {reason} (first: `{}` for {arch} ({build}))",
+            name(*index)
+        ));
+    }
+    if reasons.len() > LISTED {
+        lines.push(format!("  and {} more reasons", reasons.len() - LISTED));
+    }
+    lines
 }
 
 /// The index's record of a compiler.
@@ -265,6 +305,9 @@ pub fn bundle_kernels_shared(
     let mut jobs = Vec::new();
     let mut skipped_count = 0;
     let mut skipped: BTreeMap<usize, Vec<Skip>> = BTreeMap::new();
+    // Targets the manifest itself leaves out of a kernel: listed when few, else summed up by
+    // reason (FlashInfer's 15,970 cubins each leave out three).
+    let mut declared = Vec::new();
     for (index, kernel) in kernels.iter().enumerate() {
         let spec = &manifest.kernels[&kernel.name];
         for &build in &manifest.library.cuda_builds {
@@ -290,7 +333,11 @@ pub fn bundle_kernels_shared(
                                 reason,
                             });
                         }
-                        eprintln!("skipping `{}` for {arch} ({build}): {reason}", kernel.name);
+                        if reason.starts_with(DECLARED) {
+                            declared.push((index, arch, build, reason.clone()));
+                        } else {
+                            eprintln!("skipping `{}` for {arch} ({build}): {reason}", kernel.name);
+                        }
                         skipped.entry(index).or_default().push(Skip {
                             arch,
                             cuda: build,
@@ -300,6 +347,10 @@ pub fn bundle_kernels_shared(
                 }
             }
         }
+    }
+
+    for line in declared_lines(&declared, |index| &kernels[index].name) {
+        eprintln!("{line}");
     }
 
     let mut cache = BuildCache::new(&options.cache_dir);
@@ -501,4 +552,54 @@ pub fn bundle_kernels_shared(
         written,
         elapsed: started.elapsed(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn declared_skips_are_listed_when_few_and_summed_up_by_reason_when_many() {
+        let names: Vec<String> = (0..3000).map(|n| format!("k{n:05}")).collect();
+        let (sm_100, sm_100a): (Arch, Arch) =
+            ("sm_100".parse().unwrap(), "sm_100a".parse().unwrap());
+        let cu130: CudaBuild = "cu130".parse().unwrap();
+        let only = |arch: &str| format!("{DECLARED}the kernel targets only {arch}");
+        let few = [(7, sm_100, cu130, only("sm_100f"))];
+        assert_eq!(
+            declared_lines(&few, |index| &names[index]),
+            ["skipping `k00007` for sm_100 (cu130): declared: the kernel targets only sm_100f"]
+        );
+        // FlashInfer's shape: thousands of kernels, each leaving out targets for a few reasons.
+        let mut many = Vec::new();
+        for index in 0..3000 {
+            many.push((index, sm_100, cu130, only("sm_100f")));
+            if index % 3 == 0 {
+                many.push((index, sm_100a, cu130, only("sm_103a")));
+            }
+        }
+        // And 30 reasons of one kernel each: the 20 most common are shown.
+        for index in 0..30 {
+            many.push((index, sm_100a, cu130, only(&format!("sm_{index}"))));
+        }
+        let lines = declared_lines(&many, |index| &names[index]);
+        assert_eq!(lines.len(), 1 + 20 + 1, "{lines:#?}");
+        assert_eq!(
+            lines[0],
+            "skipping 4030 targets the manifest leaves out of kernels (the index records each), \
+             by reason:"
+        );
+        assert_eq!(
+            lines[1],
+            "  3000 × declared: the kernel targets only sm_100f (first: `k00000` for sm_100 \
+             (cu130))"
+        );
+        assert_eq!(
+            lines[2],
+            "  1000 × declared: the kernel targets only sm_103a (first: `k00000` for sm_100a \
+             (cu130))"
+        );
+        assert!(lines[3].starts_with("  1 × declared: the kernel targets only sm_0 "));
+        assert_eq!(lines[21], "  and 12 more reasons");
+    }
 }

@@ -4,6 +4,9 @@
 use super::*;
 use prebuilt::compile::{precompiled_record, SourceTree};
 
+/// How the reason of a target the manifest leaves out of a kernel begins.
+pub(super) const DECLARED: &str = "declared: ";
+
 /// A kernel's planned inputs, shared by its jobs.
 pub struct PlannedKernel {
     /// The kernel's name.
@@ -249,7 +252,7 @@ pub(super) fn plan_job(
             .map(ToString::to_string)
             .collect();
         return Err(format!(
-            "declared: the kernel builds only with {}",
+            "{DECLARED}the kernel builds only with {}",
             list.join(", ")
         ));
     }
@@ -257,7 +260,7 @@ pub(super) fn plan_job(
         if !narrowed.contains(&arch) {
             let list: Vec<String> = narrowed.iter().map(ToString::to_string).collect();
             return Err(format!(
-                "declared: the kernel targets only {}",
+                "{DECLARED}the kernel targets only {}",
                 list.join(", ")
             ));
         }
