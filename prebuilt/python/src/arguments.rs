@@ -289,6 +289,12 @@ pub(crate) fn stream_handle(
 }
 
 fn torch_current_stream(py: Python<'_>, device: u32) -> PyResult<u64> {
+    // Once torch has started CUDA (which a process does not undo), the launch asks torch's
+    // raw current stream and nothing else: a launch after the first pays one call.
+    static RAW_STREAM: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    if let Some(raw) = RAW_STREAM.get(py) {
+        return raw.bind(py).call1((device,))?.extract();
+    }
     // `sys.modules` is one dict for the life of the interpreter; looking it up once saves an
     // import per launch.
     static MODULES: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
@@ -308,7 +314,11 @@ fn torch_current_stream(py: Python<'_>, device: u32) -> PyResult<u64> {
     // torch lacks it.
     let raw = torch.getattr("_C")?.getattr("_cuda_getCurrentRawStream");
     match raw {
-        Ok(raw) => raw.call1((device,))?.extract(),
+        Ok(raw) => {
+            let stream = raw.call1((device,))?.extract();
+            let _ = RAW_STREAM.set(py, raw.unbind());
+            stream
+        }
         Err(_) => cuda
             .call_method1("current_stream", (device,))?
             .getattr("cuda_stream")?
