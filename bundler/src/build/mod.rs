@@ -131,25 +131,31 @@ impl BuildToolchain {
     }
 }
 
-/// What to print of the targets the manifest leaves out of kernels (`declared`: kernel,
-/// arch, build, reason): each one when they are few, else how many each reason leaves out,
-/// with the first it does.
+/// What to print of the targets the manifest leaves out of kernels (the skips, by kernel,
+/// whose reason is [`DECLARED`]): each one when they are few, else how many each reason
+/// leaves out, with the first it does.
 fn declared_lines<'a>(
-    declared: &[(usize, Arch, CudaBuild, String)],
+    skipped: &BTreeMap<usize, Vec<Skip>>,
     name: impl Fn(usize) -> &'a str,
 ) -> Vec<String> {
     const LISTED: usize = 20;
+    let declared: Vec<(usize, &Skip)> = skipped
+        .iter()
+        .flat_map(|(&index, skips)| skips.iter().map(move |skip| (index, skip)))
+        .filter(|(_, skip)| skip.reason.starts_with(DECLARED))
+        .collect();
     if declared.len() <= LISTED {
         return declared
             .iter()
-            .map(|(index, arch, build, reason)| {
+            .map(|(index, skip)| {
+                let (arch, build, reason) = (skip.arch, skip.cuda, &skip.reason);
                 format!("skipping `{}` for {arch} ({build}): {reason}", name(*index))
             })
             .collect();
     }
     let mut by_reason: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
-    for (at, (.., reason)) in declared.iter().enumerate() {
-        by_reason.entry(reason).or_insert((0, at)).0 += 1;
+    for (at, (_, skip)) in declared.iter().enumerate() {
+        by_reason.entry(&skip.reason).or_insert((0, at)).0 += 1;
     }
     let mut reasons: Vec<_> = by_reason.into_iter().collect();
     reasons.sort_by_key(|(_, (count, first))| (std::cmp::Reverse(*count), *first));
@@ -159,10 +165,11 @@ fn declared_lines<'a>(
         declared.len()
     )];
     for (reason, (count, first)) in reasons.iter().take(LISTED) {
-        let (index, arch, build, _) = &declared[*first];
+        let (index, skip) = declared[*first];
+        let (arch, build) = (skip.arch, skip.cuda);
         lines.push(format!(
             "  {count} × {reason} (first: `{}` for {arch} ({build}))",
-            name(*index)
+            name(index)
         ));
     }
     if reasons.len() > LISTED {
@@ -305,9 +312,6 @@ pub fn bundle_kernels_shared(
     let mut jobs = Vec::new();
     let mut skipped_count = 0;
     let mut skipped: BTreeMap<usize, Vec<Skip>> = BTreeMap::new();
-    // Targets the manifest itself leaves out of a kernel: listed when few, else summed up by
-    // reason (FlashInfer's 15,970 cubins each leave out three).
-    let mut declared = Vec::new();
     for (index, kernel) in kernels.iter().enumerate() {
         let spec = &manifest.kernels[&kernel.name];
         for &build in &manifest.library.cuda_builds {
@@ -333,9 +337,10 @@ pub fn bundle_kernels_shared(
                                 reason,
                             });
                         }
-                        if reason.starts_with(DECLARED) {
-                            declared.push((index, arch, build, reason.clone()));
-                        } else {
+                        // Targets the manifest itself leaves out are printed after the loop:
+                        // listed when few, else summed up by reason (FlashInfer's 15,970 cubins
+                        // each leave out three).
+                        if !reason.starts_with(DECLARED) {
                             eprintln!("skipping `{}` for {arch} ({build}): {reason}", kernel.name);
                         }
                         skipped.entry(index).or_default().push(Skip {
@@ -349,7 +354,7 @@ pub fn bundle_kernels_shared(
         }
     }
 
-    for line in declared_lines(&declared, |index| &kernels[index].name) {
+    for line in declared_lines(&skipped, |index| &kernels[index].name) {
         eprintln!("{line}");
     }
 
@@ -565,22 +570,31 @@ mod tests {
             ("sm_100".parse().unwrap(), "sm_100a".parse().unwrap());
         let cu130: CudaBuild = "cu130".parse().unwrap();
         let only = |arch: &str| format!("{DECLARED}the kernel targets only {arch}");
-        let few = [(7, sm_100, cu130, only("sm_100f"))];
+        let skip = |arch: Arch, reason: String| Skip {
+            arch,
+            cuda: cu130,
+            reason,
+        };
+        // A skip of another kind is printed where it happens, not here.
+        let failed = skip(sm_100a, "failed: nvcc exited with 1".into());
+        let few = BTreeMap::from([(7, vec![skip(sm_100, only("sm_100f")), failed])]);
         assert_eq!(
             declared_lines(&few, |index| &names[index]),
             ["skipping `k00007` for sm_100 (cu130): declared: the kernel targets only sm_100f"]
         );
         // FlashInfer's shape: thousands of kernels, each leaving out targets for a few reasons.
-        let mut many = Vec::new();
+        let mut many: BTreeMap<usize, Vec<Skip>> = BTreeMap::new();
         for index in 0..3000 {
-            many.push((index, sm_100, cu130, only("sm_100f")));
+            let skips = many.entry(index).or_default();
+            skips.push(skip(sm_100, only("sm_100f")));
             if index % 3 == 0 {
-                many.push((index, sm_100a, cu130, only("sm_103a")));
+                skips.push(skip(sm_100a, only("sm_103a")));
             }
         }
         // And 30 reasons of one kernel each: the 20 most common are shown.
         for index in 0..30 {
-            many.push((index, sm_100a, cu130, only(&format!("sm_{index}"))));
+            let reason = only(&format!("sm_{index}"));
+            many.get_mut(&index).unwrap().push(skip(sm_100a, reason));
         }
         let lines = declared_lines(&many, |index| &names[index]);
         assert_eq!(lines.len(), 1 + 20 + 1, "{lines:#?}");

@@ -64,7 +64,7 @@ impl Vocabulary {
 /// The vocabulary of an open file: its bytes and where each word lies. A word is decoded
 /// when a record names it, so an open costs one pass over the words however many families a
 /// library has.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(in crate::lookup) struct Words {
     bytes: Vec<u8>,
     /// Each word's span in `bytes`, and whether it is a digest's 32 bytes (else UTF-8 text).
