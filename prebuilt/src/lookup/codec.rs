@@ -282,15 +282,20 @@ pub(super) fn encode_graph(files: &BTreeMap<String, String>, words: &Vocabulary)
     out.0
 }
 
-/// A digest's 32 bytes as 64 lowercase hex digits: on the stack, then one allocation (a
-/// `format!` per byte, or `hex::encode`'s per-character pushes, cost more than the rest of a
-/// record).
+/// A digest's 32 bytes as 64 lowercase hex digits, then one allocation (a `format!` per byte,
+/// or `hex::encode`'s per-character pushes, cost more than the rest of a record).
 fn hex_digest(raw: &[u8]) -> String {
-    let mut text = [0u8; 64];
-    hex::encode_to_slice(raw, &mut text).expect("64 digits for 32 bytes");
+    let text = hex_on_stack(raw);
     std::str::from_utf8(&text)
         .expect("hex digits are ASCII")
         .to_owned()
+}
+
+/// A digest's 32 bytes as 64 lowercase hex digits, on the stack.
+fn hex_on_stack(raw: &[u8]) -> [u8; 64] {
+    let mut text = [0u8; 64];
+    hex::encode_to_slice(raw, &mut text).expect("64 digits for 32 bytes");
+    text
 }
 
 /// Bytes being read; every failure is a short reason.

@@ -4,7 +4,7 @@
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{hex_digest, In, Out, Read};
+use super::{hex_digest, hex_on_stack, In, Out, Read};
 use crate::index::KernelRecord;
 
 /// The strings the records name by position: collected from the whole index, sorted, so the
@@ -124,14 +124,14 @@ impl Words {
     /// unsorted vocabulary. Allocates nothing.
     pub fn contains(&self, word: &str) -> bool {
         let (mut low, mut high) = (0, self.spans.len());
-        let mut hex = [0u8; 64];
+        let mut hex;
         while low < high {
             let middle = low + (high - low) / 2;
             let found = match self.stored(middle as u64) {
                 None => return false,
                 Some(Ok(text)) => text.as_bytes(),
                 Some(Err(raw)) => {
-                    hex::encode_to_slice(raw, &mut hex).expect("64 digits for 32 bytes");
+                    hex = hex_on_stack(raw);
                     &hex[..]
                 }
             };
