@@ -133,14 +133,19 @@ pub(crate) fn read_prefix_from(
 
 /// Opens the regular file at `relative` under `root` and gives its path and size, refused as
 /// [`resolve_inside`] and [`open_regular_file`](crate::untrusted::open_regular_file) refuse
-/// (a link leading out first), in one `stat` (a FIFO is never opened), `open`, `fstat` and the
-/// opened file's own path from `/proc/self/fd`: when that is the path asked for, no link is
-/// on the way; else [`resolve_inside`] decides.
+/// (a link leading out first). Where no symbolic link is on the whole path, that is one
+/// `openat2` that follows none and one `fstat` ([`open_without_links`]); else one `stat` (a
+/// FIFO is never opened), `open`, `fstat` and the opened file's own path from
+/// `/proc/self/fd`: when that is the path asked for, no link is on the way; else
+/// [`resolve_inside`] decides.
 pub(crate) fn open_inside(
     root: &Path,
     relative: &ArtifactPath,
 ) -> Result<(PathBuf, std::fs::File, u64), BundleError> {
     let path = relative.join_to(root);
+    if let Some((file, size)) = open_without_links(&path) {
+        return Ok((path, file, size));
+    }
     let read_error = |source| BundleError::Read {
         path: path.clone(),
         source,
@@ -170,6 +175,29 @@ pub(crate) fn open_inside(
         inside()?;
     }
     Ok((path, file, size))
+}
+
+/// The regular file at `path` and its size, opened by an `openat2` that refuses every
+/// symbolic link on the way (so a path joined from a bundle root and a checked relative path
+/// stays inside the root) and does not wait on a FIFO, then checked by `fstat`. `None` for
+/// anything else (a link on the way, a file that is not there or not regular, a kernel
+/// without `openat2`): [`open_inside`]'s full checks then decide, and name the refusal.
+fn open_without_links(path: &Path) -> Option<(std::fs::File, u64)> {
+    #[cfg(target_os = "linux")]
+    {
+        use rustix::fs::{Mode, OFlags, ResolveFlags, CWD};
+        let flags = OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NONBLOCK | OFlags::NOCTTY;
+        let fd =
+            rustix::fs::openat2(CWD, path, flags, Mode::empty(), ResolveFlags::NO_SYMLINKS).ok()?;
+        let file = std::fs::File::from(fd);
+        let metadata = file.metadata().ok()?;
+        metadata.is_file().then_some((file, metadata.len()))
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = path;
+        None
+    }
 }
 
 /// Whether `file` is the file at `path` itself, reached without a symbolic link: the kernel's
@@ -253,4 +281,57 @@ pub(super) fn decompress_declared(
     })
     .ok()?;
     (decoded as u64 == declared).then_some(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The one-call open takes a plain regular file only; a link anywhere on the path (the
+    /// root's own included), a FIFO or a folder go to the full checks, which follow a link
+    /// that stays inside, refuse one that leads out, and never block on a FIFO.
+    #[test]
+    fn files_behind_links_or_not_regular_get_the_full_checks() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("bundle");
+        std::fs::create_dir_all(root.join("artifacts")).unwrap();
+        std::fs::write(root.join("artifacts/plain"), b"cubin").unwrap();
+        let plain = ArtifactPath::parse("artifacts/plain").unwrap();
+        assert_eq!(open_without_links(&plain.join_to(&root)).unwrap().1, 5);
+        assert_eq!(open_inside(&root, &plain).unwrap().2, 5);
+
+        // The root reached through a link: the full checks read it.
+        std::os::unix::fs::symlink(&root, dir.path().join("linked")).unwrap();
+        let linked = dir.path().join("linked");
+        assert!(open_without_links(&plain.join_to(&linked)).is_none());
+        assert_eq!(open_inside(&linked, &plain).unwrap().2, 5);
+
+        // A link inside that stays inside is followed; one that leads out is refused.
+        std::os::unix::fs::symlink("plain", root.join("artifacts/inside")).unwrap();
+        let inside = ArtifactPath::parse("artifacts/inside").unwrap();
+        assert!(open_without_links(&inside.join_to(&root)).is_none());
+        assert_eq!(open_inside(&root, &inside).unwrap().2, 5);
+        let outside = dir.path().join("outside");
+        std::fs::write(&outside, b"not the bundle's").unwrap();
+        std::os::unix::fs::symlink(&outside, root.join("artifacts/out")).unwrap();
+        let out = ArtifactPath::parse("artifacts/out").unwrap();
+        let message = crate::error_chain(&open_inside(&root, &out).unwrap_err());
+        assert!(message.contains("leads out of the bundle"), "{message}");
+
+        // A FIFO is opened without waiting for a writer, and refused; so is a folder.
+        let status = std::process::Command::new("mkfifo")
+            .arg(root.join("artifacts/fifo"))
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let fifo = ArtifactPath::parse("artifacts/fifo").unwrap();
+        assert!(open_without_links(&fifo.join_to(&root)).is_none());
+        let message = crate::error_chain(&open_inside(&root, &fifo).unwrap_err());
+        assert!(message.contains("not a regular file"), "{message}");
+        std::fs::create_dir(root.join("artifacts/folder")).unwrap();
+        let folder = ArtifactPath::parse("artifacts/folder").unwrap();
+        assert!(open_without_links(&folder.join_to(&root)).is_none());
+        let message = crate::error_chain(&open_inside(&root, &folder).unwrap_err());
+        assert!(message.contains("not a regular file"), "{message}");
+    }
 }
