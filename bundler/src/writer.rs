@@ -66,13 +66,10 @@ use vocabulary::{foreign_to, foreign_to_extraction, staging_leftover, vocabulary
 /// holds it is a killed run's, and may be removed.
 const STAGING_MARKER: &str = ".kwheel-staging";
 
-/// zstd level for plain frames (references among them): slow to write once, as fast as any
-/// level to read.
+/// zstd level of every frame, plain or against a reference: slow to write once, as fast as
+/// any level to read. Against a reference it writes frames 11 % smaller than level 9 in 2.8×
+/// the time (docs/benchmarks.md, "Frames against a reference at level 19").
 const LEVEL: i32 = 19;
-/// zstd level for frames against a reference in a streamed bundle: mostly long matches, which
-/// this level finds within about a tenth of level 19's size in a twelfth of its time
-/// (docs/benchmarks.md, "Production scale").
-const MEMBER_LEVEL: i32 = 9;
 /// Upper bound of the trained dictionary's size.
 const MAX_DICTIONARY: usize = 112 * 1024;
 
@@ -643,7 +640,7 @@ fn compress_bundle(
 ) -> Result<Compressed, Error> {
     let streamed = Settings {
         level: LEVEL,
-        member_level: MEMBER_LEVEL,
+        member_level: LEVEL,
         references: References::Cubins,
         compare_plain: false,
         jobs,
@@ -678,7 +675,6 @@ fn compress_bundle(
         .zip(samples.iter().copied())
         .collect();
     let exact = Settings {
-        member_level: LEVEL,
         compare_plain: true,
         ..streamed
     };
