@@ -77,8 +77,10 @@ pub const LOOKUP_FILE: &str = "kernels.idx";
 /// Format 1 held each kernel's records as JSON, key inputs included, once per kernel; format 2
 /// wrote each skipped target's reason out, each kernel's entries in its inputs record again,
 /// and every function name whole; format 3 kept the vocabulary in the JSON meta (an open
-/// parsed every family's digest) and wrote each include graph file's folder out.
-pub const LOOKUP_FORMAT: u32 = 4;
+/// parsed every family's digest) and wrote each include graph file's folder out; format 4
+/// wrote the first entry of each of a kernel's function sets out in full, most often a copy
+/// of the kernel's own name.
+pub const LOOKUP_FORMAT: u32 = 5;
 
 const MAGIC: &[u8; 8] = b"KWHEELIX";
 const HEADER_LEN: u64 = 80;
@@ -146,7 +148,7 @@ pub fn encode(index: &Index) -> Vec<u8> {
     let mut graphs: Vec<&BTreeMap<String, String>> = Vec::new();
     // `index.kernels` is a BTreeMap: its order is the byte order the reader searches in.
     for (name, record) in &index.kernels {
-        let load = codec::encode_load(record, &words);
+        let load = codec::encode_load(name, record, &words);
         let inputs = codec::encode_inputs(record);
         let graph = *graph_ids.entry(&record.inputs.files).or_insert_with(|| {
             graphs.push(&record.inputs.files);
@@ -588,7 +590,7 @@ impl Lookup {
         load: &[u8],
         inputs: Option<(&[u8], BTreeMap<String, String>)>,
     ) -> Result<KernelRecord, BundleError> {
-        let load = codec::decode_load(load, &self.words)
+        let load = codec::decode_load(kernel, load, &self.words)
             .map_err(|reason| self.bad_record(kernel, "load", reason))?;
         let inputs = match inputs {
             None => KernelInputs::default(),
@@ -877,6 +879,82 @@ mod tests {
         assert_eq!(
             lookup.names().unwrap(),
             index.kernels.keys().cloned().collect::<Vec<_>>()
+        );
+    }
+
+    /// A function set's first entry is written as a piece of its kernel's name where the two
+    /// share 4 bytes or more (an entry is mostly named after its kernel): a few bytes where
+    /// format 4 wrote the whole name. Every kind of name reads back the same, and a record
+    /// that takes more of the kernel's name than there is is refused.
+    #[test]
+    fn entries_named_after_their_kernel_cost_a_few_bytes_and_read_back_whole() {
+        let long = "Bfloat16_E2m1E2m1_Fp32_Ab16_Bb16_t128x128x128_s3_et128x128_m128x128x64";
+        let cases: Vec<(String, Vec<String>)> = vec![
+            // FlashInfer's shape: the kernel's name has a prefix, the entry another case.
+            (
+                format!("k00000_Gemm_{long}"),
+                vec![format!("gemm_{long}"), format!("gemm_{long}GetSmemSize")],
+            ),
+            (
+                "layernorm_bf16".to_owned(),
+                vec!["layernorm_bf16".to_owned()],
+            ),
+            ("swiglu".to_owned(), vec!["_Z6swigluPfS_i".to_owned()]),
+            // Nothing shared (under 4 bytes), names that are not ASCII.
+            (
+                "k2".to_owned(),
+                vec!["main".to_owned(), "é_k2_ü".to_owned()],
+            ),
+            (
+                "matmul_kernel".to_owned(),
+                vec!["ümatmul_kernelü".to_owned()],
+            ),
+            ("k3".to_owned(), vec!["ñandú_k3_ñ".to_owned()]),
+        ];
+        let mut bundle = index(0);
+        for (kernel, names) in &cases {
+            let mut record = index(1).kernels.remove("k00000").unwrap();
+            record.variants[0].functions = names
+                .iter()
+                .map(|name| crate::index::Function {
+                    name: name.clone(),
+                    symbol: name.clone(),
+                    param_sizes: vec![8, 960],
+                })
+                .collect();
+            bundle.kernels.insert(kernel.clone(), record);
+        }
+        let (_dir, path) = written(&bundle);
+        let lookup = Lookup::open(&path).unwrap();
+        for (kernel, record) in &bundle.kernels {
+            let found = lookup.record(kernel).unwrap().unwrap();
+            assert_eq!(found.variants, record.variants, "{kernel}");
+        }
+        let words = codec::Vocabulary::of(bundle.kernels.values());
+        let words_read = codec::Words::read(words.encode()).unwrap();
+        let (kernel, record) = bundle.kernels.iter().next().unwrap();
+        assert!(kernel.starts_with("k00000_Gemm_"));
+        let load = codec::encode_load(kernel, record, &words);
+        // The 75-byte first name in 5 bytes (the head `g`, an offset, a length, an empty
+        // tail) where a kernel named otherwise has it written out in 79 (its length, itself,
+        // and three bytes saying it takes nothing of the kernel's name).
+        let first = record.variants[0].functions[0].name.len();
+        assert_eq!(first, 75);
+        let apart = codec::encode_load("unrelated", record, &words);
+        assert_eq!(
+            apart.len() - load.len(),
+            79 - 5,
+            "{} vs {}",
+            apart.len(),
+            load.len()
+        );
+        assert!(codec::decode_load(kernel, &load, &words_read).is_ok());
+        let error = codec::decode_load("k00000_Gemm", &load, &words_read)
+            .err()
+            .unwrap();
+        assert!(
+            error.contains("of the kernel's name of 11 bytes"),
+            "{error}"
         );
     }
 
@@ -1631,7 +1709,7 @@ mod tests {
         );
         let record = &rich_index(1, 1).kernels["k00000"];
         let words = codec::Vocabulary::of(std::iter::once(record));
-        let load = codec::encode_load(record, &words);
+        let load = codec::encode_load("k00000", record, &words);
         let json = serde_json::to_vec(&record.variants).unwrap();
         assert!(
             load.len() * 2 < json.len(),
@@ -1662,11 +1740,11 @@ mod tests {
         let message = error.to_string();
         assert!(message.contains(LOOKUP_FILE), "{message}");
         assert!(message.contains("has format 1"), "{message}");
-        assert!(message.contains("reads format 4"), "{message}");
+        assert!(message.contains("reads format 5"), "{message}");
         // A newer one, even one too short for this format's header, is named by its format.
-        bytes[8..12].copy_from_slice(&5u32.to_le_bytes());
+        bytes[8..12].copy_from_slice(&6u32.to_le_bytes());
         let message = opened(&bytes[..12]).0.unwrap_err().to_string();
-        assert!(message.contains("has format 5"), "{message}");
+        assert!(message.contains("has format 6"), "{message}");
     }
 
     #[test]

@@ -14,9 +14,12 @@
 //! ```text
 //! load record    recipe        u8 0 | 1, then source, include-dir count, include dirs
 //!                constants     count, then (name, tag 0 int | 1 float | 2 bool | 3 string, value)
-//!                function sets count, then per set: count, then (name: the bytes it shares
-//!                              with the set's previous name, then the rest; symbol-is-name
-//!                              u8, [symbol], parameter count, parameter sizes)
+//!                function sets count, then per set: count, then (name; symbol-is-name
+//!                              u8, [symbol], parameter count, parameter sizes). A set's first
+//!                              name is a head, an offset and a length of the kernel's own
+//!                              name, and a tail (head + kernel[offset..][..length] + tail);
+//!                              each next one, the bytes it shares with the one before, then
+//!                              the rest
 //!                variants      count, then (arch, build, torch, compiler kind, compiler
 //!                              version: vocabulary ids; key, artifact digest: digests; size,
 //!                              stored size; path u8 0 canonical | 1 then the path; family
@@ -137,8 +140,41 @@ fn shared_prefix(previous: &str, name: &str) -> usize {
     shared
 }
 
-/// The load record of `record`.
-pub(super) fn encode_load(record: &KernelRecord, words: &Vocabulary) -> Vec<u8> {
+/// The longest run of bytes `name` and `kernel` share, as (where in `name`, where in
+/// `kernel`, length), cut to character boundaries; `None` below 4 bytes. A kernel's entry is
+/// mostly named after it (`layernorm_bf16`, FlashInfer's `gemm_Bfloat16_…` in kernel
+/// `k00000_Gemm_Bfloat16_…`): the record then holds the entry's name in a few bytes.
+fn shared_with_kernel(name: &str, kernel: &str) -> Option<(usize, usize, usize)> {
+    const SHORTEST: usize = 4;
+    let (name_bytes, kernel_bytes) = (name.as_bytes(), kernel.as_bytes());
+    // Quadratic in the two lengths: names past this are written out instead.
+    if name_bytes.len().saturating_mul(kernel_bytes.len()) > 1 << 20 {
+        return None;
+    }
+    let mut best = (0, 0, 0);
+    let mut previous = vec![0usize; kernel_bytes.len() + 1];
+    let mut row = vec![0usize; kernel_bytes.len() + 1];
+    for (i, a) in name_bytes.iter().enumerate() {
+        for (j, b) in kernel_bytes.iter().enumerate() {
+            row[j + 1] = if a == b { previous[j] + 1 } else { 0 };
+            if row[j + 1] > best.2 {
+                best = (i + 1 - row[j + 1], j + 1 - row[j + 1], row[j + 1]);
+            }
+        }
+        std::mem::swap(&mut previous, &mut row);
+    }
+    let (mut at, mut from, mut length) = best;
+    while length > 0 && !(name.is_char_boundary(at) && kernel.is_char_boundary(from)) {
+        (at, from, length) = (at + 1, from + 1, length - 1);
+    }
+    while length > 0 && !name.is_char_boundary(at + length) {
+        length -= 1;
+    }
+    (length >= SHORTEST).then_some((at, from, length))
+}
+
+/// The load record of kernel `kernel`'s `record`.
+pub(super) fn encode_load(kernel: &str, record: &KernelRecord, words: &Vocabulary) -> Vec<u8> {
     let mut out = Out::default();
     match &record.recipe {
         None => out.0.push(0),
@@ -177,13 +213,33 @@ pub(super) fn encode_load(record: &KernelRecord, words: &Vocabulary) -> Vec<u8> 
     out.number(sets.len() as u64);
     for set in &sets {
         out.number(set.len() as u64);
-        let mut previous = "";
+        let mut previous: Option<&str> = None;
         for function in set.iter() {
-            // Entries of one kernel mostly share a long prefix (`gemm_…`, `gemm_…GetSmemSize`).
-            let shared = shared_prefix(previous, &function.name);
-            out.number(shared as u64);
-            out.text(&function.name[shared..]);
-            previous = &function.name;
+            let name = function.name.as_str();
+            match previous {
+                None => match shared_with_kernel(name, kernel) {
+                    Some((at, from, length)) => {
+                        out.text(&name[..at]);
+                        out.number(from as u64);
+                        out.number(length as u64);
+                        out.text(&name[at + length..]);
+                    }
+                    None => {
+                        out.text(name);
+                        out.number(0);
+                        out.number(0);
+                        out.text("");
+                    }
+                },
+                // Entries of one kernel mostly share a long prefix (`gemm_…`,
+                // `gemm_…GetSmemSize`).
+                Some(previous) => {
+                    let shared = shared_prefix(previous, name);
+                    out.number(shared as u64);
+                    out.text(&name[shared..]);
+                }
+            }
+            previous = Some(name);
             if function.symbol == function.name {
                 out.0.push(1);
             } else {
@@ -459,8 +515,8 @@ fn names_budget(record: &[u8]) -> u64 {
     (1 << 20) + 256 * record.len() as u64
 }
 
-/// Reads a load record.
-pub(super) fn decode_load(bytes: &[u8], words: &Words) -> Read<Load> {
+/// Reads the load record of kernel `kernel`.
+pub(super) fn decode_load(kernel: &str, bytes: &[u8], words: &Words) -> Read<Load> {
     let budget = names_budget(bytes);
     let mut input = In::new(bytes);
     let recipe = if input.flag()? {
@@ -496,24 +552,44 @@ pub(super) fn decode_load(bytes: &[u8], words: &Words) -> Read<Load> {
     for _ in 0..input.count()? {
         let mut set: Vec<Function> = Vec::new();
         for _ in 0..input.count()? {
-            let previous = set.last().map_or("", |function| function.name.as_str());
-            let shared = input.number()?;
-            repeated = repeated.saturating_add(shared);
+            let name = match set.last() {
+                None => {
+                    let head = input.text()?;
+                    let (from, length) = (input.number()?, input.number()?);
+                    let piece = usize::try_from(from)
+                        .ok()
+                        .zip(usize::try_from(length).ok())
+                        .and_then(|(from, length)| kernel.get(from..from.checked_add(length)?))
+                        .ok_or_else(|| {
+                            format!(
+                                "takes {length} bytes at {from} of the kernel's name of {} bytes",
+                                kernel.len()
+                            )
+                        })?;
+                    repeated = repeated.saturating_add(length);
+                    format!("{head}{piece}{}", input.text()?)
+                }
+                Some(previous) => {
+                    let previous = previous.name.as_str();
+                    let shared = input.number()?;
+                    repeated = repeated.saturating_add(shared);
+                    let prefix = usize::try_from(shared)
+                        .ok()
+                        .and_then(|shared| previous.get(..shared))
+                        .ok_or_else(|| {
+                            format!(
+                                "shares {shared} bytes with a name of {} bytes",
+                                previous.len()
+                            )
+                        })?;
+                    format!("{prefix}{}", input.text()?)
+                }
+            };
             if repeated > budget {
                 return Err(format!(
                     "repeats more than {budget} bytes of its function names"
                 ));
             }
-            let prefix = usize::try_from(shared)
-                .ok()
-                .and_then(|shared| previous.get(..shared))
-                .ok_or_else(|| {
-                    format!(
-                        "shares {shared} bytes with a name of {} bytes",
-                        previous.len()
-                    )
-                })?;
-            let name = format!("{prefix}{}", input.text()?);
             let symbol = if input.flag()? {
                 name.clone()
             } else {
