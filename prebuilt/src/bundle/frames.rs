@@ -134,10 +134,11 @@ pub(crate) fn read_prefix_from(
 /// Opens the regular file at `relative` under `root` and gives its path and size, refused as
 /// [`resolve_inside`] and [`open_regular_file`](crate::untrusted::open_regular_file) refuse
 /// (a link leading out first). Where no symbolic link is on the whole path, that is one
-/// `openat2` that follows none and one `fstat` ([`open_without_links`]); else one `stat` (a
-/// FIFO is never opened), `open`, `fstat` and the opened file's own path from
-/// `/proc/self/fd`: when that is the path asked for, no link is on the way; else
-/// [`resolve_inside`] decides.
+/// `openat2` that follows none and one `fstat` ([`open_without_links`]); else one `stat`, an
+/// `open` that does not wait on a FIFO, `fstat` and the opened file's own path from
+/// `/proc/self/fd`: the file opened must lie inside the root. That is checked on the file
+/// opened, not on the path again, which a link swapped in between could send elsewhere; only
+/// where `/proc` cannot tell, [`resolve_inside`] decides.
 pub(crate) fn open_inside(
     root: &Path,
     relative: &ArtifactPath,
@@ -157,7 +158,7 @@ pub(crate) fn open_inside(
         if !metadata.is_file() {
             return Err(not_regular());
         }
-        let file = std::fs::File::open(&path)?;
+        let file = open_without_waiting(&path)?;
         let metadata = file.metadata()?;
         if !metadata.is_file() {
             return Err(not_regular());
@@ -171,10 +172,37 @@ pub(crate) fn open_inside(
             return Err(read_error(error));
         }
     };
-    if !opened_at(&file, &path) {
-        inside()?;
+    match opened_path(&file) {
+        Some(opened) if opened == path => {}
+        Some(opened) => {
+            let root = root.canonicalize().map_err(read_error)?;
+            if !opened.starts_with(&root) {
+                return Err(read_error(refusal(
+                    std::io::ErrorKind::InvalidInput,
+                    format!(
+                        "a symbolic link leads out of the bundle, to `{}`",
+                        opened.display()
+                    ),
+                )));
+            }
+        }
+        None => inside()?,
     }
     Ok((path, file, size))
+}
+
+/// Opens `path` for reading without waiting for a FIFO's writer (a FIFO swapped in after the
+/// `stat` is then refused by the `fstat` that follows).
+fn open_without_waiting(path: &Path) -> std::io::Result<std::fs::File> {
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        let flags = rustix::fs::OFlags::NONBLOCK | rustix::fs::OFlags::NOCTTY;
+        options.custom_flags(flags.bits() as i32);
+    }
+    options.open(path)
 }
 
 /// The regular file at `path` and its size, opened by an `openat2` that refuses every
@@ -200,19 +228,18 @@ fn open_without_links(path: &Path) -> Option<(std::fs::File, u64)> {
     }
 }
 
-/// Whether `file` is the file at `path` itself, reached without a symbolic link: the kernel's
-/// name for the open file equals the path asked for. `false` where that cannot be told.
-fn opened_at(file: &std::fs::File, path: &Path) -> bool {
+/// The path `file` was opened at as the kernel names it (`/proc/self/fd`): absolute, every
+/// link resolved. `None` where that cannot be told.
+fn opened_path(file: &std::fs::File) -> Option<PathBuf> {
     #[cfg(target_os = "linux")]
     {
         use std::os::fd::AsRawFd as _;
-        let link = format!("/proc/self/fd/{}", file.as_raw_fd());
-        std::fs::read_link(link).is_ok_and(|target| target == path)
+        std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd())).ok()
     }
     #[cfg(not(target_os = "linux"))]
     {
-        let _ = (file, path);
-        false
+        let _ = file;
+        None
     }
 }
 
