@@ -30,6 +30,7 @@ pub mod cache;
 pub mod compress;
 pub mod explain;
 pub mod manifest;
+mod progress;
 pub mod remote;
 pub mod shard;
 pub mod shard_file;

@@ -95,19 +95,22 @@ pub fn write_bundle(
         .iter()
         .map(|(digest, bytes)| (digest.as_str(), bytes.as_slice()))
         .collect();
-    write_bundle_streamed(out, index, &corpus, sources, jobs)
+    let shown = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    write_bundle_streamed(out, index, &corpus, sources, jobs, shown)
 }
 
-/// [`write_bundle`] of cubins read from `corpus` (by digest) as they are needed, with a
-/// progress bar: what `dev bundle-kernels` writes from its build cache, in bounded memory.
+/// [`write_bundle`] of cubins read from `corpus` (by digest) as they are needed, with its
+/// progress shown when `progress` (a bar on a terminal, else a line at each tenth of a long
+/// stage): what `dev bundle-kernels` writes from its build cache, in bounded memory.
 pub fn write_bundle_streamed(
     out: &Path,
     index: Index,
     corpus: &dyn Corpus,
     sources: &BTreeMap<String, PathBuf>,
     jobs: usize,
+    progress: bool,
 ) -> Result<(Index, WriteOutcome), Error> {
-    let bar = progress_bar(corpus.count());
+    let bar = crate::progress::Progress::new(corpus.count(), progress, "sketching cubins");
     let progress = |stage: Stage, done: usize, _of: usize| {
         if done == 1 {
             bar.set_message(match stage {
@@ -236,16 +239,6 @@ fn partitioned<'a>(index: &Index, cubins: &'a dyn Corpus) -> Partitioned<'a> {
         corpus: cubins,
         labels,
     }
-}
-
-/// The writer's bar on stderr (drawn only on a terminal) for `len` cubins.
-fn progress_bar(len: usize) -> indicatif::ProgressBar {
-    let bar = indicatif::ProgressBar::new(len as u64);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed}] {wide_msg}")
-            .expect("a valid template"),
-    );
-    bar
 }
 
 /// Fills a new directory through `fill` in a hidden sibling of `out`, then swaps it into

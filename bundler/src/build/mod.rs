@@ -542,7 +542,14 @@ pub fn bundle_kernels_shared(
             let written = write_shard(&options.out, shard, plan, &index, &cubins, &sources)?;
             (index, written)
         }
-        None => write_bundle_streamed(&options.out, index, &corpus, &sources, options.jobs)?,
+        None => write_bundle_streamed(
+            &options.out,
+            index,
+            &corpus,
+            &sources,
+            options.jobs,
+            options.progress,
+        )?,
     };
     Ok(BundleSummary {
         out: options.out.clone(),

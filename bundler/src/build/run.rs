@@ -35,7 +35,7 @@ pub(super) fn run_jobs(
     cache: &BuildCache,
     options: &BundleOptions,
 ) -> Result<Vec<Result<Outcome, Error>>, Error> {
-    let bar = progress_bar(jobs.len(), options.progress);
+    let bar = crate::progress::Progress::new(jobs.len(), options.progress, "targets");
     let stop = AtomicBool::new(false);
     // `par_bridge` hands the jobs out one at a time in plan order, so a stop leaves only later
     // jobs unstarted; each result goes back to its job's place.
@@ -56,7 +56,7 @@ pub(super) fn run_jobs(
                             stop.store(true, Ordering::Relaxed);
                         }
                     }
-                    bar.inc(1);
+                    bar.inc();
                     (n, Some(result))
                 })
                 .collect()
@@ -171,19 +171,6 @@ pub(super) fn index_reason(reason: &str) -> String {
     }
     kept.push_str(&reason[start..]);
     kept
-}
-
-pub(super) fn progress_bar(len: usize, enabled: bool) -> indicatif::ProgressBar {
-    if !enabled {
-        return indicatif::ProgressBar::hidden();
-    }
-    // indicatif draws nothing when stderr is not a terminal.
-    let bar = indicatif::ProgressBar::new(len as u64);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed}] {wide_msg}")
-            .expect("valid template"),
-    );
-    bar
 }
 
 /// Runs one job: its cubin from the caches or the compiler, checked, with the entries that
