@@ -456,18 +456,23 @@ pub fn resolve_inside(root: &Path, relative: &ArtifactPath) -> std::io::Result<P
     let Ok(resolved) = path.canonicalize() else {
         return Ok(path);
     };
-    let root = root.canonicalize()?;
-    if resolved.starts_with(&root) {
-        Ok(path)
-    } else {
-        Err(refusal(
-            std::io::ErrorKind::InvalidInput,
-            format!(
-                "a symbolic link leads out of the bundle, to `{}`",
-                resolved.display()
-            ),
-        ))
+    check_resolved_inside(root, &resolved)?;
+    Ok(path)
+}
+
+/// Refuses `resolved` (a path with every link resolved: a canonical path, or where the kernel
+/// says a file was opened) unless it lies inside `root`, as reached through its own links.
+pub(crate) fn check_resolved_inside(root: &Path, resolved: &Path) -> std::io::Result<()> {
+    if resolved.starts_with(root.canonicalize()?) {
+        return Ok(());
     }
+    Err(refusal(
+        std::io::ErrorKind::InvalidInput,
+        format!(
+            "a symbolic link leads out of the bundle, to `{}`",
+            resolved.display()
+        ),
+    ))
 }
 
 #[cfg(test)]

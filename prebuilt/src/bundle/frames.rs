@@ -175,16 +175,7 @@ pub(crate) fn open_inside(
     match opened_path(&file) {
         Some(opened) if opened == path => {}
         Some(opened) => {
-            let root = root.canonicalize().map_err(read_error)?;
-            if !opened.starts_with(&root) {
-                return Err(read_error(refusal(
-                    std::io::ErrorKind::InvalidInput,
-                    format!(
-                        "a symbolic link leads out of the bundle, to `{}`",
-                        opened.display()
-                    ),
-                )));
-            }
+            crate::untrusted::check_resolved_inside(root, &opened).map_err(read_error)?;
         }
         None => inside()?,
     }

@@ -217,20 +217,15 @@ pub(super) fn encode_load(kernel: &str, record: &KernelRecord, words: &Vocabular
         for function in set.iter() {
             let name = function.name.as_str();
             match previous {
-                None => match shared_with_kernel(name, kernel) {
-                    Some((at, from, length)) => {
-                        out.text(&name[..at]);
-                        out.number(from as u64);
-                        out.number(length as u64);
-                        out.text(&name[at + length..]);
-                    }
-                    None => {
-                        out.text(name);
-                        out.number(0);
-                        out.number(0);
-                        out.text("");
-                    }
-                },
+                None => {
+                    // Nothing shared: the whole name as the head, an empty piece and tail.
+                    let (at, from, length) =
+                        shared_with_kernel(name, kernel).unwrap_or((name.len(), 0, 0));
+                    out.text(&name[..at]);
+                    out.number(from as u64);
+                    out.number(length as u64);
+                    out.text(&name[at + length..]);
+                }
                 // Entries of one kernel mostly share a long prefix (`gemm_…`,
                 // `gemm_…GetSmemSize`).
                 Some(previous) => {
