@@ -19,6 +19,9 @@
 //! by a registry that has already loaded another kernel whose frame reads the same reference
 //! (its family's reference cubin or dictionary is then decoded and held), where one exists.
 //! The cold first call is the plain one: a fresh registry, its family's reference read too.
+//! And the least any verified load from the compressed bundle can cost, each step alone: the
+//! bare load, plus decoding the cubin's frame (its reference already decoded) and the sha256
+//! that is checked before every load.
 //!
 //! Prints markdown tables (the breakdown of one first call, and the comparison) for
 //! `docs/benchmarks.md`; `--json` also writes the numbers for `load_inline_bench.py`.
@@ -35,7 +38,11 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::result;
-use prebuilt::bundle::{Bundle, INDEX_FILE};
+use prebuilt::bundle::{
+    decompress_bounded, decompress_with_prefix, prefix_path, Bundle, INDEX_FILE,
+};
+use prebuilt::key::sha256_hex;
+use prebuilt::untrusted::MAX_ARTIFACT_SIZE;
 use prebuilt::device::DriverVersion;
 use prebuilt::driver::{Context, Driver};
 use prebuilt::jit::CompilerSearch;
@@ -249,6 +256,7 @@ fn run() -> Result<(), String> {
     );
 
     let mut rows = Vec::new();
+    let mut floors = Vec::new();
     let mut report = BTreeMap::new();
     println!("| kernel | open index | device query + select | read + verify + decompress | load + get function (incl. read) |");
     println!("| --- | ---: | ---: | ---: | ---: |");
@@ -333,7 +341,16 @@ fn run() -> Result<(), String> {
             median(&mut jit_calls)
         };
         let ratio = jit.as_secs_f64() / first_call.as_secs_f64();
-        let (bare, warm) = bare_and_warm(&arguments, name, &names, &unused_cache)?;
+        let (bare, warm, floor) = bare_and_warm(&arguments, name, &names, &unused_cache)?;
+        let least = bare + floor.decode + floor.sha256;
+        floors.push(format!(
+            "| `{name}` | {:.3} ms | {:.3} ms | {:.3} ms | {:.3} ms | {:.2}× |",
+            ms(bare),
+            ms(floor.decode),
+            ms(floor.sha256),
+            ms(least),
+            least.as_secs_f64() / bare.as_secs_f64()
+        ));
         let warm_cell = warm.as_ref().map_or_else(
             || "no sibling".to_owned(),
             |(sibling, time)| {
@@ -366,6 +383,9 @@ fn run() -> Result<(), String> {
                 "warm_ms": warm.as_ref().map(|(_, time)| ms(*time)),
                 "warm_after": warm.as_ref().map(|(sibling, _)| sibling.clone()),
                 "warm_over_bare": warm.as_ref().map(|(_, time)| time.as_secs_f64() / bare.as_secs_f64()),
+                "warm_decode_ms": ms(floor.decode),
+                "sha256_ms": ms(floor.sha256),
+                "contract_floor_over_bare": least.as_secs_f64() / bare.as_secs_f64(),
                 "jit_over_first_call": ratio,
             }),
         );
@@ -378,6 +398,17 @@ fn run() -> Result<(), String> {
     );
     println!("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |");
     for row in &rows {
+        println!("{row}");
+    }
+    println!(
+        "\nThe least a verified load from a compressed bundle costs (medians of {}, warm: the \
+         frame's reference already decoded): bare load + decoding the frame + the sha256 of the \
+         cubin, each alone, no index, selection, read or bookkeeping.\n",
+        arguments.repetitions
+    );
+    println!("| kernel | bare load | decode | sha256 | bare + decode + sha256 | / bare |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: |");
+    for row in &floors {
         println!("{row}");
     }
     if let Some(path) = &arguments.json {
@@ -445,7 +476,7 @@ fn bare_and_warm(
     name: &str,
     names: &[String],
     cache: &Path,
-) -> Result<(Duration, Option<(String, Duration)>), String> {
+) -> Result<(Duration, Warm, Floor), String> {
     let open = || {
         Registry::open_with(
             &arguments.bundle,
@@ -479,6 +510,7 @@ fn bare_and_warm(
     for _ in 0..arguments.repetitions {
         bare.push(bare_load(&image, &symbols)?);
     }
+    let floor = contract_floor(&arguments.bundle, &variant, &image, arguments.repetitions)?;
     let mut warm = None;
     if let Some(reference) = &variant.artifact.dictionary {
         let sibling = names.iter().filter(|other| *other != name).find(|other| {
@@ -498,7 +530,69 @@ fn bare_and_warm(
             warm = Some((sibling.clone(), median(&mut times)));
         }
     }
-    Ok((median(&mut bare), warm))
+    Ok((median(&mut bare), warm, floor))
+}
+
+/// A warm first call's sibling and median, when the kernel has one.
+type Warm = Option<(String, Duration)>;
+
+/// What the bundle's two contracts cost a load of one cubin at the least, each step alone and
+/// warm: decoding its frame (its reference already decoded and held, as a warm first call
+/// finds it) and the sha256 of the decoded cubin, checked before anything loads it.
+struct Floor {
+    decode: Duration,
+    sha256: Duration,
+}
+
+/// Medians of [`Floor`]'s steps for `variant`, read from the bundle at `root`, through the
+/// functions the loader decodes and hashes with; `image` is the verified cubin.
+fn contract_floor(
+    root: &Path,
+    variant: &prebuilt::Variant,
+    image: &[u8],
+    repetitions: usize,
+) -> Result<Floor, String> {
+    let stored = &variant.artifact;
+    let read = |relative: &str| {
+        std::fs::read(root.join(relative)).map_err(|error| format!("{relative}: {error}"))
+    };
+    let frame = read(&stored.path)?;
+    let reference = match &stored.dictionary {
+        Some(digest) => {
+            let relative =
+                prefix_path(root, digest).ok_or_else(|| format!("no reference {digest}"))?;
+            Some(
+                decompress_with_prefix(&read(&relative)?, &[], MAX_ARTIFACT_SIZE)
+                    .map_err(|error| format!("{relative}: {error}"))?,
+            )
+        }
+        None => None,
+    };
+    let decode = || match &reference {
+        Some(prefix) => decompress_with_prefix(&frame, prefix, stored.size),
+        None => decompress_bounded(&frame, None, stored.size),
+    };
+    if decode().map_err(|error| format!("{}: {error}", stored.path))? != image {
+        return Err(format!("{} does not decode to the loaded cubin", stored.path));
+    }
+    let timed = |step: &dyn Fn()| {
+        let mut times: Vec<Duration> = (0..repetitions)
+            .map(|_| {
+                let started = Instant::now();
+                step();
+                started.elapsed()
+            })
+            .collect();
+        median(&mut times)
+    };
+    Ok(Floor {
+        decode: timed(&|| {
+            std::hint::black_box(decode().ok());
+        }),
+        sha256: timed(&|| {
+            std::hint::black_box(sha256_hex(std::hint::black_box(image)));
+        }),
+    })
 }
 
 fn copy_dir(from: &Path, to: &Path) -> Result<(), String> {
