@@ -41,13 +41,13 @@ use cudarc::driver::result;
 use prebuilt::bundle::{
     decompress_bounded, decompress_with_prefix, prefix_path, Bundle, INDEX_FILE,
 };
-use prebuilt::key::sha256_hex;
-use prebuilt::untrusted::MAX_ARTIFACT_SIZE;
 use prebuilt::device::DriverVersion;
 use prebuilt::driver::{Context, Driver};
 use prebuilt::jit::CompilerSearch;
+use prebuilt::key::sha256_hex;
 use prebuilt::registry::{ProvenanceKind, Registry, RegistryOptions};
 use prebuilt::select::select_variant;
+use prebuilt::untrusted::MAX_ARTIFACT_SIZE;
 use prebuilt::CudaBuild;
 use prebuilt::JitPolicy;
 
@@ -573,7 +573,10 @@ fn contract_floor(
         None => decompress_bounded(&frame, None, stored.size),
     };
     if decode().map_err(|error| format!("{}: {error}", stored.path))? != image {
-        return Err(format!("{} does not decode to the loaded cubin", stored.path));
+        return Err(format!(
+            "{} does not decode to the loaded cubin",
+            stored.path
+        ));
     }
     let timed = |step: &dyn Fn()| {
         let mut times: Vec<Duration> = (0..repetitions)
