@@ -10,6 +10,11 @@ measured side by side in one run; prints JSON.
    first `F.layer_norm` in the same setting. A first process (not counted) writes the
    modules' bytecode under a private `PYTHONPYCACHEPREFIX`, as `pip install` does without
    `--no-compile`, so every counted process imports from bytecode, as a user's does.
+   A third kind, in the same rounds, is the same first layer norm through kwheel's runtime
+   alone, with no op layer: `import kwheel`, `kwheel.open("af3_kernels")`, `load` and a
+   `launch` with the tensors (on a GPU; without one, the import and the open), then an empty
+   module's import from `sys.path`: what the op layer (`kwheel.torch`, the library's ops
+   module, the op's plan) has left of a budget once the runtime has taken its share.
 2. Host cost of one call (GPU only): the median of loops of 2,000 calls, each loop timed from
    its first call to its last returning, kinds interleaved loop by loop: the op as a program
    calls it (`ops.layer_norm`: a direct launch when nothing needs the dispatcher), the same op
@@ -68,6 +73,26 @@ if which == "ops":
     stage("import_ops_ms")
     y = ops.layer_norm(x, (300,), w, b, 1e-5)
     stage("first_call_ms")
+elif which == "runtime":
+    import os, tempfile
+    empty = tempfile.mkdtemp()
+    with open(os.path.join(empty, "kwheel_bench_empty.py"), "w"):
+        pass
+    __import__("py_compile").compile(os.path.join(empty, "kwheel_bench_empty.py"), doraise=True)
+    sys.path.append(empty)
+    out = torch.empty_like(x)
+    mark = began = time.perf_counter()
+    import kwheel
+    stage("import_kwheel_ms")
+    registry = kwheel.open("af3_kernels")
+    stage("open_ms")
+    if cuda:
+        kernel = registry.load("layernorm_bf16")
+        stage("first_load_ms")
+        block = kernel.constants["BLOCK_SIZE"]
+        kernel.launch(37, block, [out, x, w, b, 37, 300, 1e-5])
+        stage("launch_ms")
+    stages["runtime_ms"] = (time.perf_counter() - began) * 1e3
 else:
     import torch.nn.functional as F
     stage("import_ms")
@@ -77,6 +102,14 @@ if cuda:
     torch.cuda.synchronize()
 stage("synchronize_ms")
 stages["total_ms"] = (time.perf_counter() - began) * 1e3
+if which == "runtime":
+    mark = time.perf_counter()
+    import kwheel_bench_empty
+    stage("empty_module_ms")
+if which == "runtime" and cuda:
+    reference = torch.nn.functional.layer_norm(x.float(), (300,), w.float(), b.float(), 1e-5)
+    stages["max_error"] = float((out.float() - reference).abs().max())
+    assert stages["max_error"] < 0.05, stages
 stages["bytecode"] = all(
     getattr(sys.modules.get(name), "__cached__", None) is not None
     and __import__("os").path.exists(sys.modules[name].__cached__)
@@ -89,11 +122,11 @@ print(json.dumps(stages))
 def first_calls(processes):
     env = dict(os.environ)
     env.pop("PYTHONDONTWRITEBYTECODE", None)
-    results = {"ops": [], "torch": []}
+    results = {"ops": [], "runtime": [], "torch": []}
     with tempfile.TemporaryDirectory(prefix="kwheel-bench-pyc-") as cache:
         env["PYTHONPYCACHEPREFIX"] = cache
         for index in range(processes + 1):
-            for which in ("ops", "torch"):
+            for which in ("ops", "runtime", "torch"):
                 done = subprocess.run(
                     [sys.executable, "-c", CHILD, which],
                     capture_output=True, text=True, env=env, check=False,
