@@ -224,12 +224,19 @@ class Library:
         ``<NAMESPACE>_COMPILE_WRAP=disable``, a plain function with the same arguments.
         """
         options = dict(kernel=kernel, shape=shape, launch=launch, reference=reference)
-        return self.declare(schema, fallback=fallback, **options).callable
+        op = self.declare(schema, fallback=fallback, **options)
+        try:
+            op._read()
+        except ValueError:
+            del self.ops[op.name]  # refused whole: the name stays free
+            raise
+        return op.callable
 
     def declare(self, schema, *, kernel, shape, launch, reference=None, fallback=None):
-        """As ``define`` (the schema read and checked now), but returns the ``Op`` and defines it
-        with torch on its first ``lookup`` (or ``define_all``): an import that declares many
-        ops costs what reading their schemas does."""
+        """As ``define``, but returns the ``Op`` and defines it with torch only when a call needs
+        the dispatcher (or ``define_all``); its schema is read and checked on its first
+        ``lookup`` (``ValueError`` there for one an op cannot have): an import that declares
+        many ops costs what keeping their arguments does."""
         if fallback is None:
             fallback = self.fallback
         if fallback and reference is None:
@@ -254,6 +261,7 @@ class Library:
         op = self.ops.get(name)
         if op is None:
             raise self._no_op(name)
+        op._read()
         return op
 
     def _no_op(self, name):
@@ -267,6 +275,7 @@ class Library:
 
     def _register(self, op):
         """Defines ``op`` with torch, once, with its Autograd kernel if it has a backward."""
+        op._read()
         with self._registering:
             if op._callable is None:
                 if self._torch_library is None:
@@ -463,8 +472,28 @@ def _read_number(text):
     return ast.literal_eval(text)
 
 
+def _schema_name(text):
+    """The op name of schema ``text`` (``f`` of ``f(Tensor x) -> Tensor``, and of ``f.out(…)``,
+    which ``Op._read`` refuses), read without reading the rest; ``ValueError`` where there is
+    none."""
+    name = text.partition("(")[0].partition(".")[0].strip()
+    if "(" not in text or not name.isidentifier():
+        raise ValueError(f"`{text}`: not an operator schema `name(Type name, ...) -> Tensor`")
+    return name
+
+
+# What `Op._read` keeps of a schema, read on the first use of any of it.
+_READ = frozenset((
+    "arguments", "argument_names", "tensor_positions", "_other_positions", "device_position",
+    "output_count", "_trailing_defaults", "_argument_count", "_required_tensors",
+    "_required_count", "_scalar_checks",
+))
+
+
 class Op:
-    """One declared op: its schema, kernel, shape and launch functions, and reference."""
+    """One declared op: its schema, kernel, shape and launch functions, and reference. The
+    schema is read and checked (``_read``) when the op is first looked up or defined, not when
+    it is declared."""
 
     def __init__(self, library, schema, kernel, *, shape, launch, reference, fallback):
         self.library = library
@@ -475,11 +504,31 @@ class Op:
         self.reference = reference
         self.fallback = fallback
         self.backward = None
+        self.name = _schema_name(schema)
+        self.qualified_name = f"{library.namespace}::{self.name}"
+        self._signature = None
+        self._fallen_back = set()
+        self._plans = {}
+        self._callable = None if library.compile_wrap else self._plain_callable()
+        # What `lookup` returns: calls that need no dispatcher go straight to the kernel.
+        self.call = Call(self) if library.compile_wrap else self._callable
+
+    def __getattr__(self, name):
+        # What the schema says (`_read`), read on the first use of any of it.
+        if name in _READ:
+            self._read()
+            return self.__dict__[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def _read(self):
+        """Reads and checks the schema (``ValueError`` for one an op cannot have) and keeps what
+        the calls need of it; once."""
+        if "_argument_count" in self.__dict__:
+            return
+        schema = self.schema
         read = read_schema(schema)
-        self.name = read.name
         if read.overload:
             raise ValueError(f"`{schema}`: declare the default overload only")
-        self.qualified_name = f"{library.namespace}::{self.name}"
         arguments = read.arguments
         if read.keyword_only:
             raise ValueError(f"`{schema}`: keyword-only arguments are not supported")
@@ -500,18 +549,13 @@ class Op:
         # The dispatcher leaves out trailing arguments that equal their defaults.
         required = max((i + 1 for i, argument in enumerate(arguments) if not argument.has_default), default=0)
         self._trailing_defaults = tuple(argument.default for argument in arguments[required:])
-        self._argument_count = len(arguments)
-        self._signature = None
-        self._fallen_back = set()
-        self._plans = {}
-        self._callable = None if library.compile_wrap else self._plain_callable()
-        # What `lookup` returns: calls that need no dispatcher go straight to the kernel.
-        self.call = Call(self) if library.compile_wrap else self._callable
         self._required_tensors = frozenset(required_tensors)
         self._required_count = required
         self._scalar_checks = tuple(
             (i, check) for i, check in enumerate(map(_scalar_check, types)) if check is not None
         )
+        # Set last: its presence says the schema was read whole.
+        self._argument_count = len(arguments)
 
     @property
     def callable(self):

@@ -456,6 +456,32 @@ class Declaring(unittest.TestCase):
             library.lookup("missing")
         self.assertEqual(str(raised.exception), "the library `kwheel_test_declare` declares no op `missing`")
 
+    def test_a_declared_schema_is_read_on_its_first_lookup(self):
+        library = kt.Library(StubRegistry("kwheel-test-read-late"))
+        good = self.declare(library)
+        bad = library.declare("late(Tensor x) -> int", kernel="late", shape=None, launch=None)
+        for op in (good, bad):
+            self.assertNotIn("_argument_count", vars(op), "declaring reads no schema")
+        self.assertEqual(good.name, "scaled")
+        library.lookup("scaled")
+        self.assertEqual(good.argument_names, ["x", "scale"])
+        self.assertNotIn("_argument_count", vars(bad), "a lookup reads its own op only")
+        with self.assertRaises(ValueError) as raised:
+            library.lookup("late")
+        self.assertEqual(str(raised.exception), "`late(Tensor x) -> int`: an op returns one or more Tensors")
+        with self.assertRaises(ValueError):
+            library.define_all()
+        # What has no op name is refused as it is declared; `define` reads at once, and a
+        # schema it refuses leaves its name free.
+        with self.assertRaises(ValueError) as raised:
+            library.declare("not a schema", kernel="k", shape=None, launch=None)
+        self.assertEqual(str(raised.exception), "`not a schema`: not an operator schema `name(Type name, ...) -> Tensor`")
+        with self.assertRaises(ValueError):
+            library.define("twice(Tensor x) -> int", kernel="k", shape=None, launch=None)
+        self.assertNotIn("twice", library.ops)
+        library.define("twice(Tensor x) -> Tensor", kernel="k", shape=_double_shape, launch=_double_launch)
+        self.assertIn("twice", library.ops)
+
     def test_define_all_defines_every_declared_op(self):
         library = kt.Library(StubRegistry("kwheel-test-define-all"))
         for name in ("one", "two"):
