@@ -227,7 +227,7 @@ class Library:
         op = self.declare(schema, fallback=fallback, **options)
         try:
             op._read()
-        except ValueError:
+        except BaseException:
             del self.ops[op.name]  # refused whole: the name stays free
             raise
         return op.callable
@@ -235,8 +235,9 @@ class Library:
     def declare(self, schema, *, kernel, shape, launch, reference=None, fallback=None):
         """As ``define``, but returns the ``Op`` and defines it with torch only when a call needs
         the dispatcher (or ``define_all``); its schema is read and checked on its first
-        ``lookup`` (``ValueError`` there for one an op cannot have): an import that declares
-        many ops costs what keeping their arguments does."""
+        ``lookup`` (``ValueError`` there for one an op cannot have; text with no op name, or an
+        overload's, is refused here): an import that declares many ops costs what keeping their
+        arguments does."""
         if fallback is None:
             fallback = self.fallback
         if fallback and reference is None:
@@ -261,16 +262,20 @@ class Library:
         op = self.ops.get(name)
         if op is None:
             raise self._no_op(name)
-        op._read()
+        if not _is_compiling():
+            # Not while dynamo traces: reading is Python it would break the graph at. A call
+            # under `torch.compile` defines the op, which reads it then, outside the trace.
+            op._read()
         return op
 
     def _no_op(self, name):
         return AttributeError(f"the library `{self.namespace}` declares no op `{name}`")
 
     def define_all(self):
-        """Defines every declared op with torch (for a program that names ``torch.ops`` ops
-        before it calls them, such as one loading a saved graph)."""
+        """Reads every declared op's schema and defines the op with torch (for a program that
+        names ``torch.ops`` ops before it calls them, such as one loading a saved graph)."""
         for op in list(self.ops.values()):
+            op._read()  # under COMPILE_WRAP=disable, `callable` exists before any read
             op.callable
 
     def _register(self, op):
@@ -444,7 +449,7 @@ _PLAIN_DEFAULTS = {"None": None, "True": True, "False": False}
 def _read_default(schema, argument_type, name, text):
     try:
         value = _PLAIN_DEFAULTS[text] if text in _PLAIN_DEFAULTS else _read_number(text)
-    except (ValueError, SyntaxError):
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
         raise ValueError(
             f"`{schema}`: the default `{text}` of `{name}` is not a number, bool, None, string "
             "or list"
@@ -473,12 +478,17 @@ def _read_number(text):
 
 
 def _schema_name(text):
-    """The op name of schema ``text`` (``f`` of ``f(Tensor x) -> Tensor``, and of ``f.out(…)``,
-    which ``Op._read`` refuses), read without reading the rest; ``ValueError`` where there is
-    none."""
-    name = text.partition("(")[0].partition(".")[0].strip()
-    if "(" not in text or not name.isidentifier():
+    """The op name of schema ``text`` (``f`` of ``f(Tensor x) -> Tensor``), read as
+    ``read_schema`` reads it, without the arguments; ``ValueError`` for text with no op name
+    and for an overload (``f.out``), which an op cannot declare."""
+    head = text.rpartition("->")[0].strip()
+    opening = head.find("(")
+    name, _, overload = head[:opening].strip().partition(".")
+    well_formed = opening >= 0 and head.endswith(")") and name.isidentifier()
+    if not well_formed or not (overload == "" or overload.isidentifier()):
         raise ValueError(f"`{text}`: not an operator schema `name(Type name, ...) -> Tensor`")
+    if overload:
+        raise ValueError(f"`{text}`: declare the default overload only")
     return name
 
 
@@ -518,6 +528,11 @@ class Op:
         if name in _READ:
             self._read()
             return self.__dict__[name]
+        attribute = getattr(type(self), name, None)
+        if isinstance(attribute, property):
+            # Its getter raised AttributeError, which Python turned into this call: run it
+            # again so that its own error, not "no attribute", reaches the caller.
+            return attribute.fget(self)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def _read(self):
@@ -534,20 +549,25 @@ class Op:
             raise ValueError(f"`{schema}`: keyword-only arguments are not supported")
         if any("(" in kind for kind in [argument.type for argument in arguments] + read.returns):
             raise ValueError(f"`{schema}`: ops are functional; no argument may alias or mutate")
-        self.arguments = arguments
-        self.argument_names = [argument.name for argument in arguments]
         types = [argument.type for argument in arguments]
-        self.tensor_positions = tuple(i for i, kind in enumerate(types) if kind in ("Tensor", "Tensor?"))
-        self._other_positions = tuple(i for i in range(len(types)) if i not in self.tensor_positions)
+        tensor_positions = tuple(i for i, kind in enumerate(types) if kind in ("Tensor", "Tensor?"))
         required_tensors = [i for i, kind in enumerate(types) if kind == "Tensor"]
         if not required_tensors:
             raise ValueError(f"`{schema}`: an op needs a Tensor argument to take its device from")
-        self.device_position = required_tensors[0]
-        self.output_count = len(read.returns)
-        if self.output_count == 0 or any(kind != "Tensor" for kind in read.returns):
+        if not read.returns or any(kind != "Tensor" for kind in read.returns):
             raise ValueError(f"`{schema}`: an op returns one or more Tensors")
         # The dispatcher leaves out trailing arguments that equal their defaults.
-        required = max((i + 1 for i, argument in enumerate(arguments) if not argument.has_default), default=0)
+        required = 0
+        for i, argument in enumerate(arguments):
+            if not argument.has_default:
+                required = i + 1
+        # Kept only once every check passed: a refused schema leaves nothing half read.
+        self.arguments = arguments
+        self.argument_names = [argument.name for argument in arguments]
+        self.tensor_positions = tensor_positions
+        self._other_positions = tuple(i for i in range(len(types)) if i not in tensor_positions)
+        self.device_position = required_tensors[0]
+        self.output_count = len(read.returns)
         self._trailing_defaults = tuple(argument.default for argument in arguments[required:])
         self._required_tensors = frozenset(required_tensors)
         self._required_count = required

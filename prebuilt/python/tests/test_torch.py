@@ -482,6 +482,43 @@ class Declaring(unittest.TestCase):
         library.define("twice(Tensor x) -> Tensor", kernel="k", shape=_double_shape, launch=_double_launch)
         self.assertIn("twice", library.ops)
 
+    def test_a_refused_read_leaves_nothing_behind(self):
+        library = kt.Library(StubRegistry("kwheel-test-read-refused"))
+        # An overload is refused as it is declared, and takes no name.
+        with self.assertRaises(ValueError) as raised:
+            library.declare("f.out(Tensor x) -> Tensor", kernel="k", shape=None, launch=None)
+        self.assertEqual(str(raised.exception), "`f.out(Tensor x) -> Tensor`: declare the default overload only")
+        self.assertNotIn("f", library.ops)
+        # A default that is no literal is refused naming the schema, and `define` frees the name.
+        with self.assertRaises(ValueError) as raised:
+            library.define("d(Tensor x, int y={[]}) -> Tensor", kernel="k", shape=_double_shape, launch=_double_launch)
+        self.assertIn("`d(Tensor x, int y={[]}) -> Tensor`: the default `{[]}` of `y`", str(raised.exception))
+        self.assertNotIn("d", library.ops)
+        # A read refused half way keeps none of what it read.
+        bad = library.declare("late(Tensor x) -> int", kernel="k", shape=None, launch=None)
+        for _ in range(2):
+            with self.assertRaises(ValueError):
+                library.lookup("late")
+        self.assertFalse(set(vars(bad)) & kt._READ, "nothing of a refused schema is kept")
+
+    def test_an_attribute_error_inside_a_property_is_not_hidden(self):
+        library = kt.Library(StubRegistry("kwheel-test-read-property"))
+        declared = self.declare(library)
+
+        def register(torch_library):
+            raise AttributeError("the real cause")
+
+        declared.register = register
+        with self.assertRaises(AttributeError) as raised:
+            declared.callable
+        self.assertEqual(str(raised.exception), "the real cause")
+
+    def test_a_lookup_while_dynamo_traces_keeps_one_graph(self):
+        library = kt.Library(StubRegistry("kwheel-test-read-traced"))
+        self.declare(library)
+        explained = torch._dynamo.explain(lambda x: (x.cos() + library.lookup("scaled")(x)).sin())(torch.ones(3))
+        self.assertEqual((explained.graph_count, explained.graph_break_count), (1, 0))
+
     def test_define_all_defines_every_declared_op(self):
         library = kt.Library(StubRegistry("kwheel-test-define-all"))
         for name in ("one", "two"):
@@ -521,6 +558,22 @@ class Declaring(unittest.TestCase):
 
 @unittest.skipUnless(HAS_TORCH, NO_TORCH)
 class CompileWrap(unittest.TestCase):
+    def test_define_all_reads_every_schema_under_disable(self):
+        code = (
+            "import torch, kwheel.torch as kt\n"
+            "class R:\n"
+            "    package = 'kwheel-test-plain-all'\n"
+            "library = kt.Library(R())\n"
+            "library.declare('bad(Tensor x) -> int', kernel='k', shape=None, launch=None)\n"
+            "try:\n"
+            "    library.define_all()\n"
+            "except ValueError as error:\n"
+            "    print(library.compile_wrap, error)\n"
+        )
+        status, out, err = run_python(code, KWHEEL_TEST_PLAIN_ALL_COMPILE_WRAP="disable")
+        self.assertEqual(status, 0, err)
+        self.assertEqual(out.strip(), "False `bad(Tensor x) -> int`: an op returns one or more Tensors")
+
     def test_disable_defines_no_operator(self):
         code = (
             "import torch, kwheel.torch as kt\n"
