@@ -556,14 +556,20 @@ class Declaring(unittest.TestCase):
         )
 
 
+def _library_code(package):
+    """The start of a child program with `library`, a `kt.Library` of `package`."""
+    return (
+        "import torch, kwheel.torch as kt\n"
+        "class R:\n"
+        f"    package = '{package}'\n"
+        "library = kt.Library(R())\n"
+    )
+
+
 @unittest.skipUnless(HAS_TORCH, NO_TORCH)
 class CompileWrap(unittest.TestCase):
     def test_define_all_reads_every_schema_under_disable(self):
-        code = (
-            "import torch, kwheel.torch as kt\n"
-            "class R:\n"
-            "    package = 'kwheel-test-plain-all'\n"
-            "library = kt.Library(R())\n"
+        code = _library_code("kwheel-test-plain-all") + (
             "library.declare('bad(Tensor x) -> int', kernel='k', shape=None, launch=None)\n"
             "try:\n"
             "    library.define_all()\n"
@@ -575,11 +581,7 @@ class CompileWrap(unittest.TestCase):
         self.assertEqual(out.strip(), "False `bad(Tensor x) -> int`: an op returns one or more Tensors")
 
     def test_disable_defines_no_operator(self):
-        code = (
-            "import torch, kwheel.torch as kt\n"
-            "class R:\n"
-            "    package = 'kwheel-test-plain'\n"
-            "library = kt.Library(R())\n"
+        code = _library_code("kwheel-test-plain") + (
             "op = library.define('double(Tensor x) -> Tensor', kernel='k', "
             "shape=lambda x: [(x.shape, x.dtype)], launch=None, reference=lambda x: x * 2)\n"
             "print(library.compile_wrap, type(op).__name__, op.__name__)\n"
