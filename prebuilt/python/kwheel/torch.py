@@ -392,16 +392,10 @@ def read_schema(text):
     operator and refuses what it cannot parse (a type it does not know, say). Raises
     ``ValueError`` for text that is no schema, or a default that is not a number, bool,
     ``None``, string or list."""
-    head, arrow, returns_text = text.rpartition("->")
-    head = head.strip()
-    opening = head.find("(")
-    name, _, overload = head[:opening].strip().partition(".")
-    well_formed = arrow and opening >= 0 and head.endswith(")") and name.isidentifier()
-    if not well_formed or not (overload == "" or overload.isidentifier()):
-        raise ValueError(f"`{text}`: not an operator schema `name(Type name, ...) -> Tensor`")
+    name, overload, argument_text, returns_text = _schema_parts(text)
     arguments = []
     keyword_only = False
-    for part in _split_top_level(head[opening + 1 : -1]):
+    for part in _split_top_level(argument_text):
         if part == "*":
             keyword_only = True
             continue
@@ -418,6 +412,19 @@ def read_schema(text):
     else:
         returns = [returns_text.split()[0]] if returns_text else []
     return Schema(name, overload, arguments, returns, keyword_only)
+
+
+def _schema_parts(text):
+    """The name, overload name, argument text and return text of schema ``text``
+    (``name.overload(arguments) -> returns``); ``ValueError`` for text that is no schema."""
+    head, arrow, returns_text = text.rpartition("->")
+    head = head.strip()
+    opening = head.find("(")
+    name, _, overload = head[:opening].strip().partition(".")
+    well_formed = arrow and opening >= 0 and head.endswith(")") and name.isidentifier()
+    if not well_formed or not (overload == "" or overload.isidentifier()):
+        raise ValueError(f"`{text}`: not an operator schema `name(Type name, ...) -> Tensor`")
+    return name, overload, head[opening + 1 : -1], returns_text
 
 
 def _split_top_level(text):
@@ -481,12 +488,7 @@ def _schema_name(text):
     """The op name of schema ``text`` (``f`` of ``f(Tensor x) -> Tensor``), read as
     ``read_schema`` reads it, without the arguments; ``ValueError`` for text with no op name
     and for an overload (``f.out``), which an op cannot declare."""
-    head = text.rpartition("->")[0].strip()
-    opening = head.find("(")
-    name, _, overload = head[:opening].strip().partition(".")
-    well_formed = opening >= 0 and head.endswith(")") and name.isidentifier()
-    if not well_formed or not (overload == "" or overload.isidentifier()):
-        raise ValueError(f"`{text}`: not an operator schema `name(Type name, ...) -> Tensor`")
+    name, overload, _, _ = _schema_parts(text)
     if overload:
         raise ValueError(f"`{text}`: declare the default overload only")
     return name
@@ -541,9 +543,7 @@ class Op:
         if "_argument_count" in self.__dict__:
             return
         schema = self.schema
-        read = read_schema(schema)
-        if read.overload:
-            raise ValueError(f"`{schema}`: declare the default overload only")
+        read = read_schema(schema)  # its name and overload were checked as it was declared
         arguments = read.arguments
         if read.keyword_only:
             raise ValueError(f"`{schema}`: keyword-only arguments are not supported")
