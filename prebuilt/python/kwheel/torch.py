@@ -779,6 +779,10 @@ class Op:
                 )
             key.append(value.shape)
             key.append(value.dtype)
+            # The address's alignment, up to 512 bytes: a launch function may choose by it (a
+            # contiguous slice can be misaligned), so a plan serves only its own.
+            address = value.data_ptr() | _ALIGNMENT
+            key.append(address & -address)
         for position in self._other_positions:
             value = args[position]
             key.append(tuple(value) if type(value) is list else value)
@@ -796,7 +800,9 @@ class Op:
         if not nothing_to_do:
             pointers = [
                 args[slot].data_ptr() if source is _INPUT else
-                outputs[slot].data_ptr() if source is _OUTPUT else slot
+                outputs[slot].data_ptr() if source is _OUTPUT else
+                slot if source is _CONSTANT else
+                source(slot, args, outputs)  # an address, or a struct holding addresses
                 for source, slot in template
             ]
             # Stream None: the current stream of the function's device, as torch has it.
@@ -814,13 +820,15 @@ class Op:
         return all(check(args[position]) for position, check in self._scalar_checks)
 
     def _plan_and_launch(self, key, loaded, like, device, args, keep=True):
-        """The first call with these shapes, dtypes and scalars: runs the shape and launch
-        functions once, launches what they said, and keeps it as the plan of the next calls
-        with the same ones: how to allocate each output (``empty_like`` of an input of its
-        shape and dtype, else ``empty``), the entry, the geometry, and each kernel argument as
-        an input, an output or a constant (a ``Kept`` tensor's pointer). A launch that passes
-        a plain tensor of its own making is not kept (``_UNCACHEABLE``): such calls come here
-        every time, with ``keep`` false."""
+        """The first call with these shapes, dtypes, scalars and alignments: runs the
+        shape and launch functions, launches what they said, and keeps it as the plan of the
+        next calls with the same ones: how to allocate each output (``empty_like`` of an input
+        of its shape and dtype, else ``empty``), the entry, the geometry, and each kernel
+        argument as an input, an output, a constant (a ``Kept`` tensor's pointer) or a value
+        made of their addresses (an ``int`` address, a struct holding addresses). What a plan
+        keeps is what ``_template`` showed not to depend on where the tensors are; a launch
+        that depends on it some other way, or passes a plain tensor of its own making, is not
+        kept (``_UNCACHEABLE``): such calls come here every time, with ``keep`` false."""
         functions, constants = loaded
         allocations = tuple(
             (self._input_like(args, shape, dtype), tuple(shape), dtype, like.device)
@@ -831,41 +839,87 @@ class Op:
             torch.empty_like(args[slot]) for slot, shape, dtype, place in allocations
         ]
         nothing_to_do = all(output.numel() == 0 for output in outputs)
-        grid, block, kernel_args, entry, shared_mem = self.launch(constants, outputs, *args)
+        launch = self.launch(constants, outputs, *args)
+        grid, block, kernel_args, entry, shared_mem = launch
         function = self._entry(functions, entry)
-        template = []
-        kept = []
-        plan = None
-        for value in kernel_args:
-            if isinstance(value, Kept):
-                self._check_device(value.tensor, device, len(template))
-                kept.append(value.tensor)
-                template.append((_CONSTANT, value.tensor.data_ptr()))
-                continue
-            if isinstance(value, torch.Tensor):
-                slot = _find(args, value, self.tensor_positions)
-                if slot is not None:
-                    template.append((_INPUT, slot))
-                    continue
-                slot = _find(outputs, value, range(len(outputs)))
-                if slot is not None:
-                    template.append((_OUTPUT, slot))
-                    continue
-                plan = _UNCACHEABLE
-                break
-            template.append((_CONSTANT, value))
-        if plan is None:
-            plan = (
-                function, grid, block, shared_mem, allocations, tuple(template), nothing_to_do,
-                tuple(kept),
-            )
         if keep:
+            if nothing_to_do:  # nothing launches: only the allocations are kept
+                plan = (function, grid, block, shared_mem, allocations, (), True, ())
+            else:
+                template = self._template(launch, constants, outputs, args, device)
+                plan = _UNCACHEABLE if template is None else (
+                    function, grid, block, shared_mem, allocations, template, False,
+                    tuple(value.tensor for value in kernel_args if isinstance(value, Kept)),
+                )
             if len(self._plans) >= _PLANS_PER_OP:
                 self._plans.clear()  # shapes that keep changing: start over rather than grow
             self._plans[key] = plan
         if not nothing_to_do:
             self._launch(function, grid, block, kernel_args, shared_mem, device)
         return outputs[0] if self.output_count == 1 else tuple(outputs)
+
+    def _template(self, launch, constants, outputs, args, device):
+        """Each kernel argument of ``launch`` as the plan passes it again, or ``None`` where
+        the launch cannot be kept. The launch function runs a second time, on tensors of the
+        same shapes, dtypes, strides and alignment placed elsewhere (``_Probe``): every
+        other field must come out equal, and every argument equal or moved exactly as the
+        tensors moved. Tensors too large to place twice are checked by ``_looks_addressed``
+        alone."""
+        kernel_args = launch[2]
+        roles = []
+        for index, value in enumerate(kernel_args):
+            if isinstance(value, Kept):
+                self._check_device(value.tensor, device, index)
+                roles.append((_CONSTANT, value.tensor.data_ptr()))
+                continue
+            if isinstance(value, torch.Tensor):
+                slot = _find(args, value, self.tensor_positions)
+                if slot is not None:
+                    roles.append((_INPUT, slot))
+                    continue
+                slot = _find(outputs, value, range(len(outputs)))
+                if slot is None:
+                    return None  # a tensor of the launch function's own making
+                roles.append((_OUTPUT, slot))
+                continue
+            # A struct is kept as its bytes of this call: the object may change after.
+            roles.append((_CONSTANT, bytes(memoryview(value)) if _is_buffer(value) else value))
+        probe = _Probe(args, self.tensor_positions, outputs)
+        if probe.args is None:
+            return None if _looks_addressed(kernel_args, probe.real) else tuple(roles)
+        try:
+            moved = self.launch(constants, probe.outputs, *probe.args)
+        except Exception:  # noqa: BLE001 - it depends on the tensors in a way no plan keeps
+            return None
+        if not isinstance(moved, tuple) or len(moved) != len(launch):
+            return None
+        if any(
+            index != 2 and not _same(first, second)
+            for index, (first, second) in enumerate(zip(launch, moved))
+        ):
+            return None
+        moved_args = list(moved[2])
+        if len(moved_args) != len(roles):
+            return None
+        template = []
+        for (role, slot), value, other in zip(roles, kernel_args, moved_args):
+            if role is _INPUT or role is _OUTPUT:
+                moved_to = probe.args if role is _INPUT else probe.outputs
+                if other is not moved_to[slot]:
+                    return None
+                template.append((role, slot))
+            elif isinstance(value, Kept):
+                if not (isinstance(other, Kept) and other.tensor is value.tensor):
+                    return None
+                template.append((role, slot))
+            elif _same(value, other):
+                template.append((role, slot))
+            else:
+                moved_value = probe.relocation(value, other)
+                if moved_value is None:
+                    return None
+                template.append(moved_value)
+        return tuple(template)
 
     def _input_like(self, args, shape, dtype):
         """The position of a tensor argument of this shape and dtype (contiguous by now), whose
@@ -1010,6 +1064,181 @@ def _scalar_check(kind):
     return check
 
 
+class _Probe:
+    """Stand-ins for an op's tensor arguments and outputs at other addresses: same shape,
+    dtype, strides, device and alignment (up to ``_ALIGNMENT``: a plan's key holds it), but
+    other low bits (an offset within a line shows as a difference) with the bit of
+    ``_ALIGNMENT`` flipped (so does a larger alignment), and the rest wherever the allocator
+    put them. The launch function runs on them once per new plan; a kernel never does.
+    ``real`` and ``moved`` list each tensor's address and size, for ``relocation``; ``args``
+    is ``None`` when the tensors are too large to place twice (``_PROBE_BYTES``)."""
+
+    __slots__ = ("args", "outputs", "real", "moved")
+
+    def __init__(self, args, positions, outputs):
+        places = [(_INPUT, position) for position in positions if args[position] is not None]
+        places += [(_OUTPUT, slot) for slot in range(len(outputs))]
+        self.real = [_located(args, outputs, role, slot) for role, slot in places]
+        self.args = self.outputs = None
+        self.moved = []
+        if sum(size for _, size, _, _ in self.real) > _PROBE_BYTES:
+            return
+        placed = {}
+        try:
+            moved_args = list(args)
+            for role, position in places:
+                if role is _INPUT:
+                    moved_args[position] = self._place(args[position], placed)
+            moved_outputs = [self._place(output, placed) for output in outputs]
+        except (RuntimeError, ValueError):  # out of memory, or an address no probe can mirror
+            return
+        self.moved = [_located(moved_args, moved_outputs, role, slot) for role, slot in places]
+        self.args, self.outputs = moved_args, moved_outputs
+
+    @staticmethod
+    def _place(tensor, placed):
+        found = placed.get(id(tensor))
+        if found is not None:  # one tensor passed twice stays one tensor
+            return found
+        item = tensor.element_size()
+        address = tensor.data_ptr()
+        if tensor.numel() == 0:
+            moved = torch.empty_like(tensor)
+        else:
+            if address % item:
+                raise ValueError("an address that is no multiple of the element size")
+            span = 1 + sum(
+                (size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride())
+            )
+            base = torch.empty(span + 2 * _ALIGNMENT // item, dtype=tensor.dtype, device=tensor.device)
+            # Same alignment (up to `_ALIGNMENT`), other low bits: the bit above the
+            # alignment and the bit of `_ALIGNMENT` flipped.
+            alignment = (address | _ALIGNMENT) & -(address | _ALIGNMENT)
+            flip = (alignment * 2 if alignment * 2 < _ALIGNMENT else 0) | _ALIGNMENT
+            target = (address ^ flip) % (2 * _ALIGNMENT)
+            shift = (target - base.data_ptr()) % (2 * _ALIGNMENT)
+            moved = base.as_strided(tensor.shape, tensor.stride(), shift // item)
+        placed[id(tensor)] = moved
+        return moved
+
+    def relocation(self, value, other):
+        """The template entry of a kernel argument that differs between the real launch and
+        the probe's: an ``int`` that is a tensor's address plus the same offset in both, or a
+        struct whose differing 8-byte words are such addresses; ``None`` for anything else."""
+        if type(value) is int and type(other) is int:
+            found = self._address(value, other)
+            return None if found is None else (_address_of, found)
+        if not (_is_buffer(value) and _is_buffer(other)):
+            return None
+        first = bytes(memoryview(value))
+        second = bytes(memoryview(other))
+        if len(first) != len(second):
+            return None
+        fields = []
+        for offset in range(0, len(first) - 7, 8):
+            word, moved_word = first[offset:offset + 8], second[offset:offset + 8]
+            if word == moved_word:
+                continue
+            found = self._address(int.from_bytes(word, "little"), int.from_bytes(moved_word, "little"))
+            if found is None:
+                return None
+            fields.append((offset, *found))
+        # Proof: the real struct, its addresses written as the probe's, is the probe's struct.
+        fields = tuple(fields)
+        if _struct_of((first, fields), self.args, self.outputs) != second:
+            return None
+        return (_struct_of, (first, fields))
+
+    def _address(self, value, other):
+        """``(role, slot, offset)``: ``value`` is that tensor's address plus ``offset`` and
+        ``other`` its stand-in's plus the same offset."""
+        for (address, _, role, slot), (moved, _, _, _) in zip(self.real, self.moved):
+            if address and value - address == other - moved:
+                return role, slot, value - address
+        return None
+
+
+def _looks_addressed(kernel_args, tensors):
+    """Whether a kernel argument could hold an address near one of ``tensors`` (``_Probe``'s
+    ``real``): an ``int``, or an 8-byte word of a struct, within 64 KiB of one, or a value of
+    a kind that cannot be read. The check of launches whose tensors are too large to place
+    twice: unlike the probe, it cannot see an address transformed (shifted, hashed)."""
+
+    def near(word):
+        return any(
+            address and address - 65536 <= word <= address + size + 65536
+            for address, size, _, _ in tensors
+        )
+
+    for value in kernel_args:
+        if value is None or isinstance(value, (Kept, torch.Tensor, float, bool)):
+            continue
+        if type(value) is int:
+            if near(value):
+                return True
+        elif _is_buffer(value):
+            data = bytes(memoryview(value))
+            if any(near(int.from_bytes(data[i:i + 8], "little")) for i in range(0, len(data) - 7, 8)):
+                return True
+        else:
+            return True
+    return False
+
+
+def _located(args, outputs, role, slot):
+    """``(address, size in bytes, role, slot)`` of an input (``args[slot]``) or output."""
+    tensor = (args if role is _INPUT else outputs)[slot]
+    return tensor.data_ptr(), tensor.numel() * tensor.element_size(), role, slot
+
+
+def _is_buffer(value):
+    """Bytes, or an object with the buffer protocol (a ``ctypes.Structure``), that a launch
+    passes as its bytes."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return True
+    if isinstance(value, (torch.Tensor, int, float, str)) or value is None:
+        return False
+    try:
+        memoryview(value)
+    except TypeError:
+        return False
+    return True
+
+
+def _same(first, second):
+    """Equal and of one type (``1``, ``True`` and ``1.0`` are three arguments); buffers by
+    their bytes."""
+    if _is_buffer(first) or _is_buffer(second):
+        return (
+            _is_buffer(first)
+            and _is_buffer(second)
+            and bytes(memoryview(first)) == bytes(memoryview(second))
+        )
+    if type(first) is not type(second):
+        return False
+    try:
+        return bool(first == second)
+    except Exception:  # noqa: BLE001 - a value that cannot say it is equal is not kept
+        return False
+
+
+def _address_of(found, args, outputs):
+    """A planned ``int`` argument: a tensor's address plus an offset (``_Probe._address``)."""
+    role, slot, offset = found
+    return (args if role is _INPUT else outputs)[slot].data_ptr() + offset
+
+
+def _struct_of(planned, args, outputs):
+    """A planned struct argument: its bytes, each address field ``(offset, role, slot,
+    delta)`` written with that tensor's address of this call."""
+    data, fields = planned
+    written = bytearray(data)
+    for offset, role, slot, delta in fields:
+        address = (args if role is _INPUT else outputs)[slot].data_ptr() + delta
+        written[offset:offset + 8] = (address & _WORD).to_bytes(8, "little")
+    return bytes(written)
+
+
 def _find(tensors, tensor, positions):
     for position in positions:
         if tensors[position] is tensor:
@@ -1023,6 +1252,13 @@ _INPUT = "input"
 _OUTPUT = "output"
 _CONSTANT = "constant"
 _UNCACHEABLE = "uncacheable"
+# The most bytes of tensors a new plan places a second time to check its launch; past it, a
+# launch is checked by `_looks_addressed` alone.
+_PROBE_BYTES = 256 << 20
+# The largest alignment of an input's address a plan tells apart: CUDA's caching allocator
+# places every block at 512 bytes, so a plain tensor's is this, a slice's its own.
+_ALIGNMENT = 512
+_WORD = (1 << 64) - 1
 
 
 #: Torch releases (major, minor) the light Autograd kernel of ``kwheel._torch_private`` was

@@ -647,6 +647,14 @@ class Loading(unittest.TestCase):
         self.assertEqual(registry.loads, [("double", 0), ("double", 0)])
 
 
+def cpu_alignment(test):
+    """Plans tell alignments apart up to what a CPU's allocator guarantees (64 bytes, where
+    CUDA's places every block at 512): CPU tensors of one shape then share a plan as CUDA
+    tensors do."""
+    test.addCleanup(setattr, kt, "_ALIGNMENT", kt._ALIGNMENT)
+    kt._ALIGNMENT = 64
+
+
 class RecordingFunction:
     """A kernel entry whose launch records what it was given."""
 
@@ -665,6 +673,7 @@ class Launching(unittest.TestCase):
     def setUp(self):
         self.function = RecordingFunction()
         self.calls = []
+        cpu_alignment(self)
 
     def op(self, launch):
         library = kt.Library(StubRegistry(f"kwheel-test-{self._testMethodName}"))
@@ -778,6 +787,144 @@ class Launching(unittest.TestCase):
             str(raised.exception),
             "kwheel_test_trailing::f(): takes 3 arguments (x, scale, n), got 0",
         )
+
+
+@unittest.skipUnless(HAS_TORCH, NO_TORCH)
+class PlansNeverGoStale(unittest.TestCase):
+    """A launch plan keeps only what does not depend on where the tensors are: a later call
+    with other tensors of the same shapes must launch with its own addresses."""
+
+    def setUp(self):
+        self.entries = {name: RecordingFunction() for name in ("f", "vector", "scalar")}
+        self.launch_calls = 0
+        cpu_alignment(self)
+
+    def op(self, launch, name=""):
+        library = kt.Library(StubRegistry(f"kwheel-test-{self._testMethodName}{name}"))
+
+        def counted(constants, outputs, x, scale):
+            self.launch_calls += 1
+            return launch(constants, outputs, x, scale)
+
+        library.define(
+            "f(Tensor x, float scale) -> Tensor",
+            kernel="f",
+            shape=lambda x, scale: [(x.shape, x.dtype)],
+            launch=counted,
+        )
+        op = library.ops["f"]
+        functions = {None: self.entries["f"], **self.entries}
+        op.kernel._loaded[-1] = (functions, {"BLOCK_SIZE": 4})
+        return op
+
+    def launched(self, entry="f"):
+        return [args for _, _, args, _, _ in self.entries[entry].launches]
+
+    def test_a_struct_holding_pointers_is_written_with_each_calls_addresses(self):
+        import struct
+
+        def launch(constants, outputs, x, scale):
+            params = struct.pack("<QQqd", x.data_ptr(), outputs[0].data_ptr(), x.numel(), scale)
+            return kt.Launch(1, 4, [params])
+
+        op = self.op(launch)
+        for _ in range(3):
+            x = torch.randn(3, 5)
+            out = op.cuda(x, 2.0)
+            expected = struct.pack("<QQqd", x.data_ptr(), out.data_ptr(), 15, 2.0)
+            self.assertEqual(bytes(self.launched()[-1][0]), expected)
+        # Planned once (the launch function ran on the tensors and on their stand-ins).
+        self.assertEqual(self.launch_calls, 2)
+
+    def test_a_ctypes_struct_holding_pointers_is_written_with_each_calls_addresses(self):
+        import ctypes
+
+        class Params(ctypes.Structure):
+            _fields_ = [
+                ("batch", ctypes.c_int32),  # padding follows: the pointer sits at offset 8
+                ("x_ptr", ctypes.c_void_p),
+                ("row_end", ctypes.c_void_p),
+                ("out_ptr", ctypes.c_void_p),
+            ]
+
+        def launch(constants, outputs, x, scale):
+            params = Params(x.shape[0], x.data_ptr(), x.data_ptr() + x.shape[1] * 4, outputs[0].data_ptr())
+            return kt.Launch(1, 4, [params])
+
+        op = self.op(launch)
+        for _ in range(3):
+            x = torch.randn(3, 5)
+            out = op.cuda(x, 1.0)
+            sent = Params.from_buffer_copy(bytes(self.launched()[-1][0]))
+            self.assertEqual(
+                (sent.batch, sent.x_ptr, sent.row_end, sent.out_ptr),
+                (3, x.data_ptr(), x.data_ptr() + 20, out.data_ptr()),
+            )
+
+    def test_a_pointer_passed_as_an_int_follows_its_tensor(self):
+        def launch(constants, outputs, x, scale):
+            return kt.Launch(1, 4, [outputs[0].data_ptr(), x.data_ptr() + 4, x.numel()])
+
+        op = self.op(launch)
+        for _ in range(3):
+            x = torch.randn(6)
+            out = op.cuda(x, 1.0)
+            self.assertEqual(self.launched()[-1], [out.data_ptr(), x.data_ptr() + 4, 6])
+        self.assertEqual(self.launch_calls, 2)
+
+    def test_an_entry_chosen_by_the_alignment_of_a_pointer_is_chosen_per_call(self):
+        def launch(constants, outputs, x, scale):
+            entry = "vector" if x.data_ptr() % 16 == 0 else "scalar"
+            return kt.Launch(1, 4, [outputs[0], x], entry=entry)
+
+        op = self.op(launch)
+        aligned = torch.randn(8)
+        misaligned = torch.randn(9)[1:]  # contiguous, 4 bytes past an aligned address
+        self.assertEqual((aligned.data_ptr() % 16, misaligned.data_ptr() % 16), (0, 4))
+        op.cuda(aligned, 1.0)
+        op.cuda(misaligned, 1.0)
+        op.cuda(torch.randn(8), 1.0)
+        op.cuda(misaligned, 1.0)
+        self.assertEqual(len(self.launched("vector")), 2)
+        self.assertEqual([args[1] for args in self.launched("scalar")], [misaligned.data_ptr()] * 2)
+
+    def test_an_address_transformed_otherwise_runs_the_launch_function_every_call(self):
+        def launch(constants, outputs, x, scale):
+            return kt.Launch(1, 4, [outputs[0], x.data_ptr() >> 4])
+
+        op = self.op(launch)
+        for _ in range(3):
+            x = torch.randn(8)
+            op.cuda(x, 1.0)
+            self.assertEqual(self.launched()[-1][1], x.data_ptr() >> 4)
+        # The first call ran it on the stand-ins too, found it moved, and kept no plan.
+        self.assertEqual(self.launch_calls, 4)
+
+    def test_tensors_too_large_to_place_twice_keep_only_launches_without_addresses(self):
+        import struct
+
+        self.addCleanup(setattr, kt, "_PROBE_BYTES", kt._PROBE_BYTES)
+        kt._PROBE_BYTES = 16
+
+        def plain(constants, outputs, x, scale):
+            return kt.Launch(1, 4, [outputs[0], x, x.numel(), scale])
+
+        op = self.op(plain)
+        for _ in range(2):
+            op.cuda(torch.randn(8), 1.0)
+        self.assertEqual(self.launch_calls, 1)  # kept, with no second run
+
+        self.launch_calls = 0
+
+        def addressed(constants, outputs, x, scale):
+            return kt.Launch(1, 4, [struct.pack("<Q", x.data_ptr())])
+
+        op = self.op(addressed, "-addressed")
+        for _ in range(2):
+            x = torch.randn(8)
+            op.cuda(x, 1.0)
+            self.assertEqual(bytes(self.launched()[-1][0]), struct.pack("<Q", x.data_ptr()))
+        self.assertEqual(self.launch_calls, 2)
 
 
 @unittest.skipUnless(HAS_TORCH, NO_TORCH)
