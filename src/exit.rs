@@ -148,6 +148,7 @@ fn bundler_failure(error: &bundler::Error) -> Option<Failure> {
         Error::Compile(_)
         | Error::InvalidCubin { .. }
         | Error::MissingEntry { .. }
+        | Error::AmbiguousEntry { .. }
         | Error::Skipped { .. }
         | Error::NoTarget { .. } => Some(Failure::Build),
         Error::Toolchain(inner) => Some(toolchain_failure(inner)),

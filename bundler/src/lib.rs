@@ -180,6 +180,27 @@ pub enum Error {
         /// The cubin's entries, demangled the way `entries` spells them.
         found: Vec<String>,
     },
+    /// A plain entry is the name of several kernels of the cubin (overloads, or instances of
+    /// one template), so it names none of them alone.
+    #[error(
+        "cubin of `{kernel}` for {arch} ({build}) has {} kernels named `{entry}`, so the plain \
+         entry names none of them alone; write the one meant as `entries` takes it: {}",
+        candidates.len(),
+        candidates.join("; ")
+    )]
+    AmbiguousEntry {
+        /// The kernel.
+        kernel: String,
+        /// The target architecture.
+        arch: Arch,
+        /// The CUDA build.
+        build: CudaBuild,
+        /// The declared entry.
+        entry: String,
+        /// Each kernel of that name, spelled as `entries` takes it (a name expression, or the
+        /// mangled symbol where overloads share one).
+        candidates: Vec<String>,
+    },
     /// A target whose compile failed in an earlier build with the same key: the build cache
     /// keeps the failure, so an unchanged target is not compiled again only to fail again.
     #[error(
@@ -211,7 +232,8 @@ pub enum Error {
         /// Why it was skipped.
         reason: String,
     },
-    /// A kernel was built for no target at all.
+    /// No kernel was built for any target, so there is nothing to ship: the first kernel's
+    /// reasons (a kernel without a variant beside others that have one is only recorded).
     #[error(
         "`{kernel}` was built for no target of the matrix:\n  {}",
         reasons.join("\n  ")

@@ -1647,7 +1647,7 @@ impl Compiler for FailingCompiler {
 }
 
 #[test]
-fn a_kernel_built_for_no_target_fails_the_build() {
+fn a_build_that_builds_no_kernel_for_any_target_fails() {
     let (dir, manifest) = library_in(
         "[library]\npackage = \"none\"\narchs = [\"sm_90a\", \"sm_100a\"]\ncuda-builds = [\"cu130\"]\ntorch = \"2.13.*\"\n[kernels.k]\nsources = [\"k.cu\"]\nentries = [\"k\"]\n",
         &[("k.cu", "// k\n")],
@@ -1673,6 +1673,194 @@ fn a_kernel_built_for_no_target_fails_the_build() {
          error: nothing compiles here\n"
     );
     assert!(!dir.path().join("out").exists(), "no bundle is written");
+}
+
+/// A library of kernels that each compile (by copying) to the fixture cubin of
+/// `prebuilt/tests/fixtures/cubin/kernels.cu`, which has `extern "C"` kernels and one C++
+/// template instance, `kw_square<float>`; each kernel is `(name, entries)`.
+fn fixture_cubin_library(kernels: &[(&str, &str)]) -> (FakeLibrary, BundleOptions) {
+    let library = fake_library(0);
+    let mut text = std::fs::read_to_string(&library.manifest).unwrap();
+    for (name, entries) in kernels {
+        text.push_str(&format!(
+            "[kernels.{name}]\nsources = [\"{name}.cu\"]\nentries = {entries}\n"
+        ));
+        std::fs::write(library.dir.path().join(format!("{name}.cu")), "// k\n").unwrap();
+    }
+    std::fs::write(&library.manifest, text).unwrap();
+    let options = library.options("build");
+    (library, options)
+}
+
+#[test]
+fn a_plain_entry_naming_one_cpp_kernel_resolves_to_it() {
+    // `kw_square` is a C++ kernel (`_Z9kw_squareIfEvPT_i`), named the way llm.c and ggml
+    // manifests name theirs (`gelu_forward`, `soft_max_back_f32`).
+    let (_library, options) = fixture_cubin_library(&[("square", r#"["kw_square", "kw_axpy"]"#)]);
+    let summary =
+        bundle_kernels(&options).unwrap_or_else(|error| panic!("{}", anyhow_like(&error)));
+    let square = &summary.index.kernels["square"];
+    assert_eq!(square.variants.len(), 1, "{:?}", square.skipped);
+    let functions: Vec<(&str, &str)> = square.variants[0]
+        .functions
+        .iter()
+        .map(|function| (function.name.as_str(), function.symbol.as_str()))
+        .collect();
+    assert_eq!(
+        functions,
+        [
+            ("kw_square", "_Z9kw_squareIfEvPT_i"),
+            ("kw_axpy", "kw_axpy")
+        ]
+    );
+}
+
+#[test]
+fn a_kernel_whose_entry_names_nothing_does_not_end_the_other_kernels() {
+    // ggml's norm kernel builds although its sibling's entry is misspelt.
+    let (_library, options) = fixture_cubin_library(&[
+        ("norm", r#"["kw_axpy"]"#),
+        ("soft_max", r#"["kw_soft_max"]"#),
+    ]);
+    let summary =
+        bundle_kernels(&options).unwrap_or_else(|error| panic!("{}", anyhow_like(&error)));
+    let failed: Vec<String> = summary
+        .failed
+        .iter()
+        .map(|(kernel, build, arch, error)| format!("{kernel} {build} {arch}: {error}"))
+        .collect();
+    assert_eq!(
+        failed,
+        [
+            "soft_max cu130 sm_90a: cubin of `soft_max` for sm_90a (cu130) has no entry \
+          `kw_soft_max` (its entries, as `entries` spells them: kw_square<float>; kw_axpy; \
+          kw_empty; kw_large; kw_scalars; kw_structs)"
+        ]
+    );
+    let index = &summary.index;
+    assert_eq!(index.kernels["norm"].variants.len(), 1);
+    let soft_max = &index.kernels["soft_max"];
+    assert!(soft_max.variants.is_empty());
+    let skips: Vec<String> = soft_max
+        .skipped
+        .iter()
+        .map(|skip| format!("{}/{}: {}", skip.cuda, skip.arch, skip.reason))
+        .collect();
+    assert_eq!(skips.len(), 1);
+    assert!(
+        skips[0].starts_with("cu130/sm_90a: failed: cubin of `soft_max` for sm_90a (cu130) has no entry `kw_soft_max`"),
+        "{skips:?}"
+    );
+    // The bundle on disk has both kernels: the failed one as a recorded skip.
+    let bundle = Bundle::open(&summary.out).unwrap();
+    assert_eq!(bundle.index().kernels.len(), 2);
+
+    // `--require` makes the failure the build's error.
+    let mut strict = options.clone();
+    strict.require = true;
+    strict.out = options.out.with_file_name("strict");
+    strict.cache_dir = options.cache_dir.with_file_name("strict-cache");
+    let error = bundle_kernels(&strict).unwrap_err();
+    assert!(matches!(error, Error::MissingEntry { .. }), "{error}");
+}
+
+/// The shape of ggml's `softmax.cu`: a `static` kernel, and a template kernel its host code
+/// launches with two sets of arguments.
+const GGML_SOFTMAX: &str = r#"
+static __global__ void soft_max_back_f32(const float * grad, const float * dstf, float * dst,
+                                         const int ncols, const float scale) {
+    const int col = threadIdx.x;
+    if (col < ncols) dst[col] = scale * grad[col] * dstf[col];
+}
+template <bool use_shared, int ncols_template, int block_size_template, typename T>
+static __global__ void soft_max_f32(const float * x, const T * mask, float * dst, const int ncols) {
+    const int col = threadIdx.x;
+    const int n = ncols_template == 0 ? ncols : ncols_template;
+    if (col < n) dst[col] = x[col] + (use_shared ? float(mask[col]) : 0.0f);
+}
+void soft_max_f32_cuda(const float * x, const float * mask, float * dst, int ncols) {
+    if (ncols == 32) {
+        soft_max_f32<false, 32, 32, float><<<1, 32>>>(x, mask, dst, ncols);
+    } else {
+        soft_max_f32<true, 0, 0, float><<<1, 1024>>>(x, mask, dst, ncols);
+    }
+}
+"#;
+
+/// The shape of llm.c's GELU: a C++ kernel with external linkage.
+const LLMC_GELU: &str = r#"
+#define GELU_SCALING_FACTOR 0.7978845608f
+__global__ void gelu_forward_kernel2(float* out, const float* inp, int N) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < N) {
+        float x = inp[i];
+        out[i] = 0.5f * x * (1.0f + tanhf(GELU_SCALING_FACTOR * (x + 0.044715f * x * x * x)));
+    }
+}
+"#;
+
+#[test]
+fn plain_cpp_entries_of_ggml_and_llmc_resolve_and_an_ambiguous_one_lists_its_kernels() {
+    let Some(toolchains) = toolchains() else {
+        return;
+    };
+    let manifest = |soft_max_entry: &str| {
+        format!(
+            "[library]\npackage = \"ggml-llmc\"\narchs = [\"sm_90a\"]\ncuda-builds = [\"cu130\"]\n\
+             torch = \"2.13.*\"\n\n\
+             [kernels.soft_max_back]\nsources = [\"softmax.cu\"]\nentries = [\"soft_max_back_f32\"]\n\n\
+             [kernels.soft_max]\nsources = [\"softmax.cu\"]\nentries = [\"{soft_max_entry}\"]\n\n\
+             [kernels.gelu]\nsources = [\"gelu.cu\"]\nentries = [\"gelu_forward_kernel2\"]\n"
+        )
+    };
+    let (dir, manifest_path) = library_in(
+        &manifest("soft_max_f32"),
+        &[("softmax.cu", GGML_SOFTMAX), ("gelu.cu", LLMC_GELU)],
+    );
+    let opts = options_in(dir.path(), &manifest_path, of_build(toolchains, "cu130"));
+    let summary = bundle_kernels(&opts).unwrap_or_else(|error| panic!("{}", anyhow_like(&error)));
+    let symbols = |summary: &BundleSummary, kernel: &str| -> Vec<String> {
+        summary.index.kernels[kernel]
+            .variants
+            .iter()
+            .flat_map(|variant| variant.functions.iter().map(|f| f.symbol.clone()))
+            .collect()
+    };
+    assert_eq!(
+        symbols(&summary, "soft_max_back"),
+        ["_Z17soft_max_back_f32PKfS0_Pfif"]
+    );
+    assert_eq!(
+        symbols(&summary, "gelu"),
+        ["_Z20gelu_forward_kernel2PfPKfi"]
+    );
+    // Two instances of one template: the plain name is a failed target listing both.
+    let failed: Vec<&str> = summary
+        .failed
+        .iter()
+        .map(|(kernel, _, _, error)| {
+            assert_eq!(kernel, "soft_max");
+            error.as_str()
+        })
+        .collect();
+    assert_eq!(
+        failed,
+        [
+            "cubin of `soft_max` for sm_90a (cu130) has 2 kernels named `soft_max_f32`, so the \
+          plain entry names none of them alone; write the one meant as `entries` takes it: \
+          soft_max_f32<false, 32, 32, float>; soft_max_f32<true, 0, 0, float>"
+        ]
+    );
+    assert!(summary.index.kernels["soft_max"].variants.is_empty());
+
+    // Either spelling, pasted, builds.
+    std::fs::write(&manifest_path, manifest("soft_max_f32<true, 0, 0, float>")).unwrap();
+    let summary = bundle_kernels(&opts).unwrap_or_else(|error| panic!("{}", anyhow_like(&error)));
+    assert!(summary.failed.is_empty(), "{:?}", summary.failed);
+    assert_eq!(
+        symbols(&summary, "soft_max"),
+        ["_Z12soft_max_f32ILb1ELi0ELi0EfEvPKfPKT2_Pfi"]
+    );
 }
 
 #[test]

@@ -11,9 +11,11 @@
 //! cannot build, that a kernel narrows away with `arch = [...]` or `cuda-builds = [...]`, or
 //! whose compile or validation fails, is a skip recorded in the index with its reason (a failure
 //! with the compiler's log); `require` turns every skip into an error. A kernel left with no
-//! variant at all fails the build. A cubin whose every entry is a stub on its target (a body
-//! that only prints, asserts or traps: [`prebuilt::cubin::stub_entries`]) is a skip too, unless
-//! the kernel says `allow-stub = true`. A compile that failed because of its inputs is kept in
+//! variant at all (every target failed, say an entry that names nothing) is recorded with its
+//! skips like any other and never ends the other kernels' variants; only a build in which no
+//! kernel has a variant fails, having nothing to ship. A cubin whose every entry is a stub on
+//! its target (a body that only prints, asserts or traps: [`prebuilt::cubin::stub_entries`]) is
+//! a skip too, unless the kernel says `allow-stub = true`. A compile that failed because of its inputs is kept in
 //! the build cache (`<key>.failed.json` beside the cubin's place) and replayed, not rerun,
 //! while the key stays the same. See `docs/toolchains.md`.
 //!
@@ -38,7 +40,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use prebuilt::compile::{resolve_entries, CompileJob};
+use prebuilt::compile::{resolve_entries, CompileJob, EntryError};
 use prebuilt::cubin::{stub_entries, StubEntry};
 use prebuilt::index::{
     CompilerRecord, Function, Index, KernelInputs, KernelRecord, Skip, SourceRecipe, StoredFile,
@@ -456,6 +458,8 @@ pub fn bundle_kernels_shared(
     };
     let mut cubins = BTreeMap::new();
     let mut compiled = Vec::new();
+    // The first kernel with no variant, with why, for a build in which no kernel has one.
+    let mut unbuilt: Option<Error> = None;
     let mut cached = 0;
     let mut from_remote = 0;
     for (position, kernel) in kernels.iter().enumerate() {
@@ -495,13 +499,12 @@ pub fn bundle_kernels_shared(
         variants.sort_by_key(|v| (v.cuda, v.arch));
         let mut skips = skipped.remove(&position).unwrap_or_default();
         skips.sort_by_key(|s| (s.cuda, s.arch));
-        // A shard may own none of a kernel's jobs; the merged bundle is checked as a whole.
-        if variants.is_empty() && shared.shard.is_none() {
+        if variants.is_empty() && unbuilt.is_none() {
             let reasons: Vec<String> = skips
                 .iter()
                 .map(|skip| format!("{} ({}): {}", skip.arch, skip.cuda, skip.reason))
                 .collect();
-            return Err(Error::NoTarget {
+            unbuilt = Some(Error::NoTarget {
                 kernel: kernel.name.clone(),
                 reasons,
             });
@@ -516,6 +519,15 @@ pub fn bundle_kernels_shared(
                 skipped: skips,
             },
         );
+    }
+
+    // A shard may own none of a kernel's jobs; the merged bundle is checked as a whole.
+    let nothing_built = index
+        .kernels
+        .values()
+        .all(|kernel| kernel.variants.is_empty());
+    if let Some(error) = unbuilt.filter(|_| nothing_built && shared.shard.is_none()) {
+        return Err(error);
     }
 
     let sources: BTreeMap<String, PathBuf> = kernels

@@ -95,6 +95,7 @@ pub(super) fn is_target_failure(error: &Error) -> bool {
         Error::Compile(_)
             | Error::InvalidCubin { .. }
             | Error::MissingEntry { .. }
+            | Error::AmbiguousEntry { .. }
             | Error::CachedFailure { .. }
     )
 }
@@ -114,7 +115,9 @@ pub(super) fn is_lasting_failure(error: &Error) -> bool {
             | CompileError::Unsupported { .. } => true,
             _ => false,
         },
-        Error::InvalidCubin { .. } | Error::MissingEntry { .. } => true,
+        Error::InvalidCubin { .. } | Error::MissingEntry { .. } | Error::AmbiguousEntry { .. } => {
+            true
+        }
         _ => false,
     }
 }
@@ -224,8 +227,10 @@ struct FailureRecord {
     reason: String,
 }
 
-/// Bump when [`FailureRecord`] changes; records of another format are ignored.
-const FAILURE_FORMAT: u32 = 1;
+/// Bump when [`FailureRecord`] changes, or when a kept failure may no longer fail with the same
+/// key (a rule the key does not hash, such as how entries resolve or which flags the
+/// nvcc+ptxas route takes, now accepts more); records of another format are ignored.
+const FAILURE_FORMAT: u32 = 2;
 
 /// The reason a failure record at `path` keeps, if there is a readable one.
 fn read_failure(path: &Path) -> Option<String> {
@@ -437,8 +442,9 @@ pub(super) fn put_symbols(
 }
 
 /// Validates a cubin for its job and maps each declared entry to its symbol and parameters:
-/// the symbol the compiler gave a name expression (`symbols`), else the entry itself or the
-/// mangled symbol that demangles to it.
+/// the symbol the compiler gave a name expression (`symbols`), else the entry itself, the
+/// mangled symbol that demangles to it, or for a plain name the one kernel of that name
+/// ([`resolve_entries`]).
 pub(super) fn check_cubin(
     cubin: &[u8],
     job: &Job,
@@ -446,19 +452,27 @@ pub(super) fn check_cubin(
     symbols: &BTreeMap<String, String>,
 ) -> Result<Vec<Function>, Error> {
     resolve_entries(cubin, job.arch, &kernel.inputs.entries, symbols).map_err(|error| {
-        match error.missing_entry() {
-            Err(source) => Error::InvalidCubin {
-                kernel: kernel.name.clone(),
-                arch: job.arch,
-                build: job.build,
+        let (kernel, arch, build) = (kernel.name.clone(), job.arch, job.build);
+        match error {
+            EntryError::Invalid(source) => Error::InvalidCubin {
+                kernel,
+                arch,
+                build,
                 source,
             },
-            Ok((entry, found)) => Error::MissingEntry {
-                kernel: kernel.name.clone(),
-                arch: job.arch,
-                build: job.build,
+            EntryError::Missing { entry, found } => Error::MissingEntry {
+                kernel,
+                arch,
+                build,
                 entry,
                 found,
+            },
+            EntryError::Ambiguous { entry, candidates } => Error::AmbiguousEntry {
+                kernel,
+                arch,
+                build,
+                entry,
+                candidates,
             },
         }
     })
@@ -510,6 +524,22 @@ mod tests {
         let kept = index_reason(&log);
         assert!(kept.len() <= 300 + 20 * 304 + 2000 + 40, "{}", kept.len());
         assert_eq!(kept.lines().filter(|l| l.ends_with('…')).count(), 20);
+    }
+
+    #[test]
+    fn failures_kept_before_plain_entries_and_route_flags_were_accepted_are_not_replayed() {
+        // A record of format 1 may keep a plain C++ entry or an nvcc flag that its rules
+        // refused and that builds with the same key now: it is compiled again, not replayed.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("k.failed.json");
+        let old = r#"{"format":1,"reason":"cubin of `gelu` for sm_90a (cu130) has no entry"}"#;
+        std::fs::write(&path, old).unwrap();
+        assert_eq!(read_failure(&path), None);
+        write_failure(&path, "failed to compile `gelu`");
+        assert_eq!(
+            read_failure(&path).as_deref(),
+            Some("failed to compile `gelu`")
+        );
     }
 
     #[test]

@@ -500,6 +500,261 @@ fn a_flag_the_cu129_route_cannot_honour_is_refused_by_name() {
     );
 }
 
+/// The nvcc flags real libraries build their kernels with (less `-arch`/`-gencode`, include
+/// dirs and output files, which a manifest says in its own keys), and the options nvcc 13.0
+/// gives its own ptxas for them (`nvcc -dryrun -cubin`), which the cu129 route must give the
+/// 12.9 ptxas.
+const REAL_FLAG_SETS: &[(&str, &[&str], &[&str])] = &[
+    (
+        // `kernels/common.mk` and the kernels' Makefiles, for Hopper.
+        "ThunderKittens",
+        &[
+            "-DNDEBUG",
+            "-lineinfo",
+            "--expt-extended-lambda",
+            "--expt-relaxed-constexpr",
+            "-Xcompiler=-fPIE",
+            "-Xcompiler=-Wno-psabi",
+            "-Xcompiler=-fno-strict-aliasing",
+            "-forward-unknown-to-host-compiler",
+            "-ftemplate-backtrace-limit=0",
+            "-std=c++20",
+            "-O3",
+            "--use_fast_math",
+            "-Xnvlink=--verbose",
+            "-Xptxas=--verbose",
+            "-Xptxas=--warn-on-spills",
+            "-DKITTENS_HOPPER",
+            "-D__CUDA_NO_HALF_OPERATORS__",
+            "-D__CUDA_NO_HALF_CONVERSIONS__",
+            "-D__CUDA_NO_BFLOAT16_CONVERSIONS__",
+            "-D__CUDA_NO_HALF2_OPERATORS__",
+            "-diag-suppress",
+            "3189",
+            "-lrt",
+            "-lpthread",
+            "-ldl",
+            "-lcuda",
+            "-lcudadevrt",
+            "-lcudart_static",
+            "-shared",
+            "-fPIC",
+        ],
+        &["--generate-line-info", "--verbose", "--warn-on-spills"],
+    ),
+    (
+        // CMakeLists.txt (RelWithDebInfo) with the flags torch's CMake config adds.
+        "vLLM",
+        &[
+            "-DTORCH_EXTENSION_NAME=_C",
+            "-DUSE_C10D_GLOO",
+            "-DUSE_C10D_NCCL",
+            "-DUSE_DISTRIBUTED",
+            "-D_C_EXPORTS",
+            "-Xcudafe",
+            "--diag_suppress=cc_clobber_ignored,--diag_suppress=field_without_dll_interface,\
+             --diag_suppress=base_class_has_different_dll_interface,\
+             --diag_suppress=dll_interface_conflict_none_assumed,\
+             --diag_suppress=dll_interface_conflict_dllexport_assumed,\
+             --diag_suppress=bad_friend_decl",
+            "--expt-relaxed-constexpr",
+            "--expt-extended-lambda",
+            "-O2",
+            "-g",
+            "-DNDEBUG",
+            "-std=c++17",
+            "-Xcompiler=-fPIC",
+            "--threads=1",
+            "-D_GLIBCXX_USE_CXX11_ABI=1",
+            "-DENABLE_FP8",
+            "-DENABLE_SCALED_MM_SM90=1",
+            "-static-global-template-stub=false",
+            "-D__CUDA_NO_HALF_OPERATORS__",
+            "-D__CUDA_NO_HALF_CONVERSIONS__",
+            "-D__CUDA_NO_BFLOAT16_CONVERSIONS__",
+            "-D__CUDA_NO_HALF2_OPERATORS__",
+        ],
+        &[],
+    ),
+    (
+        // flashinfer/jit (`gen_jit_spec` with FLASHINFER_JIT_VERBOSE=1, `build_cuda_cflags`).
+        "FlashInfer",
+        &[
+            "-DPy_LIMITED_API=0x03090000",
+            "-D_GLIBCXX_USE_CXX11_ABI=1",
+            "--compiler-options=-fPIC",
+            "--expt-relaxed-constexpr",
+            "-static-global-template-stub=false",
+            "-DFLASHINFER_ENABLE_FP8_E8M0",
+            "-DFLASHINFER_ENABLE_FP4_E2M1",
+            "-O3",
+            "-std=c++17",
+            "--threads=4",
+            "-use_fast_math",
+            "-DFLASHINFER_ENABLE_F16",
+            "-DFLASHINFER_ENABLE_BF16",
+            "-DFLASHINFER_ENABLE_FP8_E4M3",
+            "-DFLASHINFER_ENABLE_FP8_E5M2",
+            "-g",
+            "-lineinfo",
+            "--ptxas-options=-v",
+            "--ptxas-options=--verbose,--register-usage-level=10,--warn-on-local-memory-usage",
+            "-DCUTLASS_DEBUG_TRACE_LEVEL=2",
+        ],
+        &[
+            "--generate-line-info",
+            "-v",
+            "--verbose",
+            "--register-usage-level=10",
+            "--warn-on-local-memory-usage",
+        ],
+    ),
+    (
+        // CMakeLists.txt's CUTLASS_CUDA_NVCC_FLAGS on Linux (RelWithDebInfo), for an example.
+        "CUTLASS",
+        &[
+            "-DCUTLASS_ENABLE_TENSOR_CORE_MMA=1",
+            "-DCUTLASS_VERSIONS_GENERATED",
+            "--expt-relaxed-constexpr",
+            "-DCUTE_USE_PACKED_TUPLE=1",
+            "-DCUTLASS_TEST_LEVEL=0",
+            "-DCUTLASS_TEST_ENABLE_CACHED_RESULTS=1",
+            "-DCUTLASS_CONV_UNIT_TEST_RIGOROUS_SIZE_ENABLED=1",
+            "-DCUTLASS_DEBUG_TRACE_LEVEL=0",
+            "-Xcompiler=-Wconversion",
+            "-Xcompiler=-fno-strict-aliasing",
+            "-lineinfo",
+            "-O2",
+            "-g",
+            "-DNDEBUG",
+            "-std=c++17",
+            "-Xcompiler=-fPIE",
+        ],
+        &["--generate-line-info"],
+    ),
+];
+
+fn owned(flags: &[&str]) -> Vec<String> {
+    flags.iter().map(|flag| (*flag).to_owned()).collect()
+}
+
+#[test]
+fn real_libraries_nvcc_flags_pass_the_cu129_route() {
+    for (library, flags, expected) in REAL_FLAG_SETS {
+        let options = prebuilt::compile::ptxas::ptxas_options(&owned(flags))
+            .unwrap_or_else(|refused| panic!("{library}: {refused}"));
+        assert_eq!(options, *expected, "{library}");
+    }
+}
+
+/// The options `nvcc -dryrun -cubin` (CUDA 13.0) gives its ptxas for `flags`, sorted, without
+/// the target, the machine and the files, which the route sets itself; or nvcc's error.
+fn nvcc_ptxas_options(nvcc: &Path, dir: &Path, flags: &[&str]) -> Result<Vec<String>, String> {
+    let output = std::process::Command::new(nvcc)
+        .current_dir(dir)
+        .args(["-dryrun", "-cubin", "-arch=sm_90a"])
+        .args(flags)
+        .args(["k.cu", "-o", "k.cubin"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stderr).into_owned();
+    if !output.status.success() || text.contains("fatal") {
+        return Err(text);
+    }
+    let line = text
+        .lines()
+        .find_map(|line| line.strip_prefix("#$ ptxas "))
+        .ok_or_else(|| text.clone())?;
+    let mut words = line.split_whitespace();
+    let mut options = Vec::new();
+    while let Some(word) = words.next() {
+        match word {
+            "-o" | ">" => {
+                words.next();
+            }
+            "-arch=sm_90a" | "-m64" => {}
+            _ if word.starts_with('"') || word.starts_with("2>") => {}
+            _ => options.push(word.to_owned()),
+        }
+    }
+    options.sort();
+    Ok(options)
+}
+
+#[test]
+fn real_libraries_nvcc_flags_give_ptxas_on_the_cu129_route_what_nvcc_gives_it_on_cu130() {
+    let Some((_, cu130)) = both_toolchains() else {
+        return;
+    };
+    let nvcc = cu130.nvcc.as_ref().expect("the cu130 toolchain has nvcc");
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(
+        dir.path().join("k.cu"),
+        "__global__ void k(float* x) { x[0] = 1; }\n",
+    )
+    .unwrap();
+    for (library, flags, _) in REAL_FLAG_SETS {
+        // nvcc takes the flags as they are (the cu130 build) ...
+        let from_nvcc = nvcc_ptxas_options(nvcc, dir.path(), flags)
+            .unwrap_or_else(|log| panic!("{library}: nvcc refuses its flags:\n{log}"));
+        // ... and the route gives the 12.9 ptxas the same options (the cu129 build).
+        let mut from_route = prebuilt::compile::ptxas::ptxas_options(&owned(flags)).unwrap();
+        from_route.sort();
+        assert_eq!(from_route, from_nvcc, "{library}");
+    }
+}
+
+/// A ThunderKittens-style kernel: a C++ kernel in a namespace, an extended lambda and a
+/// `constexpr` function called from device code, which need the flags it builds with.
+const THUNDERKITTENS_LIKE: &str = r#"
+namespace kittens {
+constexpr int tile() { return 16; }
+template <typename F>
+__device__ float apply(F f, float x) { return f(x); }
+}
+__global__ void attend_ker(float* out, const float* in, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    auto scale = [=] __device__ (float v) { return v * kittens::tile() * __expf(v); };
+    if (i < n) out[i] = kittens::apply(scale, in[i]);
+}
+void launch(float* out, const float* in, int n) {
+    auto host = [=] __host__ __device__ (int v) { return v + 1; };
+    attend_ker<<<host(n) / 128, 128>>>(out, in, n);
+}
+"#;
+
+#[test]
+fn thunderkittens_flags_build_through_the_cu129_route() {
+    let Some((_, route)) = nvcc_and_route() else {
+        return;
+    };
+    let (_, flags, _) = REAL_FLAG_SETS[0];
+    let flags = owned(flags);
+    let fixture = fixture(THUNDERKITTENS_LIKE);
+    let key = fixture_key(&fixture, "thunderkittens");
+    let mut request = request(&fixture, &key, false, "sm_90a", &[]);
+    request.kernel = "attend_ker";
+    request.job.flags = &flags;
+    request.job.cxx_std = "c++20";
+    let output = route
+        .compile(&request)
+        .unwrap_or_else(|error| panic!("{}", error_chain(&error)));
+    let info = prebuilt::cubin::inspect_cubin(&output.cubin).unwrap();
+    assert!(
+        info.function("_Z10attend_kerPfPKfi").is_some(),
+        "{:?}",
+        info.symbols()
+    );
+    // `-Xptxas=--verbose` reached the 12.9 ptxas, which reports what it built.
+    assert!(
+        output.log.contains(
+            "ptxas info    : Compiling entry function '_Z10attend_kerPfPKfi' for 'sm_90a'"
+        ),
+        "{}",
+        output.log
+    );
+}
+
 /// A library whose cubins carry everything that could name where it was built: `__FILE__`
 /// through `assert`, internal-linkage kernels and device functions (whose symbols nvcc
 /// prefixes with a hash of the compiled file's path), and a header found relative to the

@@ -419,48 +419,49 @@ pub enum EntryError {
         /// The entries the output has, as a manifest would spell them ([`pasteable_entry`]).
         found: Vec<String>,
     },
-    /// A plain entry names a C++ kernel (a `static` or namespaced one), not an `extern "C"` one.
+    /// A plain entry is the name of several kernels of the output (overloads, or instances of
+    /// one template), so it names none of them alone.
     #[error(
-        "entry `{entry}` is a plain name, which means an `extern \"C\"` kernel, but the output \
-         has it only as the C++ kernel `{symbol}`: write it as the name expression `{expression}`"
+        "entry `{entry}` is the name of {} kernels of the output, so it names none of them \
+         alone; write the one meant as `entries` takes it: {}",
+        candidates.len(),
+        candidates.join(", ")
     )]
-    NotExternC {
+    Ambiguous {
         /// The entry as the manifest spells it.
         entry: String,
-        /// The mangled symbol found.
-        symbol: String,
-        /// How the manifest should spell it.
-        expression: String,
+        /// Each kernel of that name, spelled as `entries` takes it.
+        candidates: Vec<String>,
     },
 }
 
 impl EntryError {
-    /// The entry and the entries the output has, for an error that names a missing entry (a
-    /// C++ kernel that a plain entry names becomes one line saying how to write it), or the
-    /// reason the output is no valid cubin. The bundler and the JIT word it alike.
+    /// The entry and what the output has instead, for an error about an entry that names no
+    /// one kernel: the entries the output has, or for an ambiguous plain name one line per
+    /// kernel of that name; else the reason the output is no valid cubin.
     pub fn missing_entry(self) -> Result<(String, Vec<String>), CubinError> {
         match self {
             EntryError::Invalid(source) => Err(source),
             EntryError::Missing { entry, found } => Ok((entry, found)),
-            EntryError::NotExternC {
-                entry,
-                symbol,
-                expression,
-            } => Ok((
-                entry,
-                vec![format!(
-                    "{symbol}, a C++ kernel: a plain entry names an `extern \"C\"` one, so \
-                     write it as `{expression}`"
-                )],
-            )),
+            EntryError::Ambiguous { entry, candidates } => {
+                let found = candidates
+                    .iter()
+                    .map(|candidate| {
+                        format!("{candidate} (one of the kernels named `{entry}`: write one)")
+                    })
+                    .collect();
+                Ok((entry, found))
+            }
         }
     }
 }
 
-/// The index's record of each of `entries` in a compiled `cubin` for `arch`: its symbol (for a
-/// plain name the `extern "C"` symbol itself; for a name expression the one the compiler gave
-/// it in `symbols`, else the mangled symbol that demangles to it) and its parameter sizes,
-/// after validating the cubin for the target with every symbol present as an entry function.
+/// The index's record of each of `entries` in a compiled `cubin` for `arch`: its symbol and
+/// its parameter sizes, after validating the cubin for the target with every symbol present as
+/// an entry function. A name expression's symbol is the one the compiler gave it in `symbols`,
+/// else the mangled symbol that demangles to it; a plain name's is the symbol of that name
+/// (an `extern "C"` kernel, or a mangled symbol written out), else that of the one kernel whose
+/// demangled name, without namespaces and template arguments, is the entry.
 /// The bundler and the JIT both record entries through this.
 pub fn resolve_entries(
     cubin: &[u8],
@@ -478,11 +479,23 @@ pub fn resolve_entries(
                 .cloned()
                 .or_else(|| info.resolve_entry(entry))
         } else {
-            info.function(entry).map(|function| function.symbol.clone())
+            match info.function(entry) {
+                Some(function) => Some(function.symbol.clone()),
+                None => resolve_plain_entry(&info, entry)?,
+            }
         };
         let symbol = match symbol {
             Some(symbol) => symbol,
-            None => return Err(missing_entry(&info, entry)),
+            None => {
+                return Err(EntryError::Missing {
+                    entry: entry.to_owned(),
+                    found: info
+                        .functions
+                        .iter()
+                        .map(|function| pasteable_entry(&function.symbol))
+                        .collect(),
+                })
+            }
         };
         resolved.push(symbol);
     }
@@ -502,50 +515,107 @@ pub fn resolve_entries(
         .collect())
 }
 
-/// The error for an entry not found: a plain name whose kernel is there only mangled (its
-/// demangled name, or that name's last `::` part, is the entry) says how to write it.
-fn missing_entry(info: &crate::cubin::CubinInfo, entry: &str) -> EntryError {
-    if !is_name_expression(entry) {
-        let mangled = info.functions.iter().find(|function| {
-            let pasted = pasteable_entry(&function.symbol);
-            pasted != function.symbol && pasted.rsplit("::").next() == Some(entry)
-        });
-        if let Some(function) = mangled {
-            let pasted = pasteable_entry(&function.symbol).replace("(anonymous namespace)::", "");
-            let expression = if is_name_expression(&pasted) {
+/// The symbol of the one C++ kernel of `info` whose `base_name` is the plain `entry`
+/// (`gelu_forward` for `gelu_forward(float*, float const*, int)`, a `static` kernel or one in a
+/// namespace); `None` when no kernel has that name, an error listing them when several do.
+fn resolve_plain_entry(
+    info: &crate::cubin::CubinInfo,
+    entry: &str,
+) -> Result<Option<String>, EntryError> {
+    let named: Vec<&str> = info
+        .functions
+        .iter()
+        .map(|function| function.symbol.as_str())
+        .filter(|symbol| demangled(symbol).is_some_and(|name| base_name(&name) == entry))
+        .collect();
+    match named[..] {
+        [] => Ok(None),
+        [symbol] => Ok(Some(symbol.to_owned())),
+        _ => Err(EntryError::Ambiguous {
+            entry: entry.to_owned(),
+            candidates: entry_spellings(&named),
+        }),
+    }
+}
+
+/// `symbol` demangled without return type and parameters (`ns::scale<float>`); `None` for a
+/// symbol that is no C++ name (an `extern "C"` kernel).
+fn demangled(symbol: &str) -> Option<String> {
+    let parsed = cpp_demangle::Symbol::new(symbol.as_bytes()).ok()?;
+    let options = cpp_demangle::DemangleOptions::new()
+        .no_return_type()
+        .no_params();
+    parsed.demangle(&options).ok()
+}
+
+/// The unqualified name of a demangled function, without its template arguments:
+/// `soft_max_f32` for `soft_max_f32<true, 0, 0, float>`, `k` for `(anonymous namespace)::k` or
+/// `ns::k<ns::Tag>`. `::` and `<` inside template arguments or parentheses do not count.
+fn base_name(demangled: &str) -> &str {
+    let mut depth = 0usize;
+    let mut start = 0;
+    let mut end = demangled.len();
+    let bytes = demangled.as_bytes();
+    let mut at = 0;
+    while at < bytes.len() {
+        match bytes[at] {
+            b'(' => depth += 1,
+            b')' => depth = depth.saturating_sub(1),
+            b'<' if depth == 0 => {
+                end = at;
+                depth += 1;
+            }
+            b'<' => depth += 1,
+            b'>' => depth = depth.saturating_sub(1),
+            b':' if depth == 0 && bytes.get(at + 1) == Some(&b':') => {
+                start = at + 2;
+                end = demangled.len();
+                at += 1;
+            }
+            _ => {}
+        }
+        at += 1;
+    }
+    demangled.get(start..end.max(start)).unwrap_or(demangled)
+}
+
+/// How `entries` takes each of `symbols`: the name expression that names it
+/// ([`pasteable_entry`], without `(anonymous namespace)::`, which C++ cannot write; a
+/// non-template `static` kernel as `::name`), or, where that spelling names several of them
+/// (overloads differ only in their parameters), the mangled symbol itself, which a plain entry
+/// matches exactly.
+fn entry_spellings(symbols: &[&str]) -> Vec<String> {
+    let spelled: Vec<String> = symbols
+        .iter()
+        .map(|symbol| {
+            let pasted = pasteable_entry(symbol).replace("(anonymous namespace)::", "");
+            if is_name_expression(&pasted) {
                 pasted
             } else {
-                // `::k` names a `static` kernel, or one in an anonymous namespace.
+                // `::k` is a name expression for a `static` kernel, or one in an anonymous
+                // namespace, which nvcc and NVRTC then look up in the translation unit.
                 format!("::{pasted}")
-            };
-            return EntryError::NotExternC {
-                entry: entry.to_owned(),
-                symbol: function.symbol.clone(),
-                expression,
-            };
-        }
-    }
-    EntryError::Missing {
-        entry: entry.to_owned(),
-        found: info
-            .functions
-            .iter()
-            .map(|function| pasteable_entry(&function.symbol))
-            .collect(),
-    }
+            }
+        })
+        .collect();
+    symbols
+        .iter()
+        .zip(&spelled)
+        .map(|(symbol, spelling)| {
+            if spelled.iter().filter(|other| *other == spelling).count() > 1 {
+                (*symbol).to_owned()
+            } else {
+                spelling.clone()
+            }
+        })
+        .collect()
 }
 
 /// A kernel symbol as a manifest entry would spell it: demangled without parameters, and a
 /// function-pointer template argument as `&name` rather than the demangler's `&name(float
 /// const&)`. `extern "C"` names and symbols that do not demangle stay as they are.
 pub fn pasteable_entry(symbol: &str) -> String {
-    let Ok(parsed) = cpp_demangle::Symbol::new(symbol.as_bytes()) else {
-        return symbol.to_owned();
-    };
-    let options = cpp_demangle::DemangleOptions::new()
-        .no_return_type()
-        .no_params();
-    let Ok(demangled) = parsed.demangle(&options) else {
+    let Some(demangled) = demangled(symbol) else {
         return symbol.to_owned();
     };
     // Drop the parameter list after `&qualified::name` (a function pointer argument).
@@ -635,6 +705,141 @@ mod tests {
         assert_eq!(names["ns::k"], "_ZN2ns1kEv");
         assert!(is_name_expression("scale<float>") && is_name_expression("ns::k"));
         assert!(!is_name_expression("layernorm_bf16"));
+    }
+
+    /// PTX for compute_90 with one `.entry` per symbol, each taking one pointer: what nvcc
+    /// 13.0 writes for a translation unit like ggml's `softmax.cu` and llm.c's kernels.
+    fn ptx_with_entries(symbols: &[&str]) -> Vec<u8> {
+        let mut ptx = String::from(".version 9.0\n.target sm_90\n.address_size 64\n\n");
+        for symbol in symbols {
+            ptx.push_str(&format!(
+                ".visible .entry {symbol}(\n\t.param .u64 {symbol}_param_0\n)\n{{\n\tret;\n\n}}\n"
+            ));
+        }
+        ptx.into_bytes()
+    }
+
+    /// The symbols nvcc 13.0 gives these kernels (`nvcc -ptx -arch=compute_90a`).
+    const SOFT_MAX_BACK: &str = "_Z17soft_max_back_f32PKfS0_Pfif";
+    const SOFT_MAX_SHARED: &str = "_Z12soft_max_f32ILb1ELi0ELi0EfEvPKfPKT2_Pfi";
+    const SOFT_MAX_32: &str = "_Z12soft_max_f32ILb0ELi32ELi32EfEvPKfPKT2_Pfi";
+    const GELU_FORWARD: &str = "_Z12gelu_forwardPfPKfi";
+    const LAYERNORM_FORWARD: &str = "_ZN4llmc17layernorm_forwardEPf";
+    const HIDDEN: &str = "_ZN37_GLOBAL__N__7e89ca40_5_sm_cu_daf73a936hiddenEPf";
+    const SCALE_FLOAT: &str = "_Z5scalePf";
+    const SCALE_DOUBLE: &str = "_Z5scalePd";
+
+    fn resolve(symbols: &[&str], entries: &[&str]) -> Result<Vec<String>, EntryError> {
+        let entries: Vec<String> = entries.iter().map(|entry| entry.to_string()).collect();
+        let arch: Arch = "compute_90".parse().unwrap();
+        resolve_entries(&ptx_with_entries(symbols), arch, &entries, &BTreeMap::new())
+            .map(|functions| functions.into_iter().map(|f| f.symbol).collect())
+    }
+
+    #[test]
+    fn a_plain_entry_naming_one_cpp_kernel_resolves_to_it() {
+        let all = [
+            SOFT_MAX_BACK,
+            SOFT_MAX_SHARED,
+            SOFT_MAX_32,
+            GELU_FORWARD,
+            LAYERNORM_FORWARD,
+            HIDDEN,
+            "add",
+        ];
+        // A `static` kernel, one with external linkage, one in a namespace, one in an
+        // anonymous namespace, and an `extern "C"` one.
+        assert_eq!(
+            resolve(
+                &all,
+                &[
+                    "soft_max_back_f32",
+                    "gelu_forward",
+                    "layernorm_forward",
+                    "hidden",
+                    "add"
+                ]
+            )
+            .unwrap(),
+            [
+                SOFT_MAX_BACK,
+                GELU_FORWARD,
+                LAYERNORM_FORWARD,
+                HIDDEN,
+                "add"
+            ]
+        );
+        // The only instance of a template in the output is the one the name names.
+        assert_eq!(
+            resolve(&[SOFT_MAX_32, "add"], &["soft_max_f32"]).unwrap(),
+            [SOFT_MAX_32]
+        );
+        // A mangled symbol written out is itself.
+        assert_eq!(
+            resolve(&all, &[SOFT_MAX_SHARED]).unwrap(),
+            [SOFT_MAX_SHARED]
+        );
+    }
+
+    #[test]
+    fn an_extern_c_kernel_comes_before_a_cpp_kernel_of_its_name() {
+        let symbols = ["_ZN4llmc3addEPf", "add"];
+        assert_eq!(resolve(&symbols, &["add"]).unwrap(), ["add"]);
+        assert_eq!(
+            resolve(&symbols[..1], &["add"]).unwrap(),
+            ["_ZN4llmc3addEPf"]
+        );
+    }
+
+    #[test]
+    fn an_ambiguous_plain_entry_lists_each_kernel_as_entries_take_it() {
+        let error = resolve(
+            &[SOFT_MAX_BACK, SOFT_MAX_SHARED, SOFT_MAX_32],
+            &["soft_max_f32"],
+        )
+        .unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "entry `soft_max_f32` is the name of 2 kernels of the output, so it names none of \
+             them alone; write the one meant as `entries` takes it: soft_max_f32<false, 32, \
+             32, float>, soft_max_f32<true, 0, 0, float>"
+        );
+        // Overloads differ only in their parameters: the mangled symbol names each.
+        let error = resolve(&[SCALE_FLOAT, SCALE_DOUBLE], &["scale"]).unwrap_err();
+        let EntryError::Ambiguous { candidates, .. } = &error else {
+            panic!("{error:?}");
+        };
+        assert_eq!(candidates, &[SCALE_DOUBLE, SCALE_FLOAT]);
+        // Each spelling resolves to its one kernel.
+        assert_eq!(
+            resolve(&[SCALE_FLOAT, SCALE_DOUBLE], &[SCALE_DOUBLE, SCALE_FLOAT]).unwrap(),
+            [SCALE_DOUBLE, SCALE_FLOAT]
+        );
+        let (entry, found) = error.missing_entry().unwrap();
+        assert_eq!(entry, "scale");
+        assert_eq!(
+            found[0],
+            "_Z5scalePd (one of the kernels named `scale`: write one)"
+        );
+    }
+
+    #[test]
+    fn a_plain_entry_naming_no_kernel_lists_the_entries() {
+        let error = resolve(&[GELU_FORWARD, HIDDEN, "add"], &["gelu_backward"]).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "entry `gelu_backward` is not in the output; it has gelu_forward, \
+             (anonymous namespace)::hidden, add"
+        );
+    }
+
+    #[test]
+    fn base_names_drop_namespaces_and_template_arguments() {
+        assert_eq!(base_name("soft_max_f32<true, 0, 0, float>"), "soft_max_f32");
+        assert_eq!(base_name("(anonymous namespace)::hidden"), "hidden");
+        assert_eq!(base_name("ns::k<ns::Tag, &ns::f>"), "k");
+        assert_eq!(base_name("k<(1)>(0)>"), "k");
+        assert_eq!(base_name("gelu_forward"), "gelu_forward");
     }
 
     #[test]
