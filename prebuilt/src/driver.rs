@@ -3,9 +3,12 @@
 //!
 //! ```text
 //! Driver (process-wide: libcuda loaded once, cuInit once, version)
-//!   └── Context (a device's primary context: the one PyTorch uses, retained and released)
+//!   └── Context (a device's primary context: the one PyTorch uses, retained and released;
+//!         │          the device's launch limits, asked once)
 //!         ├── Module (a verified cubin, cuModuleLoadData / cuModuleUnload)
-//!         │     └── Function (an entry, cuModuleGetFunction; launched with cuLaunchKernel)
+//!         │     └── Function (an entry, cuModuleGetFunction; launched with cuLaunchKernel, or
+//!         │                   cuLaunchKernelEx when the launch has attributes; its attributes,
+//!         │                   cuFuncGetAttribute / cuFuncSetAttribute; its occupancy)
 //!         └── DeviceBuffer (cuMemAlloc / cuMemFree, copies to and from the host)
 //! ```
 //!
@@ -15,6 +18,12 @@
 //! call: `is_culib_present()` first (a CPU-only machine gets [`DriverError::Missing`]), then
 //! every entry point this module calls (a driver too old for one gets
 //! [`DriverError::Symbol`]). Nothing here panics on a machine without a GPU.
+//!
+//! One entry point is optional: `cuLaunchKernelEx` (CUDA 11.8 and later), which only launches
+//! with attributes (a cluster, a cooperative or programmatic launch, a priority) need. Its
+//! presence is noted when the library loads ([`Driver::supports_launch_attributes`]); a driver
+//! without it loads and launches every kernel through `cuLaunchKernel`, and a launch that asks
+//! for attributes gets [`DriverError::Unsupported`] instead of `cudarc`'s panic.
 //!
 //! Its `result` layer turns a `CUresult` into an error; [`DriverError::Call`] adds the call
 //! that failed and the driver's own name and description of the code. `CUresult` is a Rust
@@ -39,6 +48,9 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use cudarc::driver::{result, sys};
 
+mod launch;
+pub use launch::{DeviceLimits, FunctionAttributes, LaunchAttributes, LaunchConfig};
+
 /// The file names a missing driver library is reported by: the soname every driver install
 /// provides, then the development symlink. The search itself is `cudarc`'s, which tries these
 /// among others.
@@ -51,7 +63,7 @@ const CUDARC_LIBRARY_NAMES: [&str; 2] = ["cuda", "nvcuda"];
 /// Every entry point the calls below reach through `cudarc`, by the name it resolves (the
 /// names `cuda.h`'s macros map to: `cuMemAlloc` is `cuMemAlloc_v2`). Checked once, when the
 /// library loads, because `cudarc` panics on the first call of a missing one.
-const ENTRY_POINTS: [&str; 22] = [
+const ENTRY_POINTS: [&str; 25] = [
     "cuInit",
     "cuDriverGetVersion",
     "cuGetErrorName",
@@ -68,6 +80,9 @@ const ENTRY_POINTS: [&str; 22] = [
     "cuModuleLoadData",
     "cuModuleUnload",
     "cuModuleGetFunction",
+    "cuFuncGetAttribute",
+    "cuFuncSetAttribute",
+    "cuOccupancyMaxActiveBlocksPerMultiprocessor",
     "cuLaunchKernel",
     "cuMemAlloc_v2",
     "cuMemFree_v2",
@@ -75,6 +90,10 @@ const ENTRY_POINTS: [&str; 22] = [
     "cuMemcpyDtoH_v2",
     "cuStreamSynchronize",
 ];
+
+/// The entry point of launches with attributes: looked up when the library loads, but not
+/// required, since plain launches never need it.
+const LAUNCH_EX: &str = "cuLaunchKernelEx";
 
 /// Something the CUDA driver could not do, or a machine without one.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -97,6 +116,20 @@ pub enum DriverError {
         library: String,
         /// The missing function.
         symbol: &'static str,
+    },
+    /// The driver lacks an entry point that only some launches need.
+    #[error(
+        "the CUDA driver {library} does not export `{symbol}`, which {needed_by} need; update \
+         the NVIDIA driver (one for CUDA 12.0 or later has it)"
+    )]
+    Unsupported {
+        /// The library that was loaded.
+        library: String,
+        /// The missing function.
+        symbol: &'static str,
+        /// What needs it: `launches with a cluster, cooperative, programmatic or priority
+        /// attribute`.
+        needed_by: &'static str,
     },
     /// The driver loaded but sees no device, or not the one asked for.
     #[error("{}", describe_no_device(*.ordinal, *.count))]
@@ -175,6 +208,8 @@ fn checked<T>(
 pub struct Driver {
     library_name: String,
     version: i32,
+    /// Whether the library exports `cuLaunchKernelEx`.
+    launch_ex: bool,
     /// The devices asked for so far, by ordinal: only what the driver answered, so that an
     /// error is asked again next time.
     devices: Mutex<BTreeMap<u32, Device>>,
@@ -212,6 +247,8 @@ impl Driver {
                 });
             }
         }
+        // SAFETY: as above, only looked up.
+        let launch_ex = unsafe { library.get::<*const std::ffi::c_void>(LAUNCH_EX) }.is_ok();
         let mut version = 0;
         // SAFETY: `version` is valid for writes of one `int`; this call needs no cuInit, and
         // its entry point exists (checked above).
@@ -229,6 +266,7 @@ impl Driver {
         Ok(Driver {
             library_name,
             version,
+            launch_ex,
             devices: Mutex::new(BTreeMap::new()),
         })
     }
@@ -270,6 +308,12 @@ impl Driver {
     /// `libcuda.so.1` where the development symlink is absent).
     pub fn library(&self) -> &str {
         &self.library_name
+    }
+
+    /// Whether the driver can launch with attributes (it exports `cuLaunchKernelEx`): a
+    /// cluster, a cooperative or programmatic launch, a priority.
+    pub fn supports_launch_attributes(&self) -> bool {
+        self.launch_ex
     }
 
     /// How many devices the driver sees.
@@ -359,6 +403,8 @@ pub struct Context {
     driver: &'static Driver,
     device: Device,
     handle: sys::CUcontext,
+    /// The device's launch limits, once asked: none of them changes while the process runs.
+    limits: OnceLock<DeviceLimits>,
 }
 
 // SAFETY: a CUDA context handle may be used from any thread (the driver API is thread-safe);
@@ -387,6 +433,7 @@ impl Context {
             driver,
             device,
             handle,
+            limits: OnceLock::new(),
         }))
     }
 
@@ -599,64 +646,10 @@ impl std::fmt::Debug for Function {
     }
 }
 
-/// Launch geometry: grid and block dimensions, dynamic shared memory, and the stream.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LaunchConfig {
-    /// Grid dimensions, in blocks.
-    pub grid: [u32; 3],
-    /// Block dimensions, in threads.
-    pub block: [u32; 3],
-    /// Dynamic shared memory per block, in bytes.
-    pub shared_mem_bytes: u32,
-    /// The `CUstream` handle as an integer: `0` is the legacy default stream; from PyTorch,
-    /// `torch.cuda.current_stream().cuda_stream`.
-    pub stream: u64,
-}
-
 impl Function {
     /// The module this entry belongs to.
     pub fn module(&self) -> &Arc<Module> {
         &self.module
-    }
-
-    /// Launches the kernel with one byte image per parameter, in order. Returns once the
-    /// launch is queued; errors of the kernel itself surface at the next synchronization.
-    ///
-    /// # Safety
-    ///
-    /// `params` must match the kernel's parameters one for one, in size and meaning: every
-    /// pointer a device address the kernel may access as it does, over the whole range it
-    /// accesses, and alive until the kernel finishes. A kernel given wrong pointers can write
-    /// anywhere the device can reach, host memory included on systems with unified memory.
-    /// `config.stream` must be 0 or a live stream of this function's context.
-    pub unsafe fn launch(
-        &self,
-        config: &LaunchConfig,
-        params: &[&[u8]],
-    ) -> Result<(), DriverError> {
-        let context = &self.module.context;
-        let mut pointers: Vec<*mut std::ffi::c_void> = params
-            .iter()
-            .map(|param| param.as_ptr().cast_mut().cast())
-            .collect();
-        let _current = context.make_current()?;
-        let [grid_x, grid_y, grid_z] = config.grid;
-        let [block_x, block_y, block_z] = config.block;
-        // SAFETY: the function is loaded (its `Arc` of the module keeps it so) in the current
-        // context; `pointers` holds one pointer per parameter into `params`, which the driver
-        // copies before returning (the caller vouches for their sizes and meaning, and for
-        // the stream).
-        let result = unsafe {
-            result::launch_kernel(
-                self.handle,
-                (grid_x, grid_y, grid_z),
-                (block_x, block_y, block_z),
-                config.shared_mem_bytes as c_uint,
-                config.stream as usize as sys::CUstream,
-                &mut pointers,
-            )
-        };
-        checked("cuLaunchKernel", result)
     }
 }
 
@@ -803,6 +796,23 @@ mod tests {
             out_of_range.to_string(),
             "no CUDA device 3: the driver sees 1 device"
         );
+    }
+
+    #[test]
+    fn a_missing_optional_entry_point_names_what_needs_it() {
+        let error = DriverError::Unsupported {
+            library: "libcuda.so.1".into(),
+            symbol: LAUNCH_EX,
+            needed_by: "launches with a cluster, cooperative, programmatic or priority attribute",
+        };
+        assert_eq!(
+            error.to_string(),
+            "the CUDA driver libcuda.so.1 does not export `cuLaunchKernelEx`, which launches \
+             with a cluster, cooperative, programmatic or priority attribute need; update the \
+             NVIDIA driver (one for CUDA 12.0 or later has it)"
+        );
+        // Optional: a driver without it loads.
+        assert!(!ENTRY_POINTS.contains(&LAUNCH_EX));
     }
 
     #[test]

@@ -14,6 +14,10 @@
 //! | `tampered_artifact_is_never_loaded` | GPU and `KWHEEL_TEST_BUNDLE` |
 //! | `ptx_only_variants_load_through_the_driver_and_match` | GPU (9.0) and `KWHEEL_TEST_BUNDLE` with `compute_90` targets |
 //! | `arguments_are_checked_before_launch` | GPU (9.0) and `KWHEEL_TEST_BUNDLE` |
+//! | `dynamic_shared_memory_above_48_kb_launches_and_is_whole` | GPU (9.0), an NVRTC or nvcc the search finds |
+//! | `a_cluster_of_two_shares_its_shared_memory` | GPU (9.0), an NVRTC or nvcc the search finds |
+//! | `a_cooperative_launch_synchronizes_its_whole_grid` | GPU (9.0), an NVRTC or nvcc the search finds (with the CUDA headers) |
+//! | `a_programmatic_dependent_launch_waits_where_it_reads` | GPU (9.0), an NVRTC or nvcc the search finds |
 //!
 //! Elsewhere a test prints `skipped: <reason>` and passes; `KWHEEL_REQUIRE_TOOLCHAINS=1` makes
 //! a missing toolchain a failure. `KWHEEL_TEST_BUNDLE` is a bundle built with the torch pin of
@@ -36,7 +40,7 @@ use kernel_reference::{cases, Arg, Case};
 use prebuilt::bundle::{Bundle, BundleError, INDEX_FILE, SOURCES_DIR};
 use prebuilt::compile::{toolchain_dir, ToolkitLayout};
 use prebuilt::cubin::inspect_cubin;
-use prebuilt::driver::{DeviceBuffer, Driver};
+use prebuilt::driver::{DeviceBuffer, Driver, LaunchAttributes, LaunchConfig};
 use prebuilt::index::{
     Function, Index, KernelInputs, KernelRecord, SourceRecipe, Variant, INDEX_FORMAT,
 };
@@ -1323,6 +1327,421 @@ fn arguments_are_checked_before_launch() {
     // Loading again returns the same kernel.
     let again = registry.load("sigmoid_gate").unwrap();
     assert_eq!(again.provenance(), kernel.provenance());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Launches beyond the plain one, on a 9.0 GPU: more than 48 KB of dynamic shared memory, a
+// cluster, a cooperative grid, programmatic dependent launch. The kernels are this file's own,
+// shipped as sources only and compiled by the JIT for the device (no test bundle needed).
+// ---------------------------------------------------------------------------------------------
+
+/// Kernels that use what their launches ask for: each result is right only if the launch did
+/// what its attribute says. No header: NVRTC compiles it with any include path.
+const LAUNCH_SOURCE: &str = r#"
+// Fills `n` floats of dynamic shared memory, then writes them out reversed: right only if the
+// whole tile is there.
+extern "C" __global__ void kw_big_shared(float* out, int n) {
+    extern __shared__ float tile[];
+    for (int i = threadIdx.x; i < n; i += blockDim.x) tile[i] = 2.0f * i + 1.0f;
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += blockDim.x) out[i] = tile[n - 1 - i];
+}
+
+// Per block: its rank in its cluster, the cluster's size, and the value its peer (rank ^ 1)
+// put in the peer's own shared memory, read through distributed shared memory.
+extern "C" __global__ void kw_cluster_ranks(unsigned int* out) {
+    __shared__ unsigned int mine;
+    unsigned int rank, size;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(size));
+    if (threadIdx.x == 0) mine = blockIdx.x * 1000u + rank;
+    asm volatile("barrier.cluster.arrive;\n\tbarrier.cluster.wait;" ::: "memory");
+    if (threadIdx.x == 0) {
+        unsigned int local, remote, peer_value;
+        asm volatile("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }"
+                     : "=r"(local) : "l"(&mine));
+        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+                     : "=r"(remote) : "r"(local), "r"(rank ^ 1u));
+        asm volatile("ld.shared::cluster.u32 %0, [%1];"
+                     : "=r"(peer_value) : "r"(remote) : "memory");
+        out[3 * blockIdx.x] = rank;
+        out[3 * blockIdx.x + 1] = size;
+        out[3 * blockIdx.x + 2] = peer_value;
+    }
+    // The peer's shared memory must outlive the read.
+    asm volatile("barrier.cluster.arrive;\n\tbarrier.cluster.wait;" ::: "memory");
+}
+
+// Lets its dependent start at once, then takes a while before it writes `data`, and counts
+// its finished blocks in `done`.
+extern "C" __global__ void kw_pdl_producer(float* data, int n, unsigned int* done) {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    long long start = clock64();
+    while (clock64() - start < 2000000) {
+    }
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) data[i] = (float)(i + 1);
+    __syncthreads();
+    if (threadIdx.x == 0) atomicAdd(done, 1u);
+}
+
+// Records how many producer blocks had finished when it started, waits for the producer grid
+// (`griddepcontrol.wait`, which `cudaGridDependencySynchronize()` is), then doubles its data.
+extern "C" __global__ void kw_pdl_consumer(const float* data, float* out, int n,
+                                           const unsigned int* done, unsigned int* seen) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) seen[0] = *(const volatile unsigned int*)done;
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = 2.0f * data[i];
+}
+"#;
+
+/// A grid-wide barrier through cooperative groups, which only a cooperative launch makes valid:
+/// every block's sum of every block's slot is right only if all wrote before any read.
+const GRID_SYNC_SOURCE: &str = r#"
+#include <cooperative_groups.h>
+
+extern "C" __global__ void kw_grid_sync(unsigned int* slots, unsigned int* out) {
+    cooperative_groups::grid_group grid = cooperative_groups::this_grid();
+    if (threadIdx.x == 0) slots[blockIdx.x] = blockIdx.x + 1u;
+    grid.sync();
+    if (threadIdx.x == 0) {
+        unsigned int sum = 0;
+        for (unsigned int block = 0; block < gridDim.x; ++block) {
+            sum += ((volatile unsigned int*)slots)[block];
+        }
+        out[2 * blockIdx.x] = sum;
+        out[2 * blockIdx.x + 1] = grid.is_valid() ? 1u : 0u;
+    }
+}
+"#;
+
+/// `(kernel, source file, source, entries)` of the launch bundle.
+const LAUNCH_KERNELS: [(&str, &str, &str, &[&str]); 2] = [
+    (
+        "launch_features",
+        "launch_features.cu",
+        LAUNCH_SOURCE,
+        &[
+            "kw_big_shared",
+            "kw_cluster_ranks",
+            "kw_pdl_producer",
+            "kw_pdl_consumer",
+        ],
+    ),
+    (
+        "launch_grid_sync",
+        "launch_grid_sync.cu",
+        GRID_SYNC_SOURCE,
+        &["kw_grid_sync"],
+    ),
+];
+
+/// A bundle under `dir` with the launch kernels as sources only: every load is the JIT's.
+fn launch_bundle(dir: &Path) -> PathBuf {
+    let root = dir.join("_prebuilt");
+    fs::create_dir_all(root.join(SOURCES_DIR)).unwrap();
+    let mut kernels = BTreeMap::new();
+    for (name, file, source, entries) in LAUNCH_KERNELS {
+        fs::write(root.join(SOURCES_DIR).join(file), source).unwrap();
+        let inputs = KernelInputs {
+            entries: entries.iter().map(|entry| entry.to_string()).collect(),
+            files: BTreeMap::from([(file.to_owned(), sha256_hex(source.as_bytes()))]),
+            cxx_std: "c++17".to_owned(),
+            ..KernelInputs::default()
+        };
+        kernels.insert(
+            name.to_owned(),
+            KernelRecord {
+                inputs,
+                recipe: Some(SourceRecipe {
+                    source: file.to_owned(),
+                    include_dirs: Vec::new(),
+                }),
+                constants: BTreeMap::new(),
+                variants: Vec::new(),
+                skipped: Vec::new(),
+            },
+        );
+    }
+    let index = Index {
+        format: INDEX_FORMAT,
+        store: None,
+        package: "kwheel-launch-tests".to_owned(),
+        torch: "2.13.*".to_owned(),
+        dictionary: None,
+        kernels,
+    };
+    write_index(&root, &index);
+    root
+}
+
+/// The launch kernel `name`, JIT-compiled for device 0, when it is a 9.0 GPU and a compiler is
+/// found; else `None` with the reason printed. The directory holds the bundle and the cache.
+fn launch_kernel(name: &str) -> Option<(prebuilt::registry::Kernel, tempfile::TempDir)> {
+    let device = match Driver::get().and_then(|driver| driver.device(0)) {
+        Ok(device) => device,
+        Err(error) => {
+            skipped!("skipped: {error}");
+            return None;
+        }
+    };
+    if device.capability() != (9, 0) {
+        skipped!(
+            "skipped: device 0 ({}) is compute {:?}; these launches need 9.0",
+            device.name(),
+            device.capability()
+        );
+        return None;
+    }
+    // The compiler the JIT will take, found now so that a machine without one skips.
+    let driver = Driver::get().unwrap().version();
+    if let Err(error) = CompilerSearch::from_env().find(
+        build(&jit_build()),
+        Some(prebuilt::device::DriverVersion::from_api(driver)),
+    ) {
+        skipped!(
+            "skipped: no compiler for the launch kernels: {}",
+            error_chain(&error)
+        );
+        return None;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = launch_bundle(dir.path());
+    let registry = Registry::open_with(
+        &bundle,
+        RegistryOptions {
+            torch: None,
+            ..options(
+                Some(&jit_build()),
+                JitPolicy::Allowed,
+                &dir.path().join("jit"),
+            )
+        },
+    )
+    .unwrap();
+    let kernel = registry
+        .load(name)
+        .unwrap_or_else(|error| panic!("{name}: {}", error_chain(&error)));
+    Some((kernel, dir))
+}
+
+/// Launch geometry on the legacy default stream.
+fn geometry(grid: [u32; 3], block: [u32; 3], shared_mem_bytes: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid,
+        block,
+        shared_mem_bytes,
+        stream: 0,
+    }
+}
+
+fn floats(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|word| f32::from_ne_bytes(word.try_into().unwrap()))
+        .collect()
+}
+
+fn words(bytes: &[u8]) -> Vec<u32> {
+    bytes
+        .chunks_exact(4)
+        .map(|word| u32::from_ne_bytes(word.try_into().unwrap()))
+        .collect()
+}
+
+#[test]
+fn dynamic_shared_memory_above_48_kb_launches_and_is_whole() {
+    let Some((kernel, _dir)) = launch_kernel("launch_features") else {
+        return;
+    };
+    let context = kernel.context().unwrap();
+    // 100 KB of floats.
+    let n: u32 = 25_600;
+    let out = DeviceBuffer::from_host(context, &vec![0xff; n as usize * 4]).unwrap();
+    let args = [KernelArg::from(&out), KernelArg::I32(n as i32)];
+    let config = geometry([1, 1, 1], [256, 1, 1], n * 4);
+    // SAFETY: `out` holds `n` floats, all the kernel writes; it outlives the synchronize.
+    unsafe { kernel.launch_with("kw_big_shared", &config, &args) }
+        .unwrap_or_else(|error| panic!("{}", error_chain(&error)));
+    context.synchronize().unwrap();
+    let got = floats(&out.copy_to_host().unwrap());
+    for (index, value) in got.iter().enumerate() {
+        let expected = 2.0 * (n as usize - 1 - index) as f32 + 1.0;
+        assert_eq!(*value, expected, "element {index}");
+    }
+    // Less after more: the limit stays raised, the launch needs no raise.
+    let smaller = geometry([1, 1, 1], [256, 1, 1], 64 * 1024);
+    let args = [KernelArg::from(&out), KernelArg::I32(16 * 1024)];
+    // SAFETY: as above, for fewer elements.
+    unsafe { kernel.launch_with("kw_big_shared", &smaller, &args) }.unwrap();
+    context.synchronize().unwrap();
+    // Above the device's opt-in limit: refused before the driver sees it, naming the limit.
+    let optin = context.limits().unwrap().shared_memory_per_block_optin;
+    let too_much = geometry([1, 1, 1], [256, 1, 1], optin + 4);
+    // SAFETY: refused before anything is launched.
+    let error = unsafe { kernel.launch_with("kw_big_shared", &too_much, &args) }.unwrap_err();
+    let message = error_chain(&error);
+    assert!(matches!(error, LoadError::Launch(_)), "{message}");
+    assert!(
+        message.contains(&format!(
+            "it asks for {} bytes of dynamic shared memory, but at most {optin} are possible",
+            optin + 4
+        )),
+        "{message}"
+    );
+    assert!(
+        message.contains("`kw_big_shared` of `launch_features`"),
+        "{message}"
+    );
+    eprintln!("{message}");
+}
+
+#[test]
+fn a_cluster_of_two_shares_its_shared_memory() {
+    let Some((kernel, _dir)) = launch_kernel("launch_features") else {
+        return;
+    };
+    let context = kernel.context().unwrap();
+    let blocks: u32 = 8;
+    let out = DeviceBuffer::from_host(context, &vec![0xff; blocks as usize * 12]).unwrap();
+    let args = [KernelArg::from(&out)];
+    let pairs = LaunchAttributes {
+        cluster: Some([2, 1, 1]),
+        ..LaunchAttributes::default()
+    };
+    let config = geometry([blocks, 1, 1], [64, 1, 1], 0);
+    // SAFETY: `out` holds three words per block, all the kernel writes.
+    unsafe { kernel.launch_with_attributes("kw_cluster_ranks", &config, &pairs, &args) }
+        .unwrap_or_else(|error| panic!("{}", error_chain(&error)));
+    context.synchronize().unwrap();
+    let got = words(&out.copy_to_host().unwrap());
+    for block in 0..blocks {
+        let rank = block % 2;
+        let peer = block ^ 1;
+        assert_eq!(
+            got[3 * block as usize..3 * block as usize + 3],
+            [rank, 2, peer * 1000 + (rank ^ 1)],
+            "block {block}"
+        );
+    }
+    // A grid that is not a whole number of clusters: refused, nothing launched.
+    let odd = geometry([blocks - 1, 1, 1], [64, 1, 1], 0);
+    // SAFETY: refused before anything is launched.
+    let error = unsafe { kernel.launch_with_attributes("kw_cluster_ranks", &odd, &pairs, &args) }
+        .unwrap_err();
+    let message = error_chain(&error);
+    assert!(
+        message.ends_with(
+            "the grid (7, 1, 1) is not divisible by the cluster (2, 1, 1): each grid dimension \
+             must be a multiple of the cluster's"
+        ),
+        "{message}"
+    );
+}
+
+#[test]
+fn a_cooperative_launch_synchronizes_its_whole_grid() {
+    let Some((kernel, _dir)) = launch_kernel("launch_grid_sync") else {
+        return;
+    };
+    let context = kernel.context().unwrap();
+    let multiprocessors = context.limits().unwrap().multiprocessors;
+    // One block per multiprocessor, so that the barrier spans the whole device.
+    let blocks = multiprocessors;
+    let slots = DeviceBuffer::from_host(context, &vec![0; blocks as usize * 4]).unwrap();
+    let out = DeviceBuffer::from_host(context, &vec![0xff; blocks as usize * 8]).unwrap();
+    let args = [KernelArg::from(&slots), KernelArg::from(&out)];
+    let cooperative = LaunchAttributes {
+        cooperative: true,
+        ..LaunchAttributes::default()
+    };
+    let config = geometry([blocks, 1, 1], [256, 1, 1], 0);
+    // SAFETY: `slots` holds a word per block, `out` two; both outlive the synchronize.
+    unsafe { kernel.launch_with_attributes("kw_grid_sync", &config, &cooperative, &args) }
+        .unwrap_or_else(|error| panic!("{}", error_chain(&error)));
+    context.synchronize().unwrap();
+    let got = words(&out.copy_to_host().unwrap());
+    let sum = blocks * (blocks + 1) / 2;
+    for block in 0..blocks as usize {
+        assert_eq!(got[2 * block..2 * block + 2], [sum, 1], "block {block}");
+    }
+    // More blocks than fit at once: refused with the numbers, before the driver sees it.
+    let too_many = geometry([multiprocessors * 64, 1, 1], [1024, 1, 1], 0);
+    // SAFETY: refused before anything is launched.
+    let error =
+        unsafe { kernel.launch_with_attributes("kw_grid_sync", &too_many, &cooperative, &args) }
+            .unwrap_err();
+    let message = error_chain(&error);
+    assert!(
+        message.contains("a cooperative launch needs every block resident at once"),
+        "{message}"
+    );
+    eprintln!("{message}");
+}
+
+#[test]
+fn a_programmatic_dependent_launch_waits_where_it_reads() {
+    let Some((kernel, _dir)) = launch_kernel("launch_features") else {
+        return;
+    };
+    let context = kernel.context().unwrap();
+    let n: u32 = 4096;
+    let block = 256;
+    let grid = n / block;
+    let data = DeviceBuffer::from_host(context, &vec![0; n as usize * 4]).unwrap();
+    let out = DeviceBuffer::from_host(context, &vec![0xff; n as usize * 4]).unwrap();
+    let done = DeviceBuffer::from_host(context, &[0; 4]).unwrap();
+    let seen = DeviceBuffer::from_host(context, &[0xff; 4]).unwrap();
+    let config = geometry([grid, 1, 1], [block, 1, 1], 0);
+    let programmatic = LaunchAttributes {
+        programmatic: true,
+        ..LaunchAttributes::default()
+    };
+    // SAFETY: every buffer holds what the kernels index (`n` floats, one word each for the
+    // counters) and outlives the synchronize; both launches are on the same stream.
+    unsafe {
+        kernel
+            .launch_with(
+                "kw_pdl_producer",
+                &config,
+                &[
+                    KernelArg::from(&data),
+                    KernelArg::I32(n as i32),
+                    KernelArg::from(&done),
+                ],
+            )
+            .unwrap_or_else(|error| panic!("{}", error_chain(&error)));
+        kernel
+            .launch_with_attributes(
+                "kw_pdl_consumer",
+                &config,
+                &programmatic,
+                &[
+                    KernelArg::from(&data),
+                    KernelArg::from(&out),
+                    KernelArg::I32(n as i32),
+                    KernelArg::from(&done),
+                    KernelArg::from(&seen),
+                ],
+            )
+            .unwrap_or_else(|error| panic!("{}", error_chain(&error)));
+    }
+    context.synchronize().unwrap();
+    let got = floats(&out.copy_to_host().unwrap());
+    for (index, value) in got.iter().enumerate() {
+        assert_eq!(*value, 2.0 * (index + 1) as f32, "element {index}");
+    }
+    // Whether the consumer started early is the driver's choice; what it read is not.
+    let seen = words(&seen.copy_to_host().unwrap())[0];
+    eprintln!(
+        "the consumer started with {seen} of {grid} producer blocks done{}",
+        if seen < grid {
+            " (it overlapped the producer)"
+        } else {
+            ""
+        }
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

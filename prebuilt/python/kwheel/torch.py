@@ -74,26 +74,52 @@ __all__ = [
 
 class Launch(tuple):
     """What a launch function returns: the grid and block (an int or a tuple of up to three),
-    the kernel's arguments in parameter order (tensors are passed as their device pointers),
-    the entry (``None`` for a kernel with one) and the dynamic shared memory in bytes. A
-    tuple, as a namedtuple would be (made by hand: ``collections.namedtuple`` costs a third
-    of a millisecond at import)."""
+    the kernel's arguments in parameter order (tensors are passed as their device pointers; a
+    ``ctypes.Structure`` or ``bytes`` as its bytes), the entry (``None`` for a kernel with
+    one) and the dynamic shared memory in bytes (above 48 KB the entry's limit is raised up to
+    what the device allows); then, by keyword, the launch attributes of ``Kernel.launch``:
+    ``cluster`` (thread block cluster dimensions), ``cooperative``, ``programmatic``
+    (programmatic dependent launch) and ``priority``. A tuple, as a namedtuple would be (made
+    by hand: ``collections.namedtuple`` costs a third of a millisecond at import)."""
 
     __slots__ = ()
-    _fields = ("grid", "block", "args", "entry", "shared_mem")
+    _fields = (
+        "grid", "block", "args", "entry", "shared_mem",
+        "cluster", "cooperative", "programmatic", "priority",
+    )
 
-    def __new__(cls, grid, block, args, entry=None, shared_mem=0):
-        return tuple.__new__(cls, (grid, block, args, entry, shared_mem))
+    def __new__(cls, grid, block, args, entry=None, shared_mem=0, *, cluster=None,
+                cooperative=False, programmatic=False, priority=None):
+        return tuple.__new__(
+            cls, (grid, block, args, entry, shared_mem, cluster, cooperative, programmatic, priority)
+        )
 
     grid = property(lambda self: self[0])
     block = property(lambda self: self[1])
     args = property(lambda self: self[2])
     entry = property(lambda self: self[3])
     shared_mem = property(lambda self: self[4])
+    cluster = property(lambda self: self[5])
+    cooperative = property(lambda self: self[6])
+    programmatic = property(lambda self: self[7])
+    priority = property(lambda self: self[8])
+
+    @property
+    def options(self):
+        """The launch attributes asked for, as ``Kernel.launch``'s keywords, or ``None``."""
+        options = {
+            name: value for name, value, default in zip(self._fields[5:], self[5:], _NO_OPTIONS)
+            if value != default
+        }
+        return options or None
 
     def __repr__(self):
         fields = ", ".join(f"{name}={value!r}" for name, value in zip(self._fields, self))
         return f"Launch({fields})"
+
+
+# The defaults of `Launch`'s attributes, in order.
+_NO_OPTIONS = (None, False, False, None)
 
 
 class Kept:
@@ -792,7 +818,7 @@ class Op:
             if direct and not self._scalars_fit(args):
                 return self.callable(*args)  # the dispatcher converts or refuses them
             return self._plan_and_launch(key, loaded, like, device, args, plan is None)
-        function, grid, block, shared_mem, allocations, template, nothing_to_do, _ = plan
+        function, grid, block, shared_mem, allocations, template, nothing_to_do, _, options = plan
         outputs = [
             torch.empty(shape, dtype=dtype, device=place) if slot is None else
             torch.empty_like(args[slot]) for slot, shape, dtype, place in allocations
@@ -806,7 +832,9 @@ class Op:
                 for source, slot in template
             ]
             # Stream None: the current stream of the function's device, as torch has it.
-            if self.library.trace or _PROFILER._is_profiler_enabled:
+            if options is not None:
+                self._launch_with(function, grid, block, pointers, shared_mem, options, device)
+            elif self.library.trace or _PROFILER._is_profiler_enabled:
                 with _trace_range(self.kernel.label(device)):
                     function.launch(grid, block, pointers, shared_mem, None)
             else:
@@ -840,22 +868,24 @@ class Op:
         ]
         nothing_to_do = all(output.numel() == 0 for output in outputs)
         launch = self.launch(constants, outputs, *args)
-        grid, block, kernel_args, entry, shared_mem = launch
+        grid, block, kernel_args, entry, shared_mem = launch[:5]
+        options = launch.options if isinstance(launch, Launch) else None
         function = self._entry(functions, entry)
         if keep:
             if nothing_to_do:  # nothing launches: only the allocations are kept
-                plan = (function, grid, block, shared_mem, allocations, (), True, ())
+                plan = (function, grid, block, shared_mem, allocations, (), True, (), None)
             else:
                 template = self._template(launch, constants, outputs, args, device)
                 plan = _UNCACHEABLE if template is None else (
                     function, grid, block, shared_mem, allocations, template, False,
                     tuple(value.tensor for value in kernel_args if isinstance(value, Kept)),
+                    options,
                 )
             if len(self._plans) >= _PLANS_PER_OP:
                 self._plans.clear()  # shapes that keep changing: start over rather than grow
             self._plans[key] = plan
         if not nothing_to_do:
-            self._launch(function, grid, block, kernel_args, shared_mem, device)
+            self._launch(function, grid, block, kernel_args, shared_mem, options, device)
         return outputs[0] if self.output_count == 1 else tuple(outputs)
 
     def _template(self, launch, constants, outputs, args, device):
@@ -954,7 +984,7 @@ class Op:
                 f"{tensor.device}, but the op runs on cuda:{device}"
             )
 
-    def _launch(self, function, grid, block, kernel_args, shared_mem, device):
+    def _launch(self, function, grid, block, kernel_args, shared_mem, options, device):
         """Launches with what the launch function returned, tensors as their pointers."""
         pointers = []
         for index, value in enumerate(kernel_args):
@@ -964,11 +994,16 @@ class Op:
                 self._check_device(value, device, index)
                 value = value.data_ptr()
             pointers.append(value)
+        self._launch_with(function, grid, block, pointers, shared_mem, options, device)
+
+    def _launch_with(self, function, grid, block, pointers, shared_mem, options, device):
+        """One launch, with its attributes (``options``, or ``None``) and its trace range."""
+        options = options or {}
         if self.library.trace or _PROFILER._is_profiler_enabled:
             with _trace_range(self.kernel.label(device)):
-                function.launch(grid, block, pointers, shared_mem, None)
+                function.launch(grid, block, pointers, shared_mem, None, **options)
         else:
-            function.launch(grid, block, pointers, shared_mem, None)
+            function.launch(grid, block, pointers, shared_mem, None, **options)
 
     def _warn_fallback(self, device, ordinal, error):
         if device in self._fallen_back:

@@ -6,18 +6,28 @@
 //! | `int` (or anything with `__index__`) | `int64_t` (`uint64_t` above its range) | `int` (`unsigned` above its range) | the integer of that width |
 //! | `float` (or anything with `__float__`) | `double` | `float` | refused |
 //! | `bytes`, `bytearray` | its bytes, when it has exactly the parameter's size | | |
+//! | anything else with the buffer protocol: a `ctypes.Structure`, a ctypes scalar or array, a `memoryview`, an `array.array` | its bytes, read at this call, when it has exactly the parameter's size | | |
 //!
 //! A tensor must be on the kernel's device (`get_device()`) and contiguous (`is_contiguous()`)
 //! when it says so: the kernels index memory as dense rows. Pass `tensor.data_ptr()` itself to
 //! hand over a strided tensor's pointer knowingly. kwheel never imports torch; it only calls
 //! these methods on the objects it is given.
+//!
+//! A struct parameter is checked by its size only: the cubin's `.nv.info` records each
+//! parameter's offset and size (and, for a pointer, the alignment of what it points to), not
+//! the parameter's own alignment or its fields, and the index keeps the sizes. A
+//! `ctypes.Structure` laid out like the C struct (the same fields, `_pack_` where the C side
+//! packs) has the C struct's padding, so its bytes are what the kernel reads. Its bytes are
+//! taken at every launch, so a struct rebuilt per call (pointers of this call's tensors)
+//! launches with this call's values.
 
+use prebuilt::driver::LaunchAttributes;
 use prebuilt::registry::Function;
 use prebuilt::KernelArg;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyByteArray, PyBytes, PyFloat, PyInt, PyTuple};
+use pyo3::types::{PyByteArray, PyBytes, PyFloat, PyInt, PyMemoryView, PyTuple};
 
 use crate::errors::ArgumentError;
 
@@ -27,15 +37,18 @@ enum Value {
     Integer(i128),
     Float(f64),
     Bytes(Vec<u8>),
+    /// The bytes of an object with the buffer protocol, and its type's name (`ConvParams`).
+    Buffer(Vec<u8>, String),
 }
 
 impl Value {
-    fn what(&self) -> &'static str {
+    fn what(&self) -> String {
         match self {
-            Value::Pointer(_) => "a pointer (8 bytes)",
-            Value::Integer(_) => "an int",
-            Value::Float(_) => "a float",
-            Value::Bytes(_) => "bytes",
+            Value::Pointer(_) => "a pointer (8 bytes)".to_owned(),
+            Value::Integer(_) => "an int".to_owned(),
+            Value::Float(_) => "a float".to_owned(),
+            Value::Bytes(bytes) => format!("{} bytes", bytes.len()),
+            Value::Buffer(bytes, type_name) => format!("a {}-byte `{type_name}`", bytes.len()),
         }
     }
 }
@@ -79,7 +92,8 @@ pub(crate) fn encode(
             let value = classify(value, device).map_err(|error| match error {
                 Refused::Type(what) => PyTypeError::new_err(format!(
                     "argument {index} of `{entry}` (kernel `{kernel}`) is {what}: pass a tensor \
-                     (anything with data_ptr()), an int, a float, bytes or None"
+                     (anything with data_ptr()), an int, a float, bytes, a ctypes structure \
+                     (anything with the buffer protocol) or None"
                 )),
                 Refused::Unfit(why) => refuse(why),
                 Refused::Python(error) => error,
@@ -131,7 +145,19 @@ fn classify(value: &Bound<'_, PyAny>, device: u32) -> Result<Value, Refused> {
         return Ok(Value::Float(value.extract()?));
     }
     let type_name = value.get_type().name()?.to_string();
-    Err(Refused::Type(format!("a `{type_name}`")))
+    // Last, so that nothing that was a number or a tensor before becomes bytes: a ctypes
+    // structure, scalar or array, a memoryview, an array.array.
+    match PyMemoryView::from(value) {
+        Ok(view) => {
+            let bytes = view.call_method0("tobytes")?;
+            let bytes = bytes.cast::<PyBytes>().map_err(PyErr::from)?;
+            Ok(Value::Buffer(bytes.as_bytes().to_vec(), type_name))
+        }
+        Err(error) if error.is_instance_of::<PyTypeError>(value.py()) => {
+            Err(Refused::Type(format!("a `{type_name}`")))
+        }
+        Err(error) => Err(Refused::Python(error)),
+    }
 }
 
 fn integer(value: &Bound<'_, PyAny>) -> Result<i128, Refused> {
@@ -185,6 +211,11 @@ fn tensor_pointer(value: &Bound<'_, PyAny>, device: u32) -> Result<u64, Refused>
 fn to_parameter(value: Value, index: usize, size: u32) -> Result<KernelArg, String> {
     let mismatch =
         |value: &Value| format!("is {}, but parameter {index} is {size} bytes", value.what());
+    let value = match value {
+        Value::Buffer(bytes, _) if bytes.len() == size as usize => Value::Bytes(bytes),
+        Value::Buffer(..) => return Err(mismatch(&value)),
+        other => other,
+    };
     match value {
         Value::Pointer(pointer) if size == 8 => Ok(KernelArg::Ptr(pointer)),
         Value::Integer(integer) => {
@@ -223,10 +254,6 @@ fn to_parameter(value: Value, index: usize, size: u32) -> Result<KernelArg, Stri
             Ok(KernelArg::F32(narrowed))
         }
         Value::Bytes(bytes) if bytes.len() == size as usize => Ok(KernelArg::Bytes(bytes)),
-        Value::Bytes(bytes) => Err(format!(
-            "is {} bytes, but parameter {index} is {size} bytes",
-            bytes.len()
-        )),
         other => Err(mismatch(&other)),
     }
 }
@@ -255,6 +282,26 @@ pub(crate) fn dims(value: &Bound<'_, PyAny>, what: &str) -> PyResult<[u32; 3]> {
     let mut dims = [1; 3];
     dims[..numbers.len()].copy_from_slice(&numbers);
     Ok(dims)
+}
+
+/// The launch attributes of `Kernel.launch`'s keywords: `cluster` as grid dimensions are
+/// written (an int, or a tuple of one to three); the device checks come at the launch.
+pub(crate) fn launch_attributes(
+    cluster: Option<&Bound<'_, PyAny>>,
+    cooperative: bool,
+    programmatic: bool,
+    priority: Option<i32>,
+) -> PyResult<LaunchAttributes> {
+    let cluster = match cluster.filter(|cluster| !cluster.is_none()) {
+        Some(cluster) => Some(dims(cluster, "cluster")?),
+        None => None,
+    };
+    Ok(LaunchAttributes {
+        cluster,
+        cooperative,
+        programmatic,
+        priority,
+    })
 }
 
 /// The `CUstream` to launch on: `None` is torch's current stream on `device` when torch has

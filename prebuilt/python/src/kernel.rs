@@ -3,13 +3,13 @@
 
 use std::collections::BTreeMap;
 
-use prebuilt::driver::LaunchConfig;
+use prebuilt::driver::{LaunchAttributes, LaunchConfig};
 use prebuilt::index::Constant;
 use prebuilt::registry::Function as EntryFunction;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::arguments::{dims, encode, stream_handle};
+use crate::arguments::{dims, encode, launch_attributes, stream_handle};
 use crate::errors::{driver_error, load_error, ArgumentError};
 
 /// A loaded kernel on one device: its entries, constants and provenance. Launch it with
@@ -128,12 +128,26 @@ impl Kernel {
     /// Launches an entry (`entry=`; optional when the kernel has one) with `grid` and `block`
     /// (an int or a tuple of up to three) and `args` in parameter order: objects with
     /// `data_ptr()` (torch tensors on this device, contiguous) and `None` as pointers, ints
-    /// and floats as their parameter's size says, `bytes` as they are. `stream`: `None` for
-    /// torch's current stream (the legacy default stream when torch has not started CUDA), an
-    /// int handle, or an object with `cuda_stream` or `__cuda_stream__`. `trace=True` marks
-    /// the launch with a range named `trace_label` in torch.profiler and NVTX traces (see
-    /// docs/provenance.md). Returns once the launch is queued.
-    #[pyo3(signature = (grid, block, args, shared_mem=0, stream=None, entry=None, trace=false))]
+    /// and floats as their parameter's size says, `bytes` and anything with the buffer
+    /// protocol (a `ctypes.Structure`, a `bytearray`, a `memoryview`) as their bytes, packed at
+    /// each call. `shared_mem`: dynamic shared memory per block, in bytes; above 48 KB the
+    /// entry's limit is raised up to what the device allows. `stream`: `None` for torch's
+    /// current stream (the legacy default stream when torch has not started CUDA), an int
+    /// handle, or an object with `cuda_stream` or `__cuda_stream__`. `trace=True` marks the
+    /// launch with a range named `trace_label` in torch.profiler and NVTX traces (see
+    /// docs/provenance.md).
+    ///
+    /// Launch attributes, keyword only, checked against the device before the launch:
+    /// `cluster` (an int or a tuple of up to three: thread block cluster dimensions, compute
+    /// capability 9.0+, dividing the grid), `cooperative=True` (every block resident at once,
+    /// for a grid-wide sync), `programmatic=True` (programmatic dependent launch, 9.0+: the
+    /// kernel may start before the one before it on the stream ends, and waits for it with
+    /// `griddepcontrol.wait`), `priority` (an int, as stream priorities: lower is higher).
+    /// Returns once the launch is queued.
+    #[pyo3(signature = (
+        grid, block, args, shared_mem=0, stream=None, entry=None, trace=false,
+        *, cluster=None, cooperative=false, programmatic=false, priority=None
+    ))]
     #[allow(clippy::too_many_arguments)] // the Python signature, one parameter each
     fn launch(
         &self,
@@ -145,9 +159,14 @@ impl Kernel {
         stream: Option<&Bound<'_, PyAny>>,
         entry: Option<&str>,
         trace: bool,
+        cluster: Option<&Bound<'_, PyAny>>,
+        cooperative: bool,
+        programmatic: bool,
+        priority: Option<i32>,
     ) -> PyResult<()> {
         let function = self.entry(py, entry)?;
-        let request = Launch::new(grid, block, args, shared_mem, stream);
+        let attributes = launch_attributes(cluster, cooperative, programmatic, priority)?;
+        let request = Launch::new(grid, block, args, shared_mem, stream, attributes);
         request.run_traced(
             py,
             self.inner.name(),
@@ -219,7 +238,10 @@ impl Function {
     }
 
     /// As `Kernel.launch`, for this entry.
-    #[pyo3(signature = (grid, block, args, shared_mem=0, stream=None, trace=false))]
+    #[pyo3(signature = (
+        grid, block, args, shared_mem=0, stream=None, trace=false,
+        *, cluster=None, cooperative=false, programmatic=false, priority=None
+    ))]
     #[allow(clippy::too_many_arguments)] // the Python signature, one parameter each
     fn launch(
         &self,
@@ -230,8 +252,13 @@ impl Function {
         shared_mem: u32,
         stream: Option<&Bound<'_, PyAny>>,
         trace: bool,
+        cluster: Option<&Bound<'_, PyAny>>,
+        cooperative: bool,
+        programmatic: bool,
+        priority: Option<i32>,
     ) -> PyResult<()> {
-        let request = Launch::new(grid, block, args, shared_mem, stream);
+        let attributes = launch_attributes(cluster, cooperative, programmatic, priority)?;
+        let request = Launch::new(grid, block, args, shared_mem, stream, attributes);
         request.run_traced(
             py,
             &self.kernel,
@@ -259,6 +286,7 @@ struct Launch<'a, 'py> {
     args: &'a Bound<'py, PyAny>,
     shared_mem: u32,
     stream: Option<&'a Bound<'py, PyAny>>,
+    attributes: LaunchAttributes,
 }
 
 impl<'a, 'py> Launch<'a, 'py> {
@@ -268,6 +296,7 @@ impl<'a, 'py> Launch<'a, 'py> {
         args: &'a Bound<'py, PyAny>,
         shared_mem: u32,
         stream: Option<&'a Bound<'py, PyAny>>,
+        attributes: LaunchAttributes,
     ) -> Self {
         Launch {
             grid,
@@ -275,6 +304,7 @@ impl<'a, 'py> Launch<'a, 'py> {
             args,
             shared_mem,
             stream,
+            attributes,
         }
     }
 
@@ -310,13 +340,15 @@ impl<'a, 'py> Launch<'a, 'py> {
             stream: stream_handle(py, self.stream, device)?,
         };
         let args = encode(kernel, function, self.args, device)?;
-        // SAFETY: `Function::launch` checks the count and size of every argument against the
-        // cubin's parameters. What the pointers mean is the caller's promise, as for any CUDA
+        // SAFETY: `Function::launch_with_attributes` checks the count and size of every
+        // argument against the cubin's parameters, and the shared memory and attributes
+        // against the device. What the pointers mean is the caller's promise, as for any CUDA
         // launch from Python: tensors on this device (checked where the object tells, with
         // `get_device()`), alive until the kernel finishes (PyTorch's caching allocator keeps
         // a tensor's memory for work queued on its stream), and a stream that is 0, torch's
         // current one, or one the caller passed for this device's primary context.
-        unsafe { function.launch(&config, &args) }.map_err(|error| load_error(py, &error))
+        unsafe { function.launch_with_attributes(&config, &self.attributes, &args) }
+            .map_err(|error| load_error(py, &error))
     }
 }
 

@@ -660,9 +660,11 @@ class RecordingFunction:
 
     def __init__(self):
         self.launches = []
+        self.options = []
 
-    def launch(self, grid, block, args, shared_mem, stream):
+    def launch(self, grid, block, args, shared_mem, stream, **options):
         self.launches.append((grid, block, list(args), shared_mem, stream))
+        self.options.append(options)
 
 
 @unittest.skipUnless(HAS_TORCH, NO_TORCH)
@@ -899,6 +901,19 @@ class PlansNeverGoStale(unittest.TestCase):
             self.assertEqual(self.launched()[-1][1], x.data_ptr() >> 4)
         # The first call ran it on the stand-ins too, found it moved, and kept no plan.
         self.assertEqual(self.launch_calls, 4)
+
+    def test_launch_attributes_reach_every_launch_planned_or_not(self):
+        def launch(constants, outputs, x, scale):
+            return kt.Launch((4, 2), 128, [outputs[0], x], shared_mem=100 << 10, cluster=(2, 1, 1), programmatic=True)
+
+        op = self.op(launch)
+        for _ in range(3):
+            op.cuda(torch.randn(8), 1.0)
+        self.assertEqual(self.launch_calls, 2)  # planned once
+        self.assertEqual(self.entries["f"].options, [{"cluster": (2, 1, 1), "programmatic": True}] * 3)
+        self.assertEqual([launch[3] for launch in self.entries["f"].launches], [100 << 10] * 3)
+        self.assertIsNone(kt.Launch(1, 1, []).options)
+        self.assertEqual(kt.Launch(1, 1, [], cooperative=True, priority=-1).options, {"cooperative": True, "priority": -1})
 
     def test_tensors_too_large_to_place_twice_keep_only_launches_without_addresses(self):
         import struct

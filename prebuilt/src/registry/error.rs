@@ -149,6 +149,10 @@ pub enum LoadError {
         /// The argument's size.
         given: usize,
     },
+    /// A launch the device cannot run as asked (shared memory, a cluster, a cooperative
+    /// grid), refused before the driver saw it.
+    #[error(transparent)]
+    Launch(Box<LaunchRefused>),
 }
 
 /// A driver call that failed while loading or launching a kernel, with what it was for.

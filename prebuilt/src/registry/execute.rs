@@ -288,6 +288,7 @@ impl Registry {
                 entry: entry.clone(),
                 module: Arc::clone(&module),
                 index,
+                launch: Arc::default(),
             })
             .collect();
         Ok(Kernel {

@@ -17,7 +17,11 @@
 //!   │                          → cuModuleLoadData → cuModuleGetFunction
 //!   │
 //!   └─ Kernel::launch(entry, …)     arguments checked against the index's parameter sizes,
-//!                                   then cuLaunchKernel in the device's primary context
+//!                                   then cuLaunchKernel in the device's primary context;
+//!                                   shared memory above the function's limit raises it, and
+//!                                   launch attributes (cluster, cooperative, programmatic,
+//!                                   priority) are checked against the device, then
+//!                                   cuLaunchKernelEx (kernel.rs, docs/loader.md)
 //! ```
 //!
 //! The CUDA build is the runtime's, which torch decides: [`RegistryOptions::cuda`], else
@@ -55,11 +59,13 @@ mod status;
 use error::shipped;
 pub use error::{DriverFailure, LoadError};
 use kernel::KernelInner;
-pub use kernel::{trace_label, Function, Kernel, KernelArg, SHORT_KEY_DIGITS};
+pub use kernel::{
+    trace_label, Function, Kernel, KernelArg, LaunchRefusal, LaunchRefused, SHORT_KEY_DIGITS,
+};
 pub use plan::{JitPlan, PackPlan, Plan, PrebuiltPlan};
 pub use policy::{describe_device, describe_device_on, Policy};
 pub use provenance::{loaded_kernels, LoadedKernel};
-pub use seams::{CudaDevice, Device, DeviceFacts, LoadedModule, ModuleFailure};
+pub use seams::{CudaDevice, Device, DeviceFacts, LaunchFacts, LoadedModule, ModuleFailure};
 pub use status::{Provenance, ProvenanceKind, Status};
 
 use std::collections::BTreeMap;

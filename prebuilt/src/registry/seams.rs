@@ -2,12 +2,22 @@
 //! slim wheel leaves artifacts in ([`crate::fetch::ArtifactStore`]). The registry's load order
 //! (wheel → cache → store → JIT → refusal), its tamper refusals and its JIT policy are tested
 //! on a CPU through fakes of both; [`CudaDevice`] is the real device, tested on a GPU.
+//!
+//! A [`LoadedModule`] also answers what checking a launch needs ([`LaunchFacts`]) and does the
+//! few things a launch beyond the plain one asks of the driver (raising a function's dynamic
+//! shared memory, occupancy, launch attributes), so that the launch checks and the raise-only
+//! shared-memory rule of `kernel.rs` run against a fake too. Their default implementations
+//! describe a device that knows only plain launches: a fake that never asks for more need not
+//! implement them.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::device::DriverVersion;
-use crate::driver::{self, Context, Driver, DriverError, LaunchConfig, Module, ModuleStep};
+use crate::driver::{
+    self, Context, DeviceLimits, Driver, DriverError, FunctionAttributes, LaunchAttributes,
+    LaunchConfig, Module, ModuleStep,
+};
 
 /// What selection needs from the device: its compute capability and the CUDA version its
 /// driver supports.
@@ -28,6 +38,31 @@ pub enum ModuleFailure {
     Load(DriverError),
     /// An entry symbol is not in the loaded module.
     Lookup(DriverError),
+}
+
+/// What checking a launch of one entry function needs to know: of the device, of the
+/// function, and of the driver. Asked once per function, the first time a launch needs more
+/// than a plain launch within the function's current shared memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchFacts {
+    /// The device's compute capability, `(9, 0)` for an H200.
+    pub capability: (u32, u32),
+    /// What the device allows one launch.
+    pub device: DeviceLimits,
+    /// What the driver says about the function, as it was before any launch raised anything.
+    pub function: FunctionAttributes,
+    /// Whether the driver launches with attributes (it exports `cuLaunchKernelEx`).
+    pub launch_attributes: bool,
+}
+
+/// The error of a [`LoadedModule`] method that a device knowing only plain launches lacks.
+fn plain_launches_only(call: &'static str) -> DriverError {
+    DriverError::Call {
+        call,
+        code: 801,
+        name: "CUDA_ERROR_NOT_SUPPORTED".to_owned(),
+        description: "this device knows only plain launches".to_owned(),
+    }
 }
 
 /// The GPU as the loader uses it. Implementations never panic on a machine without a driver:
@@ -65,6 +100,57 @@ pub trait LoadedModule: Send + Sync {
         config: &LaunchConfig,
         params: &[&[u8]],
     ) -> Result<(), DriverError>;
+
+    /// What checking a launch of entry function number `function` needs to know.
+    fn launch_facts(&self, function: usize) -> Result<LaunchFacts, DriverError> {
+        let _ = function;
+        Err(plain_launches_only("cuFuncGetAttribute"))
+    }
+
+    /// Sets entry function number `function`'s maximum dynamic shared memory to `bytes`
+    /// (`CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`). The caller only ever raises it.
+    fn set_max_dynamic_shared_memory(
+        &self,
+        function: usize,
+        bytes: u32,
+    ) -> Result<(), DriverError> {
+        let _ = (function, bytes);
+        Err(plain_launches_only("cuFuncSetAttribute"))
+    }
+
+    /// How many blocks of entry function number `function`, of `block_threads` threads and
+    /// `dynamic_shared_memory` bytes, one multiprocessor holds at once.
+    fn max_active_blocks_per_multiprocessor(
+        &self,
+        function: usize,
+        block_threads: u32,
+        dynamic_shared_memory: u32,
+    ) -> Result<u32, DriverError> {
+        let _ = (function, block_threads, dynamic_shared_memory);
+        Err(plain_launches_only(
+            "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+        ))
+    }
+
+    /// Launches entry function number `function` with launch `attributes` (none: as
+    /// [`LoadedModule::launch`]).
+    ///
+    /// # Safety
+    ///
+    /// As [`LoadedModule::launch`].
+    unsafe fn launch_with_attributes(
+        &self,
+        function: usize,
+        config: &LaunchConfig,
+        attributes: &LaunchAttributes,
+        params: &[&[u8]],
+    ) -> Result<(), DriverError> {
+        if attributes.is_empty() {
+            // SAFETY: the caller upholds `launch`'s contract.
+            return unsafe { self.launch(function, config, params) };
+        }
+        Err(plain_launches_only("cuLaunchKernelEx"))
+    }
 }
 
 /// The CUDA driver: device facts from `cuDeviceGetAttribute`/`cuDriverGetVersion`, modules
@@ -119,6 +205,24 @@ struct CudaModule {
     functions: Vec<driver::Function>,
 }
 
+impl CudaModule {
+    /// Entry function number `function`, for `call`.
+    fn function(
+        &self,
+        function: usize,
+        call: &'static str,
+    ) -> Result<&driver::Function, DriverError> {
+        self.functions
+            .get(function)
+            .ok_or_else(|| DriverError::Call {
+                call,
+                code: 500,
+                name: "CUDA_ERROR_NOT_FOUND".to_owned(),
+                description: format!("the module has {} entry functions", self.functions.len()),
+            })
+    }
+}
+
 impl LoadedModule for CudaModule {
     fn context(&self) -> Option<&Arc<Context>> {
         Some(&self.context)
@@ -130,16 +234,49 @@ impl LoadedModule for CudaModule {
         config: &LaunchConfig,
         params: &[&[u8]],
     ) -> Result<(), DriverError> {
-        let function = self
-            .functions
-            .get(function)
-            .ok_or_else(|| DriverError::Call {
-                call: "cuLaunchKernel",
-                code: 0,
-                name: "CUDA_ERROR_NOT_FOUND".to_owned(),
-                description: format!("the module has {} entry functions", self.functions.len()),
-            })?;
+        let function = self.function(function, "cuLaunchKernel")?;
         // SAFETY: the caller upholds `driver::Function::launch`'s contract.
         unsafe { function.launch(config, params) }
+    }
+
+    fn launch_facts(&self, function: usize) -> Result<LaunchFacts, DriverError> {
+        let function = self.function(function, "cuFuncGetAttribute")?;
+        Ok(LaunchFacts {
+            capability: self.context.device().capability(),
+            device: self.context.limits()?,
+            function: function.attributes()?,
+            launch_attributes: self.context.driver().supports_launch_attributes(),
+        })
+    }
+
+    fn set_max_dynamic_shared_memory(
+        &self,
+        function: usize,
+        bytes: u32,
+    ) -> Result<(), DriverError> {
+        self.function(function, "cuFuncSetAttribute")?
+            .set_max_dynamic_shared_memory(bytes)
+    }
+
+    fn max_active_blocks_per_multiprocessor(
+        &self,
+        function: usize,
+        block_threads: u32,
+        dynamic_shared_memory: u32,
+    ) -> Result<u32, DriverError> {
+        self.function(function, "cuOccupancyMaxActiveBlocksPerMultiprocessor")?
+            .max_active_blocks_per_multiprocessor(block_threads, dynamic_shared_memory)
+    }
+
+    unsafe fn launch_with_attributes(
+        &self,
+        function: usize,
+        config: &LaunchConfig,
+        attributes: &LaunchAttributes,
+        params: &[&[u8]],
+    ) -> Result<(), DriverError> {
+        let function = self.function(function, "cuLaunchKernelEx")?;
+        // SAFETY: the caller upholds `driver::Function::launch`'s contract.
+        unsafe { function.launch_with_attributes(config, attributes, params) }
     }
 }
