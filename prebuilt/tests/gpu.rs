@@ -1396,22 +1396,25 @@ extern "C" __global__ void kw_pdl_consumer(const float* data, float* out, int n,
 }
 "#;
 
-/// A grid-wide barrier through cooperative groups, which only a cooperative launch makes valid:
-/// every block's sum of every block's slot is right only if all wrote before any read.
+/// A grid-wide barrier of its own (an arrival counter after the blocks' words), which only a
+/// cooperative launch makes safe: a block spinning on it waits for blocks that must already be
+/// resident. Every block's sum of every block's word is right only if all wrote before any read.
+/// (No cooperative groups: their header needs CCCL, which a torch install's NVRTC lacks.)
 const GRID_SYNC_SOURCE: &str = r#"
-#include <cooperative_groups.h>
-
 extern "C" __global__ void kw_grid_sync(unsigned int* slots, unsigned int* out) {
-    cooperative_groups::grid_group grid = cooperative_groups::this_grid();
-    if (threadIdx.x == 0) slots[blockIdx.x] = blockIdx.x + 1u;
-    grid.sync();
     if (threadIdx.x == 0) {
+        slots[blockIdx.x] = blockIdx.x + 1u;
+        __threadfence();
+        atomicAdd(&slots[gridDim.x], 1u);
+        while (((volatile unsigned int*)slots)[gridDim.x] < gridDim.x) {
+        }
+        __threadfence();
         unsigned int sum = 0;
         for (unsigned int block = 0; block < gridDim.x; ++block) {
             sum += ((volatile unsigned int*)slots)[block];
         }
         out[2 * blockIdx.x] = sum;
-        out[2 * blockIdx.x + 1] = grid.is_valid() ? 1u : 0u;
+        out[2 * blockIdx.x + 1] = ((volatile unsigned int*)slots)[gridDim.x];
     }
 }
 "#;
@@ -1649,7 +1652,8 @@ fn a_cooperative_launch_synchronizes_its_whole_grid() {
     let multiprocessors = context.limits().unwrap().multiprocessors;
     // One block per multiprocessor, so that the barrier spans the whole device.
     let blocks = multiprocessors;
-    let slots = DeviceBuffer::from_host(context, &vec![0; blocks as usize * 4]).unwrap();
+    // A word per block, then the barrier's arrival counter.
+    let slots = DeviceBuffer::from_host(context, &vec![0; (blocks as usize + 1) * 4]).unwrap();
     let out = DeviceBuffer::from_host(context, &vec![0xff; blocks as usize * 8]).unwrap();
     let args = [KernelArg::from(&slots), KernelArg::from(&out)];
     let cooperative = LaunchAttributes {
@@ -1657,14 +1661,15 @@ fn a_cooperative_launch_synchronizes_its_whole_grid() {
         ..LaunchAttributes::default()
     };
     let config = geometry([blocks, 1, 1], [256, 1, 1], 0);
-    // SAFETY: `slots` holds a word per block, `out` two; both outlive the synchronize.
+    // SAFETY: `slots` holds a word per block and the counter, `out` two words per block; both
+    // outlive the synchronize.
     unsafe { kernel.launch_with_attributes("kw_grid_sync", &config, &cooperative, &args) }
         .unwrap_or_else(|error| panic!("{}", error_chain(&error)));
     context.synchronize().unwrap();
     let got = words(&out.copy_to_host().unwrap());
     let sum = blocks * (blocks + 1) / 2;
     for block in 0..blocks as usize {
-        assert_eq!(got[2 * block..2 * block + 2], [sum, 1], "block {block}");
+        assert_eq!(got[2 * block..2 * block + 2], [sum, blocks], "block {block}");
     }
     // More blocks than fit at once: refused with the numbers, before the driver sees it.
     let too_many = geometry([multiprocessors * 64, 1, 1], [1024, 1, 1], 0);
