@@ -6,7 +6,7 @@ bytes of sizes, strides and device pointers. Its launch function here builds tha
 ``ctypes.Structure`` from each call's tensors. The script checks, against the library's own
 definition of the op (a depthwise ``conv1d`` cut to the sequence, then SiLU):
 
-- three calls on three different inputs of one shape give each its own correct result, and
+- six calls on six different inputs of one shape give each its own correct result, and
   the first call's output is not written again by the later ones (a plan that kept the first
   call's pointers would do both);
 - the op keeps one launch plan for that shape (the struct's address fields are written per
@@ -169,10 +169,13 @@ def main():
     def error(out, expected):
         return (out.float() - expected.float()).abs().max().item()
 
-    # Three calls, three inputs, one shape.
+    # Six calls, six inputs, one shape; between them, allocations that move where the
+    # allocator puts the next ones.
     first_out = None
     first_copy = None
-    for call in range(3):
+    kept_alive = []
+    for call in range(6):
+        kept_alive.append(torch.empty(call * 4099 + 1, device=device))
         x, weight, bias = inputs(2, 64, 512, torch.half)
         out = op(x, weight, bias, True)
         torch.cuda.synchronize()

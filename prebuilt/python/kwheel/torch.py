@@ -1120,11 +1120,14 @@ class _Probe:
             return
         placed = {}
         try:
+            # Placed in reverse: the stand-ins' distances apart are then not the tensors' own
+            # (which the allocator made in order), so an address matches its own tensor only.
             moved_args = list(args)
-            for role, position in places:
-                if role is _INPUT:
-                    moved_args[position] = self._place(args[position], placed)
-            moved_outputs = [self._place(output, placed) for output in outputs]
+            moved_outputs = list(outputs)
+            for role, slot in reversed(places):
+                moved = moved_args if role is _INPUT else moved_outputs
+                source = args if role is _INPUT else outputs
+                moved[slot] = self._place(source[slot], placed)
         except (RuntimeError, ValueError):  # out of memory, or an address no probe can mirror
             return
         self.moved = [_located(moved_args, moved_outputs, role, slot) for role, slot in places]
@@ -1186,11 +1189,20 @@ class _Probe:
 
     def _address(self, value, other):
         """``(role, slot, offset)``: ``value`` is that tensor's address plus ``offset`` and
-        ``other`` its stand-in's plus the same offset."""
-        for (address, _, role, slot), (moved, _, _, _) in zip(self.real, self.moved):
-            if address and value - address == other - moved:
-                return role, slot, value - address
-        return None
+        ``other`` its stand-in's plus the same offset. Where several tensors fit (two tensors
+        the allocator placed as far apart as their stand-ins), the one the address lies
+        inside is it; where that does not decide, none is (the launch keeps no plan)."""
+        found = [
+            (role, slot, value - address, 0 <= value - address <= size)
+            for (address, size, role, slot), (moved, _, _, _) in zip(self.real, self.moved)
+            if address and value - address == other - moved
+        ]
+        inside = [candidate for candidate in found if candidate[3]]
+        found = inside or found
+        if len(found) != 1:
+            return None
+        role, slot, offset, _ = found[0]
+        return role, slot, offset
 
 
 def _looks_addressed(kernel_args, tensors):

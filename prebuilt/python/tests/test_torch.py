@@ -902,6 +902,18 @@ class PlansNeverGoStale(unittest.TestCase):
         # The first call ran it on the stand-ins too, found it moved, and kept no plan.
         self.assertEqual(self.launch_calls, 4)
 
+    def test_an_address_two_tensors_could_explain_is_its_own_tensors(self):
+        # Two tensors as far apart as their stand-ins: the field of `y`'s address fits `x`
+        # plus that distance too, which holds only as long as the allocator repeats itself.
+        probe = kt._Probe.__new__(kt._Probe)
+        size = 64 * 4
+        probe.real = [(1 << 20, size, kt._INPUT, 0), ((1 << 20) + 4096, size, kt._INPUT, 1)]
+        probe.moved = [(3 << 20, size, kt._INPUT, 0), ((3 << 20) + 4096, size, kt._INPUT, 1)]
+        self.assertEqual(probe._address((1 << 20) + 4096 + 8, (3 << 20) + 4096 + 8), (kt._INPUT, 1, 8))
+        self.assertEqual(probe._address(1 << 20, 3 << 20), (kt._INPUT, 0, 0))
+        # Past both ends and matching both: no tensor is its own, no plan is kept.
+        self.assertIsNone(probe._address((1 << 20) + 8192, (3 << 20) + 8192))
+
     def test_launch_attributes_reach_every_launch_planned_or_not(self):
         def launch(constants, outputs, x, scale):
             return kt.Launch((4, 2), 128, [outputs[0], x], shared_mem=100 << 10, cluster=(2, 1, 1), programmatic=True)
