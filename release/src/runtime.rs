@@ -23,13 +23,13 @@
 //! | after writing | the wheel is verified as `kwheel wheel verify` would; a failure removes it |
 //!
 //! Where zig comes from, first found wins (none of them moves when `XDG_CACHE_HOME` changes
-//! after `ci/setup`, unless it was set when `ci/setup` ran):
+//! after `ci/setup-wheel`, unless it was set when `ci/setup-wheel` ran):
 //!
 //! | where | used when |
 //! | --- | --- |
 //! | `CARGO_ZIGBUILD_ZIG_PATH` | set: a zig executable, left to `cargo zigbuild` |
-//! | `KWHEEL_ZIG` | set: the `ziglang` directory `ci/setup` fills (`ziglang/zig` inside), or a zig executable |
-//! | `${XDG_CACHE_HOME}/kwheel/zig/ziglang/zig`, then `~/.cache/kwheel/zig/ziglang/zig` | the file exists (`ci/setup` puts `ziglang` there) |
+//! | `KWHEEL_ZIG` | set: the `ziglang` directory `ci/setup-wheel` fills (`ziglang/zig` inside), or a zig executable |
+//! | `${XDG_CACHE_HOME}/kwheel/zig/ziglang/zig`, then `~/.cache/kwheel/zig/ziglang/zig` | the file exists (`ci/setup-wheel` puts `ziglang` there) |
 //! | `python3 -m ziglang`, then `zig` on `PATH` | otherwise, as `cargo zigbuild` searches (`pip install ziglang`) |
 
 use std::ffi::OsString;
@@ -380,20 +380,20 @@ fn zigbuild(
     if find_cargo_subcommand("cargo-zigbuild").is_none() {
         return Err(Error::MissingTool {
             tool: "cargo-zigbuild".into(),
-            hint: "run `bash ci/setup`, or `cargo install cargo-zigbuild --locked`".into(),
+            hint: "run `bash ci/setup-wheel`, or `cargo install cargo-zigbuild --locked`".into(),
         });
     }
     let zig = locate_zig().ok_or_else(|| Error::MissingTool {
         tool: "zig".into(),
         hint: format!(
-            "run `bash ci/setup` (it installs `ziglang` under ~/.cache/kwheel/zig), `pip \
+            "run `bash ci/setup-wheel` (it installs `ziglang` under ~/.cache/kwheel/zig), `pip \
              install ziglang`, or set {ZIG_DIR_ENV} to a `ziglang` directory"
         ),
     })?;
     if let Some(missing) = missing_rust_target(arch) {
         return Err(Error::MissingTool {
             tool: format!("the Rust standard library for {}", arch.rust_target()),
-            hint: format!("run `rustup target add {missing}` (`bash ci/setup` does)"),
+            hint: format!("run `rustup target add {missing}` (`bash ci/setup-tests` does)"),
         });
     }
     let mut command = Command::new(cargo());

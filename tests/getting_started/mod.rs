@@ -168,53 +168,7 @@ fn a_library_goes_from_an_empty_folder_to_installed_wheels_as_the_page_says() {
     std::fs::create_dir_all(home.path().join("src")).unwrap();
     std::os::unix::fs::symlink(workspace(), home.path().join("src/kwheel")).unwrap();
 
-    let mut child = Command::new("bash")
-        .arg("-c")
-        .arg(&script)
-        .current_dir(home.path())
-        .env("HOME", home.path())
-        // The caches ci/setup fills, cargo and rustup of the real home; nothing else of it.
-        .env("XDG_CACHE_HOME", &cache)
-        .env("CARGO_HOME", real_dir("CARGO_HOME", ".cargo"))
-        .env("RUSTUP_HOME", real_dir("RUSTUP_HOME", ".rustup"))
-        .env_remove("PIP_FIND_LINKS")
-        .env_remove("VIRTUAL_ENV")
-        .env_remove("KWHEEL_COMMAND")
-        // Offline: nothing may come from a package index, kwheel least of all.
-        .env("PIP_NO_INDEX", "1")
-        .env("PIP_DISABLE_PIP_VERSION_CHECK", "1")
-        // The users' torch, which the page assumes they have (`ci/setup-torch`'s, for this
-        // Python): pip sees its metadata there and takes the library's torch pin as met.
-        .env("PYTHONPATH", &torch)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // Both pipes drain on threads, so a chatty step never blocks on a full pipe.
-    let drain = |mut pipe: Box<dyn std::io::Read + Send>| {
-        std::thread::spawn(move || {
-            let mut text = String::new();
-            let _ = pipe.read_to_string(&mut text);
-            text
-        })
-    };
-    let out = drain(Box::new(child.stdout.take().unwrap()));
-    let err = drain(Box::new(child.stderr.take().unwrap()));
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break Some(status);
-        }
-        if started.elapsed() > TIME_LIMIT {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    let (out, err) = (out.join().unwrap(), err.join().unwrap());
-    let text = format!("{out}\n--- stderr ---\n{err}");
+    let (status, out, text) = run_in_fresh_home(&script, home.path(), &cache, &torch);
     let status = status.unwrap_or_else(|| panic!("{PAGE} took over {TIME_LIMIT:?}:\n{text}"));
     assert!(status.success(), "{PAGE} failed ({status}):\n{text}");
 
@@ -253,6 +207,118 @@ fn a_library_goes_from_an_empty_folder_to_installed_wheels_as_the_page_says() {
         out.contains(release::library::RECIPES_ONLY_REASON),
         "{text}"
     );
+}
+
+/// Runs `script` with bash in `home` as `HOME`, sharing only the caches of the real home
+/// (`cache`: what `ci/setup*` fill) and cargo's and rustup's, offline for pip, with `torch` on
+/// `PYTHONPATH`. Returns the exit status (`None` past [`TIME_LIMIT`]), stdout, and both
+/// streams as one text.
+fn run_in_fresh_home(
+    script: &str,
+    home: &Path,
+    cache: &Path,
+    torch: &Path,
+) -> (Option<std::process::ExitStatus>, String, String) {
+    let mut child = Command::new("bash")
+        .arg("-c")
+        .arg(script)
+        .current_dir(home)
+        .env("HOME", home)
+        // The caches ci/setup fills, cargo and rustup of the real home; nothing else of it.
+        .env("XDG_CACHE_HOME", cache)
+        .env("CARGO_HOME", real_dir("CARGO_HOME", ".cargo"))
+        .env("RUSTUP_HOME", real_dir("RUSTUP_HOME", ".rustup"))
+        .env_remove("PIP_FIND_LINKS")
+        .env_remove("VIRTUAL_ENV")
+        .env_remove("KWHEEL_COMMAND")
+        // Offline: nothing may come from a package index, kwheel least of all.
+        .env("PIP_NO_INDEX", "1")
+        .env("PIP_DISABLE_PIP_VERSION_CHECK", "1")
+        // The users' torch, which the page assumes they have (`ci/setup-torch`'s, for this
+        // Python): pip sees its metadata there and takes the library's torch pin as met.
+        .env("PYTHONPATH", torch)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Both pipes drain on threads, so a chatty step never blocks on a full pipe.
+    let drain = |mut pipe: Box<dyn std::io::Read + Send>| {
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = pipe.read_to_string(&mut text);
+            text
+        })
+    };
+    let out = drain(Box::new(child.stdout.take().unwrap()));
+    let err = drain(Box::new(child.stderr.take().unwrap()));
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if started.elapsed() > TIME_LIMIT {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let (out, err) = (out.join().unwrap(), err.join().unwrap());
+    let text = format!("{out}\n--- stderr ---\n{err}");
+    (status, out, text)
+}
+
+/// The shell lines of the README's Install section (its first block).
+fn readme_install_steps() -> String {
+    let readme = std::fs::read_to_string(workspace().join("README.md")).unwrap();
+    let section = readme
+        .split("## Install")
+        .nth(1)
+        .expect("README has an Install section");
+    let block = section
+        .split("```")
+        .nth(1)
+        .expect("the Install section has a block");
+    block
+        .strip_prefix("text")
+        .unwrap_or(block)
+        .trim()
+        .to_owned()
+}
+
+#[test]
+fn the_readme_install_steps_work_from_an_empty_home() {
+    if !have_toolchains() {
+        return;
+    }
+    let cache = real_dir("XDG_CACHE_HOME", ".cache");
+    if release::runtime::find_cargo_zigbuild().is_none() || release::runtime::find_zig().is_none() {
+        assert!(
+            std::env::var("KWHEEL_REQUIRE_TOOLCHAINS").as_deref() != Ok("1"),
+            "cargo-zigbuild and zig are required (`bash ci/setup-wheel` installs them)"
+        );
+        skipped("no cargo-zigbuild or zig (`bash ci/setup-wheel` installs them)");
+        return;
+    }
+    let steps = readme_install_steps();
+    assert!(steps.contains("bash ci/setup-wheel"), "{steps}");
+    let home = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(home.path().join("src")).unwrap();
+    std::os::unix::fs::symlink(workspace(), home.path().join("src/kwheel")).unwrap();
+    // As a user runs them: in the clone, with pip of an activated virtual environment.
+    let script = format!(
+        "set -eo pipefail\nset -x\ncd ~/src/kwheel\npython3 -m venv ~/venv && . ~/venv/bin/activate\n{steps}\nkwheel --version\n"
+    );
+    let (status, out, text) = run_in_fresh_home(&script, home.path(), &cache, Path::new(""));
+    let status =
+        status.unwrap_or_else(|| panic!("the Install steps took over {TIME_LIMIT:?}:\n{text}"));
+    assert!(
+        status.success(),
+        "the README's Install steps failed ({status}):\n{text}"
+    );
+    assert!(out.lines().any(|line| line == "kwheel 0.1.0"), "{text}");
+    assert!(home.path().join("venv/bin/kwheel").is_file(), "{text}");
 }
 
 #[test]

@@ -275,7 +275,7 @@ pub(super) fn check_install(
             return run.fail(
                 "install",
                 reason,
-                "run `kwheel release build-kwheel` (it builds kwheel's wheel with cargo zigbuild; `bash ci/setup` installs zig)",
+                "run `kwheel release build-kwheel` (it builds kwheel's wheel with cargo zigbuild; `bash ci/setup-wheel` installs zig and cargo-zigbuild)",
             )
         }
     };
