@@ -1669,7 +1669,11 @@ fn a_cooperative_launch_synchronizes_its_whole_grid() {
     let got = words(&out.copy_to_host().unwrap());
     let sum = blocks * (blocks + 1) / 2;
     for block in 0..blocks as usize {
-        assert_eq!(got[2 * block..2 * block + 2], [sum, blocks], "block {block}");
+        assert_eq!(
+            got[2 * block..2 * block + 2],
+            [sum, blocks],
+            "block {block}"
+        );
     }
     // More blocks than fit at once: refused with the numbers, before the driver sees it.
     let too_many = geometry([multiprocessors * 64, 1, 1], [1024, 1, 1], 0);
