@@ -79,46 +79,45 @@ class Launch(tuple):
     one) and the dynamic shared memory in bytes (above 48 KB the entry's limit is raised up to
     what the device allows); then, by keyword, the launch attributes of ``Kernel.launch``:
     ``cluster`` (thread block cluster dimensions), ``cooperative``, ``programmatic``
-    (programmatic dependent launch) and ``priority``. A tuple, as a namedtuple would be (made
-    by hand: ``collections.namedtuple`` costs a third of a millisecond at import)."""
+    (programmatic dependent launch) and ``priority``, kept in ``options``. A tuple of the
+    first five, as a namedtuple would be (made by hand: ``collections.namedtuple`` costs a
+    third of a millisecond at import), so ``grid, block, args, entry, shared_mem = launch``
+    still reads one."""
 
-    __slots__ = ()
-    _fields = (
-        "grid", "block", "args", "entry", "shared_mem",
-        "cluster", "cooperative", "programmatic", "priority",
-    )
+    _fields = ("grid", "block", "args", "entry", "shared_mem")
 
     def __new__(cls, grid, block, args, entry=None, shared_mem=0, *, cluster=None,
                 cooperative=False, programmatic=False, priority=None):
-        return tuple.__new__(
-            cls, (grid, block, args, entry, shared_mem, cluster, cooperative, programmatic, priority)
-        )
+        launch = tuple.__new__(cls, (grid, block, args, entry, shared_mem))
+        options = {
+            name: value
+            for name, value, default in zip(
+                _OPTION_NAMES, (cluster, cooperative, programmatic, priority), _NO_OPTIONS
+            )
+            if value != default
+        }
+        #: The launch attributes asked for, as ``Kernel.launch``'s keywords, or ``None``.
+        launch.options = options or None
+        return launch
 
     grid = property(lambda self: self[0])
     block = property(lambda self: self[1])
     args = property(lambda self: self[2])
     entry = property(lambda self: self[3])
     shared_mem = property(lambda self: self[4])
-    cluster = property(lambda self: self[5])
-    cooperative = property(lambda self: self[6])
-    programmatic = property(lambda self: self[7])
-    priority = property(lambda self: self[8])
-
-    @property
-    def options(self):
-        """The launch attributes asked for, as ``Kernel.launch``'s keywords, or ``None``."""
-        options = {
-            name: value for name, value, default in zip(self._fields[5:], self[5:], _NO_OPTIONS)
-            if value != default
-        }
-        return options or None
+    cluster = property(lambda self: (self.options or {}).get("cluster"))
+    cooperative = property(lambda self: (self.options or {}).get("cooperative", False))
+    programmatic = property(lambda self: (self.options or {}).get("programmatic", False))
+    priority = property(lambda self: (self.options or {}).get("priority"))
 
     def __repr__(self):
-        fields = ", ".join(f"{name}={value!r}" for name, value in zip(self._fields, self))
-        return f"Launch({fields})"
+        fields = [f"{name}={value!r}" for name, value in zip(self._fields, self)]
+        fields += [f"{name}={value!r}" for name, value in (self.options or {}).items()]
+        return f"Launch({', '.join(fields)})"
 
 
-# The defaults of `Launch`'s attributes, in order.
+# The launch attributes of `Launch` and their defaults, in order.
+_OPTION_NAMES = ("cluster", "cooperative", "programmatic", "priority")
 _NO_OPTIONS = (None, False, False, None)
 
 
@@ -868,8 +867,8 @@ class Op:
         ]
         nothing_to_do = all(output.numel() == 0 for output in outputs)
         launch = self.launch(constants, outputs, *args)
-        grid, block, kernel_args, entry, shared_mem = launch[:5]
-        options = launch.options if isinstance(launch, Launch) else None
+        grid, block, kernel_args, entry, shared_mem = launch
+        options = getattr(launch, "options", None)
         function = self._entry(functions, entry)
         if keep:
             if nothing_to_do:  # nothing launches: only the allocations are kept
@@ -922,6 +921,8 @@ class Op:
         except Exception:  # noqa: BLE001 - it depends on the tensors in a way no plan keeps
             return None
         if not isinstance(moved, tuple) or len(moved) != len(launch):
+            return None
+        if getattr(launch, "options", None) != getattr(moved, "options", None):
             return None
         if any(
             index != 2 and not _same(first, second)
