@@ -792,22 +792,31 @@ fn jit_reproduces_the_bundled_cubins() {
 /// The test bundle and the device, when there is a 9.0 GPU and a bundle; else `None` with the
 /// reason printed.
 fn gpu_bundle() -> Option<PathBuf> {
+    if !device_0_is_9_0("these tests load sm_90a cubins") {
+        return None;
+    }
+    test_bundle()
+}
+
+/// Whether device 0 is a compute 9.0 GPU; else prints why the test skips (`why`: what the
+/// tests need a 9.0 device for).
+fn device_0_is_9_0(why: &str) -> bool {
     let device = match Driver::get().and_then(|driver| driver.device(0)) {
         Ok(device) => device,
         Err(error) => {
             skipped!("skipped: {error}");
-            return None;
+            return false;
         }
     };
     if device.capability() != (9, 0) {
         skipped!(
-            "skipped: device 0 ({}) is compute {:?}; these tests load sm_90a cubins",
+            "skipped: device 0 ({}) is compute {:?}; {why}",
             device.name(),
             device.capability()
         );
-        return None;
+        return false;
     }
-    test_bundle()
+    true
 }
 
 /// Runs one reference case with `kernel`: device buffers in, launch, outputs back, check.
@@ -1482,19 +1491,7 @@ fn launch_bundle(dir: &Path) -> PathBuf {
 /// The launch kernel `name`, JIT-compiled for device 0, when it is a 9.0 GPU and a compiler is
 /// found; else `None` with the reason printed. The directory holds the bundle and the cache.
 fn launch_kernel(name: &str) -> Option<(prebuilt::registry::Kernel, tempfile::TempDir)> {
-    let device = match Driver::get().and_then(|driver| driver.device(0)) {
-        Ok(device) => device,
-        Err(error) => {
-            skipped!("skipped: {error}");
-            return None;
-        }
-    };
-    if device.capability() != (9, 0) {
-        skipped!(
-            "skipped: device 0 ({}) is compute {:?}; these launches need 9.0",
-            device.name(),
-            device.capability()
-        );
+    if !device_0_is_9_0("these launches need 9.0") {
         return None;
     }
     // The compiler the JIT will take, found now so that a machine without one skips.
