@@ -129,13 +129,17 @@ fn release_failure(error: &release::Error) -> Option<Failure> {
         | Error::SdistVerification { .. }
         | Error::Audit { .. }
         | Error::StaleBundle { .. }
-        | Error::LoaderIndex { .. } => Some(Failure::Verification),
+        | Error::LoaderIndex { .. }
+        | Error::OutsideFolder { .. } => Some(Failure::Verification),
         Error::Build { .. } | Error::MissingTool { .. } => Some(Failure::Build),
         Error::Publish { .. } => Some(Failure::Network),
         Error::InvalidShipFilter { .. } => Some(Failure::Usage),
         Error::Bundler(inner) => bundler_failure(inner),
         Error::Bundle(inner) => bundle_failure(inner),
         Error::Fetch(inner) => fetch_failure(inner),
+        // A refused pack is input that failed its checks; one that cannot be read is decided
+        // by its I/O error, further down the chain.
+        Error::Pack(inner) => inner.is_refusal().then_some(Failure::Verification),
         // Read and write failures are decided by their I/O error, further down the chain.
         _ => None,
     }

@@ -12,10 +12,16 @@
 //! With `--prebuilt` and every CUDA toolchain of the manifest found, the wheel carries real
 //! cubins; otherwise it is the recipes-only wheel that JIT-compiles each kernel on first load,
 //! and `jit_reason` says why when cubins were asked for.
+//!
+//! The project is the current directory, where pip runs the backend (an sdist's unpacked
+//! folder, a clone): every verb refuses a manifest (`[tool.kwheel] manifest`) that does not
+//! lie inside it, as `kwheel.build` does before calling, so an sdist cannot build and ship a
+//! library from elsewhere on the machine.
 
-use std::path::Path;
+use std::path::{Component, Path, PathBuf};
 
-use crate::cli::{Pep517BuildWheelArgs, Pep517Command, Pep517PrepareMetadataArgs};
+use crate::cli::{ManifestArg, Pep517BuildWheelArgs, Pep517Command, Pep517PrepareMetadataArgs};
+use crate::exit::{CommandFailed, Failure};
 use anyhow::{Context, Result};
 
 pub(crate) fn run(command: Pep517Command) -> Result<()> {
@@ -23,7 +29,7 @@ pub(crate) fn run(command: Pep517Command) -> Result<()> {
         Pep517Command::BuildWheel(args) => build_wheel(args)?,
         Pep517Command::PrepareMetadata(args) => prepare_metadata(args)?,
         Pep517Command::BuildSdist(args) => {
-            let manifest = args.manifest.resolve()?;
+            let manifest = project_manifest(&args.manifest)?;
             let sdist = release::build_sdist(&release::SdistOptions {
                 manifest: manifest.clone(),
                 out: args.sdist_directory,
@@ -37,7 +43,7 @@ pub(crate) fn run(command: Pep517Command) -> Result<()> {
 }
 
 fn build_wheel(args: Pep517BuildWheelArgs) -> Result<serde_json::Value> {
-    let manifest = args.manifest.resolve()?;
+    let manifest = project_manifest(&args.manifest)?;
     let jit_reason = if args.prebuilt {
         missing_toolchains(&manifest)?.map(|missing| {
             let reason = format!(
@@ -73,7 +79,7 @@ fn build_wheel(args: Pep517BuildWheelArgs) -> Result<serde_json::Value> {
 /// The `.dist-info` of the recipes-only wheel, which compiles nothing: its METADATA and WHEEL
 /// are those of the wheel `build-wheel` builds either way, so pip need not bundle twice.
 fn prepare_metadata(args: Pep517PrepareMetadataArgs) -> Result<serde_json::Value> {
-    let manifest = args.manifest.resolve()?;
+    let manifest = project_manifest(&args.manifest)?;
     let scratch = tempfile::Builder::new()
         .prefix("kwheel-metadata-")
         .tempdir()
@@ -87,6 +93,53 @@ fn prepare_metadata(args: Pep517PrepareMetadataArgs) -> Result<serde_json::Value
     .with_context(|| format!("prepare-metadata for `{}` failed", manifest.display()))?;
     let dist_info = release::wheel::unpack_dist_info(&built.path, &args.metadata_directory)?;
     Ok(serde_json::json!({ "dist_info": dist_info }))
+}
+
+/// The manifest `manifest` names (else the default one), refused unless it lies inside the
+/// project, the current directory: a relative path without `..` whose every link leads to
+/// somewhere inside. Given as found with every link resolved, so the build reads the file
+/// that was checked, not whatever a link on the way names later.
+fn project_manifest(manifest: &ManifestArg) -> Result<PathBuf> {
+    let path = manifest.resolve()?;
+    let project = std::env::current_dir()
+        .and_then(|dir| dir.canonicalize())
+        .context("cannot read the current directory, the project's")?;
+    Ok(inside_project(&project, &path)?)
+}
+
+/// [`project_manifest`]'s check of `path` against `project` (a canonical path).
+fn inside_project(project: &Path, path: &Path) -> Result<PathBuf, CommandFailed> {
+    let refuse = |reason: String| {
+        CommandFailed::new(
+            Failure::Verification,
+            format!(
+                "`[tool.kwheel] manifest` `{}` {reason}: the kernel manifest must lie inside the \
+                 project (`{}`), as a path relative to it without `..` and without a symbolic \
+                 link that leads out",
+                path.display(),
+                project.display()
+            ),
+        )
+    };
+    if path.is_absolute() {
+        return Err(refuse("is absolute".to_owned()));
+    }
+    if path
+        .components()
+        .any(|component| matches!(component, Component::ParentDir))
+    {
+        return Err(refuse("has a `..` component".to_owned()));
+    }
+    let joined = project.join(path);
+    match joined.canonicalize() {
+        Ok(real) if real.starts_with(project) => Ok(real),
+        Ok(real) => Err(refuse(format!(
+            "leads out of the project through a symbolic link, to `{}`",
+            real.display()
+        ))),
+        // Not there (or a dangling link): the build names what is missing.
+        Err(_) => Ok(joined),
+    }
 }
 
 /// `None` when every CUDA build of the manifest has its toolchain, else each missing one and
@@ -112,4 +165,66 @@ fn written(path: &Path) -> serde_json::Value {
         "path": path,
         "verified": true,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_manifest_outside_the_project_is_refused_naming_the_setting() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("project/kernels")).unwrap();
+        let project = dir.path().join("project").canonicalize().unwrap();
+        let elsewhere = dir.path().join("elsewhere");
+        std::fs::create_dir_all(&elsewhere).unwrap();
+        std::fs::write(project.join("kernels/kernels.toml"), "").unwrap();
+        std::fs::write(elsewhere.join("kernels.toml"), "").unwrap();
+        std::os::unix::fs::symlink(&elsewhere, project.join("linked")).unwrap();
+        std::os::unix::fs::symlink(project.join("kernels"), project.join("inside")).unwrap();
+        for (manifest, reason) in [
+            (elsewhere.join("kernels.toml"), "is absolute".to_owned()),
+            (
+                PathBuf::from("../elsewhere/kernels.toml"),
+                "has a `..` component".to_owned(),
+            ),
+            (
+                PathBuf::from("kernels/../../elsewhere/kernels.toml"),
+                "has a `..` component".to_owned(),
+            ),
+            (
+                PathBuf::from("linked/kernels.toml"),
+                format!(
+                    "leads out of the project through a symbolic link, to `{}`",
+                    elsewhere
+                        .canonicalize()
+                        .unwrap()
+                        .join("kernels.toml")
+                        .display()
+                ),
+            ),
+        ] {
+            let error = inside_project(&project, &manifest).unwrap_err();
+            assert_eq!(error.failure, Failure::Verification);
+            let message = error.to_string();
+            assert!(
+                message.starts_with(&format!(
+                    "`[tool.kwheel] manifest` `{}` {reason}: ",
+                    manifest.display()
+                )),
+                "{message}"
+            );
+        }
+        // Inside, also through a link that stays inside: the file itself.
+        for manifest in [
+            "kernels/kernels.toml",
+            "inside/kernels.toml",
+            "./kernels/kernels.toml",
+        ] {
+            assert_eq!(
+                inside_project(&project, Path::new(manifest)).unwrap(),
+                project.join("kernels/kernels.toml")
+            );
+        }
+    }
 }

@@ -66,6 +66,12 @@ use vocabulary::{foreign_to, foreign_to_extraction, staging_leftover, vocabulary
 /// holds it is a killed run's, and may be removed.
 const STAGING_MARKER: &str = ".kwheel-staging";
 
+/// Written by `bundle extract` into the folder it fills and kept there: the size and path of
+/// every file it wrote, one a line. A non-empty folder is replaced by another extraction only
+/// when it holds this marker and nothing but the files the marker lists, each of its listed
+/// size: what kwheel can show it wrote, never what merely has the shape of its files.
+pub(crate) const EXTRACTION_MARKER: &str = ".kwheel-extraction";
+
 /// zstd level of every frame, plain or against a reference: slow to write once, as fast as
 /// any level to read. Against a reference it writes frames 11 % smaller than level 9 in 2.8×
 /// the time (docs/benchmarks.md, "Frames against a reference at level 19").
@@ -277,7 +283,8 @@ enum Replaceable {
     Bundle,
     /// A shard by the strict reading of [`vocabulary`].
     Shard,
-    /// What `bundle extract` writes: `<kernel>/<build>/<arch>.cubin` files only.
+    /// What `bundle extract` wrote, by its [`EXTRACTION_MARKER`]: the marker and the
+    /// `<kernel>/<build>/<arch>.cubin` files it lists.
     Extracted,
 }
 
@@ -539,11 +546,18 @@ fn check_replaceable(out: &Path, replaceable: Replaceable) -> Result<(), Error> 
             }
         }
         Replaceable::Extracted => match foreign_to_extraction(out) {
-            None => Ok(()),
-            Some(foreign) => Err(refuse(format!(
-                "it holds `{}`, which `bundle extract` does not write: kwheel replaces only \
-                 an empty folder or an earlier extraction; give a new folder",
-                foreign.display()
+            Ok(None) => Ok(()),
+            Ok(Some(foreign)) => Err(refuse(format!(
+                "it holds `{}`, which the earlier extraction's `{EXTRACTION_MARKER}` does not \
+                 list: kwheel replaces only an empty folder or an earlier extraction, as it \
+                 left it; give a new folder",
+                foreign.strip_prefix(out).unwrap_or(&foreign).display()
+            ))),
+            Err(reason) => Err(refuse(format!(
+                "it holds `{}` and {reason}: kwheel replaces only an empty folder or an \
+                 earlier extraction, which holds the `{EXTRACTION_MARKER}` kwheel writes; \
+                 give a new folder",
+                names[0].to_string_lossy()
             ))),
         },
     }
@@ -742,10 +756,22 @@ pub fn extract_bundle(bundle: &prebuilt::Bundle, out: &Path) -> Result<Vec<PathB
     let output = Output::lock(out, Replaceable::Extracted)?;
     let mut written = Vec::new();
     output.stage(|root| {
-        for relative in bundle.extract_to(root)? {
+        let relatives = bundle.extract_to(root)?;
+        // Sizes as written into this run's own staging folder.
+        let mut marker = String::new();
+        for relative in &relatives {
+            let path = root.join(relative);
+            let size = std::fs::symlink_metadata(&path)
+                .map_err(|source| Error::Read {
+                    path: path.clone(),
+                    source,
+                })?
+                .len();
+            marker.push_str(&format!("{size} {}\n", relative.display()));
             written.push(out.join(relative));
         }
-        Ok(())
+        let path = root.join(EXTRACTION_MARKER);
+        std::fs::write(&path, marker).map_err(|source| Error::Write { path, source })
     })?;
     Ok(written)
 }
@@ -928,5 +954,75 @@ mod tests {
                 sample
             );
         }
+    }
+
+    /// A bundle of one kernel, `axpy`, whose one variant is a real cubin, at `dir/bundle`.
+    fn one_cubin_bundle(dir: &Path) -> prebuilt::Bundle {
+        let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let cubin =
+            std::fs::read(workspace.join("prebuilt/tests/fixtures/cubin/nvrtc129_sm_90a.cubin"))
+                .unwrap();
+        let root = dir.join("bundle");
+        let mut variant = prebuilt::testing::variant("cu129/sm_90a");
+        variant.artifact = prebuilt::testing::write_artifact(&root, &cubin);
+        let mut index = prebuilt::testing::index();
+        index.kernels = BTreeMap::from([("axpy".to_owned(), prebuilt::testing::record(&[], &[]))]);
+        index.kernels.get_mut("axpy").unwrap().variants = vec![variant];
+        prebuilt::Bundle::with_index(root, index)
+    }
+
+    #[test]
+    fn bundle_extract_leaves_a_folder_it_did_not_write_untouched() {
+        let dir = tempfile::tempdir().unwrap();
+        let bundle = one_cubin_bundle(dir.path());
+        // Shaped like an extraction, and the user's own.
+        let out = dir.path().join("cubins");
+        let handtuned = out.join("proj/v1/handtuned.cubin");
+        std::fs::create_dir_all(handtuned.parent().unwrap()).unwrap();
+        std::fs::write(&handtuned, b"two weeks of work").unwrap();
+        let message = extract_bundle(&bundle, &out).unwrap_err().to_string();
+        assert!(
+            message.contains(&format!("refusing to replace `{}`", out.display()))
+                && message.contains("`proj`")
+                && message.contains(EXTRACTION_MARKER),
+            "{message}"
+        );
+        assert_eq!(std::fs::read(&handtuned).unwrap(), b"two weeks of work");
+        assert_eq!(files_under(&out).len(), 1);
+        // A marker that is a link to one kwheel wrote elsewhere proves nothing.
+        let other = dir.path().join("other");
+        extract_bundle(&bundle, &other).unwrap();
+        std::os::unix::fs::symlink(other.join(EXTRACTION_MARKER), out.join(EXTRACTION_MARKER))
+            .unwrap();
+        let message = extract_bundle(&bundle, &out).unwrap_err().to_string();
+        assert!(message.contains(EXTRACTION_MARKER), "{message}");
+        assert_eq!(std::fs::read(&handtuned).unwrap(), b"two weeks of work");
+    }
+
+    #[test]
+    fn bundle_extract_replaces_only_an_extraction_as_it_left_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let bundle = one_cubin_bundle(dir.path());
+        let out = dir.path().join("cubins");
+        let written = extract_bundle(&bundle, &out).unwrap();
+        assert_eq!(written, [out.join("axpy/cu129/sm_90a.cubin")]);
+        let size = std::fs::metadata(&written[0]).unwrap().len();
+        assert_eq!(
+            std::fs::read_to_string(out.join(EXTRACTION_MARKER)).unwrap(),
+            format!("{size} axpy/cu129/sm_90a.cubin\n")
+        );
+        // Again, over itself.
+        extract_bundle(&bundle, &out).unwrap();
+        // A file the user added, or a cubin they changed, is not what kwheel wrote.
+        let handtuned = out.join("proj/v1/handtuned.cubin");
+        std::fs::create_dir_all(handtuned.parent().unwrap()).unwrap();
+        std::fs::write(&handtuned, b"mine").unwrap();
+        let message = extract_bundle(&bundle, &out).unwrap_err().to_string();
+        assert!(message.contains("`proj`"), "{message}");
+        std::fs::remove_dir_all(out.join("proj")).unwrap();
+        std::fs::write(&written[0], b"hand-patched").unwrap();
+        let message = extract_bundle(&bundle, &out).unwrap_err().to_string();
+        assert!(message.contains("`axpy/cu129/sm_90a.cubin`"), "{message}");
+        assert_eq!(std::fs::read(&written[0]).unwrap(), b"hand-patched");
     }
 }

@@ -46,8 +46,11 @@
 //!
 //! The file is written from the bundle's index by one function ([`encode`]) and read back
 //! whole by [`Lookup::index`], which gives that index again, so tools need no `index.json`
-//! beside it. It is deterministic (sorted names, sorted vocabulary, no times). A reader
-//! refuses a format it does not know, naming the file, the format found and the one it reads.
+//! beside it. What that read decodes (each kernel's own copy of a shared graph included) is
+//! charged to [`MAX_DECODED`] as it is made, and one kernel's records to
+//! [`MAX_RECORD_DECODED`]: a small file cannot cost much memory by naming what it shares. It
+//! is deterministic (sorted names, sorted vocabulary, no times). A reader refuses a format it
+//! does not know, naming the file, the format found and the one it reads.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -67,6 +70,8 @@ mod codec;
 mod data;
 mod folder;
 mod table;
+mod whole;
+use codec::Decoded;
 use data::Data;
 pub use folder::{find_bundle, open_bundle, read_bundle_index, restore_index_json};
 use table::{check_table, Layout, LazyTable, Sections, Span};
@@ -89,9 +94,19 @@ const GRAPH_ENTRY_LEN: u64 = 16;
 /// Caps on what a header may claim, so a crafted file cannot make the reader allocate.
 const MAX_META_LEN: u64 = 16 << 20;
 const MAX_KERNELS: u64 = 1 << 24;
-/// Most bytes of records [`Lookup::index`] decodes, a graph counted once per kernel naming
-/// it: the whole index in memory stays proportional to this, whatever the file shares.
-const MAX_EXPANDED: u64 = 8 * MAX_INDEX_SIZE;
+/// Most bytes the whole index may take in memory once [`Lookup::index`] decoded it: every
+/// record, every distinct include graph and each kernel's own copy of its graph (an
+/// [`Index`] holds one per kernel), each string, vector and map entry counted with what it
+/// holds besides its bytes ([`codec::HELD`]). Charged as they are decoded, and the copies
+/// before any is made, so a file whose graphs many kernels name is refused after decoding
+/// each graph once, and a crafted file costs at most this (and itself) in memory. An index
+/// of FlashInfer's size (15,970 kernels, one graph each) counts about 47 MB; 2,000 kernels
+/// that each copy one 300-header graph, about 154 MB (`docs/security.md`, Caps).
+pub const MAX_DECODED: u64 = 160 << 20;
+/// Most bytes one kernel's records (load, inputs and its graph) may decode to in a lookup:
+/// far above any real kernel's (the embedded library's largest is a few KiB), and a bound on
+/// what a first call can be made to allocate.
+pub const MAX_RECORD_DECODED: u64 = 64 << 20;
 
 /// Everything of the index but its kernels.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -139,47 +154,68 @@ impl Meta {
 pub fn encode(index: &Index) -> Vec<u8> {
     let words = codec::Vocabulary::of(index.kernels.values());
     let meta = serde_json::to_vec(&Meta::of(index)).expect("meta serializes");
-    let count = index.kernels.len() as u64;
-    let mut table = Vec::with_capacity((count * ENTRY_LEN) as usize);
-    let mut names = Vec::new();
-    let mut records = Vec::new();
+    let mut file = Writing::default();
     // Graphs by first use, in name order: the same index gives the same ids.
     let mut graph_ids: BTreeMap<&BTreeMap<String, String>, u32> = BTreeMap::new();
     let mut graphs: Vec<&BTreeMap<String, String>> = Vec::new();
     // `index.kernels` is a BTreeMap: its order is the byte order the reader searches in.
     for (name, record) in &index.kernels {
-        let load = codec::encode_load(name, record, &words);
-        let inputs = codec::encode_inputs(record);
         let graph = *graph_ids.entry(&record.inputs.files).or_insert_with(|| {
             graphs.push(&record.inputs.files);
             graphs.len() as u32 - 1
         });
-        table.extend_from_slice(&(names.len() as u64).to_le_bytes());
+        let load = codec::encode_load(name, record, &words);
+        file.kernel(name, &load, &codec::encode_inputs(record), graph);
+    }
+    for graph in graphs {
+        file.graph(&codec::encode_graph(graph, &words));
+    }
+    file.assemble(&meta, &words.encode())
+}
+
+/// The tables and sections of a file being written, a kernel and then a graph at a time.
+#[derive(Default)]
+struct Writing {
+    table: Vec<u8>,
+    graph_table: Vec<u8>,
+    names: Vec<u8>,
+    records: Vec<u8>,
+}
+
+impl Writing {
+    /// The next kernel (in name order): its table entry, name and records.
+    fn kernel(&mut self, name: &str, load: &[u8], inputs: &[u8], graph: u32) {
+        let table = &mut self.table;
+        table.extend_from_slice(&(self.names.len() as u64).to_le_bytes());
         table.extend_from_slice(&(name.len() as u32).to_le_bytes());
         table.extend_from_slice(&(load.len() as u32).to_le_bytes());
-        table.extend_from_slice(&(records.len() as u64).to_le_bytes());
+        table.extend_from_slice(&(self.records.len() as u64).to_le_bytes());
         table.extend_from_slice(&(inputs.len() as u32).to_le_bytes());
         table.extend_from_slice(&graph.to_le_bytes());
-        names.extend_from_slice(name.as_bytes());
-        records.extend_from_slice(&load);
-        records.extend_from_slice(&inputs);
+        self.names.extend_from_slice(name.as_bytes());
+        self.records.extend_from_slice(load);
+        self.records.extend_from_slice(inputs);
     }
-    let mut graph_table = Vec::with_capacity(graphs.len() * GRAPH_ENTRY_LEN as usize);
-    for graph in &graphs {
-        let bytes = codec::encode_graph(graph, &words);
-        graph_table.extend_from_slice(&(records.len() as u64).to_le_bytes());
-        graph_table.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
-        graph_table.extend_from_slice(&0u32.to_le_bytes());
-        records.extend_from_slice(&bytes);
+
+    /// The next graph record (after every kernel), by id order.
+    fn graph(&mut self, bytes: &[u8]) {
+        let table = &mut self.graph_table;
+        table.extend_from_slice(&(self.records.len() as u64).to_le_bytes());
+        table.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+        table.extend_from_slice(&0u32.to_le_bytes());
+        self.records.extend_from_slice(bytes);
     }
-    assemble(
-        &meta,
-        &words.encode(),
-        &table,
-        &graph_table,
-        &names,
-        &records,
-    )
+
+    fn assemble(self, meta: &[u8], words: &[u8]) -> Vec<u8> {
+        assemble(
+            meta,
+            words,
+            &self.table,
+            &self.graph_table,
+            &self.names,
+            &self.records,
+        )
+    }
 }
 
 /// The file of these sections, with a header that locates them and counts the tables' entries.
@@ -465,12 +501,24 @@ impl Lookup {
             layout.names_offset,
             (layout.records_offset - layout.names_offset) as u32,
         ))?;
+        let tables = self.checked_tables(&table, &graph_table, names)?;
+        Ok(self.whole.get_or_init(|| tables))
+    }
+
+    /// The tables of these sections' bytes, checked whole ([`check_table`]).
+    fn checked_tables(
+        &self,
+        table: &[u8],
+        graph_table: &[u8],
+        names: Vec<u8>,
+    ) -> Result<Tables, BundleError> {
+        let layout = &self.layout;
         let sections = Sections {
             names: &names,
             records_offset: layout.records_offset,
             length: layout.length,
         };
-        let (entries, graphs) = check_table(&self.path, &table, &graph_table, &sections)?;
+        let (entries, graphs) = check_table(&self.path, table, graph_table, &sections)?;
         // Every name was checked as an identifier, so the section is ASCII.
         let names = String::from_utf8(names).map_err(|_| {
             refused(
@@ -480,11 +528,11 @@ impl Lookup {
                 "holds something not a name",
             )
         })?;
-        Ok(self.whole.get_or_init(|| Tables {
+        Ok(Tables {
             names,
             entries,
             graphs,
-        }))
+        })
     }
 
     /// Every kernel name, in order: identifiers, the whole table checked.
@@ -505,7 +553,8 @@ impl Lookup {
             return Ok(None);
         };
         let load = self.bytes(entry.load)?;
-        let record = self.decode(kernel, &load, None)?;
+        let decoded = Decoded::new(MAX_RECORD_DECODED, "one kernel's records");
+        let record = self.decode(kernel, &load, None, &decoded)?;
         Ok(Some(record))
     }
 
@@ -523,79 +572,29 @@ impl Lookup {
         // together. The load and inputs records are adjacent: one read.
         let both = self.bytes((entry.load.0, entry.load.1 + entry.inputs.1))?;
         let graph = self.bytes(graph)?;
-        let files = codec::decode_graph(&graph, &self.words)
+        let decoded = Decoded::new(MAX_RECORD_DECODED, "one kernel's records");
+        let files = codec::decode_graph(&graph, &self.words, &decoded)
             .map_err(|reason| self.bad_record(kernel, "graph", reason))?;
         let (load, inputs) = both.split_at(entry.load.1 as usize);
-        let record = self.decode(kernel, load, Some((inputs, files)))?;
+        let record = self.decode(kernel, load, Some((inputs, files)), &decoded)?;
         Ok(Some(record.inputs))
     }
 
-    /// The whole index this file was written from, as [`encode`] was given it, checked as
-    /// `index.json` is: what tools read when a bundle ships no `index.json`. Reads the file
-    /// once and decodes each graph once.
-    pub fn index(&self) -> Result<Index, BundleError> {
-        let tables = self.tables()?;
-        let expanded: u64 = tables
-            .entries
-            .iter()
-            .map(|entry| {
-                u64::from(entry.load.1)
-                    + u64::from(entry.inputs.1)
-                    + u64::from(tables.graphs[entry.graph as usize].1)
-            })
-            .sum();
-        if expanded > MAX_EXPANDED {
-            return Err(refused(
-                &self.path,
-                "the loader index's records, graphs counted once per kernel",
-                &format!("{expanded} bytes"),
-                &format!("are over the {MAX_EXPANDED}-byte cap on a whole index"),
-            ));
-        }
-        // Capped at open: the length fits the span's `u32`.
-        let bytes = self.bytes((0, self.layout.length as u32))?;
-        let span = |(offset, length): Span| &bytes[offset as usize..][..length as usize];
-        let mut graphs: Vec<Option<BTreeMap<String, String>>> = vec![None; tables.graphs.len()];
-        let mut kernels = BTreeMap::new();
-        for entry in &tables.entries {
-            let name = &tables.names[entry.name.clone()];
-            let slot = &mut graphs[entry.graph as usize];
-            if slot.is_none() {
-                let graph =
-                    codec::decode_graph(span(tables.graphs[entry.graph as usize]), &self.words)
-                        .map_err(|reason| self.bad_record(name, "graph", reason))?;
-                *slot = Some(graph);
-            }
-            let files = slot.clone().unwrap_or_default();
-            let record = self.decode(name, span(entry.load), Some((span(entry.inputs), files)))?;
-            kernels.insert(name.to_owned(), record);
-        }
-        let index = Index {
-            format: self.meta.format,
-            package: self.meta.package.clone(),
-            torch: self.meta.torch.clone(),
-            store: self.meta.store.clone(),
-            dictionary: self.meta.dictionary.clone(),
-            kernels,
-        };
-        check_index(&index).map_err(|source| self.refused_by(source))?;
-        Ok(index)
-    }
-
     /// Decodes one kernel's load record and, given them, its inputs record and its graph's
-    /// files, checking the result.
+    /// files, checking the result; what it decodes is charged to `decoded`.
     fn decode(
         &self,
         kernel: &str,
         load: &[u8],
         inputs: Option<(&[u8], BTreeMap<String, String>)>,
+        decoded: &Decoded,
     ) -> Result<KernelRecord, BundleError> {
-        let load = codec::decode_load(kernel, load, &self.words)
+        let load = codec::decode_load(kernel, load, &self.words, decoded)
             .map_err(|reason| self.bad_record(kernel, "load", reason))?;
         let inputs = match inputs {
             None => KernelInputs::default(),
             Some((inputs, files)) => {
-                let mut inputs = codec::decode_inputs(inputs, &load)
+                let mut inputs = codec::decode_inputs(inputs, &load, decoded)
                     .map_err(|reason| self.bad_record(kernel, "inputs", reason))?;
                 inputs.files = files;
                 inputs
@@ -948,8 +947,9 @@ mod tests {
             apart.len(),
             load.len()
         );
-        assert!(codec::decode_load(kernel, &load, &words_read).is_ok());
-        let error = codec::decode_load("k00000_Gemm", &load, &words_read)
+        let decoded = Decoded::new(MAX_RECORD_DECODED, "one kernel's records");
+        assert!(codec::decode_load(kernel, &load, &words_read, &decoded).is_ok());
+        let error = codec::decode_load("k00000_Gemm", &load, &words_read, &decoded)
             .err()
             .unwrap();
         assert!(
@@ -1792,19 +1792,15 @@ mod tests {
     }
 
     /// A graph of 1 MB that 16,000 kernels name is 16 GB once every kernel's inputs are made:
-    /// the whole index is refused by what it would expand to, before anything is decoded.
+    /// the whole index is refused by what the copies would take, having decoded the graph
+    /// once.
     #[test]
     fn a_graph_shared_past_the_cap_is_refused_whole_but_read_one_kernel_at_a_time() {
         let mut files = BTreeMap::new();
         for n in 0..20_000 {
             files.insert(format!("h/{n:040}.cuh"), crate::key::sha256_hex(b"x"));
         }
-        let mut index = index(1100);
-        for record in index.kernels.values_mut() {
-            record.inputs.files = files.clone();
-            record.recipe = None;
-        }
-        let bytes = encode(&index);
+        let bytes = shared_graphs_file(1100, 1, |_| files.clone());
         assert!(bytes.len() < 2 << 20, "{}", bytes.len());
         let (result, _) = opened(&bytes);
         let lookup = result.unwrap();
@@ -1859,5 +1855,185 @@ mod tests {
         let empty = tempfile::tempdir().unwrap();
         let message = crate::error_chain(&read_bundle_index(empty.path()).unwrap_err());
         assert!(message.contains(crate::bundle::INDEX_FILE), "{message}");
+    }
+
+    /// A `kernels.idx` of `count` kernels (`k00000`…, each `index(1)`'s record but its key
+    /// inputs), kernel `n` naming graph `n % graphs` and graph `g` being `graph(g)`, whose
+    /// folders are all graph 0's: what [`encode`] writes for such an index, made one graph at
+    /// a time, without a copy of a graph per kernel.
+    fn shared_graphs_file(
+        count: usize,
+        graphs: usize,
+        graph: impl Fn(usize) -> BTreeMap<String, String>,
+    ) -> Vec<u8> {
+        let mut template = index(1).kernels.into_values().next().unwrap();
+        template.recipe = None;
+        template.inputs.files = BTreeMap::new();
+        let mut with_folders = template.clone();
+        with_folders.inputs.files = graph(0);
+        let words = codec::Vocabulary::of([&with_folders].into_iter());
+        let meta = serde_json::to_vec(&Meta::of(&index(1))).unwrap();
+        let mut file = Writing::default();
+        for n in 0..count {
+            let name = format!("k{n:05}");
+            let load = codec::encode_load(&name, &template, &words);
+            file.kernel(
+                &name,
+                &load,
+                &codec::encode_inputs(&template),
+                (n % graphs) as u32,
+            );
+        }
+        for id in 0..graphs {
+            file.graph(&codec::encode_graph(&graph(id), &words));
+        }
+        file.assemble(&meta, &words.encode())
+    }
+
+    /// Round 3, case 5: a 3.2 MB file whose include graphs thousands of kernels name was
+    /// decoded with a copy of its graph per kernel, each charged by the graph's encoded bytes
+    /// (its folder words to a budget of their own), and exhausted 4 GB. Here 4,000 kernels
+    /// name 4 graphs of 5,000 files in one long folder: 0.76 GB counted as encoded, within the
+    /// old 1 GiB cap, 7 GB decoded. Charged by what it decodes to, the whole read is refused
+    /// in a fraction of a second, having decoded each graph once, and a lookup of one kernel
+    /// still reads its graph.
+    #[test]
+    fn a_small_index_whose_graphs_many_kernels_name_is_refused_quickly() {
+        let folder = format!("include/{}", "cutlass_gemm_collective_".repeat(8));
+        let graph = |graph: usize| -> BTreeMap<String, String> {
+            (0..5_000)
+                .map(|file| {
+                    let path = format!("{folder}/g{graph}_{file:05}.hpp");
+                    (path, crate::key::sha256_hex(&[graph as u8]))
+                })
+                .collect()
+        };
+        let bytes = shared_graphs_file(4_000, 4, graph);
+        assert!(bytes.len() < 4 << 20, "{}", bytes.len());
+        let lookup = Lookup::from_bytes(Path::new(LOOKUP_FILE), bytes).unwrap();
+        lookup.check().unwrap();
+        let started = std::time::Instant::now();
+        let message = crate::error_chain(&lookup.index().unwrap_err());
+        let elapsed = started.elapsed();
+        assert!(elapsed.as_secs_f64() < 2.0, "{elapsed:?}");
+        assert!(
+            message.contains("include graphs, copied once per kernel that names them")
+                && message.contains(&format!("{MAX_DECODED}-byte cap on a whole index")),
+            "{message}"
+        );
+        let inputs = lookup.inputs("k03999").unwrap().unwrap();
+        assert_eq!(inputs.files, graph(3999 % 4));
+        // The same file with few enough kernels reads whole, each kernel with its graph.
+        let bytes = shared_graphs_file(8, 4, graph);
+        let index = Lookup::from_bytes(Path::new(LOOKUP_FILE), bytes)
+            .unwrap()
+            .index()
+            .unwrap();
+        assert_eq!(index.kernels["k00006"].inputs.files, graph(2));
+    }
+
+    /// Graphs no two kernels share, each naming a 300 KB folder word three times: every graph
+    /// record is a few bytes and within its own budget of vocabulary words, and 1,500 of them
+    /// decoded to 1.35 GB. The words are charged to the whole read's one budget: refused at the
+    /// cap.
+    #[test]
+    fn folder_words_copied_by_every_graph_are_charged_to_the_whole_index() {
+        let folder = "d".repeat(300_000);
+        let graph = |graph: usize| -> BTreeMap<String, String> {
+            (0..3)
+                .map(|file| {
+                    (
+                        format!("{folder}/{graph}_{file}"),
+                        crate::key::sha256_hex(b"x"),
+                    )
+                })
+                .collect()
+        };
+        let bytes = shared_graphs_file(1_500, 1_500, graph);
+        assert!(bytes.len() < 1 << 20, "{}", bytes.len());
+        let lookup = Lookup::from_bytes(Path::new(LOOKUP_FILE), bytes).unwrap();
+        // One kernel at a time, each is fine.
+        assert_eq!(lookup.inputs("k01499").unwrap().unwrap().files.len(), 3);
+        let started = std::time::Instant::now();
+        let message = crate::error_chain(&lookup.index().unwrap_err());
+        assert!(started.elapsed().as_secs() < 5, "{:?}", started.elapsed());
+        assert!(
+            message.contains(&format!("{MAX_DECODED}-byte cap on a whole index")),
+            "{message}"
+        );
+    }
+
+    /// A function set of 20,000 functions with empty names, named by 1,000 variants: 0 bytes
+    /// of names to copy, so nothing was charged, and one lookup (a first call's) made 20
+    /// million functions, 1.4 GB. Each function is charged what it holds in memory.
+    #[test]
+    fn variants_that_copy_a_set_of_many_empty_functions_are_refused() {
+        let mut record = index(1).kernels.into_values().next().unwrap();
+        record.recipe = None;
+        let empty = crate::index::Function {
+            name: String::new(),
+            symbol: String::new(),
+            param_sizes: vec![],
+        };
+        record.variants[0].functions = vec![empty; 20_000];
+        let words = codec::Vocabulary::of([&record].into_iter());
+        // The record's bytes for 1,000 variants, from those for one and two (the variants are
+        // written last, before the skips' count): built without holding 1,000 copies here.
+        let one = codec::encode_load("k00000", &record, &words);
+        record.variants.push(record.variants[0].clone());
+        let two = codec::encode_load("k00000", &record, &words);
+        let variant = &two[one.len() - 1..two.len() - 1];
+        let head = &one[..one.len() - 1 - variant.len() - 1];
+        let mut load = head.to_vec();
+        load.extend_from_slice(&[0xe8, 0x07]);
+        for _ in 0..1_000 {
+            load.extend_from_slice(variant);
+        }
+        load.push(0);
+        record.variants.truncate(1);
+        let inputs = codec::encode_inputs(&record);
+        let graph = codec::encode_graph(&BTreeMap::new(), &words);
+        let meta = serde_json::to_vec(&Meta::of(&index(1))).unwrap();
+        let mut table = Vec::new();
+        table.extend_from_slice(&0u64.to_le_bytes());
+        table.extend_from_slice(&6u32.to_le_bytes());
+        table.extend_from_slice(&(load.len() as u32).to_le_bytes());
+        table.extend_from_slice(&0u64.to_le_bytes());
+        table.extend_from_slice(&(inputs.len() as u32).to_le_bytes());
+        table.extend_from_slice(&0u32.to_le_bytes());
+        let mut graph_table = Vec::new();
+        graph_table.extend_from_slice(&((load.len() + inputs.len()) as u64).to_le_bytes());
+        graph_table.extend_from_slice(&(graph.len() as u32).to_le_bytes());
+        graph_table.extend_from_slice(&0u32.to_le_bytes());
+        let records = [&load[..], &inputs, &graph].concat();
+        let bytes = assemble(
+            &meta,
+            &words.encode(),
+            &table,
+            &graph_table,
+            b"k00000",
+            &records,
+        );
+        assert!(bytes.len() < 400_000, "{}", bytes.len());
+        let lookup = Lookup::from_bytes(Path::new(LOOKUP_FILE), bytes).unwrap();
+        let started = std::time::Instant::now();
+        let message = crate::error_chain(&lookup.record("k00000").unwrap_err());
+        assert!(started.elapsed().as_secs() < 2, "{:?}", started.elapsed());
+        assert!(message.contains("k00000"), "{message}");
+        assert!(
+            message.contains("gives its variants more than"),
+            "{message}"
+        );
+    }
+
+    /// The embedded library's `kernels.idx` (the fuzz seed) reads whole, far within the cap.
+    #[test]
+    fn the_embedded_librarys_index_reads_whole_within_the_cap() {
+        let seed =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/lookup/default-library.idx");
+        let lookup = Lookup::from_bytes(&seed, std::fs::read(&seed).unwrap()).unwrap();
+        let index = lookup.index().unwrap();
+        assert_eq!(index.kernels.len(), lookup.len());
+        assert_eq!(lookup.index().unwrap(), index);
     }
 }

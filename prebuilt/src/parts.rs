@@ -38,8 +38,9 @@ use std::sync::{Mutex, PoisonError};
 
 use serde::{Deserialize, Serialize};
 
+use crate::bundle::{read_inside, BundleError};
 use crate::target::{Arch, CudaBuild};
-use crate::untrusted::{read_regular_file, ArtifactPath, MAX_INDEX_SIZE};
+use crate::untrusted::{ArtifactPath, MAX_INDEX_SIZE};
 
 /// The file in the main bundle that lists its parts.
 pub const PARTS_FILE: &str = "parts.json";
@@ -220,14 +221,9 @@ impl PartsIndex {
 
     /// Reads the `parts.json` of the bundle at `root`, `None` when it has none.
     pub fn read(root: &Path) -> Result<Option<PartsIndex>, PartError> {
-        let path = root.join(PARTS_FILE);
-        if !path.is_file() {
+        let Some((path, bytes)) = read_part_file(root, PARTS_FILE, MAX_INDEX_SIZE)? else {
             return Ok(None);
-        }
-        let bytes = read_regular_file(&path, MAX_INDEX_SIZE).map_err(|source| PartError::Read {
-            path: path.clone(),
-            source,
-        })?;
+        };
         PartsIndex::parse(&path, &bytes).map(Some)
     }
 
@@ -326,14 +322,9 @@ pub fn find_part(
     let mut wrong = None;
     for dir in search {
         let root = dir.join(&part.import).join(crate::bundle::PREBUILT_DIR);
-        let path = root.join(PART_FILE);
-        if !path.is_file() {
+        let Some((path, bytes)) = read_part_file(&root, PART_FILE, MAX_STAMP_SIZE)? else {
             continue;
-        }
-        let bytes = read_regular_file(&path, MAX_INDEX_SIZE).map_err(|source| PartError::Read {
-            path: path.clone(),
-            source,
-        })?;
+        };
         let stamp: PartStamp =
             serde_json::from_slice(&bytes).map_err(|source| PartError::Invalid {
                 path: path.clone(),
@@ -367,6 +358,30 @@ pub fn find_part(
         }),
         searched: search.to_vec(),
     }))
+}
+
+/// Largest `part.json`: four short fields.
+const MAX_STAMP_SIZE: u64 = 64 << 10;
+
+/// The file `name` of the folder `root` and its bytes, opened once where no link leads out of
+/// `root` and read no further than `cap`; `None` when there is none.
+fn read_part_file(
+    root: &Path,
+    name: &str,
+    cap: u64,
+) -> Result<Option<(PathBuf, Vec<u8>)>, PartError> {
+    let relative = ArtifactPath::parse(name).expect("a plain file name");
+    match read_inside(root, &relative, cap) {
+        Ok(read) => Ok(Some(read)),
+        Err(BundleError::Read { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            Ok(None)
+        }
+        Err(BundleError::Read { path, source }) => Err(PartError::Read { path, source }),
+        Err(other) => Err(PartError::Read {
+            path: relative.join_to(root),
+            source: std::io::Error::other(other.to_string()),
+        }),
+    }
 }
 
 /// The parts of an opened bundle, found on first need and kept.
@@ -540,5 +555,44 @@ mod tests {
         stamp.version = "0.1.0".into();
         std::fs::write(part_root.join(PART_FILE), stamp.to_json()).unwrap();
         assert_eq!(opened.root_for(&main, artifact).unwrap(), part_root);
+    }
+
+    #[test]
+    fn a_part_json_that_is_a_link_out_of_its_part_is_refused_not_read() {
+        let site = tempfile::tempdir().unwrap();
+        let main = site.path().join("af3_kernels/_prebuilt");
+        std::fs::create_dir_all(&main).unwrap();
+        let record = part(
+            "af3-kernels-kernels-cu130-sm90",
+            &["artifacts/ab/ab.cubin.zst"],
+        );
+        std::fs::write(main.join(PARTS_FILE), index(vec![record.clone()]).to_json()).unwrap();
+        let part_root = site
+            .path()
+            .join("af3_kernels_kernels_cu130_sm90")
+            .join(crate::bundle::PREBUILT_DIR);
+        std::fs::create_dir_all(&part_root).unwrap();
+        // A stamp that would match, outside the part.
+        let outside = site.path().join("stamp.json");
+        let stamp = PartStamp {
+            format: PARTS_FORMAT,
+            package: "af3-kernels".into(),
+            version: "0.1.0".into(),
+            name: record.name.clone(),
+        };
+        std::fs::write(&outside, stamp.to_json()).unwrap();
+        std::os::unix::fs::symlink(&outside, part_root.join(PART_FILE)).unwrap();
+        let opened = Parts::open(&main, &[]).unwrap();
+        let error = opened
+            .root_for(&main, "artifacts/ab/ab.cubin.zst")
+            .unwrap_err();
+        let message = crate::error_chain(&error);
+        assert!(message.contains("leads out"), "{message}");
+        assert!(message.contains(PART_FILE), "{message}");
+        // `parts.json` likewise.
+        std::fs::rename(main.join(PARTS_FILE), site.path().join("parts.json")).unwrap();
+        std::os::unix::fs::symlink(site.path().join("parts.json"), main.join(PARTS_FILE)).unwrap();
+        let message = crate::error_chain(&Parts::open(&main, &[]).unwrap_err());
+        assert!(message.contains("leads out"), "{message}");
     }
 }

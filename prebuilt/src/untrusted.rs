@@ -429,9 +429,18 @@ pub fn open_regular_file(path: &Path) -> std::io::Result<std::fs::File> {
 /// `/dev/zero`, a directory) and anything over `cap` bytes, without reserving more than the
 /// file holds.
 pub fn read_regular_file(path: &Path, cap: u64) -> std::io::Result<Vec<u8>> {
+    read_opened(open_regular_file(path)?, cap)
+}
+
+/// Reads the opened `file` whole if it is a regular file of at most `cap` bytes, judged by the
+/// handle's own `fstat`; reserves what that says and reads at most one byte past the cap, so a
+/// file that grows while it is read is refused, not followed.
+pub fn read_opened(file: std::fs::File, cap: u64) -> std::io::Result<Vec<u8>> {
     use std::io::ErrorKind;
-    let file = open_regular_file(path)?;
     let metadata = file.metadata()?;
+    if !metadata.is_file() {
+        return Err(refusal(ErrorKind::InvalidInput, "not a regular file"));
+    }
     let too_large = |size: u64| {
         refusal(
             ErrorKind::InvalidData,

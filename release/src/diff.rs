@@ -1,8 +1,9 @@
 //! `kwheel release diff OLD NEW`: what changed between two releases, kernel by kernel and
 //! target by target.
 //!
-//! Each side is a bundle folder or a wheel (verified first, then its `_prebuilt/` read). One
-//! row per kernel × target (`cu130/sm_90a`) that either side has, built or skipped:
+//! Each side is a bundle folder or a wheel (read once and verified, then its `_prebuilt/` and
+//! its parts' artifacts unpacked from that reading into a private folder). One row per
+//! kernel × target (`cu130/sm_90a`) that either side has, built or skipped:
 //!
 //! | change | when |
 //! | --- | --- |
@@ -29,8 +30,10 @@ use prebuilt::cubin::{entry_resources, EntryResources};
 use prebuilt::device::DeviceQuery;
 use prebuilt::index::{Index, KernelRecord, Variant};
 use prebuilt::lookup::LOOKUP_FILE;
+use prebuilt::parts::PART_FILE;
 use prebuilt::Bundle;
 
+use crate::verify::VerifiedWheel;
 use crate::Error;
 
 /// A release opened for comparison: its bundle, and the scratch folder a wheel's bundle was
@@ -43,7 +46,10 @@ pub struct Release {
 }
 
 impl Release {
-    /// Opens a bundle folder, or a wheel after `wheel verify` passes it.
+    /// Opens a bundle folder, or a wheel after `wheel verify` passes it. A wheel is read once
+    /// ([`VerifiedWheel`]): its bundle, and the artifacts of a registry-sized set's parts, are
+    /// unpacked from that reading into a private folder, each name checked to stay inside it;
+    /// the wheel's path is never read again.
     pub fn open(path: &Path) -> Result<Release, Error> {
         let compare = |reason: String| Error::Compare {
             path: path.to_owned(),
@@ -57,18 +63,12 @@ impl Release {
                 _scratch: None,
             });
         }
-        crate::verify::verify_wheel(path)?.into_result()?;
-        let bytes = std::fs::read(path).map_err(|source| Error::Read {
-            path: path.to_owned(),
-            source,
-        })?;
-        let mut archive = zip::ZipArchive::new(std::io::Cursor::new(bytes))
-            .map_err(|error| compare(format!("cannot read it as a zip archive: {error}")))?;
+        let wheel = VerifiedWheel::open_set(path)?.into_result()?;
         // A bundle is found by its `kernels.idx` (all a wheel needs to ship) or `index.json`.
         let suffixes = [INDEX_FILE, LOOKUP_FILE].map(|file| format!("/_prebuilt/{file}"));
-        let names: Vec<String> = archive.file_names().map(str::to_owned).collect();
-        let roots: BTreeSet<&str> = names
-            .iter()
+        let roots: BTreeSet<&str> = wheel
+            .files()
+            .keys()
             .filter_map(|name| suffixes.iter().find_map(|suffix| name.strip_suffix(suffix)))
             .collect();
         let root = match roots.len() {
@@ -84,26 +84,10 @@ impl Release {
             path: std::env::temp_dir(),
             source,
         })?;
-        for name in names.iter().filter(|name| name.starts_with(&root)) {
-            let relative = &name[root.len()..];
-            if relative.is_empty() || relative.ends_with('/') {
-                continue;
-            }
-            // `wheel verify` passed every name: relative, inside, no `..`.
-            let target = scratch.path().join(relative);
-            let mut entry = archive
-                .by_name(name)
-                .map_err(|error| compare(format!("cannot read `{name}`: {error}")))?;
-            let write_error = |source| Error::Write {
-                path: target.clone(),
-                source,
-            };
-            if let Some(parent) = target.parent() {
-                std::fs::create_dir_all(parent).map_err(write_error)?;
-            }
-            let mut file = std::fs::File::create(&target).map_err(write_error)?;
-            std::io::copy(&mut entry, &mut file).map_err(write_error)?;
-        }
+        wheel.extract(&root, scratch.path())?;
+        extract_parts(&wheel, scratch.path()).map_err(compare)?;
+        // The bundle is read from the private folder from here on.
+        drop(wheel);
         let bundle = prebuilt::lookup::restore_index_json(scratch.path())
             .and_then(|_| Bundle::open(scratch.path()))
             .map_err(|error| Error::Bundle(Box::new(error)))?;
@@ -134,6 +118,39 @@ impl Release {
             reason: format!("`{kernel}` {}: {error}", variant.label()),
         })
     }
+}
+
+/// Writes the artifacts of the verified parts of `wheel`'s set into its bundle at `bundle`,
+/// where a whole bundle keeps them (a part's `_prebuilt/` has the bundle's relative paths). A
+/// prefix several parts copy is written once; copies that differ are refused.
+fn extract_parts(wheel: &VerifiedWheel, bundle: &Path) -> Result<(), String> {
+    let mut files: BTreeMap<&str, (&str, &[u8])> = BTreeMap::new();
+    for part in wheel.parts() {
+        for (relative, bytes) in &part.files {
+            if relative == PART_FILE {
+                continue;
+            }
+            match files.get(relative.as_str()) {
+                Some((owner, first)) if *first != bytes.as_slice() => {
+                    return Err(format!(
+                        "its parts hold two different `{relative}` (`{owner}` and `{}`)",
+                        part.import
+                    ))
+                }
+                Some(_) => {}
+                None => {
+                    files.insert(relative, (&part.import, bytes));
+                }
+            }
+        }
+    }
+    for (relative, (part, bytes)) in files {
+        let target = crate::verify::inside(bundle, relative)
+            .map_err(|reason| format!("part `{part}`: `{relative}`: {reason}"))?;
+        crate::verify::write_new(&target, bytes)
+            .map_err(|error| format!("cannot write `{}`: {error}", target.display()))?;
+    }
+    Ok(())
 }
 
 /// How a kernel's target changed.

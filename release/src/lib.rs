@@ -45,7 +45,7 @@ pub use runtime::{
     build_runtime_wheel, NativeCommand, NativeModule, RuntimeArch, RuntimeWheelOptions,
 };
 pub use sdist::{build_sdist, verify_sdist, SdistOptions};
-pub use verify::{verify_wheel, Problem, VerifyReport};
+pub use verify::{verify_wheel, Problem, VerifiedWheel, VerifyReport};
 pub use wheel::{write_wheel, Metadata, WheelFile, WheelFilename, WheelSpec};
 
 /// A kernel whose bundled variants no longer match its sources, and what changed.
@@ -222,6 +222,23 @@ pub enum Error {
         outcome: String,
         /// The end of its output.
         output: String,
+    },
+    /// A name from a wheel's verified reading would be written outside the folder it is
+    /// extracted to (absolute, `..`, or not a plain relative path).
+    #[error(
+        "`{}`: refusing to extract `{name}` into `{}`: {reason}",
+        wheel.display(),
+        folder.display()
+    )]
+    OutsideFolder {
+        /// The wheel.
+        wheel: PathBuf,
+        /// The entry's path inside the wheel.
+        name: String,
+        /// The folder it was to be extracted to.
+        folder: PathBuf,
+        /// Why its path leaves the folder.
+        reason: String,
     },
     /// `release diff` cannot read one of the two releases.
     #[error("cannot compare `{}`: {reason}", path.display())]

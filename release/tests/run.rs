@@ -41,6 +41,8 @@ mod foreign;
 mod from_source;
 // wheel verify names recorded flags the JIT refuses.
 mod jit_flags;
+// One reading of a wheel: what is checked is what is used.
+mod one_reading;
 // Registry-sized wheels: a main wheel and its companion parts.
 mod parts;
 // Property tests of the round trips: RECORD, wheel file names.
@@ -48,5 +50,7 @@ mod properties;
 mod python_runtime;
 // Snapshots of RECORD, METADATA and the errors a user reads.
 mod user_text;
+// Warm packs a wheel ships under `_prebuilt/packs/`, checked like every artifact.
+mod warm_packs;
 mod wheel;
 mod writer;

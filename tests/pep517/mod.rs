@@ -8,15 +8,16 @@ use super::*;
 
 const WHEEL: &str = "af3_kernels-0.1.0-py3-none-manylinux_2_28_x86_64.manylinux_2_28_aarch64.whl";
 
-/// Runs `kwheel pep517 verb --manifest <library> args`, which must pass and print exactly one
-/// line on stdout: the JSON answer.
+/// Runs `kwheel pep517 verb --manifest kernels.toml args` in the library's folder, as pip runs
+/// the backend in the project's, which must pass and print exactly one line on stdout: the
+/// JSON answer.
 fn answer(library: &Path, args: &[&str], env: &[(&str, &Path)]) -> serde_json::Value {
     let mut command = kwheel();
     command
+        .current_dir(library)
         .arg("pep517")
         .args(args)
-        .arg("--manifest")
-        .arg(library.join("kernels.toml"));
+        .args(["--manifest", "kernels.toml"]);
     for (name, value) in env {
         command.env(name, value);
     }
@@ -126,10 +127,10 @@ fn prebuilt_without_toolchains_builds_the_jit_wheel_and_says_why() {
     let library = copy_library(dir.path());
     let wheels = dir.path().join("wheels");
     let output = no_toolchains(dir.path())
+        .current_dir(&library)
         .args(["pep517", "build-wheel", "--prebuilt", "--wheel-directory"])
         .arg(&wheels)
-        .arg("--manifest")
-        .arg(library.join("kernels.toml"))
+        .args(["--manifest", "kernels.toml"])
         .output()
         .unwrap();
     assert!(output.status.success(), "{}", text(&output));
@@ -173,15 +174,132 @@ fn a_broken_manifest_fails_the_hook_with_the_error_and_no_answer() {
     let library = copy_library(dir.path());
     append_line(&library.join("kernels.toml"), "[broken");
     let output = no_toolchains(dir.path())
+        .current_dir(&library)
         .args(["pep517", "build-wheel", "--prebuilt", "--wheel-directory"])
         .arg(dir.path().join("wheels"))
-        .arg("--manifest")
-        .arg(library.join("kernels.toml"))
+        .args(["--manifest", "kernels.toml"])
         .output()
         .unwrap();
     let text = failed(&output);
     assert_eq!(stdout(&output), "", "no answer on failure");
     assert!(text.contains("kernels.toml"), "{text}");
+}
+
+/// A project folder beside a library copy (`dir/kernels`): its manifest outside the project,
+/// given as `[tool.kwheel] manifest` = each of an absolute path, a `..` path and a path
+/// through a link leading out. Each is refused naming the setting, with the verification
+/// exit code, before anything is built: no wheel, no sdist, no metadata.
+#[test]
+fn a_manifest_outside_the_project_is_refused_by_kwheel_pep517() {
+    let dir = tempfile::tempdir().unwrap();
+    let library = copy_library(dir.path());
+    let project = dir.path().join("project");
+    std::fs::create_dir_all(&project).unwrap();
+    std::os::unix::fs::symlink(&library, project.join("linked")).unwrap();
+    let out = dir.path().join("out");
+    let absolute = library.join("kernels.toml").display().to_string();
+    for (manifest, reason) in [
+        (absolute.as_str(), "is absolute"),
+        ("../kernels/kernels.toml", "has a `..` component"),
+        (
+            "linked/kernels.toml",
+            "leads out of the project through a symbolic link",
+        ),
+    ] {
+        for verb in [
+            &["build-wheel", "--wheel-directory"][..],
+            &["prepare-metadata", "--metadata-directory"],
+            &["build-sdist", "--sdist-directory"],
+        ] {
+            let output = no_toolchains(dir.path())
+                .current_dir(&project)
+                .arg("pep517")
+                .args(verb)
+                .arg(&out)
+                .args(["--manifest", manifest])
+                .output()
+                .unwrap();
+            assert_eq!(output.status.code(), Some(4), "{}", text(&output));
+            assert_eq!(stdout(&output), "", "no answer on failure");
+            let message = stderr(&output);
+            assert!(
+                message.contains(&format!("`[tool.kwheel] manifest` `{manifest}` {reason}")),
+                "{verb:?}: {message}"
+            );
+            assert!(!out.exists(), "{verb:?} wrote into {}", out.display());
+        }
+    }
+}
+
+/// `kwheel.build`, the backend pip imports, refuses the same before it runs any command: its
+/// `build_wheel` in a project whose `pyproject.toml` names a manifest outside it fails naming
+/// `[tool.kwheel] manifest`, and `kwheel` (here a script that records being run) never runs.
+#[test]
+fn a_manifest_outside_the_project_is_refused_by_the_python_backend() {
+    let dir = tempfile::tempdir().unwrap();
+    let library = copy_library(dir.path());
+    let project = dir.path().join("project");
+    std::fs::create_dir_all(&project).unwrap();
+    std::os::unix::fs::symlink(&library, project.join("linked")).unwrap();
+    std::fs::write(project.join("kernels.toml"), "").unwrap();
+    let ran = dir.path().join("ran");
+    let command = dir.path().join("kwheel-recorder");
+    std::fs::write(
+        &command,
+        format!("#!/bin/sh\ntouch '{}'\nexit 1\n", ran.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &command,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let backend = testkit::workspace().join("prebuilt/python/kwheel/build.py");
+    let absolute = library.join("kernels.toml").display().to_string();
+    for (manifest, reason) in [
+        (absolute.as_str(), "is absolute"),
+        ("../kernels/kernels.toml", "has a `..` component"),
+        (
+            "linked/kernels.toml",
+            "leads out of the project through a symbolic link",
+        ),
+        ("kernels.toml", ""),
+    ] {
+        std::fs::write(
+            project.join("pyproject.toml"),
+            format!("[tool.kwheel]\nmanifest = {manifest:?}\n"),
+        )
+        .unwrap();
+        let output = Command::new("python3")
+            .current_dir(&project)
+            .env("KWHEEL_COMMAND", &command)
+            .args([
+                "-c",
+                "import importlib.util, sys\n\
+                 spec = importlib.util.spec_from_file_location('backend', sys.argv[1])\n\
+                 backend = importlib.util.module_from_spec(spec)\n\
+                 spec.loader.exec_module(backend)\n\
+                 try:\n    backend.build_wheel(sys.argv[2])\n\
+                 except backend.BuildError as error:\n    print(error)\n",
+            ])
+            .arg(&backend)
+            .arg(dir.path().join("wheels"))
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{}", text(&output));
+        let said = stdout(&output);
+        if reason.is_empty() {
+            // Inside the project: the command runs (and, being the recorder, fails).
+            assert!(ran.exists(), "{said}");
+            assert!(said.contains("failed (exit 1)"), "{said}");
+            continue;
+        }
+        assert!(
+            said.contains(&format!("`[tool.kwheel] manifest` `{manifest}` {reason}")),
+            "{said}"
+        );
+        assert!(!ran.exists(), "kwheel ran for {manifest}");
+    }
 }
 
 fn append_line(path: &Path, line: &str) {

@@ -5,6 +5,7 @@
 //! | --- | --- |
 //! | a bundle | `index.json` that [`parse_index`] accepts, `kernels.idx`, `dictionary.zdict` when the index has one, `artifacts/xx/<digest>.cubin.zst` and `dictionaries/xx/<digest>.zst` for the digests it records, `sources/<path>` for the sources it lists |
 //! | a shard | `shard.json` that the merge accepts, `cubins/xx/<digest>.cubin` for its variants, `sources/<path>` for its sources |
+//! | an extraction | `.kwheel-extraction`, and the files it lists, each of its listed size |
 //! | a staging folder (a killed run's) | `.kwheel-staging`, the names above (by the index or shard file when one is already written, else by their shape), and the writer's temporary files beside them |
 //!
 //! Only regular files and folders count: a symbolic link, a FIFO or a device anywhere makes the
@@ -22,7 +23,7 @@ use prebuilt::index::Index;
 use prebuilt::lookup::LOOKUP_FILE;
 use prebuilt::untrusted::{read_regular_file, MAX_INDEX_SIZE};
 
-use super::{Replaceable, STAGING_MARKER};
+use super::{Replaceable, EXTRACTION_MARKER, STAGING_MARKER};
 use crate::shard_file::{CUBINS_DIR, SHARD_FILE};
 
 /// The relative paths of the files the writer makes in one folder, and the folders on the
@@ -116,10 +117,77 @@ pub(super) fn foreign_to(root: &Path, vocabulary: &Vocabulary) -> Option<PathBuf
     })
 }
 
-/// The first entry under `root` that is not part of what `bundle extract` writes:
-/// `<kernel>/<build>/<arch>.cubin` (or `.ptx`) files, no hidden names.
-pub(super) fn foreign_to_extraction(root: &Path) -> Option<PathBuf> {
-    first_foreign(root, root, &shaped_like_extraction)
+/// Largest [`EXTRACTION_MARKER`] read: a line per cubin, for hundreds of thousands of them.
+const MAX_EXTRACTION_MARKER: u64 = 64 << 20;
+
+/// The first entry under `root` that the extraction there did not write: anything but its
+/// [`EXTRACTION_MARKER`] and the files the marker lists with their sizes (and the folders on
+/// the way to them). An error saying why when `root` holds no marker kwheel wrote.
+pub(super) fn foreign_to_extraction(root: &Path) -> Result<Option<PathBuf>, String> {
+    let path = root.join(EXTRACTION_MARKER);
+    let missing = |error: std::io::Error| match error.kind() {
+        std::io::ErrorKind::NotFound => format!("no `{EXTRACTION_MARKER}`"),
+        _ => format!("no `{EXTRACTION_MARKER}` that kwheel can read ({error})"),
+    };
+    // Regular files only (a link in its place is refused), capped.
+    let bytes = read_regular_file_no_link(&path, MAX_EXTRACTION_MARKER).map_err(missing)?;
+    let text = String::from_utf8(bytes).map_err(|_| {
+        format!("a `{EXTRACTION_MARKER}` that is not one kwheel writes (not UTF-8)")
+    })?;
+    let mut listed = std::collections::BTreeMap::new();
+    for line in text.lines() {
+        let parsed = line
+            .split_once(' ')
+            .and_then(|(size, relative)| Some((size.parse::<u64>().ok()?, relative)))
+            .filter(|(_, relative)| shaped_like_extraction(Path::new(relative), false));
+        let Some((size, relative)) = parsed else {
+            return Err(format!(
+                "a `{EXTRACTION_MARKER}` that is not one kwheel writes (line `{}`)",
+                line.escape_debug()
+            ));
+        };
+        listed.insert(PathBuf::from(relative), size);
+    }
+    let mut vocabulary = Vocabulary::default();
+    for relative in listed.keys() {
+        vocabulary.insert(&relative.to_string_lossy());
+    }
+    let accept = |relative: &Path, is_dir: bool| {
+        if is_dir {
+            return vocabulary.accepts(relative, true);
+        }
+        relative == Path::new(EXTRACTION_MARKER)
+            || listed.get(relative).is_some_and(|&size| {
+                std::fs::symlink_metadata(root.join(relative))
+                    .is_ok_and(|metadata| metadata.is_file() && metadata.len() == size)
+            })
+    };
+    Ok(first_foreign(root, root, &accept))
+}
+
+/// The regular file at `path`, opened without following a link in its place (nor waiting on
+/// a FIFO) and read whole, at most `cap` bytes.
+fn read_regular_file_no_link(path: &Path, cap: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Read as _;
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        let flags = rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::NONBLOCK;
+        options.custom_flags(flags.bits() as i32);
+    }
+    let file = options.open(path)?;
+    let metadata = file.metadata()?;
+    if !metadata.is_file() || metadata.len() > cap {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("not a regular file of at most {cap} bytes"),
+        ));
+    }
+    let mut bytes = Vec::with_capacity(metadata.len() as usize);
+    file.take(cap).read_to_end(&mut bytes)?;
+    Ok(bytes)
 }
 
 fn shaped_like_extraction(relative: &Path, is_dir: bool) -> bool {
@@ -158,6 +226,7 @@ pub(super) fn staging_leftover(dir: &Path, kind: Replaceable) -> Result<(), Stri
             (None, _) => shaped_like_output(relative, is_dir),
         };
         relative == Path::new(STAGING_MARKER)
+            || (kind == Replaceable::Extracted && relative == Path::new(EXTRACTION_MARKER))
             || named(relative, is_dir)
             || (!is_dir && temporary_of(relative).is_some_and(|file| named(&file, false)))
     };

@@ -9,9 +9,13 @@ the ``kwheel`` wheel installs::
     build-backend = "kwheel.build"
 
     [tool.kwheel]
-    manifest = "kernels.toml"   # the kernel manifest, relative to pyproject.toml (default)
+    manifest = "kernels.toml"   # the kernel manifest, inside the project (default)
     prebuilt = false            # true: compile cubins at install time when toolchains are found
     torch = "2.11.*"            # optional: override the manifest's torch pin
+
+The manifest must lie inside the project: a path relative to ``pyproject.toml``'s folder,
+without ``..``, with no symbolic link on the way that leads out (both this module and
+``kwheel pep517`` refuse anything else, naming ``[tool.kwheel] manifest``).
 
 By default the wheel carries the kernel sources and an index of recipes but no cubin, so the
 first ``load()`` of each kernel JIT-compiles it (and caches the cubin under the user's cache
@@ -178,6 +182,7 @@ def _config(config_settings):
     table = _tool_table()
     settings = dict(config_settings or {})
     manifest = settings.get("manifest") or table.get("manifest") or DEFAULT_MANIFEST
+    _check_inside_project(manifest)
     if not os.path.isfile(manifest):
         raise BuildError(
             f"no kernel manifest `{manifest}` in {os.getcwd()} "
@@ -192,6 +197,31 @@ def _config(config_settings):
         "prebuilt": bool(prebuilt),
         "torch": settings.get("torch") or table.get("torch"),
     }
+
+
+def _check_inside_project(manifest):
+    """Refuses a manifest that does not lie inside the project (the current directory, where
+    pip runs the backend): absolute, with a ``..`` component, or reached through a symbolic
+    link that leads out. An sdist must not build a library from elsewhere on the machine;
+    ``kwheel pep517`` checks the same again."""
+    if not isinstance(manifest, str) or not manifest:
+        raise BuildError(f"`[tool.kwheel] manifest` of {PYPROJECT} is not a path: {manifest!r}")
+    project = os.path.realpath(os.getcwd())
+    parts = manifest.replace(os.sep, "/").split("/")
+    if os.path.isabs(manifest):
+        reason = "is absolute"
+    elif ".." in parts:
+        reason = "has a `..` component"
+    else:
+        real = os.path.realpath(os.path.join(project, manifest))
+        if os.path.commonpath([project, real]) == project:
+            return
+        reason = f"leads out of the project through a symbolic link, to `{real}`"
+    raise BuildError(
+        f"`[tool.kwheel] manifest` `{manifest}` {reason}: the kernel manifest must lie inside "
+        f"the project (`{project}`), as a path relative to {PYPROJECT} without `..` and without "
+        "a symbolic link that leads out"
+    )
 
 
 def _tool_table():

@@ -26,20 +26,24 @@
 //! | the artifact | its size or sha256 is not the entry's |
 //! | the cubin | not a cubin for the entry's target, toolkit and compiler version, or without its entries and their parameter sizes ([`check_identity`]) |
 //! | stubs | every entry only reports and aborts on the target (the JIT's own rule) |
+//!
+//! A pack is read once ([`verify_pack`], [`install_pack`]): `pack.json` and each artifact are
+//! opened once where no link leads out of the pack, capped ([`MAX_PACK_INDEX_SIZE`],
+//! [`MAX_ARTIFACT_SIZE`], [`MAX_PACK_STORED`] in all), checked, and what is installed or
+//! shipped is those very bytes, never the pack's files read again.
 
 mod export;
+pub mod testing;
 
 pub use export::{export_pack, ExportReport};
 
 use std::io::Write as _;
 
 use super::*;
-use crate::bundle::{artifact_path, read_stored, Bundle, BundleError, FrameDictionary};
+use crate::bundle::{artifact_path, decompress_bounded, read_inside, Bundle, BundleError};
 use crate::cubin::identity::{check_identity, ExpectedCubin};
 use crate::index::{KernelInputs, Variant};
-use crate::untrusted::{
-    check_stored, read_regular_file, ArtifactPath, KernelName, MAX_ARTIFACT_SIZE, MAX_INDEX_SIZE,
-};
+use crate::untrusted::{check_stored, ArtifactPath, KernelName, MAX_ARTIFACT_SIZE};
 
 /// The pack's index file.
 pub const PACK_FILE: &str = "pack.json";
@@ -183,6 +187,21 @@ pub enum PackError {
     },
 }
 
+impl PackError {
+    /// Whether the pack was refused (an input that failed a check: the CLI's exit code 4), as
+    /// opposed to a pack that could not be read or written, or a cache with nothing to export.
+    pub fn is_refusal(&self) -> bool {
+        match self {
+            PackError::Read { source, .. } => crate::untrusted::is_refusal(source),
+            PackError::Write { .. } | PackError::Empty { .. } => false,
+            PackError::Format { .. }
+            | PackError::Package { .. }
+            | PackError::Entry { .. }
+            | PackError::Cubin { .. } => true,
+        }
+    }
+}
+
 /// sha256 of a kernel's key inputs, as its index records them.
 pub fn inputs_digest(inputs: &KernelInputs) -> String {
     sha256_hex(&serde_json::to_vec(inputs).expect("key inputs serialize"))
@@ -251,18 +270,32 @@ pub fn read_pack(dir: &Path) -> Result<PackIndex, PackError> {
     parse_pack(&path, &bytes)
 }
 
-/// The bytes of the pack's `pack.json` (a regular file inside the pack, no link leading out),
-/// read once: what is verified is what is installed.
+/// Largest `pack.json`: 2 KiB for each of [`MAX_PACK_ENTRIES`] entries (one as
+/// `kwheel jit export` writes it, with a FlashInfer-length entry name, is about 1.2 KiB);
+/// a file over it is refused by its size, before anything is read or reserved.
+pub const MAX_PACK_INDEX_SIZE: u64 = 32 << 20;
+
+/// The bytes of the pack's `pack.json`, opened once where no link leads out of the pack and
+/// read no further than [`MAX_PACK_INDEX_SIZE`].
 fn read_pack_bytes(dir: &Path) -> Result<(PathBuf, Vec<u8>), PackError> {
-    let path = dir.join(PACK_FILE);
-    let read_error = |source| PackError::Read {
-        path: path.clone(),
-        source,
-    };
     let relative = ArtifactPath::parse(PACK_FILE).expect("a plain file name");
-    crate::untrusted::resolve_inside(dir, &relative).map_err(read_error)?;
-    let bytes = read_regular_file(&path, MAX_INDEX_SIZE).map_err(read_error)?;
-    Ok((path, bytes))
+    read_pack_file(dir, &relative, MAX_PACK_INDEX_SIZE)
+}
+
+/// The file at `relative` in the pack at `dir`, opened once where no link leads out of it
+/// and read whole, at most `cap` bytes.
+fn read_pack_file(
+    dir: &Path,
+    relative: &ArtifactPath,
+    cap: u64,
+) -> Result<(PathBuf, Vec<u8>), PackError> {
+    read_inside(dir, relative, cap).map_err(|error| match error {
+        BundleError::Read { path, source } => PackError::Read { path, source },
+        other => PackError::Read {
+            path: relative.join_to(dir),
+            source: std::io::Error::other(other.to_string()),
+        },
+    })
 }
 
 /// Most entries a pack may hold, and most bytes its cubins may decode to in all: far above a
@@ -270,6 +303,10 @@ fn read_pack_bytes(dir: &Path) -> Result<(PathBuf, Vec<u8>), PackError> {
 pub const MAX_PACK_ENTRIES: usize = 16_384;
 /// See [`MAX_PACK_ENTRIES`].
 pub const MAX_PACK_DECODED: u64 = 4 << 30;
+/// Most bytes a pack's artifacts may hold as stored, in all: what shipping a verified pack
+/// keeps in memory (`dev build-wheel --add-pack`). A machine's JIT cache for one package,
+/// even one of FlashInfer's 15,970 cubins (174 MB as a bundle stores them), is far below.
+pub const MAX_PACK_STORED: u64 = 1 << 30;
 
 /// Whether `name` can be a distribution name (PEP 508): letters, digits, `.`, `_`, `-`,
 /// starting and ending with a letter or digit. A pack's package must be one, never a path.
@@ -320,6 +357,17 @@ fn parse_pack(path: &Path, bytes: &[u8]) -> Result<PackIndex, PackError> {
             "its cubins decode to {decoded} bytes, over the cap of {MAX_PACK_DECODED}"
         )));
     }
+    let stored: u64 = index
+        .kernels
+        .values()
+        .flat_map(|k| &k.variants)
+        .map(|v| v.artifact.stored_size)
+        .fold(0, u64::saturating_add);
+    if stored > MAX_PACK_STORED {
+        return Err(format(format!(
+            "its artifacts hold {stored} bytes, over the cap of {MAX_PACK_STORED}"
+        )));
+    }
     let mut seen = std::collections::BTreeSet::new();
     for (kernel, record) in &index.kernels {
         KernelName::parse(kernel).map_err(|error| format(error.to_string()))?;
@@ -346,10 +394,20 @@ fn parse_pack(path: &Path, bytes: &[u8]) -> Result<PackIndex, PackError> {
     Ok(index)
 }
 
-/// The cubin of `variant` (an entry of `kernel` in the pack at `pack`): read, decompressed and
-/// verified (digest, target, toolkit, entries and their parameters, not a stub), else the
-/// error naming the pack and the kernel.
+/// The cubin of `variant` (an entry of `kernel` in the pack at `pack`): read once,
+/// decompressed and verified (digest, target, toolkit, entries and their parameters, not a
+/// stub), else the error naming the pack and the kernel.
 pub fn read_pack_cubin(pack: &Path, kernel: &str, variant: &Variant) -> Result<Vec<u8>, PackError> {
+    read_entry(pack, kernel, variant).map(|(cubin, _stored)| cubin)
+}
+
+/// [`read_pack_cubin`], with the artifact's bytes as read from the pack (one zstd frame), of
+/// which the cubin is the content.
+fn read_entry(
+    pack: &Path,
+    kernel: &str,
+    variant: &Variant,
+) -> Result<(Vec<u8>, Vec<u8>), PackError> {
     let label = variant.label();
     let refused = |source: Box<dyn std::error::Error + Send + Sync>| PackError::Cubin {
         path: pack.join(PACK_FILE),
@@ -357,42 +415,125 @@ pub fn read_pack_cubin(pack: &Path, kernel: &str, variant: &Variant) -> Result<V
         variant: label.clone(),
         source,
     };
-    let bytes = read_stored(
-        pack,
-        &variant.artifact,
-        FrameDictionary::None,
-        kernel,
-        &label,
-    )
-    .map_err(|error: BundleError| refused(Box::new(error)))?;
+    let bundle_error = |error: BundleError| refused(Box::new(error));
+    let what = format!("`{kernel}` ({label})");
+    check_stored(&variant.artifact, MAX_ARTIFACT_SIZE, &what).map_err(|source| {
+        bundle_error(BundleError::Refused {
+            path: pack.join(PACK_FILE),
+            source,
+        })
+    })?;
+    let relative = ArtifactPath::parse(&variant.artifact.path).map_err(|source| {
+        bundle_error(BundleError::Refused {
+            path: pack.join(PACK_FILE),
+            source,
+        })
+    })?;
+    let (path, stored) = read_inside(pack, &relative, MAX_ARTIFACT_SIZE).map_err(bundle_error)?;
+    let cubin = decompress_bounded(&stored, None, variant.artifact.size).map_err(|source| {
+        bundle_error(BundleError::Corrupt {
+            kernel: kernel.to_owned(),
+            variant: label.clone(),
+            path: path.clone(),
+            source,
+        })
+    })?;
+    let actual = sha256_hex(&cubin);
+    if cubin.len() as u64 != variant.artifact.size || actual != variant.artifact.digest {
+        return Err(bundle_error(BundleError::DigestMismatch {
+            kernel: kernel.to_owned(),
+            variant: label.clone(),
+            path,
+            expected: variant.artifact.digest.clone(),
+            actual,
+        }));
+    }
     let expected = ExpectedCubin {
         arch: variant.arch,
         cuda: variant.cuda,
         compiler: &variant.compiler,
         functions: &variant.functions,
     };
-    check_identity(&bytes, &expected).map_err(|error| refused(Box::new(error)))?;
+    check_identity(&cubin, &expected).map_err(|error| refused(Box::new(error)))?;
     let compiler = variant.compiler.to_string();
-    run::refuse_stubs(kernel, variant.arch, &compiler, &bytes, &variant.functions)
+    run::refuse_stubs(kernel, variant.arch, &compiler, &cubin, &variant.functions)
         .map_err(|error| refused(Box::new(error)))?;
-    Ok(bytes)
+    Ok((cubin, stored))
 }
 
-/// Checks the whole pack at `dir` against `bundle`: its package, and for every entry the key
-/// its kernel's inputs give and its cubin. Reads every cubin; used before a pack is installed
-/// or shipped.
-pub fn verify_pack(dir: &Path, bundle: &Bundle) -> Result<PackIndex, PackError> {
-    verify_index(dir, read_pack(dir)?, bundle)
+/// A warm pack read once and verified against a bundle: its index, and `pack.json` and each
+/// artifact as the bytes that were read and checked. Installing or shipping it writes these
+/// bytes; nothing of the pack's folder is read again.
+#[derive(Clone, Debug)]
+pub struct VerifiedPack {
+    /// The pack's folder, as errors name it.
+    pub dir: PathBuf,
+    /// The pack index, as verified.
+    pub index: PackIndex,
+    /// `/`-separated path inside the pack → the bytes read and checked, sorted.
+    files: BTreeMap<String, Vec<u8>>,
 }
 
-/// [`verify_pack`] of `index`, the pack index read from `dir`.
-fn verify_index(dir: &Path, index: PackIndex, bundle: &Bundle) -> Result<PackIndex, PackError> {
+impl VerifiedPack {
+    /// The id it installs and ships under: 16 hex digits of its `pack.json`'s sha256.
+    pub fn id(&self) -> String {
+        sha256_hex(&self.files[PACK_FILE])[..16].to_owned()
+    }
+
+    /// `pack.json` and each entry's artifact, as (path inside the pack, bytes), sorted: the
+    /// bytes verified.
+    pub fn files(&self) -> impl Iterator<Item = (&str, &[u8])> {
+        self.files
+            .iter()
+            .map(|(path, bytes)| (path.as_str(), bytes.as_slice()))
+    }
+
+    /// [`VerifiedPack::files`], owned.
+    pub fn into_files(self) -> BTreeMap<String, Vec<u8>> {
+        self.files
+    }
+}
+
+/// Reads the pack at `dir` once and checks it whole against `bundle`: its package, and for
+/// every entry the key its kernel's inputs give and its cubin. What it returns holds the
+/// bytes read, which is what installing ([`install_pack`]) and shipping use.
+pub fn verify_pack(dir: &Path, bundle: &Bundle) -> Result<VerifiedPack, PackError> {
+    let (path, pack_json) = read_pack_bytes(dir)?;
+    let index = parse_pack(&path, &pack_json)?;
+    let mut files = BTreeMap::new();
+    let mut stored = 0u64;
+    verify_index(dir, &index, bundle, &mut |relative, bytes| {
+        add_stored(&path, &mut stored, &bytes)?;
+        files.insert(relative.to_owned(), bytes);
+        Ok(())
+    })?;
+    files.insert(PACK_FILE.to_owned(), pack_json);
+    testing::checked(dir);
+    Ok(VerifiedPack {
+        dir: dir.to_path_buf(),
+        index,
+        files,
+    })
+}
+
+/// Where [`verify_index`] gives each artifact it read and checked: its path inside the pack
+/// and its bytes.
+type Keep<'k> = dyn FnMut(&str, Vec<u8>) -> Result<(), PackError> + 'k;
+
+/// Checks `index`, the pack index read from `dir`, against `bundle`, reading each entry's
+/// artifact once and giving its bytes, checked, to `keep`.
+fn verify_index(
+    dir: &Path,
+    index: &PackIndex,
+    bundle: &Bundle,
+    keep: &mut Keep<'_>,
+) -> Result<(), PackError> {
     let path = dir.join(PACK_FILE);
     let package = &bundle.index().package;
     if crate::site::normalize_package(&index.package) != crate::site::normalize_package(package) {
         return Err(PackError::Package {
             path,
-            pack: index.package,
+            pack: index.package.clone(),
             package: package.clone(),
         });
     }
@@ -422,30 +563,11 @@ fn verify_index(dir: &Path, index: PackIndex, bundle: &Bundle) -> Result<PackInd
         for variant in &record.variants {
             check_variant(kernel, &shipped.inputs, &bundle.index().torch, variant)
                 .map_err(|reason| refuse(variant.label(), reason))?;
-            read_pack_cubin(dir, kernel, variant)?;
+            let (_cubin, stored) = read_entry(dir, kernel, variant)?;
+            keep(&variant.artifact.path, stored)?;
         }
     }
-    Ok(index)
-}
-
-/// The id a pack installs under: 16 hex digits of its `pack.json`'s sha256.
-pub fn pack_id(dir: &Path) -> Result<String, PackError> {
-    let path = dir.join(PACK_FILE);
-    let bytes = read_regular_file(&path, MAX_INDEX_SIZE)
-        .map_err(|source| PackError::Read { path, source })?;
-    Ok(sha256_hex(&bytes)[..16].to_owned())
-}
-
-/// The files of the pack at `dir`, as (`/`-separated path inside the pack, path): `pack.json`
-/// and each entry's artifact, sorted.
-pub fn pack_files(dir: &Path, index: &PackIndex) -> Vec<(String, PathBuf)> {
-    let mut files = BTreeMap::new();
-    files.insert(PACK_FILE.to_owned(), dir.join(PACK_FILE));
-    for variant in index.kernels.values().flat_map(|kernel| &kernel.variants) {
-        let relative = variant.artifact.path.clone();
-        files.insert(relative.clone(), dir.join(&relative));
-    }
-    files.into_iter().collect()
+    Ok(())
 }
 
 /// What [`install_pack`] did.
@@ -468,69 +590,109 @@ pub fn installed_packs_dir(jit_cache: &Path, package: &str) -> PathBuf {
         .join(crate::site::normalize_package(package))
 }
 
-/// Verifies the pack at `dir` against `bundle` ([`verify_pack`]) and installs a copy under
-/// `jit_cache` where the loader looks ([`pack_dirs`]). Nothing is written unless every entry
-/// verifies; the copy appears whole, by rename.
+/// Verifies the pack at `dir` against `bundle` and installs a copy under `jit_cache` where
+/// the loader looks ([`pack_dirs`]). The pack is read once: each file, as soon as it is
+/// checked, is written from the bytes checked into a hidden folder, which is renamed into
+/// place only when every entry verified (and removed otherwise), so the copy appears whole
+/// and holds only what was verified.
 pub fn install_pack(dir: &Path, bundle: &Bundle, jit_cache: &Path) -> Result<Installed, PackError> {
-    // `pack.json` is read once: the bytes verified are the bytes installed and named.
     let (pack_path, pack_json) = read_pack_bytes(dir)?;
-    let index = verify_index(dir, parse_pack(&pack_path, &pack_json)?, bundle)?;
-    let entries = entry_names(&index);
+    let index = parse_pack(&pack_path, &pack_json)?;
     let parent = installed_packs_dir(jit_cache, &index.package);
     let id = sha256_hex(&pack_json)[..16].to_owned();
     let path = parent.join(&id);
+    let staging = Staging {
+        temp: parent.join(format!(".{id}.{}.tmp", std::process::id())),
+        parent,
+        made: std::cell::Cell::new(false),
+    };
+    let mut stored = 0u64;
+    verify_index(dir, &index, bundle, &mut |relative, bytes| {
+        // Written as it is checked: one artifact is held at a time.
+        add_stored(&pack_path, &mut stored, &bytes)?;
+        staging.write(&pack_path, relative, &bytes)
+    })?;
+    testing::checked(dir);
     let installed = |already| Installed {
         path: path.clone(),
         package: bundle.index().package.clone(),
-        entries: entries.clone(),
+        entries: entry_names(&index),
         already,
     };
     if path.join(PACK_FILE).is_file() && read_pack(&path).is_ok_and(|found| found == index) {
         return Ok(installed(true));
     }
-    let write_error = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| PackError::Write { path, source }
-    };
-    fs::create_dir_all(&parent).map_err(write_error(&parent))?;
-    let temp = parent.join(format!(".{id}.{}.tmp", std::process::id()));
-    let _ = fs::remove_dir_all(&temp);
-    let copied = copy_pack(dir, &pack_json, &index, &temp);
-    let placed = copied.and_then(|()| {
-        let _ = fs::remove_dir_all(&path);
-        fs::rename(&temp, &path).map_err(write_error(&path))
-    });
-    if placed.is_err() {
-        let _ = fs::remove_dir_all(&temp);
-    }
-    placed.map(|()| installed(false))
+    staging.write(&pack_path, PACK_FILE, &pack_json)?;
+    let _ = fs::remove_dir_all(&path);
+    fs::rename(&staging.temp, &path).map_err(|source| PackError::Write {
+        path: path.clone(),
+        source,
+    })?;
+    Ok(installed(false))
 }
 
-/// Copies the files of the pack at `dir` into the new folder `to`.
-pub(super) fn copy_pack(
-    dir: &Path,
-    pack_json: &[u8],
-    index: &PackIndex,
-    to: &Path,
-) -> Result<(), PackError> {
-    for (relative, from) in pack_files(dir, index) {
-        let bytes = if relative == PACK_FILE {
-            pack_json.to_vec()
-        } else {
-            read_regular_file(&from, MAX_ARTIFACT_SIZE).map_err(|source| PackError::Read {
-                path: from.clone(),
-                source,
-            })?
-        };
-        let target = ArtifactPath::parse(&relative)
-            .map_err(|error| PackError::Format {
-                path: dir.join(PACK_FILE),
-                reason: error.to_string(),
-            })?
-            .join_to(to);
-        write_new(&target, &bytes)?;
+/// Counts `bytes`, an artifact read from the pack whose `pack.json` is `pack_json`, into
+/// `stored`, the bytes read so far: refused past [`MAX_PACK_STORED`] whatever the entries
+/// declared.
+fn add_stored(pack_json: &Path, stored: &mut u64, bytes: &[u8]) -> Result<(), PackError> {
+    *stored = stored.saturating_add(bytes.len() as u64);
+    if *stored > MAX_PACK_STORED {
+        return Err(PackError::Format {
+            path: pack_json.to_path_buf(),
+            reason: format!("its artifacts hold over the cap of {MAX_PACK_STORED} bytes"),
+        });
     }
     Ok(())
+}
+
+/// The hidden folder beside the installed packs that an install is written into: made on the
+/// first file (a pack refused before then leaves nothing), removed when dropped unless it was
+/// renamed into place.
+struct Staging {
+    parent: PathBuf,
+    temp: PathBuf,
+    made: std::cell::Cell<bool>,
+}
+
+impl Staging {
+    /// Writes the pack file `relative` with `bytes`; `pack_json` names the pack in a refusal.
+    fn write(&self, pack_json: &Path, relative: &str, bytes: &[u8]) -> Result<(), PackError> {
+        if !self.made.get() {
+            fs::create_dir_all(&self.parent).map_err(|source| PackError::Write {
+                path: self.parent.clone(),
+                source,
+            })?;
+            // A folder of this process's name is a killed earlier run's.
+            let _ = fs::remove_dir_all(&self.temp);
+            self.made.set(true);
+        }
+        write_pack_file(pack_json, &self.temp, relative, bytes)
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        if self.made.get() {
+            let _ = fs::remove_dir_all(&self.temp);
+        }
+    }
+}
+
+/// Writes the pack file `relative` (a path the pack index gave, checked again here) with
+/// `bytes` into the new pack folder `to`; `pack_json` names the pack in a refusal.
+fn write_pack_file(
+    pack_json: &Path,
+    to: &Path,
+    relative: &str,
+    bytes: &[u8],
+) -> Result<(), PackError> {
+    let target = ArtifactPath::parse(relative)
+        .map_err(|error| PackError::Format {
+            path: pack_json.to_path_buf(),
+            reason: error.to_string(),
+        })?
+        .join_to(to);
+    write_new(&target, bytes)
 }
 
 /// Writes a new file (and its folders), flushed.
@@ -587,9 +749,9 @@ pub fn pack_dirs(bundle_root: &Path, jit_cache: &Path, package: &str) -> Vec<Pat
 }
 
 /// The entries of `kernel` in the packs at `dirs` that its `inputs` (under the torch pin
-/// `torch`) key, in pack order: what selection then chooses from. A pack of another package,
-/// or exported from another release's sources, is passed over; a pack that cannot be read,
-/// or an entry whose key its inputs do not give, is the error.
+/// `torch`) key, in pack order: what selection then chooses from. A pack that cannot be read,
+/// of another package, exported under another torch pin or from another release's sources,
+/// is passed over; an entry whose key its inputs do not give is the error.
 pub fn pack_entries(
     dirs: &[PathBuf],
     package: &str,
@@ -601,8 +763,14 @@ pub fn pack_entries(
     let package = crate::site::normalize_package(package);
     let mut entries = Vec::new();
     for dir in dirs {
-        let index = read_pack(dir)?;
-        if crate::site::normalize_package(&index.package) != package {
+        // A pack that cannot be read offers nothing: the kernel falls back as if it were not
+        // there (a refused entry of a readable pack is still the error below).
+        let Ok(index) = read_pack(dir) else {
+            continue;
+        };
+        // Another package's, or exported under another torch pin (the package's pin moved
+        // since): honest, but none of its keys can be this release's.
+        if crate::site::normalize_package(&index.package) != package || index.torch != torch {
             continue;
         }
         let Some(record) = index.kernels.get(kernel) else {
@@ -625,4 +793,145 @@ pub fn pack_entries(
         }
     }
     Ok(entries)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::{after_check, clear_after_check, fixture_pack, FixturePack};
+    use super::*;
+
+    /// After the check, before the use: the pack's file at `relative` becomes a link to a
+    /// file outside the pack (`dir/outside`, holding a secret).
+    fn swap_for_a_link_out(dir: &Path, relative: &str) {
+        let outside = dir.join("outside");
+        fs::write(&outside, b"a private key").unwrap();
+        let relative = relative.to_owned();
+        after_check(move |pack| {
+            let file = pack.join(&relative);
+            fs::remove_file(&file).unwrap();
+            std::os::unix::fs::symlink(&outside, &file).unwrap();
+        });
+    }
+
+    /// A fixture pack in a new folder whose `swapped` file (`artifact` or [`PACK_FILE`]) will
+    /// become a link out right after its check, and its `pack.json` as verified.
+    fn swapped_after_the_check(swapped: &str) -> (tempfile::TempDir, FixturePack, Vec<u8>) {
+        let dir = tempfile::tempdir().unwrap();
+        let fixture = fixture_pack(dir.path());
+        let pack_json = fs::read(fixture.pack.join(PACK_FILE)).unwrap();
+        let relative = if swapped == "artifact" {
+            fixture.artifact.0.as_str()
+        } else {
+            PACK_FILE
+        };
+        swap_for_a_link_out(dir.path(), relative);
+        (dir, fixture, pack_json)
+    }
+
+    #[test]
+    fn a_pack_file_swapped_for_a_link_after_the_check_is_not_what_ships() {
+        for swapped in ["artifact", PACK_FILE] {
+            let (_dir, fixture, pack_json) = swapped_after_the_check(swapped);
+            let (artifact, stored) = fixture.artifact.clone();
+            let verified = verify_pack(&fixture.pack, &fixture.bundle);
+            clear_after_check();
+            let verified = verified.unwrap_or_else(|e| panic!("{}", crate::error_chain(&e)));
+            let files: BTreeMap<&str, &[u8]> = verified.files().collect();
+            assert_eq!(
+                files,
+                BTreeMap::from([
+                    (artifact.as_str(), &stored[..]),
+                    (PACK_FILE, &pack_json[..])
+                ]),
+                "{swapped}: the bytes verified, not the link's"
+            );
+            assert_eq!(verified.id(), sha256_hex(&pack_json)[..16]);
+        }
+    }
+
+    #[test]
+    fn a_pack_file_swapped_for_a_link_after_the_check_is_not_what_installs() {
+        for swapped in ["artifact", PACK_FILE] {
+            let (dir, fixture, pack_json) = swapped_after_the_check(swapped);
+            let (artifact, stored) = fixture.artifact.clone();
+            let cache = dir.path().join("jit");
+            let installed = install_pack(&fixture.pack, &fixture.bundle, &cache);
+            clear_after_check();
+            let installed = installed.unwrap_or_else(|e| panic!("{}", crate::error_chain(&e)));
+            assert!(!installed.already);
+            for (relative, bytes) in [(artifact.as_str(), &stored), (PACK_FILE, &pack_json)] {
+                let file = installed.path.join(relative);
+                assert!(fs::symlink_metadata(&file).unwrap().is_file(), "{swapped}");
+                assert_eq!(&fs::read(&file).unwrap(), bytes, "{swapped}: {relative}");
+            }
+            // What the loader then reads from the copy is the verified cubin.
+            let variant = &installed_index(&installed.path).kernels["axpy"].variants[0];
+            assert_eq!(
+                read_pack_cubin(&installed.path, "axpy", variant).unwrap(),
+                fixture.cubin
+            );
+        }
+    }
+
+    fn installed_index(dir: &Path) -> PackIndex {
+        read_pack(dir).unwrap()
+    }
+
+    #[test]
+    fn a_pack_file_that_is_a_link_out_before_the_check_is_refused_and_installs_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let fixture = fixture_pack(dir.path());
+        let (artifact, stored) = fixture.artifact.clone();
+        // The very frame, outside: only where it lies is wrong.
+        let outside = dir.path().join("outside.zst");
+        fs::write(&outside, &stored).unwrap();
+        fs::remove_file(fixture.pack.join(&artifact)).unwrap();
+        std::os::unix::fs::symlink(&outside, fixture.pack.join(&artifact)).unwrap();
+        let cache = dir.path().join("jit");
+        for error in [
+            verify_pack(&fixture.pack, &fixture.bundle).unwrap_err(),
+            install_pack(&fixture.pack, &fixture.bundle, &cache).unwrap_err(),
+        ] {
+            assert!(error.is_refusal(), "{error:?}");
+            let message = crate::error_chain(&error);
+            assert!(message.contains("leads out"), "{message}");
+            assert!(message.contains("`axpy` (cu129/sm_90a)"), "{message}");
+        }
+        let installed = installed_packs_dir(&cache, "af3-kernels");
+        assert!(
+            fs::read_dir(&installed).map_or(true, |mut dir| dir.next().is_none()),
+            "a refused pack installs nothing"
+        );
+    }
+
+    #[test]
+    fn an_oversized_pack_json_is_refused_unread() {
+        let dir = tempfile::tempdir().unwrap();
+        let fixture = fixture_pack(dir.path());
+        // 120 MiB, sparse: refused by its size, before anything is reserved for it.
+        let file = fs::File::create(fixture.pack.join(PACK_FILE)).unwrap();
+        file.set_len(120 << 20).unwrap();
+        let started = std::time::Instant::now();
+        let error = read_pack(&fixture.pack).unwrap_err();
+        assert!(started.elapsed().as_secs() < 2);
+        assert!(error.is_refusal(), "{error:?}");
+        let message = crate::error_chain(&error);
+        assert!(message.contains("cap"), "{message}");
+        assert!(message.contains(PACK_FILE), "{message}");
+    }
+
+    #[test]
+    fn stale_or_unreadable_packs_are_passed_over_for_the_fallback() {
+        let dir = tempfile::tempdir().unwrap();
+        let fixture = fixture_pack(dir.path());
+        let inputs = &fixture.bundle.index().kernels["axpy"].inputs;
+        let dirs = [fixture.pack.clone()];
+        let entries = |torch: &str| pack_entries(&dirs, "af3-kernels", "axpy", inputs, torch);
+        assert_eq!(entries("2.13.*").unwrap().len(), 1);
+        // The package's torch pin moved since the pack was exported: honest, and stale.
+        assert_eq!(entries("2.14.*").unwrap(), Vec::new());
+        // A `pack.json` that does not parse offers nothing, and blocks nothing.
+        fs::write(fixture.pack.join(PACK_FILE), b"{ not json").unwrap();
+        assert_eq!(entries("2.13.*").unwrap(), Vec::new());
+    }
 }

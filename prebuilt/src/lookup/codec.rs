@@ -36,10 +36,13 @@
 //!
 //! The reader takes every count, length and id as untrusted: nothing is reserved from a
 //! count, a length past the record's end or an id past the vocabulary is refused, and a
-//! record must be read to its last byte. The records it returns are checked as `index.json`'s
+//! record must be read to its last byte. Everything it makes (each string, word copied out of
+//! the vocabulary, function, variant and map entry, with what it holds besides its bytes) is
+//! charged to a [`Decoded`] budget before it is made: one kernel's in a lookup, one for all
+//! of them in a whole-index read, so what a file decodes to is bounded by the cap, not by how
+//! often its records name what they share. The records it returns are checked as `index.json`'s
 //! are ([`crate::untrusted::check_kernel`]) by the caller.
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use crate::bundle::artifact_path;
@@ -48,7 +51,11 @@ use crate::index::{
     TargetInputs, Variant,
 };
 
+mod reader;
 mod words;
+use reader::names_budget;
+pub(super) use reader::{Decoded, HELD};
+pub(super) use reader::{In, Read};
 pub(super) use words::{Vocabulary, Words};
 
 /// A kernel's load record, decoded: everything of its record but its key inputs.
@@ -349,171 +356,15 @@ fn hex_on_stack(raw: &[u8]) -> [u8; 64] {
     text
 }
 
-/// Bytes being read; every failure is a short reason.
-struct In<'a> {
-    bytes: &'a [u8],
-    at: usize,
-    /// Bytes of vocabulary words the record may still copy out (a few bytes of the record
-    /// name a word of up to the vocabulary's size): [`names_budget`] of the record.
-    words_left: u64,
-}
-
-type Read<T> = Result<T, String>;
-
-impl<'a> In<'a> {
-    fn new(bytes: &'a [u8]) -> In<'a> {
-        In {
-            bytes,
-            at: 0,
-            words_left: names_budget(bytes),
-        }
-    }
-
-    fn byte(&mut self) -> Read<u8> {
-        let byte = *self
-            .bytes
-            .get(self.at)
-            .ok_or_else(|| format!("ends inside a field at byte {}", self.at))?;
-        self.at += 1;
-        Ok(byte)
-    }
-
-    fn take(&mut self, length: u64) -> Read<&'a [u8]> {
-        let left = (self.bytes.len() - self.at) as u64;
-        if length > left {
-            return Err(format!(
-                "claims {length} bytes at byte {} where {left} are left",
-                self.at
-            ));
-        }
-        let slice = &self.bytes[self.at..self.at + length as usize];
-        self.at += length as usize;
-        Ok(slice)
-    }
-
-    fn number(&mut self) -> Read<u64> {
-        let mut value = 0u64;
-        for shift in (0..64).step_by(7) {
-            let byte = self.byte()?;
-            let bits = u64::from(byte & 0x7f);
-            if shift == 63 && bits > 1 {
-                break;
-            }
-            value |= bits << shift;
-            if byte & 0x80 == 0 {
-                return Ok(value);
-            }
-        }
-        Err(format!("has a number over 64 bits at byte {}", self.at))
-    }
-
-    /// A count of things of at least one byte each: never more than the bytes left.
-    fn count(&mut self) -> Read<u64> {
-        let count = self.number()?;
-        if count > (self.bytes.len() - self.at) as u64 {
-            return Err(format!(
-                "counts {count} items at byte {} with fewer bytes left",
-                self.at
-            ));
-        }
-        Ok(count)
-    }
-
-    fn flag(&mut self) -> Read<bool> {
-        match self.byte()? {
-            0 => Ok(false),
-            1 => Ok(true),
-            other => Err(format!("has flag {other} at byte {}", self.at - 1)),
-        }
-    }
-
-    fn text(&mut self) -> Read<String> {
-        let length = self.number()?;
-        let bytes = self.take(length)?;
-        String::from_utf8(bytes.to_vec())
-            .map_err(|_| format!("has text that is not UTF-8 before byte {}", self.at))
-    }
-
-    fn texts(&mut self) -> Read<Vec<String>> {
-        (0..self.count()?).map(|_| self.text()).collect()
-    }
-
-    fn map(&mut self) -> Read<BTreeMap<String, String>> {
-        let mut map = BTreeMap::new();
-        for _ in 0..self.count()? {
-            let name = self.text()?;
-            let value = self.text()?;
-            if map.insert(name, value).is_some() {
-                return Err(format!("names a key twice before byte {}", self.at));
-            }
-        }
-        Ok(map)
-    }
-
-    fn digest(&mut self) -> Read<String> {
-        if self.flag()? {
-            return self.text();
-        }
-        Ok(hex_digest(self.take(32)?))
-    }
-
-    fn word<'w>(&mut self, words: &'w Words) -> Read<Cow<'w, str>> {
-        let id = self.number()?;
-        self.copied(words.get(id), || {
-            format!("names word {id} of a vocabulary of {}", words.len())
-        })
-    }
-
-    /// `word`, a vocabulary word the record names (`missing` when it names none), charged to
-    /// what the record may copy out of the vocabulary.
-    fn copied<'w>(
-        &mut self,
-        word: Option<Cow<'w, str>>,
-        missing: impl FnOnce() -> String,
-    ) -> Read<Cow<'w, str>> {
-        let word = word.ok_or_else(missing)?;
-        let length = word.len() as u64;
-        if length > self.words_left {
-            return Err(format!(
-                "copies more than {} bytes of vocabulary words",
-                names_budget(self.bytes)
-            ));
-        }
-        self.words_left -= length;
-        Ok(word)
-    }
-
-    fn parsed<T: std::str::FromStr>(&mut self, words: &Words) -> Read<T> {
-        let word = self.word(words)?;
-        word.parse()
-            .map_err(|_| format!("names `{word}` where an arch or a CUDA build goes"))
-    }
-
-    fn end(&self) -> Read<()> {
-        if self.at == self.bytes.len() {
-            Ok(())
-        } else {
-            Err(format!(
-                "has {} bytes past its last field",
-                self.bytes.len() - self.at
-            ))
-        }
-    }
-}
-
-/// The most bytes a load record's function names may repeat from earlier ones, the most its
-/// variants' copies of their function sets may hold, and the most any record may copy out of
-/// the vocabulary (skip reasons, family digests, graph folders), each: 1 MiB and 256 bytes
-/// per byte of the record. A kernel's entries, however long their C++ names, come to far
-/// less; a record cannot make reading it cost much more than its size.
-fn names_budget(record: &[u8]) -> u64 {
-    (1 << 20) + 256 * record.len() as u64
-}
-
 /// Reads the load record of kernel `kernel`.
-pub(super) fn decode_load(kernel: &str, bytes: &[u8], words: &Words) -> Read<Load> {
+pub(super) fn decode_load(
+    kernel: &str,
+    bytes: &[u8],
+    words: &Words,
+    decoded: &Decoded,
+) -> Read<Load> {
     let budget = names_budget(bytes);
-    let mut input = In::new(bytes);
+    let mut input = In::new(bytes, decoded);
     let recipe = if input.flag()? {
         Some(SourceRecipe {
             source: input.text()?,
@@ -524,6 +375,7 @@ pub(super) fn decode_load(kernel: &str, bytes: &[u8], words: &Words) -> Read<Loa
     };
     let mut constants = BTreeMap::new();
     for _ in 0..input.count()? {
+        input.held(std::mem::size_of::<Constant>() as u64)?;
         let name = input.text()?;
         let constant = match input.byte()? {
             0 => Constant::Integer(input.number()? as i64),
@@ -562,6 +414,7 @@ pub(super) fn decode_load(kernel: &str, bytes: &[u8], words: &Words) -> Read<Loa
                             )
                         })?;
                     repeated = repeated.saturating_add(length);
+                    input.held(length)?;
                     format!("{head}{piece}{}", input.text()?)
                 }
                 Some(previous) => {
@@ -577,6 +430,7 @@ pub(super) fn decode_load(kernel: &str, bytes: &[u8], words: &Words) -> Read<Loa
                                 previous.len()
                             )
                         })?;
+                    input.held(shared)?;
                     format!("{prefix}{}", input.text()?)
                 }
             };
@@ -586,11 +440,15 @@ pub(super) fn decode_load(kernel: &str, bytes: &[u8], words: &Words) -> Read<Loa
                 ));
             }
             let symbol = if input.flag()? {
+                input.held(name.len() as u64)?;
                 name.clone()
             } else {
                 input.text()?
             };
-            let param_sizes = (0..input.count()?)
+            input.held(std::mem::size_of::<Function>() as u64)?;
+            let params = input.count()?;
+            input.held(4 * params)?;
+            let param_sizes = (0..params)
                 .map(|_| {
                     let size = input.number()?;
                     u32::try_from(size).map_err(|_| format!("has a parameter of {size} bytes"))
@@ -602,16 +460,24 @@ pub(super) fn decode_load(kernel: &str, bytes: &[u8], words: &Words) -> Read<Loa
                 param_sizes,
             });
         }
+        // What a variant's copy of the set takes: its names, their strings, the parameters.
         let bytes: u64 = set
             .iter()
-            .map(|function| (function.name.len() + function.symbol.len()) as u64)
-            .sum();
+            .map(|function| {
+                (function.name.len() + function.symbol.len() + 4 * function.param_sizes.len())
+                    as u64
+                    + 3 * HELD
+                    + std::mem::size_of::<Function>() as u64
+            })
+            .sum::<u64>()
+            + HELD;
         sets.push((set, bytes));
     }
     // Each variant holds its own copy of its set: bounded in all as the names are.
     let mut copied = 0u64;
     let mut variants = Vec::new();
     for _ in 0..input.count()? {
+        input.held(std::mem::size_of::<Variant>() as u64)?;
         let arch = input.parsed(words)?;
         let cuda = input.parsed(words)?;
         let torch = input.word(words)?.into_owned();
@@ -631,7 +497,9 @@ pub(super) fn decode_load(kernel: &str, bytes: &[u8], words: &Words) -> Read<Loa
             }
             path
         } else {
-            artifact_path(&digest)
+            let path = artifact_path(&digest);
+            input.held(path.len() as u64)?;
+            path
         };
         let dictionary = match input.number()? {
             0 => None,
@@ -653,6 +521,7 @@ pub(super) fn decode_load(kernel: &str, bytes: &[u8], words: &Words) -> Read<Loa
                 "gives its variants more than {budget} bytes of function names"
             ));
         }
+        decoded.charge(*bytes)?;
         let functions = functions.clone();
         variants.push(Variant {
             arch,
@@ -672,6 +541,7 @@ pub(super) fn decode_load(kernel: &str, bytes: &[u8], words: &Words) -> Read<Loa
     }
     let mut skipped = Vec::new();
     for _ in 0..input.count()? {
+        input.held(std::mem::size_of::<Skip>() as u64)?;
         skipped.push(Skip {
             arch: input.parsed(words)?,
             cuda: input.parsed(words)?,
@@ -701,12 +571,15 @@ fn function_names(variants: &[Variant]) -> Vec<String> {
 
 /// Reads an inputs record, whose entries may be `load`'s function names; its `files` are left
 /// empty for the graph record to fill.
-pub(super) fn decode_inputs(bytes: &[u8], load: &Load) -> Read<KernelInputs> {
-    let mut input = In::new(bytes);
+pub(super) fn decode_inputs(bytes: &[u8], load: &Load, decoded: &Decoded) -> Read<KernelInputs> {
+    let mut input = In::new(bytes, decoded);
     let entries = if input.flag()? {
         input.texts()?
     } else {
-        function_names(&load.variants)
+        let names = function_names(&load.variants);
+        let bytes: u64 = names.iter().map(|name| name.len() as u64 + HELD).sum();
+        decoded.charge(bytes + HELD)?;
+        names
     };
     let mut inputs = KernelInputs {
         entries,
@@ -720,6 +593,7 @@ pub(super) fn decode_inputs(bytes: &[u8], load: &Load) -> Read<KernelInputs> {
         targets: BTreeMap::new(),
     };
     for _ in 0..input.count()? {
+        input.held(std::mem::size_of::<TargetInputs>() as u64)?;
         let arch = input.text()?;
         let arch = arch
             .parse()
@@ -739,10 +613,16 @@ pub(super) fn decode_inputs(bytes: &[u8], load: &Load) -> Read<KernelInputs> {
 }
 
 /// Reads a graph record.
-pub(super) fn decode_graph(bytes: &[u8], words: &Words) -> Read<BTreeMap<String, String>> {
-    let mut input = In::new(bytes);
+pub(super) fn decode_graph(
+    bytes: &[u8],
+    words: &Words,
+    decoded: &Decoded,
+) -> Read<BTreeMap<String, String>> {
+    let mut input = In::new(bytes, decoded);
     let mut files = BTreeMap::new();
     for _ in 0..input.count()? {
+        // The map's node, beside its two strings.
+        input.held(0)?;
         let stable = match input.number()? {
             0 => input.text()?,
             id => {

@@ -1,15 +1,19 @@
 //! The bundles inside a wheel: each `…/_prebuilt/` (found by its `kernels.idx`, or by the
 //! `index.json` a wheel of an older kwheel shipped) is extracted to scratch and read the way
 //! the loader reads it, its whole index decoded from `kernels.idx`, every artifact against its digest (streamed through
-//! `Bundle::verify_artifact`, never held whole) and every source against its hash.
+//! `Bundle::verify_artifact`, never held whole), every source against its hash, and every
+//! warm pack under `packs/` as `dev build-wheel --add-pack` verifies one: `pack.json` and the
+//! cubins it lists, in the folder its sha256 names, and nothing else.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use prebuilt::bundle::{BundleError, INDEX_FILE, SOURCES_DIR};
+use prebuilt::bundle::{Bundle, BundleError, INDEX_FILE, SOURCES_DIR};
+use prebuilt::jit::pack::{verify_pack, BUNDLE_PACKS_DIR, PACK_FILE};
 use prebuilt::key::sha256_hex;
 use prebuilt::lookup::{encode, LOOKUP_FILE};
 
+use super::reading::{inside, write_new};
 use super::{BundleCheck, VerifyReport};
 
 pub(super) fn check_bundles(report: &mut VerifyReport, contents: &BTreeMap<String, Vec<u8>>) {
@@ -51,11 +55,9 @@ fn check_bundle(report: &mut VerifyReport, contents: &BTreeMap<String, Vec<u8>>,
         let Some(relative) = name.strip_prefix(root) else {
             break;
         };
-        let target = scratch.path().join(relative);
-        let written = target
-            .parent()
-            .map_or(Ok(()), std::fs::create_dir_all)
-            .and_then(|()| std::fs::write(&target, bytes));
+        // Every name passed the archive checks; joined only once it is known to stay inside.
+        let written = inside(scratch.path(), relative)
+            .and_then(|target| write_new(&target, bytes).map_err(|error| error.to_string()));
         if let Err(error) = written {
             report.problem(name, format!("cannot be extracted to check it: {error}"));
             return;
@@ -167,6 +169,7 @@ fn check_bundle(report: &mut VerifyReport, contents: &BTreeMap<String, Vec<u8>>,
             );
         }
     }
+    check_packs(report, contents, root, scratch.path(), &bundle);
     report.bundles.push(BundleCheck {
         root: root.to_owned(),
         kernels: index.kernels.len(),
@@ -174,6 +177,84 @@ fn check_bundle(report: &mut VerifyReport, contents: &BTreeMap<String, Vec<u8>>,
         remote,
         sources,
     });
+}
+
+/// Checks the warm packs the bundle at `root` ships under `packs/` (extracted into `scratch`
+/// with the rest of the bundle): each in a folder `packs/<id>/` whose id is its `pack.json`'s
+/// (16 hex digits of its sha256), verified against `bundle` whole, as `--add-pack` and the
+/// loader verify one, holding its `pack.json` and the cubins that lists and nothing else.
+fn check_packs(
+    report: &mut VerifyReport,
+    contents: &BTreeMap<String, Vec<u8>>,
+    root: &str,
+    scratch: &Path,
+    bundle: &Bundle,
+) {
+    let packs_root = format!("{root}{BUNDLE_PACKS_DIR}/");
+    // Pack folder → its files, relative to it.
+    let mut packs: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for name in contents.keys() {
+        let Some(relative) = name.strip_prefix(&packs_root) else {
+            continue;
+        };
+        match relative.split_once('/') {
+            Some((id, file)) => packs.entry(id).or_default().push(file),
+            None => report.problem(
+                name,
+                format!(
+                    "lies in `{packs_root}` outside a pack's folder: a wheel ships a warm pack \
+                     as `{packs_root}<id>/{PACK_FILE}` and the cubins it lists"
+                ),
+            ),
+        }
+    }
+    for (id, files) in packs {
+        let pack_json = format!("{packs_root}{id}/{PACK_FILE}");
+        let unlisted = |report: &mut VerifyReport, listed: &BTreeSet<&str>| {
+            for file in files.iter().filter(|file| !listed.contains(*file)) {
+                report.problem(
+                    format!("{packs_root}{id}/{file}"),
+                    format!(
+                        "is not vouched for by `{pack_json}`: a pack ships its `{PACK_FILE}` \
+                         and the cubins it lists, nothing else"
+                    ),
+                );
+            }
+        };
+        if !files.contains(&PACK_FILE) {
+            report.problem(
+                &pack_json,
+                "is missing, but files of its pack folder ship: nothing vouches for them",
+            );
+            unlisted(report, &BTreeSet::new());
+            continue;
+        }
+        let dir = scratch.join(BUNDLE_PACKS_DIR).join(id);
+        let verified = match verify_pack(&dir, bundle) {
+            Ok(verified) => verified,
+            Err(error) => {
+                let message =
+                    prebuilt::error_chain(&error).replace(&format!("{}/", scratch.display()), root);
+                report.problem(
+                    &pack_json,
+                    format!("does not verify against the bundle: {message}"),
+                );
+                continue;
+            }
+        };
+        if verified.id() != id {
+            report.problem(
+                &pack_json,
+                format!(
+                    "lies in the folder `{id}`, but its sha256 gives `{}`: the loader and \
+                     `--add-pack` name a pack's folder by it",
+                    verified.id()
+                ),
+            );
+        }
+        let listed: BTreeSet<&str> = verified.files().map(|(file, _)| file).collect();
+        unlisted(report, &listed);
+    }
 }
 
 fn error_path(error: &BundleError) -> &Path {

@@ -189,8 +189,11 @@ pub(super) fn check_dist_info(
             );
         }
     }
+    // A set of the files already named, not a search of the problems per row: a RECORD of
+    // many rows naming nothing costs one pass.
+    let named: BTreeSet<String> = report.problems.iter().map(|p| p.file.clone()).collect();
     for path in listed.keys() {
-        if !contents.contains_key(*path) && !report.problems.iter().any(|p| p.file == *path) {
+        if !contents.contains_key(*path) && !named.contains(*path) {
             report.problem(*path, "is listed in RECORD but not in the wheel");
         }
     }

@@ -10,8 +10,14 @@
 //! | `WHEEL` | `Wheel-Version` is not 1.x, or its `Tag:` lines differ from the file name's expanded tags |
 //! | `RECORD` | a file is unlisted, listed twice, listed but absent, or its hash (sha256/384/512) or size differs; RECORD does not list itself with an empty hash and size |
 //! | bundles | under any `…/_prebuilt/index.json`: an artifact or the dictionary is missing, does not decompress, or does not match its digest; a shipped source does not match the index's hash |
+//! | warm packs | under a bundle's `packs/`: a pack does not verify against the bundle (as `--add-pack` verifies it), lies in another folder than its `pack.json`'s id, or ships a file its `pack.json` does not list |
 //! | audit | a host ELF breaks the platform tag's policy ([`crate::audit`]) |
-//! | set | a bundle lists companion part wheels (`_prebuilt/parts.json`): a part is missing beside the wheel, not pinned, fails on its own, holds an artifact another wheel holds too, is over the set's size limit, or an artifact in it fails its digest (`parts`) |
+//! | set | a bundle lists companion part wheels (`_prebuilt/parts.json`): a part is missing beside the wheel, not pinned, fails on its own, holds an artifact another wheel holds too, is over the set's size limit, carries code, entry points or dependencies of its own, or an artifact in it fails its digest (`parts`) |
+//!
+//! The wheel, and each part of its set, is read once ([`VerifiedWheel`]): opened without
+//! following a link, checked by `fstat` to be a regular file under [`MAX_WHEEL_SIZE`], read
+//! through that handle; everything after works from that reading, and every command that uses
+//! a wheel (`release diff`, `release check --against`) consumes it rather than the path.
 //!
 //! Entries are read with the zip crate; names, modes, sizes and duplicates come from a walk of
 //! the central directory itself, since a zip reader may hide a duplicate or decode a name.
@@ -31,10 +37,12 @@
 //! | `dist_info` | `.dist-info`, `METADATA`, `WHEEL`, `RECORD` and its hashes |
 //! | `bundles` | every `_prebuilt/` bundle inside, read the way the loader reads it |
 //! | `parts` | the set of a registry-sized wheel: its companion parts, found beside it |
+//! | `reading` | the one reading of a wheel file that checks and uses share |
 
 mod bundles;
 mod dist_info;
 mod parts;
+mod reading;
 mod zip_directory;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -45,6 +53,10 @@ use std::path::{Path, PathBuf};
 use bundles::check_bundles;
 use dist_info::check_dist_info;
 pub use parts::{PartCheck, SetCheck};
+#[doc(hidden)]
+pub use reading::{after_check, AfterCheck};
+pub(crate) use reading::{inside, write_new};
+pub use reading::{VerifiedPart, VerifiedWheel};
 use zip_directory::{
     central_directory, local_problems, RawEntry, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG,
 };
@@ -218,16 +230,11 @@ impl fmt::Display for VerifyReport {
     }
 }
 
-/// Verifies the wheel at `path`. Fails only when it cannot be read at all; everything wrong
-/// inside it is a [`Problem`] of the report.
+/// Verifies the wheel at `path`, read once ([`VerifiedWheel`]). Fails only when it cannot be
+/// read at all, or is refused for what it is; everything wrong inside it is a [`Problem`] of
+/// the report.
 pub fn verify_wheel(path: &Path) -> Result<VerifyReport, Error> {
-    let bytes = prebuilt::untrusted::read_regular_file(path, MAX_WHEEL_SIZE).map_err(|source| {
-        Error::Read {
-            path: path.to_owned(),
-            source,
-        }
-    })?;
-    Ok(verify_wheel_bytes(path, &bytes))
+    VerifiedWheel::open(path).map(VerifiedWheel::into_report)
 }
 
 /// The entry names of a zip, read the one way `wheel verify` accepts (see `zip_directory`):
@@ -250,8 +257,30 @@ pub fn zip_entry_names(bytes: &[u8]) -> Result<Vec<String>, String> {
 }
 
 /// [`verify_wheel`] on the bytes of the wheel, with `path` naming it (its file name is the
-/// wheel's name). The fuzz target `wheel` calls it.
+/// wheel's name; parts of a set are looked for beside it). The fuzz target `wheel` calls it.
 pub fn verify_wheel_bytes(path: &Path, bytes: &[u8]) -> VerifyReport {
+    verify_contents(path, bytes, Reading::Main { keep_parts: false }).0
+}
+
+/// What a reading of a wheel is for.
+#[derive(Clone, Copy, Debug)]
+enum Reading {
+    /// A wheel given to verify: the set it is the main wheel of is checked with it, and with
+    /// `keep_parts` the verified parts' `_prebuilt/` files are kept.
+    Main { keep_parts: bool },
+    /// A companion part of a set, checked for the set: a part has no set of its own (a part
+    /// that claimed one is refused for the file, and is not followed further).
+    Part,
+}
+
+/// The files of a wheel that passed the archive checks, by path, and the verified parts of
+/// its set (with `keep_parts`).
+type Verified = (VerifyReport, BTreeMap<String, Vec<u8>>, Vec<VerifiedPart>);
+
+/// [`verify_wheel_bytes`], returning with the report the files it read and checked, so that
+/// what is used is what was verified (and, as `reading` asks, each verified part's
+/// `_prebuilt/` files).
+fn verify_contents(path: &Path, bytes: &[u8], reading: Reading) -> Verified {
     let wheel_name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -280,7 +309,7 @@ pub fn verify_wheel_bytes(path: &Path, bytes: &[u8]) -> VerifyReport {
                 &wheel_name,
                 format!("is not a zip archive every reader reads alike: {message}"),
             );
-            return report;
+            return (report, BTreeMap::new(), Vec::new());
         }
     };
     let raw = &directory.entries;
@@ -367,7 +396,7 @@ pub fn verify_wheel_bytes(path: &Path, bytes: &[u8]) -> VerifyReport {
                  nothing was extracted"
             ),
         );
-        return report;
+        return (report, BTreeMap::new(), Vec::new());
     }
 
     let mut archive = match zip::ZipArchive::new(Cursor::new(bytes)) {
@@ -377,7 +406,7 @@ pub fn verify_wheel_bytes(path: &Path, bytes: &[u8]) -> VerifyReport {
                 &wheel_name,
                 format!("cannot be read as a zip archive: {error}"),
             );
-            return report;
+            return (report, BTreeMap::new(), Vec::new());
         }
     };
     // The zip reader's entries, matched to the central directory's by local header offset
@@ -443,13 +472,18 @@ pub fn verify_wheel_bytes(path: &Path, bytes: &[u8]) -> VerifyReport {
     report.names = order.clone();
 
     let Some(filename) = report.filename.clone() else {
-        return report;
+        return (report, contents, Vec::new());
     };
     check_dist_info(&mut report, &filename, &wheel_name, &order, &contents);
     check_bundles(&mut report, &contents);
-    parts::check_set(&mut report, path, bytes.len() as u64, &contents);
+    let parts = match reading {
+        Reading::Main { keep_parts } => {
+            parts::check_set(&mut report, path, bytes.len() as u64, &contents, keep_parts)
+        }
+        Reading::Part => Vec::new(),
+    };
     audit_contents(&mut report, &filename, &contents);
-    report
+    (report, contents, parts)
 }
 
 fn audit_contents(

@@ -8,20 +8,36 @@
 //! | pins | the main wheel's METADATA lacks `Requires-Dist: <part>==<version>` for a part |
 //! | every part present | a part's wheel is not beside the main wheel |
 //! | each part | it fails `wheel verify` on its own, holds another file than its list, `__init__.py` and `part.json`, or its `part.json` names another package, version or part |
+//! | nothing but artifacts | a part's `__init__.py` is not the one kwheel writes (code runs at import), its `.dist-info` holds more than `METADATA`, `WHEEL` and `RECORD` (`entry_points.txt`: pip would install its scripts), or its `METADATA` has another field than `Metadata-Version`, `Name`, `Version`, `Summary` and `Requires-Python` (`Requires-Dist`: a dependency of its own) or text after its fields |
 //! | exactly one | an artifact of the index is in no wheel of the set (and no store has it), or in more than one |
 //! | sizes | a wheel of the set is over `max_file_size` |
-//! | digests | an artifact in a part does not decompress (against the dictionary the part ships) to the digest the main index records |
+//! | digests | an artifact in a part does not decompress (against the dictionary the part ships) to the digest the main index records; a prefix copy is not the bytes its digest names |
+//!
+//! Each part is read once, like the main wheel ([`super::reading`]): the files checked here
+//! are the files of the reading that `wheel verify` passed, never the part's path read again.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Read as _;
 use std::path::Path;
 
 use prebuilt::bundle::{read_artifact_with, read_dictionary, read_prefix};
 use prebuilt::lookup::{Lookup, LOOKUP_FILE};
 use prebuilt::parts::{find_part, PartStamp, PartsIndex, PARTS_FILE, PARTS_FORMAT, PART_FILE};
 
-use super::{verify_wheel_bytes, VerifyReport, MAX_WHEEL_SIZE};
+use super::reading::{after_check_of, inside, read_wheel_file, write_new, VerifiedPart};
+use super::{verify_contents, Reading, VerifyReport, MAX_WHEEL_SIZE};
+use crate::wheel::parts::part_init_text;
 use crate::wheel::{normalize_name, parse_headers, WheelFilename};
+
+/// The `METADATA` fields kwheel writes for a part: no dependency, entry point or extra.
+const PART_METADATA_FIELDS: [&str; 5] = [
+    "Metadata-Version",
+    "Name",
+    "Version",
+    "Summary",
+    "Requires-Python",
+];
+/// The files kwheel writes into a part's `.dist-info`.
+const PART_DIST_INFO_FILES: [&str; 3] = ["METADATA", "WHEEL", "RECORD"];
 
 /// One companion wheel of a set, as verified.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -67,13 +83,16 @@ pub(super) fn part_files(contents: &BTreeMap<String, Vec<u8>>, root: &str) -> BT
 }
 
 /// Checks the set of every bundle with a `parts.json` in the wheel at `path` (`size` bytes,
-/// `contents` its files).
+/// `contents` its files); with `keep_parts`, returns the `_prebuilt/` files of each part that
+/// verified.
 pub(super) fn check_set(
     report: &mut VerifyReport,
     path: &Path,
     size: u64,
     contents: &BTreeMap<String, Vec<u8>>,
-) {
+    keep_parts: bool,
+) -> Vec<VerifiedPart> {
+    let mut kept = Vec::new();
     let suffix = format!("_prebuilt/{PARTS_FILE}");
     let roots: Vec<String> = contents
         .keys()
@@ -82,7 +101,14 @@ pub(super) fn check_set(
         .collect();
     for root in roots {
         let before = report.problems.len();
-        let limit = check_one(report, path, size, contents, &root);
+        let limit = check_one(
+            report,
+            path,
+            size,
+            contents,
+            &root,
+            keep_parts.then_some(&mut kept),
+        );
         let problems = report.problems[before..].to_vec();
         let set = report.set.get_or_insert(SetCheck {
             max_file_size: limit.unwrap_or_default(),
@@ -94,6 +120,7 @@ pub(super) fn check_set(
         }
         set.problems.extend(problems);
     }
+    kept
 }
 
 fn check_one(
@@ -102,6 +129,7 @@ fn check_one(
     size: u64,
     contents: &BTreeMap<String, Vec<u8>>,
     root: &str,
+    mut kept: Option<&mut Vec<VerifiedPart>>,
 ) -> Option<u64> {
     let filename = report.filename.clone()?;
     let wheel_name = filename.to_string();
@@ -135,6 +163,10 @@ fn check_one(
         );
     }
     let requirements = requirements(contents, &filename);
+    let requires_python = metadata(contents, &filename)
+        .into_iter()
+        .find(|(name, _)| name == "Requires-Python")
+        .map(|(_, value)| value);
     let bundle_index = match contents.get(&format!("{root}{LOOKUP_FILE}")) {
         Some(bytes) => match Lookup::from_bytes(Path::new(LOOKUP_FILE), bytes.clone())
             .and_then(|lookup| lookup.index())
@@ -157,13 +189,24 @@ fn check_one(
         }
     }
     let mut named = BTreeSet::new();
-    for record in bundle_index.kernels.values() {
+    // A prefix's path → its digest, kernel and variant, to check each part's copy.
+    let mut prefix_digests: BTreeMap<String, (&str, &str, String)> = BTreeMap::new();
+    for (kernel, record) in &bundle_index.kernels {
         for variant in &record.variants {
             let artifact = variant.artifact.path.as_str();
             named.insert(artifact.to_owned());
             if let Some(prefix) = &variant.artifact.dictionary {
-                named.insert(prebuilt::bundle::dictionary_path(prefix));
-                named.insert(prebuilt::bundle::artifact_path(prefix));
+                for path in [
+                    prebuilt::bundle::dictionary_path(prefix),
+                    prebuilt::bundle::artifact_path(prefix),
+                ] {
+                    named.insert(path.clone());
+                    prefix_digests.entry(path).or_insert((
+                        prefix.as_str(),
+                        kernel.as_str(),
+                        variant.label(),
+                    ));
+                }
             }
             let mut count = holders.get(artifact).map_or(0, Vec::len);
             if contents.contains_key(&format!("{root}{artifact}")) {
@@ -208,7 +251,7 @@ fn check_one(
         if !name.starts_with(root) {
             break;
         }
-        if let Err(error) = write_file(&scratch.path().join(name), bytes) {
+        if let Err(error) = extract(scratch.path(), name, bytes) {
             report.problem(name, format!("cannot be extracted to check it: {error}"));
             return Some(index.max_file_size);
         }
@@ -238,7 +281,8 @@ fn check_one(
                 }
             };
         let part_path = directory.join(&part_wheel);
-        let bytes = match prebuilt::untrusted::read_regular_file(&part_path, MAX_WHEEL_SIZE) {
+        // Read once, like the main wheel: what is checked below is what this reading holds.
+        let bytes = match read_wheel_file(&part_path, MAX_WHEEL_SIZE) {
             Ok(bytes) => bytes,
             Err(error) => {
                 report.problem(
@@ -261,7 +305,10 @@ fn check_one(
                 ),
             );
         }
-        let part_report = verify_wheel_bytes(&part_path, &bytes);
+        let size = bytes.len() as u64;
+        let (part_report, files, _) = verify_contents(&part_path, &bytes, Reading::Part);
+        drop(bytes);
+        after_check_of(&part_path);
         for problem in &part_report.problems {
             report.problem(
                 format!("{part_wheel}: {}", problem.file),
@@ -271,13 +318,6 @@ fn check_one(
         if !part_report.is_ok() {
             continue;
         }
-        let files = match read_entries(&bytes) {
-            Ok(files) => files,
-            Err(error) => {
-                report.problem(&part_wheel, format!("cannot be read: {error}"));
-                continue;
-            }
-        };
         let prefix = format!("{}/_prebuilt/", part.import);
         let mut expected: BTreeSet<String> = part
             .files
@@ -295,12 +335,34 @@ fn check_one(
                 .map(WheelFilename::dist_info)
                 .unwrap_or_default()
         );
-        for name in files.keys().filter(|name| !name.starts_with(&dist_info)) {
-            if !expected.contains(name) {
+        for name in files.keys() {
+            if let Some(member) = name.strip_prefix(&dist_info) {
+                if !PART_DIST_INFO_FILES.contains(&member) {
+                    report.problem(format!("{part_wheel}: {name}"), dist_info_problem(member));
+                }
+            } else if !expected.contains(name) {
                 report.problem(
                     format!("{part_wheel}: {name}"),
                     "is not a file the set gives this part",
                 );
+            }
+        }
+        let init = format!("{}/__init__.py", part.import);
+        let written = part_init_text(&index.package, &index.version, &part.group);
+        if files
+            .get(&init)
+            .is_some_and(|bytes| *bytes != written.as_bytes())
+        {
+            report.problem(
+                format!("{part_wheel}: {init}"),
+                "is not the `__init__.py` kwheel writes into a part (a docstring only): a part \
+                 carries artifacts, and no code that runs when it is imported",
+            );
+        }
+        let metadata_path = format!("{dist_info}METADATA");
+        if let Some(bytes) = files.get(&metadata_path) {
+            for message in part_metadata_problems(bytes, requires_python.as_deref()) {
+                report.problem(format!("{part_wheel}: {metadata_path}"), message);
             }
         }
         for name in &expected {
@@ -330,7 +392,7 @@ fn check_one(
             );
         }
         for (name, bytes) in files.iter().filter(|(name, _)| name.starts_with(&prefix)) {
-            if let Err(error) = write_file(&scratch.path().join(name), bytes) {
+            if let Err(error) = extract(scratch.path(), name, bytes) {
                 report.problem(
                     format!("{part_wheel}: {name}"),
                     format!("cannot be extracted: {error}"),
@@ -377,10 +439,37 @@ fn check_one(
                 }
             }
         }
+        // A prefix copy no frame of this part needs is still a file the part ships: it must be
+        // the bytes its digest names.
+        for copy in &part.prefixes {
+            let Some((digest, kernel, label)) = prefix_digests.get(copy) else {
+                continue; // reported above: no variant names it
+            };
+            if let Err(error) = read_prefix(&part_root, digest, true, kernel, label) {
+                let file = format!("{part_wheel}: {prefix}{copy}");
+                if failed.insert(file.clone()) {
+                    let message = prebuilt::error_chain(&error)
+                        .replace(&format!("{}/", scratch.path().display()), "");
+                    report.problem(file, message);
+                }
+            }
+        }
+        if let Some(kept) = kept.as_deref_mut() {
+            kept.push(VerifiedPart {
+                import: part.import.clone(),
+                files: files
+                    .into_iter()
+                    .filter_map(|(name, bytes)| {
+                        name.strip_prefix(&prefix)
+                            .map(|relative| (relative.to_owned(), bytes))
+                    })
+                    .collect(),
+            });
+        }
         checked.push(PartCheck {
             name: part.name.clone(),
             wheel: part_wheel,
-            size: bytes.len() as u64,
+            size,
             variants,
         });
     }
@@ -396,25 +485,85 @@ fn check_one(
     Some(index.max_file_size)
 }
 
-fn write_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent)?;
-    }
-    std::fs::write(path, bytes)
+/// Writes `bytes` under `scratch` at `name`, a path of a verified reading, refused unless it
+/// stays inside.
+fn extract(scratch: &Path, name: &str, bytes: &[u8]) -> Result<(), String> {
+    let target = inside(scratch, name)?;
+    write_new(&target, bytes).map_err(|error| error.to_string())
 }
 
-/// The files of a wheel that passed `verify_wheel_bytes` (so its sizes are within the caps).
-fn read_entries(bytes: &[u8]) -> Result<BTreeMap<String, Vec<u8>>, String> {
-    let mut archive =
-        zip::ZipArchive::new(std::io::Cursor::new(bytes)).map_err(|e| e.to_string())?;
-    let mut files = BTreeMap::new();
-    for index in 0..archive.len() {
-        let mut file = archive.by_index(index).map_err(|e| e.to_string())?;
-        let mut data = Vec::new();
-        file.read_to_end(&mut data).map_err(|e| e.to_string())?;
-        files.insert(file.name().to_owned(), data);
+/// Why a part's `.dist-info` must not hold `member`.
+fn dist_info_problem(member: &str) -> String {
+    if member == "entry_points.txt" {
+        "declares entry points (pip would install its console scripts): a part carries \
+         artifacts only, no commands"
+            .to_owned()
+    } else {
+        format!(
+            "is not a file kwheel writes into a part's `.dist-info` (only {}): a part carries \
+             artifacts only",
+            PART_DIST_INFO_FILES.join(", ")
+        )
     }
-    Ok(files)
+}
+
+/// What a part's `METADATA` holds beyond what kwheel writes for it: the fields of
+/// [`PART_METADATA_FIELDS`], one line each, nothing after them; `Requires-Python` as the main
+/// wheel's.
+fn part_metadata_problems(bytes: &[u8], requires_python: Option<&str>) -> Vec<String> {
+    let Ok(text) = std::str::from_utf8(bytes) else {
+        return vec!["is not UTF-8".to_owned()];
+    };
+    // kwheel writes `\n` line ends and no other control character; a `\r` would start a new
+    // field for Python's email parser (what installers read METADATA with) and not here.
+    if let Some(c) = text.chars().find(|&c| c.is_control() && c != '\n') {
+        return vec![format!(
+            "holds the control character {c:?}, which kwheel does not write (a reader may start \
+             a new field there)"
+        )];
+    }
+    let mut problems = Vec::new();
+    let mut lines = text.split('\n');
+    for line in lines.by_ref() {
+        if line.trim().is_empty() {
+            break;
+        }
+        if line.starts_with(' ') {
+            problems
+                .push("continues a field on another line, which kwheel does not write".to_owned());
+            continue;
+        }
+        let Some((name, value)) = line.split_once(':') else {
+            problems.push(format!(
+                "has the line `{}`, which is no field",
+                line.escape_debug()
+            ));
+            continue;
+        };
+        let (name, value) = (name.trim(), value.trim());
+        if name.eq_ignore_ascii_case("Requires-Dist") {
+            problems.push(format!(
+                "requires `{value}`: a part carries artifacts only, no dependencies of its own"
+            ));
+        } else if !PART_METADATA_FIELDS
+            .iter()
+            .any(|field| field.eq_ignore_ascii_case(name))
+        {
+            problems.push(format!(
+                "has the field `{name}`; kwheel writes only {} for a part",
+                PART_METADATA_FIELDS.join(", ")
+            ));
+        } else if name.eq_ignore_ascii_case("Requires-Python") && Some(value) != requires_python {
+            problems.push(format!(
+                "has `Requires-Python: {value}`, not the main wheel's `{}`",
+                requires_python.unwrap_or("(none)")
+            ));
+        }
+    }
+    if lines.any(|line| !line.trim().is_empty()) {
+        problems.push("has text after its fields, which kwheel does not write".to_owned());
+    }
+    problems
 }
 
 fn metadata(
@@ -444,4 +593,66 @@ fn requirements(
         .filter(|(name, _)| name == "Requires-Dist")
         .map(|(_, value)| value.replace(' ', ""))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wheel::Metadata;
+
+    /// The METADATA kwheel writes for a part (as `wheel::parts` does).
+    fn written(requires_python: Option<&str>) -> String {
+        Metadata {
+            name: "af3-kernels-kernels-cu130-sm90".into(),
+            version: "0.1.0".into(),
+            summary: Some("Prebuilt CUDA kernels of af3-kernels for cu130-sm90".into()),
+            requires_python: requires_python.map(str::to_owned),
+            requires_dist: Vec::new(),
+        }
+        .to_text()
+    }
+
+    #[test]
+    fn a_part_metadata_holds_only_what_kwheel_writes() {
+        let ok = written(Some(">=3.9"));
+        assert_eq!(
+            part_metadata_problems(ok.as_bytes(), Some(">=3.9")),
+            Vec::<String>::new()
+        );
+        for (added, expected) in [
+            (
+                "Requires-Dist: evil-helper\n",
+                "requires `evil-helper`: a part carries artifacts only, no dependencies of its own",
+            ),
+            (
+                "provides-extra: evil\n",
+                "has the field `provides-extra`; kwheel writes only Metadata-Version, Name, \
+                 Version, Summary, Requires-Python for a part",
+            ),
+            (
+                " continued\n",
+                "continues a field on another line, which kwheel does not write",
+            ),
+            (
+                "\nA description.\n",
+                "has text after its fields, which kwheel does not write",
+            ),
+            (
+                "Summary: x\rRequires-Dist: evil-helper\n",
+                "holds the control character '\\r', which kwheel does not write (a reader may \
+                 start a new field there)",
+            ),
+        ] {
+            let text = format!("{ok}{added}");
+            assert_eq!(
+                part_metadata_problems(text.as_bytes(), Some(">=3.9")),
+                [expected],
+                "{added:?}"
+            );
+        }
+        assert_eq!(
+            part_metadata_problems(ok.as_bytes(), Some(">=3.10")),
+            ["has `Requires-Python: >=3.9`, not the main wheel's `>=3.10`"]
+        );
+    }
 }

@@ -385,22 +385,23 @@ fn is_precompressed(path: &str, bytes: &[u8]) -> bool {
     STORED_EXTENSIONS.contains(&extension) || prebuilt::cubin::is_cubin(bytes)
 }
 
-/// The wheel files of the warm packs `packs` (`kwheel jit export` wrote them), each verified
-/// against `bundle` first, under `<root>/packs/<id>/` where the loader reads them
-/// (`docs/warm-packs.md`).
+/// The wheel files of the warm packs `packs` (`kwheel jit export` wrote them), each read once
+/// and verified against `bundle` ([`prebuilt::jit::pack::verify_pack`]), under
+/// `<root>/packs/<id>/` where the loader reads them (`docs/warm-packs.md`). The files are the
+/// bytes that were verified, never the pack's files read again.
 pub fn warm_pack_files(
     bundle: &prebuilt::Bundle,
     root: &str,
     packs: &[PathBuf],
 ) -> Result<Vec<WheelFile>, Error> {
-    use prebuilt::jit::pack::{pack_files, pack_id, verify_pack, BUNDLE_PACKS_DIR};
+    use prebuilt::jit::pack::{verify_pack, BUNDLE_PACKS_DIR};
     let mut files = Vec::new();
     for pack in packs {
-        let index = verify_pack(pack, bundle).map_err(Box::new)?;
-        let id = pack_id(pack).map_err(Box::new)?;
-        for (relative, path) in pack_files(pack, &index) {
+        let verified = verify_pack(pack, bundle).map_err(Box::new)?;
+        let id = verified.id();
+        for (relative, bytes) in verified.into_files() {
             let name = format!("{root}/{BUNDLE_PACKS_DIR}/{id}/{relative}");
-            files.push(WheelFile::from_disk(name, path)?);
+            files.push(WheelFile::from_bytes(name, bytes));
         }
     }
     Ok(files)

@@ -264,11 +264,7 @@ pub fn split_wheel(spec: &WheelSpec, limit: u64) -> Result<Option<WheelSet>, Err
         let mut files = vec![
             WheelFile::from_bytes(
                 format!("{}/__init__.py", record.import),
-                format!(
-                    "\"\"\"Prebuilt CUDA kernels of {package} {version} for {}: a part of \
-                     `{package}`, which reads it; nothing to import.\"\"\"\n",
-                    record.group
-                ),
+                part_init_text(package, version, &record.group),
             ),
             WheelFile::from_bytes(
                 format!("{}/_prebuilt/{PART_FILE}", record.import),
@@ -324,6 +320,15 @@ pub fn split_wheel(spec: &WheelSpec, limit: u64) -> Result<Option<WheelSet>, Err
         parts,
         index: parts_index,
     }))
+}
+
+/// The `__init__.py` of a part of `package` `version` holding `group`: a docstring, no code
+/// (`wheel verify` of the set refuses a part whose `__init__.py` is anything else).
+pub(crate) fn part_init_text(package: &str, version: &str, group: &str) -> String {
+    format!(
+        "\"\"\"Prebuilt CUDA kernels of {package} {version} for {group}: a part of `{package}`, \
+         which reads it; nothing to import.\"\"\"\n"
+    )
 }
 
 /// One part of a group as it is filled: its artifacts, the prefixes their frames need, and

@@ -507,3 +507,142 @@ fn a_family_too_big_for_one_part_is_cut_with_its_reference_copied_into_each_part
     // Each part decodes alone: every variant loads from the installed set.
     installed_set_loads_every_variant(&root, &built, limit);
 }
+
+/// The part wheel of `built` whose distribution is `name`.
+fn part_wheel<'b>(built: &'b BuiltWheel, name: &str) -> &'b Path {
+    built
+        .parts
+        .iter()
+        .find(|part| part.filename.name() == name)
+        .map(|part| part.path.as_path())
+        .unwrap_or_else(|| panic!("no part `{name}`"))
+}
+
+/// Rewrites the wheel at `path` with `edit` applied to its files (RECORD left out, then
+/// written again to match): a tool that rewrites a wheel, so only the set's rules can tell.
+fn rewrite(path: &Path, edit: impl FnOnce(&mut Vec<(String, Vec<u8>)>)) {
+    let dist_info = format!(
+        "{}/RECORD",
+        WheelFilename::parse(&path.file_name().unwrap().to_string_lossy())
+            .unwrap()
+            .dist_info()
+    );
+    let mut files: Vec<(String, Vec<u8>)> = entries(&std::fs::read(path).unwrap())
+        .into_iter()
+        .filter(|(name, _)| *name != dist_info)
+        .collect();
+    edit(&mut files);
+    write_with_record(path, &files, &dist_info);
+}
+
+#[test]
+fn a_part_carrying_code_entry_points_or_dependencies_is_refused_naming_the_part_and_the_file() {
+    let Some(shared) = shared() else { return };
+    let root = scratch("parts-hostile");
+    let built = build_set(shared, &root.join("wheels"), LIMIT, true);
+    let name = "af3_kernels_kernels_cu130_sm90";
+    let part = part_wheel(&built, name);
+    let wheel = part.file_name().unwrap().to_string_lossy().into_owned();
+    let dist_info = format!("{name}-0.1.0.dist-info");
+    rewrite(part, |files| {
+        for (path, bytes) in files.iter_mut() {
+            if *path == format!("{name}/__init__.py") {
+                bytes.extend_from_slice(b"import os\nos.system('echo owned')\n");
+            }
+            if *path == format!("{dist_info}/METADATA") {
+                bytes.extend_from_slice(b"Requires-Dist: evil-helper\n");
+            }
+        }
+        files.push((
+            format!("{dist_info}/entry_points.txt"),
+            b"[console_scripts]\nkwheel = evil:main\n".to_vec(),
+        ));
+    });
+    let report = verify_wheel(&built.path).unwrap();
+    assert!(!report.is_ok());
+    let about = |file: &str| problems_about(&report, &format!("{wheel}: {file}"));
+    assert_eq!(
+        about(&format!("{name}/__init__.py")),
+        [
+            "is not the `__init__.py` kwheel writes into a part (a docstring only): a part \
+             carries artifacts, and no code that runs when it is imported"
+        ],
+        "{report}"
+    );
+    assert_eq!(
+        about(&format!("{dist_info}/entry_points.txt")),
+        [
+            "declares entry points (pip would install its console scripts): a part carries \
+             artifacts only, no commands"
+        ],
+        "{report}"
+    );
+    assert_eq!(
+        about(&format!("{dist_info}/METADATA")),
+        ["requires `evil-helper`: a part carries artifacts only, no dependencies of its own"],
+        "{report}"
+    );
+    // The rewrite is sound (its RECORD matches): the part fails only for what it carries, and
+    // every other part, as kwheel writes it, passes the same rules.
+    assert_eq!(report.problems.len(), 3, "{report}");
+}
+
+#[test]
+fn release_diff_reads_a_registry_sized_main_wheel_with_its_parts() {
+    let Some(shared) = shared() else { return };
+    let root = scratch("parts-diff");
+    let built = build_set(shared, &root.join("wheels"), LIMIT, true);
+    let diff = release::diff::diff_releases(
+        &release::diff::Release::open(&built.path)
+            .unwrap_or_else(|error| panic!("{}", chain(&error))),
+        &release::diff::Release::open(&shared.bundle).unwrap(),
+        None,
+    )
+    .unwrap();
+    assert_eq!(diff.changed().count(), 0, "{diff}");
+    assert_eq!(diff.rows.len(), 50, "{diff}");
+}
+
+/// A part is read once too: replaced after its check by a part whose `_prebuilt/` names
+/// climb out, it changes nothing `release diff` uses or writes.
+#[test]
+fn a_part_swapped_after_its_check_writes_nothing_outside() {
+    let Some(shared) = shared() else { return };
+    let root = scratch("parts-swapped");
+    let built = build_set(shared, &root.join("wheels"), LIMIT, true);
+    let outside = root.join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    let part = part_wheel(&built, "af3_kernels_kernels_cu130_sm90").to_owned();
+    let hostile = root.join("hostile.whl");
+    let mut files = vec![(
+        format!(
+            "af3_kernels_kernels_cu130_sm90/_prebuilt/{}{}",
+            "../".repeat(40),
+            outside
+                .join("climbed")
+                .display()
+                .to_string()
+                .trim_start_matches('/')
+        ),
+        b"outside".to_vec(),
+    )];
+    files.extend(entries(&std::fs::read(&part).unwrap()));
+    write_entries(&hostile, &files);
+    let (swapped, from) = (part.clone(), hostile.clone());
+    let hook = release::verify::after_check(move |checked| {
+        if checked == swapped && from.exists() {
+            std::fs::rename(&from, &swapped).unwrap();
+        }
+    });
+    let opened = release::diff::Release::open(&built.path);
+    drop(hook);
+    assert!(!hostile.exists(), "the part was replaced");
+    assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
+    let diff = release::diff::diff_releases(
+        &opened.unwrap_or_else(|error| panic!("{}", chain(&error))),
+        &release::diff::Release::open(&shared.bundle).unwrap(),
+        None,
+    )
+    .unwrap();
+    assert_eq!(diff.changed().count(), 0, "{diff}");
+}

@@ -5,6 +5,7 @@ use super::*;
 use crate::bundle::SOURCES_DIR;
 use crate::index::StoredFile;
 use crate::jit::cache::{CacheEntry, ENTRY_FORMAT};
+use crate::untrusted::read_regular_file;
 
 /// Largest cache entry `.json` read.
 const MAX_ENTRY_METADATA: u64 = 4 << 20;

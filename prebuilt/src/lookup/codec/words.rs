@@ -4,7 +4,7 @@
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{hex_digest, hex_on_stack, In, Out, Read};
+use super::{hex_digest, hex_on_stack, Decoded, In, Out, Read};
 use crate::index::KernelRecord;
 
 /// The strings the records name by position: collected from the whole index, sorted, so the
@@ -75,7 +75,9 @@ impl Words {
     /// Indexes a vocabulary as [`Vocabulary::encode`] writes it, checking every word: a
     /// digest's 32 bytes or UTF-8 text, and nothing past the last word.
     pub fn read(bytes: Vec<u8>) -> Read<Words> {
-        let mut input = In::new(&bytes);
+        // Indexing decodes nothing: the words stay in `bytes`, spans are reserved below.
+        let nothing = Decoded::new(u64::MAX, "the vocabulary");
+        let mut input = In::new(&bytes, &nothing);
         let count = input.count()?;
         // A word takes at least two bytes: nothing reserved past what the section can hold.
         let mut spans = Vec::with_capacity(count.min(bytes.len() as u64 / 2) as usize);
