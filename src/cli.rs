@@ -217,6 +217,11 @@ pub(crate) struct CheckArgs {
     /// the manifest's `[release]` policy (the `against` gate).
     #[arg(long, value_name = "OLD")]
     pub(crate) against: Option<PathBuf>,
+    /// Turn a gate off by name (repeatable): it is reported as off, neither run nor required.
+    /// Without it, a gate that cannot run here (no GPU, no kwheel runtime wheel) makes the
+    /// check incomplete (exit code 7).
+    #[arg(long, value_name = "GATE", value_parser = clap::builder::PossibleValuesParser::new(release::check::SKIPPABLE))]
+    pub(crate) skip: Vec<String>,
     /// Print the checklist as JSON.
     #[arg(long)]
     pub(crate) json: bool,

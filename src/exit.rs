@@ -27,7 +27,9 @@ Exit codes:
   4  verification: a digest mismatch, a corrupt or refused bundle, a wheel or sdist that fails
      `wheel verify` or its audit, a failed `release check`
   5  build: a kernel that did not compile, an invalid cubin, an unusable CUDA toolchain
-  6  network: the artifact store or remote cache could not be reached or answered an error";
+  6  network: the artifact store or remote cache could not be reached or answered an error
+  7  incomplete: a `release check` in which nothing failed but a gate the release needs could
+     not run here (no GPU, no kwheel runtime wheel); `--skip GATE` turns a gate off by name";
 
 /// What kind of failure ended a command; the discriminant is the exit code.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,6 +46,8 @@ pub(crate) enum Failure {
     Build = 5,
     /// The store or the remote cache.
     Network = 6,
+    /// A release check that could not run a gate the release needs, nothing failed.
+    Incomplete = 7,
 }
 
 impl Failure {
@@ -102,6 +106,12 @@ fn failure_of(error: &(dyn StdError + 'static)) -> Option<Failure> {
     if let Some(error) = error.downcast_ref::<ToolchainError>() {
         return Some(toolchain_failure(error));
     }
+    if let Some(error) = error.downcast_ref::<bundler::torch::TorchError>() {
+        // No torch where one is looked for is a missing input; any other torch error is
+        // decided further down (an unreadable file by its I/O error).
+        return matches!(error, bundler::torch::TorchError::NotFound { .. })
+            .then_some(Failure::NotFound);
+    }
     if let Some(error) = error.downcast_ref::<ScanError>() {
         return scan_failure(error);
     }
@@ -131,7 +141,9 @@ fn release_failure(error: &release::Error) -> Option<Failure> {
         | Error::StaleBundle { .. }
         | Error::LoaderIndex { .. }
         | Error::OutsideFolder { .. } => Some(Failure::Verification),
-        Error::Build { .. } | Error::MissingTool { .. } => Some(Failure::Build),
+        Error::Build { .. } => Some(Failure::Build),
+        // A tool the command needs that is not installed (zig, cargo-zigbuild).
+        Error::MissingTool { .. } => Some(Failure::NotFound),
         Error::Publish { .. } => Some(Failure::Network),
         Error::InvalidShipFilter { .. } => Some(Failure::Usage),
         Error::Bundler(inner) => bundler_failure(inner),
@@ -148,7 +160,7 @@ fn release_failure(error: &release::Error) -> Option<Failure> {
 fn bundler_failure(error: &bundler::Error) -> Option<Failure> {
     use bundler::Error;
     match error {
-        Error::UnknownKernel { .. } => Some(Failure::NotFound),
+        Error::UnknownKernel { .. } | Error::MissingIncludeDir { .. } => Some(Failure::NotFound),
         Error::Compile(_)
         | Error::InvalidCubin { .. }
         | Error::MissingEntry { .. }

@@ -142,6 +142,7 @@ fn release_check(args: CheckArgs) -> Result<()> {
         publish: args.publish,
         rebuild_sample: args.rebuild_sample,
         against: args.against,
+        skip: args.skip,
         cache_dir: args.cache.resolve(),
         ..release::CheckOptions::new(args.manifest.resolve()?)
     };
@@ -151,10 +152,15 @@ fn release_check(args: CheckArgs) -> Result<()> {
     } else {
         print!("{checklist}");
     }
-    if !checklist.passed() {
-        return Err(CommandFailed::new(Failure::Verification, "release check failed").into());
+    match checklist.outcome() {
+        release::check::Outcome::Passed => Ok(()),
+        release::check::Outcome::Failed => {
+            Err(CommandFailed::new(Failure::Verification, "release check failed").into())
+        }
+        release::check::Outcome::Incomplete => {
+            Err(CommandFailed::new(Failure::Incomplete, "release check incomplete").into())
+        }
     }
-    Ok(())
 }
 
 fn build_wheel(args: BuildWheelArgs) -> Result<()> {
@@ -415,7 +421,7 @@ fn no_target_summary(
         .iter()
         .map(|reason| {
             let (target, why) = reason.split_once(": ").unwrap_or(("", reason));
-            let why = why.strip_prefix("failed: ").unwrap_or(why);
+            let why = why.strip_prefix(bundler::FAILED).unwrap_or(why);
             (target.to_owned(), why.to_owned())
         })
         .collect();

@@ -581,10 +581,11 @@ fn cache_entries(cache: &Path) -> Vec<PathBuf> {
 
 // ---- release check ---------------------------------------------------------------------
 
-/// Runs `release check` on the library copy at `library`, with its bundle and wheels in `dir`.
+/// Runs `release check` on the library copy at `library`, with its bundle and wheels in `dir`,
+/// the `gpu` gate off (these machines have no GPU; without it the check is incomplete).
 fn release_check(dir: &Path, library: &Path, extra: &[&str]) -> (bool, serde_json::Value) {
     let output = kwheel()
-        .args(["release", "check", "--json", "--manifest"])
+        .args(["release", "check", "--json", "--skip", "gpu", "--manifest"])
         .arg(library.join("kernels.toml"))
         .arg("--bundle")
         .arg(dir.join("bundle"))
@@ -637,8 +638,7 @@ fn release_check_passes_on_a_clean_tree_and_builds_only_what_is_missing() {
     ] {
         assert_eq!(gate(&json, name)["status"], "pass", "{name}: {json:#}");
     }
-    let gpu = &gate(&json, "gpu")["reason"];
-    assert!(gpu.as_str().unwrap().starts_with("no GPU here"), "{json:#}");
+    assert_eq!(gate(&json, "gpu")["reason"], "off (--skip gpu)", "{json:#}");
     let built = json["built"].as_array().unwrap();
     assert_eq!(
         built.len(),
@@ -652,10 +652,18 @@ fn release_check_passes_on_a_clean_tree_and_builds_only_what_is_missing() {
         "{install}"
     );
 
-    // The second run verifies what is there and builds nothing.
+    // The second run verifies what is there, builds nothing and compiles nothing again.
     let (passed, json) = release_check(dir.path(), &library, &["--no-rebuild"]);
     assert!(passed, "{json:#}");
     assert!(json["built"].as_array().unwrap().is_empty(), "{json:#}");
+    assert_eq!(gate(&json, "rebuild")["status"], "skip", "{json:#}");
+    assert!(
+        gate(&json, "rebuild")["reason"]
+            .as_str()
+            .unwrap()
+            .contains("--no-rebuild"),
+        "{json:#}"
+    );
     assert_eq!(gate(&json, "publish")["status"], "skip", "{json:#}");
 
     // The optional publish gate, against the loopback store `.ci/run` starts.
@@ -678,7 +686,9 @@ fn release_check_passes_on_a_clean_tree_and_builds_only_what_is_missing() {
         Err(_) => skipped("the publish gate: no KWHEEL_TEST_STORE"),
     }
 
-    // The text checklist: one line per gate with its mark.
+    // The text checklist: one line per gate with its mark. Without a GPU and without
+    // `--skip gpu`, the `gpu` gate cannot run: the check is incomplete (exit code 7), never
+    // passed.
     let output = kwheel()
         .args(["release", "check", "--no-rebuild", "--manifest"])
         .arg(library.join("kernels.toml"))
@@ -689,10 +699,16 @@ fn release_check_passes_on_a_clean_tree_and_builds_only_what_is_missing() {
         .output()
         .unwrap();
     let text = stdout(&output);
-    assert!(
-        text.contains("✔ keys") && text.contains("release check passed"),
-        "{text}"
-    );
+    assert!(text.contains("✔ keys"), "{text}");
+    if prebuilt::driver::Driver::get().is_err() {
+        assert_eq!(output.status.code(), Some(7), "{text}{}", stderr(&output));
+        assert!(
+            text.contains("? gpu") && text.contains("release check incomplete: gpu could not run"),
+            "{text}"
+        );
+    } else {
+        assert!(text.contains("release check passed"), "{text}");
+    }
 }
 
 #[test]
@@ -738,6 +754,60 @@ fn release_check_fails_gates_on_a_broken_tree_without_crashing() {
 
     let (passed, json) = release_check(dir.path(), &library, &[]);
     assert!(passed, "{json:#}");
+
+    // A target that failed to compile is no skip: the `bundle` gate fails naming it, unless
+    // the manifest's `[release] allow-failed` names it. (Another bundle, from the same cache:
+    // only the broken kernel compiles.)
+    {
+        let broken = dir.path().join("broken");
+        std::fs::create_dir(&broken).unwrap();
+        let library = copy_library(&broken);
+        let source = library.join("sigmoid_gate/sigmoid_gate.cu");
+        let text = std::fs::read_to_string(&source).unwrap() + "\nnot C++ at all;\n";
+        std::fs::write(&source, text).unwrap();
+        std::fs::create_dir(broken.join("wheels")).unwrap();
+        let cache = dir.path().join("cache");
+        let check = |extra: &[&str]| {
+            let output = kwheel()
+                .args(["release", "check", "--json", "--skip", "gpu", "--manifest"])
+                .arg(library.join("kernels.toml"))
+                .arg("--bundle")
+                .arg(broken.join("bundle"))
+                .arg("--wheels")
+                .arg(broken.join("wheels"))
+                .arg("--cache-dir")
+                .arg(&cache)
+                .args(extra)
+                .output()
+                .unwrap();
+            let json: serde_json::Value = serde_json::from_slice(&output.stdout)
+                .unwrap_or_else(|e| panic!("{e}: {}{}", stdout(&output), stderr(&output)));
+            (output.status.code(), json)
+        };
+        let (code, json) = check(&["--rebuild-sample", "0"]);
+        assert_eq!(code, Some(4), "{json:#}");
+        let bundle = gate(&json, "bundle");
+        assert_eq!(bundle["status"], "fail", "{json:#}");
+        let reason = bundle["reason"].as_str().unwrap();
+        assert!(
+            reason.contains("failed to compile") && reason.contains("`sigmoid_gate` cu130/sm_90a"),
+            "{reason}"
+        );
+        let manifest = library.join("kernels.toml");
+        let text = std::fs::read_to_string(&manifest).unwrap()
+            + "\n[release]\nallow-failed = [\"sigmoid_gate\"]\n";
+        std::fs::write(&manifest, text).unwrap();
+        let (_, json) = check(&["--no-rebuild"]);
+        let bundle = gate(&json, "bundle");
+        assert_eq!(bundle["status"], "pass", "{json:#}");
+        assert!(
+            bundle["reason"]
+                .as_str()
+                .unwrap()
+                .contains("failed target(s) allowed by `[release] allow-failed`"),
+            "{json:#}"
+        );
+    }
 
     // A wheel edited after building: same name, other bytes.
     let wheel = std::fs::read_dir(dir.path().join("wheels"))

@@ -42,7 +42,7 @@ use std::path::PathBuf;
 use prebuilt::{Arch, CudaBuild};
 
 pub use build::{
-    bundle_kernels, bundle_kernels_shared, BuildToolchain, BundleOptions, BundleSummary,
+    bundle_kernels, bundle_kernels_shared, BuildToolchain, BundleOptions, BundleSummary, FAILED,
 };
 pub use manifest::Manifest;
 pub use remote::{RemoteCache, RemoteCacheOptions};
@@ -243,6 +243,19 @@ pub enum Error {
         kernel: String,
         /// Each target with why it has no variant.
         reasons: Vec<String>,
+    },
+    /// A folder of a kernel's `include-dirs` that is not there.
+    #[error(
+        "`{kernel}`'s `include-dirs` names {}, which is not a folder: create it, or take it out \
+         of `include-dirs` (a folder that is not there would hide a header the build then \
+         finds elsewhere)",
+        dir.display()
+    )]
+    MissingIncludeDir {
+        /// The kernel.
+        kernel: String,
+        /// The folder, as the manifest's root joins it.
+        dir: PathBuf,
     },
     /// A kernel compiled as a torch extension has no torch headers to compile with.
     #[error("cannot compile `{kernel}` as a torch extension (`torch = true`)")]

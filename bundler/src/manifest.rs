@@ -79,6 +79,11 @@ pub struct ReleasePolicy {
     /// The devices whose coverage is compared (`H100`, `B200`, as `dev coverage --fleet`).
     #[serde(default)]
     pub fleet: Vec<String>,
+    /// Targets `release check` lets fail to compile, by name: a kernel (`gemm`, every
+    /// target of it) or one target (`gemm/cu129/sm_90a`). Any other failed target fails the
+    /// check's `bundle` gate.
+    #[serde(default)]
+    pub allow_failed: Vec<String>,
 }
 
 /// The `[library]` table.
@@ -363,6 +368,25 @@ impl Manifest {
         }
         if library.torch_extension && library.compiler == CompilerChoice::Nvrtc {
             return Err(invalid(None, TORCH_NEEDS_NVCC.into()));
+        }
+        for allowed in &self.release.allow_failed {
+            let kernel = allowed.split('/').next().unwrap_or_default();
+            let parts = allowed.split('/').count();
+            if !self.kernels.contains_key(kernel) || (parts != 1 && parts != 3) {
+                let line = text
+                    .lines()
+                    .position(|l| l.contains("allow-failed"))
+                    .map_or(1, |n| n + 1);
+                return Err(Error::ManifestInvalid {
+                    path: self.path.clone(),
+                    line,
+                    kernel: None,
+                    message: format!(
+                        "`[release] allow-failed` names `{allowed}`, which is neither a kernel of \
+                         the manifest nor one of its targets (`kernel/cu129/sm_90a`)"
+                    ),
+                });
+            }
         }
         for (name, kernel) in &self.kernels {
             if !is_identifier(name) {

@@ -640,6 +640,34 @@ fn missing_header_names_the_include_chain() {
 }
 
 #[test]
+fn an_include_dir_that_does_not_exist_is_an_error_naming_it() {
+    let Some(toolchains) = toolchains() else {
+        return;
+    };
+    let manifest = small_manifest().replace(
+        "include-dirs = [\"include\"]",
+        "include-dirs = [\"include\", \"third_party/cutlass/include\"]",
+    );
+    let (dir, manifest) = library_in(
+        &manifest,
+        &[
+            ("add.cu", ADD_KERNEL),
+            ("include/tiny/common.cuh", "#pragma once\n"),
+        ],
+    );
+    let error = bundle_kernels(&options_in(dir.path(), &manifest, toolchains)).unwrap_err();
+    let text = anyhow_like(&error);
+    assert!(
+        text.contains("`add`")
+            && text.contains("include-dirs")
+            && text.contains("third_party/cutlass/include")
+            && text.contains("not a folder"),
+        "{text}"
+    );
+    assert!(!dir.path().join("out").exists());
+}
+
+#[test]
 fn computed_include_is_refused_with_its_location() {
     let Some(toolchains) = toolchains() else {
         return;

@@ -30,6 +30,7 @@
 mod plan;
 mod run;
 
+pub use plan::FAILED;
 use plan::{plan_job, select_kernels, Job, Work, DECLARED};
 pub use plan::{plan_kernel, target_key, target_keys, PlannedKernel, TargetKey};
 use run::{describe, index_reason, run_jobs, stub_reason};
@@ -400,7 +401,7 @@ pub fn bundle_kernels_shared(
                 skipped.entry(job.kernel).or_default().push(Skip {
                     arch: job.arch,
                     cuda: job.build,
-                    reason: format!("failed: {}", index_reason(recorded)),
+                    reason: format!("{FAILED}{}", index_reason(recorded)),
                 });
                 failed.push((name.clone(), job.build, job.arch, reason));
             }

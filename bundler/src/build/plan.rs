@@ -6,6 +6,9 @@ use prebuilt::compile::{precompiled_record, SourceTree};
 
 /// How the reason of a target the manifest leaves out of a kernel begins.
 pub(super) const DECLARED: &str = "declared: ";
+/// How the index records a target that failed to compile: `failed: ` and the error. The
+/// release check fails such a target unless the manifest's `[release] allow-failed` names it.
+pub const FAILED: &str = "failed: ";
 
 /// A kernel's planned inputs, shared by its jobs.
 pub struct PlannedKernel {
@@ -59,6 +62,14 @@ pub fn plan_kernel(
     external_dirs: &[PathBuf],
 ) -> Result<PlannedKernel, Error> {
     let mut include_dirs = manifest.include_dirs_of(spec);
+    if spec.cubins.is_empty() {
+        if let Some(dir) = include_dirs.iter().find(|dir| !dir.is_dir()) {
+            return Err(Error::MissingIncludeDir {
+                kernel: name.to_owned(),
+                dir: dir.clone(),
+            });
+        }
+    }
     let mut inputs = KernelInputs {
         entries: spec.entries.clone(),
         files: BTreeMap::new(),

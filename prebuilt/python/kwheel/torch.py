@@ -742,7 +742,11 @@ class Op:
             raise NotImplementedError(
                 f"{self.qualified_name} runs on CUDA tensors only (it declares no reference)"
             )
-        return self.reference(*self._complete(args))
+        args = self._complete(args)
+        # The shape function's checks hold on CPU too: the op takes on CPU exactly what its
+        # kernel takes on CUDA (a float64 input is refused, not computed by the reference).
+        self.shape(*args)
+        return self.reference(*args)
 
     def cuda(self, *args):
         """The CUDA kernel. A call with the shapes, dtypes and scalars of an earlier one

@@ -202,7 +202,11 @@ class Declarations(unittest.TestCase):
             seen.append((scale, bias))
             return x * scale
 
-        op = self.define("scaled(Tensor x, float scale=2.0, Tensor? bias=None) -> Tensor", reference=reference)
+        op = self.define(
+            "scaled(Tensor x, float scale=2.0, Tensor? bias=None) -> Tensor",
+            shape=lambda x, scale, bias: [(x.shape, x.dtype)],
+            reference=reference,
+        )
         op(torch.ones(2))
         op(torch.ones(2), 3.0)
         self.assertEqual(seen, [(2.0, None), (3.0, None)])
@@ -233,6 +237,20 @@ class Declarations(unittest.TestCase):
         self.assertEqual(
             str(raised.exception), f"{declared.qualified_name}(): missing a required argument: 'x'"
         )
+
+    def test_a_cpu_call_is_refused_what_the_kernel_is_refused(self):
+        # A float32-only kernel: its shape function refuses anything else, and the reference,
+        # which would compute a float64 result, is not reached.
+        def shape(x):
+            if x.dtype != torch.float32:
+                raise TypeError(f"f takes float32, got {x.dtype}")
+            return [(x.shape, x.dtype)]
+
+        op = self.define("f(Tensor x) -> Tensor", shape=shape, reference=_double_reference)
+        self.assertTrue(torch.equal(op(torch.ones(2)), torch.full((2,), 2.0)))
+        with self.assertRaises(TypeError) as raised:
+            op(torch.ones(2, dtype=torch.float64))
+        self.assertEqual(str(raised.exception), "f takes float32, got torch.float64")
 
     def test_opcheck_passes_on_the_reference(self):
         op = self.define("f(Tensor x) -> Tensor", reference=_double_reference)

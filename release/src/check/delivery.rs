@@ -9,13 +9,23 @@ use prebuilt::Bundle;
 
 use super::{CheckOptions, Run};
 
+/// What lets the `gpu` gate run, or says it need not.
+const NO_GPU: &str = "run the check on a machine with a GPU, or turn the gate off by name with \
+                      --skip gpu (the load is then checked only on simulated devices, by `install`)";
+
 pub(super) fn check_gpu(run: &mut Run, bundle: &Bundle) {
     let driver = match prebuilt::driver::Driver::get() {
         Ok(driver) => driver,
-        Err(error) => return run.skip("gpu", format!("no GPU here: {error}")),
+        Err(error) => {
+            return run.incomplete("gpu", format!("not run: no GPU here: {error}"), NO_GPU)
+        }
     };
     if !matches!(driver.device_count(), Ok(n) if n > 0) {
-        return run.skip("gpu", "no GPU here: the driver sees no device");
+        return run.incomplete(
+            "gpu",
+            "not run: no GPU here: the driver sees no device",
+            NO_GPU,
+        );
     }
     let options = prebuilt::RegistryOptions {
         jit: prebuilt::JitPolicy::Disabled,

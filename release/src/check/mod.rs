@@ -1,9 +1,11 @@
 //! `kwheel release check`: the release checklist as one command.
 //!
-//! Each gate verifies one promise of a release and reports ✔, ✘ or a skip, with the reason and,
-//! when it fails, the fix. A gate never crashes the check: a broken tree is a failing gate. The
-//! check builds only what is missing (and says so); with `no_rebuild` a missing artifact is a
-//! failure instead. The gates and the commands behind them are listed in
+//! Each gate verifies one promise of a release and reports ✔ (passed), ✘ (failed), `?` (could
+//! not run here: the check is *incomplete*, never passed) or `-` (optional and not asked for,
+//! or turned off by name with `--skip GATE`), with the reason and, when it fails, the fix. A
+//! gate never crashes the check: a broken tree is a failing gate. The check builds only what is
+//! missing (and says so); with `no_rebuild` a missing artifact is a failure instead, and
+//! nothing is compiled again (the `rebuild` gate is off). The gates and the commands behind them are listed in
 //! `docs/release-checklist.md`.
 //!
 //! | gate | passes when |
@@ -91,6 +93,8 @@ pub struct CheckOptions {
     pub rebuild_sample: usize,
     /// An earlier release (wheel or bundle) the `against` gate compares this one with.
     pub against: Option<PathBuf>,
+    /// Gates turned off by name (`--skip gpu`): reported as off, neither run nor required.
+    pub skip: Vec<String>,
 }
 
 impl CheckOptions {
@@ -113,9 +117,17 @@ impl CheckOptions {
             publish: None,
             rebuild_sample: DEFAULT_REBUILD_SAMPLE,
             against: None,
+            skip: Vec::new(),
         }
     }
 }
+
+/// The gates `--skip` can turn off, in the order the check runs them: every gate but
+/// `bundle` and `reproducible`, which make what the others check.
+pub const SKIPPABLE: [&str; 11] = [
+    "version", "keys", "cubins", "rebuild", "against", "wheel", "parts", "install", "gpu", "size",
+    "publish",
+];
 
 /// How a gate ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -125,8 +137,24 @@ pub enum GateStatus {
     Pass,
     /// The promise is broken.
     Fail,
-    /// The gate could not run here (with the reason).
+    /// The gate is optional and was not asked for, turned off by name, or has nothing to
+    /// check (with the reason).
     Skip,
+    /// A gate the release needs could not run here (with the reason and what would let it
+    /// run): the check is incomplete, not passed.
+    Incomplete,
+}
+
+/// How the whole check ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    /// Every gate passed, or was optional, turned off by name or had nothing to check.
+    Passed,
+    /// No gate failed, but at least one the release needs could not run here.
+    Incomplete,
+    /// At least one gate failed.
+    Failed,
 }
 
 /// One line of the checklist.
@@ -153,9 +181,32 @@ pub struct Checklist {
 }
 
 impl Checklist {
-    /// Whether every gate passed or was skipped.
+    /// Whether every gate passed, or was optional, off or had nothing to check: not when one
+    /// failed or could not run.
     pub fn passed(&self) -> bool {
-        self.gates.iter().all(|g| g.status != GateStatus::Fail)
+        self.outcome() == Outcome::Passed
+    }
+
+    /// How the check ended: failed when a gate failed, else incomplete when a gate could not
+    /// run, else passed.
+    pub fn outcome(&self) -> Outcome {
+        let any = |status| self.gates.iter().any(|g| g.status == status);
+        if any(GateStatus::Fail) {
+            Outcome::Failed
+        } else if any(GateStatus::Incomplete) {
+            Outcome::Incomplete
+        } else {
+            Outcome::Passed
+        }
+    }
+
+    /// The names of the gates that ended with `status`.
+    pub fn named(&self, status: GateStatus) -> Vec<&'static str> {
+        self.gates
+            .iter()
+            .filter(|g| g.status == status)
+            .map(|g| g.name)
+            .collect()
     }
 
     /// The gate named `name`.
@@ -175,21 +226,26 @@ impl fmt::Display for Checklist {
                 GateStatus::Pass => "✔",
                 GateStatus::Fail => "✘",
                 GateStatus::Skip => "-",
+                GateStatus::Incomplete => "?",
             };
             writeln!(f, "{mark} {:<width$}  {}", gate.name, gate.reason)?;
             if let Some(fix) = &gate.fix {
                 writeln!(f, "  {:<width$}  fix: {fix}", "")?;
             }
         }
-        let failed = self
-            .gates
-            .iter()
-            .filter(|g| g.status == GateStatus::Fail)
-            .count();
-        if failed == 0 {
-            writeln!(f, "release check passed")
-        } else {
-            writeln!(f, "release check failed: {failed} gate(s)")
+        match self.outcome() {
+            Outcome::Passed => writeln!(f, "release check passed"),
+            Outcome::Failed => writeln!(
+                f,
+                "release check failed: {}",
+                self.named(GateStatus::Fail).join(", ")
+            ),
+            Outcome::Incomplete => writeln!(
+                f,
+                "release check incomplete: {} could not run here (nothing failed; run it where \
+                 they can, or turn a gate off by name with --skip)",
+                self.named(GateStatus::Incomplete).join(", ")
+            ),
         }
     }
 }
@@ -197,9 +253,28 @@ impl fmt::Display for Checklist {
 struct Run {
     gates: Vec<Gate>,
     built: Vec<String>,
+    /// Gates turned off by name.
+    off: Vec<String>,
 }
 
 impl Run {
+    fn new(off: &[String]) -> Run {
+        Run {
+            gates: Vec::new(),
+            built: Vec::new(),
+            off: off.to_vec(),
+        }
+    }
+
+    /// Whether gate `name` is turned off by name; if so, it is reported as off.
+    fn off(&mut self, name: &'static str) -> bool {
+        let off = self.off.iter().any(|gate| gate == name);
+        if off {
+            self.skip(name, format!("off (--skip {name})"));
+        }
+        off
+    }
+
     fn pass(&mut self, name: &'static str, reason: impl Into<String>) {
         self.push(name, GateStatus::Pass, reason.into(), None);
     }
@@ -210,6 +285,21 @@ impl Run {
 
     fn skip(&mut self, name: &'static str, reason: impl Into<String>) {
         self.push(name, GateStatus::Skip, reason.into(), None);
+    }
+
+    /// A gate the release needs that could not run here, and what would let it run.
+    fn incomplete(
+        &mut self,
+        name: &'static str,
+        reason: impl Into<String>,
+        fix: impl Into<String>,
+    ) {
+        self.push(
+            name,
+            GateStatus::Incomplete,
+            reason.into(),
+            Some(fix.into()),
+        );
     }
 
     fn push(
@@ -231,20 +321,14 @@ impl Run {
 /// The `against` gate alone: `release diff OLD <bundle>` held to the manifest's `[release]`
 /// policy.
 pub fn against_gate(manifest: &Manifest, old: &std::path::Path, bundle: &std::path::Path) -> Gate {
-    let mut run = Run {
-        gates: Vec::new(),
-        built: Vec::new(),
-    };
+    let mut run = Run::new(&[]);
     check_against(&mut run, manifest, old, bundle);
     run.gates.remove(0)
 }
 
 /// Runs every gate.
 pub fn release_check(options: &CheckOptions) -> Checklist {
-    let mut run = Run {
-        gates: Vec::new(),
-        built: Vec::new(),
-    };
+    let mut run = Run::new(&options.skip);
     let manifest = match Manifest::load(&options.manifest) {
         Ok(manifest) => manifest,
         Err(error) => {
@@ -264,14 +348,25 @@ pub fn release_check(options: &CheckOptions) -> Checklist {
         .clone()
         .unwrap_or_else(|| manifest.library.torch.clone());
 
-    check_version(&mut run, &manifest, &options.tag_prefix);
+    if !run.off("version") {
+        check_version(&mut run, &manifest, &options.tag_prefix);
+    }
     let bundle = check_bundle(&mut run, &manifest, options, &torch);
     match &bundle {
         Some(bundle) => {
-            check_keys(&mut run, &manifest, options, &torch);
-            check_cubins(&mut run, bundle);
-            check_rebuild(&mut run, &manifest, options, &torch, bundle);
+            if !run.off("keys") {
+                check_keys(&mut run, &manifest, options, &torch);
+            }
+            if !run.off("cubins") {
+                check_cubins(&mut run, bundle);
+            }
+            if options.no_rebuild {
+                run.skip("rebuild", "off (--no-rebuild: nothing is compiled)");
+            } else if !run.off("rebuild") {
+                check_rebuild(&mut run, &manifest, options, &torch, bundle);
+            }
             match &options.against {
+                _ if run.off("against") => {}
                 Some(old) => check_against(&mut run, &manifest, old, &options.bundle),
                 None => run.skip("against", "optional: give --against <earlier release>"),
             }
@@ -283,6 +378,7 @@ pub fn release_check(options: &CheckOptions) -> Checklist {
         }
     }
     let wheel = if bundle.is_some() {
+        // Builds the wheel the later gates check: never off.
         check_reproducible(&mut run, options)
     } else {
         run.skip("reproducible", "no bundle to build wheels from");
@@ -291,13 +387,20 @@ pub fn release_check(options: &CheckOptions) -> Checklist {
     let mut parts = Vec::new();
     match &wheel {
         Some(wheel) => {
-            let report = check_wheel(&mut run, wheel);
+            let report = if run.off("wheel") {
+                None
+            } else {
+                check_wheel(&mut run, wheel)
+            };
             match &report {
+                _ if run.off("parts") => {}
                 Some(report) => check_parts(&mut run, report),
-                None => run.skip("parts", "the wheel could not be read"),
+                None => run.skip("parts", "the wheel was not verified"),
             }
             parts = part_wheels(wheel, report.as_ref());
-            check_install(&mut run, &manifest, options, wheel, &parts);
+            if !run.off("install") {
+                check_install(&mut run, &manifest, options, wheel, &parts);
+            }
         }
         None => {
             for name in ["wheel", "parts", "install"] {
@@ -306,14 +409,17 @@ pub fn release_check(options: &CheckOptions) -> Checklist {
         }
     }
     match &bundle {
+        _ if run.off("gpu") => {}
         Some(bundle) => check_gpu(&mut run, bundle),
         None => run.skip("gpu", "no bundle to load from"),
     }
     match &wheel {
+        _ if run.off("size") => {}
         Some(wheel) => check_size(&mut run, wheel, &parts, options.size_budget),
         None => run.skip("size", "no wheel to measure"),
     }
     match (&options.publish, &wheel) {
+        _ if run.off("publish") => {}
         (None, _) => run.skip(
             "publish",
             "optional: give --publish <store URL> to publish and verify",

@@ -206,10 +206,7 @@ mod tests {
             jobs: 2,
             ..CheckOptions::new(&manifest.path)
         };
-        let mut run = Run {
-            gates: Vec::new(),
-            built: Vec::new(),
-        };
+        let mut run = Run::new(&[]);
         let torch = manifest.library.torch.clone();
         check_rebuild(
             &mut run,

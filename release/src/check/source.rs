@@ -170,7 +170,10 @@ pub(super) fn check_bundle(
         }
     };
     let mut missing = Vec::new();
+    let mut failed = Vec::new();
+    let mut allowed = 0;
     let mut skips = 0;
+    let allow_failed = &manifest.release.allow_failed;
     for (name, spec) in &manifest.kernels {
         let Some(record) = bundle.index().kernels.get(name) else {
             missing.push(format!("`{name}` (not in the bundle)"));
@@ -187,26 +190,54 @@ pub(super) fn check_bundle(
                     .skipped
                     .iter()
                     .find(|s| s.cuda == *build && s.arch == *arch && !s.reason.is_empty());
-                if skipped.is_some() {
-                    skips += 1;
-                }
-                if !built && skipped.is_none() {
-                    missing.push(format!("`{name}` {build}/{arch}"));
+                let label = format!("{name}/{build}/{arch}");
+                match skipped {
+                    // A target that failed to compile is not a skip the release may carry,
+                    // unless the manifest allows it by name.
+                    Some(skip) if skip.reason.starts_with(bundler::FAILED) => {
+                        if allow_failed.iter().any(|a| *a == label || a == name) {
+                            allowed += 1;
+                        } else {
+                            let why = &skip.reason[bundler::FAILED.len()..];
+                            failed.push(format!("`{name}` {build}/{arch} ({why})"));
+                        }
+                    }
+                    Some(_) => skips += 1,
+                    None if !built => missing.push(format!("`{name}` {build}/{arch}")),
+                    None => {}
                 }
             }
         }
     }
     let cells =
         manifest.kernels.len() * manifest.library.cuda_builds.len() * manifest.library.archs.len();
-    if missing.is_empty() {
+    if !failed.is_empty() {
+        run.fail(
+            "bundle",
+            format!(
+                "{} target(s) failed to compile: {}",
+                failed.len(),
+                failed.join(", ")
+            ),
+            "fix the build (`kwheel dev bundle-kernels` prints each error), or allow a target \
+             to fail by name in the manifest's `[release] allow-failed` (`kernel` or \
+             `kernel/cu129/sm_90a`)",
+        );
+    } else if missing.is_empty() {
+        let allowed_text = if allowed > 0 {
+            format!(", {allowed} failed target(s) allowed by `[release] allow-failed`")
+        } else {
+            String::new()
+        };
         run.pass(
             "bundle",
             format!(
-                "{} kernels × {} archs × {} CUDA builds: {} variants, {skips} declared skip(s) with reasons",
+                "{} kernels × {} archs × {} CUDA builds: {} variants, {skips} skip(s) with \
+                 reasons{allowed_text}",
                 manifest.kernels.len(),
                 manifest.library.archs.len(),
                 manifest.library.cuda_builds.len(),
-                cells - skips
+                cells - skips - allowed
             ),
         );
     } else {

@@ -270,7 +270,17 @@ pub(super) fn check_install(
 ) {
     let runtime = match runtime_wheel(run, options) {
         Ok(Some(runtime)) => runtime,
-        Ok(None) => return run.skip("install", "no kwheel runtime wheel and no kwheel sources to build one"),
+        Ok(None) => {
+            return run.incomplete(
+                "install",
+                format!(
+                    "not run: no kwheel runtime wheel in {} and no kwheel sources to build one",
+                    options.wheels.display()
+                ),
+                "put kwheel's wheel (`kwheel release build-kwheel`) into the wheel folder, or \
+                 turn the gate off by name with --skip install",
+            )
+        }
         Err(reason) => {
             return run.fail(
                 "install",
