@@ -68,6 +68,12 @@ impl Progress {
         self.bar.set_message(message);
     }
 
+    /// Which step runs now (`swiglu cu130 sm_90a`): the bar's message only. Lines keep
+    /// naming the stage and counting on, so a step per message never restarts the count.
+    pub(crate) fn set_detail(&self, detail: impl Into<Cow<'static, str>>) {
+        self.bar.set_message(detail.into());
+    }
+
     /// `done` steps of the current stage are done.
     pub(crate) fn set_position(&self, done: u64) {
         self.bar.set_position(done);
@@ -168,6 +174,16 @@ mod tests {
         // The same stage again changes nothing.
         progress.set_message("writing");
         assert_eq!(lines.tenth.load(Ordering::Relaxed), 10);
+        // A step's own detail is not a stage: the count goes on past it. (Each compile job
+        // once named its target as the message, which restarted the count every job, so a
+        // piped 27 s bundle printed no line.)
+        progress.set_message("targets");
+        for step in 0..30 {
+            progress.set_detail(format!("kernel {step}"));
+            progress.inc();
+        }
+        assert_eq!(lines.done.load(Ordering::Relaxed), 30);
+        assert_eq!(lines.tenth.load(Ordering::Relaxed), 3);
         let hidden = Progress::new(100, false, "x");
         assert!(hidden.lines.is_none());
     }

@@ -49,7 +49,7 @@ pub(super) fn run_jobs(
                         return (n, None);
                     }
                     let kernel = &kernels[job.kernel];
-                    bar.set_message(format!("{} {} {}", kernel.name, job.build, job.arch));
+                    bar.set_detail(format!("{} {} {}", kernel.name, job.build, job.arch));
                     let result = run_job(job, kernel, cache);
                     if let Err(error) = &result {
                         if options.require || !is_target_failure(error) {
