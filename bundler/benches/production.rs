@@ -397,6 +397,7 @@ fn index_of(scanned: &[Scanned]) -> Index {
         store: None,
         dictionary: None,
         kernels,
+        modules: Default::default(),
     }
 }
 

@@ -868,6 +868,7 @@ mod tests {
             store: None,
             dictionary: None,
             kernels,
+            modules: Default::default(),
         }
     }
 

@@ -323,6 +323,7 @@ pub fn recipe_files(manifest: &Manifest, torch: &str, root: &str) -> Result<Vec<
         store: None,
         dictionary: None,
         kernels: Default::default(),
+        modules: Default::default(),
     };
     let mut sources = std::collections::BTreeMap::new();
     for (name, spec) in &manifest.kernels {

@@ -455,6 +455,7 @@ pub fn bundle_kernels_shared(
         torch: torch.clone(),
         dictionary: None,
         kernels: BTreeMap::new(),
+        modules: Default::default(),
     };
     let mut cubins = BTreeMap::new();
     let mut compiled = Vec::new();

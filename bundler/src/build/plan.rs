@@ -115,6 +115,19 @@ pub fn plan_kernel(
         });
     }
     let source = manifest.root.join(&spec.sources[0]);
+    // Before the scan: `<torch/extension.h>` would fail there on `Python.h`, naming nothing
+    // the maintainer can act on.
+    let text = std::fs::read_to_string(&source).map_err(|error| Error::Read {
+        path: source.clone(),
+        source: error,
+    })?;
+    if let Some(what) = crate::extension::host_code_in(&text) {
+        return Err(Error::HostCodeInKernel {
+            kernel: name.to_owned(),
+            file: PathBuf::from(&spec.sources[0]),
+            what: what.to_owned(),
+        });
+    }
     // Toolkit headers, then the host compiler's own: followed for library files they reach,
     // but not hashed themselves (the compiler record names the toolkit and the host compiler).
     // The host's other search dirs (`/usr/local/include`) hold library files: searched after
