@@ -157,7 +157,10 @@ fn main() {
         &out,
         index,
         &corpus,
-        &BTreeMap::new(),
+        bundler::writer::BundleFiles {
+            sources: &BTreeMap::new(),
+            modules: &BTreeMap::new(),
+        },
         arguments.jobs,
         &progress,
     )

@@ -154,6 +154,25 @@ pub enum Error {
         /// What marks it, `registers ops with `TORCH_LIBRARY``.
         what: String,
     },
+    /// An extension module has no torch headers to compile with.
+    #[error("cannot build extension module `{module}` without the pinned torch")]
+    ModuleTorch {
+        /// The module.
+        module: String,
+        /// Why.
+        #[source]
+        source: Box<torch::TorchError>,
+    },
+    /// An extension module failed to compile, link or check.
+    #[error("failed to build extension module `{module}` for {build}: {reason}")]
+    ModuleBuild {
+        /// The module.
+        module: String,
+        /// The CUDA build.
+        build: CudaBuild,
+        /// What failed, with the compiler's log.
+        reason: String,
+    },
     /// `--only` or `explain` named a kernel the manifest does not have.
     #[error("no kernel `{name}` in `{}` (it has: {})", manifest.display(), known.join(", "))]
     UnknownKernel {

@@ -182,7 +182,9 @@ pub fn plan_kernel(
 }
 
 /// The torch `KWHEEL_TORCH` (or the default folder) holds, which the manifest's pin must allow.
-fn find_torch(manifest: &Manifest) -> Result<crate::torch::TorchHeaders, crate::torch::TorchError> {
+pub(crate) fn find_torch(
+    manifest: &Manifest,
+) -> Result<crate::torch::TorchHeaders, crate::torch::TorchError> {
     let torch = crate::torch::TorchHeaders::find()?;
     if !prebuilt::select::torch_matches(&manifest.library.torch, &torch.version) {
         return Err(crate::torch::TorchError::Pin {

@@ -16,8 +16,11 @@
 //! | --- | --- |
 //! | [`crate::manifest::ExtensionSpec`] | the manifest table and its checks |
 //! | this one | what marks a kernel's source as host code that belongs in a module |
+//! | [`build`] | the include graph of every translation unit, the key, nvcc + g++, the link |
 //!
 //! What is and is not supported, and why, is in `docs/extensions.md`.
+
+pub mod build;
 
 /// What in a kernel's source marks it as host code for an extension module: a header or
 /// macro whose code a cubin cannot hold, with what it is.
