@@ -30,7 +30,6 @@
 mod plan;
 mod run;
 
-pub(crate) use plan::find_torch as find_torch_for;
 use plan::{plan_job, select_kernels, Job, Work, DECLARED};
 pub use plan::{plan_kernel, target_key, target_keys, PlannedKernel, TargetKey};
 use run::{describe, index_reason, run_jobs, stub_reason};

@@ -71,7 +71,7 @@ pub fn plan_kernel(
         targets: manifest.targets_of(spec),
     };
     let torch = if manifest.torch_of(spec) {
-        let torch = find_torch(manifest).map_err(|source| Error::Torch {
+        let torch = crate::torch::find_pinned(manifest).map_err(|source| Error::Torch {
             kernel: name.to_owned(),
             source: Box::new(source),
         })?;
@@ -179,22 +179,6 @@ pub fn plan_kernel(
         include_dirs,
         torch,
     })
-}
-
-/// The torch `KWHEEL_TORCH` (or the default folder) holds, which the manifest's pin must allow.
-pub(crate) fn find_torch(
-    manifest: &Manifest,
-) -> Result<crate::torch::TorchHeaders, crate::torch::TorchError> {
-    let torch = crate::torch::TorchHeaders::find()?;
-    if !prebuilt::select::torch_matches(&manifest.library.torch, &torch.version) {
-        return Err(crate::torch::TorchError::Pin {
-            package: torch.package,
-            found_by: torch.found_by,
-            version: torch.version,
-            pin: manifest.library.torch.clone(),
-        });
-    }
-    Ok(torch)
 }
 
 /// The library as a compile sees it: the root, with each include dir outside it as `[n]` (the

@@ -114,6 +114,28 @@ pub fn plan_module(
     })
 }
 
+/// The torch the manifest's pin allows (`KWHEEL_TORCH`, else the default folder), whose
+/// headers and libraries every module builds against.
+pub fn module_torch(manifest: &Manifest) -> Result<TorchHeaders, Error> {
+    crate::torch::find_pinned(manifest).map_err(|source| Error::ModuleTorch {
+        module: manifest
+            .extensions
+            .keys()
+            .next()
+            .cloned()
+            .unwrap_or_default(),
+        source: Box::new(source),
+    })
+}
+
+/// The include directories of `build`'s toolkit, which a module's scan follows but does not
+/// hash; empty where the build has no toolkit here.
+pub fn toolkit_include_dirs(build: CudaBuild) -> Vec<PathBuf> {
+    discover(build)
+        .map(|toolchain| toolchain.include_dirs)
+        .unwrap_or_default()
+}
+
 /// What [`build_modules`] made: the index's records and the built files by digest.
 #[derive(Debug, Default)]
 pub struct BuiltModules {
@@ -137,15 +159,7 @@ pub fn build_modules(
     if manifest.extensions.is_empty() {
         return Ok(built);
     }
-    let torch = crate::build::find_torch_for(manifest).map_err(|source| Error::ModuleTorch {
-        module: manifest
-            .extensions
-            .keys()
-            .next()
-            .cloned()
-            .unwrap_or_default(),
-        source: Box::new(source),
-    })?;
+    let torch = module_torch(manifest)?;
     let mut toolchains: BTreeMap<CudaBuild, Result<Toolchain, String>> = BTreeMap::new();
     for (name, spec) in &manifest.extensions {
         let builds = spec
@@ -262,7 +276,8 @@ pub fn build_modules(
     Ok(built)
 }
 
-/// The host C++ compiler's version, its `--version` first line (`g++ (Debian 12.2.0-14) 12.2.0`).
+/// The host C++ compiler's version: its `--version` first line less the program's name
+/// (`(Debian 12.2.0-14+deb12u1) 12.2.0`), the distribution's build included.
 fn host_cxx_version() -> Result<String, String> {
     let output = Command::new("g++")
         .arg("--version")
@@ -271,7 +286,7 @@ fn host_cxx_version() -> Result<String, String> {
     String::from_utf8_lossy(&output.stdout)
         .lines()
         .next()
-        .map(str::to_owned)
+        .map(|line| line.trim_start_matches("g++").trim().to_owned())
         .filter(|line| output.status.success() && !line.is_empty())
         .ok_or_else(|| "`g++ --version` printed no version".to_owned())
 }
