@@ -406,6 +406,26 @@ fn bundle_kernels(args: BundleKernelsArgs) -> Result<()> {
         written(summary.written),
         summary.elapsed.as_secs_f64(),
     );
+    let modules = &summary.index.modules;
+    if !modules.is_empty() {
+        let variants: usize = modules.values().map(|m| m.variants.len()).sum();
+        let skipped: usize = modules.values().map(|m| m.skipped.len()).sum();
+        println!(
+            "{} extension modules, {variants} built for a CUDA build: {} compiled, {} from \
+             cache, {skipped} skipped",
+            modules.len(),
+            summary.modules_compiled.len(),
+            variants - summary.modules_compiled.len(),
+        );
+        for (name, record) in modules {
+            for skip in &record.skipped {
+                println!(
+                    "  skipped `{name}` for {} ({}): {}",
+                    skip.cuda, skip.cpu, skip.reason
+                );
+            }
+        }
+    }
     Ok(())
 }
 

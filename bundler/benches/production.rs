@@ -157,7 +157,10 @@ fn main() {
         &out,
         index,
         &corpus,
-        &BTreeMap::new(),
+        bundler::writer::BundleFiles {
+            sources: &BTreeMap::new(),
+            modules: &BTreeMap::new(),
+        },
         arguments.jobs,
         &progress,
     )
@@ -397,6 +400,7 @@ fn index_of(scanned: &[Scanned]) -> Index {
         store: None,
         dictionary: None,
         kernels,
+        modules: Default::default(),
     }
 }
 

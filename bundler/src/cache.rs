@@ -91,6 +91,11 @@ impl BuildCache {
         self.root.join(&key[..2]).join(format!("{key}.cubin"))
     }
 
+    /// Where the extension module with `key` lives: beside the cubins, as `<key>.so`.
+    pub fn module_path(&self, key: &str) -> PathBuf {
+        self.root.join(&key[..2]).join(format!("{key}.so"))
+    }
+
     /// The cached cubin for `key`, if there is one.
     pub fn get(&self, key: &str) -> Result<Option<Vec<u8>>, Error> {
         let path = self.entry_path(key);

@@ -1,6 +1,6 @@
 //! `dev explain`: what goes into a kernel's key, and which input changed since an index.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::{self, Write};
 use std::path::{Path, PathBuf};
 
@@ -187,15 +187,16 @@ pub fn changes_since(
     changes
 }
 
-/// Line-by-line differences between two sets of target-independent key inputs.
-pub fn diff_inputs(old: &KernelInputs, new: &KernelInputs) -> Vec<String> {
+/// An include graph (stable path → sha256) and a set of defines, as a key has them.
+pub type FilesAndDefines<'a> = (&'a BTreeMap<String, String>, &'a BTreeMap<String, String>);
+
+/// Line-by-line differences between two include graphs and two define sets: what kernels'
+/// and extension modules' inputs share.
+pub fn diff_files_and_defines(old: FilesAndDefines<'_>, new: FilesAndDefines<'_>) -> Vec<String> {
     let mut changes = Vec::new();
-    if old.entries != new.entries {
-        changes.push(format!("entries: {:?} → {:?}", old.entries, new.entries));
-    }
-    let paths: BTreeSet<&String> = old.files.keys().chain(new.files.keys()).collect();
+    let paths: BTreeSet<&String> = old.0.keys().chain(new.0.keys()).collect();
     for path in paths {
-        match (old.files.get(path), new.files.get(path)) {
+        match (old.0.get(path), new.0.get(path)) {
             (Some(a), Some(b)) if a != b => changes.push(format!(
                 "file {path}: content changed (sha256 {} → {})",
                 &a[..12.min(a.len())],
@@ -206,25 +207,42 @@ pub fn diff_inputs(old: &KernelInputs, new: &KernelInputs) -> Vec<String> {
             _ => {}
         }
     }
-    let names: BTreeSet<&String> = old.defines.keys().chain(new.defines.keys()).collect();
+    let names: BTreeSet<&String> = old.1.keys().chain(new.1.keys()).collect();
     for name in names {
-        match (old.defines.get(name), new.defines.get(name)) {
+        match (old.1.get(name), new.1.get(name)) {
             (Some(a), Some(b)) if a != b => changes.push(format!("define {name}: {a} → {b}")),
             (Some(a), None) => changes.push(format!("define {name}: {a} → (removed)")),
             (None, Some(b)) => changes.push(format!("define {name}: (new) → {b}")),
             _ => {}
         }
     }
-    let flag_lists = [
+    changes
+}
+
+/// One line for each list, named, that differs: `flags: [..] → [..]`.
+pub fn diff_lists(lists: &[(&str, &Vec<String>, &Vec<String>)]) -> Vec<String> {
+    lists
+        .iter()
+        .filter(|(_, before, after)| before != after)
+        .map(|(what, before, after)| format!("{what}: {before:?} → {after:?}"))
+        .collect()
+}
+
+/// Line-by-line differences between two sets of target-independent key inputs.
+pub fn diff_inputs(old: &KernelInputs, new: &KernelInputs) -> Vec<String> {
+    let mut changes = Vec::new();
+    if old.entries != new.entries {
+        changes.push(format!("entries: {:?} → {:?}", old.entries, new.entries));
+    }
+    changes.extend(diff_files_and_defines(
+        (&old.files, &old.defines),
+        (&new.files, &new.defines),
+    ));
+    changes.extend(diff_lists(&[
         ("flags", &old.flags, &new.flags),
         ("nvcc flags", &old.nvcc_flags, &new.nvcc_flags),
         ("NVRTC flags", &old.nvrtc_flags, &new.nvrtc_flags),
-    ];
-    for (what, before, after) in flag_lists {
-        if before != after {
-            changes.push(format!("{what}: {before:?} → {after:?}"));
-        }
-    }
+    ]));
     if old.cxx_std != new.cxx_std {
         changes.push(format!("C++ standard: {} → {}", old.cxx_std, new.cxx_std));
     }

@@ -17,6 +17,7 @@
 //! | [`shard`] | shard directories of a build spread over machines, and merging them |
 //! | [`explain`] | what goes into a kernel's key, and what changed since an index |
 //! | [`torch`] | torch's include dirs and defines for `torch = true` kernels |
+//! | [`extension`] | extension modules: `[extensions.*]`, their key, compile and link |
 //!
 //! The bundle format itself belongs to `prebuilt`; this crate only writes it.
 #![deny(missing_docs)]
@@ -29,6 +30,7 @@ pub mod build;
 pub mod cache;
 pub mod compress;
 pub mod explain;
+pub mod extension;
 pub mod manifest;
 mod progress;
 pub mod remote;
@@ -123,6 +125,53 @@ pub enum Error {
         kernel: Option<String>,
         /// What is wrong.
         message: String,
+    },
+    /// An `[extensions.<name>]` table parses but says something impossible.
+    #[error("{}:{line}: invalid manifest (extension `{extension}`): {message}", path.display())]
+    ExtensionInvalid {
+        /// The manifest.
+        path: PathBuf,
+        /// 1-based line of the table at fault.
+        line: usize,
+        /// The extension at fault.
+        extension: String,
+        /// What is wrong, naming the key.
+        message: String,
+    },
+    /// A kernel's source is host code (torch op registration, a Python module) that a cubin
+    /// would silently drop.
+    #[error(
+        "kernel `{kernel}`: `{}` {what}, host code that a cubin cannot hold and kwheel would \
+         drop; build it as an extension module instead: move it to `[extensions.<name>]` \
+         with `sources = [...]` and `abi = \"stable\"` or `\"torch\"` (docs/extensions.md)",
+        file.display()
+    )]
+    HostCodeInKernel {
+        /// The kernel.
+        kernel: String,
+        /// The file of its include graph that holds it.
+        file: PathBuf,
+        /// What marks it, `registers ops with `TORCH_LIBRARY``.
+        what: String,
+    },
+    /// An extension module has no torch headers to compile with.
+    #[error("cannot build extension module `{module}` without the pinned torch")]
+    ModuleTorch {
+        /// The module.
+        module: String,
+        /// Why.
+        #[source]
+        source: Box<torch::TorchError>,
+    },
+    /// An extension module failed to compile, link or check.
+    #[error("failed to build extension module `{module}` for {build}: {reason}")]
+    ModuleBuild {
+        /// The module.
+        module: String,
+        /// The CUDA build.
+        build: CudaBuild,
+        /// What failed, with the compiler's log.
+        reason: String,
     },
     /// `--only` or `explain` named a kernel the manifest does not have.
     #[error("no kernel `{name}` in `{}` (it has: {})", manifest.display(), known.join(", "))]

@@ -33,7 +33,10 @@ use prebuilt::index::{Constant, TargetInputs};
 use prebuilt::{Arch, CudaBuild};
 use serde::Deserialize;
 
+mod extension;
 use crate::Error;
+use extension::check_extension;
+pub use extension::{is_cuda_source, ExtensionSpec, EXTENSION_SOURCES};
 
 /// A parsed and checked manifest.
 #[derive(Clone, Debug)]
@@ -46,6 +49,8 @@ pub struct Manifest {
     pub library: Library,
     /// The kernels, by name.
     pub kernels: BTreeMap<String, KernelSpec>,
+    /// The extension modules, by name (`[extensions.<name>]`, see [`crate::extension`]).
+    pub extensions: BTreeMap<String, ExtensionSpec>,
     /// The `[release]` table: what `release check --against` holds a new release to.
     pub release: ReleasePolicy,
     /// The `[wheel]` table: how `dev build-wheel` cuts the wheel.
@@ -273,6 +278,8 @@ struct ManifestFile {
     #[serde(default)]
     kernels: BTreeMap<String, KernelSpec>,
     #[serde(default)]
+    extensions: BTreeMap<String, ExtensionSpec>,
+    #[serde(default)]
     release: ReleasePolicy,
     #[serde(default)]
     wheel: WheelSettings,
@@ -316,6 +323,7 @@ impl Manifest {
             root,
             library: file.library,
             kernels: file.kernels,
+            extensions: file.extensions,
             release: file.release,
             wheel: file.wheel,
         };
@@ -324,6 +332,28 @@ impl Manifest {
     }
 
     fn check(&self, text: &str) -> Result<(), Error> {
+        for (name, extension) in &self.extensions {
+            let library = &self.library;
+            if let Some(message) = check_extension(
+                name,
+                extension,
+                &library.archs,
+                &library.cuda_builds,
+                &self.kernels,
+            ) {
+                let needle = format!("[extensions.{name}]");
+                let line = text
+                    .lines()
+                    .position(|l| l.trim_start().starts_with(&needle))
+                    .map_or(1, |n| n + 1);
+                return Err(Error::ExtensionInvalid {
+                    path: self.path.clone(),
+                    line,
+                    extension: name.clone(),
+                    message,
+                });
+            }
+        }
         let invalid = |kernel: Option<&str>, message: String| {
             let needle = kernel.map_or("[library]".to_owned(), |k| format!("[kernels.{k}]"));
             let line = text
@@ -733,7 +763,7 @@ const INCLUDE_PATH_FLAGS: &[&str] = &[
 ];
 
 /// The message for the first include-path option in `flags` (the manifest key `key`), if any.
-fn include_path_flag(key: &str, flags: &[String]) -> Option<String> {
+pub(crate) fn include_path_flag(key: &str, flags: &[String]) -> Option<String> {
     let is_include_path = |piece: &str| {
         INCLUDE_PATH_FLAGS.iter().find(|option| {
             piece == **option
@@ -759,7 +789,7 @@ fn include_path_flag(key: &str, flags: &[String]) -> Option<String> {
     })
 }
 
-fn is_identifier(text: &str) -> bool {
+pub(crate) fn is_identifier(text: &str) -> bool {
     let mut chars = text.chars();
     matches!(chars.next(), Some(c) if c == '_' || c.is_ascii_alphabetic())
         && chars.all(|c| c == '_' || c.is_ascii_alphanumeric())

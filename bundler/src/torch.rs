@@ -255,6 +255,20 @@ fn compiled_with_cxx11_abi(text: &str) -> Option<bool> {
     }
 }
 
+/// The torch `KWHEEL_TORCH` (or the default folder) holds, which the manifest's pin must allow.
+pub fn find_pinned(manifest: &crate::Manifest) -> Result<TorchHeaders, TorchError> {
+    let torch = TorchHeaders::find()?;
+    if !prebuilt::select::torch_matches(&manifest.library.torch, &torch.version) {
+        return Err(TorchError::Pin {
+            package: torch.package,
+            found_by: torch.found_by,
+            version: torch.version,
+            pin: manifest.library.torch.clone(),
+        });
+    }
+    Ok(torch)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -102,7 +102,11 @@ pub fn write_bundle(
         .map(|(digest, bytes)| (digest.as_str(), bytes.as_slice()))
         .collect();
     let shown = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    write_bundle_streamed(out, index, &corpus, sources, jobs, shown)
+    let files = BundleFiles {
+        sources,
+        modules: &BTreeMap::new(),
+    };
+    write_bundle_streamed(out, index, &corpus, files, jobs, shown)
 }
 
 /// [`write_bundle`] of cubins read from `corpus` (by digest) as they are needed, with its
@@ -112,7 +116,7 @@ pub fn write_bundle_streamed(
     out: &Path,
     index: Index,
     corpus: &dyn Corpus,
-    sources: &BTreeMap<String, PathBuf>,
+    files: BundleFiles<'_>,
     jobs: usize,
     progress: bool,
 ) -> Result<(Index, WriteOutcome), Error> {
@@ -126,7 +130,7 @@ pub fn write_bundle_streamed(
         }
         bar.set_position(done as u64);
     };
-    let written = write_bundle_from(out, index, corpus, sources, jobs, &progress);
+    let written = write_bundle_from(out, index, corpus, files, jobs, &progress);
     bar.finish_and_clear();
     written
 }
@@ -138,10 +142,11 @@ pub fn write_bundle_from(
     out: &Path,
     mut index: Index,
     cubins: &dyn Corpus,
-    sources: &BTreeMap<String, PathBuf>,
+    files: BundleFiles<'_>,
     jobs: usize,
     progress: &(dyn Fn(Stage, usize, usize) + Sync),
 ) -> Result<(Index, WriteOutcome), Error> {
+    let sources = files.sources;
     let output = Output::lock(out, Replaceable::Bundle)?;
     if let Some(existing) = unchanged_bundle(out, &index) {
         return Ok((existing, WriteOutcome::Unchanged));
@@ -200,12 +205,57 @@ pub fn write_bundle_from(
                 variant.artifact.dictionary = family.clone();
             }
         }
+        write_modules(root, &mut index, files.modules)?;
         index.format = index.required_format();
         write_sources(root, sources)?;
         crate::cache::write_atomically(&root.join(INDEX_FILE), index.to_json().as_bytes())?;
         crate::cache::write_atomically(&root.join(LOOKUP_FILE), &prebuilt::lookup::encode(&index))
     })?;
     Ok((index, WriteOutcome::Written))
+}
+
+/// What a bundle ships besides its cubins, each a file on disk by name.
+#[derive(Clone, Copy, Debug)]
+pub struct BundleFiles<'a> {
+    /// The kernels' sources, by stable path.
+    pub sources: &'a BTreeMap<String, PathBuf>,
+    /// The extension modules' shared libraries, by the sha256 of their bytes (the digests
+    /// the index's module variants name).
+    pub modules: &'a BTreeMap<String, PathBuf>,
+}
+
+/// Writes every module of `index` from `modules` (by digest) as one plain zstd frame with a
+/// checksum at [`prebuilt::module::module_path`], each checked against its digest as read,
+/// and records where.
+fn write_modules(
+    root: &Path,
+    index: &mut Index,
+    modules: &BTreeMap<String, PathBuf>,
+) -> Result<(), Error> {
+    for record in index.modules.values_mut() {
+        for variant in &mut record.variants {
+            let artifact = &mut variant.artifact;
+            let file = &modules[&artifact.digest];
+            let bytes = std::fs::read(file).map_err(|source| Error::Read {
+                path: file.clone(),
+                source,
+            })?;
+            let actual = sha256_hex(&bytes);
+            if actual != artifact.digest {
+                return Err(Error::ChangedFile {
+                    path: file.clone(),
+                    expected: artifact.digest.clone(),
+                    actual,
+                });
+            }
+            let frame = crate::compress::compress_one(&bytes, None, LEVEL);
+            let path = prebuilt::module::module_path(&artifact.digest);
+            crate::cache::write_atomically(&root.join(&path), &frame)?;
+            artifact.path = path;
+            artifact.stored_size = frame.len() as u64;
+        }
+    }
+    Ok(())
 }
 
 /// The shipped `sources` (stable path → file) copied under `root/sources/`, as a bundle and a
@@ -577,12 +627,20 @@ fn unchanged_bundle(out: &Path, planned: &Index) -> Option<Index> {
     if std::fs::read(out.join(LOOKUP_FILE)).ok()? != prebuilt::lookup::encode(&existing) {
         return None;
     }
-    let stored = existing.dictionary.iter().chain(
-        existing
-            .kernels
-            .values()
-            .flat_map(|k| k.variants.iter().map(|v| &v.artifact)),
-    );
+    let modules = existing
+        .modules
+        .values()
+        .flat_map(|m| m.variants.iter().map(|v| &v.artifact));
+    let stored = existing
+        .dictionary
+        .iter()
+        .chain(
+            existing
+                .kernels
+                .values()
+                .flat_map(|k| k.variants.iter().map(|v| &v.artifact)),
+        )
+        .chain(modules);
     for file in stored {
         let metadata = std::fs::metadata(out.join(&file.path)).ok()?;
         if metadata.len() != file.stored_size {
@@ -610,6 +668,12 @@ pub fn without_storage(index: &Index) -> Index {
             variant.artifact.path.clear();
             variant.artifact.stored_size = 0;
             variant.artifact.dictionary = None;
+        }
+    }
+    for record in index.modules.values_mut() {
+        for variant in &mut record.variants {
+            variant.artifact.path.clear();
+            variant.artifact.stored_size = 0;
         }
     }
     // The format follows how the artifacts are stored.
@@ -780,6 +844,15 @@ pub fn extract_bundle(bundle: &prebuilt::Bundle, out: &Path) -> Result<Vec<PathB
 mod tests {
     use super::*;
 
+    /// A bundle of cubins only.
+    fn no_files() -> BundleFiles<'static> {
+        static NONE: BTreeMap<String, PathBuf> = BTreeMap::new();
+        BundleFiles {
+            sources: &NONE,
+            modules: &NONE,
+        }
+    }
+
     /// Samples that share runs of bytes, as cubins of one library do, from a fixed seed.
     fn samples() -> Vec<Vec<u8>> {
         let mut state = 0x9e37_79b9_7f4a_7c15_u64;
@@ -868,6 +941,7 @@ mod tests {
             store: None,
             dictionary: None,
             kernels,
+            modules: Default::default(),
         }
     }
 
@@ -910,7 +984,7 @@ mod tests {
         );
         let three = dir.path().join("three");
         let (written, _) =
-            write_bundle_from(&three, index, &files, &BTreeMap::new(), 3, &|_, _, _| {}).unwrap();
+            write_bundle_from(&three, index, &files, no_files(), 3, &|_, _, _| {}).unwrap();
         assert!(
             files_under(&one) == files_under(&three),
             "the two bundles differ"

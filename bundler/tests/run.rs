@@ -1924,6 +1924,7 @@ fn an_unknown_entry_lists_the_candidates_as_entries_spell_them() {
          spells them: scale<float, (unsigned int)8, &twice>)"
     );
 }
+mod extensions;
 mod real;
 mod stubs;
 mod torch_ext;

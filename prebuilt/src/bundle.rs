@@ -779,6 +779,7 @@ mod tests {
             torch: "2.13.*".to_owned(),
             store: None,
             dictionary: None,
+            modules: Default::default(),
             kernels: (0..kernels)
                 .map(|n| (format!("k{n:03}"), record.clone()))
                 .collect(),

@@ -49,6 +49,10 @@ pub struct Index {
     pub dictionary: Option<StoredFile>,
     /// Every kernel of the manifest, by name.
     pub kernels: BTreeMap<String, KernelRecord>,
+    /// Every extension module of the manifest, by name ([`crate::module`]); absent (and not
+    /// written) when there is none, so an index without modules keeps its bytes.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub modules: BTreeMap<String, ModuleRecord>,
 }
 
 /// One kernel: its key inputs that do not depend on the target, its constants, its variants.
@@ -324,6 +328,101 @@ impl Index {
         text.push('\n');
         text
     }
+}
+
+// Extension modules: how they are keyed, chosen and read is in `crate::module`.
+
+/// Which torch ABI a module is built against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Abi {
+    /// LibTorch's stable ABI (`torch/csrc/stable`, `STABLE_TORCH_LIBRARY`): one module serves
+    /// every torch from its target version on.
+    Stable,
+    /// ATen and `TORCH_LIBRARY`: one module per torch minor.
+    Torch,
+}
+
+impl fmt::Display for Abi {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Abi::Stable => "stable",
+            Abi::Torch => "torch",
+        })
+    }
+}
+
+/// One extension module: its key inputs, its variants, and the targets not built.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModuleRecord {
+    /// The ABI it is built against.
+    pub abi: Abi,
+    /// The inputs of its key that are the same for every variant.
+    pub inputs: ModuleInputs,
+    /// Built variants, sorted by (CUDA build, CPU arch).
+    pub variants: Vec<ModuleVariant>,
+    /// Targets not built, and why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<ModuleSkip>,
+}
+
+/// The inputs of a module's key that do not depend on the CUDA build or CPU arch.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModuleInputs {
+    /// The translation units, as the manifest lists them (stable paths).
+    pub sources: Vec<String>,
+    /// Every file the units include, by stable path, with its sha256.
+    pub files: BTreeMap<String, String>,
+    /// Preprocessor defines (`-DNAME=value`).
+    pub defines: BTreeMap<String, String>,
+    /// Flags for nvcc.
+    pub nvcc_flags: Vec<String>,
+    /// Flags for the host compiler.
+    pub cxx_flags: Vec<String>,
+    /// The C++ standard (`c++17`).
+    pub cxx_std: String,
+    /// The device code's targets.
+    pub archs: Vec<Arch>,
+}
+
+/// One built module.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModuleVariant {
+    /// The CUDA build it links against.
+    pub cuda: CudaBuild,
+    /// The CPU architecture (`x86_64`, `aarch64`).
+    pub cpu: String,
+    /// The torch versions it serves, as a PEP 440 specifier set: `>=2.11` for the stable
+    /// ABI, `==2.11.*` for the classic one.
+    pub torch: String,
+    /// Every compiler that built it (nvcc, the host compiler), with its exact version.
+    pub compilers: Vec<CompilerRecord>,
+    /// Its key.
+    pub key: String,
+    /// The compressed shared library.
+    pub artifact: StoredFile,
+}
+
+impl ModuleVariant {
+    /// `cu130/x86_64`.
+    pub fn label(&self) -> String {
+        format!("{}/{}", self.cuda, self.cpu)
+    }
+}
+
+/// A target of a module that was not built.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModuleSkip {
+    /// The CUDA build.
+    pub cuda: CudaBuild,
+    /// The CPU architecture.
+    pub cpu: String,
+    /// Why.
+    pub reason: String,
 }
 
 /// Where a variant's cubin is, as seen from this machine.

@@ -68,16 +68,38 @@ impl std::fmt::Display for KernelKey {
     }
 }
 
-struct KeyHasher(Sha256);
+/// The one way keys are hashed: length-prefixed byte strings and counts after a format
+/// version (the kernel key here, the module key in [`crate::module`]).
+pub(crate) struct KeyHasher(Sha256);
 
 impl KeyHasher {
-    fn bytes(&mut self, bytes: &[u8]) {
+    /// A hasher that has hashed `format` first.
+    pub(crate) fn new(format: u64) -> KeyHasher {
+        let mut hasher = KeyHasher(Sha256::new());
+        hasher.0.update(format.to_le_bytes());
+        hasher
+    }
+
+    pub(crate) fn bytes(&mut self, bytes: &[u8]) {
         self.0.update((bytes.len() as u64).to_le_bytes());
         self.0.update(bytes);
     }
 
-    fn count(&mut self, count: usize) {
+    pub(crate) fn count(&mut self, count: usize) {
         self.0.update((count as u64).to_le_bytes());
+    }
+
+    /// A list of strings: its count, then each.
+    pub(crate) fn strings(&mut self, strings: &[String]) {
+        self.count(strings.len());
+        for string in strings {
+            self.bytes(string.as_bytes());
+        }
+    }
+
+    /// The key: lowercase hex sha256.
+    pub(crate) fn finish(self) -> String {
+        hex::encode(self.0.finalize())
     }
 }
 
@@ -85,13 +107,9 @@ impl KernelKey {
     /// Computes the key of one variant.
     pub fn compute(key: &KeyInputs<'_>) -> KernelKey {
         let inputs = key.inputs.for_arch(key.arch);
-        let mut hasher = KeyHasher(Sha256::new());
-        hasher.0.update(KEY_FORMAT.to_le_bytes());
+        let mut hasher = KeyHasher::new(KEY_FORMAT);
         hasher.bytes(key.kernel.as_bytes());
-        hasher.count(inputs.entries.len());
-        for entry in &inputs.entries {
-            hasher.bytes(entry.as_bytes());
-        }
+        hasher.strings(&inputs.entries);
         hasher.count(inputs.files.len());
         for (path, digest) in &inputs.files {
             hasher.bytes(path.as_bytes());
@@ -102,11 +120,7 @@ impl KernelKey {
             hasher.bytes(name.as_bytes());
             hasher.bytes(value.as_bytes());
         }
-        let flags = inputs.flags_for(&key.compiler.kind);
-        hasher.count(flags.len());
-        for flag in &flags {
-            hasher.bytes(flag.as_bytes());
-        }
+        hasher.strings(&inputs.flags_for(&key.compiler.kind));
         hasher.bytes(inputs.cxx_std.as_bytes());
         hasher.bytes(key.arch.to_string().as_bytes());
         hasher.bytes(key.cuda.to_string().as_bytes());
@@ -117,7 +131,7 @@ impl KernelKey {
         if !inputs.preamble.is_empty() {
             hasher.bytes(inputs.preamble.as_bytes());
         }
-        KernelKey(hex::encode(hasher.0.finalize()))
+        KernelKey(hasher.finish())
     }
 }
 

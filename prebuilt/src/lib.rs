@@ -14,6 +14,7 @@
 //! | 1 | [`site`] | the Python environment's site-packages |
 //! | 2 | [`index`] | the bundle index: kernels, variants, skips, constants, where an artifact is |
 //! | 2 | [`key`] | the versioned kernel key over the include graph and the target |
+//! | 5 | [`module`] | extension modules: their records, key, choice for a torch, verified read |
 //! | 2 | [`untrusted`] | names, paths, digests and sizes read from outside, checked, and the caps |
 //! | 2 | [`cubin`] | cubin and PTX facts: SM number, kind, entry symbols, parameter sizes |
 //! | 3 | [`cache`] | the user's cache directories, the one atomic writer, the artifact cache |
@@ -48,6 +49,7 @@ pub mod key;
 #[cfg(test)]
 mod layering;
 pub mod lookup;
+pub mod module;
 pub mod nvrtc;
 pub mod parts;
 pub mod registry;

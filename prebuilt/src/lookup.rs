@@ -126,6 +126,10 @@ pub struct Meta {
     /// Every CUDA build a variant or skip names, in order: the runtime's default build is the
     /// newest of them the driver supports.
     pub builds: Vec<CudaBuild>,
+    /// The extension modules ([`Index::modules`]): few and small, read whole at open, since
+    /// the package's import loads them. Absent when there is none.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub modules: BTreeMap<String, crate::index::ModuleRecord>,
 }
 
 impl Meta {
@@ -146,6 +150,7 @@ impl Meta {
             store: index.store.clone(),
             dictionary: index.dictionary.clone(),
             builds: builds.into_iter().collect(),
+            modules: index.modules.clone(),
         }
     }
 }
@@ -843,6 +848,7 @@ mod tests {
             store: None,
             dictionary: None,
             kernels,
+            modules: Default::default(),
         }
     }
 

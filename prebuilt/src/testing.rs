@@ -103,6 +103,7 @@ pub fn index() -> Index {
         package: "af3-kernels".to_owned(),
         torch: "2.13.*".to_owned(),
         dictionary: None,
+        modules: Default::default(),
         kernels: kernels
             .into_iter()
             .map(|(name, record)| (name.to_owned(), record))

@@ -339,6 +339,14 @@ pub fn check_index(index: &Index) -> Result<(), Untrusted> {
             }
         }
     }
+    for (name, record) in &index.modules {
+        KernelName::parse(name).map_err(|e| e.of("an extension module's name".to_owned()))?;
+        for variant in &record.variants {
+            let what = || format!("extension module `{name}` ({})", variant.label());
+            check_stored_as(&variant.artifact, MAX_ARTIFACT_SIZE, &what)?;
+            Digest::check(&variant.key).map_err(|e| e.of(format!("the key of {}", what())))?;
+        }
+    }
     Ok(())
 }
 

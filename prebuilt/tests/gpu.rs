@@ -181,6 +181,7 @@ fn fixture_bundle(dir: &Path) -> PathBuf {
         torch: "2.13.*".to_owned(),
         dictionary: None,
         kernels,
+        modules: Default::default(),
     };
     write_index(&root, &index);
     root
@@ -1483,6 +1484,7 @@ fn launch_bundle(dir: &Path) -> PathBuf {
         torch: "2.13.*".to_owned(),
         dictionary: None,
         kernels,
+        modules: Default::default(),
     };
     write_index(&root, &index);
     root

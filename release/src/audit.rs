@@ -36,8 +36,9 @@ use serde::Deserialize;
 pub const AUDITWHEEL_VERSION: &str = "6.8.2";
 
 /// auditwheel's `auditwheel/policy/manylinux-policy.json` of [`AUDITWHEEL_VERSION`], cut to
-/// what the audit reads: the `manylinux_2_28` policy, its symbol versions for x86_64 and
-/// aarch64 only, every other line as upstream writes it. To move to a newer auditwheel, copy
+/// what the audit reads: the `manylinux_2_28` policy, and `manylinux_2_31` and `_2_34` for the
+/// extension modules a newer host compiler builds ([`module_platform_tag`]), their symbol
+/// versions for x86_64 and aarch64 only, every other line as upstream writes it. To move to a newer auditwheel, copy
 /// the same lines from its file and change both pins.
 const MANYLINUX_POLICY_JSON: &str = include_str!("audit/manylinux-policy.json");
 
@@ -66,6 +67,57 @@ pub static MANYLINUX_2_28_X86_64: LazyLock<Policy> =
 /// the same libraries, the symbol versions aarch64's glibc, libgcc and libstdc++ define.
 pub static MANYLINUX_2_28_AARCH64: LazyLock<Policy> =
     LazyLock::new(|| vendored_policy("manylinux_2_28", "aarch64", EM_AARCH64));
+
+/// Every vendored policy for x86_64 and aarch64, oldest first: what a platform tag is audited
+/// by, and what an extension module's tag is chosen from.
+static VENDORED_POLICIES: LazyLock<Vec<Policy>> = LazyLock::new(|| {
+    ["manylinux_2_28", "manylinux_2_31", "manylinux_2_34"]
+        .into_iter()
+        .flat_map(|name| {
+            [("x86_64", EM_X86_64), ("aarch64", EM_AARCH64)]
+                .map(|(architecture, machine)| vendored_policy(name, architecture, machine))
+        })
+        .collect()
+});
+
+/// Libraries an extension module links that the process has loaded before it: torch's and
+/// CUDA's own (`libc10.so`, `libtorch_cpu.so`, `libcudart.so.13`), external as auditwheel's
+/// `--exclude` makes them, never shipped in the wheel.
+pub fn is_torch_or_cuda_library(library: &str) -> bool {
+    ["libc10", "libtorch", "libcudart.so."]
+        .iter()
+        .any(|prefix| library.starts_with(prefix))
+}
+
+/// The platform tag of an extension module for `cpu` (`x86_64`): the oldest vendored
+/// manylinux policy it keeps to, with torch's and CUDA's libraries external; else every
+/// violation of the newest policy, each naming `path`.
+pub fn module_platform_tag(cpu: &str, path: &str, bytes: &[u8]) -> Result<String, Vec<Violation>> {
+    let mut last = Vec::new();
+    for policy in VENDORED_POLICIES.iter().filter(|p| p.architecture == cpu) {
+        let violations: Vec<Violation> = audit_elf(policy, path, bytes)
+            .into_iter()
+            .filter(|violation| {
+                !matches!(&violation.kind, ViolationKind::Library { library }
+                    if is_torch_or_cuda_library(library))
+            })
+            .collect();
+        if violations.is_empty() {
+            return Ok(policy.platform_tag());
+        }
+        last = violations;
+    }
+    if last.is_empty() {
+        last.push(Violation {
+            file: path.to_owned(),
+            policy: format!("manylinux ({cpu})"),
+            kind: ViolationKind::Malformed {
+                message: format!("no manylinux policy for {cpu}"),
+            },
+        });
+    }
+    Err(last)
+}
 
 fn vendored_policy(name: &str, architecture: &'static str, machine: u16) -> Policy {
     read_policy(MANYLINUX_POLICY_JSON, name, architecture, machine)
@@ -159,6 +211,8 @@ impl AuditTarget {
             Some(AuditTarget::Policy(&MANYLINUX_2_28_X86_64))
         } else if tag == MANYLINUX_2_28_AARCH64.platform_tag() {
             Some(AuditTarget::Policy(&MANYLINUX_2_28_AARCH64))
+        } else if let Some(policy) = VENDORED_POLICIES.iter().find(|p| p.platform_tag() == tag) {
+            Some(AuditTarget::Policy(policy))
         } else if tag.starts_with("linux_") {
             Some(AuditTarget::Unrestricted)
         } else {
@@ -659,8 +713,8 @@ mod tests {
             "policy `manylinux_2_28` has no symbol versions for ppc64le"
         );
         let error =
-            read_policy(MANYLINUX_POLICY_JSON, "manylinux_2_34", "x86_64", EM_X86_64).unwrap_err();
-        assert_eq!(error, "no policy `manylinux_2_34`");
+            read_policy(MANYLINUX_POLICY_JSON, "manylinux_2_35", "x86_64", EM_X86_64).unwrap_err();
+        assert_eq!(error, "no policy `manylinux_2_35`");
     }
 
     #[test]

@@ -27,6 +27,7 @@ pub mod audit;
 pub mod check;
 pub mod diff;
 pub mod library;
+pub mod modules;
 pub mod publish;
 pub mod runtime;
 pub mod sdist;
@@ -55,6 +56,24 @@ pub struct StaleKernel {
     pub kernel: String,
     /// One line per changed input (`file include/af3/common.cuh: content changed (…)`).
     pub changes: Vec<String>,
+}
+
+impl StaleKernel {
+    /// A stale entry, saying `why`, for each name the bundle records (kernels, or extension
+    /// modules) that the manifest no longer has (`in_manifest` says whether it has it).
+    pub fn no_longer_in_manifest<'a>(
+        recorded: impl Iterator<Item = &'a String>,
+        in_manifest: impl Fn(&str) -> bool,
+        why: &str,
+    ) -> Vec<StaleKernel> {
+        recorded
+            .filter(|name| !in_manifest(name))
+            .map(|name| StaleKernel {
+                kernel: name.clone(),
+                changes: vec![why.to_owned()],
+            })
+            .collect()
+    }
 }
 
 /// A failure of the release machinery.
@@ -127,6 +146,27 @@ pub enum Error {
     NoPolicy {
         /// The platform tag.
         tag: String,
+    },
+    /// An extension module of the bundle has no build to ship.
+    #[error("extension module `{module}` was built for no target: {}", reasons.join("; "))]
+    ModuleUnbuilt {
+        /// The module.
+        module: String,
+        /// Each target with why it was not built.
+        reasons: Vec<String>,
+    },
+    /// An extension module keeps to no manylinux policy kwheel knows.
+    #[error(
+        "extension module `{module}` ({variant}) fails the manylinux audit:{}",
+        list(violations)
+    )]
+    ModuleAudit {
+        /// The module.
+        module: String,
+        /// Its variant, `cu130/x86_64`.
+        variant: String,
+        /// What breaks the newest policy.
+        violations: Vec<String>,
     },
     /// Host ELF files in a wheel break its platform's policy.
     #[error("`{wheel}` fails the {policy} audit:{}", list(violations))]

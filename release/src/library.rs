@@ -169,7 +169,15 @@ pub fn build_library_wheel(options: &LibraryWheelOptions) -> Result<BuiltWheel, 
             &torch,
             &format!("{import_name}/{PREBUILT_DIR}"),
         )?);
-        return write_library_wheel(options, &manifest, &package_dir, &torch, files, None);
+        return write_library_wheel(
+            options,
+            &manifest,
+            &package_dir,
+            &torch,
+            files,
+            None,
+            PLATFORM_TAG,
+        );
     }
 
     let bundled = if options.bundle.join(INDEX_FILE).is_file() {
@@ -216,7 +224,17 @@ pub fn build_library_wheel(options: &LibraryWheelOptions) -> Result<BuiltWheel, 
     let root = format!("{import_name}/{PREBUILT_DIR}");
     let packs = crate::wheel::warm_pack_files(&bundle, &root, &options.packs)?;
     files.extend(packs);
-    write_library_wheel(options, &manifest, &package_dir, &torch, files, bundled)
+    let tag = crate::modules::modules_platform_tag(&bundle)?;
+    let tag = tag.as_deref().unwrap_or(PLATFORM_TAG);
+    write_library_wheel(
+        options,
+        &manifest,
+        &package_dir,
+        &torch,
+        files,
+        bundled,
+        tag,
+    )
 }
 
 /// Writes and verifies the library's wheel from its files.
@@ -227,6 +245,7 @@ fn write_library_wheel(
     torch: &str,
     files: Vec<WheelFile>,
     bundled: Option<BundleSummary>,
+    platform_tag: &str,
 ) -> Result<BuiltWheel, Error> {
     let library = &manifest.library;
     let filename = WheelFilename::new(
@@ -234,7 +253,7 @@ fn write_library_wheel(
         &library.version,
         "py3",
         "none",
-        PLATFORM_TAG,
+        platform_tag,
     )?;
     let metadata = Metadata {
         name: library.package.clone(),
@@ -323,6 +342,7 @@ pub fn recipe_files(manifest: &Manifest, torch: &str, root: &str) -> Result<Vec<
         store: None,
         dictionary: None,
         kernels: Default::default(),
+        modules: Default::default(),
     };
     let mut sources = std::collections::BTreeMap::new();
     for (name, spec) in &manifest.kernels {
@@ -478,14 +498,12 @@ pub fn check_bundle_current(
             });
         }
     }
-    for name in index.kernels.keys() {
-        if !manifest.kernels.contains_key(name) {
-            stale.push(StaleKernel {
-                kernel: name.clone(),
-                changes: vec!["in the bundle but no longer in the manifest".into()],
-            });
-        }
-    }
+    stale.extend(StaleKernel::no_longer_in_manifest(
+        index.kernels.keys(),
+        |name| manifest.kernels.contains_key(name),
+        "in the bundle but no longer in the manifest",
+    ));
+    stale.extend(crate::modules::stale_modules(manifest, &index)?);
     if stale.is_empty() {
         Ok(())
     } else {
@@ -706,6 +724,10 @@ fn bundle_files(
         if !stored.is_empty() {
             stored.insert(dictionary.path.clone());
         }
+    }
+    // Modules ship whole, whatever `ship` keeps: the package's import loads them.
+    for record in index.modules.values() {
+        stored.extend(record.variants.iter().map(|v| v.artifact.path.clone()));
     }
     let mut files = Vec::new();
     if store.is_some() {

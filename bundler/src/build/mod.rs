@@ -239,6 +239,8 @@ pub struct BundleSummary {
     pub index: Index,
     /// Variants compiled in this run, as (kernel, build, arch).
     pub compiled: Vec<(String, CudaBuild, Arch)>,
+    /// Extension modules compiled in this run, as (module, build).
+    pub modules_compiled: Vec<(String, CudaBuild)>,
     /// Targets skipped as declared or unbuildable with the toolchains at hand (not failures).
     pub skipped: usize,
     /// Targets whose compile or validation failed, as (kernel, build, arch, error with the
@@ -456,6 +458,7 @@ pub fn bundle_kernels_shared(
         torch: torch.clone(),
         dictionary: None,
         kernels: BTreeMap::new(),
+        modules: Default::default(),
     };
     let mut cubins = BTreeMap::new();
     let mut compiled = Vec::new();
@@ -542,6 +545,13 @@ pub fn bundle_kernels_shared(
             })
         })
         .collect();
+    // Modules are built after the kernels, on this machine only: a shard carries none
+    // (docs/extensions.md).
+    let modules = match shared.shard {
+        Some(_) => crate::extension::build::BuiltModules::default(),
+        None => crate::extension::build::build_modules(&manifest, &torch, &cache)?,
+    };
+    index.modules = modules.records;
     let remote = cache.remote().map(RemoteCache::stats);
     // The cubins stay in the build cache: the writer reads each when it needs it, and checks
     // that it is still the cubin the job validated.
@@ -559,7 +569,10 @@ pub fn bundle_kernels_shared(
             &options.out,
             index,
             &corpus,
-            &sources,
+            crate::writer::BundleFiles {
+                sources: &sources,
+                modules: &modules.files,
+            },
             options.jobs,
             options.progress,
         )?,
@@ -568,6 +581,7 @@ pub fn bundle_kernels_shared(
         out: options.out.clone(),
         index,
         compiled,
+        modules_compiled: modules.compiled,
         skipped: skipped_count,
         failed,
         cached,

@@ -82,7 +82,7 @@ pub fn plan_kernel(
         targets: manifest.targets_of(spec),
     };
     let torch = if manifest.torch_of(spec) {
-        let torch = find_torch(manifest).map_err(|source| Error::Torch {
+        let torch = crate::torch::find_pinned(manifest).map_err(|source| Error::Torch {
             kernel: name.to_owned(),
             source: Box::new(source),
         })?;
@@ -126,6 +126,19 @@ pub fn plan_kernel(
         });
     }
     let source = manifest.root.join(&spec.sources[0]);
+    // Before the scan: `<torch/extension.h>` would fail there on `Python.h`, naming nothing
+    // the maintainer can act on.
+    let text = std::fs::read_to_string(&source).map_err(|error| Error::Read {
+        path: source.clone(),
+        source: error,
+    })?;
+    if let Some(what) = crate::extension::host_code_in(&text) {
+        return Err(Error::HostCodeInKernel {
+            kernel: name.to_owned(),
+            file: PathBuf::from(&spec.sources[0]),
+            what: what.to_owned(),
+        });
+    }
     // Toolkit headers, then the host compiler's own: followed for library files they reach,
     // but not hashed themselves (the compiler record names the toolkit and the host compiler).
     // The host's other search dirs (`/usr/local/include`) hold library files: searched after
@@ -177,20 +190,6 @@ pub fn plan_kernel(
         include_dirs,
         torch,
     })
-}
-
-/// The torch `KWHEEL_TORCH` (or the default folder) holds, which the manifest's pin must allow.
-fn find_torch(manifest: &Manifest) -> Result<crate::torch::TorchHeaders, crate::torch::TorchError> {
-    let torch = crate::torch::TorchHeaders::find()?;
-    if !prebuilt::select::torch_matches(&manifest.library.torch, &torch.version) {
-        return Err(crate::torch::TorchError::Pin {
-            package: torch.package,
-            found_by: torch.found_by,
-            version: torch.version,
-            pin: manifest.library.torch.clone(),
-        });
-    }
-    Ok(torch)
 }
 
 /// The library as a compile sees it: the root, with each include dir outside it as `[n]` (the

@@ -3,7 +3,7 @@
 //!
 //! | folder | replaced or removed when every entry is |
 //! | --- | --- |
-//! | a bundle | `index.json` that [`parse_index`] accepts, `kernels.idx`, `dictionary.zdict` when the index has one, `artifacts/xx/<digest>.cubin.zst` and `dictionaries/xx/<digest>.zst` for the digests it records, `sources/<path>` for the sources it lists |
+//! | a bundle | `index.json` that [`parse_index`] accepts, `kernels.idx`, `dictionary.zdict` when the index has one, `artifacts/xx/<digest>.cubin.zst` (`.so.zst` for an extension module) and `dictionaries/xx/<digest>.zst` for the digests it records, `sources/<path>` for the sources it lists |
 //! | a shard | `shard.json` that the merge accepts, `cubins/xx/<digest>.cubin` for its variants, `sources/<path>` for its sources |
 //! | an extraction | `.kwheel-extraction`, and the files it lists, each of its listed size |
 //! | a staging folder (a killed run's) | `.kwheel-staging`, the names above (by the index or shard file when one is already written, else by their shape), and the writer's temporary files beside them |
@@ -104,6 +104,11 @@ fn bundle_vocabulary(index: &Index) -> Vocabulary {
         }
         for stable in record.inputs.files.keys() {
             vocabulary.insert(&format!("{SOURCES_DIR}/{stable}"));
+        }
+    }
+    for record in index.modules.values() {
+        for variant in &record.variants {
+            vocabulary.insert(&prebuilt::module::module_path(&variant.artifact.digest));
         }
     }
     vocabulary
@@ -273,7 +278,9 @@ fn shaped_like_output(relative: &Path, is_dir: bool) -> bool {
         ([first, ..], _) if *first == SOURCES_DIR => true,
         ([dir, prefix], true) => suffix(dir).is_some() && hex(prefix, 2),
         ([dir, prefix, name], false) => {
-            hex(prefix, 2) && suffix(dir).is_some_and(|suffix| digest_file(prefix, name, suffix))
+            hex(prefix, 2)
+                && (suffix(dir).is_some_and(|suffix| digest_file(prefix, name, suffix))
+                    || (*dir == ARTIFACTS_DIR && digest_file(prefix, name, ".so.zst")))
         }
         _ => false,
     }

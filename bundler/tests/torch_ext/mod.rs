@@ -523,6 +523,7 @@ fn explain_shows_torch_include_dirs_defines_preamble_and_per_arch_values() {
         store: None,
         dictionary: None,
         kernels: BTreeMap::new(),
+        modules: Default::default(),
     };
     let mut old = explained.inputs.clone();
     old.preamble.clear();

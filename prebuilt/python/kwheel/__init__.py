@@ -95,7 +95,10 @@ def open(package_or_path, *, cuda=None, torch=None, jit=None, device=None):
     (``"2.13.0+cu129"``) and ``device`` override what the runtime would read from torch and
     the environment; ``jit=True``/``False`` overrides ``<PACKAGE>_JIT_FALLBACK``.
     """
-    return Registry(find_bundle(package_or_path), cuda=cuda, torch=torch, jit=jit, device=device)
+    registry = Registry(find_bundle(package_or_path), cuda=cuda, torch=torch, jit=jit, device=device)
+    if registry._bundle.modules:
+        _load_modules(registry)
+    return registry
 
 
 def find_bundle(package_or_path):
@@ -156,6 +159,57 @@ def _torch():
     return _sys.modules.get("torch")
 
 
+# Extension modules loaded in this process, by (bundle, module): what `provenance()` lists.
+_MODULES = {}
+_MODULES_LOCK = _threading.Lock()
+
+
+def _load_modules(registry):
+    """Loads every extension module of ``registry``'s bundle, once per process: the build for
+    the running torch (version, CUDA build) and CPU, its bytes verified against the index's
+    sha256 and loaded from a sealed memory file, so what runs is what was verified, never a
+    path read again. Registration (``STABLE_TORCH_LIBRARY``, ``TORCH_LIBRARY``) runs as the
+    library loads, so ``torch.ops.<namespace>.<op>`` works from here on. CUDA is not
+    initialised. A module is torch code: this imports torch (docs/extensions.md)."""
+    import ctypes
+    import platform
+
+    import torch
+
+    torch_cuda = registry._cuda or torch.version.cuda
+    with _MODULES_LOCK:
+        for name in registry._bundle.modules:
+            key = (registry.path, name)
+            if key in _MODULES:
+                continue
+            data, variant, module_key = registry._bundle.read_module(
+                name, torch=registry._torch or torch.__version__, cuda=torch_cuda,
+                cpu=platform.machine(),
+            )
+            label = f"{registry.package}.{name}"
+            fd = _os.memfd_create(label, _os.MFD_CLOEXEC | _os.MFD_ALLOW_SEALING)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[_os.write(fd, view):]
+                import fcntl
+
+                seals = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
+                fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals | fcntl.F_SEAL_WRITE)
+                # Not torch.ops.load_library: it resolves the path, which names no file here.
+                ctypes.CDLL(f"/proc/self/fd/{fd}", mode=ctypes.RTLD_GLOBAL)
+            finally:
+                _os.close(fd)
+            _MODULES[key] = {
+                "package": registry.package,
+                "bundle": str(registry.path),
+                "module": name,
+                "variant": variant,
+                "source": "prebuilt",
+                "key": module_key,
+            }
+
+
 # Kernels whose torch op ran its reference on a device instead (kwheel.torch's fallback), by
 # (package, kernel, device): what `provenance()` lists with source `fallback`.
 _FALLBACKS = {}
@@ -174,8 +228,27 @@ def provenance():
     ``kernel``, ``device`` (ordinal), ``variant`` (``cu130/sm_90a``; for the JIT the target it
     was compiled for; ``reference`` for a fallback), ``source`` (``prebuilt``, ``jit-cache``,
     ``jit-compiled`` or ``fallback``), ``key`` (in full; ``""`` for a fallback), ``reason``,
-    ``bundle`` and ``label``, the name of its ranges in profiler and NVTX traces."""
+    ``bundle`` and ``label``, the name of its ranges in profiler and NVTX traces. Extension
+    modules loaded at import follow, with source ``module``, the module's name as ``kernel``,
+    ``variant`` ``cu130/x86_64`` and device -1."""
     listed = _kwheel.loaded_kernels()
+    with _MODULES_LOCK:
+        # Extension modules: one entry each, `kernel` naming the module, on no device.
+        for loaded in _MODULES.values():
+            module = loaded["module"]
+            listed.append(
+                {
+                    "package": loaded["package"],
+                    "bundle": loaded["bundle"],
+                    "kernel": module,
+                    "device": -1,
+                    "variant": loaded["variant"],
+                    "source": "module",
+                    "key": loaded["key"],
+                    "reason": f"extension module `{module}`, loaded at import",
+                    "label": _kwheel.trace_label(module, loaded["variant"], "module", loaded["key"], -1),
+                }
+            )
     with _FALLBACKS_LOCK:
         fallbacks = list(_FALLBACKS.items())
     for (package, kernel, device), reason in fallbacks:

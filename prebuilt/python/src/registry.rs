@@ -92,6 +92,49 @@ impl Bundle {
             .collect()
     }
 
+    /// The extension modules, by name, sorted.
+    #[getter]
+    fn modules(&self) -> Vec<String> {
+        self.inner.meta().modules.keys().cloned().collect()
+    }
+
+    /// The shared library of extension module `name` for a process with torch `torch`
+    /// (`torch.__version__`), torch's CUDA build `cuda` (`"13.0"`, `"cu130"`; `None` for a
+    /// CPU torch) and CPU `cpu` (`"x86_64"`): `(bytes, variant, key)`, the bytes read once and
+    /// verified against the sha256 the index records, so what is loaded is what was verified.
+    /// Raises `NoFitError` naming the torch and CUDA build and every variant's refusal when no
+    /// build fits.
+    #[pyo3(signature = (name, torch, cuda, cpu))]
+    fn read_module<'py>(
+        &self,
+        py: Python<'py>,
+        name: &str,
+        torch: &str,
+        cuda: Option<&str>,
+        cpu: &str,
+    ) -> PyResult<(Bound<'py, pyo3::types::PyBytes>, String, String)> {
+        let record = self.inner.meta().modules.get(name).ok_or_else(|| {
+            crate::errors::UnknownKernelError::new_err(format!(
+                "no extension module `{name}` in the bundle at {}",
+                self.inner.root().display()
+            ))
+        })?;
+        let cuda = cuda
+            .map(|text| parse_cuda_build(text).map_err(value_error))
+            .transpose()?;
+        let host = prebuilt::module::ModuleHost { torch, cuda, cpu };
+        let variant = prebuilt::module::select_module(name, record, &host)
+            .map_err(|error| no_fit(py, error.to_string(), Vec::new()))?;
+        let bytes = py
+            .detach(|| prebuilt::module::read_module(self.inner.root(), name, variant))
+            .map_err(|error| load_error(py, &LoadError::from(error)))?;
+        Ok((
+            pyo3::types::PyBytes::new(py, &bytes),
+            variant.label(),
+            variant.key.clone(),
+        ))
+    }
+
     /// The manifest's exported constants of kernel `name` (`{"BLOCK_SIZE": 256}`).
     fn constants<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyDict>> {
         let record = self.record(py, name)?;

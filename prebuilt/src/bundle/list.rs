@@ -42,6 +42,30 @@ pub fn list_bundle(index: &Index) -> String {
             ]);
         }
     }
+    // Extension modules after the kernels: `arch` is the module's CPU.
+    for (name, record) in &index.modules {
+        let kernel = format!("{name} (module)");
+        for variant in &record.variants {
+            let compilers: Vec<String> =
+                variant.compilers.iter().map(ToString::to_string).collect();
+            rows.push([
+                kernel.clone(),
+                variant.cuda.to_string(),
+                variant.cpu.clone(),
+                compilers.join(" + "),
+                variant.artifact.size.to_string(),
+                variant.artifact.stored_size.to_string(),
+                variant.key[..12.min(variant.key.len())].to_owned(),
+                String::new(),
+            ]);
+        }
+        for skip in &record.skipped {
+            let dash = || "-".to_owned();
+            let cells = [kernel.clone(), skip.cuda.to_string(), skip.cpu.clone()];
+            let [a, b, c] = cells;
+            rows.push([a, b, c, dash(), dash(), dash(), dash(), skip.reason.clone()]);
+        }
+    }
     let mut widths = [0usize; 8];
     for row in &rows {
         for (width, cell) in widths.iter_mut().zip(row) {

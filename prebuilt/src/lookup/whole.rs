@@ -104,6 +104,7 @@ impl Lookup {
             store: self.meta.store.clone(),
             dictionary: self.meta.dictionary.clone(),
             kernels,
+            modules: self.meta.modules.clone(),
         };
         check_index(&index).map_err(|source| self.refused_by(source))?;
         Ok(index)

@@ -84,6 +84,7 @@ fn write_bundle(dir: &Path, labels: &[&str], shipped: &[&str]) {
         torch: "2.13.*".to_owned(),
         store: slim.then(|| "https://store.invalid".to_owned()),
         dictionary: None,
+        modules: Default::default(),
         kernels: BTreeMap::from([(
             "scale".to_owned(),
             KernelRecord {

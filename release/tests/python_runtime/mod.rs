@@ -775,3 +775,143 @@ fn the_aarch64_wheel_imports_and_answers_under_emulation() {
         format!("kwheel {KWHEEL_VERSION}\n")
     );
 }
+
+/// What an installed `kwtest_ops` answers right after `import`: its op against torch's
+/// `a * x + y` on CPU, whether CUDA was initialised, what `provenance()` says of the module, a
+/// second open (no second load: a namespace registers once per process), and the refusal of a
+/// torch the module does not serve.
+const MODULE_SCRIPT: &str = r#"
+import json, torch, kwtest_ops, kwheel
+x = torch.randn(10000, generator=torch.Generator().manual_seed(0))
+y = torch.randn(10000, generator=torch.Generator().manual_seed(1))
+out = torch.ops.kwtest.axpby(x, y, 2.5)
+again = kwheel.open("kwtest_ops")
+try:
+    kwheel.Bundle(again.path).read_module("_C", torch="2.10.0+cu130", cuda="13.0", cpu="x86_64")
+    refusal = None
+except kwheel.NoFitError as error:
+    refusal = str(error)
+try:
+    torch.ops.kwtest.axpby(x, y[:5], 1.0)
+    checked = None
+except RuntimeError as error:
+    checked = str(error).splitlines()[0]
+print(json.dumps({
+    "equal": torch.equal(out, 2.5 * x + y),
+    "cuda_initialised": torch.cuda.is_initialized(),
+    "modules": [(p["kernel"], p["variant"], p["source"]) for p in kwheel.provenance()],
+    "refusal": refusal,
+    "checked": checked,
+}))
+"#;
+
+/// The issue's CPU criterion: a library whose op is a LibTorch stable-ABI extension module
+/// (`testkit/fixtures/stable_module`: a CPU implementation and a CUDA one) goes through
+/// `bundle-kernels` and `build-wheel`, installs with `pip --target`, and next to the pinned
+/// torch `torch.ops.kwtest.axpby` equals torch's own `a * x + y` right after `import
+/// kwtest_ops`, loaded from the verified bytes without initialising CUDA.
+#[test]
+fn a_stable_abi_module_op_runs_on_cpu_right_after_import() {
+    let Some(runtime) = runtime() else { return };
+    let Some(torch) = torch_site() else { return };
+    let root = scratch("stable-module");
+    // The runtime alone: the default library's wheel is not needed here.
+    let Some(python) = fresh_venv(&root.join("venv")) else {
+        return;
+    };
+    pip_install(
+        &python,
+        &["--no-deps".as_ref(), runtime.built.path.as_os_str()],
+    );
+    let library = root.join("library");
+    testkit::copy_tree(
+        &workspace().join("testkit/fixtures/stable_module"),
+        &library,
+        &[],
+    );
+    let built = build_library_wheel(&options(
+        &library.join("kernels.toml"),
+        &root.join("_prebuilt"),
+        &root.join("wheels"),
+        &root.join("cache"),
+    ))
+    .unwrap_or_else(|error| panic!("the module library's wheel builds: {}", chain(&error)));
+    // A module built with this machine's g++ 12 needs GLIBC_2.32 (docs/extensions.md).
+    assert_eq!(
+        built.filename.to_string(),
+        "kwtest_ops-0.1.0-py3-none-manylinux_2_34_x86_64.whl"
+    );
+    let names: Vec<String> = entries(&std::fs::read(&built.path).unwrap())
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect();
+    let module = names
+        .iter()
+        .find(|name| {
+            name.starts_with("kwtest_ops/_prebuilt/artifacts/") && name.ends_with(".so.zst")
+        })
+        .unwrap_or_else(|| panic!("the module ships compressed: {names:?}"));
+    assert!(
+        names.contains(&"kwtest_ops/_prebuilt/kernels.idx".to_owned()),
+        "{module}"
+    );
+
+    let target = root.join("site");
+    pip_install(
+        &python,
+        &[
+            "--no-deps".as_ref(),
+            "--target".as_ref(),
+            target.as_os_str(),
+            built.path.as_os_str(),
+        ],
+    );
+    let path = std::env::join_paths([&target, &torch]).unwrap();
+    let output = python_command(&python)
+        .env("PYTHONPATH", path)
+        .args(["-W", "ignore", "-c", MODULE_SCRIPT])
+        .current_dir(&root)
+        .output()
+        .unwrap();
+    let text = output_text(&output);
+    assert!(output.status.success(), "{text}");
+    let report: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&output.stdout).trim()).unwrap();
+    assert_eq!(report["equal"], true, "{report}");
+    assert_eq!(report["cuda_initialised"], false, "{report}");
+    assert_eq!(
+        report["modules"],
+        serde_json::json!([["_C", format!("cu130/{}", std::env::consts::ARCH), "module"]])
+    );
+    assert_eq!(
+        report["refusal"],
+        "extension module `_C` has no build for torch 2.10.0+cu130 (cu130) on x86_64: \
+         cu130/x86_64 serves torch >=2.11; cu129/x86_64 was not built: the cu129 toolchain has \
+         no nvcc front end (its wheels carry NVRTC and ptxas only), and a module's host half \
+         needs one (docs/extensions.md); the JIT fallback does not build modules yet, so \
+         install a torch the module was built for"
+    );
+    // The library's own check, from its C++ launcher, reaches Python as torch's error, its
+    // `__FILE__` relative to the library (never the build machine's folder).
+    assert_eq!(
+        report["checked"], "axpby_check, csrc/axpby.h:7, axpby: x and y differ in size",
+        "{report}"
+    );
+
+    // A module whose sources changed since the bundle is not shipped.
+    let header = library.join("csrc/axpby.h");
+    let text = std::fs::read_to_string(&header).unwrap();
+    std::fs::write(&header, text.replace("differ in size", "differ in length")).unwrap();
+    let error = build_library_wheel(&options(
+        &library.join("kernels.toml"),
+        &root.join("_prebuilt"),
+        &root.join("wheels"),
+        &root.join("cache"),
+    ))
+    .unwrap_err();
+    let text = chain(&error);
+    assert!(
+        text.contains("_C") && text.contains("file csrc/axpby.h: content changed"),
+        "{text}"
+    );
+}

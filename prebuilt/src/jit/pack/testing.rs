@@ -120,6 +120,7 @@ mod fixture {
             package: "af3-kernels".to_owned(),
             torch: torch.to_owned(),
             dictionary: None,
+            modules: Default::default(),
             kernels: BTreeMap::from([(
                 "axpy".to_owned(),
                 KernelRecord {

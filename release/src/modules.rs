@@ -1,0 +1,148 @@
+//! Extension modules in a library's wheel: each one read verified from the bundle, audited
+//! with torch's and CUDA's libraries external, and the wheel's platform tag taken from them.
+//!
+//! A wheel without modules holds no host code and keeps [`crate::library::PLATFORM_TAG`]
+//! (both CPU architectures, glibc 2.28). A wheel with modules is tagged for the CPUs its
+//! modules are built for, with the newest manylinux policy any of them needs
+//! ([`crate::audit::module_platform_tag`]): a module built with this machine's g++ 12 needs
+//! `GLIBC_2.32` (`__libc_single_threaded`, from libstdc++'s headers), so `manylinux_2_34`, the
+//! next policy auditwheel knows. See `docs/extensions.md`.
+
+use std::collections::BTreeSet;
+
+use bundler::extension::build::{module_torch, plan_module, toolkit_include_dirs};
+use bundler::Manifest;
+use prebuilt::module::{read_module, ModuleInputs};
+use prebuilt::{Bundle, Index};
+
+use crate::audit::module_platform_tag;
+use crate::{Error, StaleKernel};
+
+/// The extension modules of `index` that the manifest would build differently now: each
+/// planned again (its include graph scanned, its flags and defines read) and compared with
+/// the inputs the index records, one line per change; modules only one side has.
+pub fn stale_modules(manifest: &Manifest, index: &Index) -> Result<Vec<StaleKernel>, Error> {
+    let mut stale = Vec::new();
+    if manifest.extensions.is_empty() && index.modules.is_empty() {
+        return Ok(stale);
+    }
+    let torch = match manifest.extensions.is_empty() {
+        true => None,
+        false => Some(module_torch(manifest)?),
+    };
+    for (name, spec) in &manifest.extensions {
+        let Some(record) = index.modules.get(name) else {
+            stale.push(StaleKernel {
+                kernel: name.clone(),
+                changes: vec!["an extension module of the manifest that the bundle lacks".into()],
+            });
+            continue;
+        };
+        let torch = torch.as_ref().expect("found for the manifest's extensions");
+        let build = record.variants.first().map(|variant| variant.cuda);
+        let external = build.map(toolkit_include_dirs).unwrap_or_default();
+        let planned = plan_module(manifest, name, spec, torch, &external)?;
+        let mut changes = input_changes(&record.inputs, &planned.inputs);
+        if record.abi != planned.abi {
+            changes.push(format!("abi: {} → {}", record.abi, planned.abi));
+        }
+        if !changes.is_empty() {
+            stale.push(StaleKernel {
+                kernel: name.clone(),
+                changes,
+            });
+        }
+    }
+    stale.extend(StaleKernel::no_longer_in_manifest(
+        index.modules.keys(),
+        |name| manifest.extensions.contains_key(name),
+        "an extension module no longer in the manifest",
+    ));
+    Ok(stale)
+}
+
+/// One line per input of a module that differs between `old` (the index's) and `new`.
+fn input_changes(old: &ModuleInputs, new: &ModuleInputs) -> Vec<String> {
+    let mut changes = bundler::explain::diff_files_and_defines(
+        (&old.files, &old.defines),
+        (&new.files, &new.defines),
+    );
+    changes.extend(bundler::explain::diff_lists(&[
+        ("sources", &old.sources, &new.sources),
+        ("nvcc-flags", &old.nvcc_flags, &new.nvcc_flags),
+        ("cxx-flags", &old.cxx_flags, &new.cxx_flags),
+    ]));
+    if old.cxx_std != new.cxx_std {
+        changes.push(format!("cxx-std: {} → {}", old.cxx_std, new.cxx_std));
+    }
+    if old.archs != new.archs {
+        changes.push(format!("arch: {:?} → {:?}", old.archs, new.archs));
+    }
+    changes
+}
+
+/// The platform tag of a wheel that ships `bundle`'s modules, or `None` when it has none.
+/// Every module is read and verified against its sha256 first; a module with no build, or
+/// one that no vendored policy admits, is an error naming it.
+pub fn modules_platform_tag(bundle: &Bundle) -> Result<Option<String>, Error> {
+    let modules = &bundle.index().modules;
+    if modules.is_empty() {
+        return Ok(None);
+    }
+    // Per CPU, the newest policy any module needs (policies order by their glibc).
+    let mut tags: BTreeSet<(String, (u32, u32), String)> = BTreeSet::new();
+    for (name, record) in modules {
+        if record.variants.is_empty() {
+            let reasons: Vec<String> = record
+                .skipped
+                .iter()
+                .map(|skip| format!("{}/{}: {}", skip.cuda, skip.cpu, skip.reason))
+                .collect();
+            return Err(Error::ModuleUnbuilt {
+                module: name.clone(),
+                reasons,
+            });
+        }
+        for variant in &record.variants {
+            let bytes = read_module(bundle.root(), name, variant)?;
+            let path = format!("{name} ({})", variant.label());
+            let tag = module_platform_tag(&variant.cpu, &path, &bytes).map_err(|violations| {
+                Error::ModuleAudit {
+                    module: name.clone(),
+                    variant: variant.label(),
+                    violations: violations.iter().map(ToString::to_string).collect(),
+                }
+            })?;
+            tags.insert((variant.cpu.clone(), glibc_of(&tag), tag));
+        }
+    }
+    let mut newest: Vec<(String, (u32, u32), String)> = Vec::new();
+    for (cpu, glibc, tag) in tags {
+        match newest.iter_mut().find(|(known, _, _)| *known == cpu) {
+            Some(entry) if entry.1 < glibc => *entry = (cpu, glibc, tag),
+            Some(_) => {}
+            None => newest.push((cpu, glibc, tag)),
+        }
+    }
+    let tags: Vec<String> = newest.into_iter().map(|(_, _, tag)| tag).collect();
+    Ok(Some(tags.join(".")))
+}
+
+/// The glibc version of a manylinux tag: `manylinux_2_34_x86_64` → (2, 34).
+fn glibc_of(tag: &str) -> (u32, u32) {
+    let mut parts = tag.trim_start_matches("manylinux_").split('_');
+    let major = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    let minor = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    (major, minor)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_glibc_of_a_tag_orders_policies() {
+        assert_eq!(glibc_of("manylinux_2_34_x86_64"), (2, 34));
+        assert!(glibc_of("manylinux_2_28_aarch64") < glibc_of("manylinux_2_31_aarch64"));
+    }
+}
