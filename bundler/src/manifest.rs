@@ -85,6 +85,8 @@ pub struct ReleasePolicy {
     pub allow_removed: Option<bool>,
     /// `false`: no entry's parameter layout may change.
     pub allow_abi_break: Option<bool>,
+    /// `false`: no kernel's requirements (`requires`, `inputs`) may gain or change a condition.
+    pub allow_requirement_change: Option<bool>,
     /// The devices whose coverage is compared (`H100`, `B200`, as `dev coverage --fleet`).
     #[serde(default)]
     pub fleet: Vec<String>,

@@ -646,15 +646,24 @@ fn requirements_are_checked_when_the_manifest_is_read_naming_their_line() {
             "{ when = \"n * SCALE > 1\" }",
             "requirement 2 `n * SCALE > 1`: the constant `SCALE` is a floating-point number",
         ),
-        ("{ when = \"n + 1\" }", "a `+` is an integer, where a boolean is needed"),
-        ("{ when = \"n > 0\", reason = \" \" }", "its `reason` is empty"),
+        (
+            "{ when = \"n + 1\" }",
+            "a `+` is an integer, where a boolean is needed",
+        ),
+        (
+            "{ when = \"n > 0\", reason = \" \" }",
+            "its `reason` is empty",
+        ),
     ] {
         let text = with(&format!("  {{ when = \"not packed\" }},\n  {rule},\n"));
         let (path, loaded) = load_manifest(&text);
         let error = loaded.unwrap_err();
         let line = text.lines().position(|l| l.contains(rule)).unwrap() + 1;
         assert!(
-            error.starts_with(&format!("{}:{line}: invalid manifest (kernel `add`): ", path.display())),
+            error.starts_with(&format!(
+                "{}:{line}: invalid manifest (kernel `add`): ",
+                path.display()
+            )),
             "line {line}: {error}"
         );
         assert!(error.contains(message), "{error}");
