@@ -103,7 +103,7 @@ impl Kernel {
             None => {
                 let catalog = self.registry.catalog();
                 let found = catalog.requirements(name);
-                let record = crate::registry::known_record(py, catalog, name, found)?;
+                let record = crate::requires::known_record(py, catalog, name, found)?;
                 self.requirements.get_or_init(|| record)
             }
         };

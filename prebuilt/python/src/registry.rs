@@ -243,32 +243,11 @@ impl Bundle {
 
 impl Bundle {
     fn record(&self, py: Python<'_>, name: &str) -> PyResult<prebuilt::KernelRecord> {
-        known_record(py, &self.inner, name, self.inner.record(name))
+        crate::requires::known_record(py, &self.inner, name, self.inner.record(name))
     }
 
     fn requirements(&self, py: Python<'_>, name: &str) -> PyResult<prebuilt::KernelRecord> {
-        known_record(py, &self.inner, name, self.inner.requirements(name))
-    }
-}
-
-/// The record `found` of kernel `name`, or the error that names what the bundle has instead.
-pub(crate) fn known_record(
-    py: Python<'_>,
-    catalog: &Catalog,
-    name: &str,
-    found: Result<Option<prebuilt::KernelRecord>, prebuilt::BundleError>,
-) -> PyResult<prebuilt::KernelRecord> {
-    let error = |error: prebuilt::BundleError| load_error(py, &LoadError::from(error));
-    match found.map_err(error)? {
-        Some(record) => Ok(record),
-        None => Err(load_error(
-            py,
-            &LoadError::UnknownKernel {
-                kernel: name.to_owned(),
-                bundle: catalog.root().to_path_buf(),
-                known: catalog.names().map_err(error)?,
-            },
-        )),
+        crate::requires::known_record(py, &self.inner, name, self.inner.requirements(name))
     }
 }
 

@@ -10,12 +10,14 @@
 use std::collections::BTreeMap;
 
 use prebuilt::index::{Constant, KernelRecord};
+use prebuilt::lookup::Catalog;
 use prebuilt::requires::{unsupported_reason, Mismatch, Value};
+use prebuilt::LoadError;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyInt};
 
-use crate::errors::KwheelError;
+use crate::errors::{load_error, KwheelError};
 
 /// The first requirement of `kernel` (`record`'s, over `constants`) that `inputs` break, in
 /// words, or `None`.
@@ -62,4 +64,25 @@ fn values_of(
         values.insert(name, converted);
     }
     Ok(values)
+}
+
+/// The record `found` of kernel `name`, or the error that names what the bundle has instead.
+pub(crate) fn known_record(
+    py: Python<'_>,
+    catalog: &Catalog,
+    name: &str,
+    found: Result<Option<prebuilt::KernelRecord>, prebuilt::BundleError>,
+) -> PyResult<prebuilt::KernelRecord> {
+    let error = |error: prebuilt::BundleError| load_error(py, &LoadError::from(error));
+    match found.map_err(error)? {
+        Some(record) => Ok(record),
+        None => Err(load_error(
+            py,
+            &LoadError::UnknownKernel {
+                kernel: name.to_owned(),
+                bundle: catalog.root().to_path_buf(),
+                known: catalog.names().map_err(error)?,
+            },
+        )),
+    }
 }
