@@ -243,6 +243,10 @@ pub(crate) enum BundleCommand {
     List {
         /// The bundle directory.
         bundle: PathBuf,
+        /// Print one JSON object instead: every kernel with its constants, inputs,
+        /// requirements, variants and skips.
+        #[arg(long)]
+        json: bool,
     },
     /// Write the cubins as plain files: DIR/<kernel>/<build>/<arch>.cubin.
     Extract {

@@ -111,9 +111,14 @@ fn run(cli: Cli) -> Result<()> {
             report.into_result()?;
             Ok(())
         }
-        Command::Bundle(BundleCommand::List { bundle }) => {
+        Command::Bundle(BundleCommand::List { bundle, json }) => {
             let bundle = open_bundle(&bundle)?;
-            print!("{}", prebuilt::bundle::list_bundle(bundle.index()));
+            if json {
+                let listing = prebuilt::bundle::BundleListing::of(bundle.index());
+                println!("{}", serde_json::to_string_pretty(&listing)?);
+            } else {
+                print!("{}", prebuilt::bundle::list_bundle(bundle.index()));
+            }
             Ok(())
         }
         Command::Bundle(BundleCommand::Extract { bundle, out }) => {

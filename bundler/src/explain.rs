@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::{self, Write};
 use std::path::{Path, PathBuf};
 
-use prebuilt::index::{Index, KernelInputs, TargetInputs};
+use prebuilt::index::{Index, KernelInputs, Requirement, Requirements, TargetInputs};
 use prebuilt::lookup::read_bundle_index;
 use prebuilt::CudaBuild;
 
@@ -249,6 +249,7 @@ pub fn diff_inputs(old: &KernelInputs, new: &KernelInputs) -> Vec<String> {
     if old.preamble != new.preamble {
         changes.push(format!("preamble: {:?} → {:?}", old.preamble, new.preamble));
     }
+    changes.extend(diff_requirements(&old.requires, &new.requires));
     let archs: BTreeSet<&prebuilt::Arch> = old.targets.keys().chain(new.targets.keys()).collect();
     for arch in archs {
         let (before, after) = (old.targets.get(arch), new.targets.get(arch));
@@ -258,6 +259,44 @@ pub fn diff_inputs(old: &KernelInputs, new: &KernelInputs) -> Vec<String> {
             };
             changes.push(format!("{arch} adds: {} → {}", show(before), show(after)));
         }
+    }
+    changes
+}
+
+/// Each requirement on a line: `` `dim % BLOCK_M == 0` (dim must be a multiple of BLOCK_M) ``.
+pub fn describe_requirements(requires: &Requirements) -> Vec<String> {
+    requires
+        .rules
+        .iter()
+        .map(|rule| match &rule.reason {
+            Some(reason) => format!("`{}` ({reason})", rule.when),
+            None => format!("`{}`", rule.when),
+        })
+        .collect()
+}
+
+/// How a kernel's requirements changed, one line each: its inputs, each condition it gained
+/// (`requires: new `cols <= 4096``: what a caller may now be refused) and each it lost.
+/// Conditions are compared by their text, in any order; a changed reason is a change too.
+pub fn diff_requirements(old: &Requirements, new: &Requirements) -> Vec<String> {
+    let mut changes = Vec::new();
+    if old.inputs != new.inputs {
+        changes.push(format!("inputs: {:?} → {:?}", old.inputs, new.inputs));
+    }
+    let (before, after): (BTreeSet<&Requirement>, BTreeSet<&Requirement>) =
+        (old.rules.iter().collect(), new.rules.iter().collect());
+    let show = |rule: &Requirement| {
+        describe_requirements(&Requirements {
+            inputs: Vec::new(),
+            rules: vec![rule.clone()],
+        })
+        .concat()
+    };
+    for rule in after.difference(&before) {
+        changes.push(format!("requires: new {}", show(rule)));
+    }
+    for rule in before.difference(&after) {
+        changes.push(format!("requires: dropped {}", show(rule)));
     }
     changes
 }
@@ -359,6 +398,17 @@ impl fmt::Display for Explanation {
                 "  preamble (compiled after the source, before the entries):"
             )?;
             for line in self.inputs.preamble.lines() {
+                writeln!(out, "    {line}")?;
+            }
+        }
+        let requires = &self.inputs.requires;
+        if !requires.is_empty() {
+            writeln!(out, "  inputs: {}", list(&requires.inputs))?;
+            writeln!(
+                out,
+                "  requires (checked in order; the first that fails is reported):"
+            )?;
+            for line in describe_requirements(requires) {
                 writeln!(out, "    {line}")?;
             }
         }

@@ -14,9 +14,18 @@
 //! entries = ["layernorm_bf16"]
 //! constants = { BLOCK_SIZE = 256 }
 //!
+//! inputs = ["rows", "cols"]                   # what a caller passes, by name
+//! requires = [
+//!   { when = "cols <= 8192", reason = "a row is staged in shared memory" },
+//! ]
+//!
 //! [kernels.layernorm_bf16.targets.sm_100a]   # this arch only
 //! defines = { LN_BLACKWELL = "1" }
 //! ```
+//!
+//! `requires` conditions (the language of [`prebuilt::requires`]) are parsed and checked here,
+//! against `inputs` and the kernel's constants: an unknown name or a type error is an error at
+//! the condition's line.
 //!
 //! Defines are layered from the least to the most specific: torch's (`torch = true`), the
 //! library's, the library's for the target arch, the kernel's constants and defines, the
@@ -29,7 +38,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use prebuilt::index::{Constant, TargetInputs};
+use prebuilt::index::{Constant, Requirement, Requirements, TargetInputs};
 use prebuilt::{Arch, CudaBuild};
 use serde::Deserialize;
 
@@ -81,6 +90,8 @@ pub struct ReleasePolicy {
     pub allow_removed: Option<bool>,
     /// `false`: no entry's parameter layout may change.
     pub allow_abi_break: Option<bool>,
+    /// `false`: no kernel's requirements (`requires`, `inputs`) may gain or change a condition.
+    pub allow_requirement_change: Option<bool>,
     /// The devices whose coverage is compared (`H100`, `B200`, as `dev coverage --fleet`).
     #[serde(default)]
     pub fleet: Vec<String>,
@@ -203,6 +214,22 @@ pub struct KernelSpec {
     /// library's for that arch.
     #[serde(default)]
     pub targets: BTreeMap<Arch, TargetSpec>,
+    /// The names of the values a caller passes (`dim`, `mxfp8`), that `requires` reads.
+    #[serde(default)]
+    pub inputs: Vec<String>,
+    /// Conditions the kernel requires of its inputs, over them and its constants.
+    #[serde(default)]
+    pub requires: Vec<RequirementSpec>,
+}
+
+/// One `requires` entry: `{ when = "dim % BLOCK_M == 0", reason = "..." }`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RequirementSpec {
+    /// The condition, with where it is in the manifest (for errors).
+    pub when: toml::Spanned<String>,
+    /// Why, in words.
+    pub reason: Option<String>,
 }
 
 /// A `targets.<arch>` table: defines and flags for that target arch only; each is optional.
@@ -569,8 +596,33 @@ impl Manifest {
                     format!("`{duplicate}` is both a constant and a define"),
                 ));
             }
+            let requirements = Self::requirements_of(kernel);
+            if let Err(refused) = prebuilt::requires::check(&requirements, &kernel.constants) {
+                let mut error = invalid(Some(name), refused.to_string());
+                if let (Error::ManifestInvalid { line, .. }, Some(rule)) =
+                    (&mut error, refused.number.checked_sub(1))
+                {
+                    *line = line_column(text, kernel.requires[rule].when.span().start).0;
+                }
+                return Err(error);
+            }
         }
         Ok(())
+    }
+
+    /// What a kernel requires of its inputs, as the index records it.
+    pub fn requirements_of(kernel: &KernelSpec) -> Requirements {
+        Requirements {
+            inputs: kernel.inputs.clone(),
+            rules: kernel
+                .requires
+                .iter()
+                .map(|rule| Requirement {
+                    when: rule.when.get_ref().clone(),
+                    reason: rule.reason.clone(),
+                })
+                .collect(),
+        }
     }
 
     /// Absolute include directories of a kernel, in `-I` order.

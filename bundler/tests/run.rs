@@ -605,6 +605,78 @@ fn unknown_manifest_key_names_line_and_column() {
     );
 }
 
+/// `requires` conditions are parsed and type-checked when the manifest is read: a fault is
+/// an error naming the manifest, the condition's own line, the kernel and the condition; a
+/// kernel that declares them carries them, as the index records them.
+#[test]
+fn requirements_are_checked_when_the_manifest_is_read_naming_their_line() {
+    let with = |requires: &str| {
+        small_manifest().replace(
+            "entries = [\"add\"]",
+            &format!(
+                "entries = [\"add\"]\nconstants = {{ BLOCK = 128, SCALE = 0.5 }}\n\
+                 inputs = [\"n\", \"packed\"]\nrequires = [\n{requires}]"
+            ),
+        )
+    };
+    let good = with(
+        "  { when = \"n % BLOCK == 0\", reason = \"n must be a multiple of BLOCK\" },\n  \
+         { when = \"not packed or n <= 8192\" },\n",
+    );
+    let manifest = load_manifest(&good).1.unwrap();
+    let requirements = bundler::Manifest::requirements_of(&manifest.kernels["add"]);
+    assert_eq!(requirements.inputs, ["n", "packed"]);
+    assert_eq!(requirements.rules[1].when, "not packed or n <= 8192");
+    assert_eq!(
+        requirements.rules[0].reason.as_deref(),
+        Some("n must be a multiple of BLOCK")
+    );
+    for (rule, message) in [
+        (
+            "{ when = \"n % BLOCKS == 0\" }",
+            "requirement 2 `n % BLOCKS == 0`: unknown name `BLOCKS`: it is neither an input (`n`, \
+             `packed`) nor an integer or boolean constant of the kernel (`BLOCK`)",
+        ),
+        (
+            "{ when = \"packed + 1 > 0\" }",
+            "requirement 2 `packed + 1 > 0`: the input `packed` (by an earlier use) is a \
+             boolean, where an integer is needed",
+        ),
+        (
+            "{ when = \"n * SCALE > 1\" }",
+            "requirement 2 `n * SCALE > 1`: the constant `SCALE` is a floating-point number",
+        ),
+        (
+            "{ when = \"n + 1\" }",
+            "a `+` is an integer, where a boolean is needed",
+        ),
+        (
+            "{ when = \"n > 0\", reason = \" \" }",
+            "its `reason` is empty",
+        ),
+    ] {
+        let text = with(&format!("  {{ when = \"not packed\" }},\n  {rule},\n"));
+        let (path, loaded) = load_manifest(&text);
+        let error = loaded.unwrap_err();
+        let line = text.lines().position(|l| l.contains(rule)).unwrap() + 1;
+        assert!(
+            error.starts_with(&format!(
+                "{}:{line}: invalid manifest (kernel `add`): ",
+                path.display()
+            )),
+            "line {line}: {error}"
+        );
+        assert!(error.contains(message), "{error}");
+    }
+    let unknown_key = with("  { when = \"n > 0\", why = \"x\" },\n");
+    assert!(load_manifest(&unknown_key).1.unwrap_err().contains("why"));
+    let twice = with("").replace("[\"n\", \"packed\"]", "[\"n\", \"n\"]");
+    assert!(load_manifest(&twice)
+        .1
+        .unwrap_err()
+        .contains("(kernel `add`): `inputs`: `n` is listed twice"));
+}
+
 #[test]
 fn invalid_arch_in_manifest_is_refused() {
     let text = small_manifest().replace("\"sm_100a\"]", "\"sm100a\"]");

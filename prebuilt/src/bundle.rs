@@ -37,7 +37,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::cache::ArtifactCache;
 use crate::index::{
-    ArtifactLocation, Index, StoredFile, Variant, INDEX_FORMAT, REFERENCE_INDEX_FORMAT,
+    ArtifactLocation, Index, StoredFile, Variant, INDEX_FORMAT, REQUIRES_INDEX_FORMAT,
 };
 use crate::key::sha256_hex;
 use crate::target::Arch;
@@ -58,7 +58,7 @@ pub(crate) use frames::read_prefix_from;
 use frames::{decompress_declared, new_context, with_kept_context, ZSTD_DICTIONARY_MAGIC};
 pub use frames::{read_inside, read_prefix};
 mod list;
-pub use list::list_bundle;
+pub use list::{list_bundle, BundleListing};
 mod reads;
 use reads::{link_atomically, Reads, Reuse};
 mod stream;
@@ -123,7 +123,7 @@ pub enum BundleError {
     },
     /// The index was written by a newer or older format.
     #[error(
-        "bundle index `{}` has format {found}, this kwheel reads formats {INDEX_FORMAT} to {REFERENCE_INDEX_FORMAT}: rebuild the bundle with this version",
+        "bundle index `{}` has format {found}, this kwheel reads formats {INDEX_FORMAT} to {REQUIRES_INDEX_FORMAT}: rebuild the bundle with this version",
         path.display()
     )]
     UnsupportedFormat {
@@ -367,7 +367,7 @@ pub fn parse_index(path: &Path, bytes: &[u8]) -> Result<Index, BundleError> {
             path: path.to_owned(),
             source,
         })?;
-    if !(INDEX_FORMAT..=REFERENCE_INDEX_FORMAT).contains(&format.format) {
+    if !(INDEX_FORMAT..=REQUIRES_INDEX_FORMAT).contains(&format.format) {
         return Err(BundleError::UnsupportedFormat {
             path: path.to_owned(),
             found: format.format,
@@ -740,7 +740,7 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::*;
-    use crate::index::{CompilerRecord, KernelInputs, KernelRecord};
+    use crate::index::{CompilerRecord, KernelInputs, KernelRecord, REFERENCE_INDEX_FORMAT};
 
     /// A bundle under `dir` of `kernels` kernels whose every variant (cu129 and cu130 of
     /// `sm_90a`) names the one plain frame of `content`, recorded at its true size.
@@ -969,11 +969,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let root = shared_bundle(dir.path(), 1, b"cubin bytes");
         let mut index = read_index(&root).unwrap();
-        index.format = REFERENCE_INDEX_FORMAT + 1;
+        index.format = REQUIRES_INDEX_FORMAT + 1;
         std::fs::write(root.join(INDEX_FILE), index.to_json()).unwrap();
         let message = crate::error_chain(&Bundle::open(&root).unwrap_err());
         assert!(
-            message.contains("has format 5, this kwheel reads formats 1 to 4"),
+            message.contains("has format 6, this kwheel reads formats 1 to 5"),
             "{message}"
         );
     }

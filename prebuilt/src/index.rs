@@ -28,6 +28,10 @@ pub const FAMILY_INDEX_FORMAT: u32 = 3;
 /// artifact, a plain frame), not a dictionary file: a reader of format 3 would look for a
 /// dictionary that is not there, so it must refuse the index.
 pub const REFERENCE_INDEX_FORMAT: u32 = 4;
+/// The index format of a bundle where a kernel declares [`Requirements`]: a reader of format 4
+/// would refuse the field it does not know (and could not check what callers pass), so it is
+/// told by the format instead. Whatever else the index records may be there too.
+pub const REQUIRES_INDEX_FORMAT: u32 = 5;
 
 /// The whole index of a bundle (`index.json`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -101,6 +105,40 @@ pub struct KernelInputs {
     /// [`KernelInputs::for_arch`] merges it. Absent when empty.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub targets: BTreeMap<Arch, TargetInputs>,
+    /// What the kernel requires of the values it is called with (the manifest's `inputs` and
+    /// `requires`), checked by [`crate::requires`]. Absent when empty.
+    #[serde(default, skip_serializing_if = "Requirements::is_empty")]
+    pub requires: Requirements,
+}
+
+/// What a kernel requires of the values it is called with: the names of those values and the
+/// conditions over them and the kernel's constants, in the language of [`crate::requires`]
+/// (`dim % BLOCK_M == 0`). See `docs/manifest.md`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Requirements {
+    /// The names of the values a caller passes (`dim`, `hidden_dim`, `mxfp8`), in order.
+    pub inputs: Vec<String>,
+    /// The conditions, in the order they are checked: the first one that fails is reported.
+    pub rules: Vec<Requirement>,
+}
+
+impl Requirements {
+    /// Whether the kernel declares neither inputs nor conditions.
+    pub fn is_empty(&self) -> bool {
+        self.inputs.is_empty() && self.rules.is_empty()
+    }
+}
+
+/// One condition a kernel requires.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Requirement {
+    /// The condition, an expression that must be true (`dim % BLOCK_M == 0`).
+    pub when: String,
+    /// Why, in words, for the message of a refusal (`dim must be a multiple of BLOCK_M`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// What a kernel's inputs add for one target architecture: defines over the kernel's, flags
@@ -302,7 +340,8 @@ impl Index {
         self.format = self.required_format();
     }
 
-    /// The oldest format whose readers can read this index: [`REFERENCE_INDEX_FORMAT`] when an
+    /// The oldest format whose readers can read this index: [`REQUIRES_INDEX_FORMAT`] when a
+    /// kernel declares requirements, [`REFERENCE_INDEX_FORMAT`] when an
     /// artifact's prefix is another artifact, [`FAMILY_INDEX_FORMAT`] when it is a dictionary,
     /// [`STORE_INDEX_FORMAT`] with a store, else [`INDEX_FORMAT`], so an index without the newer features stays readable by older
     /// readers byte for byte.
@@ -311,7 +350,13 @@ impl Index {
         let digests: std::collections::BTreeSet<&str> =
             artifacts().map(|v| v.artifact.digest.as_str()).collect();
         let prefixes = || artifacts().filter_map(|v| v.artifact.dictionary.as_deref());
-        if prefixes().any(|prefix| digests.contains(prefix)) {
+        if self
+            .kernels
+            .values()
+            .any(|record| !record.inputs.requires.is_empty())
+        {
+            REQUIRES_INDEX_FORMAT
+        } else if prefixes().any(|prefix| digests.contains(prefix)) {
             REFERENCE_INDEX_FORMAT
         } else if prefixes().next().is_some() {
             FAMILY_INDEX_FORMAT

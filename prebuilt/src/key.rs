@@ -19,14 +19,18 @@
 //! | CUDA build | the toolkit's headers and the driver it needs |
 //! | torch build | the torch pin the variant is released for |
 //! | compiler and its exact version: for nvcc also the host compiler (`gcc --version`), for the `nvcc+ptxas` route also ptxas's version | nvcc and NVRTC, or two patch releases, emit different code; nvcc preprocesses device code with the host compiler and its libstdc++/glibc headers; the assembler writes the machine code |
-//! | preamble, only when there is one | it is compiled with the source (see below) |
+//! | preamble, only when there is one (or requirements are) | it is compiled with the source (see below) |
+//! | requirements (`inputs`, then each condition and its reason), only when there are some | a kernel that accepts other shapes is another kernel: a release that changes one is told apart |
 //!
 //! Per-arch values are merged before hashing ([`KernelInputs::for_arch`]): a target is keyed
 //! by what it compiles with, so an arch without a `targets` table keeps the key it had. The
 //! preamble came after format 2 and is hashed last, only when it is not empty: a kernel
 //! without one keeps its format 2 key, and since every field before it is length-prefixed, a
-//! key with a preamble cannot equal one without. An input added later that is not empty for
-//! every kernel needs [`KEY_FORMAT`] bumped.
+//! key with a preamble cannot equal one without. Requirements came later still and follow the
+//! same rule: a kernel that declares some hashes its preamble (empty or not, length-prefixed)
+//! and then them, so the stream of a kernel with requirements never ends where one without
+//! does and no two of the three shapes can be equal. An input added later that is not empty
+//! for every kernel needs [`KEY_FORMAT`] bumped.
 //!
 //! Paths are stable paths (relative to the manifest's directory or to an include dir), never
 //! absolute, and no timestamp is hashed: moving a checkout or touching a file keeps the key.
@@ -37,8 +41,8 @@ use crate::index::{CompilerRecord, KernelInputs};
 use crate::{Arch, CudaBuild};
 
 /// Version of the key's definition. Bump it whenever an input is added, removed or encoded
-/// differently. (Per-arch values and the preamble did not bump it: a kernel that uses neither
-/// hashes exactly what format 2 hashed, see the module docs.)
+/// differently. (Per-arch values, the preamble and requirements did not bump it: a kernel that
+/// uses none hashes exactly what format 2 hashed, see the module docs.)
 pub const KEY_FORMAT: u64 = 2;
 
 /// Everything a variant's key is computed from.
@@ -127,9 +131,27 @@ impl KernelKey {
         hasher.bytes(key.torch.as_bytes());
         hasher.bytes(key.compiler.kind.as_bytes());
         hasher.bytes(key.compiler.version.as_bytes());
-        // Optional, so that a kernel without one keeps its format 2 key (module docs).
-        if !inputs.preamble.is_empty() {
+        // Optional, so that a kernel without them keeps its format 2 key (module docs).
+        let requires = &inputs.requires;
+        if !inputs.preamble.is_empty() || !requires.is_empty() {
             hasher.bytes(inputs.preamble.as_bytes());
+        }
+        if !requires.is_empty() {
+            hasher.count(requires.inputs.len());
+            for input in &requires.inputs {
+                hasher.bytes(input.as_bytes());
+            }
+            hasher.count(requires.rules.len());
+            for rule in &requires.rules {
+                hasher.bytes(rule.when.as_bytes());
+                match &rule.reason {
+                    None => hasher.count(0),
+                    Some(reason) => {
+                        hasher.count(1);
+                        hasher.bytes(reason.as_bytes());
+                    }
+                }
+            }
         }
         KernelKey(hasher.finish())
     }
@@ -351,6 +373,58 @@ mod tests {
             key_with(|inputs, _| inputs.preamble = "using namespace a;".into()),
             key_with(|inputs, _| inputs.preamble = "using namespace b;".into()),
         );
+    }
+
+    #[test]
+    fn requirements_are_in_the_key() {
+        use crate::index::Requirement;
+        let with = |inputs: &[&str], rules: &[(&str, Option<&str>)]| {
+            let inputs: Vec<String> = inputs.iter().map(|name| (*name).to_owned()).collect();
+            let rules: Vec<Requirement> = rules
+                .iter()
+                .map(|(when, reason)| Requirement {
+                    when: (*when).to_owned(),
+                    reason: reason.map(str::to_owned),
+                })
+                .collect();
+            key_with(move |kernel, _| {
+                kernel.requires.inputs = inputs;
+                kernel.requires.rules = rules;
+            })
+        };
+        let base = with(&["cols"], &[("cols <= 8192", None)]);
+        assert_ne!(
+            key_with(|_, _| {}),
+            base,
+            "declaring requirements changes the key"
+        );
+        for (what, key) in [
+            (
+                "a stricter condition",
+                with(&["cols"], &[("cols <= 4096", None)]),
+            ),
+            (
+                "another input",
+                with(&["cols", "rows"], &[("cols <= 8192", None)]),
+            ),
+            (
+                "a reason",
+                with(&["cols"], &[("cols <= 8192", Some("one row per block"))]),
+            ),
+            (
+                "another condition",
+                with(&["cols"], &[("cols <= 8192", None), ("cols > 0", None)]),
+            ),
+        ] {
+            assert_ne!(base, key, "{what} must change the key");
+        }
+        // A preamble and requirements are told apart from either alone.
+        let preamble = key_with(|kernel, _| kernel.preamble = "x".into());
+        let both = key_with(|kernel, _| {
+            kernel.preamble = "x".into();
+            kernel.requires.inputs = vec!["cols".into()];
+        });
+        assert_ne!(preamble, both);
     }
 
     #[test]

@@ -13,6 +13,7 @@
 //! | 1 | [`env`] | every environment variable the runtime reads, and the policies they set |
 //! | 1 | [`site`] | the Python environment's site-packages |
 //! | 2 | [`index`] | the bundle index: kernels, variants, skips, constants, where an artifact is |
+//! | 2 | [`requires`] | what a kernel requires of its inputs: the condition language, its checks, the one evaluator |
 //! | 2 | [`key`] | the versioned kernel key over the include graph and the target |
 //! | 5 | [`module`] | extension modules: their records, key, choice for a torch, verified read |
 //! | 2 | [`untrusted`] | names, paths, digests and sizes read from outside, checked, and the caps |
@@ -53,6 +54,7 @@ pub mod module;
 pub mod nvrtc;
 pub mod parts;
 pub mod registry;
+pub mod requires;
 pub mod select;
 pub mod site;
 pub mod target;

@@ -58,19 +58,21 @@ use std::sync::OnceLock;
 
 use serde::{Deserialize, Serialize};
 
-use crate::bundle::{read_artifact, read_index, BundleError};
-use crate::index::{Index, KernelInputs, KernelRecord, StoredFile, Variant};
+use crate::bundle::BundleError;
+use crate::index::{Index, KernelInputs, KernelRecord, StoredFile};
 use crate::target::CudaBuild;
 use crate::untrusted::{
     check_index, check_kernel, check_stored, open_regular_file, Untrusted, MAX_DICTIONARY_SIZE,
     MAX_INDEX_SIZE,
 };
 
+mod catalog;
 mod codec;
 mod data;
 mod folder;
 mod table;
 mod whole;
+pub use catalog::Catalog;
 use codec::Decoded;
 use data::Data;
 pub use folder::{find_bundle, open_bundle, read_bundle_index, restore_index_json};
@@ -84,8 +86,8 @@ pub const LOOKUP_FILE: &str = "kernels.idx";
 /// and every function name whole; format 3 kept the vocabulary in the JSON meta (an open
 /// parsed every family's digest) and wrote each include graph file's folder out; format 4
 /// wrote the first entry of each of a kernel's function sets out in full, most often a copy
-/// of the kernel's own name.
-pub const LOOKUP_FORMAT: u32 = 5;
+/// of the kernel's own name; format 5 had no requirements in the inputs record.
+pub const LOOKUP_FORMAT: u32 = 6;
 
 const MAGIC: &[u8; 8] = b"KWHEELIX";
 const HEADER_LEN: u64 = 80;
@@ -566,23 +568,36 @@ impl Lookup {
     /// The key inputs of `kernel` (for the JIT and `dev explain`), or `None` when the bundle
     /// has no such kernel.
     pub fn inputs(&self, kernel: &str) -> Result<Option<KernelInputs>, BundleError> {
+        Ok(self.with_inputs(kernel, true)?.map(|record| record.inputs))
+    }
+
+    /// The record of `kernel` with its key inputs, their include graph only if `graph` (what
+    /// a requirement check reads is in the inputs record alone), or `None` when there is none.
+    pub fn with_inputs(
+        &self,
+        kernel: &str,
+        graph: bool,
+    ) -> Result<Option<KernelRecord>, BundleError> {
         let Some(entry) = self.find(kernel)? else {
             return Ok(None);
         };
-        let graph = match self.whole.get() {
-            Some(tables) => tables.graphs[entry.graph as usize],
-            None => self.lazy(|table| table.graph(entry.graph))?,
-        };
+        let decoded = Decoded::new(MAX_RECORD_DECODED, "one kernel's records");
+        let mut files = BTreeMap::new();
+        if graph {
+            let graph = match self.whole.get() {
+                Some(tables) => tables.graphs[entry.graph as usize],
+                None => self.lazy(|table| table.graph(entry.graph))?,
+            };
+            let graph = self.bytes(graph)?;
+            files = codec::decode_graph(&graph, &self.words, &decoded)
+                .map_err(|reason| self.bad_record(kernel, "graph", reason))?;
+        }
         // The recipe decides which input paths must stay under `sources/`: check them
         // together. The load and inputs records are adjacent: one read.
         let both = self.bytes((entry.load.0, entry.load.1 + entry.inputs.1))?;
-        let graph = self.bytes(graph)?;
-        let decoded = Decoded::new(MAX_RECORD_DECODED, "one kernel's records");
-        let files = codec::decode_graph(&graph, &self.words, &decoded)
-            .map_err(|reason| self.bad_record(kernel, "graph", reason))?;
         let (load, inputs) = both.split_at(entry.load.1 as usize);
         let record = self.decode(kernel, load, Some((inputs, files)), &decoded)?;
-        Ok(Some(record.inputs))
+        Ok(Some(record))
     }
 
     /// Decodes one kernel's load record and, given them, its inputs record and its graph's
@@ -691,114 +706,11 @@ fn refused(path: &Path, what: &str, value: &str, reason: &str) -> BundleError {
     }
 }
 
-/// The runtime's view of a bundle: its meta at once, one kernel at a time after that. Reads
-/// `kernels.idx`; a bundle written before it existed is read from `index.json` whole.
-#[derive(Debug)]
-pub struct Catalog {
-    root: PathBuf,
-    source: Source,
-    /// Read from `kernels.idx`'s header, or made from the whole index once.
-    meta: Meta,
-}
-
-#[derive(Debug)]
-enum Source {
-    Lookup(Box<Lookup>),
-    Index(Box<Index>),
-}
-
-impl Catalog {
-    /// Opens the bundle at `root`: the loader index's header and meta only.
-    pub fn open(root: impl Into<PathBuf>) -> Result<Catalog, BundleError> {
-        let root = root.into();
-        let path = root.join(LOOKUP_FILE);
-        // `Lookup::open` checks that no link leads out, as `bundle_file` would again. Only
-        // when nothing is there is the bundle one without a loader index: a link in its place
-        // (dangling, too) is opened, and refused, never taken for "no loader index".
-        let (source, meta) = match Lookup::open(&path) {
-            Ok(lookup) => {
-                let meta = lookup.meta().clone();
-                (Source::Lookup(Box::new(lookup)), meta)
-            }
-            Err(BundleError::Read { source, .. })
-                if source.kind() == std::io::ErrorKind::NotFound
-                    && std::fs::symlink_metadata(&path).is_err() =>
-            {
-                let index = read_index(&root)?;
-                let meta = Meta::of(&index);
-                (Source::Index(Box::new(index)), meta)
-            }
-            Err(error) => return Err(error),
-        };
-        Ok(Catalog { root, source, meta })
-    }
-
-    /// The bundle's root directory.
-    pub fn root(&self) -> &Path {
-        &self.root
-    }
-
-    /// Package, torch pin, store, dictionary and CUDA builds.
-    pub fn meta(&self) -> &Meta {
-        &self.meta
-    }
-
-    /// Every kernel name, in order.
-    pub fn names(&self) -> Result<Vec<String>, BundleError> {
-        match &self.source {
-            Source::Lookup(lookup) => lookup.names(),
-            Source::Index(index) => Ok(index.kernels.keys().cloned().collect()),
-        }
-    }
-
-    /// The record of `kernel` without its key inputs, or `None` when there is none.
-    pub fn record(&self, kernel: &str) -> Result<Option<KernelRecord>, BundleError> {
-        match &self.source {
-            Source::Lookup(lookup) => lookup.record(kernel),
-            Source::Index(index) => Ok(index.kernels.get(kernel).map(|record| KernelRecord {
-                inputs: KernelInputs::default(),
-                ..record.clone()
-            })),
-        }
-    }
-
-    /// Whether a frame may be compressed against the cubin with sha256 `digest`, so that its
-    /// bytes are worth keeping once loaded; `false` for a bundle read from `index.json`.
-    pub fn is_reference(&self, digest: &str) -> bool {
-        match &self.source {
-            // Every family dictionary's digest is a word (a crafted, unsorted list: `false`).
-            Source::Lookup(lookup) => lookup.words.contains(digest),
-            Source::Index(_) => false,
-        }
-    }
-
-    /// The key inputs of `kernel`, or `None` when there is none.
-    pub fn inputs(&self, kernel: &str) -> Result<Option<KernelInputs>, BundleError> {
-        match &self.source {
-            Source::Lookup(lookup) => lookup.inputs(kernel),
-            Source::Index(index) => Ok(index.kernels.get(kernel).map(|r| r.inputs.clone())),
-        }
-    }
-
-    /// Reads, decompresses and verifies the artifact of one variant of `kernel` (and the
-    /// dictionary it needs, verified too).
-    pub fn read_artifact(&self, kernel: &str, variant: &Variant) -> Result<Vec<u8>, BundleError> {
-        read_artifact(&self.root, self.meta().dictionary.as_ref(), kernel, variant)
-    }
-
-    /// The whole index, for tools and `status()` over every kernel: decoded from
-    /// `kernels.idx`, which holds all of it.
-    pub fn index(&self) -> Result<Index, BundleError> {
-        match &self.source {
-            Source::Lookup(lookup) => lookup.index(),
-            Source::Index(index) => Ok((**index).clone()),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bundle::read_index;
+    use crate::index::Variant;
     use crate::index::{CompilerRecord, Constant, Skip, SourceRecipe, INDEX_FORMAT};
 
     /// An index of `count` kernels `k00000`…, each with one variant and a few inputs.
@@ -1746,11 +1658,11 @@ mod tests {
         let message = error.to_string();
         assert!(message.contains(LOOKUP_FILE), "{message}");
         assert!(message.contains("has format 1"), "{message}");
-        assert!(message.contains("reads format 5"), "{message}");
+        assert!(message.contains("reads format 6"), "{message}");
         // A newer one, even one too short for this format's header, is named by its format.
-        bytes[8..12].copy_from_slice(&6u32.to_le_bytes());
+        bytes[8..12].copy_from_slice(&7u32.to_le_bytes());
         let message = opened(&bytes[..12]).0.unwrap_err().to_string();
-        assert!(message.contains("has format 6"), "{message}");
+        assert!(message.contains("has format 7"), "{message}");
     }
 
     #[test]

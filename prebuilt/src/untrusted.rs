@@ -363,6 +363,17 @@ pub fn check_kernel(name: &str, record: &KernelRecord) -> Result<(), Untrusted> 
         Digest::check(digest)
             .map_err(|e| e.of(format!("the digest of input `{stable}` of `{name}`")))?;
     }
+    if !record.inputs.requires.is_empty() {
+        // Parsed once here, so that no caller of a checked record meets text that does not
+        // parse (the bundler wrote it checked; a crafted index may not be).
+        crate::requires::check(&record.inputs.requires, &record.constants).map_err(|refused| {
+            Untrusted {
+                what: "the requirements of kernel".to_owned(),
+                value: name.to_owned(),
+                reason: format!("do not check: {refused}"),
+            }
+        })?;
+    }
     if let Some(recipe) = &record.recipe {
         // Shipped sources are joined under `sources/`: each must stay there.
         for stable in record.inputs.files.keys() {

@@ -15,7 +15,8 @@
 //! For cubins on both sides, the facts each entry asks of the GPU are compared
 //! ([`prebuilt::cubin::EntryResources`]: registers, register cap, stack frame, static shared
 //! memory, launch bounds, code size, parameter layout); a changed parameter list is an ABI
-//! break for callers. With a fleet, the coverage table of each side is compared too: a device
+//! break for callers. A kernel whose requirements gained or changed a condition (its manifest's
+//! `requires`) is called out too: callers may be refused shapes they passed before. With a fleet, the coverage table of each side is compared too: a device
 //! that loaded a kernel and no longer does is a coverage loss.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -213,6 +214,9 @@ pub struct Row {
     /// Whether a new-side entry has a stack frame the old one did not (local memory or
     /// spills).
     pub new_stack: bool,
+    /// Whether the kernel's requirements gained a condition (or changed one, or its inputs)
+    /// on a target both sides built: callers may now be refused shapes they passed before.
+    pub requirements_changed: bool,
     /// The old variant, if any.
     pub old: Option<Side>,
     /// The new variant, if any.
@@ -361,6 +365,9 @@ pub fn diff_releases(
                 register_increase: None,
                 abi_break: false,
                 new_stack: false,
+                requirements_changed: old_side.is_some()
+                    && new_side.is_some()
+                    && requirements_gained(old_record, new_record),
                 old: old_side,
                 new: new_side,
             };
@@ -534,6 +541,16 @@ fn coverage_changes(
     changes
 }
 
+/// Whether the new record's requirements have a condition the old one's do not, or other
+/// inputs: [`bundler::explain::diff_requirements`] words each change.
+fn requirements_gained(old: Option<&KernelRecord>, new: Option<&KernelRecord>) -> bool {
+    let (Some(old), Some(new)) = (old, new) else {
+        return false;
+    };
+    let (before, after) = (&old.inputs.requires, &new.inputs.requires);
+    before.inputs != after.inputs || after.rules.iter().any(|rule| !before.rules.contains(rule))
+}
+
 fn find_variant<'r>(record: Option<&'r KernelRecord>, target: &str) -> Option<&'r Variant> {
     record.and_then(|r| r.variants.iter().find(|v| v.label() == target))
 }
@@ -585,6 +602,9 @@ impl fmt::Display for ReleaseDiff {
                 let mut resources = row.resource_changes.join("; ");
                 if row.abi_break {
                     resources.insert_str(0, "**ABI break** ");
+                }
+                if row.requirements_changed {
+                    resources.insert_str(0, "**requirements changed** ");
                 }
                 writeln!(
                     f,
@@ -646,6 +666,8 @@ pub struct DiffPolicy {
     pub allow_removed: Option<bool>,
     /// Whether an entry's parameter layout may change; default yes.
     pub allow_abi_break: Option<bool>,
+    /// Whether a kernel's requirements may gain or change a condition; default yes.
+    pub allow_requirement_change: Option<bool>,
 }
 
 impl From<&bundler::manifest::ReleasePolicy> for DiffPolicy {
@@ -656,6 +678,7 @@ impl From<&bundler::manifest::ReleasePolicy> for DiffPolicy {
             allow_coverage_loss: policy.allow_coverage_loss,
             allow_removed: policy.allow_removed,
             allow_abi_break: policy.allow_abi_break,
+            allow_requirement_change: policy.allow_requirement_change,
         }
     }
 }
@@ -689,6 +712,22 @@ impl DiffPolicy {
             if self.allow_abi_break == Some(false) && row.abi_break {
                 breaches.push(format!(
                     "{at}: the entry parameters changed, and allow-abi-break = false"
+                ));
+            }
+            if self.allow_requirement_change == Some(false) && row.requirements_changed {
+                let changes: Vec<&String> = row
+                    .why
+                    .iter()
+                    .filter(|why| why.starts_with("requires:") || why.starts_with("inputs:"))
+                    .collect();
+                breaches.push(format!(
+                    "{at}: the kernel's requirements changed ({}), and allow-requirement-change \
+                     = false",
+                    changes
+                        .iter()
+                        .map(|change| change.as_str())
+                        .collect::<Vec<_>>()
+                        .join("; ")
                 ));
             }
         }

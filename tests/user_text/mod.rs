@@ -143,6 +143,33 @@ fn bundle_list_and_dev_coverage_of_the_default_library() {
     let mut columns = settings.clone();
     columns.add_filter(r" {2,}", "  ");
     columns.bind(|| insta::assert_snapshot!("bundle_list", list));
+    // `--json`: every kernel with what the manifest declares it requires, as the index has it.
+    let json = kwheel()
+        .args(["bundle", "list", "--json", &bundle])
+        .output()
+        .unwrap();
+    assert!(json.status.success(), "{}", text(&json));
+    let listing: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    let manifest = bundler::Manifest::load(&workspace().join("kernels/kernels.toml")).unwrap();
+    for (name, kernel) in &manifest.kernels {
+        let requirements = bundler::Manifest::requirements_of(kernel);
+        assert!(
+            !requirements.rules.is_empty(),
+            "{name} declares requirements"
+        );
+        let listed = &listing["kernels"][name];
+        assert_eq!(
+            listed["inputs"],
+            serde_json::json!(requirements.inputs),
+            "{name}"
+        );
+        assert_eq!(
+            listed["requires"],
+            serde_json::json!(requirements.rules),
+            "{name}"
+        );
+        assert!(!listed["variants"].as_array().unwrap().is_empty(), "{name}");
+    }
     let coverage = session(&[
         "dev", "coverage", &bundle, "--device", "sm_100", "--cuda", "13.0", "--driver", "580.65",
     ]);

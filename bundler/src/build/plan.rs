@@ -80,6 +80,7 @@ pub fn plan_kernel(
         cxx_std: manifest.cxx_std_of(spec),
         preamble: manifest.preamble_of(spec),
         targets: manifest.targets_of(spec),
+        requires: Manifest::requirements_of(spec),
     };
     let torch = if manifest.torch_of(spec) {
         let torch = crate::torch::find_pinned(manifest).map_err(|source| Error::Torch {

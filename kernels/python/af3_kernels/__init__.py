@@ -8,6 +8,8 @@ unless ``AF3_KERNELS_JIT_FALLBACK=0``.
     print(af3_kernels.status())
     if af3_kernels.is_available("layernorm_bf16"):
         layernorm = af3_kernels.load("layernorm_bf16")
+    # What a kernel requires of a shape, at setup, without a GPU (None: it runs):
+    af3_kernels.unsupported_shape_reason("layernorm_bf16", rows=4096, cols=1024)
 """
 
 import kwheel as _kwheel
@@ -20,7 +22,16 @@ status = _registry.status
 is_available = _registry.is_available
 unavailable_reason = _registry.unavailable_reason
 select = _registry.select
+unsupported_shape_reason = _registry.unsupported_shape_reason
 load = _registry.load
 fetch = _registry.fetch
 
-__all__ = ["status", "is_available", "unavailable_reason", "select", "load", "fetch"]
+__all__ = [
+    "status",
+    "is_available",
+    "unavailable_reason",
+    "unsupported_shape_reason",
+    "select",
+    "load",
+    "fetch",
+]

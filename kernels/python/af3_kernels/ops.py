@@ -19,7 +19,12 @@ implementation that is the torch reference. ``sigmoid_gate`` has a backward made
 Dtypes and layouts are the kernels': bf16 for ``layer_norm`` (over the last dimension only),
 ``swiglu`` and ``sigmoid_gate`` (same shapes, no broadcasting); fp32 for the softmax; fp32 or
 bf16 ``x`` with an fp32 ``scale`` for ``scale_rows``; bf16 in and fp32 out for ``matmul``.
-Anything else raises ``ValueError`` naming the op, also while tracing.
+Anything else raises ``ValueError`` naming the op, also while tracing. What each kernel
+requires of the sizes (an even last dimension for ``swiglu``, counts that fit its 32-bit
+ints, ``matmul``'s grid) is declared with the kernel in ``kernels.toml`` (``requires``), not
+here: each op passes the kernel's ``inputs`` and ``kwheel.torch`` refuses what breaks one,
+naming it, and ``af3_kernels.unsupported_shape_reason(kernel, **inputs)`` answers the same
+at setup without a GPU.
 
 Policy where a kernel cannot load: when no prebuilt variant fits the GPU and the JIT is
 disabled (``AF3_KERNELS_JIT_FALLBACK=0``: the loader's ``NoFitError``), the op runs its torch
@@ -73,9 +78,6 @@ def __dir__():
     return sorted(set(globals()) | set(library.ops))
 
 
-_INT_MAX = 2**31 - 1
-
-
 def _require(condition, op, message):
     if not condition:
         raise ValueError(f"af3_kernels.ops.{op}: {message}")
@@ -87,8 +89,9 @@ def _require_dtype(tensor, dtypes, op, name):
         _require(False, op, f"{name} must be {wanted}, not {str(tensor.dtype).replace('torch.', '')}")
 
 
-def _require_int(value, op, what):
-    _require(value <= _INT_MAX, op, f"{what} ({value}) must fit the kernel's 32-bit int")
+def _rows(x):
+    """The number of rows of ``x`` seen as [rows, last dimension]."""
+    return x.numel() // x.shape[-1] if x.shape[-1] else 0
 
 
 # --- layer_norm ------------------------------------------------------------------------
@@ -114,10 +117,13 @@ def _layer_norm_shape(x, normalized_shape, weight, bias, eps):
     return [(x.shape, x.dtype)]
 
 
+def _layer_norm_inputs(x, normalized_shape, weight, bias, eps):
+    return {"rows": _rows(x), "cols": x.shape[-1]}
+
+
 def _layer_norm_launch(constants, outputs, x, normalized_shape, weight, bias, eps):
     cols = x.shape[-1]
-    rows = x.numel() // cols if cols else 0
-    _require_int(rows, "layer_norm", "the number of rows")
+    rows = _rows(x)
     if weight is None or bias is None:
         ones, zeros = _affine_defaults(x, cols)
         weight = ones if weight is None else weight
@@ -158,6 +164,7 @@ library.declare(
     "float eps=1e-05) -> Tensor",
     kernel="layernorm_bf16",
     shape=_layer_norm_shape,
+    inputs=_layer_norm_inputs,
     launch=_layer_norm_launch,
     reference=_layer_norm_reference,
 )
@@ -168,18 +175,17 @@ library.declare(
 
 def _swiglu_shape(x):
     _require_dtype(x, (torch.bfloat16,), "swiglu", "x")
-    _require(
-        x.dim() >= 1 and x.shape[-1] % 2 == 0,
-        "swiglu",
-        f"the last dimension of x (shape {list(x.shape)}) must be even: [..., 2 * hidden]",
-    )
+    _require(x.dim() >= 1, "swiglu", "x must have at least one dimension: [..., 2 * hidden]")
     return [(tuple(x.shape[:-1]) + (x.shape[-1] // 2,), x.dtype)]
+
+
+def _swiglu_inputs(x):
+    return {"rows": _rows(x), "width": x.shape[-1]}
 
 
 def _swiglu_launch(constants, outputs, x):
     hidden = x.shape[-1] // 2
-    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    _require_int(rows * hidden, "swiglu", "the number of outputs")
+    rows = _rows(x)
     block = constants["BLOCK_SIZE"]
     return Launch(ceil_div(rows * hidden, block), block, [outputs[0], x, rows, hidden])
 
@@ -193,6 +199,7 @@ library.declare(
     "swiglu(Tensor x) -> Tensor",
     kernel="swiglu",
     shape=_swiglu_shape,
+    inputs=_swiglu_inputs,
     launch=_swiglu_launch,
     reference=_swiglu_reference,
 )
@@ -220,9 +227,12 @@ def _sigmoid_gate_shape(x, gate):
     return [(x.shape, x.dtype)]
 
 
+def _count_inputs(x, *others):
+    return {"count": x.numel()}
+
+
 def _sigmoid_gate_launch(constants, outputs, x, gate):
     count = x.numel()
-    _require_int(count, "sigmoid_gate", "the number of elements")
     block = constants["BLOCK_SIZE"]
     return Launch(ceil_div(count, block), block, [outputs[0], x, gate, count])
 
@@ -235,6 +245,7 @@ library.declare(
     "sigmoid_gate(Tensor x, Tensor gate) -> Tensor",
     kernel="sigmoid_gate",
     shape=_sigmoid_gate_shape,
+    inputs=_count_inputs,
     launch=_sigmoid_gate_launch,
     reference=_sigmoid_gate_reference,
 )
@@ -247,7 +258,6 @@ def _sigmoid_gate_backward_shape(grad, x, gate):
 
 def _sigmoid_gate_backward_launch(constants, outputs, grad, x, gate):
     count = x.numel()
-    _require_int(count, "sigmoid_gate_backward", "the number of elements")
     block = constants["BLOCK_SIZE"]
     grad_x, grad_gate = outputs
     return Launch(
@@ -265,6 +275,7 @@ library.declare(
     "sigmoid_gate_backward(Tensor grad, Tensor x, Tensor gate) -> (Tensor, Tensor)",
     kernel="sigmoid_gate_backward",
     shape=_sigmoid_gate_backward_shape,
+    inputs=_count_inputs,
     launch=_sigmoid_gate_backward_launch,
     reference=_sigmoid_gate_backward_reference,
 )
@@ -311,9 +322,13 @@ def _masked_softmax_shape(logits, bias, mask, scale):
     return [(logits.shape, logits.dtype)]
 
 
+def _masked_softmax_inputs(logits, bias, mask, scale):
+    batch, heads, n, _ = logits.shape
+    return {"batch": batch, "heads": heads, "n": n}
+
+
 def _masked_softmax_launch(constants, outputs, logits, bias, mask, scale):
     batch, heads, n, _ = logits.shape
-    _require_int(batch * heads * n, "masked_softmax_pair_bias", "the number of rows")
     # One block per (b, h, i) row.
     return Launch(
         batch * heads * n,
@@ -333,6 +348,7 @@ library.declare(
     "masked_softmax_pair_bias(Tensor logits, Tensor bias, Tensor mask, float scale) -> Tensor",
     kernel="masked_softmax_pair_bias",
     shape=_masked_softmax_shape,
+    inputs=_masked_softmax_inputs,
     launch=_masked_softmax_launch,
     reference=_masked_softmax_reference,
 )
@@ -352,9 +368,13 @@ def _scale_rows_shape(x, scale):
     return [(x.shape, x.dtype)]
 
 
+def _scale_rows_inputs(x, scale):
+    rows, cols = x.shape
+    return {"rows": rows, "cols": cols}
+
+
 def _scale_rows_launch(constants, outputs, x, scale):
     rows, cols = x.shape
-    _require_int(rows * cols, "scale_rows", "the number of elements")
     block = constants["BLOCK_SIZE"]
     entry = "scale_rows<float>" if x.dtype == torch.float32 else "scale_rows<__nv_bfloat16>"
     return Launch(
@@ -370,6 +390,7 @@ library.declare(
     "scale_rows(Tensor x, Tensor scale) -> Tensor",
     kernel="scale_rows",
     shape=_scale_rows_shape,
+    inputs=_scale_rows_inputs,
     launch=_scale_rows_launch,
     reference=_scale_rows_reference,
 )
@@ -389,6 +410,10 @@ def _matmul_shape(a, b):
     return [((a.shape[0], b.shape[1]), torch.float32)]
 
 
+def _matmul_inputs(a, b):
+    return {"m": a.shape[0], "n": b.shape[1], "k": a.shape[1]}
+
+
 def _matmul_launch(constants, outputs, a, b):
     m, k = a.shape
     n = b.shape[1]
@@ -405,6 +430,7 @@ library.declare(
     "matmul(Tensor a, Tensor b) -> Tensor",
     kernel="wgmma_matmul_bf16",
     shape=_matmul_shape,
+    inputs=_matmul_inputs,
     launch=_matmul_launch,
     reference=_matmul_reference,
 )

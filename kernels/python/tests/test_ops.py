@@ -262,8 +262,9 @@ class Fakes(unittest.TestCase):
             (lambda: ops.swiglu(meta), "af3_kernels.ops.swiglu: x must be bfloat16, not float32"),
             (
                 lambda: ops.swiglu(torch.empty(4, 5, device="meta", dtype=torch.bfloat16)),
-                "af3_kernels.ops.swiglu: the last dimension of x (shape [4, 5]) must be even: "
-                "[..., 2 * hidden]",
+                "af3_kernels::swiglu: kernel `swiglu` does not take these inputs: the last "
+                "dimension of x must be even: [..., 2 * hidden]: requires `width % 2 == 0`, but "
+                "width = 5",
             ),
             (
                 lambda: ops.layer_norm(meta.bfloat16(), (4, 6)),
@@ -288,6 +289,169 @@ class Fakes(unittest.TestCase):
             with self.assertRaises(Exception) as raised:
                 call()
             self.assertIn(message, str(raised.exception))
+
+
+INT32 = 2**31 - 1
+
+# Every requirement the library's kernels declare (kernels.toml `requires`): the inputs just
+# inside its boundary, those just past it, and the words of the refusal.
+BOUNDARIES = [
+    (
+        "layernorm_bf16",
+        {"rows": INT32, "cols": 4096},
+        {"rows": INT32 + 1, "cols": 4096},
+        "one block per row: the number of rows must fit the kernel's 32-bit int: requires "
+        "`rows <= 2147483647`, but rows = 2147483648",
+    ),
+    (
+        "layernorm_bf16",
+        {"rows": 1, "cols": INT32},
+        {"rows": 1, "cols": INT32 + 1},
+        "requires `cols <= 2147483647`, but cols = 2147483648",
+    ),
+    (
+        "swiglu",
+        {"rows": 3, "width": 6},
+        {"rows": 3, "width": 7},
+        "the last dimension of x must be even: [..., 2 * hidden]: requires `width % 2 == 0`, "
+        "but width = 7",
+    ),
+    (
+        "swiglu",
+        {"rows": 1, "width": 2 * INT32},
+        {"rows": 1, "width": 2 * INT32 + 2},
+        "the number of outputs must fit the kernel's 32-bit int: requires "
+        "`rows * (width / 2) <= 2147483647`, but rows = 1, width = 4294967296",
+    ),
+    (
+        "masked_softmax_pair_bias",
+        {"batch": 2, "heads": 4, "n": 268435455},
+        {"batch": 2, "heads": 4, "n": 268435456},
+        "requires `batch * heads * n <= 2147483647`, but batch = 2, heads = 4, n = 268435456",
+    ),
+    (
+        "sigmoid_gate",
+        {"count": INT32},
+        {"count": INT32 + 1},
+        "requires `count <= 2147483647`, but count = 2147483648",
+    ),
+    (
+        "sigmoid_gate_backward",
+        {"count": INT32},
+        {"count": INT32 + 1},
+        "requires `count <= 2147483647`, but count = 2147483648",
+    ),
+    (
+        "scale_rows",
+        {"rows": 46341, "cols": 46340},
+        {"rows": 46341, "cols": 46341},
+        "requires `rows * cols <= 2147483647`, but rows = 46341, cols = 46341",
+    ),
+    (
+        "wgmma_matmul_bf16",
+        {"m": 65535 * 64, "n": 8, "k": 16},
+        {"m": 65535 * 64 + 1, "n": 8, "k": 16},
+        "one block per TILE_M rows of a: m must fit 65535 blocks of the grid's y dimension: "
+        "requires `(m + TILE_M - 1) / TILE_M <= 65535`, but m = 4194241, TILE_M = 64",
+    ),
+    (
+        "wgmma_matmul_bf16",
+        {"m": 64, "n": INT32, "k": 16},
+        {"m": 64, "n": INT32 + 1, "k": 16},
+        "requires `n <= 2147483647`, but n = 2147483648",
+    ),
+    (
+        "wgmma_matmul_bf16",
+        {"m": 64, "n": 8, "k": INT32},
+        {"m": 64, "n": 8, "k": INT32 + 1},
+        "requires `k <= 2147483647`, but k = 2147483648",
+    ),
+]
+
+
+@unittest.skipUnless(HAS_TORCH, NO_TORCH)
+class Requirements(unittest.TestCase):
+    """What each kernel requires of its sizes is declared in kernels.toml and answered from
+    the index on a CPU, without a GPU; the ops refuse what breaks it, by the same answer."""
+
+    def test_every_kernel_of_an_op_declares_its_inputs(self):
+        registry = ops.library.registry
+        for op, kernel in KERNELS.items():
+            self.assertEqual(ops.library.ops[op].kernel.name, kernel)
+            self.assertIsNotNone(ops.library.ops[op].inputs, op)
+        covered = {kernel for kernel, *_ in BOUNDARIES}
+        self.assertEqual(covered, set(KERNELS.values()))
+        self.assertEqual(registry.kernels, sorted(covered))
+
+    def test_every_requirement_answers_on_both_sides_of_its_boundary(self):
+        import af3_kernels
+
+        for kernel, inside, past, message in BOUNDARIES:
+            with self.subTest(kernel=kernel, inputs=past):
+                self.assertIsNone(af3_kernels.unsupported_shape_reason(kernel, **inside))
+                reason = af3_kernels.unsupported_shape_reason(kernel, **past)
+                self.assertIsNotNone(reason)
+                self.assertIn(message, reason)
+                # For a device, the variant it would get: the same constants, the same answer.
+                self.assertEqual(
+                    af3_kernels.unsupported_shape_reason(kernel, device="sm_90", **past), reason
+                )
+
+    def test_torch_sizes_are_inputs_and_wrong_inputs_are_type_errors(self):
+        import af3_kernels
+
+        x = torch.empty(46341, 46341, device="meta")
+        rows, cols = x.shape
+        self.assertIn("rows = 46341", af3_kernels.unsupported_shape_reason("scale_rows", rows=rows, cols=cols))
+        for inputs, message in [
+            ({"rows": 1}, "missing input `cols`"),
+            ({"rows": 1, "cols": 2, "depth": 3}, "no input `depth`"),
+            ({"rows": 1, "cols": True}, "input `cols` is an integer, not a boolean"),
+            ({"rows": 1, "cols": 2.0}, "input `cols` must be an int or a bool"),
+        ]:
+            with self.assertRaises(TypeError) as raised:
+                af3_kernels.unsupported_shape_reason("scale_rows", **inputs)
+            self.assertIn(message, str(raised.exception))
+
+    def test_ops_refuse_while_tracing_naming_the_op_the_requirement_and_the_values(self):
+        meta = {"device": "meta"}
+        cases = [
+            (
+                lambda: ops.scale_rows(torch.empty(46341, 46341, **meta), torch.empty(46341, **meta)),
+                "af3_kernels::scale_rows: kernel `scale_rows` does not take these inputs: the "
+                "number of elements must fit the kernel's 32-bit int: requires "
+                "`rows * cols <= 2147483647`, but rows = 46341, cols = 46341",
+            ),
+            (
+                lambda: ops.matmul(
+                    torch.empty(65535 * 64 + 1, 16, dtype=torch.bfloat16, **meta),
+                    torch.empty(16, 8, dtype=torch.bfloat16, **meta),
+                ),
+                "af3_kernels::matmul: kernel `wgmma_matmul_bf16` does not take these inputs: "
+                "one block per TILE_M rows of a",
+            ),
+            (
+                lambda: ops.sigmoid_gate(
+                    torch.empty(2**16, 2**15, dtype=torch.bfloat16, **meta),
+                    torch.empty(2**16, 2**15, dtype=torch.bfloat16, **meta),
+                ),
+                "but count = 2147483648",
+            ),
+        ]
+        for call, message in cases:
+            with self.assertRaises(ValueError) as raised:
+                call()
+            self.assertIn(message, str(raised.exception))
+        # Just inside the boundaries, the same ops trace.
+        out = ops.scale_rows(torch.empty(46341, 46340, **meta), torch.empty(46341, **meta))
+        self.assertEqual(out.shape, torch.Size([46341, 46340]))
+
+    def test_the_ops_have_no_size_checks_of_their_own(self):
+        import inspect
+
+        source = inspect.getsource(ops)
+        for check in ("_require_int", "2**31", "% 2 == 0", "65535"):
+            self.assertNotIn(check, source)
 
 
 @unittest.skipUnless(HAS_TORCH, NO_TORCH)

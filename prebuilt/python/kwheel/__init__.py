@@ -13,9 +13,12 @@ Its users then ask what loads here and launch kernels on torch tensors::
     block = layernorm.constants["BLOCK_SIZE"]
     layernorm.launch(rows, block, [out, x, gamma, beta, rows, cols, 1e-5])
 
-``select`` answers for any device without a GPU::
+``select`` answers for any device without a GPU, and ``unsupported_shape_reason`` for any
+shape, from the kernel's declared requirements (None when the kernel takes it)::
 
     _registry.select("layernorm_bf16", "sm_100", cuda="13.0")   # -> cu130/sm_100a
+    _registry.unsupported_shape_reason("swiglu", rows=4, width=5)
+    # -> "the last dimension of x must be even: ...: requires `width % 2 == 0`, but width = 5"
 
 The runtime's CUDA build is torch's (``torch.version.cuda``) when torch is imported, else
 ``KWHEEL_CUDA_BUILD``, else the newest build of the bundle that the driver supports; the torch
@@ -381,6 +384,16 @@ class Registry:
     def constants(self, name):
         """Kernel ``name``'s exported constants (``{"BLOCK_SIZE": 256}``), without a GPU."""
         return self._bundle.constants(name)
+
+    def unsupported_shape_reason(self, name, /, device=None, **inputs):
+        """Why kernel ``name`` cannot run with ``inputs`` (the manifest's ``inputs`` of the
+        kernel, by keyword: ints, torch sizes, bools), or None: the first of its ``requires``
+        those values break, in words with the values. Reads the index only: no GPU, nothing
+        loaded, so a library can call it at setup. ``device`` (as for ``select``) names the
+        variant to answer for; every variant shares the kernel's constants, so the answer is
+        the same for any device and for none. Raises ``TypeError`` for inputs the kernel does
+        not declare, or a missing one."""
+        return self._bundle.unsupported_shape_reason(name, device, **inputs)
 
     def select(self, name, device, cuda=None, torch=None, driver=None):
         """Which variant of ``name`` a device would load: a dry run, no GPU needed.

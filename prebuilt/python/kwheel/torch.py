@@ -230,7 +230,8 @@ class Library:
                 self._kernels[name] = found
             return found
 
-    def define(self, schema, *, kernel, shape, launch, reference=None, fallback=None):
+    def define(self, schema, *, kernel, shape, launch, reference=None, fallback=None,
+               inputs=None):
         """Declares op ``<namespace>::<name>``, defines it with torch now, and returns what to
         call. ``declare`` takes the same arguments and leaves torch's definition for the op's
         first ``lookup``.
@@ -243,12 +244,17 @@ class Library:
         outputs and the arguments (tensors made contiguous). ``reference(*args)``: the same op
         in torch, the implementation for CPU tensors. ``fallback``: run ``reference`` on CUDA,
         with a ``FallbackWarning``, where the kernel has no fitting variant and the JIT is
-        disabled (``NoFitError``); default the library's.
+        disabled (``NoFitError``); default the library's. ``inputs(*args)``: the kernel's
+        manifest ``inputs`` as a dict (``{"rows": ..., "cols": ...}``) from the arguments: the
+        op then refuses, with ``ValueError`` naming the op, the requirement and the values,
+        arguments that break one of the kernel's ``requires``, on the first CUDA call with
+        their shapes (the loaded variant's) and while tracing (the index's, no GPU).
 
         Returns the ``torch.ops`` overload (``torch.ops.<namespace>.<name>.default``), or, under
         ``<NAMESPACE>_COMPILE_WRAP=disable``, a plain function with the same arguments.
         """
-        options = dict(kernel=kernel, shape=shape, launch=launch, reference=reference)
+        options = dict(kernel=kernel, shape=shape, launch=launch, reference=reference,
+                       inputs=inputs)
         op = self.declare(schema, fallback=fallback, **options)
         try:
             op._read()
@@ -257,7 +263,8 @@ class Library:
             raise
         return op.callable
 
-    def declare(self, schema, *, kernel, shape, launch, reference=None, fallback=None):
+    def declare(self, schema, *, kernel, shape, launch, reference=None, fallback=None,
+                inputs=None):
         """As ``define``, but returns the ``Op`` and defines it with torch only when a call needs
         the dispatcher (or ``define_all``); its schema is read and checked on its first
         ``lookup`` (``ValueError`` there for one an op cannot have; text with no op name, or an
@@ -268,7 +275,7 @@ class Library:
         if fallback and reference is None:
             raise ValueError(f"`{schema}`: fallback=True needs a reference")
         op = Op(self, schema, self.kernel(kernel), shape=shape, launch=launch,
-                reference=reference, fallback=fallback)
+                reference=reference, fallback=fallback, inputs=inputs)
         if op.name in self.ops:
             raise ValueError(f"`{self.namespace}::{op.name}` is already defined")
         self.ops[op.name] = op
@@ -357,6 +364,7 @@ class LazyKernel:
         self.registry = registry
         self.name = name
         self._loaded = {}
+        self._kernels = {}
         self._labels = {}
         self._lock = threading.Lock()
 
@@ -386,7 +394,17 @@ class LazyKernel:
         if len(entries) == 1:
             functions[None] = functions[entries[0]]
         self._labels[device] = kernel.trace_label
+        self._kernels[device] = kernel
         return functions, dict(kernel.constants)
+
+    def unsupported_shape_reason(self, device, values):
+        """Why the kernel loaded on ``device`` cannot run with ``values`` (its inputs), or
+        None; without a loaded kernel there (a stand-in registry's), the registry's answer."""
+        kernel = self._kernels.get(device)
+        if kernel is not None:
+            return kernel.unsupported_shape_reason(**values)
+        answer = getattr(self.registry, "unsupported_shape_reason", None)
+        return None if answer is None else answer(self.name, **values)
 
 
 class Argument:
@@ -532,11 +550,13 @@ class Op:
     schema is read and checked (``_read``) when the op is first looked up or defined, not when
     it is declared."""
 
-    def __init__(self, library, schema, kernel, *, shape, launch, reference, fallback):
+    def __init__(self, library, schema, kernel, *, shape, launch, reference, fallback,
+                 inputs=None):
         self.library = library
         self.schema = schema
         self.kernel = kernel
         self.shape = shape
+        self.inputs = inputs
         self.launch = launch
         self.reference = reference
         self.fallback = fallback
@@ -735,7 +755,25 @@ class Op:
         args = self._complete(args)
         like = args[self.device_position]
         outputs = [like.new_empty(shape, dtype=dtype) for shape, dtype in self.shape(*args)]
+        self._refuse_unsupported(args, None)
         return outputs[0] if self.output_count == 1 else tuple(outputs)
+
+    def _refuse_unsupported(self, args, device):
+        """Raises ``ValueError`` naming the op, the requirement and the values where ``args``
+        break one of the kernel's requirements: the kernel's loaded on ``device``, else the
+        index's (``device`` None: no GPU). Symbolic sizes (dynamic shapes while tracing) are
+        left to the call that runs."""
+        if self.inputs is None:
+            return
+        values = self.inputs(*args)
+        if any(type(value) not in (int, bool) for value in values.values()):
+            return
+        reason = self.kernel.unsupported_shape_reason(device, values)
+        if reason is not None:
+            raise ValueError(
+                f"{self.qualified_name}: kernel `{self.kernel.name}` does not take these "
+                f"inputs: {reason}"
+            )
 
     def reference_call(self, *args):
         if self.reference is None:
@@ -865,6 +903,7 @@ class Op:
             (self._input_like(args, shape, dtype), tuple(shape), dtype, like.device)
             for shape, dtype in self.shape(*args)
         )
+        self._refuse_unsupported(args, device)
         outputs = [
             torch.empty(shape, dtype=dtype, device=place) if slot is None else
             torch.empty_like(args[slot]) for slot, shape, dtype, place in allocations

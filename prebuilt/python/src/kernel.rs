@@ -2,6 +2,7 @@
 //! from.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, OnceLock};
 
 use prebuilt::driver::{LaunchAttributes, LaunchConfig};
 use prebuilt::index::Constant;
@@ -19,14 +20,20 @@ pub struct Kernel {
     inner: prebuilt::Kernel,
     device: u32,
     label: String,
+    /// The registry it was loaded from, whose index holds its requirements.
+    registry: Arc<prebuilt::Registry>,
+    /// Its record with its requirements, read on the first `unsupported_shape_reason`.
+    requirements: OnceLock<prebuilt::KernelRecord>,
 }
 
 impl Kernel {
-    pub(crate) fn new(inner: prebuilt::Kernel) -> Kernel {
+    pub(crate) fn new(inner: prebuilt::Kernel, registry: Arc<prebuilt::Registry>) -> Kernel {
         Kernel {
             device: inner.device(),
             label: inner.trace_label(),
             inner,
+            registry,
+            requirements: OnceLock::new(),
         }
     }
 
@@ -79,6 +86,28 @@ impl Kernel {
     #[getter]
     fn constants<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         constants_dict(py, self.inner.constants())
+    }
+
+    /// Why this kernel cannot run with `inputs` (its manifest's `inputs`, by keyword: ints,
+    /// torch sizes, bools), or `None`: its first requirement those values break, in words with
+    /// the values, over the constants of the variant it loaded.
+    #[pyo3(signature = (**inputs))]
+    fn unsupported_shape_reason(
+        &self,
+        py: Python<'_>,
+        inputs: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<Option<String>> {
+        let name = self.inner.name();
+        let record = match self.requirements.get() {
+            Some(record) => record,
+            None => {
+                let catalog = self.registry.catalog();
+                let found = catalog.requirements(name);
+                let record = crate::requires::known_record(py, catalog, name, found)?;
+                self.requirements.get_or_init(|| record)
+            }
+        };
+        crate::requires::answer(name, record, self.inner.constants(), inputs)
     }
 
     /// The entries as declared (`["scale_rows<float>", "scale_rows<__nv_bfloat16>"]`).

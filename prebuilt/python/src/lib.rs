@@ -7,9 +7,9 @@
 //!
 //! | Python | wraps | touches the GPU |
 //! | --- | --- | --- |
-//! | [`Bundle`] | `prebuilt::Bundle`: the index, and `select`, a dry run for any device | never |
+//! | [`Bundle`] | `prebuilt::Bundle`: the index, `select`, a dry run for any device, and `unsupported_shape_reason` | never |
 //! | [`Registry`] | `prebuilt::Registry`: `status`, `is_available`, `unavailable_reason`, `load` | from the first call |
-//! | [`Kernel`], [`Function`] | a loaded kernel and its entries: `launch` with checked arguments | yes |
+//! | [`Kernel`], [`Function`] | a loaded kernel and its entries: `launch` with checked arguments, `unsupported_shape_reason` | yes |
 //! | [`Selection`], [`Provenance`] | what a dry run chose; where a loaded cubin came from | |
 //! | `loaded_kernels()`, `trace_label()`, `trace_variable()`, `trace_enabled()` | every kernel loaded in the process, per device; the trace range names (docs/provenance.md) | never |
 //! | `KwheelError` and its subclasses | `prebuilt::LoadError` and friends, message with every cause | |
@@ -26,6 +26,7 @@ mod arguments;
 mod errors;
 mod kernel;
 mod registry;
+mod requires;
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;

@@ -141,6 +141,27 @@ impl Bundle {
         constants_dict(py, &record.constants)
     }
 
+    /// Why kernel `name` cannot run with `inputs` (its manifest's `inputs`, by keyword: ints,
+    /// torch sizes, bools), or `None`: its first requirement those values break, in words with
+    /// the values, read from the index alone (no GPU, nothing loaded). `device` (as for
+    /// `select`) names the variant to answer for; every variant shares the kernel's constants
+    /// (a manifest refuses a per-arch constant), so any device, and none (the strictest of
+    /// all), gets the same answer, and `device` is only checked.
+    #[pyo3(signature = (name, /, device=None, **inputs))]
+    fn unsupported_shape_reason(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        device: Option<&Bound<'_, PyAny>>,
+        inputs: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<Option<String>> {
+        if let Some(device) = device {
+            parse_device(device)?;
+        }
+        let record = self.requirements(py, name)?;
+        crate::requires::answer(name, &record, &record.constants, inputs)
+    }
+
     /// Downloads, verifies and caches every variant that a device would load and that this
     /// bundle leaves in its store (a slim wheel), so the device can run offline. Arguments as
     /// for `select`. Returns the report as text; raises when anything could not be fetched.
@@ -265,18 +286,11 @@ impl Bundle {
 
 impl Bundle {
     fn record(&self, py: Python<'_>, name: &str) -> PyResult<prebuilt::KernelRecord> {
-        let error = |error: prebuilt::BundleError| load_error(py, &LoadError::from(error));
-        match self.inner.record(name).map_err(error)? {
-            Some(record) => Ok(record),
-            None => Err(load_error(
-                py,
-                &LoadError::UnknownKernel {
-                    kernel: name.to_owned(),
-                    bundle: self.inner.root().to_path_buf(),
-                    known: self.inner.names().map_err(error)?,
-                },
-            )),
-        }
+        crate::requires::known_record(py, &self.inner, name, self.inner.record(name))
+    }
+
+    fn requirements(&self, py: Python<'_>, name: &str) -> PyResult<prebuilt::KernelRecord> {
+        crate::requires::known_record(py, &self.inner, name, self.inner.requirements(name))
     }
 }
 
@@ -511,7 +525,7 @@ impl Registry {
         let kernel = py
             .detach(move || registry.load_on(name, ordinal))
             .map_err(|error| load_error(py, &error))?;
-        Ok(Kernel::new(kernel))
+        Ok(Kernel::new(kernel, Arc::clone(&self.inner)))
     }
 
     /// Every kernel this registry has loaded, on every device.
@@ -519,7 +533,7 @@ impl Registry {
         let registry = Arc::clone(&self.inner);
         py.detach(move || registry.loaded())
             .into_iter()
-            .map(Kernel::new)
+            .map(|kernel| Kernel::new(kernel, Arc::clone(&self.inner)))
             .collect()
     }
 

@@ -370,6 +370,47 @@ class Registration(unittest.TestCase):
         torch.library.opcheck(op, (torch.randn(4, 3),))
         torch.library.opcheck(op, (torch.randn(4, 3), 0.5))
 
+    def test_an_op_refuses_inputs_that_break_a_requirement_by_the_kernels_answer(self):
+        asked = []
+
+        class Answering(StubRegistry):
+            def unsupported_shape_reason(self, name, **values):
+                asked.append((name, values))
+                if values["count"] > 8:
+                    return f"requires `count <= 8`, but count = {values['count']}"
+                return None
+
+        library = kt.Library(Answering("kwheel-test-requires"))
+        op = library.define(
+            "twice(Tensor x) -> Tensor",
+            kernel="double",
+            shape=_double_shape,
+            launch=_double_launch,
+            reference=_double_reference,
+            inputs=lambda x: {"count": x.numel()},
+        )
+        # While tracing, from the index (no device): the op, the kernel, the requirement.
+        self.assertEqual(op(torch.empty(2, 4, device="meta")).shape, torch.Size([2, 4]))
+        with self.assertRaises(ValueError) as raised:
+            op(torch.empty(3, 3, device="meta"))
+        self.assertEqual(
+            str(raised.exception),
+            "kwheel_test_requires::twice: kernel `double` does not take these inputs: "
+            "requires `count <= 8`, but count = 9",
+        )
+        self.assertEqual(asked, [("double", {"count": 8}), ("double", {"count": 9})])
+        # On a device whose kernel is loaded, that kernel answers (its variant's constants).
+        declared = library.ops["twice"]
+        kernel = declared.kernel
+        kernel.get(0)
+        answers = []
+        kernel._kernels[0].unsupported_shape_reason = lambda **values: answers.append(values)
+        declared._refuse_unsupported([torch.empty(3, 3)], 0)
+        self.assertEqual(answers, [{"count": 9}])
+        self.assertEqual(len(asked), 2)
+        # A CPU call runs the reference, which has no such limit.
+        self.assertEqual(op(torch.ones(3, 3)).sum().item(), 18.0)
+
     def test_torch_compile_keeps_one_graph_with_dynamic_shapes(self):
         library = kt.Library(StubRegistry("kwheel-test-compile-dynamic"))
         op = self.define(library)

@@ -1,8 +1,111 @@
-//! The `bundle list` table.
+//! The `bundle list` table, and its JSON (`bundle list --json`).
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use crate::index::Index;
+use serde::Serialize;
+
+use crate::index::{Constant, Index, Requirement};
+
+/// What `bundle list --json` prints: every kernel, with what a caller reads of it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct BundleListing {
+    /// The kernel library's package.
+    pub package: String,
+    /// The torch pin.
+    pub torch: String,
+    /// Every kernel, by name.
+    pub kernels: BTreeMap<String, KernelListing>,
+}
+
+/// One kernel of a [`BundleListing`].
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct KernelListing {
+    /// Its exported constants.
+    pub constants: BTreeMap<String, Constant>,
+    /// The names of the values a caller passes, that `requires` reads.
+    pub inputs: Vec<String>,
+    /// What it requires of them, in the order they are checked.
+    pub requires: Vec<Requirement>,
+    /// Its variants: build, arch, compiler, sizes, key.
+    pub variants: Vec<VariantListing>,
+    /// The targets without a variant, and why.
+    pub skipped: Vec<SkipListing>,
+}
+
+/// A row of [`KernelListing::variants`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct VariantListing {
+    /// `cu130`.
+    pub build: String,
+    /// `sm_90a`.
+    pub arch: String,
+    /// `nvrtc 12.9.86`.
+    pub compiler: String,
+    /// The cubin's size.
+    pub size: u64,
+    /// Its stored (compressed) size.
+    pub stored_size: u64,
+    /// Its key, in full.
+    pub key: String,
+}
+
+/// A row of [`KernelListing::skipped`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SkipListing {
+    /// `cu129`.
+    pub build: String,
+    /// `sm_100a`.
+    pub arch: String,
+    /// Why it was not built.
+    pub reason: String,
+}
+
+impl BundleListing {
+    /// The listing of `index`.
+    pub fn of(index: &Index) -> BundleListing {
+        let kernels = index
+            .kernels
+            .iter()
+            .map(|(name, record)| {
+                let variants = record
+                    .variants
+                    .iter()
+                    .map(|variant| VariantListing {
+                        build: variant.cuda.to_string(),
+                        arch: variant.arch.to_string(),
+                        compiler: variant.compiler.to_string(),
+                        size: variant.artifact.size,
+                        stored_size: variant.artifact.stored_size,
+                        key: variant.key.clone(),
+                    })
+                    .collect();
+                let skipped = record
+                    .skipped
+                    .iter()
+                    .map(|skip| SkipListing {
+                        build: skip.cuda.to_string(),
+                        arch: skip.arch.to_string(),
+                        reason: skip.reason.clone(),
+                    })
+                    .collect();
+                let listing = KernelListing {
+                    constants: record.constants.clone(),
+                    inputs: record.inputs.requires.inputs.clone(),
+                    requires: record.inputs.requires.rules.clone(),
+                    variants,
+                    skipped,
+                };
+                (name.clone(), listing)
+            })
+            .collect();
+        BundleListing {
+            package: index.package.clone(),
+            torch: index.torch.clone(),
+            kernels,
+        }
+    }
+}
 
 /// The `bundle list` table: one row per variant and per skip.
 pub fn list_bundle(index: &Index) -> String {

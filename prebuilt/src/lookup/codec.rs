@@ -29,7 +29,8 @@
 //!                load record has them | 1 then the names), defines (count, then name,
 //!                value), flags, nvcc flags, nvrtc flags,
 //!                C++ standard, preamble, targets (count, then arch, defines, flags, nvcc
-//!                flags, nvrtc flags)
+//!                flags, nvrtc flags), requirements (inputs, then count, then (condition,
+//!                reason: u8 0 none | 1 then the reason))
 //! graph record   count, then (folder: 0 none | 1 + vocabulary id, then the rest of the stable
 //!                path after the folder's `/`; digest): the kernel's include graph
 //! ```
@@ -47,8 +48,8 @@ use std::collections::BTreeMap;
 
 use crate::bundle::artifact_path;
 use crate::index::{
-    CompilerRecord, Constant, Function, KernelInputs, KernelRecord, Skip, SourceRecipe, StoredFile,
-    TargetInputs, Variant,
+    CompilerRecord, Constant, Function, KernelInputs, KernelRecord, Requirement, Requirements,
+    Skip, SourceRecipe, StoredFile, TargetInputs, Variant,
 };
 
 mod reader;
@@ -316,6 +317,18 @@ pub(super) fn encode_inputs(record: &KernelRecord) -> Vec<u8> {
         out.texts(&target.flags);
         out.texts(&target.nvcc_flags);
         out.texts(&target.nvrtc_flags);
+    }
+    out.texts(&inputs.requires.inputs);
+    out.number(inputs.requires.rules.len() as u64);
+    for rule in &inputs.requires.rules {
+        out.text(&rule.when);
+        match &rule.reason {
+            None => out.0.push(0),
+            Some(reason) => {
+                out.0.push(1);
+                out.text(reason);
+            }
+        }
     }
     out.0
 }
@@ -591,6 +604,7 @@ pub(super) fn decode_inputs(bytes: &[u8], load: &Load, decoded: &Decoded) -> Rea
         cxx_std: input.text()?,
         preamble: input.text()?,
         targets: BTreeMap::new(),
+        requires: Requirements::default(),
     };
     for _ in 0..input.count()? {
         input.held(std::mem::size_of::<TargetInputs>() as u64)?;
@@ -607,6 +621,17 @@ pub(super) fn decode_inputs(bytes: &[u8], load: &Load, decoded: &Decoded) -> Rea
         if inputs.targets.insert(arch, target).is_some() {
             return Err("names a target twice".to_owned());
         }
+    }
+    inputs.requires.inputs = input.texts()?;
+    for _ in 0..input.count()? {
+        input.held(std::mem::size_of::<Requirement>() as u64)?;
+        let when = input.text()?;
+        let reason = if input.flag()? {
+            Some(input.text()?)
+        } else {
+            None
+        };
+        inputs.requires.rules.push(Requirement { when, reason });
     }
     input.end()?;
     Ok(inputs)

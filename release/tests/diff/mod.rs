@@ -43,32 +43,54 @@ fn bundle(manifest: &Path, out: &Path, cache: &Path) {
     .unwrap_or_else(|error| panic!("bundle {}: {}", manifest.display(), chain(&error)));
 }
 
-/// Two bundles: the library as it is, and with `activations.cuh` edited and
-/// `-maxrregcount=24` on one kernel.
-fn two_builds(name: &str) -> Option<(PathBuf, PathBuf, PathBuf)> {
+/// Two bundles: the library as it is (`old`), and with `edit` applied to the manifest of a
+/// second copy (`new`), built with one cache: the two bundles and the scratch folder.
+fn builds_with(name: &str, edit: impl FnOnce(&Path)) -> Option<(PathBuf, PathBuf, PathBuf)> {
     toolchains()?;
     let root = scratch(name);
     let cache = root.join("cache");
     let old = copy_library(&root.join("old"));
     let new = copy_library(&root.join("new"));
-    let header = new.parent().unwrap().join("include/af3/activations.cuh");
-    let text = std::fs::read_to_string(&header).unwrap();
-    let edited = text.replace(
-        "return x * sigmoid(x); }",
-        "return x * sigmoid(x) + 0.0f * x; }",
-    );
-    assert_ne!(text, edited, "the edit applies");
-    std::fs::write(&header, edited).unwrap();
-    let manifest = std::fs::read_to_string(&new).unwrap();
-    let flagged = manifest.replace(
-        "entries = [\"masked_softmax_pair_bias\"]\n",
-        "entries = [\"masked_softmax_pair_bias\"]\nflags = [\"-maxrregcount=24\"]\n",
-    );
-    assert_ne!(manifest, flagged, "the flag applies");
-    std::fs::write(&new, flagged).unwrap();
+    edit(&new);
     bundle(&old, &root.join("old-bundle"), &cache);
     bundle(&new, &root.join("new-bundle"), &cache);
     Some((root.join("old-bundle"), root.join("new-bundle"), root))
+}
+
+/// `path` with `from` replaced by `to`, which must be there.
+fn replace_in(path: &Path, from: &str, to: &str) {
+    let text = std::fs::read_to_string(path).unwrap();
+    let edited = text.replace(from, to);
+    assert_ne!(text, edited, "the edit of {} applies", path.display());
+    std::fs::write(path, edited).unwrap();
+}
+
+/// Two bundles: the library as it is, and with `activations.cuh` edited and
+/// `-maxrregcount=24` on one kernel.
+fn two_builds(name: &str) -> Option<(PathBuf, PathBuf, PathBuf)> {
+    builds_with(name, |new| {
+        replace_in(
+            &new.parent().unwrap().join("include/af3/activations.cuh"),
+            "return x * sigmoid(x); }",
+            "return x * sigmoid(x) + 0.0f * x; }",
+        );
+        replace_in(
+            new,
+            "entries = [\"masked_softmax_pair_bias\"]\n",
+            "entries = [\"masked_softmax_pair_bias\"]\nflags = [\"-maxrregcount=24\"]\n",
+        );
+    })
+}
+
+/// `release diff OLD NEW` of two bundle folders, without a fleet.
+fn diff_of(old: &Path, new: &Path) -> release::diff::ReleaseDiff {
+    let (old, new) = (Release::open(old).unwrap(), Release::open(new).unwrap());
+    diff_releases(&old, &new, None).unwrap()
+}
+
+/// The kernels with a changed row.
+fn changed_kernels(diff: &release::diff::ReleaseDiff) -> std::collections::BTreeSet<&str> {
+    diff.changed().map(|row| row.kernel.as_str()).collect()
 }
 
 #[test]
@@ -76,14 +98,8 @@ fn release_diff_shows_exactly_the_edited_kernels_with_why_and_registers() {
     let Some((old, new, root)) = two_builds("diff") else {
         return;
     };
-    let diff = diff_releases(
-        &Release::open(&old).unwrap(),
-        &Release::open(&new).unwrap(),
-        None,
-    )
-    .unwrap();
-    let changed: std::collections::BTreeSet<&str> =
-        diff.changed().map(|row| row.kernel.as_str()).collect();
+    let diff = diff_of(&old, &new);
+    let changed = changed_kernels(&diff);
     assert_eq!(
         changed,
         ["masked_softmax_pair_bias", "swiglu"].into(),
@@ -187,6 +203,17 @@ fn release_diff_shows_exactly_the_edited_kernels_with_why_and_registers() {
     });
 }
 
+/// The new build's manifest (under `root`, as [`builds_with`] lays it out) loaded with a
+/// `[release]` table of `policy` appended; the file is left as it was read before.
+fn with_release_policy(root: &Path, policy: &str) -> bundler::Manifest {
+    let path = root.join("new/kernels/kernels.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, format!("{text}\n[release]\n{policy}\n")).unwrap();
+    let manifest = bundler::Manifest::load(&path).unwrap();
+    std::fs::write(&path, text).unwrap();
+    manifest
+}
+
 /// `release check --against OLD` holds the diff to the manifest's `[release]` policy: a
 /// register limit under the jump fails naming the row, one above it passes.
 #[test]
@@ -194,15 +221,11 @@ fn release_check_against_gates_on_the_manifest_policy() {
     let Some((old, new, root)) = two_builds("diff-gate") else {
         return;
     };
-    let manifest_path = root.join("new/kernels/kernels.toml");
-    let text = std::fs::read_to_string(&manifest_path).unwrap();
     let with_policy = |limit: u32| {
-        std::fs::write(
-            &manifest_path,
-            format!("{text}\n[release]\nmax-register-increase = {limit}\nallow-removed = false\n"),
+        with_release_policy(
+            &root,
+            &format!("max-register-increase = {limit}\nallow-removed = false"),
         )
-        .unwrap();
-        bundler::Manifest::load(&manifest_path).unwrap()
     };
     let gate = release::check::against_gate(&with_policy(0), &old, &new);
     assert_eq!(gate.status, release::check::GateStatus::Fail, "{gate:?}");
@@ -245,6 +268,68 @@ fn release_check_against_gates_on_the_manifest_policy() {
     insta::with_settings!({filters => snapshot_filters()}, {
         insta::assert_snapshot!("release_check_against_passes", stable(&passed.to_string(), &root));
     });
+}
+
+/// Two bundles of the library: as it is, and with `swiglu`'s output limit halved (a stricter
+/// requirement, nothing else changed).
+fn requirement_builds(name: &str) -> Option<(PathBuf, PathBuf, PathBuf)> {
+    builds_with(name, |new| {
+        replace_in(
+            new,
+            "{ when = \"rows * (width / 2) <= 2147483647\"",
+            "{ when = \"rows * (width / 2) <= 1073741823\"",
+        );
+    })
+}
+
+/// A requirement that changes between two releases is a changed kernel (its key), and `release
+/// diff` calls it out on each of its targets, like a register increase; with
+/// `allow-requirement-change = false`, `release check --against` fails naming it.
+#[test]
+fn a_changed_requirement_shows_in_release_diff_and_fails_the_gate_under_the_policy() {
+    let Some((old, new, root)) = requirement_builds("diff-requires") else {
+        return;
+    };
+    let diff = diff_of(&old, &new);
+    let changed = changed_kernels(&diff);
+    assert_eq!(changed, ["swiglu"].into(), "{diff}");
+    for row in diff.rows.iter().filter(|row| row.kernel == "swiglu") {
+        assert_eq!(row.change, Change::Rebuilt, "{diff}");
+        assert!(row.requirements_changed, "{diff}");
+        assert_eq!(
+            row.why,
+            [
+                "requires: new `rows * (width / 2) <= 1073741823` (the number of outputs must fit \
+                 the kernel's 32-bit int)",
+                "requires: dropped `rows * (width / 2) <= 2147483647` (the number of outputs \
+                 must fit the kernel's 32-bit int)",
+            ],
+            "{diff}"
+        );
+    }
+    let text = diff.to_string();
+    let called_out = text
+        .lines()
+        .filter(|line| line.starts_with("| `swiglu`") && line.contains("**requirements changed**"))
+        .count();
+    assert_eq!(called_out, 8, "{text}");
+    assert_eq!(DiffPolicy::default().breaches(&diff), Vec::<String>::new());
+
+    let with_policy =
+        |allow: bool| with_release_policy(&root, &format!("allow-requirement-change = {allow}"));
+    let gate = release::check::against_gate(&with_policy(false), &old, &new);
+    assert_eq!(gate.status, release::check::GateStatus::Fail, "{gate:?}");
+    assert!(
+        gate.reason.contains(
+            "`swiglu` cu130/sm_90a: the kernel's requirements changed (requires: new \
+             `rows * (width / 2) <= 1073741823`"
+        ) && gate.reason.contains("and allow-requirement-change = false"),
+        "{}",
+        gate.reason
+    );
+    assert!(!gate.reason.contains("layernorm_bf16"), "{}", gate.reason);
+    let gate = release::check::against_gate(&with_policy(true), &old, &new);
+    assert_eq!(gate.status, release::check::GateStatus::Pass, "{gate:?}");
 }
 
 /// A wheel is read through `wheel verify`, then its `_prebuilt/`: the default library's wheel
