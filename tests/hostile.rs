@@ -709,7 +709,9 @@ fn wheel_verify_refuses_a_wheel_that_is_a_symbolic_link() {
 }
 
 /// A RECORD of 100,000 short lines naming nothing (a 0.2 MB wheel) took 51 s to refuse: every
-/// row's line was counted from the start of RECORD. It is refused in one pass, naming the rows.
+/// row's line was counted from the start of RECORD. A RECORD of more lines than the wheel has
+/// files is refused before it is parsed, in one problem: its rows, repeated by the million in
+/// a few deflated megabytes, once parsed into gigabytes of rows and problems.
 #[test]
 fn wheel_verify_refuses_a_record_of_100000_lines_naming_nothing_in_one_pass() {
     let dir = tempfile::tempdir().unwrap();
@@ -718,15 +720,10 @@ fn wheel_verify_refuses_a_record_of_100000_lines_naming_nothing_in_one_pass() {
     let output = verify(dir.path(), &dist_info(&listed));
     let message = failure(&output, 4);
     assert!(
-        message.contains("evil/99999: is listed in RECORD but not in the wheel"),
+        message.contains("RECORD: has 100001 lines for the 3 files of the wheel"),
         "{}",
         &message[..message.len().min(2000)]
     );
-    // The report (stdout) names each row once.
-    assert_eq!(
-        stdout(&output)
-            .matches("is listed in RECORD but not in the wheel")
-            .count(),
-        100_000
-    );
+    // One problem, not one per row.
+    assert!(stdout(&output).len() < 2000, "{}", stdout(&output));
 }

@@ -146,6 +146,22 @@ pub(super) fn check_dist_info(
         report.problem(&record_path, "is missing");
         return;
     };
+    // Every row names one file of the wheel (and no file twice), so a RECORD of far more
+    // lines than the wheel has files is refused before it is parsed: what its rows and their
+    // problems cost in memory stays in proportion to the wheel's entries, which are capped.
+    // (A few deflated megabytes of repeated lines would otherwise parse into gigabytes.) The
+    // slack leaves a few wrong rows to be named one by one.
+    let lines = record.iter().filter(|&&byte| byte == b'\n').count();
+    if lines > 2 * contents.len() + 16 {
+        report.problem(
+            &record_path,
+            format!(
+                "has {lines} lines for the {} files of the wheel: a RECORD lists each file once",
+                contents.len()
+            ),
+        );
+        return;
+    }
     let rows = match std::str::from_utf8(record)
         .map_err(|_| "is not UTF-8".to_owned())
         .and_then(|text| parse_record(text).map_err(|error| format!("is not valid CSV: {error}")))
