@@ -101,6 +101,16 @@ impl KeyHasher {
         }
     }
 
+    /// A map of strings (files and their digests, defines and their values): its count,
+    /// then each key and value.
+    pub(crate) fn pairs(&mut self, pairs: &std::collections::BTreeMap<String, String>) {
+        self.count(pairs.len());
+        for (key, value) in pairs {
+            self.bytes(key.as_bytes());
+            self.bytes(value.as_bytes());
+        }
+    }
+
     /// The key: lowercase hex sha256.
     pub(crate) fn finish(self) -> String {
         hex::encode(self.0.finalize())
@@ -114,16 +124,8 @@ impl KernelKey {
         let mut hasher = KeyHasher::new(KEY_FORMAT);
         hasher.bytes(key.kernel.as_bytes());
         hasher.strings(&inputs.entries);
-        hasher.count(inputs.files.len());
-        for (path, digest) in &inputs.files {
-            hasher.bytes(path.as_bytes());
-            hasher.bytes(digest.as_bytes());
-        }
-        hasher.count(inputs.defines.len());
-        for (name, value) in &inputs.defines {
-            hasher.bytes(name.as_bytes());
-            hasher.bytes(value.as_bytes());
-        }
+        hasher.pairs(&inputs.files);
+        hasher.pairs(&inputs.defines);
         hasher.strings(&inputs.flags_for(&key.compiler.kind));
         hasher.bytes(inputs.cxx_std.as_bytes());
         hasher.bytes(key.arch.to_string().as_bytes());
@@ -137,10 +139,7 @@ impl KernelKey {
             hasher.bytes(inputs.preamble.as_bytes());
         }
         if !requires.is_empty() {
-            hasher.count(requires.inputs.len());
-            for input in &requires.inputs {
-                hasher.bytes(input.as_bytes());
-            }
+            hasher.strings(&requires.inputs);
             hasher.count(requires.rules.len());
             for rule in &requires.rules {
                 hasher.bytes(rule.when.as_bytes());

@@ -64,16 +64,8 @@ pub fn module_key(key: &ModuleKeyInputs<'_>) -> String {
     hasher.bytes(key.abi.to_string().as_bytes());
     let inputs = key.inputs;
     hasher.strings(&inputs.sources);
-    hasher.count(inputs.files.len());
-    for (path, digest) in &inputs.files {
-        hasher.bytes(path.as_bytes());
-        hasher.bytes(digest.as_bytes());
-    }
-    hasher.count(inputs.defines.len());
-    for (name, value) in &inputs.defines {
-        hasher.bytes(name.as_bytes());
-        hasher.bytes(value.as_bytes());
-    }
+    hasher.pairs(&inputs.files);
+    hasher.pairs(&inputs.defines);
     hasher.strings(&inputs.nvcc_flags);
     hasher.strings(&inputs.cxx_flags);
     hasher.bytes(inputs.cxx_std.as_bytes());
