@@ -473,6 +473,32 @@ impl Manifest {
                 .targets
                 .iter()
                 .flat_map(|(arch, target)| target.defines.keys().map(move |d| (arch, d)));
+            // Nor may a flag: `-DBLOCK_M=64` would compile one value and export another.
+            let levels = [
+                (
+                    "",
+                    &library.flags,
+                    &library.nvcc_flags,
+                    &library.nvrtc_flags,
+                ),
+                ("", &kernel.flags, &kernel.nvcc_flags, &kernel.nvrtc_flags),
+            ]
+            .into_iter()
+            .map(|(at, f, nvcc, nvrtc)| (at.to_owned(), flag_lists(f, nvcc, nvrtc)));
+            let targets = [&library.targets, &kernel.targets]
+                .into_iter()
+                .flat_map(|targets| targets.iter())
+                .filter(|(arch, _)| archs.contains(arch))
+                .map(|(arch, t)| {
+                    let lists = flag_lists(&t.flags, &t.nvcc_flags, &t.nvrtc_flags);
+                    (format!("targets.{arch}."), lists)
+                });
+            for (at, lists) in levels.chain(targets) {
+                let key = |field: &str| format!("{at}{field}");
+                if let Some(message) = constant_flag_in(lists, key, &kernel.constants) {
+                    return Err(invalid(Some(name), message));
+                }
+            }
             for (arch, define) in per_arch {
                 if kernel.constants.contains_key(define) {
                     return Err(invalid(
@@ -599,10 +625,11 @@ impl Manifest {
             let requirements = Self::requirements_of(kernel);
             if let Err(refused) = prebuilt::requires::check(&requirements, &kernel.constants) {
                 let mut error = invalid(Some(name), refused.to_string());
-                if let (Error::ManifestInvalid { line, .. }, Some(rule)) =
-                    (&mut error, refused.number.checked_sub(1))
-                {
-                    *line = line_column(text, kernel.requires[rule].when.span().start).0;
+                if let Error::ManifestInvalid { line, .. } = &mut error {
+                    *line = match refused.number.checked_sub(1) {
+                        Some(rule) => line_column(text, kernel.requires[rule].when.span().start).0,
+                        None => key_line(text, *line, "inputs"),
+                    };
                 }
                 return Err(error);
             }
@@ -788,6 +815,57 @@ fn check_targets(
             include_path_in(lists, key)
         })
     })
+}
+
+/// The message for the first flag among `lists` that defines or undefines one of a kernel's
+/// `constants` (`-DBLOCK_M=64`, `-D BLOCK_M`, `--define-macro=BLOCK_M`, `-UBLOCK_M`), if any.
+fn constant_flag_in(
+    lists: [(&'static str, &[String]); 3],
+    key: impl Fn(&str) -> String,
+    constants: &BTreeMap<String, prebuilt::index::Constant>,
+) -> Option<String> {
+    lists.into_iter().find_map(|(field, flags)| {
+        let mut pieces = flags.iter().flat_map(|flag| flag.split_whitespace());
+        while let Some(piece) = pieces.next() {
+            let glued = ["--define-macro=", "--undefine-macro=", "-D", "-U"]
+                .iter()
+                .find_map(|option| piece.strip_prefix(option));
+            let (shown, value) = match glued {
+                _ if ["-D", "-U", "--define-macro", "--undefine-macro"].contains(&piece) => {
+                    match pieces.next() {
+                        Some(value) => (format!("{piece} {value}"), value),
+                        None => continue,
+                    }
+                }
+                Some(value) => (piece.to_owned(), value),
+                None => continue,
+            };
+            let name = value.split('=').next().unwrap_or_default();
+            if constants.contains_key(name) {
+                return Some(format!(
+                    "`{}` holds `{shown}`, which sets `{name}`, a constant of the kernel: a \
+                     constant is compiled and exported with the one value `constants` gives it",
+                    key(field)
+                ));
+            }
+        }
+        None
+    })
+}
+
+/// The line of `key = …` in the table whose header is on line `header` (1-based), or
+/// `header` when the table does not spell it there.
+fn key_line(text: &str, header: usize, key: &str) -> usize {
+    text.lines()
+        .enumerate()
+        .skip(header)
+        .take_while(|(_, line)| !line.trim_start().starts_with('['))
+        .find(|(_, line)| {
+            line.trim_start()
+                .strip_prefix(key)
+                .is_some_and(|rest| rest.trim_start().starts_with('='))
+        })
+        .map_or(header, |(n, _)| n + 1)
 }
 
 fn line_column(text: &str, offset: usize) -> (usize, usize) {

@@ -654,6 +654,14 @@ fn requirements_are_checked_when_the_manifest_is_read_naming_their_line() {
             "{ when = \"n > 0\", reason = \" \" }",
             "its `reason` is empty",
         ),
+        (
+            "{ when = \"BLOCK > 256\" }",
+            "requirement 2 `BLOCK > 256`: it is false whatever the inputs",
+        ),
+        (
+            "{ when = \"n % (BLOCK - 128) == 0\" }",
+            "requirement 2 `n % (BLOCK - 128) == 0`: its `%` divides by zero whatever the inputs",
+        ),
     ] {
         let text = with(&format!("  {{ when = \"not packed\" }},\n  {rule},\n"));
         let (path, loaded) = load_manifest(&text);
@@ -670,11 +678,26 @@ fn requirements_are_checked_when_the_manifest_is_read_naming_their_line() {
     }
     let unknown_key = with("  { when = \"n > 0\", why = \"x\" },\n");
     assert!(load_manifest(&unknown_key).1.unwrap_err().contains("why"));
+    // A fault in `inputs` names the `inputs` line, not the kernel's header.
     let twice = with("").replace("[\"n\", \"packed\"]", "[\"n\", \"n\"]");
-    assert!(load_manifest(&twice)
+    let inputs_line = twice
+        .lines()
+        .position(|l| l.starts_with("inputs ="))
+        .unwrap()
+        + 1;
+    let (path, loaded) = load_manifest(&twice);
+    assert_eq!(
+        loaded.unwrap_err(),
+        format!(
+            "{}:{inputs_line}: invalid manifest (kernel `add`): `inputs`: `n` is listed twice",
+            path.display()
+        )
+    );
+    let reserved = with("").replace("[\"n\", \"packed\"]", "[\"n\", \"device\"]");
+    assert!(load_manifest(&reserved)
         .1
         .unwrap_err()
-        .contains("(kernel `add`): `inputs`: `n` is listed twice"));
+        .contains("`device` cannot be an input"));
 }
 
 #[test]

@@ -250,6 +250,13 @@ pub fn check(
                 "`{name}` is both an input and a constant of the kernel"
             )));
         }
+        if RESERVED.contains(&name.as_str()) {
+            return Err(refused(format!(
+                "`{name}` cannot be an input: `<package>.unsupported_shape_reason(name, \
+                 device=None, **inputs)` takes it as its own argument; call the input \
+                 something else"
+            )));
+        }
         inputs.push((name.clone(), None));
     }
     let known: BTreeMap<String, Known> = constants
@@ -284,6 +291,13 @@ pub fn check(
             constants: &known,
         };
         types.expect(&expr, Kind::Bool).map_err(refused)?;
+        if fold(&expr, &known).map_err(refused)? == Some(Value::Bool(false)) {
+            return Err(refused(
+                "it is false whatever the inputs (it reads only the kernel's constants and \
+                 literals), so it would refuse every call"
+                    .to_owned(),
+            ));
+        }
         rules.push((requirement.clone(), expr));
     }
     let constants = known
@@ -380,6 +394,53 @@ impl Checked {
 
 /// Words a name cannot be.
 const KEYWORDS: &[&str] = &["and", "or", "not", "true", "false"];
+
+/// Names an input cannot have: the package-level `unsupported_shape_reason(name, device=None,
+/// **inputs)` takes them as its own arguments.
+const RESERVED: &[&str] = &["name", "device"];
+
+/// The value of the part of `expr` that reads no input (its constants and literals), where
+/// all of it does; a part that can never be evaluated (a division by a zero that no input can
+/// change, an overflow of constants) is refused here, when the manifest is read, not at the
+/// first call. `expr` is type-checked.
+fn fold(expr: &Expr, constants: &BTreeMap<String, Known>) -> Result<Option<Value>, String> {
+    let constant = |name: &str| match constants.get(name) {
+        Some(Known::Value(value)) => *value,
+        _ => unreachable!("folded parts read only constants"),
+    };
+    Ok(match expr {
+        Expr::Literal(value) => Some(*value),
+        Expr::Name(name) => match constants.get(name.as_str()) {
+            Some(Known::Value(value)) => Some(*value),
+            _ => None,
+        },
+        Expr::Not(inner) | Expr::Negate(inner) => match fold(inner, constants)? {
+            Some(_) => Some(fold_value(expr, &constant)?),
+            None => None,
+        },
+        Expr::Binary(operator, left, right) => {
+            let (left, right) = (fold(left, constants)?, fold(right, constants)?);
+            if matches!(operator, Operator::Divide | Operator::Remainder)
+                && right == Some(Value::Int(0))
+            {
+                return Err(format!(
+                    "its `{}` divides by zero whatever the inputs",
+                    operator.symbol()
+                ));
+            }
+            match (left, right) {
+                (Some(_), Some(_)) => Some(fold_value(expr, &constant)?),
+                _ => None,
+            }
+        }
+    })
+}
+
+/// The value of an `expr` that reads only constants, or why it has none.
+fn fold_value(expr: &Expr, constant: &dyn Fn(&str) -> Value) -> Result<Value, String> {
+    evaluate(expr, constant)
+        .map_err(|fault| format!("a part that reads only constants cannot be evaluated: {fault}"))
+}
 
 fn is_name(text: &str) -> bool {
     let mut chars = text.chars();
@@ -804,6 +865,56 @@ mod tests {
         );
         assert!(message(&["not"]).contains("`not` is not a name"));
         assert!(message(&["2x"]).contains("`2x` is not a name"));
+        for reserved in ["name", "device"] {
+            assert_eq!(
+                message(&["dim", reserved]),
+                format!(
+                    "`inputs`: `{reserved}` cannot be an input: `<package>.unsupported_shape_\
+                     reason(name, device=None, **inputs)` takes it as its own argument; call \
+                     the input something else"
+                )
+            );
+        }
+    }
+
+    #[test]
+    fn a_condition_its_constants_make_impossible_is_refused_at_the_manifest() {
+        // `flash_moe`'s constants: BLOCK_M = 128, MXFP8_SCALE_BLOCK = 32.
+        let false_always = "it is false whatever the inputs (it reads only the kernel's \
+                            constants and literals), so it would refuse every call";
+        assert_eq!(
+            refused(&["dim > 0", "false"]),
+            format!("requirement 2 `false`: {false_always}")
+        );
+        assert_eq!(
+            refused(&["BLOCK_M % 64 == 1"]),
+            format!("requirement 1 `BLOCK_M % 64 == 1`: {false_always}")
+        );
+        assert_eq!(
+            refused(&["dim % 0 == 0"]),
+            "requirement 1 `dim % 0 == 0`: its `%` divides by zero whatever the inputs"
+        );
+        assert_eq!(
+            refused(&["flag or dim / (BLOCK_M - 128) > 1"]),
+            "requirement 1 `flag or dim / (BLOCK_M - 128) > 1`: its `/` divides by zero \
+             whatever the inputs"
+        );
+        assert_eq!(
+            refused(&["dim < BLOCK_M * 9223372036854775807"]),
+            "requirement 1 `dim < BLOCK_M * 9223372036854775807`: a part that reads only \
+             constants cannot be evaluated: the result overflows 64-bit integers"
+        );
+        // What the constants decide in the kernel's favour is a static check that holds, and
+        // a division whose divisor an input can change is evaluated at the call.
+        let (_, constants) = flash_moe();
+        let fine = requirements(
+            &["dim", "block"],
+            &[
+                ("BLOCK_M % MXFP8_SCALE_BLOCK == 0", None),
+                ("dim % block == 0", None),
+            ],
+        );
+        assert!(check(&fine, &constants).is_ok());
     }
 
     #[test]

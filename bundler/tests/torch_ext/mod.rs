@@ -443,6 +443,22 @@ fn per_arch_tables_torch_and_translation_units_are_checked_when_the_manifest_is_
              is exported with one value for every target",
         ),
         (
+            format!("{BASE}[kernels.add.targets.sm_90a]\nflags = [\"-DBLOCK=64\"]\n"),
+            "`targets.sm_90a.flags` holds `-DBLOCK=64`, which sets `BLOCK`, a constant of the \
+             kernel: a constant is compiled and exported with the one value `constants` gives it",
+        ),
+        (
+            kernel_key("nvcc-flags = [\"-D\", \"BLOCK=2\"]"),
+            "`nvcc-flags` holds `-D BLOCK=2`, which sets `BLOCK`",
+        ),
+        (
+            BASE.replace(
+                "torch = \"2.13.*\"",
+                "torch = \"2.13.*\"\nflags = [\"--define-macro=BLOCK\"]",
+            ),
+            "`flags` holds `--define-macro=BLOCK`, which sets `BLOCK`",
+        ),
+        (
             format!("{BASE}[kernels.add.targets.sm_90a]\nnvcc-flags = [\"-Iinclude\"]\n"),
             "`targets.sm_90a.nvcc-flags` holds `-Iinclude`: headers found through `-I` would \
              be compiled but not hashed into the key",
