@@ -333,6 +333,100 @@ pub struct Skip {
     pub reason: String,
 }
 
+/// Why a target of the matrix has no variant, as one type for the bundler, the release check
+/// and the CLI. The index keeps it as text ([`Skip::reason`]): [`SkipReason::to_index`] writes
+/// that text and [`Skip::why`] is the one reader of it.
+///
+/// | kind | index text | what it means |
+/// | --- | --- | --- |
+/// | [`SkipReason::Declared`] | `declared: …` | the manifest leaves the target out (`arch`, `cuda-builds`) |
+/// | [`SkipReason::Unsupported`] | anything else | the toolchains at hand cannot build it (`nvrtc 12.9 cannot target sm_100a`) |
+/// | [`SkipReason::Stub`] | `stub: …` | it compiled, but every entry is a stub on that target |
+/// | [`SkipReason::Failed`] | `failed: …` | its compile or validation failed; the compiler's log, bounded |
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum SkipReason {
+    /// The manifest leaves the target out of the kernel; the words after `declared: `.
+    Declared(String),
+    /// The toolchains cannot build the target; the whole reason.
+    Unsupported(String),
+    /// Every entry compiled for the target is a stub; the words after `stub: `.
+    Stub(String),
+    /// The compile or its validation failed; the words after `failed: `.
+    Failed(String),
+}
+
+impl SkipReason {
+    const DECLARED: &'static str = "declared: ";
+    const STUB: &'static str = "stub: ";
+    const FAILED: &'static str = "failed: ";
+
+    /// The reason an index keeps as `text`.
+    pub fn from_index(text: &str) -> SkipReason {
+        if let Some(rest) = text.strip_prefix(Self::DECLARED) {
+            SkipReason::Declared(rest.to_owned())
+        } else if let Some(rest) = text.strip_prefix(Self::STUB) {
+            SkipReason::Stub(rest.to_owned())
+        } else if let Some(rest) = text.strip_prefix(Self::FAILED) {
+            SkipReason::Failed(rest.to_owned())
+        } else {
+            SkipReason::Unsupported(text.to_owned())
+        }
+    }
+
+    /// The text the index keeps: the kind's prefix and the words.
+    pub fn to_index(&self) -> String {
+        match self {
+            SkipReason::Declared(words) => format!("{}{words}", Self::DECLARED),
+            SkipReason::Stub(words) => format!("{}{words}", Self::STUB),
+            SkipReason::Failed(words) => format!("{}{words}", Self::FAILED),
+            SkipReason::Unsupported(words) => words.clone(),
+        }
+    }
+
+    /// The kind's name: `declared`, `unsupported`, `stub`, `failed`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SkipReason::Declared(_) => "declared",
+            SkipReason::Unsupported(_) => "unsupported",
+            SkipReason::Stub(_) => "stub",
+            SkipReason::Failed(_) => "failed",
+        }
+    }
+
+    /// The words without the kind's prefix.
+    pub fn words(&self) -> &str {
+        match self {
+            SkipReason::Declared(words)
+            | SkipReason::Unsupported(words)
+            | SkipReason::Stub(words)
+            | SkipReason::Failed(words) => words,
+        }
+    }
+}
+
+impl std::fmt::Display for SkipReason {
+    /// As the index keeps it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.to_index())
+    }
+}
+
+impl Skip {
+    /// A skip of `arch` with `build` for `why`, its reason as the index keeps it.
+    pub fn new(arch: Arch, cuda: CudaBuild, why: &SkipReason) -> Skip {
+        Skip {
+            arch,
+            cuda,
+            reason: why.to_index(),
+        }
+    }
+
+    /// Why the target was skipped, read from the index's text.
+    pub fn why(&self) -> SkipReason {
+        SkipReason::from_index(&self.reason)
+    }
+}
+
 impl Index {
     /// Records `store` (or none), and the format that goes with the index's contents.
     pub fn set_store(&mut self, store: Option<String>) {

@@ -6,6 +6,7 @@ use std::path::Path;
 use bundler::Manifest;
 use prebuilt::cubin::validate_cubin;
 use prebuilt::error_chain;
+use prebuilt::index::SkipReason;
 use prebuilt::Bundle;
 
 use super::{CheckOptions, Run};
@@ -194,15 +195,17 @@ pub(super) fn check_bundle(
                 match skipped {
                     // A target that failed to compile is not a skip the release may carry,
                     // unless the manifest allows it by name.
-                    Some(skip) if skip.reason.starts_with(bundler::FAILED) => {
-                        if allow_failed.iter().any(|a| *a == label || a == name) {
+                    Some(skip) => match skip.why() {
+                        SkipReason::Failed(_)
+                            if allow_failed.iter().any(|a| *a == label || a == name) =>
+                        {
                             allowed += 1;
-                        } else {
-                            let why = &skip.reason[bundler::FAILED.len()..];
+                        }
+                        SkipReason::Failed(why) => {
                             failed.push(format!("`{name}` {build}/{arch} ({why})"));
                         }
-                    }
-                    Some(_) => skips += 1,
+                        _ => skips += 1,
+                    },
                     None if !built => missing.push(format!("`{name}` {build}/{arch}")),
                     None => {}
                 }
