@@ -363,6 +363,11 @@ pub(crate) struct BundleKernelsArgs {
     /// printed once, shortened, and the logs go to target/kwheel/logs/bundle-kernels.log).
     #[arg(long)]
     pub(crate) verbose: bool,
+    /// Print the build report as JSON on stdout instead of the summary: every target with its
+    /// outcome (built, cached, remote, skipped with its kind, failed with its log); see
+    /// docs/bundling.md.
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 #[derive(Args)]

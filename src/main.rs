@@ -21,6 +21,7 @@ use exit::{CommandFailed, Failure};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    diagnostics();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
@@ -41,6 +42,23 @@ fn main() -> ExitCode {
             ExitCode::from(Failure::of(&error).code())
         }
     }
+}
+
+/// Where the library crates' diagnostics go: each event's message alone on stderr, as the
+/// bundler's and the release check's lines have always read, at `info` and above unless
+/// `RUST_LOG` says otherwise (`RUST_LOG=warn` keeps only warnings, `RUST_LOG=bundler=debug`
+/// adds detail).
+fn diagnostics() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .without_time()
+        .with_level(false)
+        .with_target(false)
+        .with_ansi(false)
+        .init();
 }
 
 fn run(cli: Cli) -> Result<()> {
@@ -351,8 +369,8 @@ fn bundle_kernels(args: BundleKernelsArgs) -> Result<()> {
     let summary = bundler::bundle_kernels_shared(&options, &shared).map_err(|error| {
         let context = format!("bundle-kernels for `{}` failed", options.manifest.display());
         match (&error, args.verbose) {
-            (bundler::Error::NoTarget { kernel, reasons }, false) => {
-                no_target_summary(&context, kernel, reasons, &error)
+            (bundler::Error::NoTarget { kernel, skips }, false) => {
+                no_target_summary(&context, kernel, skips, &error)
             }
             _ => anyhow::Error::new(error).context(context),
         }
@@ -366,11 +384,18 @@ fn bundle_kernels(args: BundleKernelsArgs) -> Result<()> {
         .values()
         .map(|k| k.variants.len())
         .sum();
-    if !summary.failed.is_empty() {
+    if args.json {
+        let report =
+            bundler::pipeline::report::BuildReport::new(&summary, written(summary.written));
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    let failed = summary.failed();
+    if !failed.is_empty() {
         let mut by_kernel: std::collections::BTreeMap<&str, Vec<(String, String)>> =
             std::collections::BTreeMap::new();
         let mut full = String::new();
-        for (kernel, build, arch, error) in &summary.failed {
+        for (kernel, build, arch, error) in &failed {
             by_kernel
                 .entry(kernel)
                 .or_default()
@@ -403,10 +428,10 @@ fn bundle_kernels(args: BundleKernelsArgs) -> Result<()> {
     println!(
         "{} kernels, {variants} variants: {} built, {} from cache, {} skipped, {} failed; bundle {} {} in {:.2}s",
         summary.index.kernels.len(),
-        summary.compiled.len(),
-        summary.cached,
-        summary.skipped,
-        summary.failed.len(),
+        summary.compiled().len(),
+        summary.cached(),
+        summary.skipped(),
+        failed.len(),
         summary.out.display(),
         written(summary.written),
         summary.elapsed.as_secs_f64(),
@@ -439,15 +464,22 @@ fn bundle_kernels(args: BundleKernelsArgs) -> Result<()> {
 fn no_target_summary(
     context: &str,
     kernel: &str,
-    reasons: &[String],
+    skips: &[(
+        prebuilt::Arch,
+        prebuilt::CudaBuild,
+        prebuilt::index::SkipReason,
+    )],
     error: &bundler::Error,
 ) -> anyhow::Error {
-    let errors: Vec<(String, String)> = reasons
+    use prebuilt::index::SkipReason;
+    let errors: Vec<(String, String)> = skips
         .iter()
-        .map(|reason| {
-            let (target, why) = reason.split_once(": ").unwrap_or(("", reason));
-            let why = why.strip_prefix(bundler::FAILED).unwrap_or(why);
-            (target.to_owned(), why.to_owned())
+        .map(|(arch, cuda, why)| {
+            let why = match why {
+                SkipReason::Failed(words) => words.clone(),
+                other => other.to_index(),
+            };
+            (format!("{arch} ({cuda})"), why)
         })
         .collect();
     let groups = report::group_errors(&errors);

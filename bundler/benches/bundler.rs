@@ -22,8 +22,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use bundler::build::compiler_record;
 use bundler::include::{scan_includes, ScanRoots};
+use bundler::pipeline::compiler_record;
 use bundler::writer::WriteOutcome;
 use bundler::{bundle_kernels, BuildToolchain, BundleOptions, BundleSummary};
 use prebuilt::index::{CompilerRecord, KernelInputs};
@@ -312,12 +312,12 @@ impl Bench {
             let elapsed = started.elapsed();
             println!(
                 "jobs = {jobs}: {} compiled, {} cached, {} in {} (load average before: {load})",
-                summary.compiled.len(),
-                summary.cached,
+                summary.compiled().len(),
+                summary.cached(),
                 skipped_count(&summary),
                 secs(elapsed)
             );
-            results.push((jobs, elapsed, summary.compiled.len()));
+            results.push((jobs, elapsed, summary.compiled().len()));
             last = Some(dir);
         }
         let (one, two) = (results[0].1, results[1].1);
@@ -370,7 +370,7 @@ impl Bench {
                 let started = Instant::now();
                 let summary = bundle_kernels(options).expect("the library built a moment ago");
                 times.push(started.elapsed());
-                assert!(summary.compiled.is_empty(), "a no-op rebuild compiled");
+                assert!(summary.compiled().is_empty(), "a no-op rebuild compiled");
                 assert_eq!(summary.written, WriteOutcome::Unchanged);
             }
         }
@@ -501,8 +501,8 @@ impl Bench {
         println!(
             "built in {} (jobs = 2): {} compiled, {} from the build cache, {}",
             secs(started.elapsed()),
-            summary.compiled.len(),
-            summary.cached,
+            summary.compiled().len(),
+            summary.cached(),
             skipped_count(&summary)
         );
         let sizes = measure_bundle(&summary.out);

@@ -8,11 +8,11 @@ use prebuilt::index::{Index, KernelInputs, Requirement, Requirements, TargetInpu
 use prebuilt::lookup::read_bundle_index;
 use prebuilt::CudaBuild;
 
-use crate::build::{plan_kernel, target_keys, BuildToolchain};
 use crate::manifest::Manifest;
+use crate::pipeline::{plan_kernel, target_keys, BuildToolchain};
 use crate::Error;
 
-pub use crate::build::TargetKey;
+pub use crate::pipeline::TargetKey;
 
 /// Everything `dev explain` prints about one kernel.
 #[derive(Debug)]

@@ -12,7 +12,7 @@
 //! | [`compiler`] | nvcc and NVRTC behind one trait |
 //! | [`cache`] | the local content-addressed build cache |
 //! | [`remote`] | the shared build cache on a bazel-remote HTTP server |
-//! | [`build`] | planning the matrix and running compile jobs in parallel, or one shard of them |
+//! | [`pipeline`] | a build as plan → execute → assemble → write → report, with typed outcomes, or one shard of it |
 //! | [`writer`] | writing the bundle directory atomically |
 //! | [`shard`] | shard directories of a build spread over machines, and merging them |
 //! | [`explain`] | what goes into a kernel's key, and what changed since an index |
@@ -26,12 +26,12 @@ pub mod compiler;
 pub mod include;
 pub mod toolchain;
 
-pub mod build;
 pub mod cache;
 pub mod compress;
 pub mod explain;
 pub mod extension;
 pub mod manifest;
+pub mod pipeline;
 mod progress;
 pub mod remote;
 pub mod shard;
@@ -43,10 +43,10 @@ use std::path::PathBuf;
 
 use prebuilt::{Arch, CudaBuild};
 
-pub use build::{
-    bundle_kernels, bundle_kernels_shared, BuildToolchain, BundleOptions, BundleSummary, FAILED,
-};
 pub use manifest::Manifest;
+pub use pipeline::{
+    bundle_kernels, bundle_kernels_shared, BuildPlan, BuildToolchain, BundleOptions, BundleSummary,
+};
 pub use remote::{RemoteCache, RemoteCacheOptions};
 pub use shard::{merge_shards, Shard, SharedBuild};
 
@@ -285,13 +285,17 @@ pub enum Error {
     /// reasons (a kernel without a variant beside others that have one is only recorded).
     #[error(
         "`{kernel}` was built for no target of the matrix:\n  {}",
-        reasons.join("\n  ")
+        skips
+            .iter()
+            .map(|(arch, cuda, why)| format!("{arch} ({cuda}): {why}"))
+            .collect::<Vec<_>>()
+            .join("\n  ")
     )]
     NoTarget {
         /// The kernel.
         kernel: String,
-        /// Each target with why it has no variant.
-        reasons: Vec<String>,
+        /// Each target, as (arch, CUDA build), with why it has no variant.
+        skips: Vec<(Arch, CudaBuild, prebuilt::index::SkipReason)>,
     },
     /// A folder of a kernel's `include-dirs` that is not there.
     #[error(

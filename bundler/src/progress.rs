@@ -118,7 +118,7 @@ impl Lines {
             return;
         }
         let stage = self.stage.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        eprintln!(
+        tracing::info!(
             "{stage}: {done}/{} ({}%), {}s",
             self.len,
             tenth * 10,

@@ -286,7 +286,7 @@ impl RemoteCache {
 
     fn warn(&self, message: &str) {
         self.warnings.fetch_add(1, Ordering::Relaxed);
-        eprintln!("warning: remote cache {}: {message}", self.url());
+        tracing::warn!("warning: remote cache {}: {message}", self.url());
     }
 
     /// The cubin stored under `key`, verified against the digest its entry names and accepted

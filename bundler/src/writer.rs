@@ -441,7 +441,9 @@ impl Output {
                     let _ = std::fs::remove_dir_all(&path);
                 }
                 // Not kwheel's to remove: left as it is, and said so.
-                Err(error) => eprintln!("warning: leaving `{}` in place: {error}", path.display()),
+                Err(error) => {
+                    tracing::warn!("warning: leaving `{}` in place: {error}", path.display())
+                }
             }
         }
         Ok(())

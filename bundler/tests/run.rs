@@ -159,10 +159,14 @@ fn default_library_bundles_every_target_minus_declared_skips() {
     // A cold build: 7 kernels by 8 cells, less wgmma's 6 declared skips, nothing failed.
     let summary = &build.summary;
     assert_eq!(
-        (summary.compiled.len(), summary.cached, summary.skipped),
+        (
+            summary.compiled().len(),
+            summary.cached(),
+            summary.skipped()
+        ),
         (50, 0, 6)
     );
-    assert!(summary.failed.is_empty(), "{:?}", summary.failed);
+    assert!(summary.failed().is_empty(), "{:?}", summary.failed());
     let variants: usize = index.kernels.values().map(|r| r.variants.len()).sum();
     assert_eq!(variants, 50);
     for (name, record) in &index.kernels {
@@ -233,7 +237,7 @@ fn default_library_bundles_every_target_minus_declared_skips() {
 #[test]
 fn second_run_compiles_nothing_and_rewrites_nothing() {
     let Some(build) = default_build() else { return };
-    assert!(!build.summary.compiled.is_empty());
+    assert!(!build.summary.compiled().is_empty());
     let before = testkit::tree::bytes(&build.out);
     let again = bundle_kernels(&options(
         &default_manifest(),
@@ -242,7 +246,11 @@ fn second_run_compiles_nothing_and_rewrites_nothing() {
         toolchains().unwrap(),
     ))
     .unwrap();
-    assert!(again.compiled.is_empty(), "recompiled {:?}", again.compiled);
+    assert!(
+        again.compiled().is_empty(),
+        "recompiled {:?}",
+        again.compiled()
+    );
     assert_eq!(again.written, bundler::writer::WriteOutcome::Unchanged);
     assert_eq!(testkit::tree::bytes(&build.out), before);
 }
@@ -273,7 +281,7 @@ fn identical_inputs_give_identical_bundles() {
         toolchains().unwrap(),
     ))
     .unwrap();
-    assert_eq!(summary.cached, 0);
+    assert_eq!(summary.cached(), 0);
     assert_eq!(
         testkit::tree::bytes(&cold),
         testkit::tree::bytes(&build.out)
@@ -313,16 +321,20 @@ fn editing_a_shared_header_recompiles_exactly_its_includers() {
     std::thread::sleep(std::time::Duration::from_millis(20));
     std::fs::write(&path, std::fs::read(&path).unwrap()).unwrap();
     let touched = bundle_kernels(&options(&manifest, &out, &cache, toolchains.clone())).unwrap();
-    assert!(touched.compiled.is_empty(), "{:?}", touched.compiled);
+    assert!(touched.compiled().is_empty(), "{:?}", touched.compiled());
     let mut text = std::fs::read_to_string(&path).unwrap();
     text.push_str("\n// an edit that changes no code, but changes the key\n");
     std::fs::write(&path, text).unwrap();
 
     let second = bundle_kernels(&options(&manifest, &out, &cache, toolchains)).unwrap();
-    let recompiled: BTreeSet<String> = second.compiled.iter().map(|(k, _, _)| k.clone()).collect();
+    let recompiled: BTreeSet<String> = second
+        .compiled()
+        .iter()
+        .map(|(k, _, _)| k.clone())
+        .collect();
     assert_eq!(recompiled, includers);
     // Each includer is rebuilt for all eight targets (four archs, two builds); nothing else is.
-    assert_eq!(second.compiled.len(), 8 * includers.len());
+    assert_eq!(second.compiled().len(), 8 * includers.len());
 }
 
 #[test]
@@ -380,7 +392,7 @@ fn only_builds_a_subset_and_unknown_names_are_errors() {
     let summary = bundle_kernels(&opts).unwrap();
     let names: Vec<&String> = summary.index.kernels.keys().collect();
     assert_eq!(names, ["sigmoid_gate", "swiglu"]);
-    assert!(summary.compiled.is_empty(), "served by the shared cache");
+    assert!(summary.compiled().is_empty(), "served by the shared cache");
 
     opts.only = vec!["no_such_kernel".into()];
     let error = bundle_kernels(&opts).unwrap_err().to_string();
@@ -960,7 +972,7 @@ fn jobs_run_in_parallel_up_to_the_limit_and_hit_the_cache_after() {
     let mut opts = library.options("jobs");
     opts.jobs = 3;
     let summary = bundle_kernels(&opts).unwrap();
-    assert_eq!(summary.compiled.len(), 8);
+    assert_eq!(summary.compiled().len(), 8);
     assert_eq!(fake.calls.lock().unwrap().len(), 8);
     assert_eq!(
         fake.max_in_flight.load(std::sync::atomic::Ordering::SeqCst),
@@ -977,7 +989,7 @@ fn jobs_run_in_parallel_up_to_the_limit_and_hit_the_cache_after() {
     );
 
     let again = bundle_kernels(&opts).unwrap();
-    assert!(again.compiled.is_empty());
+    assert!(again.compiled().is_empty());
     assert_eq!(
         fake.calls.lock().unwrap().len(),
         8,
@@ -1115,7 +1127,7 @@ fn shard_specs_are_checked() {
 fn fake_shards_merge_into_the_single_build_and_bad_sets_are_refused() {
     let library = fake_library(7);
     let single = bundle_kernels(&library.options("single")).unwrap();
-    assert_eq!(single.compiled.len(), 7);
+    assert_eq!(single.compiled().len(), 7);
     let mut dirs = Vec::new();
     let mut built = 0;
     for index in 1..=3 {
@@ -1126,8 +1138,8 @@ fn fake_shards_merge_into_the_single_build_and_bad_sets_are_refused() {
         };
         let summary = bundler::bundle_kernels_shared(&options, &shared).unwrap();
         // Round-robin over 7 sorted keys: 3, 2, 2.
-        assert_eq!(summary.compiled.len(), [3, 2, 2][index - 1]);
-        built += summary.compiled.len();
+        assert_eq!(summary.compiled().len(), [3, 2, 2][index - 1]);
+        built += summary.compiled().len();
         assert!(options.out.join("shard.json").is_file());
         dirs.push(options.out);
     }
@@ -1218,7 +1230,7 @@ fn the_remote_cache_serves_a_second_machine() {
     let library = fake_library(4);
     let first =
         bundler::bundle_kernels_shared(&library.options("one"), &remote(&store.url())).unwrap();
-    assert_eq!(first.compiled.len(), 4);
+    assert_eq!(first.compiled().len(), 4);
     assert_eq!(first.remote.unwrap().uploads, 4);
     // Each upload: the cubin under its sha256, then the entry under the key.
     let cas = format!("/cas/{}", prebuilt::key::sha256_hex(&library.cubin));
@@ -1235,8 +1247,8 @@ fn the_remote_cache_serves_a_second_machine() {
     // Another machine: empty local cache, same remote: nothing compiles.
     let second =
         bundler::bundle_kernels_shared(&library.options("two"), &remote(&store.url())).unwrap();
-    assert!(second.compiled.is_empty());
-    assert_eq!(second.from_remote, 4);
+    assert!(second.compiled().is_empty());
+    assert_eq!(second.from_remote(), 4);
     assert_eq!(library.calls(), 4);
     assert_eq!(
         testkit::tree::bytes(&second.out),
@@ -1263,8 +1275,12 @@ fn build_through_fault(
     let summary =
         bundler::bundle_kernels_shared(&library.options("faulty"), &remote(&store.url())).unwrap();
     assert!(started.elapsed() < std::time::Duration::from_secs(20));
-    assert_eq!(summary.compiled.len(), kernels, "everything compiled here");
-    assert_eq!(summary.from_remote, 0);
+    assert_eq!(
+        summary.compiled().len(),
+        kernels,
+        "everything compiled here"
+    );
+    assert_eq!(summary.from_remote(), 0);
     assert_cache_holds_only(&library.dir.path().join("faulty/cache"), &library.cubin);
     (summary, library, store)
 }
@@ -1319,8 +1335,8 @@ fn remote_cache_wrong_bytes_are_never_used() {
     store.insert(&cas, &wrong);
     let summary =
         bundler::bundle_kernels_shared(&library.options("faulty"), &remote(&store.url())).unwrap();
-    assert_eq!(summary.compiled.len(), 2);
-    assert_eq!(summary.from_remote, 0);
+    assert_eq!(summary.compiled().len(), 2);
+    assert_eq!(summary.from_remote(), 0);
     assert!(summary.remote.unwrap().warnings >= 2);
     assert_cache_holds_only(&library.dir.path().join("faulty/cache"), &library.cubin);
     // The rebuild repaired the store.
@@ -1358,8 +1374,8 @@ fn remote_cache_on_a_real_server_serves_a_second_machine() {
     let first = bundler::bundle_kernels_shared(&library.options("one"), &remote(&url)).unwrap();
     assert_eq!(first.remote.unwrap().uploads, 4, "{url}");
     let second = bundler::bundle_kernels_shared(&library.options("two"), &remote(&url)).unwrap();
-    assert!(second.compiled.is_empty());
-    assert_eq!(second.from_remote, 4);
+    assert!(second.compiled().is_empty());
+    assert_eq!(second.from_remote(), 4);
     assert_eq!(
         testkit::tree::bytes(&second.out),
         testkit::tree::bytes(&first.out)
@@ -1393,8 +1409,8 @@ fn bench_remote_cache_rebuild() {
     };
     let cold = build("cold");
     let warm = build("warm");
-    assert_eq!(warm.from_remote, cold.compiled.len());
-    assert!(warm.compiled.is_empty());
+    assert_eq!(warm.from_remote(), cold.compiled().len());
+    assert!(warm.compiled().is_empty());
     assert_eq!(
         testkit::tree::bytes(&warm.out),
         testkit::tree::bytes(&cold.out)
@@ -1402,9 +1418,9 @@ fn bench_remote_cache_rebuild() {
     println!(
         "| cold build, {} cubins compiled, uploaded | {:.2} s |\n| rebuild on an empty local \
          cache, {} from the remote cache | {:.2} s |",
-        cold.compiled.len(),
+        cold.compiled().len(),
         cold.elapsed.as_secs_f64(),
-        warm.from_remote,
+        warm.from_remote(),
         warm.elapsed.as_secs_f64()
     );
 }
@@ -1460,8 +1476,8 @@ fn flashinfer_activation_norm_and_quantization_build_for_the_whole_matrix() {
     let started = std::time::Instant::now();
     let summary = bundle_kernels(&opts).unwrap_or_else(|error| panic!("{}", anyhow_like(&error)));
     eprintln!("flashinfer: 12 variants in {:?}", started.elapsed());
-    assert_eq!(summary.compiled.len(), 12);
-    assert!(summary.failed.is_empty());
+    assert_eq!(summary.compiled().len(), 12);
+    assert!(summary.failed().is_empty());
     let bundle = Bundle::open(&summary.out).unwrap();
     for (name, record) in &bundle.index().kernels {
         let targets: Vec<(String, String)> = record
@@ -1585,7 +1601,7 @@ fn a_library_header_reached_through_a_toolkit_header_is_in_the_key() {
     let spec = &manifest_file.kernels["k"];
     let toolkit: Vec<PathBuf> = cu130[0].include_dirs.clone();
     let plan = |manifest_file: &bundler::Manifest| {
-        bundler::build::plan_kernel(manifest_file, "k", spec, &toolkit).unwrap()
+        bundler::pipeline::plan_kernel(manifest_file, "k", spec, &toolkit).unwrap()
     };
     let before = plan(&manifest_file);
     assert!(
@@ -1611,7 +1627,7 @@ fn a_library_header_reached_through_a_toolkit_header_is_in_the_key() {
     );
     let opts = options_in(dir.path(), &manifest, cu130.clone());
     let first = bundle_kernels(&opts).unwrap_or_else(|error| panic!("{}", anyhow_like(&error)));
-    assert_eq!(first.compiled.len(), 1);
+    assert_eq!(first.compiled().len(), 1);
     std::fs::write(
         dir.path().join("vendor/cuda/std/detail/__config"),
         "// edited\n#include_next <cuda/std/detail/__config>\n",
@@ -1619,7 +1635,7 @@ fn a_library_header_reached_through_a_toolkit_header_is_in_the_key() {
     .unwrap();
     let second = bundle_kernels(&opts).unwrap();
     assert_eq!(
-        second.compiled.len(),
+        second.compiled().len(),
         1,
         "the edit is a new key, so a new compile"
     );
@@ -1685,10 +1701,10 @@ fn a_target_that_fails_is_recorded_and_the_rest_is_bundled() {
     );
     let opts = options_in(dir.path(), &manifest, toolchains);
     let summary = bundle_kernels(&opts).unwrap_or_else(|error| panic!("{}", anyhow_like(&error)));
-    assert_eq!(summary.compiled.len(), 9);
-    assert_eq!(summary.skipped, 2, "newest is declared cu130-only");
+    assert_eq!(summary.compiled().len(), 9);
+    assert_eq!(summary.skipped(), 2, "newest is declared cu130-only");
     let failed: Vec<String> = summary
-        .failed
+        .failed()
         .iter()
         .map(|(kernel, build, arch, _)| format!("{kernel} {build} {arch}"))
         .collect();
@@ -1741,8 +1757,8 @@ fn a_target_that_fails_is_recorded_and_the_rest_is_bundled() {
 
     // The cached rerun reports the same failure (failures are not cached) and nothing else.
     let again = bundle_kernels(&opts).unwrap();
-    assert_eq!((again.compiled.len(), again.cached), (0, 9));
-    assert_eq!(again.failed.len(), 1);
+    assert_eq!((again.compiled().len(), again.cached()), (0, 9));
+    assert_eq!(again.failed().len(), 1);
 
     // `require` makes the failure the build's error (as it does a declared skip).
     let mut strict = opts.clone();
@@ -1854,7 +1870,7 @@ fn a_kernel_whose_entry_names_nothing_does_not_end_the_other_kernels() {
     let summary =
         bundle_kernels(&options).unwrap_or_else(|error| panic!("{}", anyhow_like(&error)));
     let failed: Vec<String> = summary
-        .failed
+        .failed()
         .iter()
         .map(|(kernel, build, arch, error)| format!("{kernel} {build} {arch}: {error}"))
         .collect();
@@ -1964,8 +1980,8 @@ fn plain_cpp_entries_of_ggml_and_llmc_resolve_and_an_ambiguous_one_lists_its_ker
         ["_Z20gelu_forward_kernel2PfPKfi"]
     );
     // Two instances of one template: the plain name is a failed target listing both.
-    let failed: Vec<&str> = summary
-        .failed
+    let failures = summary.failed();
+    let failed: Vec<&str> = failures
         .iter()
         .map(|(kernel, _, _, error)| {
             assert_eq!(kernel, "soft_max");
@@ -1985,7 +2001,7 @@ fn plain_cpp_entries_of_ggml_and_llmc_resolve_and_an_ambiguous_one_lists_its_ker
     // Either spelling, pasted, builds.
     std::fs::write(&manifest_path, manifest("soft_max_f32<true, 0, 0, float>")).unwrap();
     let summary = bundle_kernels(&opts).unwrap_or_else(|error| panic!("{}", anyhow_like(&error)));
-    assert!(summary.failed.is_empty(), "{:?}", summary.failed);
+    assert!(summary.failed().is_empty(), "{:?}", summary.failed());
     assert_eq!(
         symbols(&summary, "soft_max"),
         ["_Z12soft_max_f32ILb1ELi0ELi0EfEvPKfPKT2_Pfi"]

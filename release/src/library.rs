@@ -32,8 +32,8 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use bundler::build::{plan_kernel, target_keys};
 use bundler::explain::changes_since;
+use bundler::pipeline::{plan_kernel, target_keys};
 use bundler::{BuildToolchain, BundleOptions, BundleSummary, Manifest};
 use prebuilt::bundle::{read_index, INDEX_FILE, SOURCES_DIR};
 use prebuilt::lookup::{encode, LOOKUP_FILE};

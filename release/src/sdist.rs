@@ -38,7 +38,7 @@ use std::fmt;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
-use bundler::build::plan_kernel;
+use bundler::pipeline::plan_kernel;
 use bundler::Manifest;
 use flate2::{Compression, GzBuilder};
 

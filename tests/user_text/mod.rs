@@ -185,3 +185,137 @@ fn bundle_list_and_dev_coverage_of_the_default_library() {
     ]);
     settings.bind(|| insta::assert_snapshot!("dev_coverage_fleet", fleet));
 }
+
+/// A library that hits every outcome on purpose: a kernel built for both archs, one the
+/// manifest narrows to sm_90a (a declared skip), one whose sm_100a body is a stub (a stub
+/// skip), and one that does not compile (a failed target). The text and the `--json` report
+/// of one build are snapshots; the build cache is its own, so every target compiles.
+#[test]
+fn bundle_kernels_reports_every_outcome() {
+    if !have_toolchains() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let library = dir.path().join("library");
+    std::fs::create_dir_all(&library).unwrap();
+    let kernel = |name: &str, body: &str| {
+        format!("extern \"C\" __global__ void {name}(float* out, int n) {{\n{body}\n}}\n")
+    };
+    let sources = [
+        (
+            "scale.cu",
+            kernel("scale", "  if (threadIdx.x < n) out[threadIdx.x] *= 2.0f;"),
+        ),
+        (
+            "narrowed.cu",
+            kernel(
+                "narrowed",
+                "  if (threadIdx.x < n) out[threadIdx.x] = 1.0f;",
+            ),
+        ),
+        (
+            "hopper_only.cu",
+            kernel(
+                "hopper_only",
+                "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 1000\n  if (threadIdx.x < n) \
+                 out[threadIdx.x] += 1.0f;\n#else\n  asm(\"trap;\");\n#endif",
+            ),
+        ),
+        (
+            "broken.cu",
+            kernel("broken", "  out[threadIdx.x] = undeclared_name;"),
+        ),
+    ];
+    for (file, text) in &sources {
+        std::fs::write(library.join(file), text).unwrap();
+    }
+    let mut manifest =
+        "[library]\npackage = \"every-outcome\"\narchs = [\"sm_90a\", \"sm_100a\"]\n\
+                        cuda-builds = [\"cu130\"]\ntorch = \"2.13.*\"\n"
+            .to_owned();
+    for (file, _) in &sources {
+        let name = file.trim_end_matches(".cu");
+        manifest.push_str(&format!(
+            "\n[kernels.{name}]\nsources = [\"{file}\"]\nentries = [\"{name}\"]\n"
+        ));
+        if name == "narrowed" {
+            manifest.push_str("arch = [\"sm_90a\"]\n");
+        }
+    }
+    std::fs::write(library.join("kernels.toml"), manifest).unwrap();
+    let build = |json: bool| {
+        let mut command = kwheel();
+        command
+            .current_dir(dir.path())
+            .args([
+                "dev",
+                "bundle-kernels",
+                "--quiet",
+                "--manifest",
+                "library/kernels.toml",
+            ])
+            .args(["--out", "bundle", "--cache-dir", "cache"])
+            .env_remove("RUST_LOG");
+        if json {
+            command.arg("--json");
+        }
+        let output = command.output().unwrap();
+        let code = output.status.code().unwrap_or(-1);
+        (code, stdout(&output), stderr(&output))
+    };
+    let mut settings = settings();
+    settings.add_filter(r#""seconds": [0-9.e-]+"#, r#""seconds": [SECONDS]"#);
+    settings.add_filter(r"nvcc \d+\.\d+\.\d+", "nvcc [VERSION]");
+    settings.add_filter(r#""size": \d+"#, r#""size": [SIZE]"#);
+    // nvcc's own words for the error, and the log file's place, are the machine's.
+    settings.add_filter(
+        r"(?m)^( +)(broken\.cu|\S*/broken\.cu)\(\d+\): .*$",
+        "$1[NVCC ERROR]",
+    );
+    let (code, out, err) = build(false);
+    let text = format!("exit code: {code}\n--- stdout\n{out}--- stderr\n{err}");
+    settings.bind(|| insta::assert_snapshot!("bundle_kernels_every_outcome", text));
+    // The same build again: every target from the cache (the failure replayed), as JSON.
+    let (code, out, _) = build(true);
+    assert_eq!(code, 0);
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let outcomes: Vec<String> = report["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|target| {
+            let detail = target["source"]
+                .as_str()
+                .or(target["kind"].as_str())
+                .or(target["replayed"]
+                    .as_bool()
+                    .map(|r| if r { "replayed" } else { "run" }))
+                .unwrap_or("?");
+            format!(
+                "{} {} {}: {} ({detail})",
+                target["kernel"].as_str().unwrap(),
+                target["cuda"].as_str().unwrap(),
+                target["arch"].as_str().unwrap(),
+                target["outcome"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        outcomes,
+        [
+            "broken cu130 sm_90a: failed (replayed)",
+            "broken cu130 sm_100a: failed (replayed)",
+            "hopper_only cu130 sm_90a: built (cached)",
+            "hopper_only cu130 sm_100a: skipped (stub)",
+            "narrowed cu130 sm_90a: built (cached)",
+            "narrowed cu130 sm_100a: skipped (declared)",
+            "scale cu130 sm_90a: built (cached)",
+            "scale cu130 sm_100a: built (cached)",
+        ]
+    );
+    let mut json = settings.clone();
+    json.add_filter(r#""error": "(?:[^"\\]|\\.)*""#, r#""error": "[ERROR]""#);
+    json.add_filter(r#""reason": "(?:[^"\\]|\\.)*""#, r#""reason": "[REASON]""#);
+    json.add_filter(r#""out": "[^"]*""#, r#""out": "[OUT]""#);
+    json.bind(|| insta::assert_snapshot!("bundle_kernels_every_outcome_json", out));
+}

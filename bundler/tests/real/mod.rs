@@ -49,7 +49,7 @@ fn library_files_nvcc_reads(
 }
 
 /// The absolute files a kernel's key hashes (its graph), canonical.
-fn hashed_files(planned: &bundler::build::PlannedKernel) -> BTreeSet<PathBuf> {
+fn hashed_files(planned: &bundler::pipeline::PlannedKernel) -> BTreeSet<PathBuf> {
     let graph = planned.graph.as_ref().unwrap();
     graph
         .files()
@@ -125,7 +125,7 @@ fn headers_from_include_dirs_quoted_paths_and_a_host_dir_are_all_hashed_as_nvcc_
     );
     let cu130 = of_build(toolchains, "cu130");
     let manifest_file = bundler::Manifest::load(&manifest).unwrap();
-    let planned = bundler::build::plan_kernel(
+    let planned = bundler::pipeline::plan_kernel(
         &manifest_file,
         "k",
         &manifest_file.kernels["k"],
@@ -165,7 +165,7 @@ fn headers_from_include_dirs_quoted_paths_and_a_host_dir_are_all_hashed_as_nvcc_
     // It builds, and the shipped sources carry the host headers for the JIT.
     let opts = options_in(dir.path(), &manifest, cu130.clone());
     let summary = bundle_kernels(&opts).unwrap_or_else(|error| panic!("{}", anyhow_like(&error)));
-    assert_eq!(summary.compiled.len(), 1, "{:?}", summary.failed);
+    assert_eq!(summary.compiled().len(), 1, "{:?}", summary.failed());
     assert!(summary
         .out
         .join("sources/[1]")
@@ -179,7 +179,7 @@ fn headers_from_include_dirs_quoted_paths_and_a_host_dir_are_all_hashed_as_nvcc_
     )
     .unwrap();
     let again = bundle_kernels(&opts).unwrap();
-    assert_eq!(again.compiled.len(), 1, "the edit is a new key");
+    assert_eq!(again.compiled().len(), 1, "the edit is a new key");
 }
 
 #[test]
@@ -233,7 +233,7 @@ fn cutlass_example_48_builds_for_hopper_and_its_blackwell_build_is_a_recorded_st
     // The hashed files are every library file nvcc reads.
     let manifest_file = bundler::Manifest::load(&manifest).unwrap();
     let toolkit = bundler::toolchain::discover("cu130".parse().unwrap()).unwrap();
-    let planned = bundler::build::plan_kernel(
+    let planned = bundler::pipeline::plan_kernel(
         &manifest_file,
         "hopper_gemm",
         &manifest_file.kernels["hopper_gemm"],
@@ -292,7 +292,7 @@ fn causal_conv1d_forward_builds_as_a_torch_extension() {
     let started = std::time::Instant::now();
     let summary = bundle_kernels(&opts).unwrap_or_else(|error| panic!("{}", anyhow_like(&error)));
     eprintln!("causal-conv1d forward: {:?}", started.elapsed());
-    assert_eq!(summary.compiled.len(), 1, "{:?}", summary.failed);
+    assert_eq!(summary.compiled().len(), 1, "{:?}", summary.failed());
     let index = Bundle::open(&summary.out).unwrap().index().clone();
     let record = &index.kernels["causal_conv1d_fwd"];
     assert_eq!(record.variants[0].label(), "cu130/sm_90a");
@@ -350,7 +350,7 @@ fn mamba_selective_scan_forward_builds_with_its_setup_py_flags_and_no_defines_ta
     let started = std::time::Instant::now();
     let summary = bundle_kernels(&opts).unwrap_or_else(|error| panic!("{}", anyhow_like(&error)));
     eprintln!("mamba selective scan forward: {:?}", started.elapsed());
-    assert_eq!(summary.compiled.len(), 1, "{:?}", summary.failed);
+    assert_eq!(summary.compiled().len(), 1, "{:?}", summary.failed());
     let bundle = Bundle::open(&summary.out).unwrap();
     let record = &bundle.index().kernels["selective_scan_fwd_fp16"];
     let variant = &record.variants[0];

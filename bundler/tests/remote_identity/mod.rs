@@ -47,8 +47,8 @@ fn remote_cache_cubins_of_another_toolkit_or_target_are_refused_and_compiled_her
         let name = format!("impostor-{n}");
         let summary =
             bundler::bundle_kernels_shared(&library.options(&name), &remote(&store.url())).unwrap();
-        assert_eq!(summary.compiled.len(), 3, "compiled here");
-        assert_eq!(summary.from_remote, 0);
+        assert_eq!(summary.compiled().len(), 3, "compiled here");
+        assert_eq!(summary.from_remote(), 0);
         let stats = summary.remote.unwrap();
         assert_eq!((stats.hits, stats.misses, stats.refused), (0, 3, 3));
         assert!(stats.warnings >= 3);

@@ -105,8 +105,8 @@ fn arch_conditional_kernels_are_skips_on_the_other_target() {
     ];
     let manifest = write_library(dir.path(), &arch_conditional_manifest(false), &files);
     let summary = bundle_kernels(&options_in(dir.path(), &manifest, toolchains.clone())).unwrap();
-    assert!(summary.failed.is_empty(), "{:?}", summary.failed);
-    assert_eq!(summary.skipped, 4);
+    assert!(summary.failed().is_empty(), "{:?}", summary.failed());
+    assert_eq!(summary.skipped(), 4);
     let index = &summary.index;
 
     // Every compiler route: NVRTC 12.9, nvcc 13.0, and nvcc 13.0 with ptxas 12.9.
@@ -163,7 +163,7 @@ fn arch_conditional_kernels_are_skips_on_the_other_target() {
     // `allow-stub = true` keeps them; the key is the same, so the cache serves them.
     let manifest = write_library(dir.path(), &arch_conditional_manifest(true), &files);
     let summary = bundle_kernels(&options_in(dir.path(), &manifest, toolchains.clone())).unwrap();
-    assert!(summary.compiled.is_empty(), "{:?}", summary.compiled);
+    assert!(summary.compiled().is_empty(), "{:?}", summary.compiled());
     let (variants, skips) = targets(&summary.index, "blackwell_only");
     assert_eq!(variants.len(), 4, "{variants:?}");
     assert!(skips.is_empty(), "{skips:?}");
@@ -273,7 +273,7 @@ fn a_failed_target_is_not_compiled_again_until_its_key_changes() {
     };
     let calls = || *compiler.calls.lock().unwrap();
     let (first, first_index) = build();
-    assert_eq!((calls(), first.failed.len()), (2, 1));
+    assert_eq!((calls(), first.failed().len()), (2, 1));
     let (second, second_index) = build();
     assert_eq!(calls(), 2, "neither target is compiled again");
     // The index records the failure as the first build did; the log says it was kept.
@@ -284,7 +284,7 @@ fn a_failed_target_is_not_compiled_again_until_its_key_changes() {
         .map(|entry| entry.unwrap().path())
         .find(|path| path.to_string_lossy().ends_with(".failed.json"))
         .expect("a failure record in the build cache");
-    let log = &second.failed[0].3;
+    let log = &second.failed()[0].3;
     assert!(
         log.starts_with(
             "failed to compile `k` for sm_90a (cu130, nvcc 13.0.88):\nk.cu(3): error: identifier"
@@ -304,8 +304,11 @@ fn a_failed_target_is_not_compiled_again_until_its_key_changes() {
     std::fs::write(dir.path().join("k.cu"), "// k, edited\n").unwrap();
     let (third, _) = build();
     assert_eq!(calls(), 4);
-    assert_eq!(third.failed.len(), 1);
-    assert!(!third.failed[0].3.contains("an earlier build"), "{third:?}");
+    assert_eq!(third.failed().len(), 1);
+    assert!(
+        !third.failed()[0].3.contains("an earlier build"),
+        "{third:?}"
+    );
 
     // Deleting the record compiles it again.
     let (fourth, _) = build();
@@ -318,7 +321,7 @@ fn a_failed_target_is_not_compiled_again_until_its_key_changes() {
     {
         std::fs::remove_file(path).unwrap();
     }
-    assert!(fourth.failed[0].3.contains("an earlier build"));
+    assert!(fourth.failed()[0].3.contains("an earlier build"));
     build();
     assert_eq!(calls(), 5);
 }

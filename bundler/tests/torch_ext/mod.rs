@@ -4,7 +4,7 @@
 
 use super::*;
 
-use bundler::build::{plan_kernel, target_key};
+use bundler::pipeline::{plan_kernel, target_key};
 use bundler::torch::{TorchHeaders, TORCH_ENV};
 
 /// The torch tests share `KWHEEL_TORCH`: one at a time.
@@ -107,7 +107,7 @@ fn build_torch_extension(
             .map_err(|error| anyhow_like(&error))
     })
     .unwrap_or_else(|error| panic!("{error}"));
-    assert!(summary.failed.is_empty(), "{:#?}", summary.failed);
+    assert!(summary.failed().is_empty(), "{:#?}", summary.failed());
     let record = &summary.index.kernels[kernel];
     let built: Vec<(String, String)> = record
         .variants
@@ -369,7 +369,7 @@ fn library_and_per_arch_defines_a_header_unit_and_a_preamble_build_everywhere() 
     );
     let summary = bundle_kernels(&options_in(dir.path(), &manifest, toolchains.clone()))
         .unwrap_or_else(|error| panic!("{}", anyhow_like(&error)));
-    assert!(summary.failed.is_empty(), "{:#?}", summary.failed);
+    assert!(summary.failed().is_empty(), "{:#?}", summary.failed());
     let record = &summary.index.kernels["scale"];
     let built: Vec<(String, String)> = record
         .variants

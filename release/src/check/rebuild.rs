@@ -141,7 +141,7 @@ fn rebuild(
         });
         let Some(rebuilt) = rebuilt else {
             let failure = summary
-                .failed
+                .failed()
                 .iter()
                 .find(|(name, build, arch, _)| {
                     name == kernel && *build == variant.cuda && *arch == variant.arch

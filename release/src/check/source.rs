@@ -144,7 +144,7 @@ pub(super) fn check_bundle(
             Ok(summary) => run.built.push(format!(
                 "the missing bundle {} ({} compiled)",
                 options.bundle.display(),
-                summary.compiled.len()
+                summary.compiled().len()
             )),
             Err(error) => {
                 run.fail(

@@ -303,7 +303,7 @@ fn source_edited_after_bundling_is_refused_naming_kernel_and_file() {
     let out = dir.path().join("wheels");
     // Same stable paths and contents as the shared build: every key is a cache hit.
     let first = build_library_wheel(&options(&manifest, &bundle, &out, &shared.cache)).unwrap();
-    assert!(first.bundled.as_ref().unwrap().compiled.is_empty());
+    assert!(first.bundled.as_ref().unwrap().compiled().is_empty());
     assert_eq!(std::fs::read(&first.path).unwrap(), shared.bytes);
 
     append(&root.join("swiglu/swiglu.cu"), "\n// tuned\n");

@@ -1,22 +1,114 @@
-//! Running the jobs: compile or take from the caches, validate, record entries, with progress
-//! and every failure kept as a skip of its target.
+//! Executing a plan: compile each job or take it from the caches, validate it, record its
+//! entries, with progress; then each job's typed [`Outcome`] (a failure is the target's
+//! outcome, not the build's end, unless `require`).
 
+use super::plan::BuildPlan;
 use super::*;
 
 use rayon::iter::{ParallelBridge as _, ParallelIterator as _};
 
-pub(super) struct Built {
+pub(super) struct Fetched {
     pub(super) cubin: Vec<u8>,
     pub(super) functions: Vec<Function>,
     pub(super) compiled: bool,
     pub(super) remote: bool,
 }
 
+/// Runs every job of `plan` (all of them, or until `require` meets a failure) and returns each
+/// one's outcome, in plan order. A job whose every entry is a stub on its target is skipped
+/// (unless the kernel allows stubs); one whose some entries are is kept, with a warning.
+pub(super) fn execute(
+    plan: &BuildPlan,
+    cache: &BuildCache,
+    options: &BundleOptions,
+) -> Result<Vec<TargetOutcome>, Error> {
+    let results = run_jobs(&plan.jobs, &plan.kernels, cache, options)?;
+    let mut outcomes = Vec::with_capacity(results.len());
+    for (job, result) in plan.jobs.iter().zip(results) {
+        let target = plan.target(job);
+        let allow_stub = plan.manifest.kernels[&target.kernel].allow_stub;
+        let outcome = match result {
+            Err(error) => {
+                // Not reported here: the caller reports failures once per distinct error with
+                // the targets it hit (`kwheel`'s report).
+                let described = describe(&error);
+                // A failure kept from an earlier build is recorded as that build recorded it.
+                let (recorded, replayed) = match &error {
+                    Error::CachedFailure { reason, .. } => (index_reason(reason), true),
+                    _ => (index_reason(&described), false),
+                };
+                Outcome::Failed(Failure {
+                    error: described,
+                    recorded,
+                    replayed,
+                })
+            }
+            Ok(done)
+                if !done.stubs.is_empty()
+                    && !allow_stub
+                    && done.stubs.len() == done.functions.len() =>
+            {
+                let reason = stub_reason(&target.kernel, job.arch, &done.stubs);
+                if options.require {
+                    return Err(Error::Skipped {
+                        kernel: target.kernel,
+                        arch: job.arch,
+                        build: job.build,
+                        reason: reason.to_index(),
+                    });
+                }
+                tracing::info!("skipping {target}: {reason}");
+                Outcome::Skipped {
+                    reason: Reason(reason),
+                }
+            }
+            Ok(done) => {
+                let stub_entries: Vec<(String, String)> = match allow_stub {
+                    true => Vec::new(),
+                    false => done
+                        .stubs
+                        .iter()
+                        .map(|(entry, stub)| (entry.clone(), stub.describe()))
+                        .collect(),
+                };
+                if !stub_entries.is_empty() {
+                    let entries: Vec<String> = stub_entries
+                        .iter()
+                        .map(|(entry, what)| format!("`{entry}` ({what})"))
+                        .collect();
+                    tracing::warn!(
+                        "warning: {target}: {} a stub there, kept for the kernel's other \
+                         entries; launching it there fails",
+                        if entries.len() == 1 {
+                            format!("entry {} is", entries[0])
+                        } else {
+                            format!("entries {} are", entries.join(", "))
+                        }
+                    );
+                }
+                Outcome::Built(Built {
+                    source: match (done.compiled, done.remote) {
+                        (true, _) => Provenance::Compiled,
+                        (false, true) => Provenance::Remote,
+                        (false, false) => Provenance::Cached,
+                    },
+                    digest: done.digest,
+                    size: done.size,
+                    functions: done.functions,
+                    stub_entries,
+                })
+            }
+        };
+        outcomes.push(TargetOutcome { target, outcome });
+    }
+    Ok(outcomes)
+}
+
 /// What a job leaves for the bundle: its cubin's digest and size, not its bytes, which stay in
 /// the build cache under the job's key until the writer streams them from there. Holding every
 /// cubin of a production library at once (15,970 cubins, 1.9 GB, and a copy) is what took the
 /// build above 4 GB resident.
-pub(super) struct Outcome {
+pub(super) struct Finished {
     pub(super) digest: String,
     pub(super) size: u64,
     pub(super) functions: Vec<Function>,
@@ -34,12 +126,12 @@ pub(super) fn run_jobs(
     kernels: &[PlannedKernel],
     cache: &BuildCache,
     options: &BundleOptions,
-) -> Result<Vec<Result<Outcome, Error>>, Error> {
+) -> Result<Vec<Result<Finished, Error>>, Error> {
     let bar = crate::progress::Progress::new(jobs.len(), options.progress, "targets");
     let stop = AtomicBool::new(false);
     // `par_bridge` hands the jobs out one at a time in plan order, so a stop leaves only later
     // jobs unstarted; each result goes back to its job's place.
-    let mut results: Vec<(usize, Option<Result<Outcome, Error>>)> =
+    let mut results: Vec<(usize, Option<Result<Finished, Error>>)> =
         crate::compress::thread_pool(options.jobs, jobs.len()).install(|| {
             jobs.iter()
                 .enumerate()
@@ -63,7 +155,7 @@ pub(super) fn run_jobs(
         });
     bar.finish_and_clear();
     results.sort_unstable_by_key(|(n, _)| *n);
-    let results: Vec<Option<Result<Outcome, Error>>> =
+    let results: Vec<Option<Result<Finished, Error>>> =
         results.into_iter().map(|(_, result)| result).collect();
     let stopped = results.iter().flatten().find_map(|result| match result {
         Err(error) if options.require || !is_target_failure(error) => Some(()),
@@ -183,7 +275,7 @@ pub(super) fn run_job(
     job: &Job,
     kernel: &PlannedKernel,
     cache: &BuildCache,
-) -> Result<Outcome, Error> {
+) -> Result<Finished, Error> {
     let compiles = matches!(job.work, Work::Compile { .. });
     let record = failure_record_path(cache, &job.key);
     if compiles && !cache.entry_path(&job.key).is_file() {
@@ -198,7 +290,7 @@ pub(super) fn run_job(
         }
     }
     match fetch_or_compile(job, kernel, cache) {
-        Ok(built) => Ok(Outcome {
+        Ok(built) => Ok(Finished {
             stubs: entry_stubs(&built.cubin, job, kernel, &built.functions)?,
             digest: sha256_hex(&built.cubin),
             size: built.cubin.len() as u64,
@@ -248,7 +340,7 @@ fn write_failure(path: &Path, reason: &str) {
     };
     let bytes = serde_json::to_vec(&record).expect("a record of strings serializes");
     if let Err(error) = crate::cache::write_atomically(path, &bytes) {
-        eprintln!(
+        tracing::warn!(
             "warning: cannot keep the failure in the build cache ({}); the target is compiled \
              again next time",
             prebuilt::error_chain(&error)
@@ -280,7 +372,7 @@ pub(super) fn entry_stubs(
 }
 
 /// The skip reason of a target whose every entry is a stub there.
-pub(super) fn stub_reason(kernel: &str, arch: Arch, stubs: &[(String, StubEntry)]) -> String {
+pub(super) fn stub_reason(kernel: &str, arch: Arch, stubs: &[(String, StubEntry)]) -> SkipReason {
     let aborting = stubs.iter().filter(|(_, stub)| stub.aborts()).count();
     let what = if aborting == stubs.len() {
         "a stub that aborts"
@@ -293,14 +385,18 @@ pub(super) fn stub_reason(kernel: &str, arch: Arch, stubs: &[(String, StubEntry)
         .iter()
         .map(|(entry, stub)| format!("`{entry}`: {}", stub.describe()))
         .collect();
-    format!(
-        "stub: the source compiles `{kernel}` only for other targets; its {arch} body is {what} \
-         ({}); `allow-stub = true` would keep it",
+    SkipReason::Stub(format!(
+        "the source compiles `{kernel}` only for other targets; its {arch} body is {what} ({}); \
+         `allow-stub = true` would keep it",
         entries.join("; ")
-    )
+    ))
 }
 
-fn fetch_or_compile(job: &Job, kernel: &PlannedKernel, cache: &BuildCache) -> Result<Built, Error> {
+fn fetch_or_compile(
+    job: &Job,
+    kernel: &PlannedKernel,
+    cache: &BuildCache,
+) -> Result<Fetched, Error> {
     let symbols_key = symbols_key(&job.key);
     let symbols_path = cache.entry_path(&job.key).with_extension("entries.json");
     if let Some(cubin) = cache.get(&job.key)? {
@@ -310,7 +406,7 @@ fn fetch_or_compile(job: &Job, kernel: &PlannedKernel, cache: &BuildCache) -> Re
             .unwrap_or_default();
         match check_cubin(&cubin, job, kernel, &symbols) {
             Ok(functions) => {
-                return Ok(Built {
+                return Ok(Fetched {
                     cubin,
                     functions,
                     compiled: false,
@@ -347,7 +443,7 @@ fn fetch_or_compile(job: &Job, kernel: &PlannedKernel, cache: &BuildCache) -> Re
         if let Some((cubin, (functions, symbols))) = served {
             cache.put(&job.key, &cubin)?;
             put_symbols(cache, &symbols_path, &symbols, None)?;
-            return Ok(Built {
+            return Ok(Fetched {
                 cubin,
                 functions,
                 compiled: false,
@@ -406,7 +502,7 @@ fn fetch_or_compile(job: &Job, kernel: &PlannedKernel, cache: &BuildCache) -> Re
         let remote = (symbols_key.as_str(), output.as_str(), what.as_str());
         put_symbols(cache, &symbols_path, &symbols, Some(remote))?;
     }
-    Ok(Built {
+    Ok(Fetched {
         cubin,
         functions,
         compiled: true,

@@ -1,14 +1,137 @@
 //! Planning a build: the kernels asked for, each one's key inputs and include graph, and one
 //! job per target (compile, take from the cache, or skip with the reason).
 
+use super::outcome::Target;
 use super::*;
 use prebuilt::compile::{precompiled_record, SourceTree};
 
-/// How the reason of a target the manifest leaves out of a kernel begins.
-pub(super) const DECLARED: &str = "declared: ";
-/// How the index records a target that failed to compile: `failed: ` and the error. The
-/// release check fails such a target unless the manifest's `[release] allow-failed` names it.
-pub const FAILED: &str = "failed: ";
+/// What a build does, decided before anything compiles: the kernels asked for with their key
+/// inputs, one job per target to compile or take from a cache, and the targets skipped with
+/// why. A function of the manifest, the options and the toolchains: it reads sources and
+/// headers (the include graphs) and runs nothing.
+pub struct BuildPlan {
+    /// The manifest.
+    pub manifest: Manifest,
+    /// The torch pin the variants are keyed by.
+    pub torch: String,
+    /// The kernels asked for, in name order.
+    pub kernels: Vec<PlannedKernel>,
+    /// The targets to compile or take from a cache, in matrix order.
+    pub(super) jobs: Vec<Job>,
+    /// The targets skipped before anything runs (declared, or beyond the toolchains), as
+    /// (kernel's position in `kernels`, arch, build, why), in matrix order.
+    pub skipped: Vec<(usize, Arch, CudaBuild, SkipReason)>,
+}
+
+impl BuildPlan {
+    /// Plans `options`' build: reads the manifest, discovers the toolchains it needs (unless
+    /// `options` gives them), scans each kernel's include graph, and decides every target.
+    /// With `require`, the first skipped target is an error.
+    pub fn new(options: &BundleOptions) -> Result<BuildPlan, Error> {
+        let manifest = Manifest::load(&options.manifest)?;
+        let torch = options
+            .torch
+            .clone()
+            .unwrap_or_else(|| manifest.library.torch.clone());
+        prebuilt::select::TorchPin::parse(&torch).map_err(Error::TorchPin)?;
+        let selected = select_kernels(&manifest, &options.only)?;
+        let toolchains = match &options.toolchains {
+            Some(toolchains) => toolchains.clone(),
+            None => {
+                let needs_compiler = selected
+                    .iter()
+                    .any(|name| manifest.kernels[*name].cubins.is_empty());
+                let builds: BTreeSet<CudaBuild> =
+                    manifest.library.cuda_builds.iter().copied().collect();
+                match needs_compiler {
+                    true => builds
+                        .into_iter()
+                        .map(BuildToolchain::discover)
+                        .collect::<Result<_, _>>()?,
+                    false => Vec::new(),
+                }
+            }
+        };
+        let external_dirs: Vec<PathBuf> = toolchains
+            .iter()
+            .flat_map(|t| t.include_dirs.iter().cloned())
+            .collect();
+        let kernels = selected
+            .iter()
+            .map(|name| plan_kernel(&manifest, name, &manifest.kernels[*name], &external_dirs))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut jobs = Vec::new();
+        let mut skipped = Vec::new();
+        for (index, kernel) in kernels.iter().enumerate() {
+            let spec = &manifest.kernels[&kernel.name];
+            for &build in &manifest.library.cuda_builds {
+                for &arch in &manifest.library.archs {
+                    let planned = plan_job(
+                        &manifest,
+                        spec,
+                        index,
+                        kernel,
+                        build,
+                        arch,
+                        &torch,
+                        &toolchains,
+                    );
+                    match planned {
+                        Ok(job) => jobs.push(job),
+                        Err(why) if options.require => {
+                            return Err(Error::Skipped {
+                                kernel: kernel.name.clone(),
+                                arch,
+                                build,
+                                reason: why.to_index(),
+                            });
+                        }
+                        Err(why) => skipped.push((index, arch, build, why)),
+                    }
+                }
+            }
+        }
+        Ok(BuildPlan {
+            manifest,
+            torch,
+            kernels,
+            jobs,
+            skipped,
+        })
+    }
+
+    /// Every job of the plan, as a shard directory records it.
+    pub(super) fn planned_jobs(&self) -> Vec<PlannedJob> {
+        self.jobs
+            .iter()
+            .map(|job| PlannedJob {
+                key: job.key.clone(),
+                kernel: self.kernels[job.kernel].name.clone(),
+                cuda: job.build,
+                arch: job.arch,
+            })
+            .collect()
+    }
+
+    /// Keeps only the jobs `shard` owns.
+    pub(super) fn keep_shard(&mut self, shard: Shard) {
+        let owned: BTreeSet<String> = shard
+            .owned_keys(self.jobs.iter().map(|job| job.key.as_str()))
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
+        self.jobs.retain(|job| owned.contains(&job.key));
+    }
+
+    /// The target of job `job`.
+    pub(super) fn target(&self, job: &Job) -> Target {
+        Target {
+            kernel: self.kernels[job.kernel].name.clone(),
+            cuda: job.build,
+            arch: job.arch,
+        }
+    }
+}
 
 /// A kernel's planned inputs, shared by its jobs.
 pub struct PlannedKernel {
@@ -219,10 +342,7 @@ pub(super) fn stable_dir(root: &Path, dir: &Path, n: usize) -> String {
     }
 }
 
-pub(super) fn select_kernels<'m>(
-    manifest: &'m Manifest,
-    only: &[String],
-) -> Result<Vec<&'m String>, Error> {
+fn select_kernels<'m>(manifest: &'m Manifest, only: &[String]) -> Result<Vec<&'m String>, Error> {
     if only.is_empty() {
         return Ok(manifest.kernels.keys().collect());
     }
@@ -255,35 +375,38 @@ pub(super) fn plan_job(
     arch: Arch,
     torch: &str,
     toolchains: &[BuildToolchain],
-) -> Result<Job, String> {
+) -> Result<Job, SkipReason> {
     if !manifest.cuda_builds_of(spec).contains(&build) {
         let list: Vec<String> = manifest
             .cuda_builds_of(spec)
             .iter()
             .map(ToString::to_string)
             .collect();
-        return Err(format!(
-            "{DECLARED}the kernel builds only with {}",
+        return Err(SkipReason::Declared(format!(
+            "the kernel builds only with {}",
             list.join(", ")
-        ));
+        )));
     }
     if let Some(narrowed) = &spec.arch {
         if !narrowed.contains(&arch) {
             let list: Vec<String> = narrowed.iter().map(ToString::to_string).collect();
-            return Err(format!(
-                "{DECLARED}the kernel targets only {}",
+            return Err(SkipReason::Declared(format!(
+                "the kernel targets only {}",
                 list.join(", ")
-            ));
+            )));
         }
     }
     let (compiler, work) = if spec.cubins.is_empty() {
         let toolchain = toolchains
             .iter()
             .find(|t| t.build == build)
-            .ok_or_else(|| format!("no toolchain for {build}"))?;
+            .ok_or_else(|| SkipReason::Unsupported(format!("no toolchain for {build}")))?;
         let compiler = toolchain.compiler_for_kernel(manifest, spec, kernel);
         if !toolchain.supported_sms.contains(&arch.sm) {
-            return Err(format!("{} cannot target {arch}", compiler.id()));
+            return Err(SkipReason::Unsupported(format!(
+                "{} cannot target {arch}",
+                compiler.id()
+            )));
         }
         let recipe = kernel
             .recipe
@@ -303,7 +426,9 @@ pub(super) fn plan_job(
             .cubins
             .iter()
             .find(|c| c.arch == arch && c.cuda == build)
-            .ok_or_else(|| "no precompiled cubin is listed for this target".to_owned())?;
+            .ok_or_else(|| {
+                SkipReason::Unsupported("no precompiled cubin is listed for this target".into())
+            })?;
         (
             precompiled_record(),
             Work::Precompiled {
