@@ -18,8 +18,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::error::Error;
 use crate::remote::RemoteCache;
-use crate::Error;
 
 /// Name of the versioned layout directory.
 pub const LAYOUT: &str = "kernels-v1";

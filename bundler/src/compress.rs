@@ -50,7 +50,7 @@ use rayon::prelude::*;
 use sha2::{Digest as _, Sha256};
 use zstd::zstd_safe::{self, CParameter};
 
-use crate::Error;
+use crate::error::Error;
 
 /// Cubins per reference: one in eight keeps a close sibling within reach of nearly every cubin
 /// of a family while the references' own frames stay a small part of the bundle.

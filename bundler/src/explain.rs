@@ -8,9 +8,9 @@ use prebuilt::index::{Index, KernelInputs, Requirement, Requirements, TargetInpu
 use prebuilt::lookup::read_bundle_index;
 use prebuilt::CudaBuild;
 
+use crate::error::Error;
 use crate::manifest::Manifest;
 use crate::pipeline::{plan_kernel, target_keys, BuildToolchain};
-use crate::Error;
 
 pub use crate::pipeline::TargetKey;
 

@@ -47,7 +47,7 @@ use prebuilt::error_chain;
 use prebuilt::fetch::{FetchError, Store, StoreOptions};
 use serde::{Deserialize, Serialize};
 
-use crate::Error;
+use crate::error::Error;
 
 /// Names the remote cache when `--remote-cache` does not.
 pub const REMOTE_CACHE_ENV: &str = "KWHEEL_REMOTE_CACHE";

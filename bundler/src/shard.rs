@@ -42,13 +42,13 @@ use prebuilt::index::{Index, KernelRecord};
 use prebuilt::key::sha256_hex;
 use prebuilt::untrusted::{read_regular_file, MAX_SOURCE_SIZE};
 
+use crate::error::Error;
 use crate::remote::RemoteCacheOptions;
 pub use crate::shard_file::{
     check_shard_file, PlannedJob, Shard, CUBINS_DIR, MAX_SHARDS, SHARD_FILE, SHARD_FORMAT,
 };
 use crate::shard_file::{cubin_path, read_shard, ShardFile};
 use crate::writer::{stage_directory, write_bundle, write_sources, OutputKind, WriteOutcome};
-use crate::Error;
 
 /// How a build shares work and results with other machines.
 #[derive(Clone, Debug, Default)]

@@ -18,7 +18,7 @@ use prebuilt::untrusted::{check_index, read_regular_file, Digest, KernelName, MA
 use prebuilt::{Arch, CudaBuild};
 use serde::{Deserialize, Serialize};
 
-use crate::Error;
+use crate::error::Error;
 
 /// Version of `shard.json`. Bump it when a field changes; the merge refuses others.
 pub const SHARD_FORMAT: u32 = 1;

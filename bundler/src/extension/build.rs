@@ -27,11 +27,11 @@ use prebuilt::module::{
 use prebuilt::{Arch, ArchKind, CudaBuild};
 
 use crate::cache::{write_atomically, BuildCache};
+use crate::error::Error;
 use crate::include::{scan_includes, ScanRoots};
 use crate::manifest::{is_cuda_source, ExtensionSpec, Manifest};
 use crate::toolchain::{discover, nvcc_command, Toolchain};
 use crate::torch::TorchHeaders;
-use crate::Error;
 
 /// The flags every unit is compiled with, before the manifest's: position-independent code
 /// for a shared library, optimised as `cpp_extension` builds by default.

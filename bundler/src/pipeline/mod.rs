@@ -69,13 +69,13 @@ use prebuilt::{Arch, CudaBuild, KernelKey};
 use crate::cache::BuildCache;
 use crate::compiler::{compiler_for, CompileRequest, Compiler, NvccPtxas};
 use crate::compress::{Corpus as _, FileCorpus};
+use crate::error::Error;
 use crate::include::{scan_includes, IncludeGraph, ScanRoots};
 use crate::manifest::{CompilerChoice, KernelSpec, Manifest};
 use crate::remote::{RemoteCache, RemoteStats};
 use crate::shard::{write_shard, PlannedJob, Shard, SharedBuild};
 use crate::toolchain::{discover, front_end_for, CompilerId};
 use crate::writer::{write_bundle_streamed, WriteOutcome};
-use crate::Error;
 
 /// A CUDA build ready to compile: the seam tests use to substitute compilers.
 #[derive(Clone)]

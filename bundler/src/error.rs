@@ -1,0 +1,308 @@
+//! The bundler's one error type, every module's failure named with what it was working on.
+
+use std::path::PathBuf;
+
+use prebuilt::{Arch, CudaBuild};
+
+use crate::{compiler, include, toolchain, torch};
+
+/// A failure of the bundler.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A file could not be read.
+    #[error("cannot read `{}`", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file read twice in one run (a build cache entry the writer streams) is no longer
+    /// what it was when it was validated.
+    #[error(
+        "`{}` changed during the build: sha256 {actual}, validated as {expected}; run the build \
+         again",
+        path.display()
+    )]
+    ChangedFile {
+        /// The file.
+        path: PathBuf,
+        /// The digest it had when validated.
+        expected: String,
+        /// The digest it has now.
+        actual: String,
+    },
+    /// An output folder that kwheel may not replace (it holds something kwheel did not
+    /// write), or that does not name a folder.
+    #[error("refusing to replace `{}`: {reason}", path.display())]
+    Output {
+        /// The folder.
+        path: PathBuf,
+        /// Why, naming what is in it.
+        reason: String,
+    },
+    /// A file could not be written.
+    #[error("cannot write `{}`", path.display())]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The manifest is not valid TOML, or has an unknown or mistyped key.
+    #[error("{}:{line}:{column}: invalid manifest: {message}", path.display())]
+    ManifestSyntax {
+        /// The manifest.
+        path: PathBuf,
+        /// 1-based line of the problem.
+        line: usize,
+        /// 1-based column of the problem.
+        column: usize,
+        /// What is wrong.
+        message: String,
+    },
+    /// A torch pin (`--torch`) that is not a PEP 440 specifier set.
+    #[error(transparent)]
+    TorchPin(#[from] prebuilt::select::InvalidPin),
+    /// The manifest parses but says something impossible.
+    #[error(
+        "{}:{line}: invalid manifest{}: {message}",
+        path.display(),
+        kernel.as_ref().map(|k| format!(" (kernel `{k}`)")).unwrap_or_default()
+    )]
+    ManifestInvalid {
+        /// The manifest.
+        path: PathBuf,
+        /// 1-based line of the table at fault.
+        line: usize,
+        /// The kernel at fault, if any.
+        kernel: Option<String>,
+        /// What is wrong.
+        message: String,
+    },
+    /// An `[extensions.<name>]` table parses but says something impossible.
+    #[error("{}:{line}: invalid manifest (extension `{extension}`): {message}", path.display())]
+    ExtensionInvalid {
+        /// The manifest.
+        path: PathBuf,
+        /// 1-based line of the table at fault.
+        line: usize,
+        /// The extension at fault.
+        extension: String,
+        /// What is wrong, naming the key.
+        message: String,
+    },
+    /// A kernel's source is host code (torch op registration, a Python module) that a cubin
+    /// would silently drop.
+    #[error(
+        "kernel `{kernel}`: `{}` {what}, host code that a cubin cannot hold and kwheel would \
+         drop; build it as an extension module instead: move it to `[extensions.<name>]` \
+         with `sources = [...]` and `abi = \"stable\"` or `\"torch\"` (docs/extensions.md)",
+        file.display()
+    )]
+    HostCodeInKernel {
+        /// The kernel.
+        kernel: String,
+        /// The file of its include graph that holds it.
+        file: PathBuf,
+        /// What marks it, `registers ops with `TORCH_LIBRARY``.
+        what: String,
+    },
+    /// An extension module has no torch headers to compile with.
+    #[error("cannot build extension module `{module}` without the pinned torch")]
+    ModuleTorch {
+        /// The module.
+        module: String,
+        /// Why.
+        #[source]
+        source: Box<torch::TorchError>,
+    },
+    /// An extension module failed to compile, link or check.
+    #[error("failed to build extension module `{module}` for {build}: {reason}")]
+    ModuleBuild {
+        /// The module.
+        module: String,
+        /// The CUDA build.
+        build: CudaBuild,
+        /// What failed, with the compiler's log.
+        reason: String,
+    },
+    /// `--only` or `explain` named a kernel the manifest does not have.
+    #[error("no kernel `{name}` in `{}` (it has: {})", manifest.display(), known.join(", "))]
+    UnknownKernel {
+        /// The name asked for.
+        name: String,
+        /// The manifest.
+        manifest: PathBuf,
+        /// The kernels it has.
+        known: Vec<String>,
+    },
+    /// A kernel's include graph could not be scanned.
+    #[error("cannot scan the includes of `{kernel}`")]
+    Scan {
+        /// The kernel.
+        kernel: String,
+        /// The cause.
+        #[source]
+        source: include::ScanError,
+    },
+    /// A CUDA build's toolchain is missing or unusable.
+    #[error(transparent)]
+    Toolchain(#[from] toolchain::ToolchainError),
+    /// A compiler failed.
+    #[error(transparent)]
+    Compile(#[from] Box<compiler::CompileError>),
+    /// A cubin failed validation.
+    #[error("cubin of `{kernel}` for {arch} ({build}) is invalid")]
+    InvalidCubin {
+        /// The kernel.
+        kernel: String,
+        /// The target architecture.
+        arch: Arch,
+        /// The CUDA build.
+        build: CudaBuild,
+        /// What is wrong with it.
+        #[source]
+        source: prebuilt::cubin::CubinError,
+    },
+    /// A declared entry point is not in the cubin.
+    #[error(
+        "cubin of `{kernel}` for {arch} ({build}) has no entry `{entry}` (its entries, as \
+         `entries` spells them: {})",
+        if found.is_empty() { "none".to_owned() } else { found.join("; ") }
+    )]
+    MissingEntry {
+        /// The kernel.
+        kernel: String,
+        /// The target architecture.
+        arch: Arch,
+        /// The CUDA build.
+        build: CudaBuild,
+        /// The declared entry.
+        entry: String,
+        /// The cubin's entries, demangled the way `entries` spells them.
+        found: Vec<String>,
+    },
+    /// A plain entry is the name of several kernels of the cubin (overloads, or instances of
+    /// one template), so it names none of them alone.
+    #[error(
+        "cubin of `{kernel}` for {arch} ({build}) has {} kernels named `{entry}`, so the plain \
+         entry names none of them alone; write the one meant as `entries` takes it: {}",
+        candidates.len(),
+        candidates.join("; ")
+    )]
+    AmbiguousEntry {
+        /// The kernel.
+        kernel: String,
+        /// The target architecture.
+        arch: Arch,
+        /// The CUDA build.
+        build: CudaBuild,
+        /// The declared entry.
+        entry: String,
+        /// Each kernel of that name, spelled as `entries` takes it (a name expression, or the
+        /// mangled symbol where overloads share one).
+        candidates: Vec<String>,
+    },
+    /// A target whose compile failed in an earlier build with the same key: the build cache
+    /// keeps the failure, so an unchanged target is not compiled again only to fail again.
+    #[error(
+        "{reason}\n(an earlier build with the same key failed this way and is not repeated; \
+         delete {} to compile it again)",
+        record.display()
+    )]
+    CachedFailure {
+        /// The kernel.
+        kernel: String,
+        /// The target architecture.
+        arch: Arch,
+        /// The CUDA build.
+        build: CudaBuild,
+        /// The failure record in the build cache.
+        record: PathBuf,
+        /// The failure as that build described it.
+        reason: String,
+    },
+    /// A target was skipped while `--require` was given.
+    #[error("`{kernel}` cannot be built for {arch} ({build}): {reason} (--require makes every skip an error)")]
+    Skipped {
+        /// The kernel.
+        kernel: String,
+        /// The target architecture.
+        arch: Arch,
+        /// The CUDA build.
+        build: CudaBuild,
+        /// Why it was skipped.
+        reason: String,
+    },
+    /// No kernel was built for any target, so there is nothing to ship: the first kernel's
+    /// reasons (a kernel without a variant beside others that have one is only recorded).
+    #[error(
+        "`{kernel}` was built for no target of the matrix:\n  {}",
+        skips
+            .iter()
+            .map(|(arch, cuda, why)| format!("{arch} ({cuda}): {why}"))
+            .collect::<Vec<_>>()
+            .join("\n  ")
+    )]
+    NoTarget {
+        /// The kernel.
+        kernel: String,
+        /// Each target, as (arch, CUDA build), with why it has no variant.
+        skips: Vec<(Arch, CudaBuild, prebuilt::index::SkipReason)>,
+    },
+    /// A folder of a kernel's `include-dirs` that is not there.
+    #[error(
+        "`{kernel}`'s `include-dirs` names {}, which is not a folder: create it, or take it out \
+         of `include-dirs` (a folder that is not there would hide a header the build then \
+         finds elsewhere)",
+        dir.display()
+    )]
+    MissingIncludeDir {
+        /// The kernel.
+        kernel: String,
+        /// The folder, as the manifest's root joins it.
+        dir: PathBuf,
+    },
+    /// A kernel compiled as a torch extension has no torch headers to compile with.
+    #[error("cannot compile `{kernel}` as a torch extension (`torch = true`)")]
+    Torch {
+        /// The kernel.
+        kernel: String,
+        /// Why.
+        #[source]
+        source: Box<torch::TorchError>,
+    },
+    /// A bundle could not be read.
+    #[error(transparent)]
+    Bundle(#[from] prebuilt::BundleError),
+    /// The kwheel config file is not valid.
+    #[error("invalid kwheel config `{}`: {message}", path.display())]
+    Config {
+        /// The config file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// The remote cache's URL or client could not be set up.
+    #[error(transparent)]
+    Fetch(#[from] Box<prebuilt::fetch::FetchError>),
+    /// `--shard` is not `i/N` with 1 ≤ i ≤ N.
+    #[error("invalid shard `{text}`: {reason}")]
+    InvalidShard {
+        /// The text given.
+        text: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// Shard directories that do not make one bundle.
+    #[error("cannot merge shards: {reason}")]
+    Merge {
+        /// The shard directory at fault, when one is.
+        shard: Option<PathBuf>,
+        /// What is wrong, naming the shard and the kernel.
+        reason: String,
+    },
+}
