@@ -282,10 +282,21 @@ pub fn compiler_for(toolchain: &Toolchain) -> Result<Box<dyn Compiler>, CompileE
     })
 }
 
-/// The toolchain behind a compiler: every error carries its build and compiler.
-#[derive(Debug, Clone)]
+/// The toolchain behind a compiler: every error carries its build and compiler. Its tools
+/// run through `runner`: here ([`compile::Local`]) unless [`Identity::with_runner`] says
+/// otherwise.
+#[derive(Clone)]
 struct Identity {
     toolchain: Toolchain,
+    runner: std::sync::Arc<dyn compile::ToolRunner>,
+}
+
+impl std::fmt::Debug for Identity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Identity")
+            .field("toolchain", &self.toolchain)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Identity {
@@ -307,7 +318,13 @@ impl Identity {
         }
         Ok(Identity {
             toolchain: toolchain.clone(),
+            runner: std::sync::Arc::new(compile::Local),
         })
+    }
+
+    /// This identity, its tools run by `runner`.
+    fn with_runner(self, runner: std::sync::Arc<dyn compile::ToolRunner>) -> Identity {
+        Identity { runner, ..self }
     }
 
     fn build(&self) -> CudaBuild {
@@ -338,7 +355,8 @@ impl Identity {
         request: &CompileRequest<'_>,
     ) -> Result<CompileOutput, CompileError> {
         self.check_arch(request)?;
-        compile::compile(tool, &request.job).map_err(|failure| self.error(request, failure))
+        compile::compile_with(tool, &request.job, self.runner.as_ref())
+            .map_err(|failure| self.error(request, failure))
     }
 
     fn error(&self, request: &CompileRequest<'_>, failure: CompileFailure) -> CompileError {

@@ -29,6 +29,16 @@ impl Nvcc {
     }
 }
 
+impl Nvcc {
+    /// This nvcc, run by `runner` rather than here (see [`compile::ToolRunner`]).
+    pub fn with_runner(self, runner: std::sync::Arc<dyn compile::ToolRunner>) -> Nvcc {
+        Nvcc {
+            identity: self.identity.with_runner(runner),
+            ..self
+        }
+    }
+}
+
 impl Compiler for Nvcc {
     fn id(&self) -> &CompilerId {
         self.identity.compiler()

@@ -52,12 +52,27 @@ impl NvccPtxas {
             .copied()
             .collect();
         Ok(NvccPtxas {
-            identity: Identity { toolchain: route },
+            identity: Identity {
+                toolchain: route,
+                runner: std::sync::Arc::new(prebuilt::compile::Local),
+            },
             nvcc: nvcc.clone(),
             ptxas: ptxas.clone(),
             max_isa,
             host_compiler: front_end.host_compiler.clone().unwrap_or_default(),
         })
+    }
+
+    /// This route, its nvcc and ptxas run by `runner` rather than here (see
+    /// [`prebuilt::compile::ToolRunner`]).
+    pub fn with_runner(
+        self,
+        runner: std::sync::Arc<dyn prebuilt::compile::ToolRunner>,
+    ) -> NvccPtxas {
+        NvccPtxas {
+            identity: self.identity.with_runner(runner),
+            ..self
+        }
     }
 }
 

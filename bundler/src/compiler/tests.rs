@@ -909,3 +909,88 @@ fn lineinfo_cubins_do_not_carry_the_sources_modification_times() {
         assert_eq!(cubin, build(&trees[1]), "{what}: other mtimes, other bytes");
     }
 }
+
+/// What a [`compile::ToolRunner`] is asked to run, recorded; it answers as nvcc would by
+/// writing a real cubin (a fixture of nvcc 13.0.88's) where nvcc was told to.
+#[derive(Default)]
+struct Recorder {
+    runs: std::sync::Mutex<Vec<(String, Vec<String>, bool)>>,
+}
+
+impl compile::ToolRunner for Recorder {
+    fn run(&self, run: &compile::ToolRun<'_>) -> std::io::Result<std::process::Output> {
+        use std::os::unix::process::ExitStatusExt as _;
+        let arguments: Vec<String> = run
+            .arguments
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        // The source is in the work folder, as the tool will read it.
+        let source_there = run.work.join("src/scale.cu").is_file();
+        self.runs
+            .lock()
+            .unwrap()
+            .push((run.name.to_owned(), arguments.clone(), source_there));
+        let output = arguments
+            .iter()
+            .position(|a| a == "-o")
+            .map(|at| run.work.join(&arguments[at + 1]))
+            .unwrap();
+        let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../prebuilt/tests/fixtures/cubin/nvcc130_sm_90a.cubin");
+        fs::copy(fixture, output)?;
+        Ok(std::process::Output {
+            status: std::process::ExitStatus::from_raw(0),
+            stdout: Vec::new(),
+            stderr: b"ptxas info : compiled\n".to_vec(),
+        })
+    }
+}
+
+/// The seam between what a compile runs and where: with a runner of its own, nvcc is not
+/// started here; the runner gets the one nvcc command line a local compile runs, in the key's
+/// work folder with the sources in it, and its output is what the compile returns.
+#[test]
+fn a_runner_runs_the_compile_command_and_its_output_is_the_cubin() {
+    let toolchain = Toolchain {
+        nvcc: Some(PathBuf::from("/no/such/toolkit/bin/nvcc")),
+        host_compiler: Some("gcc (Debian 12.2.0-14+deb12u1) 12.2.0".to_owned()),
+        ..described_toolchain(CUDA_13_0, CompilerKind::Nvcc, "13.0.88")
+    };
+    let recorder = std::sync::Arc::new(Recorder::default());
+    let nvcc = Nvcc::new(&toolchain).unwrap().with_runner(recorder.clone());
+    let fixture = fixture(KERNEL);
+    let key = fixture_key(&fixture, "sm_90a");
+    let output = nvcc
+        .compile(&request(&fixture, &key, true, "sm_90a", &[]))
+        .unwrap();
+    let expected = fs::read(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../prebuilt/tests/fixtures/cubin/nvcc130_sm_90a.cubin"),
+    )
+    .unwrap();
+    assert_eq!(output.cubin.len(), expected.len());
+    prebuilt::cubin::validate_cubin(&output.cubin, "sm_90a".parse().unwrap(), &["kw_axpy"])
+        .unwrap();
+    let runs = recorder.runs.lock().unwrap();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    let (name, arguments, source_there) = &runs[0];
+    assert_eq!(name, "nvcc");
+    assert!(source_there);
+    let line = arguments.join(" ");
+    for piece in [
+        "-cubin",
+        "-arch=sm_90a",
+        "-std=c++17",
+        "-Isrc/include",
+        "-DSCALE=2",
+        "-o kernel.cubin",
+        "-Xcicc --orig_src_path_name,",
+    ] {
+        assert!(
+            line.contains(piece) || arguments.iter().any(|a| a.starts_with(piece)),
+            "{piece} not in {line}"
+        );
+    }
+    assert_eq!(arguments.last().unwrap(), "src/scale.cu", "{line}");
+}

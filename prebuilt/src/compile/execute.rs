@@ -63,6 +63,43 @@ impl CompilerTool<'_> {
     }
 }
 
+/// One run of a compile's tool (nvcc, or the route's `ptxas`) in the key's work folder.
+#[derive(Clone, Copy, Debug)]
+pub struct ToolRun<'a> {
+    /// The tool's name, `nvcc` or `ptxas`, for messages.
+    pub name: &'a str,
+    /// The executable, through the work folder's link to its toolkit where it is nvcc.
+    pub program: &'a Path,
+    /// Its arguments; every path among them is relative to `work`.
+    pub arguments: &'a [OsString],
+    /// The key's work folder: the current directory, `TMPDIR`, and where outputs go.
+    pub work: &'a Path,
+}
+
+/// How a compile's tools are run: the seam between what a compile runs and where it runs.
+/// [`Local`] runs them here, as a process with a clean environment ([`super::nvcc_command`]);
+/// the bundler may hand them to another runner (a build farm, a test's recorder). Whatever
+/// runs them, the outputs land in the work folder and are validated as a local compile's are.
+/// The JIT always runs them here.
+pub trait ToolRunner: Send + Sync {
+    /// Runs `run` to completion: its exit status and what it printed.
+    fn run(&self, run: &ToolRun<'_>) -> std::io::Result<std::process::Output>;
+}
+
+/// Runs tools on this machine.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Local;
+
+impl ToolRunner for Local {
+    fn run(&self, run: &ToolRun<'_>) -> std::io::Result<std::process::Output> {
+        nvcc_command(run.program)
+            .args(run.arguments)
+            .current_dir(run.work)
+            .env("TMPDIR", run.work)
+            .output()
+    }
+}
+
 /// One kernel, one target: what to compile, as paths of the library's [`SourceTree`].
 #[derive(Clone, Copy, Debug)]
 pub struct CompileJob<'a> {
@@ -168,6 +205,15 @@ pub enum CompileFailure {
 
 /// Compiles `job` with `tool` in the key's work folder.
 pub fn compile(tool: &CompilerTool<'_>, job: &CompileJob<'_>) -> Result<Compiled, CompileFailure> {
+    compile_with(tool, job, &Local)
+}
+
+/// [`compile`], its tools run by `runner`.
+pub fn compile_with(
+    tool: &CompilerTool<'_>,
+    job: &CompileJob<'_>,
+    runner: &dyn ToolRunner,
+) -> Result<Compiled, CompileFailure> {
     // Refused before anything runs.
     let ptxas_flags = match tool {
         CompilerTool::NvccPtxas { .. } => {
@@ -177,12 +223,18 @@ pub fn compile(tool: &CompilerTool<'_>, job: &CompileJob<'_>) -> Result<Compiled
     };
     let work = WorkDir::create(job.key, job.tree)?;
     let compiled = match *tool {
-        CompilerTool::Nvcc { nvcc } => run_nvcc(&work, nvcc, job, None),
+        CompilerTool::Nvcc { nvcc } => run_nvcc(&work, nvcc, job, None, runner),
         CompilerTool::NvccPtxas {
             nvcc,
             ptxas,
             max_isa,
-        } => run_nvcc(&work, nvcc, job, Some((ptxas, max_isa, &ptxas_flags))),
+        } => run_nvcc(
+            &work,
+            nvcc,
+            job,
+            Some((ptxas, max_isa, &ptxas_flags)),
+            runner,
+        ),
         CompilerTool::Nvrtc {
             library,
             include_dirs,
@@ -209,6 +261,7 @@ fn run_nvcc(
     nvcc: &Path,
     job: &CompileJob<'_>,
     assemble: Option<(&Path, (u32, u32), &[String])>,
+    runner: &dyn ToolRunner,
 ) -> Result<Compiled, CompileFailure> {
     // nvcc runs through a link in the work folder, so the toolkit headers it names in line
     // tables are `…/cuda/include/…` wherever the toolkit is.
@@ -275,7 +328,7 @@ fn run_nvcc(
         // `-keep` leaves nvcc's PTX of the probes in the work folder; the cubin is unchanged.
         arguments.insert(0, "-keep".into());
     }
-    let mut log = run_tool(&program, &arguments, work.path(), "nvcc")?;
+    let mut log = run_tool(runner, &program, &arguments, work.path(), "nvcc")?;
     let output_path = work.path().join(&output);
     let read = |path: &Path, action: &'static str| {
         fs::read(path).map_err(|source| CompileFailure::Io {
@@ -328,7 +381,7 @@ fn run_nvcc(
         "kernel.cubin".into(),
         "kernel.lowered.ptx".into(),
     ]);
-    match run_tool(ptxas, &arguments, work.path(), "ptxas") {
+    match run_tool(runner, ptxas, &arguments, work.path(), "ptxas") {
         Ok(ptxas_log) => log.push_str(&ptxas_log),
         Err(CompileFailure::Rejected { log: ptxas_log })
             if emitted.is_some_and(|isa| isa > max_isa) =>
@@ -361,22 +414,24 @@ fn arch_suffix(arch: Arch) -> String {
         .unwrap_or(text)
 }
 
-/// Runs nvcc or ptxas in `work` with a clean environment: its output, or the failure with it.
+/// Runs nvcc or ptxas in `work` through `runner`: its output, or the failure with it.
 fn run_tool(
+    runner: &dyn ToolRunner,
     program: &Path,
     arguments: &[OsString],
     work: &Path,
     name: &str,
 ) -> Result<String, CompileFailure> {
-    let output = nvcc_command(program)
-        .args(arguments)
-        .current_dir(work)
-        .env("TMPDIR", work)
-        .output()
-        .map_err(|source| CompileFailure::Spawn {
-            program: program.to_path_buf(),
-            source,
-        })?;
+    let run = ToolRun {
+        name,
+        program,
+        arguments,
+        work,
+    };
+    let output = runner.run(&run).map_err(|source| CompileFailure::Spawn {
+        program: program.to_path_buf(),
+        source,
+    })?;
     let mut log = String::from_utf8_lossy(&output.stdout).into_owned();
     log.push_str(&String::from_utf8_lossy(&output.stderr));
     if !output.status.success() {

@@ -9,6 +9,7 @@
 //! | [`parse_nvcc_version`], [`nvrtc_package_version`], [`host_compiler`], [`nvcc_record`] | the exact versions that enter the key |
 //! | [`ToolkitLayout`], [`toolchain_dir`] | where a toolkit keeps nvcc, ptxas, libnvrtc and headers ([`layout`]) |
 //! | [`compile`], [`CompilerTool`], [`CompileJob`] | one compile, in the key's work folder ([`execute`], [`work`]), its line tables without file times ([`lines`]) |
+//! | [`ToolRunner`], [`Local`], [`compile_with`] | where nvcc and ptxas run: here, or handed elsewhere by the bundler (a build farm) |
 //! | [`nvrtc_options`], [`nvcc_arguments`], [`ptxas::ptxas_options`] | the options, in order |
 //! | [`entry_probes_source`], [`read_entry_probes`] | the mangled symbol of each name expression under nvcc |
 //! | [`resolve_entries`] | a cubin's entries as the index records them, validated for the target |
@@ -19,7 +20,10 @@ pub mod lines;
 pub mod ptxas;
 pub mod work;
 
-pub use execute::{compile, CompileFailure, CompileJob, Compiled, CompilerTool};
+pub use execute::{
+    compile, compile_with, CompileFailure, CompileJob, Compiled, CompilerTool, Local, ToolRun,
+    ToolRunner,
+};
 pub use layout::{toolchain_dir, toolchain_dir_from, toolchain_env_var, ToolkitLayout};
 pub use work::SourceTree;
 
