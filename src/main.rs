@@ -1,6 +1,7 @@
 //! The `kwheel` command line: argument parsing (`cli`), one library call per command (here),
 //! and an exit code that says what failed (`exit`).
 
+mod bundling;
 mod cli;
 mod exit;
 mod pep517;
@@ -13,9 +14,9 @@ use anyhow::{Context, Result};
 use clap::Parser;
 
 use cli::{
-    BuildKwheelArgs, BuildWheelArgs, BundleCommand, BundleKernelsArgs, CheckArgs, Cli, Command,
-    CoverageArgs, DevCommand, DiffArgs, FetchArgs, JitCommand, JitExportArgs, JitImportArgs,
-    ReleaseCommand, WheelCommand,
+    BuildKwheelArgs, BuildWheelArgs, BundleCommand, CheckArgs, Cli, Command, CoverageArgs,
+    DevCommand, DiffArgs, FetchArgs, JitCommand, JitExportArgs, JitImportArgs, ReleaseCommand,
+    WheelCommand,
 };
 use exit::{CommandFailed, Failure};
 
@@ -63,7 +64,7 @@ fn diagnostics() {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Dev(DevCommand::BundleKernels(args)) => bundle_kernels(args),
+        Command::Dev(DevCommand::BundleKernels(args)) => bundling::bundle_kernels(args),
         Command::Dev(DevCommand::Explain(args)) => {
             let explanation = bundler::explain::explain(
                 &args.manifest.resolve()?,
@@ -341,173 +342,6 @@ fn build_kwheel(args: BuildKwheelArgs) -> Result<()> {
     Ok(())
 }
 
-fn bundle_kernels(args: BundleKernelsArgs) -> Result<()> {
-    let jobs = default_jobs(args.jobs);
-    let options = bundler::BundleOptions {
-        manifest: args.manifest.resolve()?,
-        out: args.out,
-        cache_dir: args.cache.resolve(),
-        jobs,
-        only: if args.only.is_empty() {
-            kernels_from_env(std::env::var("KWHEEL_KERNELS").ok().as_deref())
-        } else {
-            args.only
-        },
-        require: args.require || std::env::var_os("KWHEEL_REQUIRE").is_some_and(|v| v == "1"),
-        torch: args.torch,
-        progress: !args.quiet,
-        toolchains: None,
-    };
-    let shared = bundler::SharedBuild {
-        shard: args.shard.as_deref().map(str::parse).transpose()?,
-        remote_cache: bundler::remote::resolve_remote_cache(args.remote_cache.as_deref(), None)?
-            .map(|mut remote| {
-                remote.upload = !args.remote_cache_read_only;
-                remote
-            }),
-    };
-    let summary = bundler::bundle_kernels_shared(&options, &shared).map_err(|error| {
-        let context = format!("bundle-kernels for `{}` failed", options.manifest.display());
-        match (&error, args.verbose) {
-            (bundler::Error::NoTarget { kernel, skips }, false) => {
-                no_target_summary(&context, kernel, skips, &error)
-            }
-            _ => anyhow::Error::new(error).context(context),
-        }
-    })?;
-    if let Some(remote) = &summary.remote {
-        println!("remote cache: {remote}");
-    }
-    let variants: usize = summary
-        .index
-        .kernels
-        .values()
-        .map(|k| k.variants.len())
-        .sum();
-    if args.json {
-        let report =
-            bundler::pipeline::report::BuildReport::new(&summary, written(summary.written));
-        println!("{}", serde_json::to_string_pretty(&report)?);
-        return Ok(());
-    }
-    let failed = summary.failed();
-    if !failed.is_empty() {
-        let mut by_kernel: std::collections::BTreeMap<&str, Vec<(String, String)>> =
-            std::collections::BTreeMap::new();
-        let mut full = String::new();
-        for (kernel, build, arch, error) in &failed {
-            by_kernel
-                .entry(kernel)
-                .or_default()
-                .push((format!("{arch} ({build})"), error.clone()));
-            full.push_str(&format!("`{kernel}` {arch} ({build}):\n{error}\n\n"));
-        }
-        let log = if args.verbose {
-            None
-        } else {
-            report::write_log("bundle-kernels", &full)
-        };
-        for (kernel, errors) in by_kernel {
-            let groups = report::group_errors(&errors);
-            eprint!(
-                "warning: `{kernel}` failed for {} target(s), recorded as unavailable ({} \
-                 distinct error(s)):\n{}",
-                errors.len(),
-                groups.len(),
-                if args.verbose {
-                    errors
-                        .iter()
-                        .map(|(target, error)| format!("  {target}:\n{error}\n"))
-                        .collect()
-                } else {
-                    report::render_groups(&groups, log.as_deref())
-                }
-            );
-        }
-    }
-    println!(
-        "{} kernels, {variants} variants: {} built, {} from cache, {} skipped, {} failed; bundle {} {} in {:.2}s",
-        summary.index.kernels.len(),
-        summary.compiled().len(),
-        summary.cached(),
-        summary.skipped(),
-        failed.len(),
-        summary.out.display(),
-        written(summary.written),
-        summary.elapsed.as_secs_f64(),
-    );
-    let modules = &summary.index.modules;
-    if !modules.is_empty() {
-        let variants: usize = modules.values().map(|m| m.variants.len()).sum();
-        let skipped: usize = modules.values().map(|m| m.skipped.len()).sum();
-        println!(
-            "{} extension modules, {variants} built for a CUDA build: {} compiled, {} from \
-             cache, {skipped} skipped",
-            modules.len(),
-            summary.modules_compiled.len(),
-            variants - summary.modules_compiled.len(),
-        );
-        for (name, record) in modules {
-            for skip in &record.skipped {
-                println!(
-                    "  skipped `{name}` for {} ({}): {}",
-                    skip.cuda, skip.cpu, skip.reason
-                );
-            }
-        }
-    }
-    Ok(())
-}
-
-/// A kernel that built for no target, said once per distinct error with the targets it hit and
-/// the first lines of each; the whole text goes to a log file (or the terminal with --verbose).
-fn no_target_summary(
-    context: &str,
-    kernel: &str,
-    skips: &[(
-        prebuilt::Arch,
-        prebuilt::CudaBuild,
-        prebuilt::index::SkipReason,
-    )],
-    error: &bundler::Error,
-) -> anyhow::Error {
-    use prebuilt::index::SkipReason;
-    let errors: Vec<(String, String)> = skips
-        .iter()
-        .map(|(arch, cuda, why)| {
-            let why = match why {
-                SkipReason::Failed(words) => words.clone(),
-                other => other.to_index(),
-            };
-            (format!("{arch} ({cuda})"), why)
-        })
-        .collect();
-    let groups = report::group_errors(&errors);
-    let log = report::write_log("bundle-kernels", &format!("{context}: {error}\n"));
-    CommandFailed::new(
-        Failure::Build,
-        format!(
-            "{context}: `{kernel}` was built for no target of the matrix; {} distinct error(s) on \
-             {} target(s):\n{}",
-            groups.len(),
-            errors.len(),
-            report::render_groups(&groups, log.as_deref()).trim_end()
-        ),
-    )
-    .into()
-}
-
-/// `KWHEEL_KERNELS=a,b` as `--only a,b`.
-fn kernels_from_env(value: Option<&str>) -> Vec<String> {
-    value
-        .unwrap_or_default()
-        .split(',')
-        .map(str::trim)
-        .filter(|name| !name.is_empty())
-        .map(str::to_owned)
-        .collect()
-}
-
 fn release_diff(args: DiffArgs) -> Result<()> {
     use prebuilt::coverage::FleetDevice;
     let old = release::diff::Release::open(&args.old)?;
@@ -559,16 +393,8 @@ fn coverage(args: CoverageArgs) -> Result<()> {
     let query = args.runtime.query(capability);
     refuse_unbuilt_cuda(&bundle, &query)?;
     let cache = prebuilt::cache::ArtifactCache::default();
-    let mut report = prebuilt::coverage::bundle_coverage(&bundle, &query, &cache);
-    if let Some(by) = &ptx_forbidden_by {
-        let locations = report.kernels.clone();
-        report = prebuilt::coverage::coverage_with(bundle.index(), &query, Some(by));
-        for (name, kernel) in &mut report.kernels {
-            if kernel.loads == locations[name].loads {
-                kernel.location = locations[name].location;
-            }
-        }
-    }
+    let report =
+        prebuilt::coverage::bundle_coverage(&bundle, &query, ptx_forbidden_by.as_deref(), &cache);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

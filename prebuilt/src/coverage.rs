@@ -405,14 +405,15 @@ impl fmt::Display for FleetReport {
     }
 }
 
-/// `dev coverage` on a bundle on disk: [`crate::select::coverage`] with, for each kernel
-/// that loads, where its cubin is (the wheel, the artifact cache, or only the store).
+/// `dev coverage` on a bundle on disk: [`coverage_with`] under the PTX policy, with, for each
+/// kernel that loads, where its cubin is (the wheel, the artifact cache, or only the store).
 pub fn bundle_coverage(
     bundle: &Bundle,
     query: &DeviceQuery,
+    ptx_forbidden_by: Option<&str>,
     cache: &ArtifactCache,
 ) -> CoverageReport {
-    let mut report = coverage(bundle.index(), query);
+    let mut report = coverage_with(bundle.index(), query, ptx_forbidden_by);
     for (name, kernel) in &mut report.kernels {
         let Some(label) = &kernel.loads else { continue };
         let variant = bundle.index().kernels[name]
