@@ -239,12 +239,64 @@ pub fn compile_with(
             library,
             include_dirs,
         } => run_nvrtc(&work, library, include_dirs, job),
-    }?;
+    }
+    .map_err(|failure| failure.in_user_terms(work.path()))?;
     // Line tables name each file's modification time, which no two checkouts share.
     Ok(Compiled {
         cubin: super::lines::without_file_times(compiled.cubin),
+        log: user_paths(&compiled.log, work.path()),
         ..compiled
     })
+}
+
+impl CompileFailure {
+    /// This failure with its log's paths as the library names them ([`user_paths`]).
+    fn in_user_terms(self, work: &Path) -> CompileFailure {
+        match self {
+            CompileFailure::Rejected { log } => CompileFailure::Rejected {
+                log: user_paths(&log, work),
+            },
+            CompileFailure::NewerPtx {
+                emitted,
+                supported,
+                log,
+            } => CompileFailure::NewerPtx {
+                emitted,
+                supported,
+                log: user_paths(&log, work),
+            },
+            other => other,
+        }
+    }
+}
+
+/// A compiler's log with the library's files named as the library names them: the work
+/// folder's `src/` (where a compile sees the library, [`in_tree`]) taken off
+/// `src/kernels/softmax.cu(12): error …` and off NVRTC's absolute
+/// `/tmp/kwheel-…/src/kernels/softmax.cu`, where the path is one of the work folder's.
+pub(crate) fn user_paths(log: &str, work: &Path) -> String {
+    let absolute = format!("{}/src/", work.display());
+    let log = log.replace(&absolute, "");
+    let mut out = String::with_capacity(log.len());
+    let mut rest = log.as_str();
+    while let Some(at) = rest.find("src/") {
+        let boundary = rest[..at]
+            .chars()
+            .next_back()
+            .is_none_or(|c| c.is_whitespace() || matches!(c, '"' | '\'' | '(' | '`'));
+        let path: String = rest[at + 4..]
+            .chars()
+            .take_while(|c| !c.is_whitespace() && !matches!(c, '(' | ':' | '"' | '\'' | ','))
+            .collect();
+        let known = !path.is_empty() && work.join("src").join(&path).exists();
+        out.push_str(&rest[..at]);
+        if !(boundary && known) {
+            out.push_str("src/");
+        }
+        rest = &rest[at + 4..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// `src/<stable>`: where a stable path is in the work folder (`.` is `src` itself).
@@ -489,4 +541,36 @@ fn run_nvrtc(
         log: output.log,
         lowered_names: output.lowered_names,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compiler_logs_name_the_librarys_files_as_the_library_does() {
+        let work = tempfile::tempdir().unwrap();
+        fs::create_dir_all(work.path().join("src/kernels")).unwrap();
+        fs::write(work.path().join("src/kernels/softmax.cu"), "").unwrap();
+        let absolute = work
+            .path()
+            .join("src/kernels/softmax.cu")
+            .display()
+            .to_string();
+        let log = format!(
+            "src/kernels/softmax.cu(12): error: identifier \"x\" is undefined\n\
+             1 error detected in the compilation of \"src/kernels/softmax.cu\".\n\
+             {absolute}(3): warning: unused\n\
+             In file included from src/kernels/softmax.cu:1:\n\
+             kwheel-entries.cu(3): error: no instance; see resrc/other.cu and src/missing.cu\n"
+        );
+        assert_eq!(
+            user_paths(&log, work.path()),
+            "kernels/softmax.cu(12): error: identifier \"x\" is undefined\n\
+             1 error detected in the compilation of \"kernels/softmax.cu\".\n\
+             kernels/softmax.cu(3): warning: unused\n\
+             In file included from kernels/softmax.cu:1:\n\
+             kwheel-entries.cu(3): error: no instance; see resrc/other.cu and src/missing.cu\n"
+        );
+    }
 }
