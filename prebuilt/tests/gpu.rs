@@ -1842,7 +1842,7 @@ mod slim {
         let cache = ArtifactCache::new(dir.path().join("artifacts"));
         let query = sm_100("cu130");
 
-        let before = coverage(&bundle, &query, &cache);
+        let before = coverage(&bundle, &query, None, &cache);
         for (name, kernel) in &before.kernels {
             assert_eq!(kernel.loads.as_deref(), Some("cu130/sm_100a"), "{name}");
             assert_eq!(kernel.location, Some(ArtifactLocation::Store), "{name}");
@@ -1862,7 +1862,7 @@ mod slim {
         let entry = cache.entry_path(&sha256_hex(cubin)).unwrap();
         assert_eq!(fs::read(&entry).unwrap(), cubin);
 
-        let after = coverage(&bundle, &query, &cache);
+        let after = coverage(&bundle, &query, None, &cache);
         for (name, kernel) in &after.kernels {
             assert_eq!(kernel.location, Some(ArtifactLocation::Cache), "{name}");
         }
@@ -1872,7 +1872,7 @@ mod slim {
             capability: (9, 0),
             ..query.clone()
         };
-        for kernel in coverage(&bundle, &h100, &cache).kernels.values() {
+        for kernel in coverage(&bundle, &h100, None, &cache).kernels.values() {
             assert_eq!(kernel.location, Some(ArtifactLocation::Bundle));
         }
 

@@ -652,40 +652,18 @@ fn escape(text: &str) -> String {
     out
 }
 
-/// A release gate on a diff: the policy of the manifest's `[release]` table.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
-pub struct DiffPolicy {
-    /// The most registers any entry may gain; none: no limit.
-    pub max_register_increase: Option<u32>,
-    /// Whether an entry may gain a stack frame (local memory, spills); default yes.
-    pub allow_spills: Option<bool>,
-    /// Whether a fleet device may lose a kernel it loaded; default yes.
-    pub allow_coverage_loss: Option<bool>,
-    /// Whether a target may stop being built; default yes.
-    pub allow_removed: Option<bool>,
-    /// Whether an entry's parameter layout may change; default yes.
-    pub allow_abi_break: Option<bool>,
-    /// Whether a kernel's requirements may gain or change a condition; default yes.
-    pub allow_requirement_change: Option<bool>,
-}
+/// A release gate on a diff: the manifest's `[release]` table
+/// ([`bundler::manifest::ReleasePolicy`]); an absent field allows the change.
+pub type DiffPolicy = bundler::manifest::ReleasePolicy;
 
-impl From<&bundler::manifest::ReleasePolicy> for DiffPolicy {
-    fn from(policy: &bundler::manifest::ReleasePolicy) -> DiffPolicy {
-        DiffPolicy {
-            max_register_increase: policy.max_register_increase,
-            allow_spills: policy.allow_spills,
-            allow_coverage_loss: policy.allow_coverage_loss,
-            allow_removed: policy.allow_removed,
-            allow_abi_break: policy.allow_abi_break,
-            allow_requirement_change: policy.allow_requirement_change,
-        }
-    }
-}
-
-impl DiffPolicy {
+/// What a policy finds wrong with a diff.
+pub trait Breaches {
     /// The rows and coverage changes that break the policy, one line each; empty: it holds.
-    pub fn breaches(&self, diff: &ReleaseDiff) -> Vec<String> {
+    fn breaches(&self, diff: &ReleaseDiff) -> Vec<String>;
+}
+
+impl Breaches for DiffPolicy {
+    fn breaches(&self, diff: &ReleaseDiff) -> Vec<String> {
         let mut breaches = Vec::new();
         for row in &diff.rows {
             let at = format!("`{}` {}", row.kernel, row.target);

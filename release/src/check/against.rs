@@ -10,7 +10,7 @@ use prebuilt::device::DeviceQuery;
 use prebuilt::error_chain;
 
 use super::Run;
-use crate::diff::{describe_breaches, diff_releases, DiffPolicy, Release};
+use crate::diff::{describe_breaches, diff_releases, Breaches as _, Release};
 
 pub(super) fn check_against(run: &mut Run, manifest: &Manifest, old: &Path, bundle: &Path) {
     let opened = Release::open(old).and_then(|old| Ok((old, Release::open(bundle)?)));
@@ -61,7 +61,7 @@ pub(super) fn check_against(run: &mut Run, manifest: &Manifest, old: &Path, bund
         }
     };
     let changed = diff.changed().count();
-    let breaches = DiffPolicy::from(&manifest.release).breaches(&diff);
+    let breaches = manifest.release.breaches(&diff);
     if breaches.is_empty() {
         run.pass(
             "against",

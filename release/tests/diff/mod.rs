@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use release::diff::{diff_releases, Change, DiffPolicy, Release};
+use release::diff::{diff_releases, Breaches as _, Change, DiffPolicy, Release};
 
 use super::{chain, copy_library, scratch, toolchains};
 

@@ -215,7 +215,7 @@ fn publish_then_prefetch_for_another_device_makes_its_variants_local() {
     let bundle = prebuilt::lookup::open_bundle(&bundle_dir).unwrap();
     let cache = ArtifactCache::new(site.join("artifact-cache"));
     let b200 = cuda_13_0_device((10, 0));
-    let before = coverage(&bundle, &b200, &cache);
+    let before = coverage(&bundle, &b200, None, &cache);
     assert!(before.to_string().contains("remote"), "{before}");
 
     let prefetched = prefetch(&bundle, &b200, &cache, &quick()).unwrap();
@@ -232,7 +232,7 @@ fn publish_then_prefetch_for_another_device_makes_its_variants_local() {
         Prefetched::NothingFits { .. }
     ));
 
-    let after = coverage(&bundle, &b200, &cache);
+    let after = coverage(&bundle, &b200, None, &cache);
     for (name, kernel) in &after.kernels {
         match &kernel.loads {
             Some(label) => {
