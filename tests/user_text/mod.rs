@@ -186,6 +186,46 @@ fn bundle_list_and_dev_coverage_of_the_default_library() {
     settings.bind(|| insta::assert_snapshot!("dev_coverage_fleet", fleet));
 }
 
+/// What a newcomer reads in the first steps on the default library: the toolchains found,
+/// the wheel built from a bundle and what `wheel verify` says of it. The
+/// toolchain folders, versions, sizes and file counts are filtered; the words and the layout
+/// are the snapshot.
+#[test]
+fn toolchains_build_wheel_and_wheel_verify_of_the_default_library() {
+    if !have_toolchains() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = dir.path().join("bundle");
+    let output = kwheel()
+        .args(["dev", "bundle-kernels", "--quiet", "--out"])
+        .arg(&bundle)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", text(&output));
+    let mut settings = settings();
+    settings.add_filter(r"(nvrtc|nvcc) \d+\.\d+\.\d+", "$1 [VERSION]");
+    settings.add_filter(r"\(targets( sm_\d+)+\)", "(targets [SMS])");
+    settings.add_filter(r"/\S*/toolchains/(cu\d+)", "[TOOLCHAINS]/$1");
+    settings.add_filter(r"\d+ files, \d+ bytes", "[FILES] files, [BYTES] bytes");
+    settings.add_filter(r"\d+ files\b", "[FILES] files");
+    settings.add_filter(r#""(size|files)": \d+"#, r#""$1": [N]"#);
+    let toolchains = session(&["toolchains"]);
+    settings.bind(|| insta::assert_snapshot!("toolchains", toolchains));
+    let wheels = dir.path().join("wheels");
+    let (bundle, wheels) = (bundle.display().to_string(), wheels.display().to_string());
+    let built = session(&["dev", "build-wheel", "--bundle", &bundle, "--out", &wheels]);
+    settings.bind(|| insta::assert_snapshot!("dev_build_wheel", built));
+    let wheel = std::fs::read_dir(&wheels)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .find(|path| path.extension().is_some_and(|e| e == "whl"))
+        .unwrap();
+    let wheel = wheel.display().to_string();
+    let verified = session(&["wheel", "verify", &wheel]);
+    settings.bind(|| insta::assert_snapshot!("wheel_verify", verified));
+}
+
 /// A library that hits every outcome on purpose: a kernel built for both archs, one the
 /// manifest narrows to sm_90a (a declared skip), one whose sm_100a body is a stub (a stub
 /// skip), and one that does not compile (a failed target). The text and the `--json` report
