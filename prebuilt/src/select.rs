@@ -50,9 +50,15 @@ pub fn runs_on(arch: Arch, capability: (u32, u32)) -> bool {
 /// [`TorchPin::matches`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TorchPin {
-    /// The specifiers; `None` for `*`.
+    /// The specifiers; `None` for `*` and for [`NO_TORCH`].
     specifiers: Option<pep440_rs::VersionSpecifiers>,
+    /// Whether the library uses torch at all: `false` for [`NO_TORCH`].
+    uses_torch: bool,
 }
+
+/// The pin of a library whose kernels never touch torch (`torch = "none"`): its wheel requires
+/// no torch, and any torch, or none, loads its variants.
+pub const NO_TORCH: &str = "none";
 
 /// A torch pin that is not a PEP 440 specifier set.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -75,8 +81,11 @@ impl TorchPin {
             pin: pin.to_owned(),
             reason,
         };
-        if text == "*" {
-            return Ok(TorchPin { specifiers: None });
+        if text == "*" || text == NO_TORCH {
+            return Ok(TorchPin {
+                specifiers: None,
+                uses_torch: text != NO_TORCH,
+            });
         }
         if text.is_empty() {
             return Err(invalid("it is empty".to_owned()));
@@ -103,6 +112,7 @@ impl TorchPin {
         }
         Ok(TorchPin {
             specifiers: Some(specifiers),
+            uses_torch: true,
         })
     }
 
@@ -118,12 +128,19 @@ impl TorchPin {
             .is_ok_and(|version| specifiers.contains(&version))
     }
 
-    /// The wheel's requirement on torch: `torch==2.13.*`, `torch>=2.9`; `torch` for `*`.
-    pub fn requirement(&self) -> String {
-        match &self.specifiers {
-            Some(specifiers) => format!("torch{specifiers}"),
-            None => "torch".to_owned(),
+    /// The wheel's requirement on torch: `torch==2.13.*`, `torch>=2.9`; `torch` for `*`; none
+    /// for [`NO_TORCH`].
+    pub fn requirement(&self) -> Option<String> {
+        match (&self.specifiers, self.uses_torch) {
+            (_, false) => None,
+            (Some(specifiers), true) => Some(format!("torch{specifiers}")),
+            (None, true) => Some("torch".to_owned()),
         }
+    }
+
+    /// Whether the library uses torch: every pin but [`NO_TORCH`].
+    pub fn uses_torch(&self) -> bool {
+        self.uses_torch
     }
 }
 
@@ -450,6 +467,7 @@ fn fit_reason(variant: &Variant, query: &DeviceQuery) -> String {
         _ => "a",
     };
     let torch = match &query.torch {
+        _ if variant.torch == NO_TORCH => "no torch needed".to_owned(),
         Some(torch) => format!("torch {torch} matches {}", variant.torch),
         None => "torch not checked".to_owned(),
     };
@@ -745,7 +763,7 @@ mod tests {
             ("*", "torch"),
         ] {
             let parsed = TorchPin::parse(pin).unwrap_or_else(|error| panic!("{error}"));
-            assert_eq!(parsed.requirement(), requirement, "{pin}");
+            assert_eq!(parsed.requirement().as_deref(), Some(requirement), "{pin}");
             // The requirement pip sees reads back as the same pin.
             let back = TorchPin::parse(requirement.trim_start_matches("torch").trim());
             if pin != "*" {

@@ -263,10 +263,10 @@ fn write_library_wheel(
                 .unwrap_or_else(|| format!("Prebuilt CUDA kernels of {}", library.package)),
         ),
         requires_python: Some(REQUIRES_PYTHON.to_owned()),
-        requires_dist: vec![
-            kwheel_requirement(KWHEEL_VERSION),
-            torch_requirement(torch)?,
-        ],
+        requires_dist: [kwheel_requirement(KWHEEL_VERSION)]
+            .into_iter()
+            .chain(torch_requirement(torch)?)
+            .collect(),
     };
     let spec = WheelSpec {
         filename,
@@ -403,8 +403,9 @@ pub fn recipe_files(manifest: &Manifest, torch: &str, root: &str) -> Result<Vec<
 }
 
 /// The wheel's requirement on torch for a pin: `torch==2.13.*` for `2.13.*`, `torch>=2.9` for
-/// `>=2.9` ([`prebuilt::select::TorchPin`], the loader's reading of the same pin).
-pub fn torch_requirement(pin: &str) -> Result<String, Error> {
+/// `>=2.9`, none for `none` ([`prebuilt::select::TorchPin`], the loader's reading of the same
+/// pin).
+pub fn torch_requirement(pin: &str) -> Result<Option<String>, Error> {
     prebuilt::select::TorchPin::parse(pin)
         .map(|pin| pin.requirement())
         .map_err(|error| Error::Bundler(Box::new(bundler::Error::TorchPin(error))))
@@ -827,9 +828,12 @@ mod tests {
     #[test]
     fn torch_pins_become_requirements() {
         let requirement = |pin| torch_requirement(pin).unwrap();
-        assert_eq!(requirement("2.13.*"), "torch==2.13.*");
-        assert_eq!(requirement("==2.11.*"), "torch==2.11.*");
-        assert_eq!(requirement(">=2.11,<2.14"), "torch>=2.11, <2.14");
+        assert_eq!(requirement("2.13.*").unwrap(), "torch==2.13.*");
+        assert_eq!(requirement("==2.11.*").unwrap(), "torch==2.11.*");
+        assert_eq!(requirement(">=2.11,<2.14").unwrap(), "torch>=2.11, <2.14");
+        assert_eq!(requirement("*").unwrap(), "torch");
+        // A library whose kernels never touch torch requires none.
+        assert_eq!(requirement("none"), None);
         let error = torch_requirement("latest").unwrap_err().to_string();
         assert!(error.starts_with("invalid torch pin `latest`"), "{error}");
     }

@@ -220,10 +220,10 @@ pub fn build_sdist(options: &SdistOptions) -> Result<Sdist, Error> {
                 .unwrap_or_else(|| format!("Prebuilt CUDA kernels of {}", library.package)),
         ),
         requires_python: Some(crate::library::REQUIRES_PYTHON.to_owned()),
-        requires_dist: vec![
-            kwheel_requirement(KWHEEL_VERSION),
-            torch_requirement(&library.torch)?,
-        ],
+        requires_dist: [kwheel_requirement(KWHEEL_VERSION)]
+            .into_iter()
+            .chain(torch_requirement(&library.torch)?)
+            .collect(),
     };
     // Every file, after symbolic links, must lie under the root: an sdist ships nothing else.
     for (relative, path) in &files {

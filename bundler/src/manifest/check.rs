@@ -4,6 +4,28 @@
 use super::*;
 
 impl Manifest {
+    /// Why `pin` cannot be this library's: it is `none` (no torch at all), but a kernel
+    /// compiles as a torch extension or an extension module is built against torch, which
+    /// cannot ship in a wheel that requires no torch.
+    pub fn needs_torch_under(&self, pin: &prebuilt::select::TorchPin) -> Option<String> {
+        if pin.uses_torch() {
+            return None;
+        }
+        let user = self
+            .kernels
+            .iter()
+            .find(|(_, kernel)| self.torch_of(kernel))
+            .map(|(name, _)| format!("kernel `{name}` compiles as a torch extension"))
+            .or_else(|| {
+                let name = self.extensions.keys().next()?;
+                Some(format!("extension module `{name}` is built against torch"))
+            })?;
+        Some(format!(
+            "`torch = \"none\"` says the library does not use torch, but {user}: pin the torch \
+             it builds against (`torch = \"2.13.*\"`)"
+        ))
+    }
+
     pub(super) fn check(&self, text: &str) -> Result<(), Error> {
         for (name, extension) in &self.extensions {
             let library = &self.library;
@@ -50,8 +72,10 @@ impl Manifest {
                 ),
             ));
         }
-        if let Err(error) = prebuilt::select::TorchPin::parse(&library.torch) {
-            return Err(invalid(None, format!("`torch`: {error}")));
+        let pin = prebuilt::select::TorchPin::parse(&library.torch)
+            .map_err(|error| invalid(None, format!("`torch`: {error}")))?;
+        if let Some(message) = self.needs_torch_under(&pin) {
+            return Err(invalid(None, message));
         }
         let library_flags = flag_lists(&library.flags, &library.nvcc_flags, &library.nvrtc_flags);
         if let Some(message) = include_path_in(library_flags, str::to_owned) {

@@ -33,7 +33,15 @@ impl BuildPlan {
             .torch
             .clone()
             .unwrap_or_else(|| manifest.library.torch.clone());
-        prebuilt::select::TorchPin::parse(&torch).map_err(Error::TorchPin)?;
+        let pin = prebuilt::select::TorchPin::parse(&torch).map_err(Error::TorchPin)?;
+        if let Some(message) = manifest.needs_torch_under(&pin) {
+            return Err(Error::ManifestInvalid {
+                path: manifest.path.clone(),
+                line: 1,
+                kernel: None,
+                message: format!("with --torch {torch}: {message}"),
+            });
+        }
         let selected = select_kernels(&manifest, &options.only)?;
         let toolchains = match &options.toolchains {
             Some(toolchains) => toolchains.clone(),

@@ -471,6 +471,11 @@ fn per_arch_tables_torch_and_translation_units_are_checked_when_the_manifest_is_
             "`defines` names `a-b`, which must be a C identifier",
         ),
         (
+            kernel_key("torch = true").replace("torch = \"2.13.*\"", "torch = \"none\""),
+            "`torch = \"none\"` says the library does not use torch, but kernel `add` compiles \
+             as a torch extension: pin the torch it builds against",
+        ),
+        (
             kernel_key("torch = true\ncompiler = \"nvrtc\""),
             "`torch = true` needs nvcc: torch's headers include host code",
         ),

@@ -143,7 +143,7 @@ proptest! {
             .collect::<Vec<_>>()
             .join(",");
         let pin = TorchPin::parse(&text).unwrap();
-        let requirement = pin.requirement();
+        let requirement = pin.requirement().unwrap();
         let again = TorchPin::parse(requirement.strip_prefix("torch").unwrap()).unwrap();
         prop_assert_eq!(&again, &pin);
         for (major, minor, patch) in versions {
@@ -156,6 +156,14 @@ proptest! {
 #[test]
 fn any_pin_is_star_and_matches_everything() {
     let pin = TorchPin::parse("*").unwrap();
-    assert_eq!(pin.requirement(), "torch");
+    assert_eq!(pin.requirement().as_deref(), Some("torch"));
+    assert!(pin.matches("2.13.0+cu130") && pin.matches("not a version"));
+}
+
+#[test]
+fn no_torch_requires_none_and_matches_everything() {
+    let pin = TorchPin::parse("none").unwrap();
+    assert_eq!(pin.requirement(), None);
+    assert!(!pin.uses_torch() && TorchPin::parse("*").unwrap().uses_torch());
     assert!(pin.matches("2.13.0+cu130") && pin.matches("not a version"));
 }

@@ -269,6 +269,45 @@ fn torch_override_pins_requires_dist_and_the_bundle() {
     assert!(!metadata.contains("2.13"), "{metadata}");
 }
 
+/// A library whose kernels never touch torch says `torch = "none"`: its wheel requires no
+/// torch (so its users do not download one), and its variants load with any torch or none.
+#[test]
+fn a_library_without_torch_requires_none() {
+    let Some(shared) = shared() else { return };
+    let root = scratch("no-torch");
+    let built = build_library_wheel(&LibraryWheelOptions {
+        torch: Some("none".into()),
+        ..options(
+            &default_manifest(),
+            &root.join("_prebuilt"),
+            &root.join("wheels"),
+            &shared.cache,
+        )
+    })
+    .unwrap();
+    let index = &built.bundled.as_ref().unwrap().index;
+    assert_eq!(index.torch, "none");
+    let bytes = std::fs::read(&built.path).unwrap();
+    let metadata = entry(&bytes, &format!("{DIST_INFO}/METADATA"));
+    assert!(!metadata.contains("torch"), "{metadata}");
+    assert!(metadata.contains("\nRequires-Dist: kwheel"), "{metadata}");
+    let query = |torch: Option<&str>| {
+        prebuilt::device::DeviceQuery::simulated(
+            (9, 0),
+            "cu130".parse().unwrap(),
+            None,
+            torch.map(str::to_owned),
+        )
+    };
+    for torch in [Some("2.13.0+cu130"), Some("2.9.1"), None] {
+        let report = prebuilt::coverage::coverage(index, &query(torch));
+        assert!(
+            report.kernels.values().all(|kernel| kernel.loads.is_some()),
+            "{torch:?}: {report}"
+        );
+    }
+}
+
 #[test]
 fn bundle_for_another_torch_pin_is_refused() {
     let Some(shared) = shared() else { return };

@@ -10,7 +10,7 @@ pub(crate) fn small_spec(out: &Path, platform: &str, files: Vec<WheelFile>) -> W
             version: "1.2.0".into(),
             summary: Some("Demo.".into()),
             requires_python: None,
-            requires_dist: vec![torch_requirement("2.13.*").unwrap()],
+            requires_dist: vec![torch_requirement("2.13.*").unwrap().unwrap()],
         },
         files,
         out_dir: out.to_owned(),
