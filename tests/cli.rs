@@ -706,6 +706,17 @@ fn release_check_passes_on_a_clean_tree_and_builds_only_what_is_missing() {
             text.contains("? gpu") && text.contains("release check incomplete: gpu could not run"),
             "{text}"
         );
+        // The whole checklist as a user reads it, machine details filtered.
+        let mut settings = insta::Settings::clone_current();
+        for (pattern, replacement) in testkit::snapshot_filters() {
+            settings.add_filter(&pattern, replacement);
+        }
+        settings.add_filter(r"\d+(\.\d+)? (KiB|MiB|GiB|kB|MB|GB|B)\b", "[SIZE]");
+        settings.add_filter(r"\b\d+ (files|bytes)\b", "[N] $1");
+        settings.add_filter(r"(nvrtc|nvcc|ptxas) \d+\.\d+\.\d+", "$1 [VERSION]");
+        settings.add_filter(r"host [^,)]+", "host [HOST COMPILER]");
+        settings.set_prepend_module_to_snapshot(false);
+        settings.bind(|| insta::assert_snapshot!("release_check_without_a_gpu", text));
     } else {
         assert!(text.contains("release check passed"), "{text}");
     }
