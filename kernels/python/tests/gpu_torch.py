@@ -43,6 +43,7 @@ import torch.nn.functional as F
 
 import kwheel
 import kwheel.torch
+import af3_kernels
 from af3_kernels import ops
 
 FAILURES = []
@@ -186,6 +187,36 @@ def check_ops():
                     check(False, f"{name}: opcheck: {error}")
     REPORT["ops"] = rows
     torch._dynamo.reset()
+
+
+def check_requirements():
+    """The kernels' declared requirements on the GPU: an op called with CUDA tensors that break
+    one is refused at its first call naming the op, the requirement and the values, before
+    anything launches; the package answers the same question at setup, for this device, without
+    loading anything; shapes on the good side of each boundary run."""
+    device = "sm_%d%d" % torch.cuda.get_device_capability()
+    odd = torch.empty(4, 5, device="cuda", dtype=torch.bfloat16)
+    try:
+        ops.swiglu(odd)
+        check(False, "swiglu took an odd last dimension")
+    except Exception as error:
+        text = str(error)
+        check(
+            "kernel `swiglu`" in text and "requires `width % 2 == 0`" in text and "width = 5" in text,
+            f"swiglu's refusal: {text}",
+        )
+    answer = af3_kernels.unsupported_shape_reason("swiglu", device=device, rows=4, width=5)
+    check(answer is not None and "width = 5" in answer, f"setup answer for an odd width: {answer}")
+    check(
+        af3_kernels.unsupported_shape_reason("swiglu", device=device, rows=4, width=6) is None,
+        "setup answer for an even width",
+    )
+    even = torch.randn(4, 6, device="cuda", dtype=torch.bfloat16)
+    got = ops.swiglu(even)
+    a, b = even.float().chunk(2, dim=-1)
+    within, worst = close(got, (F.silu(a) * b).to(got.dtype), 2e-2, 2e-2)
+    check(within, f"swiglu on the good side of its boundary: max error {worst:.3g}")
+    REPORT["requirements"] = {"device": device, "odd_width": answer}
 
 
 # --- the block ---------------------------------------------------------------------------
@@ -690,7 +721,8 @@ def main():
     REPORT["kwheel"] = kwheel.__version__
 
     steps = [
-        check_ops, check_direct, check_block, check_trace, check_escape_hatch, check_gradients,
+        check_ops, check_requirements, check_direct, check_block, check_trace, check_escape_hatch,
+        check_gradients,
         time_overhead,
         time_block,
     ]
