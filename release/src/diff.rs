@@ -16,8 +16,10 @@
 //! ([`prebuilt::cubin::EntryResources`]: registers, register cap, stack frame, static shared
 //! memory, launch bounds, code size, parameter layout); a changed parameter list is an ABI
 //! break for callers. A kernel whose requirements gained or changed a condition (its manifest's
-//! `requires`) is called out too: callers may be refused shapes they passed before. With a fleet, the coverage table of each side is compared too: a device
-//! that loaded a kernel and no longer does is a coverage loss.
+//! `requires`) is called out too: callers may be refused shapes they passed before. With a
+//! fleet, the coverage table of each side is compared too: a device that loaded a kernel and no
+//! longer does is a coverage loss. Extension modules get rows of their own, module × target
+//! (`cu130/x86_64`), with the key inputs that changed ([`modules`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::{self, Write as _};
@@ -36,6 +38,9 @@ use prebuilt::Bundle;
 
 use crate::verify::VerifiedWheel;
 use crate::Error;
+
+mod modules;
+pub use modules::{ModuleRow, ModuleSide};
 
 /// A release opened for comparison: its bundle, and the scratch folder a wheel's bundle was
 /// unpacked into (removed on drop).
@@ -253,6 +258,10 @@ pub struct ReleaseDiff {
     pub new: String,
     /// Every kernel × target either side has, sorted by kernel and target.
     pub rows: Vec<Row>,
+    /// Every extension module × target (`cu130/x86_64`) either side has, sorted; absent from
+    /// the JSON when neither release has a module.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub modules: Vec<ModuleRow>,
     /// With a fleet: the devices whose loaded target changed.
     pub coverage: Vec<CoverageChange>,
 }
@@ -383,6 +392,7 @@ pub fn diff_releases(
         old: old.path.display().to_string(),
         new: new.path.display().to_string(),
         rows,
+        modules: modules::module_rows(old_index, new_index),
         coverage,
     })
 }
@@ -617,6 +627,30 @@ impl fmt::Display for ReleaseDiff {
                 )?;
             }
         }
+        let modules: Vec<&ModuleRow> = self
+            .modules
+            .iter()
+            .filter(|row| row.change != Change::Unchanged || !row.why.is_empty())
+            .collect();
+        if !self.modules.is_empty() {
+            writeln!(f, "\n## Extension modules\n")?;
+            if modules.is_empty() {
+                writeln!(f, "No module target changed ({}).", self.modules.len())?;
+            } else {
+                writeln!(f, "| module | target | change | why |")?;
+                writeln!(f, "| --- | --- | --- | --- |")?;
+                for row in modules {
+                    writeln!(
+                        f,
+                        "| `{}` | {} | {} | {} |",
+                        row.module,
+                        row.target,
+                        row.change,
+                        escape(&row.why.join("; "))
+                    )?;
+                }
+            }
+        }
         if !self.coverage.is_empty() {
             writeln!(f, "\n## Coverage\n")?;
             writeln!(f, "| kernel | device | before | after |")?;
@@ -706,6 +740,16 @@ impl Breaches for DiffPolicy {
                         .map(|change| change.as_str())
                         .collect::<Vec<_>>()
                         .join("; ")
+                ));
+            }
+        }
+        if self.allow_removed == Some(false) {
+            for row in diff.modules.iter().filter(|r| r.change == Change::Removed) {
+                breaches.push(format!(
+                    "module `{}` {}: removed ({}), and allow-removed = false",
+                    row.module,
+                    row.target,
+                    row.why.join("; ")
                 ));
             }
         }
