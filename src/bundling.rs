@@ -22,6 +22,7 @@ pub(crate) fn bundle_kernels(args: BundleKernelsArgs) -> Result<()> {
         torch: args.torch,
         progress: !args.quiet,
         toolchains: None,
+        farm: args.farm.then(farm),
     };
     let shared = bundler::SharedBuild {
         shard: args.shard.as_deref().map(str::parse).transpose()?,
@@ -40,9 +41,7 @@ pub(crate) fn bundle_kernels(args: BundleKernelsArgs) -> Result<()> {
             _ => anyhow::Error::new(error).context(context),
         }
     })?;
-    if let Some(remote) = &summary.remote {
-        println!("remote cache: {remote}");
-    }
+
     let variants: usize = summary
         .index
         .kernels
@@ -54,6 +53,12 @@ pub(crate) fn bundle_kernels(args: BundleKernelsArgs) -> Result<()> {
             bundler::pipeline::report::BuildReport::new(&summary, written(summary.written));
         println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(());
+    }
+    if let Some(remote) = &summary.remote {
+        println!("remote cache: {remote}");
+    }
+    if let Some(farm) = &summary.farm {
+        println!("{farm}");
     }
     let failed = summary.failed();
     if !failed.is_empty() {
@@ -171,4 +176,13 @@ fn kernels_from_env(value: Option<&str>) -> Vec<String> {
         .filter(|name| !name.is_empty())
         .map(str::to_owned)
         .collect()
+}
+
+/// The build farm `--farm` asks for: `$KWHEEL_SCCACHE`, else `sccache` on `PATH`; its daemon
+/// is found through `SCCACHE_SERVER_UDS` or `SCCACHE_SERVER_PORT` (docs/distributed-builds.md).
+fn farm() -> std::sync::Arc<bundler::farm::Farm> {
+    let sccache = std::env::var_os("KWHEEL_SCCACHE")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| "sccache".into());
+    std::sync::Arc::new(bundler::farm::Farm::new(&sccache))
 }

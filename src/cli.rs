@@ -368,6 +368,11 @@ pub(crate) struct BundleKernelsArgs {
     /// docs/bundling.md.
     #[arg(long)]
     pub(crate) json: bool,
+    /// Run the nvcc and ptxas compiles on a build farm through an sccache-dist client daemon
+    /// (SCCACHE_SERVER_UDS or SCCACHE_SERVER_PORT names it), with $KWHEEL_SCCACHE, else
+    /// `sccache` on PATH; see docs/distributed-builds.md.
+    #[arg(long)]
+    pub(crate) farm: bool,
 }
 
 #[derive(Args)]

@@ -1,6 +1,7 @@
 //! The `kwheel` binary end to end: the README's commands, every verb, and the errors a user
 //! meets, on the embedded library with the real toolchains.
 
+mod farm;
 mod getting_started;
 mod index;
 // The build backend's JSON answers (`kwheel pep517 …`).

@@ -112,6 +112,7 @@ impl Bench {
             torch: None,
             progress: false,
             toolchains: self.toolchains.as_ref().ok().cloned(),
+            farm: None,
         }
     }
 

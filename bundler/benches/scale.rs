@@ -211,6 +211,7 @@ fn build(manifest: &Path, out: &Path) {
         torch: None,
         progress: false,
         toolchains: None,
+        farm: None,
     })
     .unwrap_or_else(|error| {
         panic!(

@@ -289,6 +289,14 @@ pub enum Error {
     /// The remote cache's URL or client could not be set up.
     #[error(transparent)]
     Fetch(#[from] Box<prebuilt::fetch::FetchError>),
+    /// The build farm's sccache daemon cannot be used.
+    #[error("the build farm through `{}` cannot be used: {reason}", sccache.display())]
+    Farm {
+        /// The sccache executable.
+        sccache: PathBuf,
+        /// Why.
+        reason: String,
+    },
     /// `--shard` is not `i/N` with 1 ≤ i ≤ N.
     #[error("invalid shard `{text}`: {reason}")]
     InvalidShard {

@@ -18,6 +18,7 @@
 //! | [`explain`] | what goes into a kernel's key, and what changed since an index |
 //! | [`torch`] | torch's include dirs and defines for `torch = true` kernels |
 //! | [`extension`] | extension modules: `[extensions.*]`, their key, compile and link |
+//! | [`farm`] | compile actions on a build farm (sccache-dist) through the compile executor's runner seam |
 //!
 //! The bundle format itself belongs to `prebuilt`; this crate only writes it.
 #![deny(missing_docs)]
@@ -30,6 +31,7 @@ pub mod cache;
 pub mod compress;
 pub mod explain;
 pub mod extension;
+pub mod farm;
 pub mod manifest;
 pub mod pipeline;
 mod progress;

@@ -29,6 +29,7 @@ fn options(
         torch: None,
         progress: false,
         toolchains: Some(toolchains),
+        farm: None,
     }
 }
 

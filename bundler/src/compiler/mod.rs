@@ -258,8 +258,20 @@ fn sm_list(archs: &[u32]) -> String {
 
 /// The compiler `toolchain` uses: nvcc where the build has it, NVRTC otherwise.
 pub fn compiler_for(toolchain: &Toolchain) -> Result<Box<dyn Compiler>, CompileError> {
+    compiler_run_by(toolchain, None)
+}
+
+/// [`compiler_for`], its nvcc and `ptxas` run by `runner` where one is given (a build farm;
+/// NVRTC always runs in this process).
+pub fn compiler_run_by(
+    toolchain: &Toolchain,
+    runner: Option<std::sync::Arc<dyn compile::ToolRunner>>,
+) -> Result<Box<dyn Compiler>, CompileError> {
     Ok(match toolchain.compiler.kind {
-        CompilerKind::Nvcc => Box::new(Nvcc::new(toolchain)?),
+        CompilerKind::Nvcc => match runner {
+            Some(runner) => Box::new(Nvcc::new(toolchain)?.with_runner(runner)),
+            None => Box::new(Nvcc::new(toolchain)?),
+        },
         CompilerKind::Nvrtc => Box::new(Nvrtc::new(toolchain)?),
         CompilerKind::Precompiled => {
             return Err(CompileError::NotInToolchain {
@@ -277,7 +289,11 @@ pub fn compiler_for(toolchain: &Toolchain) -> Result<Box<dyn Compiler>, CompileE
                 root: toolchain.root.clone(),
                 wanted: CompilerKind::NvccPtxas,
             })?;
-            Box::new(NvccPtxas::new(toolchain, &front_end)?)
+            let route = NvccPtxas::new(toolchain, &front_end)?;
+            match runner {
+                Some(runner) => Box::new(route.with_runner(runner)),
+                None => Box::new(route),
+            }
         }
     })
 }

@@ -67,7 +67,7 @@ use prebuilt::key::{sha256_hex, KeyInputs};
 use prebuilt::{Arch, CudaBuild, KernelKey};
 
 use crate::cache::BuildCache;
-use crate::compiler::{compiler_for, CompileRequest, Compiler, NvccPtxas};
+use crate::compiler::{compiler_run_by, CompileRequest, Compiler, NvccPtxas};
 use crate::compress::{Corpus as _, FileCorpus};
 use crate::error::Error;
 use crate::include::{scan_includes, IncludeGraph, ScanRoots};
@@ -97,12 +97,24 @@ pub struct BuildToolchain {
 impl BuildToolchain {
     /// Discovers the installed toolchain of `build` (see [`crate::toolchain`]).
     pub fn discover(build: CudaBuild) -> Result<BuildToolchain, Error> {
+        BuildToolchain::discover_run_by(build, None)
+    }
+
+    /// [`BuildToolchain::discover`], its nvcc and `ptxas` run by `runner` where one is given
+    /// (a build farm, [`crate::farm`]).
+    pub fn discover_run_by(
+        build: CudaBuild,
+        runner: Option<Arc<dyn prebuilt::compile::ToolRunner>>,
+    ) -> Result<BuildToolchain, Error> {
         let toolchain = discover(build)?;
-        let compiler = compiler_for(&toolchain).map_err(Box::new)?;
+        let compiler = compiler_run_by(&toolchain, runner.clone()).map_err(Box::new)?;
         let nvcc_route = match (&toolchain.nvcc, &toolchain.ptxas) {
             (None, Some(_)) => front_end_for(build)
                 .and_then(|front_end| NvccPtxas::new(&toolchain, &front_end).ok())
-                .map(|route| Arc::new(route) as Arc<dyn Compiler>),
+                .map(|route| match runner {
+                    Some(runner) => Arc::new(route.with_runner(runner)) as Arc<dyn Compiler>,
+                    None => Arc::new(route) as Arc<dyn Compiler>,
+                }),
             _ => None,
         };
         Ok(BuildToolchain {
@@ -179,6 +191,9 @@ pub struct BundleOptions {
     pub progress: bool,
     /// The toolchains to use; `None` discovers the manifest's CUDA builds.
     pub toolchains: Option<Vec<BuildToolchain>>,
+    /// A build farm to run the discovered toolchains' nvcc and `ptxas` compiles on
+    /// ([`crate::farm`]); `None` compiles here.
+    pub farm: Option<Arc<crate::farm::Farm>>,
 }
 
 impl BundleOptions {
@@ -195,6 +210,7 @@ impl BundleOptions {
             torch: None,
             progress: false,
             toolchains: None,
+            farm: None,
         }
     }
 }
@@ -218,6 +234,8 @@ pub struct BundleSummary {
     pub shard: Option<Shard>,
     /// Whether the bundle was rewritten or already matched.
     pub written: WriteOutcome,
+    /// What the build farm did, when the build used one.
+    pub farm: Option<crate::farm::FarmReport>,
     /// Wall time of the whole run.
     pub elapsed: Duration,
 }
@@ -291,6 +309,7 @@ pub fn bundle_kernels_shared(
 ) -> Result<BundleSummary, Error> {
     let started = Instant::now();
     crate::writer::check_output(&options.out, shared.shard.is_some())?;
+    let farm_before = options.farm.as_ref().map(|farm| farm.check()).transpose()?;
     let mut plan = BuildPlan::new(options)?;
     report::announce_skips(&plan);
 
@@ -377,6 +396,10 @@ pub fn bundle_kernels_shared(
         .chain(outcomes)
         .collect();
     targets.sort_by(|a, b| a.target.cmp(&b.target));
+    let farm = match (&options.farm, &farm_before) {
+        (Some(farm), Some(before)) => Some(farm.report(before)?),
+        _ => None,
+    };
     Ok(BundleSummary {
         out: options.out.clone(),
         index,
@@ -385,6 +408,7 @@ pub fn bundle_kernels_shared(
         remote,
         shard: shared.shard,
         written,
+        farm,
         elapsed: started.elapsed(),
     })
 }

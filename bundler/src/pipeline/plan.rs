@@ -54,7 +54,11 @@ impl BuildPlan {
                 match needs_compiler {
                     true => builds
                         .into_iter()
-                        .map(BuildToolchain::discover)
+                        .map(|build| {
+                            let farm = options.farm.clone();
+                            let runner = farm.map(|f| f as Arc<dyn prebuilt::compile::ToolRunner>);
+                            BuildToolchain::discover_run_by(build, runner)
+                        })
                         .collect::<Result<_, _>>()?,
                     false => Vec::new(),
                 }

@@ -45,6 +45,9 @@ pub struct BuildReport<'a> {
     pub targets: &'a [TargetOutcome],
     /// Extension modules compiled in this run, as `module/cuXYZ`.
     pub modules_compiled: Vec<String>,
+    /// What the build farm did, when the build used one (`--farm`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub farm: Option<&'a crate::farm::FarmReport>,
 }
 
 impl<'a> BuildReport<'a> {
@@ -84,6 +87,7 @@ impl<'a> BuildReport<'a> {
                 .iter()
                 .map(|(module, build)| format!("{module}/{build}"))
                 .collect(),
+            farm: summary.farm.as_ref(),
         }
     }
 }

@@ -128,6 +128,8 @@ fn rebuild(
         torch: Some(torch.to_owned()),
         progress: false,
         toolchains: Some(toolchains),
+        // The sample is rebuilt here, never on a farm: it checks what a farm built.
+        farm: None,
     })
     .map_err(|error| error_chain(&error))?;
     let mut problems = Vec::new();
@@ -193,6 +195,7 @@ mod tests {
             torch: None,
             progress: false,
             toolchains: Some(toolchains.to_vec()),
+            farm: None,
         })
         .unwrap()
         .index

@@ -39,6 +39,7 @@ fn bundle(manifest: &Path, out: &Path, cache: &Path) {
         torch: None,
         progress: false,
         toolchains: toolchains(),
+        farm: None,
     })
     .unwrap_or_else(|error| panic!("bundle {}: {}", manifest.display(), chain(&error)));
 }
