@@ -289,6 +289,95 @@ fn identical_inputs_give_identical_bundles() {
     );
 }
 
+/// ggml's `softmax.cu` (llama.cpp) in miniature: `static` kernels, one a template its entry
+/// names, a variable in an anonymous namespace, and a class template with a virtual function
+/// instantiated with a class local to a `static` function, as ggml's `common.cuh` keys a static
+/// `std::unordered_map` with local classes. That last makes nvcc's and NVRTC's front end name
+/// the unit's internal symbols (`_INTERNAL_<hash>_<file>_<id>`) before it has seen an external
+/// definition, and unseeded it draws `<id>` from its process id and the folder.
+const SOFTMAX_STAND_IN: &str = r#"template <typename T> struct Holder {
+    T value;
+    __device__ virtual ~Holder() {}
+};
+static __device__ int local_value() {
+    struct Local { int v; };
+    Holder<Local> held{};
+    return held.value.v;
+}
+namespace { __device__ float bias; }
+template <typename T> static __global__ void soft_max(T* x) {
+    x[threadIdx.x] = T(bias) + T(local_value());
+}
+"#;
+
+/// Cold builds of ggml's softmax kernel gave another cubin each time (its internal symbols'
+/// names), and `-lineinfo` builds for sm_100a from two checkouts differed in the second line
+/// table, `.nv.merc.debug_line`, which holds the files' times. Two folders, two caches, files
+/// of other times, every compiler (nvcc, the cu129 nvcc+ptxas route, NVRTC): the same bytes.
+#[test]
+fn cold_builds_of_ggmls_softmax_pattern_from_two_folders_are_the_same_bytes() {
+    let Some(toolchains) = toolchains() else {
+        return;
+    };
+    let manifest = r#"[library]
+package = "softmax-stand-in"
+archs = ["sm_90a", "sm_100a"]
+cuda-builds = ["cu129", "cu130"]
+torch = "none"
+flags = ["-lineinfo"]
+
+[kernels.soft_max]
+sources = ["ggml/softmax.cu"]
+entries = ["soft_max<float>"]
+compiler = "nvcc"
+
+[kernels.soft_max_nvrtc]
+sources = ["ggml/softmax.cu"]
+entries = ["soft_max<float>"]
+compiler = "nvrtc"
+cuda-builds = ["cu129"]
+"#;
+    let dir = tempfile::tempdir().unwrap();
+    let build = |folder: &str, stamp: u64| {
+        let root = dir.path().join(folder);
+        let manifest = write_library(&root, manifest, &[("ggml/softmax.cu", SOFTMAX_STAND_IN)]);
+        testkit::tree::stamp(&root, stamp);
+        let out = root.join("out");
+        let summary = bundle_kernels(&options(
+            &manifest,
+            &out,
+            &root.join("cache"),
+            toolchains.clone(),
+        ))
+        .unwrap();
+        assert!(summary.failed().is_empty(), "{:?}", summary.failed());
+        assert_eq!((summary.compiled().len(), summary.cached()), (6, 0));
+        out
+    };
+    let first = build("checkout", 978_307_200); // 2001-01-01
+    let second = build("elsewhere/deeper/checkout-2", 1_796_149_005); // 2026-12-01
+    assert_eq!(
+        testkit::tree::bytes(&first),
+        testkit::tree::bytes(&second),
+        "two cold builds differ"
+    );
+    // The pattern is there: internal symbols, and line tables (two for sm_100a) with times.
+    let bundle = Bundle::open(&first).unwrap();
+    for (kernel, record) in &bundle.index().kernels {
+        for variant in &record.variants {
+            let cubin = bundle.read_artifact(kernel, variant).unwrap();
+            let what = format!("{kernel} {}", variant.label());
+            let holds = |name: &[u8]| cubin.windows(name.len()).any(|window| window == name);
+            assert!(holds(b"_INTERNAL_"), "{what}: no internal symbol");
+            let sm_100a = variant.arch.to_string() == "sm_100a";
+            assert_eq!(holds(b".nv.merc.debug_line"), sm_100a, "{what}");
+            let times = prebuilt::compile::lines::file_times(&cubin);
+            assert!(!times.is_empty(), "{what}");
+            assert!(times.iter().all(|&time| time == 0), "{what}: {times:?}");
+        }
+    }
+}
+
 #[test]
 fn editing_a_shared_header_recompiles_exactly_its_includers() {
     let Some(toolchains) = toolchains() else {

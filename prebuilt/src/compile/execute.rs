@@ -3,7 +3,7 @@
 //!
 //! | [`CompilerTool`] | runs |
 //! | --- | --- |
-//! | `Nvcc` | `cuda/bin/nvcc -cubin` in the work folder, clean environment, TMPDIR there |
+//! | `Nvcc` | `cuda/bin/nvcc -cubin` in the work folder, clean environment, TMPDIR there, a fixed memory layout ([`super::address_space`]) |
 //! | `NvccPtxas` | `cuda/bin/nvcc -ptx -arch=compute_XYa`, the PTX ISA lowered, then the build's `ptxas -arch=sm_XYa` with the options nvcc would have given its own ([`super::ptxas`]) |
 //! | `Nvrtc` | one NVRTC program named by its path in the work folder |
 //!
@@ -79,8 +79,9 @@ pub struct ToolRun<'a> {
 /// How a compile's tools are run: the seam between what a compile runs and where it runs.
 /// [`Local`] runs them here, as a process with a clean environment ([`super::nvcc_command`]);
 /// the bundler may hand them to another runner (a build farm, a test's recorder). Whatever
-/// runs them, the outputs land in the work folder and are validated as a local compile's are.
-/// The JIT always runs them here.
+/// runs them, the outputs land in the work folder and are validated as a local compile's are;
+/// to give the same bytes it must start them as [`Local`] does, in the work folder, with the
+/// memory layout fixed ([`super::address_space`]). The JIT always runs them here.
 pub trait ToolRunner: Send + Sync {
     /// Runs `run` to completion: its exit status and what it printed.
     fn run(&self, run: &ToolRun<'_>) -> std::io::Result<std::process::Output>;
@@ -376,6 +377,8 @@ fn run_nvcc(
             format!("--orig_src_path_name,{named}").into(),
         ],
     );
+    // First, so that a kernel's own `-frandom-seed` comes later and wins, as nvcc takes the last.
+    arguments.insert(0, random_seed(work).into());
     if !job.name_expressions.is_empty() && !job.arch.is_ptx() && !ptx_route {
         // `-keep` leaves nvcc's PTX of the probes in the work folder; the cubin is unchanged.
         arguments.insert(0, "-keep".into());
@@ -457,6 +460,19 @@ fn run_nvcc(
     })
 }
 
+/// `-frandom-seed=kwheel-<first 16 hex digits of the key>`, the work folder's name, for nvcc and
+/// NVRTC alike. Their front end names a unit's internal-linkage symbols
+/// (`_INTERNAL_<path hash>_<n>_<file>_<id>`) after its first external definition, unless
+/// something needs the name before one is seen (a class template with a virtual function
+/// instantiated with a class local to a `static` function, as ggml's `common.cuh` does): then
+/// `<id>` is a number drawn from the process id and the real folder, different on every run.
+/// Seeded, it is the seed's; the work folder's name differs from key to key as seeds should
+/// between units. See docs/toolchains.md, "Where a compile runs".
+fn random_seed(work: &WorkDir) -> String {
+    let name = work.path().file_name().unwrap_or_default();
+    format!("-frandom-seed={}", name.to_string_lossy())
+}
+
 /// `90a` of `sm_90a`, `90` of `compute_90`.
 fn arch_suffix(arch: Arch) -> String {
     let text = arch.to_string();
@@ -525,11 +541,14 @@ fn run_nvrtc(
     let preamble_file = work.path().join(PREAMBLE_FILE).display().to_string();
     let text = with_preamble(&text, job.preamble, &preamble_file);
     let name = work.path().join(in_tree(job.source));
+    // First, so that a kernel's own `-frandom-seed` comes later and wins.
+    let mut arguments = nvrtc_options(&options, &toolkit);
+    arguments.insert(0, random_seed(work));
     let output = library
         .compile(
             &text,
             &name.display().to_string(),
-            &nvrtc_options(&options, &toolkit),
+            &arguments,
             job.name_expressions,
         )
         .map_err(|error| match error {

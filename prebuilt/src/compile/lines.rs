@@ -4,7 +4,9 @@
 //! `h.cuh` touched to 2001-01-01 gives `978307200` in the table; `cuda_fp16.hpp` its pip
 //! install time). Those times differ between a checkout, a bundle's shipped `sources/` and
 //! each user's toolkit, so the same key would give other bytes in the JIT than in the bundler.
-//! [`without_file_times`] sets every such time to 0 in place.
+//! [`without_file_times`] sets every such time to 0 in place. A cubin for sm_100 and later
+//! (ptxas 12.9 and 13.0) has a second line table, `.nv.merc.debug_line`, with the same times;
+//! both are cleared ([`LINE_TABLES`]).
 //!
 //! A DWARF 2–4 line program header lists its files as (name, directory index, time, length),
 //! the last three ULEB128. Each time is rewritten as 0 in as many bytes as it had (ULEB128
@@ -19,46 +21,59 @@ use object::LittleEndian;
 
 use crate::untrusted::LittleEndianFields;
 
+/// The sections that hold DWARF line tables: every `-lineinfo` cubin's, and the copy that
+/// cubins for sm_100 and later carry beside it.
+pub const LINE_TABLES: [&str; 2] = [".debug_line", ".nv.merc.debug_line"];
+
 /// `cubin` with every file time in its line tables set to 0; anything that is not an ELF with
-/// a `.debug_line` section (PTX, a cubin built without line info) is returned as it is.
+/// one of [`LINE_TABLES`] (PTX, a cubin built without line info) is returned as it is.
 pub fn without_file_times(mut cubin: Vec<u8>) -> Vec<u8> {
-    let Some((start, end)) = debug_line_range(&cubin) else {
-        return cubin;
-    };
-    for (offset, length) in file_time_fields(&cubin[start..end]) {
-        let time = &mut cubin[start + offset..start + offset + length];
-        time.fill(0x80);
-        time[length - 1] = 0;
+    for (start, end) in line_table_ranges(&cubin) {
+        for (offset, length) in file_time_fields(&cubin[start..end]) {
+            let time = &mut cubin[start + offset..start + offset + length];
+            time.fill(0x80);
+            time[length - 1] = 0;
+        }
     }
     cubin
 }
 
-/// The file range of the `.debug_line` section.
-fn debug_line_range(bytes: &[u8]) -> Option<(usize, usize)> {
+/// The file range of each of [`LINE_TABLES`] that the cubin has, in that order.
+fn line_table_ranges(bytes: &[u8]) -> Vec<(usize, usize)> {
     let endian = LittleEndian;
-    let header = FileHeader64::<LittleEndian>::parse(bytes).ok()?;
-    let sections = header.sections(endian, bytes).ok()?;
-    let (_, section) = sections.section_by_name(endian, b".debug_line")?;
-    let (offset, size) = section.file_range(endian)?;
-    let start = usize::try_from(offset).ok()?;
-    let end = start.checked_add(usize::try_from(size).ok()?)?;
-    (end <= bytes.len()).then_some((start, end))
-}
-
-/// The file times `cubin`'s line tables record, one per file entry, in order (none without
-/// line info).
-pub fn file_times(cubin: &[u8]) -> Vec<u64> {
-    let Some((start, end)) = debug_line_range(cubin) else {
+    let Ok(header) = FileHeader64::<LittleEndian>::parse(bytes) else {
         return Vec::new();
     };
-    let section = &cubin[start..end];
-    file_time_fields(section)
+    let Ok(sections) = header.sections(endian, bytes) else {
+        return Vec::new();
+    };
+    LINE_TABLES
+        .iter()
+        .filter_map(|name| {
+            let (_, section) = sections.section_by_name(endian, name.as_bytes())?;
+            let (offset, size) = section.file_range(endian)?;
+            let start = usize::try_from(offset).ok()?;
+            let end = start.checked_add(usize::try_from(size).ok()?)?;
+            (end <= bytes.len()).then_some((start, end))
+        })
+        .collect()
+}
+
+/// The file times `cubin`'s line tables record, one per file entry, table by table in the
+/// order of [`LINE_TABLES`] (none without line info).
+pub fn file_times(cubin: &[u8]) -> Vec<u64> {
+    line_table_ranges(cubin)
         .into_iter()
-        .map(|(offset, length)| {
-            section[offset..offset + length]
-                .iter()
-                .rev()
-                .fold(0u64, |value, byte| value << 7 | u64::from(byte & 0x7f))
+        .flat_map(|(start, end)| {
+            let section = &cubin[start..end];
+            file_time_fields(section)
+                .into_iter()
+                .map(move |(offset, length)| {
+                    section[offset..offset + length]
+                        .iter()
+                        .rev()
+                        .fold(0u64, |value, byte| value << 7 | u64::from(byte & 0x7f))
+                })
         })
         .collect()
 }

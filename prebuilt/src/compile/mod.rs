@@ -8,12 +8,13 @@
 //! | [`CompilerKind`] | which compiler built a variant; its text is the index's `compiler.kind` |
 //! | [`parse_nvcc_version`], [`nvrtc_package_version`], [`host_compiler`], [`nvcc_record`] | the exact versions that enter the key |
 //! | [`ToolkitLayout`], [`toolchain_dir`] | where a toolkit keeps nvcc, ptxas, libnvrtc and headers ([`layout`]) |
-//! | [`compile`], [`CompilerTool`], [`CompileJob`] | one compile, in the key's work folder ([`execute`], [`work`]), its line tables without file times ([`lines`]) |
+//! | [`compile`], [`CompilerTool`], [`CompileJob`] | one compile, in the key's work folder ([`execute`], [`work`]), its tools in a fixed memory layout ([`address_space`]), its line tables without file times ([`lines`]) |
 //! | [`ToolRunner`], [`Local`], [`compile_with`] | where nvcc and ptxas run: here, or handed elsewhere by the bundler (a build farm) |
 //! | [`nvrtc_options`], [`nvcc_arguments`], [`ptxas::ptxas_options`] | the options, in order |
 //! | [`entry_probes_source`], [`read_entry_probes`] | the mangled symbol of each name expression under nvcc |
 //! | [`resolve_entries`] | a cubin's entries as the index records them, validated for the target |
 
+pub mod address_space;
 pub mod execute;
 pub mod layout;
 pub mod lines;
@@ -151,15 +152,18 @@ pub fn nvrtc_package_version(dir: &Path, major: Option<u32>) -> Option<String> {
         .map(str::to_owned)
 }
 
-/// A `Command` for nvcc that does not depend on the caller's environment: `NVCC_PREPEND_FLAGS`
-/// and the like would change what gets built without changing the key. Only `PATH` is kept,
-/// for the host compiler nvcc runs. The bundler runs nvcc the same way.
+/// A `Command` for nvcc (or ptxas) that does not depend on the caller's environment:
+/// `NVCC_PREPEND_FLAGS` and the like would change what gets built without changing the key, so
+/// only `PATH` is kept, for the host compiler nvcc runs; and the process starts with the memory
+/// layout of every other run ([`address_space`]), since ptxas's register assignment follows
+/// it. The bundler runs nvcc the same way.
 pub fn nvcc_command(nvcc: &Path) -> Command {
     let mut command = Command::new(nvcc);
     command.env_clear();
     if let Some(path) = std::env::var_os("PATH") {
         command.env("PATH", path);
     }
+    address_space::with_fixed_layout(&mut command);
     command
 }
 

@@ -19,7 +19,9 @@
 //! the compile spells it (relative here: `src/k/k.cu`); `-lineinfo`/`-G` line tables name files
 //! by absolute path from the cwd, so by `/tmp/kwheel-<key>/src/…` and `…/cuda/include/…`;
 //! nvcc's internal-linkage prefix (`_GLOBAL__N__<hash>`) hashes the real path of the compiled
-//! file, which [`super::execute`] sets with cicc's `--orig_src_path_name`; NVRTC's program
+//! file, which [`super::execute`] sets with cicc's `--orig_src_path_name`, and may end in a
+//! number drawn from the process id, which `-frandom-seed=kwheel-<…>` (this folder's name)
+//! replaces for nvcc and NVRTC; NVRTC's program
 //! name is its `__FILE__` and the base of its quoted includes, so it is given the absolute
 //! path inside this folder. `/tmp` rather than `$TMPDIR`, because the folder's path is part of
 //! the output. The folder is removed when the compile ends; one left by a killed process is
