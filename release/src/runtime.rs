@@ -413,7 +413,7 @@ fn zigbuild(
         command.env(ZIGBUILD_ZIG_PATH_ENV, path);
     }
     if progress {
-        eprintln!(
+        tracing::info!(
             "building {} for {} with cargo zigbuild (zig: {zig}; target dir {})",
             packages.join(" and "),
             arch.zigbuild_target(),
