@@ -334,25 +334,30 @@ pub fn select_variant_with<'i>(
     ptx_forbidden_by: Option<&str>,
 ) -> Result<Choice<'i>, NoFit> {
     select_available(kernel, record, query, ptx_forbidden_by, &|_| Ok(()))
+        .map(|(choice, ())| choice)
 }
 
 /// [`select_variant_with`], where `available` says whether a variant's bytes can be had here
-/// (a slim wheel leaves some in its store, which a policy may forbid downloading from). It is
-/// asked last, of variants that pass every other check; its refusal is the variant's, in index
-/// order with the others, and the preferred available variant is chosen.
-pub fn select_available<'i>(
+/// (a slim wheel leaves some in its store, which a policy may forbid downloading from), and
+/// where (`L`, a location). It is asked last, of variants that pass every other check; its
+/// refusal is the variant's, in index order with the others, and the preferred available
+/// variant is chosen, returned with the location `available` found for it.
+pub fn select_available<'i, L>(
     kernel: &str,
     record: &'i KernelRecord,
     query: &DeviceQuery,
     ptx_forbidden_by: Option<&str>,
-    available: &dyn Fn(&Variant) -> Result<(), RefusalReason>,
-) -> Result<Choice<'i>, NoFit> {
+    available: &dyn Fn(&Variant) -> Result<L, RefusalReason>,
+) -> Result<(Choice<'i>, L), NoFit> {
     let (chosen, refused) = choose(record, query, ptx_forbidden_by, available);
     match chosen {
-        Some(variant) => Ok(Choice {
-            variant,
-            reason: fit_reason(variant, query),
-        }),
+        Some((variant, found)) => Ok((
+            Choice {
+                variant,
+                reason: fit_reason(variant, query),
+            },
+            found,
+        )),
         // Labelled only when they are the answer: a first load that fits names none.
         None => Err(NoFit {
             kernel: kernel.to_owned(),
@@ -369,29 +374,35 @@ pub(crate) fn evaluate<'i>(
     ptx_forbidden_by: Option<&str>,
 ) -> (Option<Choice<'i>>, Vec<Refusal>) {
     let (chosen, refused) = choose(record, query, ptx_forbidden_by, &|_| Ok(()));
-    let choice = chosen.map(|variant| Choice {
+    let choice = chosen.map(|(variant, ())| Choice {
         variant,
         reason: fit_reason(variant, query),
     });
     (choice, refusals(record, refused))
 }
 
+/// Each variant refused, with its reason, in index order.
+type Refused<'i> = Vec<(&'i Variant, RefusalReason)>;
+
 /// The preferred variant that fits, and each variant refused with its reason, in index order.
-fn choose<'i>(
+fn choose<'i, L>(
     record: &'i KernelRecord,
     query: &DeviceQuery,
     ptx_forbidden_by: Option<&str>,
-    available: &dyn Fn(&Variant) -> Result<(), RefusalReason>,
-) -> (Option<&'i Variant>, Vec<(&'i Variant, RefusalReason)>) {
-    let mut best: Option<&Variant> = None;
+    available: &dyn Fn(&Variant) -> Result<L, RefusalReason>,
+) -> (Option<(&'i Variant, L)>, Refused<'i>) {
+    let mut best: Option<(&Variant, L)> = None;
     let mut refused = Vec::new();
     for variant in &record.variants {
         match check(variant, query, ptx_forbidden_by).and_then(|()| available(variant)) {
             // Strictly greater: on a tie the earlier variant stays, so the choice never
             // depends on anything but the index.
-            Ok(()) => {
-                if best.is_none_or(|best| preference(variant) > preference(best)) {
-                    best = Some(variant);
+            Ok(found) => {
+                if best
+                    .as_ref()
+                    .is_none_or(|(best, _)| preference(variant) > preference(best))
+                {
+                    best = Some((variant, found));
                 }
             }
             Err(reason) => refused.push((variant, reason)),

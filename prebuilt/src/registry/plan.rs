@@ -141,24 +141,15 @@ impl Registry {
             Err(error) => return Plan::Refused(error),
         };
         let store = self.meta().store.as_deref();
-        // Each variant that passes selection's other checks is located once (a `stat`): the
-        // choice's location is the plan's.
-        let located = std::cell::RefCell::new(Vec::new());
+        // Each variant that passes selection's other checks is located once (a `stat`), and
+        // selection hands back the chosen one's location with the choice.
         let available = |variant: &Variant| {
             let location = self.locate(variant);
-            located
-                .borrow_mut()
-                .push((std::ptr::from_ref(variant), location));
-            self.policy.obtainable(location, store)
+            self.policy.obtainable(location, store).map(|()| location)
         };
         let ptx_forbidden_by = self.policy.ptx_forbidden_by.as_deref();
         let no_fit = match select_available(name, record, &query, ptx_forbidden_by, &available) {
-            Ok(choice) => {
-                let location = located
-                    .borrow()
-                    .iter()
-                    .find(|(variant, _)| std::ptr::eq(*variant, choice.variant))
-                    .map(|(_, location)| *location);
+            Ok((choice, location)) => {
                 let path = &choice.variant.artifact.path;
                 if let Err(source) = self.parts.root_for(self.catalog.root(), path) {
                     return Plan::Refused(LoadError::Part {
@@ -168,7 +159,7 @@ impl Registry {
                     });
                 }
                 return Plan::Prebuilt(PrebuiltPlan {
-                    location: location.unwrap_or_else(|| self.locate(choice.variant)),
+                    location,
                     variant: choice.variant.clone(),
                     reason: choice.reason,
                 });
@@ -258,7 +249,8 @@ impl Registry {
             ..record.clone()
         };
         let forbidden = self.policy.ptx_forbidden_by.as_deref();
-        let choice = select_available(name, &candidates, query, forbidden, &|_| Ok(())).ok()?;
+        let (choice, ()) =
+            select_available(name, &candidates, query, forbidden, &|_| Ok(())).ok()?;
         let entry = entries
             .into_iter()
             .find(|entry| entry.variant == *choice.variant)?;
