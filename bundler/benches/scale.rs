@@ -201,18 +201,11 @@ fn micros(duration: Duration) -> String {
 
 fn build(manifest: &Path, out: &Path) {
     let started = Instant::now();
-    let summary = bundle_kernels(&BundleOptions {
-        manifest: manifest.to_owned(),
-        out: out.to_owned(),
-        cache_dir: bundler::cache::default_cache_dir(),
-        jobs: std::thread::available_parallelism().map_or(1, |n| n.get()),
-        only: Vec::new(),
-        require: false,
-        torch: None,
-        progress: false,
-        toolchains: None,
-        farm: None,
-    })
+    let summary = bundle_kernels(&BundleOptions::new(
+        manifest,
+        out,
+        &bundler::cache::default_cache_dir(),
+    ))
     .unwrap_or_else(|error| {
         panic!(
             "bundling {}: {}",

@@ -122,21 +122,26 @@ fn dev_explain_of_a_kernel() {
     settings().bind(|| insta::assert_snapshot!("dev_explain_swiglu", text));
 }
 
-#[test]
-fn bundle_list_and_dev_coverage_of_the_default_library() {
-    if !have_toolchains() {
-        return;
-    }
-    // The user's build cache, warm after `ci/test`'s own bundle of the default library.
-    let dir = tempfile::tempdir().unwrap();
-    let bundle = dir.path().join("bundle");
+/// The default library bundled into `dir/bundle`, from the user's build cache (warm after
+/// `ci/test`'s own bundle of it).
+fn default_bundle(dir: &Path) -> PathBuf {
+    let bundle = dir.join("bundle");
     let output = kwheel()
         .args(["dev", "bundle-kernels", "--quiet", "--out"])
         .arg(&bundle)
         .output()
         .unwrap();
     assert!(output.status.success(), "{}", text(&output));
-    let bundle = bundle.display().to_string();
+    bundle
+}
+
+#[test]
+fn bundle_list_and_dev_coverage_of_the_default_library() {
+    if !have_toolchains() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = default_bundle(dir.path()).display().to_string();
     let settings = settings();
     let list = session(&["bundle", "list", &bundle]);
     // The compiler column is as wide as the host compiler's name: columns kept, widths not.
@@ -196,13 +201,7 @@ fn toolchains_build_wheel_and_wheel_verify_of_the_default_library() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let bundle = dir.path().join("bundle");
-    let output = kwheel()
-        .args(["dev", "bundle-kernels", "--quiet", "--out"])
-        .arg(&bundle)
-        .output()
-        .unwrap();
-    assert!(output.status.success(), "{}", text(&output));
+    let bundle = default_bundle(dir.path());
     let mut settings = settings();
     settings.add_filter(r"(nvrtc|nvcc) \d+\.\d+\.\d+", "$1 [VERSION]");
     settings.add_filter(r"\(targets( sm_\d+)+\)", "(targets [SMS])");

@@ -245,12 +245,12 @@ fn sources_can_be_left_out() {
     assert!(bytes.len() < shared.bytes.len());
 }
 
-#[test]
-fn torch_override_pins_requires_dist_and_the_bundle() {
-    let Some(shared) = shared() else { return };
-    let root = scratch("torch-override");
+/// The default library's wheel with the torch pin `torch`, bundled in a scratch folder `name`,
+/// and its METADATA.
+fn wheel_pinned(shared: &Shared, name: &str, torch: &str) -> (release::BuiltWheel, String) {
+    let root = scratch(name);
     let built = build_library_wheel(&LibraryWheelOptions {
-        torch: Some("2.11.*".into()),
+        torch: Some(torch.into()),
         ..options(
             &default_manifest(),
             &root.join("_prebuilt"),
@@ -259,9 +259,16 @@ fn torch_override_pins_requires_dist_and_the_bundle() {
         )
     })
     .unwrap();
-    assert_eq!(built.bundled.as_ref().unwrap().index.torch, "2.11.*");
     let bytes = std::fs::read(&built.path).unwrap();
     let metadata = entry(&bytes, &format!("{DIST_INFO}/METADATA"));
+    (built, metadata)
+}
+
+#[test]
+fn torch_override_pins_requires_dist_and_the_bundle() {
+    let Some(shared) = shared() else { return };
+    let (built, metadata) = wheel_pinned(&shared, "torch-override", "2.11.*");
+    assert_eq!(built.bundled.as_ref().unwrap().index.torch, "2.11.*");
     assert!(
         metadata.contains("\nRequires-Dist: torch==2.11.*\n"),
         "{metadata}"
@@ -274,21 +281,9 @@ fn torch_override_pins_requires_dist_and_the_bundle() {
 #[test]
 fn a_library_without_torch_requires_none() {
     let Some(shared) = shared() else { return };
-    let root = scratch("no-torch");
-    let built = build_library_wheel(&LibraryWheelOptions {
-        torch: Some("none".into()),
-        ..options(
-            &default_manifest(),
-            &root.join("_prebuilt"),
-            &root.join("wheels"),
-            &shared.cache,
-        )
-    })
-    .unwrap();
+    let (built, metadata) = wheel_pinned(&shared, "no-torch", "none");
     let index = &built.bundled.as_ref().unwrap().index;
     assert_eq!(index.torch, "none");
-    let bytes = std::fs::read(&built.path).unwrap();
-    let metadata = entry(&bytes, &format!("{DIST_INFO}/METADATA"));
     assert!(!metadata.contains("torch"), "{metadata}");
     assert!(metadata.contains("\nRequires-Dist: kwheel"), "{metadata}");
     let query = |torch: Option<&str>| {
