@@ -267,7 +267,7 @@ fn wheel_pinned(shared: &Shared, name: &str, torch: &str) -> (release::BuiltWhee
 #[test]
 fn torch_override_pins_requires_dist_and_the_bundle() {
     let Some(shared) = shared() else { return };
-    let (built, metadata) = wheel_pinned(&shared, "torch-override", "2.11.*");
+    let (built, metadata) = wheel_pinned(shared, "torch-override", "2.11.*");
     assert_eq!(built.bundled.as_ref().unwrap().index.torch, "2.11.*");
     assert!(
         metadata.contains("\nRequires-Dist: torch==2.11.*\n"),
@@ -281,7 +281,7 @@ fn torch_override_pins_requires_dist_and_the_bundle() {
 #[test]
 fn a_library_without_torch_requires_none() {
     let Some(shared) = shared() else { return };
-    let (built, metadata) = wheel_pinned(&shared, "no-torch", "none");
+    let (built, metadata) = wheel_pinned(shared, "no-torch", "none");
     let index = &built.bundled.as_ref().unwrap().index;
     assert_eq!(index.torch, "none");
     assert!(!metadata.contains("torch"), "{metadata}");
