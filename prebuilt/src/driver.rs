@@ -23,7 +23,9 @@
 //! with attributes (a cluster, a cooperative or programmatic launch, a priority) need. Its
 //! presence is noted when the library loads ([`Driver::supports_launch_attributes`]); a driver
 //! without it loads and launches every kernel through `cuLaunchKernel`, and a launch that asks
-//! for attributes gets [`DriverError::Unsupported`] instead of `cudarc`'s panic.
+//! for attributes gets [`DriverError::Unsupported`] instead of `cudarc`'s panic. So is
+//! `cuTensorMapEncodeTiled` (CUDA 12.0 and later), which only encoding a tensor map for a TMA
+//! kernel needs (`tensor_map.rs`).
 //!
 //! Its `result` layer turns a `CUresult` into an error; [`DriverError::Call`] adds the call
 //! that failed and the driver's own name and description of the code. `CUresult` is a Rust
@@ -49,7 +51,11 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use cudarc::driver::{result, sys};
 
 mod launch;
+mod tensor_map;
 pub use launch::{DeviceLimits, FunctionAttributes, LaunchAttributes, LaunchConfig};
+pub use tensor_map::{
+    L2Promotion, Swizzle, TensorMapElement, TensorMapError, TensorMapSpec, TENSOR_MAP_BYTES,
+};
 
 /// The file names a missing driver library is reported by: the soname every driver install
 /// provides, then the development symlink. The search itself is `cudarc`'s, which tries these
@@ -210,6 +216,8 @@ pub struct Driver {
     version: i32,
     /// Whether the library exports `cuLaunchKernelEx`.
     launch_ex: bool,
+    /// Whether the library exports `cuTensorMapEncodeTiled`.
+    tensor_maps: bool,
     /// The devices asked for so far, by ordinal: only what the driver answered, so that an
     /// error is asked again next time.
     devices: Mutex<BTreeMap<u32, Device>>,
@@ -249,6 +257,9 @@ impl Driver {
         }
         // SAFETY: as above, only looked up.
         let launch_ex = unsafe { library.get::<*const std::ffi::c_void>(LAUNCH_EX) }.is_ok();
+        // SAFETY: as above, only looked up.
+        let tensor_maps =
+            unsafe { library.get::<*const std::ffi::c_void>(tensor_map::ENCODE_TILED) }.is_ok();
         let mut version = 0;
         // SAFETY: `version` is valid for writes of one `int`; this call needs no cuInit, and
         // its entry point exists (checked above).
@@ -267,6 +278,7 @@ impl Driver {
             library_name,
             version,
             launch_ex,
+            tensor_maps,
             devices: Mutex::new(BTreeMap::new()),
         })
     }

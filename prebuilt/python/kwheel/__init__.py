@@ -73,10 +73,12 @@ __all__ = [
     "Provenance",
     "Registry",
     "Selection",
+    "TensorMap",
     "UnknownKernelError",
     "find_bundle",
     "open",
     "provenance",
+    "tensor_map",
     "PREBUILT_DIR",
     "INDEX_FILE",
     "LOOKUP_FILE",
@@ -174,7 +176,6 @@ def _load_modules(registry):
     path read again. Registration (``STABLE_TORCH_LIBRARY``, ``TORCH_LIBRARY``) runs as the
     library loads, so ``torch.ops.<namespace>.<op>`` works from here on. CUDA is not
     initialised. A module is torch code: this imports torch (docs/extensions.md)."""
-    import ctypes
     import platform
 
     import torch
@@ -189,20 +190,7 @@ def _load_modules(registry):
                 name, torch=registry._torch or torch.__version__, cuda=torch_cuda,
                 cpu=platform.machine(),
             )
-            label = f"{registry.package}.{name}"
-            fd = _os.memfd_create(label, _os.MFD_CLOEXEC | _os.MFD_ALLOW_SEALING)
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[_os.write(fd, view):]
-                import fcntl
-
-                seals = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
-                fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals | fcntl.F_SEAL_WRITE)
-                # Not torch.ops.load_library: it resolves the path, which names no file here.
-                ctypes.CDLL(f"/proc/self/fd/{fd}", mode=ctypes.RTLD_GLOBAL)
-            finally:
-                _os.close(fd)
+            _load_native(f"{registry.package}.{name}", data)
             _MODULES[key] = {
                 "package": registry.package,
                 "bundle": str(registry.path),
@@ -211,6 +199,54 @@ def _load_modules(registry):
                 "source": "prebuilt",
                 "key": module_key,
             }
+
+
+# The sealed memory files of the native libraries loaded from verified bytes, kept open for
+# the life of the process: the dynamic loader knows a library by the name it was opened by
+# (`/proc/self/fd/N`), so a closed file's number, reused by the next one, would hand back
+# the library loaded first instead of loading the new one.
+_NATIVE_FILES = []
+
+
+def _load_native(label, data):
+    """Loads the shared library ``data`` (verified bytes) into the process, ``RTLD_GLOBAL``,
+    from a sealed memory file: what runs is these bytes, never a path read again. Raises
+    ``KwheelError`` when the dynamic loader did not map this file (it returned a library it
+    already had under the same name)."""
+    import ctypes
+    import fcntl
+
+    fd = _os.memfd_create(label, _os.MFD_CLOEXEC | _os.MFD_ALLOW_SEALING)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[_os.write(fd, view):]
+        seals = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+        inode = _os.fstat(fd).st_ino
+        # Not torch.ops.load_library: it resolves the path, which names no file here.
+        ctypes.CDLL(f"/proc/self/fd/{fd}", mode=ctypes.RTLD_GLOBAL)
+        if not _maps_file(inode, label):
+            raise KwheelError(
+                f"{label}: the dynamic loader did not load the module's verified bytes from "
+                f"/proc/self/fd/{fd}: it returned a library it had already loaded under that name"
+            )
+    except BaseException:
+        _os.close(fd)
+        raise
+    _NATIVE_FILES.append(fd)
+
+
+def _maps_file(inode, label):
+    """Whether this process maps the memory file ``label`` with this inode."""
+    import builtins
+
+    with builtins.open("/proc/self/maps") as maps:  # this module's `open` is kwheel's
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[4] == str(inode) and f"memfd:{label}" in fields[5]:
+                return True
+    return False
 
 
 # Kernels whose torch op ran its reference on a device instead (kwheel.torch's fallback), by
@@ -496,3 +532,73 @@ def _ordinal(device):
         if torch is not None and torch.cuda.is_initialized():
             index = torch.cuda.current_device()
     return index
+
+
+class TensorMap(bytes):
+    """An encoded tensor map (``CUtensorMap``): 128 bytes, passed to ``launch`` as they are.
+    A type of its own so that ``kwheel.torch`` never keeps one in a plan: it records a
+    tensor's address in an encoding of the driver's."""
+
+    __slots__ = ()
+
+
+def tensor_map(
+    tensor,
+    box,
+    *,
+    swizzle=0,
+    element_strides=None,
+    l2_promotion=0,
+    oob_nan=False,
+):
+    """A TMA descriptor (``CUtensorMap``, 128 bytes) for ``tensor``, tiled by ``box``.
+
+    What a kernel that copies tiles with the Tensor Memory Accelerator takes as a
+    ``__grid_constant__ const CUtensorMap`` parameter (CUTLASS 3 and CuTe kernels on Hopper and
+    Blackwell): pass the returned ``bytes`` to ``launch`` like any struct argument.
+
+    ``box`` is the tile one copy moves into shared memory, in the tensor's own order (for a
+    row-major ``[rows, cols]`` tensor, ``(box_rows, box_cols)``), as are ``element_strides``
+    (default: all 1). ``swizzle`` is the shared-memory swizzle span in bytes (0, 32, 64, 128),
+    ``l2_promotion`` the L2 promotion in bytes (0, 64, 128, 256); ``oob_nan`` fills elements
+    outside the tensor with NaN instead of zero. The tensor's last dimension must be dense
+    (stride 1), its address and every other stride a multiple of 16 bytes.
+
+    The map records the tensor's address: make it again for each tensor, as a launch function
+    of ``kwheel.torch`` does on every call (a plan never keeps it). A map that breaks one of
+    the driver's rules raises ``ValueError`` naming the rule and the dimension, with or
+    without a GPU.
+    """
+    shape = tuple(tensor.shape)
+    strides = tuple(tensor.stride())
+    rank = len(shape)
+    box = tuple(box)
+    if len(box) != rank:
+        raise ValueError(f"the box {box} has {len(box)} dimensions; the tensor has {rank} ({shape})")
+    if element_strides is None:
+        element_strides = (1,) * rank
+    element_strides = tuple(element_strides)
+    if len(element_strides) != rank:
+        raise ValueError(
+            f"element_strides {element_strides} has {len(element_strides)} dimensions; "
+            f"the tensor has {rank}"
+        )
+    if rank and strides[-1] != 1:
+        raise ValueError(
+            f"the tensor's last dimension has stride {strides[-1]}; a tensor map needs it dense "
+            "(stride 1): map a contiguous copy, or transpose the map"
+        )
+    if getattr(tensor, "device", None) is not None and getattr(tensor.device, "type", "cuda") != "cuda":
+        raise ValueError(f"a tensor map needs a CUDA tensor, not one on {tensor.device}")
+    size = tensor.element_size()
+    return TensorMap(_kwheel.encode_tensor_map(
+        tensor.data_ptr(),
+        str(tensor.dtype),
+        [int(n) for n in reversed(shape)],
+        [int(n) * size for n in reversed(strides[:-1])],
+        [int(n) for n in reversed(box)],
+        [int(n) for n in reversed(element_strides)],
+        int(swizzle),
+        int(l2_promotion),
+        bool(oob_nan),
+    ))

@@ -12,6 +12,7 @@
 //! | [`Kernel`], [`Function`] | a loaded kernel and its entries: `launch` with checked arguments, `unsupported_shape_reason` | yes |
 //! | [`Selection`], [`Provenance`] | what a dry run chose; where a loaded cubin came from | |
 //! | `loaded_kernels()`, `trace_label()`, `trace_variable()`, `trace_enabled()` | every kernel loaded in the process, per device; the trace range names (docs/provenance.md) | never |
+//! | `encode_tensor_map()` | a TMA descriptor for a `CUtensorMap` parameter (`kwheel.tensor_map`) | no context; the driver encodes it |
 //! | `KwheelError` and its subclasses | `prebuilt::LoadError` and friends, message with every cause | |
 //!
 //! Launch arguments are Python objects encoded by the parameter sizes the index records
@@ -27,6 +28,7 @@ mod errors;
 mod kernel;
 mod registry;
 mod requires;
+mod tensor_map;
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -55,6 +57,7 @@ fn _kwheel(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(trace_label, module)?)?;
     module.add_function(wrap_pyfunction!(trace_variable, module)?)?;
     module.add_function(wrap_pyfunction!(trace_enabled, module)?)?;
+    module.add_function(wrap_pyfunction!(tensor_map::encode_tensor_map, module)?)?;
     Ok(())
 }
 

@@ -13,6 +13,7 @@ is installed.
 import ctypes
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import types
@@ -349,6 +350,80 @@ class Runtime(unittest.TestCase):
         )
         self.assertIn("KWHEEL_CUDA_BUILD=`cuda-twelve` is not a CUDA build", out)
 
+
+
+class FakeTensor:
+    """What ``kwheel.tensor_map`` reads off a tensor, without torch."""
+
+    def __init__(self, shape, strides, address=0x7F0000000000, dtype="torch.bfloat16", size=2):
+        self.shape, self._strides, self._address = shape, strides, address
+        self.dtype, self._size = dtype, size
+
+    def stride(self):
+        return self._strides
+
+    def element_size(self):
+        return self._size
+
+    def data_ptr(self):
+        return self._address
+
+
+class TensorMaps(unittest.TestCase):
+    def test_a_map_that_breaks_the_drivers_rules_is_refused_naming_it(self):
+        cases = [
+            (FakeTensor((256, 100), (100, 1)), (128, 64), {}, "dimension 1's stride is 200 bytes"),
+            (FakeTensor((256, 128), (128, 1)), (128, 128), {"swizzle": 128}, "at most 64 elements wide"),
+            (FakeTensor((256, 128), (128, 1)), (512, 64), {}, "the box has 512 elements in dimension 1"),
+            (FakeTensor((256, 128), (128, 1), address=0x7F0000000002), (64, 64), {}, "not a multiple of 16 bytes"),
+            (FakeTensor((256, 128), (1, 256)), (64, 64), {}, "last dimension has stride 256"),
+            (FakeTensor((256, 128), (128, 1)), (64,), {}, "the box (64,) has 1 dimensions"),
+            (FakeTensor((256, 128), (128, 1)), (64, 64), {"swizzle": 48}, "swizzle is 0, 32, 64 or 128"),
+            (FakeTensor((8,), (1,), dtype="torch.bool", size=1), (8,), {}, "cannot hold elements of torch.bool"),
+        ]
+        for tensor, box, options, words in cases:
+            with self.subTest(words=words):
+                with self.assertRaises(ValueError) as raised:
+                    kwheel.tensor_map(tensor, box, **options)
+                self.assertIn(words, str(raised.exception))
+
+    @unittest.skipIf(has_driver(), "a CUDA driver is installed here")
+    def test_a_good_map_needs_the_driver_to_encode_it(self):
+        with self.assertRaises(kwheel.NoGpuError) as raised:
+            kwheel.tensor_map(FakeTensor((256, 128), (128, 1)), (128, 64), swizzle=128)
+        self.assertTrue(str(raised.exception).startswith("no CUDA driver"), raised.exception)
+
+
+class NativeLibraries(unittest.TestCase):
+    """Extension modules load from sealed memory files (``/proc/self/fd/N``)."""
+
+    @unittest.skipUnless(shutil.which("cc"), "no C compiler to build the test libraries")
+    def test_two_libraries_loaded_one_after_the_other_are_both_loaded(self):
+        # The dynamic loader knows a library by the name it was opened by: with the first
+        # file closed, the second got its number and the loader handed back the first
+        # library (the second package's ops were silently missing).
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as folder:
+            code = []
+            for name in ("first", "second"):
+                source = os.path.join(folder, f"{name}.c")
+                with open(source, "w") as out:
+                    out.write(f"int kwheel_test_{name}(void) {{ return {len(name)}; }}\n")
+                library = os.path.join(folder, f"{name}.so")
+                subprocess.run(["cc", "-shared", "-fPIC", "-o", library, source], check=True)
+                with open(library, "rb") as built:
+                    code.append((name, built.read()))
+            script = (
+                "import ctypes, sys, kwheel\n"
+                "for name, path in [('first', sys.argv[1]), ('second', sys.argv[2])]:\n"
+                "    kwheel._load_native(f'test.{name}', open(path, 'rb').read())\n"
+                "process = ctypes.CDLL(None)\n"
+                "print(process.kwheel_test_first(), process.kwheel_test_second())\n"
+            )
+            paths = [os.path.join(folder, f"{name}.so") for name, _ in code]
+            result = subprocess.run([sys.executable, "-c", script, *paths], capture_output=True, text=True)
+            self.assertEqual(result.stdout.split(), ["5", "6"], result.stderr)
 
 if __name__ == "__main__":
     unittest.main()

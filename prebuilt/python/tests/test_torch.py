@@ -961,6 +961,20 @@ class PlansNeverGoStale(unittest.TestCase):
         # The first call ran it on the stand-ins too, found it moved, and kept no plan.
         self.assertEqual(self.launch_calls, 4)
 
+    def test_a_tensor_map_is_made_again_on_every_call(self):
+        # A map holding the address as a plain word would be relocatable like a struct; its
+        # type says it is the driver's encoding, so the plan keeps none.
+        def launch(constants, outputs, x, scale):
+            encoded = kwheel.TensorMap(x.data_ptr().to_bytes(8, "little") + bytes(120))
+            return kt.Launch(1, 4, [outputs[0], encoded])
+
+        op = self.op(launch)
+        for _ in range(3):
+            x = torch.randn(8)
+            op.cuda(x, 1.0)
+            self.assertEqual(bytes(self.launched()[-1][1])[:8], x.data_ptr().to_bytes(8, "little"))
+        self.assertEqual(self.launch_calls, 4)
+
     def test_an_address_two_tensors_could_explain_is_its_own_tensors(self):
         # Two tensors as far apart as their stand-ins: the field of `y`'s address fits `x`
         # plus that distance too, which holds only as long as the allocator repeats itself.
