@@ -24,12 +24,13 @@ Exit status 0 only when every check passes; without a GPU, it says so and exits 
 """
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
 import sys
 import time
+
+from gpu_checks import Checks
 
 FIRST_CALL = r"""
 import time, sys
@@ -85,14 +86,8 @@ def main():
     if not torch.cuda.is_available():
         print("gpu_modules: SKIPPED: no CUDA device")
         return 0
-    results = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__}
-    failures = []
-
-    def check(name, ok, detail):
-        results[name] = {"ok": bool(ok), "detail": detail}
-        print(f"gpu_modules: {'ok  ' if ok else 'FAIL'} {name}: {detail}")
-        if not ok:
-            failures.append(name)
+    checks = Checks("gpu_modules", device=torch.cuda.get_device_name(0), torch=torch.__version__)
+    check, results = checks.check, checks.results
 
     # The import loads the module and must not start CUDA (a forked worker must still work).
     probe = subprocess.run(
@@ -215,12 +210,7 @@ def main():
             samples[name].append(per_call(run))
     results["host_us"] = {name: statistics.median(values) for name, values in samples.items()}
     print(f"gpu_modules: host cost per call, us (median of 7 x 2000): {results['host_us']}")
-
-    if arguments.json:
-        with open(arguments.json, "w") as out_file:
-            json.dump(results, out_file, indent=2)
-    print(f"gpu_modules: {'FAILED: ' + ', '.join(failures) if failures else 'all checks passed'}")
-    return 1 if failures else 0
+    return checks.finish(arguments.json)
 
 
 if __name__ == "__main__":

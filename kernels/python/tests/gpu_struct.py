@@ -30,10 +30,11 @@ Exit status 0 only when every check passes; without a GPU, it says so and exits 
 
 import argparse
 import ctypes
-import json
 import statistics
 import sys
 import time
+
+from gpu_checks import Checks
 
 
 class ConvParamsBase(ctypes.Structure):
@@ -148,14 +149,8 @@ def main():
                     shape=shape, launch=_every_call, reference=reference)
     op = library.lookup("causal_conv1d_fwd")
     planned = library.ops["causal_conv1d_fwd"]
-    failures = []
-    results = {"checks": {}, "timings": {}}
-
-    def check(name, ok, detail=""):
-        results["checks"][name] = {"ok": bool(ok), "detail": detail}
-        print(f"{'ok  ' if ok else 'FAIL'} {name} {detail}")
-        if not ok:
-            failures.append(name)
+    checks = Checks("gpu_struct", timings={})
+    check, results, failures = checks.check, checks.results, checks.failures
 
     torch.manual_seed(0)
     device = torch.device("cuda:0")
@@ -245,11 +240,7 @@ def main():
     check("the timed op agrees with native torch", worst < 2e-2, f"max error {worst:.4g}")
 
     results["ok"] = not failures
-    if arguments.json:
-        with open(arguments.json, "w") as file:
-            json.dump(results, file, indent=2)
-    print("gpu_struct:", "all checks passed" if not failures else f"FAILED: {failures}")
-    return 0 if not failures else 1
+    return checks.finish(arguments.json)
 
 
 def reference_native(x, weight, bias):

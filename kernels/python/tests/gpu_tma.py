@@ -32,9 +32,10 @@ Exit status 0 only when every check passes; without a GPU, it says so and exits 
 """
 
 import argparse
-import json
 import statistics
 import sys
+
+from gpu_checks import Checks
 
 N = K = 4096
 BLOCK_M = BLOCK_N = 128
@@ -101,14 +102,9 @@ def main():
         return 0
     registry = kwheel.open(arguments.bundle)
     kernel = registry.load("sm90_bf16_gemm", device=0)
-    results = {"device": properties.name, "shared_mem": SHARED, "provenance": str(kernel.provenance)}
-    failures = []
-
-    def check(name, ok, detail):
-        results[name] = {"ok": bool(ok), "detail": detail}
-        print(f"gpu_tma: {'ok  ' if ok else 'FAIL'} {name}: {detail}")
-        if not ok:
-            failures.append(name)
+    checks = Checks("gpu_tma", device=properties.name, shared_mem=SHARED,
+                    provenance=str(kernel.provenance))
+    check, results = checks.check, checks.results
 
     torch.manual_seed(0)
     for multicast in (1, 2):
@@ -186,12 +182,7 @@ def main():
     results["ms"] = times
     for name, ms in times.items():
         print(f"gpu_tma: {name}: {ms:.3f} ms, {results['tflops'][name]:.0f} TFLOP/s")
-
-    if arguments.json:
-        with open(arguments.json, "w") as out:
-            json.dump(results, out, indent=2)
-    print(f"gpu_tma: {'FAILED: ' + ', '.join(failures) if failures else 'all checks passed'}")
-    return 1 if failures else 0
+    return checks.finish(arguments.json)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,33 @@
+"""What the GPU scripts share: named checks with their details, a JSON report, an exit status.
+
+    checks = Checks("gpu_tma")
+    checks.check("gemm", error < 1e-5, f"diff {error:.2e}")
+    return checks.finish(json_path)      # 0 only when every check passed
+"""
+
+import json
+
+
+class Checks:
+    """Named checks of one script: each printed as it is made, kept in ``results["checks"]``
+    with whatever else the script adds to ``results`` (timings), and written as JSON."""
+
+    def __init__(self, script, **results):
+        self.script = script
+        self.failures = []
+        self.results = {"checks": {}, **results}
+
+    def check(self, name, ok, detail=""):
+        self.results["checks"][name] = {"ok": bool(ok), "detail": detail}
+        print(f"{self.script}: {'ok  ' if ok else 'FAIL'} {name}: {detail}")
+        if not ok:
+            self.failures.append(name)
+
+    def finish(self, json_path=None):
+        """Writes the report where asked, says how it went, and returns the exit status."""
+        if json_path:
+            with open(json_path, "w") as out:
+                json.dump(self.results, out, indent=2)
+        failed = ", ".join(self.failures)
+        print(f"{self.script}: {'FAILED: ' + failed if failed else 'all checks passed'}")
+        return 1 if self.failures else 0
