@@ -95,13 +95,7 @@ pub fn is_torch_or_cuda_library(library: &str) -> bool {
 pub fn module_platform_tag(cpu: &str, path: &str, bytes: &[u8]) -> Result<String, Vec<Violation>> {
     let mut last = Vec::new();
     for policy in VENDORED_POLICIES.iter().filter(|p| p.architecture == cpu) {
-        let violations: Vec<Violation> = audit_elf(policy, path, bytes)
-            .into_iter()
-            .filter(|violation| {
-                !matches!(&violation.kind, ViolationKind::Library { library }
-                    if is_torch_or_cuda_library(library))
-            })
-            .collect();
+        let violations = audit_module(policy, path, bytes);
         if violations.is_empty() {
             return Ok(policy.platform_tag());
         }
@@ -117,6 +111,18 @@ pub fn module_platform_tag(cpu: &str, path: &str, bytes: &[u8]) -> Result<String
         });
     }
     Err(last)
+}
+
+/// Audits an extension module against `policy` with torch's and CUDA's libraries external:
+/// the module links them by name and finds them in the process (torch loaded them first).
+pub fn audit_module(policy: &Policy, path: &str, bytes: &[u8]) -> Vec<Violation> {
+    audit_elf(policy, path, bytes)
+        .into_iter()
+        .filter(|violation| {
+            !matches!(&violation.kind, ViolationKind::Library { library }
+                if is_torch_or_cuda_library(library))
+        })
+        .collect()
 }
 
 fn vendored_policy(name: &str, architecture: &'static str, machine: u16) -> Policy {

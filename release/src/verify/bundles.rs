@@ -3,7 +3,10 @@
 //! the loader reads it, its whole index decoded from `kernels.idx`, every artifact against its digest (streamed through
 //! `Bundle::verify_artifact`, never held whole), every source against its hash, and every
 //! warm pack under `packs/` as `dev build-wheel --add-pack` verifies one: `pack.json` and the
-//! cubins it lists, in the folder its sha256 names, and nothing else.
+//! cubins it lists, in the folder its sha256 names, and nothing else. Every extension module
+//! is decompressed, matched against its digest and audited for each of the wheel's platform
+//! tags of its CPU, torch's and CUDA's libraries external (what `dev build-wheel` tagged it by):
+//! it is stored compressed, so neither the wheel's own ELF audit nor PyPA's auditwheel sees it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -15,6 +18,7 @@ use prebuilt::lookup::{encode, LOOKUP_FILE};
 
 use super::reading::{inside, write_new};
 use super::{BundleCheck, VerifyReport};
+use crate::audit::{audit_module, AuditTarget};
 
 pub(super) fn check_bundles(report: &mut VerifyReport, contents: &BTreeMap<String, Vec<u8>>) {
     let mut roots = BTreeSet::new();
@@ -170,13 +174,79 @@ fn check_bundle(report: &mut VerifyReport, contents: &BTreeMap<String, Vec<u8>>,
         }
     }
     check_packs(report, contents, root, scratch.path(), &bundle);
+    let modules = check_modules(report, scratch.path(), root, &bundle);
     report.bundles.push(BundleCheck {
         root: root.to_owned(),
         kernels: index.kernels.len(),
         variants,
         remote,
         sources,
+        modules,
     });
+}
+
+/// Checks every extension module of the bundle extracted in `scratch`: its bytes against
+/// the index's digest, then the decompressed library against each platform tag of the wheel
+/// for its CPU. Returns how many passed both.
+fn check_modules(report: &mut VerifyReport, scratch: &Path, root: &str, bundle: &Bundle) -> usize {
+    let tags: Vec<String> = report
+        .filename
+        .as_ref()
+        .map(|filename| filename.platform_tags().to_vec())
+        .unwrap_or_default();
+    let mut passed = 0;
+    for (name, record) in &bundle.index().modules {
+        for variant in &record.variants {
+            let file = format!("{root}{}", variant.artifact.path);
+            let what = format!("extension module `{name}` ({})", variant.label());
+            let bytes = match prebuilt::module::read_module(scratch, name, variant) {
+                Ok(bytes) => bytes,
+                Err(error) => {
+                    report.problem(file, bundle_message(&error, scratch, root));
+                    continue;
+                }
+            };
+            let mut audited = false;
+            let mut clean = true;
+            for tag in &tags {
+                match AuditTarget::for_platform(tag) {
+                    Some(AuditTarget::Policy(policy)) if policy.architecture == variant.cpu => {
+                        audited = true;
+                        for violation in audit_module(policy, &file, &bytes) {
+                            clean = false;
+                            report.problem(&file, format!("{what}: {}", violation.message()));
+                        }
+                    }
+                    Some(AuditTarget::Unrestricted) if tag.ends_with(variant.cpu.as_str()) => {
+                        audited = true;
+                    }
+                    Some(AuditTarget::PlatformIndependent) => {
+                        clean = false;
+                        report.problem(
+                            &file,
+                            format!("{what} is host code, but the wheel is tagged `{tag}`"),
+                        );
+                    }
+                    _ => {}
+                }
+            }
+            if !audited && clean {
+                clean = false;
+                report.problem(
+                    &file,
+                    format!(
+                        "{what} is built for {}, but no platform tag of the wheel ({}) names                          that CPU: an installer would put it where it cannot load",
+                        variant.cpu,
+                        tags.join(", ")
+                    ),
+                );
+            }
+            if clean {
+                passed += 1;
+            }
+        }
+    }
+    passed
 }
 
 /// Checks the warm packs the bundle at `root` ships under `packs/` (extracted into `scratch`

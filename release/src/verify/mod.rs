@@ -104,6 +104,8 @@ pub struct BundleCheck {
     pub remote: usize,
     /// Whether it ships kernel sources (without them the JIT fallback cannot run).
     pub sources: bool,
+    /// Extension modules decompressed, matched against their digests and audited.
+    pub modules: usize,
 }
 
 /// Everything [`verify_wheel`] found.
@@ -181,9 +183,17 @@ impl fmt::Display for VerifyReport {
             } else {
                 String::new()
             };
+            let modules = if bundle.modules > 0 {
+                format!(
+                    ", {} extension modules verified and audited",
+                    bundle.modules
+                )
+            } else {
+                String::new()
+            };
             writeln!(
                 f,
-                "  bundle {}: {} kernels, {} variants verified{remote}, {}",
+                "  bundle {}: {} kernels, {} variants verified{remote}{modules}, {}",
                 bundle.root,
                 bundle.kernels,
                 bundle.variants,

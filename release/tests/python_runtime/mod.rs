@@ -855,6 +855,36 @@ fn a_stable_abi_module_op_runs_on_cpu_right_after_import() {
         names.contains(&"kwtest_ops/_prebuilt/kernels.idx".to_owned()),
         "{module}"
     );
+    // Stored compressed, the module is invisible to an ELF audit of the wheel's files; wheel
+    // verify decompresses it, matches its digest and audits it for the wheel's tag.
+    let report = release::verify_wheel(&built.path).unwrap();
+    assert_eq!(report.bundles[0].modules, 1, "{report}");
+    assert!(report.is_ok(), "{report}");
+    let retagged = root.join("kwtest_ops-0.1.0-py3-none-manylinux_2_28_x86_64.whl");
+    let files: Vec<(String, Vec<u8>)> = entries(&std::fs::read(&built.path).unwrap())
+        .into_iter()
+        .filter(|(name, _)| !name.ends_with("/RECORD"))
+        .map(|(name, data)| match name.ends_with(".dist-info/WHEEL") {
+            true => {
+                let text = String::from_utf8(data).unwrap();
+                (
+                    name,
+                    text.replace("manylinux_2_34", "manylinux_2_28")
+                        .into_bytes(),
+                )
+            }
+            false => (name, data),
+        })
+        .collect();
+    write_with_record(&retagged, &files, "kwtest_ops-0.1.0.dist-info/RECORD");
+    let report = release::verify_wheel(&retagged).unwrap();
+    let problems = problems_about(&report, module);
+    assert!(
+        problems.iter().any(|problem| problem
+            .starts_with("extension module `_C` (cu130/x86_64): ")
+            && problem.contains("GLIBC_2.3")),
+        "{report}"
+    );
 
     let target = root.join("site");
     pip_install(
