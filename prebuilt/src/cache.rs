@@ -1,9 +1,11 @@
 //! The user's caches: where they live, how files enter them, and the artifact cache.
 //!
-//! Every kwheel cache sits under `${XDG_CACHE_HOME:-~/.cache}/kwheel/<bucket>` unless its own
-//! variable overrides it ([`cache_dir_from`]), is never inside site-packages or a bundle, and
-//! has a versioned layout directory, so a format change starts a new bucket instead of
-//! misreading an old one:
+//! Every kwheel cache sits under `<cache home>/kwheel/<bucket>` unless its own variable
+//! overrides it ([`cache_dir_from`]), is never inside site-packages or a bundle, and has a
+//! versioned layout directory, so a format change starts a new bucket instead of misreading
+//! an old one. The cache home ([`cache_home`]) is `$XDG_CACHE_HOME` when it is an absolute
+//! path, else `$HOME/.cache` when `HOME` is one; with neither, a cache that must have a
+//! folder gets [`UNWRITABLE_CACHE_HOME`], where every write fails naming what to set:
 //!
 //! ```text
 //! ~/.cache/kwheel/
@@ -48,31 +50,59 @@ use crate::index::StoredFile;
 use crate::key::sha256_hex;
 use crate::untrusted::{read_regular_file, Digest, MAX_ARTIFACT_SIZE};
 
-/// A kwheel cache directory: `$<override_var>` when set, else
-/// `${XDG_CACHE_HOME:-~/.cache}/kwheel/<leaf>`; `env` reads the environment (tests inject it).
+/// A kwheel cache directory: `$<override_var>` when set, else `<cache home>/kwheel/<leaf>`
+/// ([`cache_home_from`], or [`UNWRITABLE_CACHE_HOME`] where there is none); `env` reads the
+/// environment (tests inject it).
 pub fn cache_dir_from(
     env: impl Fn(&str) -> Option<OsString>,
     override_var: &str,
     leaf: &str,
 ) -> PathBuf {
-    let env = |name: &str| env(name).filter(|value| !value.is_empty());
-    if let Some(dir) = env(override_var) {
+    if let Some(dir) = env(override_var).filter(|value| !value.is_empty()) {
         return PathBuf::from(dir);
     }
-    user_cache_dir_from(env).join("kwheel").join(leaf)
+    cache_home_from(env)
+        .unwrap_or_else(|_| PathBuf::from(UNWRITABLE_CACHE_HOME))
+        .join("kwheel")
+        .join(leaf)
 }
 
-/// The user's cache directory: `$XDG_CACHE_HOME`, else `~/.cache` (a temp directory when
-/// there is no home).
-pub fn user_cache_dir() -> PathBuf {
-    user_cache_dir_from(|name| std::env::var_os(name).filter(|value| !value.is_empty()))
+/// Where the caches go for a caller that cannot fail when there is no cache home: a path
+/// under `/dev/null`, which is not a folder, so every read there misses and every write fails
+/// with an error that names this path, and so says what to set. Never a temp folder (another
+/// user could plant files there) or a relative one (it would follow the working folder).
+pub const UNWRITABLE_CACHE_HOME: &str = "/dev/null/no-cache-home-set-HOME-or-XDG_CACHE_HOME";
+
+/// Neither `XDG_CACHE_HOME` nor `HOME` is an absolute path.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "no cache folder: neither XDG_CACHE_HOME nor HOME is set to an absolute path; set one of them"
+)]
+pub struct NoCacheHome;
+
+/// The user's cache folder: `$XDG_CACHE_HOME` when it is an absolute path, else
+/// `$HOME/.cache` when `HOME` is one, else an error: never a temp or a relative folder. Every
+/// kwheel cache lives under its `kwheel/` (see the module docs).
+pub fn cache_home() -> Result<PathBuf, NoCacheHome> {
+    cache_home_from(|name| std::env::var_os(name))
 }
 
-fn user_cache_dir_from(env: impl Fn(&str) -> Option<OsString>) -> PathBuf {
-    env("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| env("HOME").map(|home| PathBuf::from(home).join(".cache")))
-        .unwrap_or_else(|| std::env::temp_dir().join("kwheel-cache"))
+/// [`cache_home`] in the environment `env` describes.
+pub fn cache_home_from(env: impl Fn(&str) -> Option<OsString>) -> Result<PathBuf, NoCacheHome> {
+    let absolute = |name: &str| {
+        env(name)
+            .map(PathBuf::from)
+            .filter(|path| path.is_absolute())
+    };
+    absolute("XDG_CACHE_HOME")
+        .or_else(|| absolute("HOME").map(|home| home.join(".cache")))
+        .ok_or(NoCacheHome)
+}
+
+/// [`cache_home`], or [`UNWRITABLE_CACHE_HOME`] where there is none, for a caller that cannot
+/// fail (a default).
+pub fn cache_home_or_unwritable() -> PathBuf {
+    cache_home().unwrap_or_else(|_| PathBuf::from(UNWRITABLE_CACHE_HOME))
 }
 
 /// A file being written beside its target, put in place whole by a rename when it is
@@ -529,6 +559,49 @@ mod tests {
                 "artifacts"
             ),
             PathBuf::from("/h/.cache/kwheel/artifacts")
+        );
+        assert_eq!(
+            cache_dir_from(env(&[("HOME", "h")]), ARTIFACT_CACHE_ENV, "artifacts"),
+            PathBuf::from(UNWRITABLE_CACHE_HOME).join("kwheel/artifacts")
+        );
+    }
+
+    /// The cache home is an absolute `XDG_CACHE_HOME`, else an absolute `HOME`'s `.cache`,
+    /// else none: never a relative or temp folder.
+    #[test]
+    fn the_cache_home_is_absolute_or_none() {
+        let home = |pairs: &[(&str, &str)]| {
+            cache_home_from(|name| {
+                pairs
+                    .iter()
+                    .find(|(key, _)| *key == name)
+                    .map(|(_, value)| OsString::from(value))
+            })
+            .ok()
+        };
+        let some = |path: &str| Some(PathBuf::from(path));
+        assert_eq!(
+            home(&[("XDG_CACHE_HOME", "/x"), ("HOME", "/h")]),
+            some("/x")
+        );
+        assert_eq!(
+            home(&[("XDG_CACHE_HOME", "x"), ("HOME", "/h")]),
+            some("/h/.cache")
+        );
+        assert_eq!(
+            home(&[("XDG_CACHE_HOME", ""), ("HOME", "/h")]),
+            some("/h/.cache")
+        );
+        assert_eq!(home(&[("XDG_CACHE_HOME", "x"), ("HOME", "h")]), None);
+        assert_eq!(home(&[("HOME", "")]), None);
+        assert_eq!(home(&[]), None);
+        // Every write under the fallback fails, naming it.
+        let failure =
+            write_atomically(&Path::new(UNWRITABLE_CACHE_HOME).join("kwheel/x"), b"").unwrap_err();
+        assert_eq!(
+            failure.kind(),
+            std::io::ErrorKind::NotADirectory,
+            "{failure}"
         );
     }
 

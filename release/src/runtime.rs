@@ -240,7 +240,7 @@ pub fn default_target_dir(_workspace: &Path) -> PathBuf {
     if let Some(dir) = std::env::var_os(TARGET_DIR_ENV).filter(|dir| !dir.is_empty()) {
         return PathBuf::from(dir);
     }
-    prebuilt::cache::user_cache_dir()
+    prebuilt::cache::cache_home_or_unwritable()
         .join("kwheel")
         .join("runtime-target")
 }
