@@ -142,12 +142,8 @@ fn entries_note(groups: &[ErrorGroup]) -> Option<String> {
 /// Writes `text` to `<LOG_DIR>/<name>.log` (replacing it atomically); the path, or `None`
 /// when it cannot be written (the terminal still has the summary).
 pub(crate) fn write_log(name: &str, text: &str) -> Option<PathBuf> {
-    let dir = Path::new(LOG_DIR);
-    std::fs::create_dir_all(dir).ok()?;
-    let path = dir.join(format!("{name}.log"));
-    let partial = dir.join(format!(".{name}.log.{}", std::process::id()));
-    std::fs::write(&partial, text).ok()?;
-    std::fs::rename(&partial, &path).ok()?;
+    let path = Path::new(LOG_DIR).join(format!("{name}.log"));
+    prebuilt::cache::write_atomically(&path, text.as_bytes()).ok()?;
     Some(path)
 }
 

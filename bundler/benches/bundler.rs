@@ -576,7 +576,7 @@ fn cutlass_keys(
 fn cutlass_include_dir() -> Result<PathBuf, String> {
     let dir = match std::env::var_os("KWHEEL_CUTLASS").filter(|v| !v.is_empty()) {
         Some(dir) => PathBuf::from(dir),
-        None => prebuilt::cache::user_cache_dir()
+        None => prebuilt::cache::cache_home_or_unwritable()
             .join("kwheel/bench/cutlass/cutlass_library/source/include"),
     };
     if dir.join("cute/tensor.hpp").is_file() && dir.join("cutlass/cutlass.h").is_file() {

@@ -26,7 +26,7 @@ pub const LAYOUT: &str = "kernels-v1";
 
 /// The default cache directory: `${XDG_CACHE_HOME:-~/.cache}/kwheel/build`.
 pub fn default_cache_dir() -> PathBuf {
-    prebuilt::cache::user_cache_dir()
+    prebuilt::cache::cache_home_or_unwritable()
         .join("kwheel")
         .join("build")
 }

@@ -958,7 +958,7 @@ mod tests {
         for dir in [
             workspace.join("prebuilt/tests/fixtures/cubin"),
             workspace.join("prebuilt/tests/fixtures/stub"),
-            prebuilt::cache::user_cache_dir().join(
+            prebuilt::cache::cache_home_or_unwritable().join(
                 "kwheel/bench/flashinfer-cubin/cubins/flashinfer_cubin/cubins/\
                  10f64528a1172dae8e29601a3b99ab9dc78d37be/gemm-91e0ba0-2710384",
             ),

@@ -1539,7 +1539,7 @@ fn thirdparty(test: &str, name: &str) -> Option<PathBuf> {
 fn thirdparty_root() -> PathBuf {
     std::env::var_os("KWHEEL_THIRDPARTY")
         .map(PathBuf::from)
-        .unwrap_or_else(|| prebuilt::cache::user_cache_dir().join("kwheel/thirdparty"))
+        .unwrap_or_else(|| prebuilt::cache::cache_home_or_unwritable().join("kwheel/thirdparty"))
 }
 
 #[test]

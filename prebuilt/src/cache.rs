@@ -1,9 +1,11 @@
 //! The user's caches: where they live, how files enter them, and the artifact cache.
 //!
-//! Every kwheel cache sits under `${XDG_CACHE_HOME:-~/.cache}/kwheel/<bucket>` unless its own
-//! variable overrides it ([`cache_dir_from`]), is never inside site-packages or a bundle, and
-//! has a versioned layout directory, so a format change starts a new bucket instead of
-//! misreading an old one:
+//! Every kwheel cache sits under `<cache home>/kwheel/<bucket>` unless its own variable
+//! overrides it ([`cache_dir_from`]), is never inside site-packages or a bundle, and has a
+//! versioned layout directory, so a format change starts a new bucket instead of misreading
+//! an old one. The cache home ([`cache_home`]) is `$XDG_CACHE_HOME` when it is an absolute
+//! path, else `$HOME/.cache` when `HOME` is one; with neither, a cache that must have a
+//! folder gets [`UNWRITABLE_CACHE_HOME`], where every write fails naming what to set:
 //!
 //! ```text
 //! ~/.cache/kwheel/
@@ -12,11 +14,12 @@
 //! └── build/                      the bundler's build cache (bundler::cache)
 //! ```
 //!
-//! Every file another process may read is written by [`write_atomically`]: a temp file in the
-//! same directory, flushed, renamed over the target. Work on one key by many processes is
-//! serialized by [`lock_file`]: the operating system's lock (`flock`, gone with its process),
-//! on a regular file that is checked to be the one opened, held at most a timeout, with the
-//! holder's pid written in so that a wait that ends names who held it.
+//! Every file another process may read is written through a [`PendingFile`] (bytes at once:
+//! [`write_atomically`]): a temp file in the same directory, renamed over the target whole.
+//! Work on one key by many processes is serialized by [`lock_file`]: the operating system's
+//! lock (`flock`, gone with its process), on a regular file that is checked to be the one
+//! opened, held at most a timeout, with the holder's pid written in so that a wait that ends
+//! names who held it.
 //!
 //! # The artifact cache
 //!
@@ -25,7 +28,7 @@
 //! └── cubins-v1/                  layout version (CACHE_LAYOUT): bump when an entry changes
 //!     └── 5a/                     first two hex digits of the digest
 //!         ├── 5a0d…e1.cubin       the cubin, named by its sha256, renamed into place whole
-//!         └── .5a0d…e1.cubin.*.tmp  a write in progress (never read as an entry)
+//!         └── .5a0d…e1.cubin.<pid>.<random>.tmp  a write in progress (never read as an entry)
 //! ```
 //!
 //! An entry is checked against the index each time it is read, and a damaged one is removed.
@@ -37,7 +40,6 @@ use std::fs::{self, File};
 use std::io::Write as _;
 use std::io::{Seek as _, SeekFrom};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 // Called by path: `File` has inherent lock methods of the same names in newer Rust.
@@ -48,61 +50,175 @@ use crate::index::StoredFile;
 use crate::key::sha256_hex;
 use crate::untrusted::{read_regular_file, Digest, MAX_ARTIFACT_SIZE};
 
-/// A kwheel cache directory: `$<override_var>` when set, else
-/// `${XDG_CACHE_HOME:-~/.cache}/kwheel/<leaf>`; `env` reads the environment (tests inject it).
+/// A kwheel cache directory: `$<override_var>` when set, else `<cache home>/kwheel/<leaf>`
+/// ([`cache_home_from`], or [`UNWRITABLE_CACHE_HOME`] where there is none); `env` reads the
+/// environment (tests inject it).
 pub fn cache_dir_from(
     env: impl Fn(&str) -> Option<OsString>,
     override_var: &str,
     leaf: &str,
 ) -> PathBuf {
-    let env = |name: &str| env(name).filter(|value| !value.is_empty());
-    if let Some(dir) = env(override_var) {
+    if let Some(dir) = env(override_var).filter(|value| !value.is_empty()) {
         return PathBuf::from(dir);
     }
-    user_cache_dir_from(env).join("kwheel").join(leaf)
+    cache_home_from(env)
+        .unwrap_or_else(|_| PathBuf::from(UNWRITABLE_CACHE_HOME))
+        .join("kwheel")
+        .join(leaf)
 }
 
-/// The user's cache directory: `$XDG_CACHE_HOME`, else `~/.cache` (a temp directory when
-/// there is no home).
-pub fn user_cache_dir() -> PathBuf {
-    user_cache_dir_from(|name| std::env::var_os(name).filter(|value| !value.is_empty()))
+/// Where the caches go for a caller that cannot fail when there is no cache home: a path
+/// under `/dev/null`, which is not a folder, so every read there misses and every write fails
+/// with an error that names this path, and so says what to set. Never a temp folder (another
+/// user could plant files there) or a relative one (it would follow the working folder).
+pub const UNWRITABLE_CACHE_HOME: &str = "/dev/null/no-cache-home-set-HOME-or-XDG_CACHE_HOME";
+
+/// Neither `XDG_CACHE_HOME` nor `HOME` is an absolute path.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "no cache folder: neither XDG_CACHE_HOME nor HOME is set to an absolute path; set one of them"
+)]
+pub struct NoCacheHome;
+
+/// The user's cache folder: `$XDG_CACHE_HOME` when it is an absolute path, else
+/// `$HOME/.cache` when `HOME` is one, else an error: never a temp or a relative folder. Every
+/// kwheel cache lives under its `kwheel/` (see the module docs).
+pub fn cache_home() -> Result<PathBuf, NoCacheHome> {
+    cache_home_from(|name| std::env::var_os(name))
 }
 
-fn user_cache_dir_from(env: impl Fn(&str) -> Option<OsString>) -> PathBuf {
-    env("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| env("HOME").map(|home| PathBuf::from(home).join(".cache")))
-        .unwrap_or_else(|| std::env::temp_dir().join("kwheel-cache"))
+/// [`cache_home`] in the environment `env` describes.
+pub fn cache_home_from(env: impl Fn(&str) -> Option<OsString>) -> Result<PathBuf, NoCacheHome> {
+    let absolute = |name: &str| {
+        env(name)
+            .map(PathBuf::from)
+            .filter(|path| path.is_absolute())
+    };
+    absolute("XDG_CACHE_HOME")
+        .or_else(|| absolute("HOME").map(|home| home.join(".cache")))
+        .ok_or(NoCacheHome)
 }
 
-static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+/// [`cache_home`], or [`UNWRITABLE_CACHE_HOME`] where there is none, for a caller that cannot
+/// fail (a default).
+pub fn cache_home_or_unwritable() -> PathBuf {
+    cache_home().unwrap_or_else(|_| PathBuf::from(UNWRITABLE_CACHE_HOME))
+}
 
-/// Writes `bytes` to a temp file next to `path` (creating the directory) and renames it over
-/// `path`: readers see the old file or the new one, never a part. The temp file is named
-/// `.<file name>.<pid>.<n>.tmp`, so the owner of a lock over `path` can find what a killed
-/// writer left. There is no `fsync`: every reader of these files verifies them (by digest or
-/// validation), so a file cut short by a power loss reads as a miss, never as a wrong cubin.
-pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    fs::create_dir_all(dir)?;
-    let name = path
+/// A file being written beside its target, put in place whole by a rename when it is
+/// complete: readers of the target see the old file or the new one, never a part.
+///
+/// The temp file sits in the target's folder (created when absent), so the rename never
+/// crosses a file system, and is named `.<file name>.<pid>.<random>.tmp`, so the owner of a
+/// lock over the target can find what a killed writer left. It is created with the mode a
+/// plain `File::create` gives (`0o666` less the umask), not a temp file's `0o600`: bundles and
+/// caches are read by other users. A pending file that is dropped without being persisted is
+/// removed. There is no `fsync` unless the caller asks for one ([`PendingFile::sync`]): every
+/// reader of the caches and bundles verifies them (by digest or validation), so a file cut
+/// short by a power loss reads as a miss, never as a wrong cubin.
+#[derive(Debug)]
+pub struct PendingFile<F = File> {
+    temp: tempfile::NamedTempFile<F>,
+    target: PathBuf,
+}
+
+impl PendingFile {
+    /// An empty file pending at `target`.
+    pub fn new(target: &Path) -> std::io::Result<PendingFile> {
+        let (folder, prefix) = temp_place(target)?;
+        Ok(PendingFile {
+            temp: temp_builder(&prefix).tempfile_in(folder)?,
+            target: target.to_owned(),
+        })
+    }
+
+    /// The open temp file, to write through.
+    pub fn as_file(&self) -> &File {
+        self.temp.as_file()
+    }
+
+    /// Flushes the file's bytes to the disk (`fsync`), for a file that must survive a power
+    /// loss whole once it is in place.
+    pub fn sync(&self) -> std::io::Result<()> {
+        self.temp.as_file().sync_all()
+    }
+}
+
+impl PendingFile<()> {
+    /// `from` pending at `target` as a hard link, or as a copy where a link is not possible
+    /// (another file system, a file system without links).
+    pub fn linked(from: &Path, target: &Path) -> std::io::Result<PendingFile<()>> {
+        let (folder, prefix) = temp_place(target)?;
+        let temp =
+            temp_builder(&prefix).make_in(folder, |temp| match fs::hard_link(from, temp) {
+                // Taken: `make_in` tries another name; a copy must not write over it.
+                Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => Err(error),
+                Err(_) => fs::copy(from, temp).map(drop),
+                Ok(()) => Ok(()),
+            })?;
+        Ok(PendingFile {
+            temp,
+            target: target.to_owned(),
+        })
+    }
+}
+
+impl<F> PendingFile<F> {
+    /// The temp file's path (its mode can be set through it; never a path to keep).
+    pub fn path(&self) -> &Path {
+        self.temp.path()
+    }
+
+    /// Renames the file over its target, replacing any file there.
+    pub fn persist(self) -> std::io::Result<()> {
+        self.temp
+            .persist(&self.target)
+            .map(drop)
+            .map_err(|error| error.error)
+    }
+}
+
+impl std::io::Write for PendingFile {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.temp.write(bytes)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.temp.flush()
+    }
+}
+
+/// The folder a temp file for `target` goes in (created) and the prefix of its name.
+fn temp_place(target: &Path) -> std::io::Result<(&Path, String)> {
+    let folder = match target.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    };
+    fs::create_dir_all(folder)?;
+    let name = target
         .file_name()
         .map(|name| name.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let temp = dir.join(format!(
-        ".{name}.{}.{}.tmp",
-        std::process::id(),
-        TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
-    ));
-    let result = (|| {
-        let mut file = File::options().write(true).create_new(true).open(&temp)?;
-        file.write_all(bytes)?;
-        fs::rename(&temp, path)
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&temp);
-    }
-    result
+    Ok((folder, format!(".{name}.{}.", std::process::id())))
+}
+
+/// The builder of a temp file named `<prefix><random>.tmp`, with a plain file's mode.
+fn temp_builder(prefix: &str) -> tempfile::Builder<'_, 'static> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut builder = tempfile::Builder::new();
+    builder
+        .prefix(prefix)
+        .suffix(".tmp")
+        .rand_bytes(6)
+        .permissions(fs::Permissions::from_mode(0o666));
+    builder
+}
+
+/// Writes `bytes` to `path` through a [`PendingFile`], replacing any file there.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut pending = PendingFile::new(path)?;
+    pending.write_all(bytes)?;
+    pending.persist()
 }
 
 /// The cache layout's directory name. Bump it when the entry format or the file names change.
@@ -366,6 +482,50 @@ mod tests {
         );
     }
 
+    /// A pending file is invisible until persisted, gone when dropped, named so that a lock's
+    /// owner can find it, and readable by others like a plain file (not a temp file's 0600).
+    #[test]
+    fn a_pending_file_appears_whole_or_not_at_all() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("sub/entry.cubin");
+        let mut pending = PendingFile::new(&target).unwrap();
+        pending.write_all(b"bytes").unwrap();
+        let name = pending
+            .path()
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        let prefix = format!(".entry.cubin.{}.", std::process::id());
+        assert!(
+            name.starts_with(&prefix) && name.ends_with(".tmp"),
+            "{name}"
+        );
+        assert!(!target.exists());
+        pending.persist().unwrap();
+        assert_eq!(fs::read(&target).unwrap(), b"bytes");
+        let plain = dir.path().join("plain");
+        File::create(&plain).unwrap();
+        let mode = |path: &Path| fs::metadata(path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&target), mode(&plain));
+
+        drop(PendingFile::new(&dir.path().join("dropped")).unwrap());
+        let linked = dir.path().join("linked");
+        PendingFile::linked(&target, &linked)
+            .unwrap()
+            .persist()
+            .unwrap();
+        assert_eq!(fs::read(&linked).unwrap(), b"bytes");
+        let mut left: Vec<_> = fs::read_dir(dir.path().join("sub"))
+            .unwrap()
+            .chain(fs::read_dir(dir.path()).unwrap())
+            .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["entry.cubin", "linked", "plain", "sub"]);
+    }
+
     #[test]
     fn the_cache_dir_follows_the_environment() {
         let env = |pairs: &'static [(&'static str, &'static str)]| {
@@ -399,6 +559,49 @@ mod tests {
                 "artifacts"
             ),
             PathBuf::from("/h/.cache/kwheel/artifacts")
+        );
+        assert_eq!(
+            cache_dir_from(env(&[("HOME", "h")]), ARTIFACT_CACHE_ENV, "artifacts"),
+            PathBuf::from(UNWRITABLE_CACHE_HOME).join("kwheel/artifacts")
+        );
+    }
+
+    /// The cache home is an absolute `XDG_CACHE_HOME`, else an absolute `HOME`'s `.cache`,
+    /// else none: never a relative or temp folder.
+    #[test]
+    fn the_cache_home_is_absolute_or_none() {
+        let home = |pairs: &[(&str, &str)]| {
+            cache_home_from(|name| {
+                pairs
+                    .iter()
+                    .find(|(key, _)| *key == name)
+                    .map(|(_, value)| OsString::from(value))
+            })
+            .ok()
+        };
+        let some = |path: &str| Some(PathBuf::from(path));
+        assert_eq!(
+            home(&[("XDG_CACHE_HOME", "/x"), ("HOME", "/h")]),
+            some("/x")
+        );
+        assert_eq!(
+            home(&[("XDG_CACHE_HOME", "x"), ("HOME", "/h")]),
+            some("/h/.cache")
+        );
+        assert_eq!(
+            home(&[("XDG_CACHE_HOME", ""), ("HOME", "/h")]),
+            some("/h/.cache")
+        );
+        assert_eq!(home(&[("XDG_CACHE_HOME", "x"), ("HOME", "h")]), None);
+        assert_eq!(home(&[("HOME", "")]), None);
+        assert_eq!(home(&[]), None);
+        // Every write under the fallback fails, naming it.
+        let failure =
+            write_atomically(&Path::new(UNWRITABLE_CACHE_HOME).join("kwheel/x"), b"").unwrap_err();
+        assert_eq!(
+            failure.kind(),
+            std::io::ErrorKind::NotADirectory,
+            "{failure}"
         );
     }
 

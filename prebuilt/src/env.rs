@@ -11,6 +11,7 @@
 //! | `KWHEEL_JIT_LOCK_TIMEOUT` | seconds the JIT waits for another process compiling the same key ([`crate::jit`]) |
 //! | `KWHEEL_NVRTC`, `KWHEEL_SITE_PACKAGES` | where the JIT looks for NVRTC and toolchain wheels |
 //! | `KWHEEL_STORE_TOKEN` | the bearer token sent to stores |
+//! | `PATH` | where a program (nvcc, zig, a cargo subcommand) is found ([`programs_on_path`]) |
 //!
 //! Every per-package switch starts with the same prefix, spelled by one rule
 //! ([`package_prefix`]).
@@ -181,9 +182,59 @@ pub const SITE_PACKAGES_ENV: &str = "KWHEEL_SITE_PACKAGES";
 /// Names the runtime's CUDA build (`cu129`) when [`RegistryOptions::cuda`] does not.
 pub const CUDA_BUILD_ENV: &str = "KWHEEL_CUDA_BUILD";
 
+/// Every executable file named `program` in the folders of `path` (a `PATH` value), in
+/// `PATH` order, so the first is the one a shell runs: the one rule by which kwheel finds a
+/// program on `PATH` (the `which` crate's). No `path`, or no such program, finds none.
+pub fn programs_on_path(program: &str, path: Option<&std::ffi::OsStr>) -> Vec<std::path::PathBuf> {
+    let Some(path) = path else {
+        return Vec::new();
+    };
+    match which::which_in_global(program, Some(path)) {
+        Ok(found) => found.collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// The program a shell runs for `program` with this process's `PATH`
+/// ([`programs_on_path`]'s first).
+pub fn program_on_path(program: &str) -> Option<std::path::PathBuf> {
+    let path = std::env::var_os("PATH");
+    programs_on_path(program, path.as_deref())
+        .into_iter()
+        .next()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Programs are found in `PATH` order, executable files only.
+    #[test]
+    fn programs_on_path_are_executables_in_path_order() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let program = |folder: &str, mode: u32| {
+            let path = dir.path().join(folder).join("tool");
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, b"#!/bin/sh\n").unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            path
+        };
+        let first = program("a", 0o755);
+        program("b", 0o644);
+        let second = program("c", 0o755);
+        let folders = ["a", "b", "missing", "c"].map(|folder| dir.path().join(folder));
+        let path = std::env::join_paths(folders).unwrap();
+        assert_eq!(programs_on_path("tool", Some(&path)), [first, second]);
+        assert_eq!(
+            programs_on_path("other", Some(&path)),
+            Vec::<std::path::PathBuf>::new()
+        );
+        assert_eq!(
+            programs_on_path("tool", None),
+            Vec::<std::path::PathBuf>::new()
+        );
+    }
 
     #[test]
     fn separators_become_underscores_and_letters_upper_case() {

@@ -75,7 +75,9 @@ mod whole;
 pub use catalog::Catalog;
 use codec::Decoded;
 use data::Data;
-pub use folder::{find_bundle, open_bundle, read_bundle_index, restore_index_json};
+pub use folder::{
+    bundle_at, find_bundle, holds_bundle, open_bundle, read_bundle_index, restore_index_json,
+};
 use table::{check_table, Layout, LazyTable, Sections, Span};
 
 /// File name of the loader's index inside a bundle.

@@ -675,12 +675,7 @@ mod tests {
         let dir = std::env::var_os("KWHEEL_AUDITWHEEL")
             .map(std::path::PathBuf::from)
             .or_else(|| {
-                let cache = std::env::var_os("XDG_CACHE_HOME")
-                    .map(std::path::PathBuf::from)
-                    .or_else(|| {
-                        std::env::var_os("HOME")
-                            .map(|home| std::path::Path::new(&home).join(".cache"))
-                    })?;
+                let cache = prebuilt::cache::cache_home().ok()?;
                 Some(cache.join("kwheel/auditwheel"))
             })
             .filter(|dir| dir.join("auditwheel").is_dir());

@@ -240,7 +240,7 @@ pub fn default_target_dir(_workspace: &Path) -> PathBuf {
     if let Some(dir) = std::env::var_os(TARGET_DIR_ENV).filter(|dir| !dir.is_empty()) {
         return PathBuf::from(dir);
     }
-    prebuilt::cache::user_cache_dir()
+    prebuilt::cache::cache_home_or_unwritable()
         .join("kwheel")
         .join("runtime-target")
 }
@@ -476,7 +476,7 @@ pub fn locate_zig() -> Option<Zig> {
     if python_module {
         return Some(Zig::Search("python3 -m ziglang"));
     }
-    search_path("zig").map(|_| Zig::Search("zig on PATH"))
+    prebuilt::env::program_on_path("zig").map(|_| Zig::Search("zig on PATH"))
 }
 
 /// How `cargo zigbuild` will find zig, as text, or `None` when it will not.
@@ -529,14 +529,7 @@ fn find_cargo_subcommand(name: &str) -> Option<PathBuf> {
     cargo_home
         .map(|home| home.join("bin").join(name))
         .filter(|path| path.is_file())
-        .or_else(|| search_path(name))
-}
-
-fn search_path(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(name))
-        .find(|candidate| candidate.is_file())
+        .or_else(|| prebuilt::env::program_on_path(name))
 }
 
 /// Runs a build command; a failure carries the end of its output.

@@ -41,6 +41,7 @@ use std::path::{Path, PathBuf};
 use bundler::pipeline::plan_kernel;
 use bundler::Manifest;
 use flate2::{Compression, GzBuilder};
+use prebuilt::cache::PendingFile;
 
 use crate::library::{
     check_file_inside, check_inside_root, kwheel_requirement, python_package_dir, summary,
@@ -252,13 +253,10 @@ pub fn build_sdist(options: &SdistOptions) -> Result<Sdist, Error> {
         source,
     })?;
     let target = options.out.join(format!("{stem}.tar.gz"));
-    let mut temp = tempfile::Builder::new()
-        .prefix(&format!(".{stem}.tar.gz.tmp-"))
-        .tempfile_in(&options.out)
-        .map_err(|source| Error::Write {
-            path: options.out.clone(),
-            source,
-        })?;
+    let mut temp = PendingFile::new(&target).map_err(|source| Error::Write {
+        path: options.out.clone(),
+        source,
+    })?;
     temp.write_all(&bytes).map_err(|source| Error::Write {
         path: target.clone(),
         source,
@@ -268,9 +266,9 @@ pub fn build_sdist(options: &SdistOptions) -> Result<Sdist, Error> {
         path: target.clone(),
         source,
     })?;
-    temp.persist(&target).map_err(|error| Error::Write {
+    temp.persist().map_err(|source| Error::Write {
         path: target.clone(),
-        source: error.error,
+        source,
     })?;
     match verify_sdist(&target).and_then(Sdist::into_result) {
         Ok(sdist) => Ok(sdist),

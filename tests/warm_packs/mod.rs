@@ -5,7 +5,7 @@
 //! anywhere the search looks, the JIT forbidden), where the loader plans and loads it from the
 //! pack with its own provenance; a pack altered on the way is refused, naming the pack file and
 //! the kernel. The GPU side is a fake behind the loader's `Device` seam that records the image
-//! it is given; `prebuilt/tests/warm_pack/mod.rs` launches the kernel on an H200.
+//! it is given; `prebuilt/tests/warm_pack.rs` launches the kernel on an H200.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -9,7 +9,7 @@ use std::time::Duration;
 pub fn corpus_root() -> PathBuf {
     let bench = match std::env::var_os("KWHEEL_BENCH").filter(|v| !v.is_empty()) {
         Some(dir) => PathBuf::from(dir),
-        None => prebuilt::cache::user_cache_dir().join("kwheel/bench"),
+        None => prebuilt::cache::cache_home_or_unwritable().join("kwheel/bench"),
     };
     bench.join("flashinfer-cubin/cubins")
 }

@@ -286,15 +286,18 @@ fn shaped_like_output(relative: &Path, is_dir: bool) -> bool {
     }
 }
 
-/// The file a temporary file of [`crate::cache::write_atomically`] stands for:
-/// `dir/.<name>.<pid>.<n>.tmp` → `dir/<name>`.
+/// The file a temporary file of [`prebuilt::cache::PendingFile`] stands for:
+/// `dir/.<name>.<pid>.<random>.tmp` → `dir/<name>` (`<random>` letters and digits; older
+/// writers counted, `dir/.<name>.<pid>.<n>.tmp`).
 fn temporary_of(relative: &Path) -> Option<PathBuf> {
     let name = relative.file_name()?.to_str()?;
     let inner = name.strip_prefix('.')?.strip_suffix(".tmp")?;
     let mut parts = inner.rsplitn(3, '.');
-    let (counter, pid, file) = (parts.next()?, parts.next()?, parts.next()?);
+    let (random, pid, file) = (parts.next()?, parts.next()?, parts.next()?);
     let digits = |text: &str| !text.is_empty() && text.bytes().all(|byte| byte.is_ascii_digit());
-    (digits(counter) && digits(pid) && !file.is_empty()).then(|| relative.with_file_name(file))
+    let alphanumeric =
+        !random.is_empty() && random.bytes().all(|byte| byte.is_ascii_alphanumeric());
+    (alphanumeric && digits(pid) && !file.is_empty()).then(|| relative.with_file_name(file))
 }
 
 /// The first entry under `dir` (relative to `root`) that `accept` refuses, or that is neither
@@ -339,11 +342,16 @@ mod tests {
             temporary_of(Path::new(".index.json.9.0.tmp")),
             Some(PathBuf::from("index.json"))
         );
+        assert_eq!(
+            temporary_of(Path::new(".kernels.idx.4242.aZ09bQ.tmp")),
+            Some(PathBuf::from("kernels.idx"))
+        );
         for not in [
             ".index.json.tmp",
             "index.json.1.2.tmp",
             ".x.a.2.tmp",
             "..1.2.tmp",
+            ".x.1.a-b.tmp",
         ] {
             assert_eq!(temporary_of(Path::new(not)), None, "{not}");
         }

@@ -107,13 +107,18 @@ def open(package_or_path, *, cuda=None, torch=None, jit=None, device=None):
 
 
 def find_bundle(package_or_path):
-    """The bundle directory of a package name or a path (see ``open``)."""
+    """The bundle directory of a path or a package name (see ``open``).
+
+    A path is looked at by the rule the CLI keeps (``_kwheel.bundle_at``: the path itself,
+    then its ``_prebuilt/``; the cases are ``prebuilt/tests/fixtures/bundle_folders.json``);
+    a name that holds no bundle as a path is a package, found by this interpreter's imports.
+    """
+    path = _os.fsdecode(_os.fspath(package_or_path))
+    found = _kwheel.bundle_at(path)
+    if found is not None:
+        return _os.path.abspath(found)
     if isinstance(package_or_path, str) and _is_package_name(package_or_path):
         return _package_bundle(package_or_path)
-    path = _os.fspath(package_or_path)
-    for candidate in (path, _os.path.join(path, PREBUILT_DIR)):
-        if _is_bundle(candidate):
-            return _os.path.abspath(candidate)
     raise KwheelError(
         f"no kwheel bundle at `{path}`: neither it nor `{_os.path.join(path, PREBUILT_DIR)}` "
         f"holds a `{LOOKUP_FILE}` (or an `{INDEX_FILE}`)"
@@ -122,9 +127,8 @@ def find_bundle(package_or_path):
 
 def _is_bundle(directory):
     """Whether ``directory`` holds a bundle's index: ``kernels.idx``, or the ``index.json`` of
-    a bundle written before it existed."""
-    names = (LOOKUP_FILE, INDEX_FILE)
-    return any(_os.path.isfile(_os.path.join(directory, name)) for name in names)
+    a bundle written before it existed (``_kwheel.holds_bundle``, the CLI's rule)."""
+    return _kwheel.holds_bundle(directory)
 
 
 def _is_package_name(text):

@@ -13,6 +13,7 @@
 //! | [`Selection`], [`Provenance`] | what a dry run chose; where a loaded cubin came from | |
 //! | `loaded_kernels()`, `trace_label()`, `trace_variable()`, `trace_enabled()` | every kernel loaded in the process, per device; the trace range names (docs/provenance.md) | never |
 //! | `encode_tensor_map()` | a TMA descriptor for a `CUtensorMap` parameter (`kwheel.tensor_map`) | no context; the driver encodes it |
+//! | `bundle_at()`, `holds_bundle()` | the bundle-finder rule `kwheel.find_bundle` shares with the CLI (`prebuilt::lookup::bundle_at`) | never |
 //! | `KwheelError` and its subclasses | `prebuilt::LoadError` and friends, message with every cause | |
 //!
 //! Launch arguments are Python objects encoded by the parameter sizes the index records
@@ -58,6 +59,8 @@ fn _kwheel(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(trace_variable, module)?)?;
     module.add_function(wrap_pyfunction!(trace_enabled, module)?)?;
     module.add_function(wrap_pyfunction!(tensor_map::encode_tensor_map, module)?)?;
+    module.add_function(wrap_pyfunction!(bundle_at, module)?)?;
+    module.add_function(wrap_pyfunction!(holds_bundle, module)?)?;
     Ok(())
 }
 
@@ -103,4 +106,18 @@ fn trace_variable(package: &str) -> String {
 #[pyfunction]
 fn trace_enabled(package: &str) -> bool {
     prebuilt::env::trace_enabled(package)
+}
+
+/// The bundle at `path`: `path` itself or its `_prebuilt/`, whichever holds a bundle's index
+/// first, else `None` (`prebuilt::lookup::bundle_at`, the rule the CLI finds bundles by).
+#[pyfunction]
+fn bundle_at(path: std::path::PathBuf) -> Option<std::ffi::OsString> {
+    prebuilt::lookup::bundle_at(&path).map(std::path::PathBuf::into_os_string)
+}
+
+/// Whether the folder `path` holds a bundle's index: `kernels.idx`, or an old bundle's
+/// `index.json` (`prebuilt::lookup::holds_bundle`).
+#[pyfunction]
+fn holds_bundle(path: std::path::PathBuf) -> bool {
+    prebuilt::lookup::holds_bundle(&path)
 }

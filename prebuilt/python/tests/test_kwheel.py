@@ -11,11 +11,13 @@ is installed.
 """
 
 import ctypes
+import json
 import os
 import pathlib
 import shutil
 import subprocess
 import sys
+import tempfile
 import types
 import unittest
 
@@ -68,6 +70,29 @@ class Installed(unittest.TestCase):
         self.assertEqual(bundle, pathlib.Path(af3_kernels.__file__).parent / "_prebuilt")
         self.assertEqual(af3_kernels._registry.kernels, KERNELS)
         self.assertEqual(af3_kernels._registry.package, "af3-kernels")
+
+
+class BundleFolders(unittest.TestCase):
+    def test_bundle_folders_follow_the_table_the_cli_passes(self):
+        """The cases of `prebuilt/tests/fixtures/bundle_folders.json`, which the Rust finder
+        passes too (`prebuilt/src/lookup/folder.rs`): one rule in both languages."""
+        fixture = pathlib.Path(__file__).resolve().parents[2] / "tests/fixtures/bundle_folders.json"
+        table = json.loads(fixture.read_text())
+        self.assertGreaterEqual(len(table["cases"]), 8)
+        for case in table["cases"]:
+            with self.subTest(case["name"]), tempfile.TemporaryDirectory() as root:
+                root = pathlib.Path(root)
+                for folder in case["folders"]:
+                    (root / folder).mkdir(parents=True, exist_ok=True)
+                for file in case["files"]:
+                    (root / file).parent.mkdir(parents=True, exist_ok=True)
+                    (root / file).write_bytes(b"")
+                asked = str(root / case["path"])
+                if case["found"] is None:
+                    with self.assertRaises(kwheel.KwheelError):
+                        kwheel.find_bundle(asked)
+                else:
+                    self.assertEqual(kwheel.find_bundle(asked), str(root / case["found"]))
 
 
 class Open(unittest.TestCase):

@@ -2,6 +2,7 @@
 //! sizes its index records (see the module above).
 
 use super::*;
+use crate::cache::PendingFile;
 
 /// What an open bundle has decoded: each artifact file once, within a budget.
 #[derive(Debug)]
@@ -306,26 +307,8 @@ impl Bundle {
     }
 }
 
-/// `to` as a hard link to `from` (a copy where links are not possible), put in place by a
-/// rename like [`crate::cache::write_atomically`], through a temp file named as its are
-/// (`.<file name>.<pid>.<n>.tmp`), so a killed run's leftovers look like the writer's.
+/// `to` as a hard link to `from` (a copy where links are not possible), put in place whole
+/// through a [`PendingFile`] like every other file of a bundle.
 pub(super) fn link_atomically(from: &Path, to: &Path) -> std::io::Result<()> {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    // Counted from the top, apart from `write_atomically`'s counter in the same process.
-    static LINKS: AtomicU64 = AtomicU64::new(1 << 63);
-    let parent = to.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(parent)?;
-    let temp = parent.join(format!(
-        ".{}.{}.{}.tmp",
-        to.file_name().unwrap_or_default().to_string_lossy(),
-        std::process::id(),
-        LINKS.fetch_add(1, Ordering::Relaxed)
-    ));
-    let result = std::fs::hard_link(from, &temp)
-        .or_else(|_| std::fs::copy(from, &temp).map(drop))
-        .and_then(|()| std::fs::rename(&temp, to));
-    if result.is_err() {
-        let _ = std::fs::remove_file(&temp);
-    }
-    result
+    PendingFile::linked(from, to)?.persist()
 }

@@ -3,6 +3,7 @@
 //! memory, not the cubin's size.
 
 use super::*;
+use crate::cache::PendingFile;
 
 /// Decodes a stored artifact under `root` into `sink` as it inflates, hashing on the way, and
 /// verifies it against `stored`: [`read_stored`]'s checks, but the cubin is never held whole
@@ -152,43 +153,22 @@ impl std::io::Write for HashingWriter<'_> {
     }
 }
 
-/// Writes `path` from `write` (a decoder streaming into it) through a temp file named as
-/// [`crate::cache::write_atomically`]'s are, renamed into place only when `write` succeeds; on failure
-/// nothing is left.
+/// Writes `path` from `write` (a decoder streaming into it) through a [`PendingFile`], put
+/// in place only when `write` succeeds; on failure nothing is left.
 pub(super) fn write_streamed(
     path: &Path,
     write: impl FnOnce(&mut dyn std::io::Write) -> Result<(), BundleError>,
 ) -> Result<(), BundleError> {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static STREAMS: AtomicU64 = AtomicU64::new(1 << 62);
     let write_error = |source| BundleError::Write {
         path: path.to_owned(),
         source,
     };
-    let parent = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(parent).map_err(write_error)?;
-    let temp = parent.join(format!(
-        ".{}.{}.{}.tmp",
-        path.file_name().unwrap_or_default().to_string_lossy(),
-        std::process::id(),
-        STREAMS.fetch_add(1, Ordering::Relaxed)
-    ));
-    let result = (|| {
-        let file = std::fs::File::options()
-            .write(true)
-            .create_new(true)
-            .open(&temp)
-            .map_err(write_error)?;
-        let mut buffered = std::io::BufWriter::with_capacity(1 << 20, file);
-        write(&mut buffered)?;
-        std::io::Write::flush(&mut buffered).map_err(write_error)?;
-        drop(buffered);
-        std::fs::rename(&temp, path).map_err(write_error)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&temp);
-    }
-    result
+    let pending = PendingFile::new(path).map_err(write_error)?;
+    let mut buffered = std::io::BufWriter::with_capacity(1 << 20, pending.as_file());
+    write(&mut buffered)?;
+    std::io::Write::flush(&mut buffered).map_err(write_error)?;
+    drop(buffered);
+    pending.persist().map_err(write_error)
 }
 
 #[cfg(test)]

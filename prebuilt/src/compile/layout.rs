@@ -28,12 +28,13 @@
 //! | --- | --- |
 //! | `KWHEEL_CUDA_<BUILD>` | `KWHEEL_CUDA_CU129=/usr/local/cuda-12.9` |
 //! | `$KWHEEL_TOOLCHAINS/<build>` | `$KWHEEL_TOOLCHAINS/cu129` |
-//! | the user cache | `${XDG_CACHE_HOME:-$HOME/.cache}/kwheel/toolchains/cu129` |
+//! | the user cache ([`crate::cache::cache_home`]) | `${XDG_CACHE_HOME:-$HOME/.cache}/kwheel/toolchains/cu129` |
 
 use std::ffi::OsString;
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use crate::cache::cache_dir_from;
 use crate::nvrtc::find_libnvrtc;
 use crate::CudaBuild;
 
@@ -52,21 +53,10 @@ pub fn toolchain_dir(build: CudaBuild) -> PathBuf {
 
 /// [`toolchain_dir`] in the environment `env` describes.
 pub fn toolchain_dir_from(build: CudaBuild, env: impl Fn(&str) -> Option<OsString>) -> PathBuf {
-    let env = |name: &str| env(name).filter(|value| !value.is_empty());
-    if let Some(dir) = env(&toolchain_env_var(build)) {
+    if let Some(dir) = env(&toolchain_env_var(build)).filter(|value| !value.is_empty()) {
         return PathBuf::from(dir);
     }
-    if let Some(root) = env(TOOLCHAINS_ENV) {
-        return PathBuf::from(root).join(build.to_string());
-    }
-    let cache = env("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| env("HOME").map(|home| PathBuf::from(home).join(".cache")))
-        .unwrap_or_else(|| PathBuf::from(".cache"));
-    cache
-        .join("kwheel")
-        .join("toolchains")
-        .join(build.to_string())
+    cache_dir_from(env, TOOLCHAINS_ENV, "toolchains").join(build.to_string())
 }
 
 /// One header of each CUDA math library, by which a folder is known to hold that library's
@@ -223,6 +213,11 @@ mod tests {
         assert_eq!(
             toolchain_dir_from(cu130, env(&pairs)),
             PathBuf::from("/cache/kwheel/toolchains/cu130")
+        );
+        let pairs = [("HOME", "home/me"), ("XDG_CACHE_HOME", "cache")];
+        assert_eq!(
+            toolchain_dir_from(cu130, env(&pairs)),
+            PathBuf::from(crate::cache::UNWRITABLE_CACHE_HOME).join("kwheel/toolchains/cu130")
         );
     }
 

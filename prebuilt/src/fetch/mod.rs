@@ -33,7 +33,7 @@
 //! └── cubins-v1/                  layout version (CACHE_LAYOUT): bump when an entry changes
 //!     └── 5a/                     first two hex digits of the digest
 //!         ├── 5a0d…e1.cubin       the cubin, named by its sha256, renamed into place whole
-//!         └── .tmp-XXXXXX         a write in progress (never read as an entry)
+//!         └── .5a0d…e1.cubin.<pid>.<random>.tmp  a write in progress (never read as an entry)
 //! ```
 //!
 //! A download is held in memory and verified before anything touches the disk, then written

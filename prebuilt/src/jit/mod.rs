@@ -38,7 +38,7 @@
 //!         ├── 5a0d…e1.cubin           the cubin, renamed into place whole
 //!         ├── 5a0d…e1.json            digest, entries, compiler; renamed into place last
 //!         ├── 5a0d…e1.lock            locked (flock) by the process compiling the key; holds its pid
-//!         └── .5a0d…e1.cubin.<pid>.<n>.tmp   a write in progress
+//!         └── .5a0d…e1.cubin.<pid>.<random>.tmp   a write in progress
 //! ```
 //!
 //! An entry counts only when its `.json` is present, names the key, and the `.cubin` matches

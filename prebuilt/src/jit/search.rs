@@ -122,10 +122,8 @@ impl CompilerSearch {
         if let Some(root) = &self.cuda_home {
             nvccs.push((root.join("bin").join("nvcc"), "CUDA_HOME"));
         }
-        if let Some(path) = &self.path {
-            for dir in std::env::split_paths(path) {
-                nvccs.push((dir.join("nvcc"), "PATH"));
-            }
+        for nvcc in crate::env::programs_on_path("nvcc", self.path.as_deref()) {
+            nvccs.push((nvcc, "PATH"));
         }
         let mut seen = Vec::new();
         for (program, origin) in nvccs {

@@ -44,23 +44,30 @@ pub fn open_bundle(root: impl Into<PathBuf>) -> Result<Bundle, BundleError> {
 
 /// Whether `dir` holds a bundle's index: `kernels.idx`, or the `index.json` of a bundle
 /// written before it existed.
-fn holds_bundle(dir: &Path) -> bool {
+pub fn holds_bundle(dir: &Path) -> bool {
     [LOOKUP_FILE, crate::bundle::INDEX_FILE]
         .iter()
         .any(|name| dir.join(name).is_file())
 }
 
+/// The bundle at `path`, by the one rule both finders keep (this crate's [`find_bundle`] and
+/// Python's `kwheel.find_bundle`, which calls it): `path` itself when it holds a bundle
+/// ([`holds_bundle`]), else its `_prebuilt/` when that does, else none. The cases are one table,
+/// `tests/fixtures/bundle_folders.json`, which both languages' tests pass.
+pub fn bundle_at(path: &Path) -> Option<PathBuf> {
+    [path.to_path_buf(), path.join(PREBUILT_DIR)]
+        .into_iter()
+        .find(|candidate| holds_bundle(candidate))
+}
+
 /// The bundle a command means: a bundle directory (with `kernels.idx`), a package directory
-/// (with `_prebuilt/kernels.idx`), or the name of an installed package, looked up in the
+/// (with `_prebuilt/kernels.idx`), both by [`bundle_at`], or the name of an installed package, looked up in the
 /// site-packages of `$KWHEEL_SITE_PACKAGES`, `$VIRTUAL_ENV`, `$CONDA_PREFIX` and
 /// `python3`'s own by the package its loader index's meta names (its header and meta read,
 /// nothing else).
 pub fn find_bundle(package_or_path: &str) -> Result<PathBuf, PackageNotFound> {
-    let path = Path::new(package_or_path);
-    for candidate in [path.to_path_buf(), path.join(PREBUILT_DIR)] {
-        if holds_bundle(&candidate) {
-            return Ok(candidate);
-        }
+    if let Some(bundle) = bundle_at(Path::new(package_or_path)) {
+        return Ok(bundle);
     }
     let searched = crate::site::site_packages();
     let wanted = crate::site::normalize_package(package_or_path);
@@ -103,4 +110,35 @@ pub fn restore_index_json(root: &Path) -> Result<bool, BundleError> {
         source,
     })?;
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The cases of `tests/fixtures/bundle_folders.json`, which Python's `kwheel.find_bundle`
+    /// passes too: one rule in both languages.
+    #[test]
+    fn bundle_folders_follow_the_shared_table() {
+        let table: serde_json::Value =
+            serde_json::from_str(include_str!("../../tests/fixtures/bundle_folders.json")).unwrap();
+        let cases = table["cases"].as_array().unwrap();
+        assert!(cases.len() >= 8);
+        for case in cases {
+            let name = case["name"].as_str().unwrap();
+            let dir = tempfile::tempdir().unwrap();
+            let under = |value: &serde_json::Value| dir.path().join(value.as_str().unwrap());
+            for folder in case["folders"].as_array().unwrap() {
+                std::fs::create_dir_all(under(folder)).unwrap();
+            }
+            for file in case["files"].as_array().unwrap() {
+                let file = under(file);
+                std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+                std::fs::write(file, b"").unwrap();
+            }
+            let found = bundle_at(&under(&case["path"]));
+            let expected = (!case["found"].is_null()).then(|| under(&case["found"]));
+            assert_eq!(found, expected, "{name}");
+        }
+    }
 }

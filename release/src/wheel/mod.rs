@@ -40,6 +40,7 @@ pub mod parts;
 use std::io::{BufWriter, Write as _};
 use std::path::{Path, PathBuf};
 
+use prebuilt::cache::PendingFile;
 use zip::write::SimpleFileOptions;
 use zip::{CompressionMethod, DateTime, ZipWriter};
 
@@ -236,13 +237,10 @@ pub fn write_wheel(spec: &WheelSpec) -> Result<PathBuf, Error> {
         source,
     })?;
     let target = spec.out_dir.join(filename.to_string());
-    let temp = tempfile::Builder::new()
-        .prefix(&format!(".{filename}.tmp-"))
-        .tempfile_in(&spec.out_dir)
-        .map_err(|source| Error::Write {
-            path: spec.out_dir.clone(),
-            source,
-        })?;
+    let temp = PendingFile::new(&target).map_err(|source| Error::Write {
+        path: spec.out_dir.clone(),
+        source,
+    })?;
     let mut archive = Archive {
         zip: ZipWriter::new(BufWriter::new(temp.as_file())),
         path: &target,
@@ -284,10 +282,9 @@ pub fn write_wheel(spec: &WheelSpec) -> Result<PathBuf, Error> {
         path: target.clone(),
         source,
     };
-    temp.as_file().sync_all().map_err(write_error)?;
+    temp.sync().map_err(write_error)?;
     set_readable(temp.path()).map_err(write_error)?;
-    temp.persist(&target)
-        .map_err(|error| write_error(error.error))?;
+    temp.persist().map_err(write_error)?;
     Ok(target)
 }
 

@@ -367,11 +367,7 @@ fn python_api_tests_pass_in_the_venv() {
 fn torch_site() -> Option<PathBuf> {
     let dir = match std::env::var_os("KWHEEL_TORCH").filter(|dir| !dir.is_empty()) {
         Some(dir) => PathBuf::from(dir),
-        None => std::env::var_os("XDG_CACHE_HOME")
-            .filter(|dir| !dir.is_empty())
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|home| Path::new(&home).join(".cache")))?
-            .join("kwheel/torch"),
+        None => prebuilt::cache::cache_home().ok()?.join("kwheel/torch"),
     };
     if dir.join("torch/__init__.py").is_file() {
         Some(dir)
@@ -611,9 +607,7 @@ fn auditwheel(wheel: &Path) -> Option<String> {
     let dir = std::env::var_os("KWHEEL_AUDITWHEEL")
         .map(PathBuf::from)
         .or_else(|| {
-            let cache = std::env::var_os("XDG_CACHE_HOME")
-                .map(PathBuf::from)
-                .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache")))?;
+            let cache = prebuilt::cache::cache_home().ok()?;
             Some(cache.join("kwheel/auditwheel"))
         })
         .filter(|dir| dir.join("auditwheel").is_dir());
@@ -685,9 +679,7 @@ fn arm64_emulation() -> Option<(PathBuf, PathBuf)> {
     let root = std::env::var_os("KWHEEL_ARM64_ROOT")
         .map(PathBuf::from)
         .or_else(|| {
-            let cache = std::env::var_os("XDG_CACHE_HOME")
-                .map(PathBuf::from)
-                .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache")))?;
+            let cache = prebuilt::cache::cache_home().ok()?;
             Some(cache.join("kwheel/arm64"))
         })?;
     let qemu = root.join("qemu-aarch64-static");

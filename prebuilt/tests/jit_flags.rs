@@ -5,6 +5,8 @@
 //! compiled with the JIT directly. Where the CUDA 13.0 nvcc is installed, the same flags are
 //! first given to nvcc by hand, to show that they do write the file and run the program.
 
+mod common;
+
 use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;
 
@@ -12,7 +14,7 @@ use prebuilt::device::DriverVersion;
 use prebuilt::driver::DriverError;
 use prebuilt::registry::{Device, DeviceFacts, LoadedModule, ModuleFailure};
 
-use super::*;
+use common::*;
 
 /// Compute 8.0 behind a 13.0 driver: none of the fixture's sm_90a/sm_100a cubins fits, so
 /// every load goes to the JIT. Loading anything is a failure of the test.

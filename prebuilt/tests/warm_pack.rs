@@ -4,10 +4,12 @@
 //! loaded there with the JIT disabled and no compiler in reach; each loads from the pack
 //! (provenance `pack`), and every reference case runs and matches on the device.
 
+mod common;
+
 use prebuilt::jit::pack::{export_pack, install_pack};
 use testkit::fixtures::no_compiler;
 
-use super::*;
+use common::*;
 
 #[test]
 fn warm_pack_kernels_load_without_a_compiler_and_match_their_references() {
