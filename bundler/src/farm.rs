@@ -14,9 +14,10 @@
 //! | NVRTC (CUDA 12.9 without host code) | here: a library call in this process |
 //!
 //! A stage the farm cannot finish (a server that dies) is run here by sccache itself; a
-//! compile that fails through the farm but builds here (sccache 0.19 loses nvcc's arch-feature
-//! macros for `sm_90a`-only code) is run here by kwheel; the report counts both
-//! ([`FarmReport`]).
+//! compile that fails through the farm but builds here is run here by kwheel; the report
+//! counts both ([`FarmReport`]). An `sm_XYa` or `sm_XYf` compile reaches the farm with its
+//! arch spelled as `-arch=compute_XYa -code=sm_XYa` (the same compile to nvcc), so that
+//! sccache's own `nvcc -E` of the unit sees the arch-specific macros.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -57,6 +58,12 @@ impl std::fmt::Debug for Farm {
 
 /// Why a compile the farm failed and this machine built was run here.
 pub const FARM_FAILED: &str = "the farm failed it, this machine built it";
+
+/// Why a `-ptx` compile is kept here, by design.
+pub const KEPT_PTX: &str = "a PTX output (sccache 0.19 cannot distribute `-ptx`)";
+
+/// Why a compile with line tables is kept here, by design.
+pub const KEPT_LINE_TABLES: &str = "line tables (a server has no source file to describe)";
 
 /// The variables that name the daemon and its configuration, passed on to every `sccache`
 /// call (nvcc's own environment stays clean).
@@ -255,13 +262,13 @@ impl Farm {
             .map(|a| a.to_string_lossy().into_owned())
             .collect();
         if run.name == "nvcc" && arguments.iter().any(|a| a == "-ptx") {
-            return Some("a PTX output (sccache 0.19 cannot distribute `-ptx`)");
+            return Some(KEPT_PTX);
         }
         let line_tables = arguments.iter().any(|a| {
             LINE_TABLE_FLAGS.contains(&a.as_str())
                 || a.split([',', '=']).any(|piece| piece == "-lineinfo")
         });
-        line_tables.then_some("line tables (a server has no source file to describe)")
+        line_tables.then_some(KEPT_LINE_TABLES)
     }
 }
 
@@ -273,25 +280,28 @@ impl ToolRunner for Farm {
             drop(counts);
             return Local.run(run);
         }
-        let program = if run.name == "nvcc" {
-            nvcc_by_name(run.work, run.program)?
+        let (program, arguments) = if run.name == "nvcc" {
+            (
+                nvcc_by_name(run.work, run.program)?,
+                split_arch(run.arguments),
+            )
         } else {
-            run.program.to_owned()
+            (run.program.to_owned(), run.arguments.to_vec())
         };
         self.counts.lock().unwrap_or_else(|e| e.into_inner()).sent += 1;
         let output = self
             .command()
             .arg(program)
-            .args(run.arguments)
+            .args(arguments)
             .current_dir(run.work)
             .env("TMPDIR", run.work)
             .output()?;
         if output.status.success() {
             return Ok(output);
         }
-        // What the farm's route cannot compile (sccache 0.19 drops nvcc's arch-feature macros,
-        // `__CUDA_ARCH_FEAT_SM90_ALL`, from the device pass it reassembles) is compiled here,
-        // and counted; a real error fails here too, with the local compiler's words.
+        // What the farm's route cannot compile is compiled here, and counted (a build that
+        // needs a clean farm checks that count); a real error fails here too, with the local
+        // compiler's words.
         let local = Local.run(run)?;
         if local.status.success() {
             let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
@@ -299,6 +309,34 @@ impl ToolRunner for Farm {
         }
         Ok(local)
     }
+}
+
+/// nvcc's arguments as the farm is given them: in a `-cubin` compile, `-arch=sm_XY` (with
+/// its `a` or `f`) spelled as the pair it stands for, `-arch=compute_XY -code=sm_XY`. nvcc plans
+/// the same compile from either spelling (the same `--dryrun`, so the same cubin), but sccache
+/// first runs `nvcc -E` with the compile's arguments to hash the unit, and nvcc 13.0's `-E`
+/// with `-arch=sm_90a` leaves out the arch-specific macros the compile defines
+/// (`__CUDA_ARCH_FEAT_SM90_ALL`, `__CUDA_ARCH_SPECIFIC__`, `__CUDA_ARCH_FAMILY_SPECIFIC__`),
+/// while with the split spelling it defines them: a unit that insists on them (`#error`
+/// without sm_90a) would fail that step, and sccache fails the whole compile with it.
+fn split_arch(arguments: &[OsString]) -> Vec<OsString> {
+    if !arguments.iter().any(|argument| argument == "-cubin") {
+        return arguments.to_vec();
+    }
+    let mut split = Vec::with_capacity(arguments.len() + 1);
+    for argument in arguments {
+        let real = argument
+            .to_str()
+            .and_then(|argument| argument.strip_prefix("-arch=sm_"));
+        match real {
+            Some(real) => {
+                split.push(format!("-arch=compute_{real}").into());
+                split.push(format!("-code=sm_{real}").into());
+            }
+            None => split.push(argument.clone()),
+        }
+    }
+    split
 }
 
 /// nvcc as a file rather than a link, in a view of its toolkit that outlives the compile:
@@ -398,6 +436,34 @@ mod tests {
             "kernel.lowered.ptx",
         ]);
         assert_eq!(Farm::kept_here(&run_with("ptxas", &ptxas)), None);
+    }
+
+    #[test]
+    fn a_cubin_compile_names_its_virtual_and_real_arch_apart() {
+        let args = |list: &[&str]| list.iter().map(OsString::from).collect::<Vec<_>>();
+        for arch in ["90a", "100a", "100f", "90"] {
+            let cubin = args(&[
+                "-cubin",
+                &format!("-arch=sm_{arch}"),
+                "-o",
+                "k.cubin",
+                "k.cu",
+            ]);
+            assert_eq!(
+                split_arch(&cubin),
+                args(&[
+                    "-cubin",
+                    &format!("-arch=compute_{arch}"),
+                    &format!("-code=sm_{arch}"),
+                    "-o",
+                    "k.cubin",
+                    "k.cu"
+                ])
+            );
+        }
+        // A PTX output (kept here anyway) is left as it is.
+        let ptx = args(&["-ptx", "-arch=compute_90a", "-o", "k.ptx", "k.cu"]);
+        assert_eq!(split_arch(&ptx), ptx);
     }
 
     #[test]

@@ -11,7 +11,7 @@ use bundler::{bundle_kernels, BuildToolchain, BundleOptions, BundleSummary, Erro
 use prebuilt::cubin::validate_cubin;
 use prebuilt::{Arch, Bundle};
 
-use testkit::{default_manifest, skipped, toolchains, workspace};
+use testkit::{default_manifest, skipped, thirdparty_root, toolchains, torch_pin, workspace};
 
 fn options(
     manifest: &Path,
@@ -56,24 +56,6 @@ fn of_build(toolchains: Vec<BuildToolchain>, build: &str) -> Vec<BuildToolchain>
 fn cu130_nvcc() -> PathBuf {
     let toolchain = bundler::toolchain::discover("cu130".parse().unwrap()).unwrap();
     toolchain.nvcc.unwrap()
-}
-
-/// The pin (`2.9.*`) of the torch whose headers a torch extension compiles with, or `None`
-/// (skipped, with the reason) where there is no torch.
-fn torch_pin() -> Option<String> {
-    let torch = match bundler::torch::TorchHeaders::find() {
-        Ok(torch) => torch,
-        Err(error) => {
-            skipped!("skipped: {error}");
-            return None;
-        }
-    };
-    let mut version = torch.version.split('.');
-    Some(format!(
-        "{}.{}.*",
-        version.next().unwrap(),
-        version.next().unwrap()
-    ))
 }
 
 /// One cold build of the default library, shared by the tests that only read it.
@@ -1532,14 +1514,6 @@ fn thirdparty(test: &str, name: &str) -> Option<PathBuf> {
         dir.display()
     );
     None
-}
-
-/// `$KWHEEL_THIRDPARTY`, else the user cache's `kwheel/thirdparty`: where
-/// `ci/setup-thirdparty` fetches to.
-fn thirdparty_root() -> PathBuf {
-    std::env::var_os("KWHEEL_THIRDPARTY")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| prebuilt::cache::cache_home_or_unwritable().join("kwheel/thirdparty"))
 }
 
 #[test]

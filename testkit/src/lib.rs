@@ -6,6 +6,7 @@
 //! | a test that passes without testing, listed by `ci/test` | [`skipped!`], [`skipped`] |
 //! | a tool a test needs; missing, a skip, or a failure under `KWHEEL_REQUIRE_TOOLCHAINS=1` | [`missing`], [`required`] |
 //! | the CUDA toolchains `ci/setup` installs (feature `bundler`) | [`toolchains`] |
+//! | third-party sources `ci/setup-thirdparty` fetches; the torch pin (feature `bundler`) | [`thirdparty_library`], [`thirdparty_root`], [`torch_pin`] |
 //! | the embedded library, copied to edit | [`copy_library`], [`copy_tree`], [`NOT_SOURCES`] |
 //! | an error and its causes in a failure message | [`error_chain`] |
 //! | a store with faults on request | [`loopback_store`] |
@@ -112,6 +113,47 @@ pub fn toolchains() -> Option<Vec<bundler::BuildToolchain>> {
             None
         }
     }
+}
+
+/// `$KWHEEL_THIRDPARTY`, else the user cache's `kwheel/thirdparty`: where
+/// `ci/setup-thirdparty` fetches third-party libraries' sources and headers.
+pub fn thirdparty_root() -> PathBuf {
+    std::env::var_os("KWHEEL_THIRDPARTY")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| prebuilt::cache::cache_home_or_unwritable().join("kwheel/thirdparty"))
+}
+
+/// The folder `ci/setup-thirdparty` fetched `name` (`causal-conv1d-1.5.2`) into, whole (its
+/// stamp is written last), or `None` with the reason said by [`missing`].
+pub fn thirdparty_library(name: &str) -> Option<PathBuf> {
+    let dir = thirdparty_root().join(name);
+    if dir.join(".kwheel-stamp").is_file() {
+        return Some(dir);
+    }
+    missing(&format!(
+        "{} missing (run `ci/setup-thirdparty`)",
+        dir.display()
+    ));
+    None
+}
+
+/// The pin (`2.11.*`) of the torch whose headers a torch extension compiles with, or `None`
+/// (skipped, with the reason) where there is no torch.
+#[cfg(feature = "bundler")]
+pub fn torch_pin() -> Option<String> {
+    let torch = match bundler::torch::TorchHeaders::find() {
+        Ok(torch) => torch,
+        Err(error) => {
+            skipped(&format!("{error}"));
+            return None;
+        }
+    };
+    let mut version = torch.version.split('.');
+    Some(format!(
+        "{}.{}.*",
+        version.next().unwrap(),
+        version.next().unwrap()
+    ))
 }
 
 /// What a copy of the library as its sources leaves out: the Rust CPU references, build
