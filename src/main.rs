@@ -534,9 +534,9 @@ fn jit_export(args: JitExportArgs) -> Result<()> {
         return Ok(());
     }
     println!(
-        "wrote the warm pack {} ({} JIT results of `{}`)",
+        "wrote the warm pack {} ({} of `{}`)",
         report.path.display(),
-        report.entries.len(),
+        counted(report.entries.len(), "JIT result", "JIT results"),
         report.package
     );
     for entry in &report.entries {
@@ -568,7 +568,7 @@ fn jit_import(args: JitImportArgs) -> Result<()> {
         return Ok(());
     }
     println!(
-        "{} the warm pack of `{}` at {} ({} entries, each verified)",
+        "{} the warm pack of `{}` at {} ({}, each verified)",
         if installed.already {
             "already installed:"
         } else {
@@ -576,7 +576,7 @@ fn jit_import(args: JitImportArgs) -> Result<()> {
         },
         installed.package,
         installed.path.display(),
-        installed.entries.len()
+        counted(installed.entries.len(), "entry", "entries")
     );
     for entry in &installed.entries {
         println!("  {entry}");
@@ -646,4 +646,9 @@ fn toolchains(manifest: &Path, json: bool) -> Result<()> {
         .into());
     }
     Ok(())
+}
+
+/// `1 entry`, `2 entries`.
+fn counted(count: usize, one: &str, many: &str) -> String {
+    format!("{count} {}", if count == 1 { one } else { many })
 }

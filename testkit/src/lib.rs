@@ -197,6 +197,11 @@ pub fn error_chain(error: &dyn std::error::Error) -> String {
     text
 }
 
+/// A snapshot filter's pattern that matches `text` literally (a test's own temp folder).
+pub fn literal_pattern(text: &str) -> String {
+    regex::escape(text)
+}
+
 /// insta filters (regex, replacement) for what changes from run to run or machine to machine
 /// in text a user reads: temp directories, the workspace path, sha256 digests, durations and
 /// the toolchains' exact versions. Applied in order.

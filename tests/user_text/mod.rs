@@ -191,6 +191,55 @@ fn bundle_list_and_dev_coverage_of_the_default_library() {
     settings.bind(|| insta::assert_snapshot!("dev_coverage_fleet", fleet));
 }
 
+/// A CI matrix's two shards merged into one bundle, and `fetch` of a bundle that holds all it
+/// lists (no store to fetch from): what each prints.
+#[test]
+fn shards_merged_and_fetch_of_a_whole_bundle() {
+    if !have_toolchains() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().display().to_string();
+    let mut settings = settings();
+    settings.add_filter(&testkit::literal_pattern(&root), "[ROOT]");
+    let cache_home = prebuilt::cache::cache_home_or_unwritable();
+    settings.add_filter(
+        &testkit::literal_pattern(&cache_home.display().to_string()),
+        "[CACHE HOME]",
+    );
+    let shards: Vec<String> = ["1/2", "2/2"]
+        .iter()
+        .map(|shard| {
+            let out = format!("{root}/shard-{}", &shard[..1]);
+            let built = session(&[
+                "dev",
+                "bundle-kernels",
+                "--quiet",
+                "--only",
+                "swiglu,sigmoid_gate",
+                "--shard",
+                shard,
+                "--out",
+                &out,
+            ]);
+            assert!(built.contains("exit code: 0"), "{built}");
+            out
+        })
+        .collect();
+    let merged_dir = format!("{root}/merged");
+    let merged = session(&[
+        "dev",
+        "merge-bundles",
+        &shards[0],
+        &shards[1],
+        "--out",
+        &merged_dir,
+    ]);
+    settings.bind(|| insta::assert_snapshot!("dev_merge_bundles", merged));
+    let fetched = session(&["fetch", &merged_dir, "--device", "H200", "--cuda", "13.0"]);
+    settings.bind(|| insta::assert_snapshot!("fetch_of_a_whole_bundle", fetched));
+}
+
 /// What a newcomer reads in the first steps on the default library: the toolchains found,
 /// the wheel built from a bundle and what `wheel verify` says of it. The
 /// toolchain folders, versions, sizes and file counts are filtered; the words and the layout

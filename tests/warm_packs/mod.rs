@@ -135,6 +135,11 @@ fn machine_a() -> Option<Machines> {
     let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(report["entries"], serde_json::json!(["swiglu cu129/sm_89"]));
     assert_eq!(report["skipped"], serde_json::json!([]));
+    // The same export as a user reads it.
+    let again = jit_export(&bundle, &root.join("pack-text"), &a_cache)
+        .output()
+        .unwrap();
+    snapshot_settings(&root).bind(|| insta::assert_snapshot!("jit_export", rendered(&again)));
     Some(Machines {
         _dir: dir,
         root,
@@ -191,6 +196,8 @@ fn a_jit_only_kernel_exported_on_one_machine_loads_from_the_pack_on_another_with
 
     let output = machines.import_on_b(&b, &machines.pack);
     assert!(output.status.success(), "{}", text(&output));
+    let snapshots = snapshot_settings(&machines.root);
+    snapshots.bind(|| insta::assert_snapshot!("jit_import", rendered(&output)));
     let installed = b_cache(&b).join("packs-v1/af3-kernels");
     assert!(
         stdout(&output).contains(&installed.display().to_string()),
@@ -245,6 +252,30 @@ fn a_jit_only_kernel_exported_on_one_machine_loads_from_the_pack_on_another_with
         "{}",
         text(&again)
     );
+    snapshots.bind(|| insta::assert_snapshot!("jit_import_again", rendered(&again)));
+}
+
+/// What a user reads of a command: its exit code and its output.
+fn rendered(output: &std::process::Output) -> String {
+    format!(
+        "exit code: {}\n{}",
+        output.status.code().unwrap_or(-1),
+        text(output)
+    )
+}
+
+/// The kit's snapshot filters, and the test's own folder as `[ROOT]`.
+fn snapshot_settings(root: &Path) -> insta::Settings {
+    let mut settings = insta::Settings::clone_current();
+    settings.add_filter(
+        &testkit::literal_pattern(&root.display().to_string()),
+        "[ROOT]",
+    );
+    for (pattern, replacement) in testkit::snapshot_filters() {
+        settings.add_filter(&pattern, replacement);
+    }
+    settings.set_prepend_module_to_snapshot(false);
+    settings
 }
 
 /// A copy of the pack with `edit` applied to its files.
