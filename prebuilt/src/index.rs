@@ -404,6 +404,17 @@ impl SkipReason {
     }
 }
 
+impl Serialize for SkipReason {
+    /// As a build report shows it: `{"kind": "stub", "reason": "<the words>"}`.
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap as _;
+        let mut map = serializer.serialize_map(Some(2))?;
+        map.serialize_entry("kind", self.kind())?;
+        map.serialize_entry("reason", self.words())?;
+        map.end()
+    }
+}
+
 impl std::fmt::Display for SkipReason {
     /// As the index keeps it.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

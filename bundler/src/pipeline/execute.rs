@@ -58,9 +58,7 @@ pub(super) fn execute(
                     });
                 }
                 tracing::info!("skipping {target}: {reason}");
-                Outcome::Skipped {
-                    reason: Reason(reason),
-                }
+                Outcome::Skipped { reason }
             }
             Ok(done) => {
                 let stub_entries: Vec<(String, String)> = match allow_stub {

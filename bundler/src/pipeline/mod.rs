@@ -47,7 +47,7 @@ pub mod outcome;
 mod plan;
 pub mod report;
 
-pub use outcome::{Built, Failure, Outcome, Provenance, Reason, Target, TargetOutcome};
+pub use outcome::{Built, Failure, Outcome, Provenance, Target, TargetOutcome};
 pub use plan::{plan_kernel, target_key, target_keys, BuildPlan, PlannedKernel, TargetKey};
 use plan::{Job, Work};
 
@@ -390,7 +390,7 @@ pub fn bundle_kernels_shared(
                 arch: *arch,
             },
             outcome: Outcome::Skipped {
-                reason: Reason(why.clone()),
+                reason: why.clone(),
             },
         })
         .chain(outcomes)

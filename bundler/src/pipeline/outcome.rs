@@ -35,24 +35,10 @@ pub enum Outcome {
     Skipped {
         /// Why.
         #[serde(flatten)]
-        reason: Reason,
+        reason: SkipReason,
     },
     /// Its compile or validation failed; the index records it as unavailable.
     Failed(Failure),
-}
-
-/// A [`SkipReason`] as the report shows it: its kind and its words.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Reason(pub SkipReason);
-
-impl Serialize for Reason {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeMap as _;
-        let mut map = serializer.serialize_map(Some(2))?;
-        map.serialize_entry("kind", self.0.kind())?;
-        map.serialize_entry("reason", self.0.words())?;
-        map.end()
-    }
 }
 
 /// A target that has a variant.
@@ -103,7 +89,7 @@ impl Outcome {
     pub fn skip_reason(&self) -> Option<SkipReason> {
         match self {
             Outcome::Built(_) => None,
-            Outcome::Skipped { reason } => Some(reason.0.clone()),
+            Outcome::Skipped { reason } => Some(reason.clone()),
             Outcome::Failed(failure) => Some(SkipReason::Failed(failure.recorded.clone())),
         }
     }
