@@ -191,10 +191,11 @@ fn bundle_list_and_dev_coverage_of_the_default_library() {
     settings.bind(|| insta::assert_snapshot!("dev_coverage_fleet", fleet));
 }
 
-/// A CI matrix's two shards merged into one bundle, and `fetch` of a bundle that holds all it
-/// lists (no store to fetch from): what each prints.
+/// A CI matrix's two shards merged into one bundle, `fetch` of a bundle that holds all it
+/// lists (no store to fetch from), `bundle extract` of it, and the default library's sdist:
+/// what each prints.
 #[test]
-fn shards_merged_and_fetch_of_a_whole_bundle() {
+fn shards_merged_fetch_extract_and_sdist() {
     if !have_toolchains() {
         return;
     }
@@ -238,6 +239,29 @@ fn shards_merged_and_fetch_of_a_whole_bundle() {
     settings.bind(|| insta::assert_snapshot!("dev_merge_bundles", merged));
     let fetched = session(&["fetch", &merged_dir, "--device", "H200", "--cuda", "13.0"]);
     settings.bind(|| insta::assert_snapshot!("fetch_of_a_whole_bundle", fetched));
+    let extracted = session(&[
+        "bundle",
+        "extract",
+        &merged_dir,
+        "--out",
+        &format!("{root}/cubins"),
+    ]);
+    settings.bind(|| insta::assert_snapshot!("bundle_extract", extracted));
+    let sdist = session(&[
+        "dev",
+        "build-sdist",
+        "--manifest",
+        &workspace()
+            .join("kernels/kernels.toml")
+            .display()
+            .to_string(),
+        "--out",
+        &format!("{root}/sdist"),
+    ]);
+    // The sdist's size and file count change with every edit of the embedded library.
+    let mut sized = settings.clone();
+    sized.add_filter(r"\(\d+ files, \d+ bytes\)", "([FILES] files, [SIZE] bytes)");
+    sized.bind(|| insta::assert_snapshot!("dev_build_sdist", sdist));
 }
 
 /// What a newcomer reads in the first steps on the default library: the toolchains found,
