@@ -150,7 +150,7 @@ def main():
         kwheel.tensor_map(odd, (128, 64), swizzle=128)
         check("bad_map_refused", False, "a 200-byte row stride was accepted")
     except ValueError as error:
-        check("bad_map_refused", "stride is 200 bytes" in str(error), str(error))
+        check("bad_map_refused", "dimension 0's stride is 200 bytes" in str(error), str(error))
 
     # Throughput at 4096^3, kwheel's launches against cuBLAS through torch.matmul.
     m = 4096

@@ -14,7 +14,7 @@ use crate::errors::{chain, driver_error};
 
 /// Encodes a tiled tensor map: 128 bytes, passed to `launch` like any struct parameter. Every
 /// list is innermost dimension first; `strides` are in bytes, one per dimension but the
-/// innermost.
+/// innermost. Errors number dimensions as the tensor's shape does (outermost first).
 #[pyfunction]
 #[pyo3(signature = (address, dtype, dims, strides, box_dims, element_strides, swizzle, l2_promotion, oob_nan))]
 #[allow(clippy::too_many_arguments)]
@@ -54,8 +54,10 @@ pub(crate) fn encode_tensor_map<'py>(
         l2_promotion,
         oob_nan,
     };
-    // The rules need no driver: a wrong map is refused the same with or without a GPU.
-    spec.check()
+    // The rules need no driver: a wrong map is refused the same with or without a GPU. The
+    // lists are innermost first; the user counts dimensions as the tensor's shape does.
+    let rank = spec.dims.len();
+    spec.check_naming(|dim| rank.saturating_sub(1 + dim))
         .map_err(|why| PyValueError::new_err(format!("tensor map: {why}")))?;
     let driver = Driver::get().map_err(|error| driver_error(&error))?;
     match driver.encode_tensor_map(&spec) {

@@ -397,9 +397,9 @@ class FakeTensor:
 class TensorMaps(unittest.TestCase):
     def test_a_map_that_breaks_the_drivers_rules_is_refused_naming_it(self):
         cases = [
-            (FakeTensor((256, 100), (100, 1)), (128, 64), {}, "dimension 1's stride is 200 bytes"),
+            (FakeTensor((256, 100), (100, 1)), (128, 64), {}, "dimension 0's stride is 200 bytes"),
             (FakeTensor((256, 128), (128, 1)), (128, 128), {"swizzle": 128}, "at most 64 elements wide"),
-            (FakeTensor((256, 128), (128, 1)), (512, 64), {}, "the box has 512 elements in dimension 1"),
+            (FakeTensor((256, 128), (128, 1)), (512, 64), {}, "the box has 512 elements in dimension 0"),
             (FakeTensor((256, 128), (128, 1), address=0x7F0000000002), (64, 64), {}, "not a multiple of 16 bytes"),
             (FakeTensor((256, 128), (1, 256)), (64, 64), {}, "last dimension has stride 256"),
             (FakeTensor((256, 128), (128, 1)), (64,), {}, "the box (64,) has 1 dimensions"),

@@ -237,6 +237,13 @@ impl TensorMapSpec {
     /// the driver sees the map: `Err` says which rule, for which dimension (counted innermost
     /// first, as the lists are).
     pub fn check(&self) -> Result<(), String> {
+        self.check_naming(|dim| dim)
+    }
+
+    /// [`TensorMapSpec::check`], with each dimension named by `number(dim)` (`dim` innermost
+    /// first): a caller whose user counts outermost first, as torch's `shape` does, passes
+    /// `|dim| rank - 1 - dim`.
+    pub fn check_naming(&self, number: impl Fn(usize) -> usize) -> Result<(), String> {
         let rank = self.dims.len();
         if !(1..=MAX_RANK).contains(&rank) {
             return Err(format!(
@@ -263,6 +270,7 @@ impl TensorMapSpec {
             ));
         }
         for (dim, &size) in self.dims.iter().enumerate() {
+            let dim = number(dim);
             if size == 0 || size > DIM_LIMIT {
                 return Err(format!(
                     "dimension {dim} has {size} elements; it must have 1 to 2^32"
@@ -271,7 +279,7 @@ impl TensorMapSpec {
         }
         let element = self.element.size();
         for (index, &stride) in self.strides.iter().enumerate() {
-            let dim = index + 1;
+            let dim = number(index + 1);
             if !stride.is_multiple_of(ALIGNMENT) || stride >= STRIDE_LIMIT {
                 return Err(format!(
                     "dimension {dim}'s stride is {stride} bytes; it must be a multiple of \
@@ -280,6 +288,7 @@ impl TensorMapSpec {
             }
         }
         for (dim, (&size, &step)) in self.box_dims.iter().zip(&self.element_strides).enumerate() {
+            let dim = number(dim);
             if size == 0 || size > MAX_BOX {
                 return Err(format!(
                     "the box has {size} elements in dimension {dim}; it must have 1 to {MAX_BOX}"
