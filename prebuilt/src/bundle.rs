@@ -87,6 +87,21 @@ pub fn artifact_path(digest: &str) -> String {
     path
 }
 
+impl StoredFile {
+    /// The record of a plain artifact (a zstd frame of `stored_size` bytes, no family
+    /// dictionary) whose content of `size` bytes has sha256 `digest`, at its
+    /// [`artifact_path`].
+    pub fn artifact(digest: String, size: u64, stored_size: u64) -> Self {
+        StoredFile {
+            path: artifact_path(&digest),
+            digest,
+            size,
+            stored_size,
+            dictionary: None,
+        }
+    }
+}
+
 /// The bundle's directory inside a kernel library's Python package.
 pub const PREBUILT_DIR: &str = "_prebuilt";
 
@@ -747,13 +762,7 @@ mod tests {
     fn shared_bundle(dir: &Path, kernels: usize, content: &[u8]) -> PathBuf {
         let frame = zstd::bulk::compress(content, 1).unwrap();
         let digest = sha256_hex(content);
-        let stored = StoredFile {
-            path: artifact_path(&digest),
-            digest: digest.clone(),
-            size: content.len() as u64,
-            stored_size: frame.len() as u64,
-            dictionary: None,
-        };
+        let stored = StoredFile::artifact(digest.clone(), content.len() as u64, frame.len() as u64);
         let variant = |cuda: &str| Variant {
             arch: "sm_90a".parse().unwrap(),
             cuda: cuda.parse().unwrap(),

@@ -512,8 +512,10 @@ mod tests {
             .contains("in two parts"));
     }
 
-    #[test]
-    fn a_part_is_found_beside_the_main_package_and_its_stamp_must_match() {
+    /// A site with the main package's `_prebuilt/` (its `parts.json` naming one part, of one
+    /// artifact) and the empty `_prebuilt/` of that part beside it: the site, the main
+    /// bundle, the part's record and the part's bundle.
+    fn site_with_a_part() -> (tempfile::TempDir, PathBuf, PartRecord, PathBuf) {
         let site = tempfile::tempdir().unwrap();
         let main = site.path().join("af3_kernels/_prebuilt");
         std::fs::create_dir_all(&main).unwrap();
@@ -521,8 +523,18 @@ mod tests {
             "af3-kernels-kernels-cu130-sm90",
             &["artifacts/ab/ab.cubin.zst"],
         );
-        let parts = index(vec![record.clone()]);
-        std::fs::write(main.join(PARTS_FILE), parts.to_json()).unwrap();
+        std::fs::write(main.join(PARTS_FILE), index(vec![record.clone()]).to_json()).unwrap();
+        let part_root = site
+            .path()
+            .join("af3_kernels_kernels_cu130_sm90")
+            .join(crate::bundle::PREBUILT_DIR);
+        std::fs::create_dir_all(&part_root).unwrap();
+        (site, main, record, part_root)
+    }
+
+    #[test]
+    fn a_part_is_found_beside_the_main_package_and_its_stamp_must_match() {
+        let (_site, main, record, part_root) = site_with_a_part();
         let opened = Parts::open(&main, &[]).unwrap();
         let artifact = "artifacts/ab/ab.cubin.zst";
         assert_eq!(opened.part_of(artifact), Some(&record));
@@ -538,11 +550,6 @@ mod tests {
         );
         assert!(message.contains("pip install af3-kernels-kernels-cu130-sm90==0.1.0"));
 
-        let part_root = site
-            .path()
-            .join("af3_kernels_kernels_cu130_sm90")
-            .join(crate::bundle::PREBUILT_DIR);
-        std::fs::create_dir_all(&part_root).unwrap();
         let mut stamp = PartStamp {
             format: PARTS_FORMAT,
             package: "af3-kernels".into(),
@@ -559,19 +566,7 @@ mod tests {
 
     #[test]
     fn a_part_json_that_is_a_link_out_of_its_part_is_refused_not_read() {
-        let site = tempfile::tempdir().unwrap();
-        let main = site.path().join("af3_kernels/_prebuilt");
-        std::fs::create_dir_all(&main).unwrap();
-        let record = part(
-            "af3-kernels-kernels-cu130-sm90",
-            &["artifacts/ab/ab.cubin.zst"],
-        );
-        std::fs::write(main.join(PARTS_FILE), index(vec![record.clone()]).to_json()).unwrap();
-        let part_root = site
-            .path()
-            .join("af3_kernels_kernels_cu130_sm90")
-            .join(crate::bundle::PREBUILT_DIR);
-        std::fs::create_dir_all(&part_root).unwrap();
+        let (site, main, record, part_root) = site_with_a_part();
         // A stamp that would match, outside the part.
         let outside = site.path().join("stamp.json");
         let stamp = PartStamp {

@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use crate::bundle::artifact_path;
 use crate::device::{DeviceQuery, DriverVersion};
 use crate::driver::{Context, DriverError, LaunchConfig};
 use crate::index::{CompilerRecord, Index, KernelInputs, KernelRecord, Skip, StoredFile, Variant};
@@ -148,14 +147,11 @@ pub fn write_frame(root: &Path, content: &[u8], frame: &[u8]) -> StoredFile {
 
 /// The record of `frame` as the stored artifact whose content is `content`, written nowhere.
 pub fn stored_file(content: &[u8], frame: &[u8]) -> StoredFile {
-    let digest = sha256_hex(content);
-    StoredFile {
-        path: artifact_path(&digest),
-        digest,
-        size: content.len() as u64,
-        stored_size: frame.len() as u64,
-        dictionary: None,
-    }
+    StoredFile::artifact(
+        sha256_hex(content),
+        content.len() as u64,
+        frame.len() as u64,
+    )
 }
 
 /// A compiler search that finds nothing: no NVRTC, no site-packages, a `CUDA_HOME` and a

@@ -573,30 +573,9 @@ fn launch_bundle(dir: &Path) -> PathBuf {
             cxx_std: "c++17".to_owned(),
             ..KernelInputs::default()
         };
-        kernels.insert(
-            name.to_owned(),
-            KernelRecord {
-                inputs,
-                recipe: Some(SourceRecipe {
-                    source: file.to_owned(),
-                    include_dirs: Vec::new(),
-                }),
-                constants: BTreeMap::new(),
-                variants: Vec::new(),
-                skipped: Vec::new(),
-            },
-        );
+        kernels.insert(name.to_owned(), source_kernel(inputs, file, Vec::new()));
     }
-    let index = Index {
-        format: INDEX_FORMAT,
-        store: None,
-        package: "kwheel-launch-tests".to_owned(),
-        torch: "2.13.*".to_owned(),
-        dictionary: None,
-        kernels,
-        modules: Default::default(),
-    };
-    write_index(&root, &index);
+    write_new_index(&root, "kwheel-launch-tests", kernels);
     root
 }
 

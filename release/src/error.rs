@@ -1,5 +1,6 @@
 //! The release crate's error type, and the stale-kernel record its checks report.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
@@ -16,20 +17,31 @@ pub struct StaleKernel {
 }
 
 impl StaleKernel {
-    /// A stale entry, saying `why`, for each name the bundle records (kernels, or extension
-    /// modules) that the manifest no longer has (`in_manifest` says whether it has it).
-    pub fn no_longer_in_manifest<'a>(
-        recorded: impl Iterator<Item = &'a String>,
-        in_manifest: impl Fn(&str) -> bool,
-        why: &str,
-    ) -> Vec<StaleKernel> {
-        recorded
-            .filter(|name| !in_manifest(name))
-            .map(|name| StaleKernel {
-                kernel: name.clone(),
-                changes: vec![why.to_owned()],
-            })
-            .collect()
+    /// The stale entries of one kind (kernels, or extension modules): each of the manifest's
+    /// `entries` in which `changes` finds a change (one line each), in order, then a stale
+    /// entry saying `gone` for each name the bundle records that the manifest no longer has.
+    pub(crate) fn of_each<'a, Spec, Record>(
+        entries: &'a BTreeMap<String, Spec>,
+        recorded: &BTreeMap<String, Record>,
+        mut changes: impl FnMut(&'a String, &'a Spec) -> Result<Vec<String>, Error>,
+        gone: &str,
+    ) -> Result<Vec<StaleKernel>, Error> {
+        let mut stale = Vec::new();
+        for (name, spec) in entries {
+            let changes = changes(name, spec)?;
+            if !changes.is_empty() {
+                stale.push(StaleKernel {
+                    kernel: name.clone(),
+                    changes,
+                });
+            }
+        }
+        let no_longer = recorded.keys().filter(|name| !entries.contains_key(*name));
+        stale.extend(no_longer.map(|name| StaleKernel {
+            kernel: name.clone(),
+            changes: vec![gone.to_owned()],
+        }));
+        Ok(stale)
     }
 }
 

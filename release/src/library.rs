@@ -461,53 +461,47 @@ pub fn check_bundle_current(
         .flat_map(|toolchain| toolchain.include_dirs.iter().cloned())
         .collect();
 
-    let mut stale = Vec::new();
-    for (name, spec) in &manifest.kernels {
-        let planned = plan_kernel(manifest, name, spec, &external_dirs)?;
-        let toolchains: Vec<(CudaBuild, Result<&BuildToolchain, String>)> = found
-            .iter()
-            .map(|(build, toolchain)| {
-                let toolchain = toolchain.as_ref();
-                (
-                    *build,
-                    toolchain.ok_or_else(|| format!("no toolchain for {build}")),
-                )
-            })
-            .collect();
-        let targets = target_keys(manifest, spec, &planned, torch, &toolchains);
-        let mut changes = changes_since(&index, name, &planned.inputs, torch, &targets);
-        if changes.is_empty() {
-            // Inputs, torch and compilers agree; a different key means its definition changed.
-            let record = &index.kernels[name];
-            for target in &targets {
-                let Ok((_, key)) = &target.key else { continue };
-                let recorded = record
-                    .variants
-                    .iter()
-                    .find(|v| v.cuda == target.build && v.arch == target.arch);
-                if let Some(variant) = recorded.filter(|v| v.key != key.0) {
-                    changes.push(format!(
-                        "key of {}/{}: {} → {} (the key definition changed)",
-                        target.build,
-                        target.arch,
-                        short(&variant.key),
-                        short(&key.0)
-                    ));
+    let mut stale = StaleKernel::of_each(
+        &manifest.kernels,
+        &index.kernels,
+        |name, spec| {
+            let planned = plan_kernel(manifest, name, spec, &external_dirs)?;
+            let toolchains: Vec<(CudaBuild, Result<&BuildToolchain, String>)> = found
+                .iter()
+                .map(|(build, toolchain)| {
+                    let toolchain = toolchain.as_ref();
+                    (
+                        *build,
+                        toolchain.ok_or_else(|| format!("no toolchain for {build}")),
+                    )
+                })
+                .collect();
+            let targets = target_keys(manifest, spec, &planned, torch, &toolchains);
+            let mut changes = changes_since(&index, name, &planned.inputs, torch, &targets);
+            if changes.is_empty() {
+                // Inputs, torch and compilers agree; a different key means its definition changed.
+                let record = &index.kernels[name];
+                for target in &targets {
+                    let Ok((_, key)) = &target.key else { continue };
+                    let recorded = record
+                        .variants
+                        .iter()
+                        .find(|v| v.cuda == target.build && v.arch == target.arch);
+                    if let Some(variant) = recorded.filter(|v| v.key != key.0) {
+                        changes.push(format!(
+                            "key of {}/{}: {} → {} (the key definition changed)",
+                            target.build,
+                            target.arch,
+                            short(&variant.key),
+                            short(&key.0)
+                        ));
+                    }
                 }
             }
-        }
-        if !changes.is_empty() {
-            stale.push(StaleKernel {
-                kernel: name.clone(),
-                changes,
-            });
-        }
-    }
-    stale.extend(StaleKernel::no_longer_in_manifest(
-        index.kernels.keys(),
-        |name| manifest.kernels.contains_key(name),
+            Ok(changes)
+        },
         "in the bundle but no longer in the manifest",
-    ));
+    )?;
     stale.extend(crate::modules::stale_modules(manifest, &index)?);
     if stale.is_empty() {
         Ok(())

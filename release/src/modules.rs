@@ -22,43 +22,34 @@ use crate::{Error, StaleKernel};
 /// planned again (its include graph scanned, its flags and defines read) and compared with
 /// the inputs the index records, one line per change; modules only one side has.
 pub fn stale_modules(manifest: &Manifest, index: &Index) -> Result<Vec<StaleKernel>, Error> {
-    let mut stale = Vec::new();
     if manifest.extensions.is_empty() && index.modules.is_empty() {
-        return Ok(stale);
+        return Ok(Vec::new());
     }
     let torch = match manifest.extensions.is_empty() {
         true => None,
         false => Some(module_torch(manifest)?),
     };
-    for (name, spec) in &manifest.extensions {
-        let Some(record) = index.modules.get(name) else {
-            stale.push(StaleKernel {
-                kernel: name.clone(),
-                changes: vec!["an extension module of the manifest that the bundle lacks".into()],
-            });
-            continue;
-        };
-        let torch = torch.as_ref().expect("found for the manifest's extensions");
-        let build = record.variants.first().map(|variant| variant.cuda);
-        let external = build.map(toolkit_include_dirs).unwrap_or_default();
-        let planned = plan_module(manifest, name, spec, torch, &external)?;
-        let mut changes = input_changes(&record.inputs, &planned.inputs);
-        if record.abi != planned.abi {
-            changes.push(format!("abi: {} → {}", record.abi, planned.abi));
-        }
-        if !changes.is_empty() {
-            stale.push(StaleKernel {
-                kernel: name.clone(),
-                changes,
-            });
-        }
-    }
-    stale.extend(StaleKernel::no_longer_in_manifest(
-        index.modules.keys(),
-        |name| manifest.extensions.contains_key(name),
+    StaleKernel::of_each(
+        &manifest.extensions,
+        &index.modules,
+        |name, spec| {
+            let Some(record) = index.modules.get(name) else {
+                return Ok(vec![
+                    "an extension module of the manifest that the bundle lacks".into(),
+                ]);
+            };
+            let torch = torch.as_ref().expect("found for the manifest's extensions");
+            let build = record.variants.first().map(|variant| variant.cuda);
+            let external = build.map(toolkit_include_dirs).unwrap_or_default();
+            let planned = plan_module(manifest, name, spec, torch, &external)?;
+            let mut changes = input_changes(&record.inputs, &planned.inputs);
+            if record.abi != planned.abi {
+                changes.push(format!("abi: {} → {}", record.abi, planned.abi));
+            }
+            Ok(changes)
+        },
         "an extension module no longer in the manifest",
-    ));
-    Ok(stale)
+    )
 }
 
 /// One line per input of a module that differs between `old` (the index's) and `new`.

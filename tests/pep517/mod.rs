@@ -185,6 +185,26 @@ fn a_broken_manifest_fails_the_hook_with_the_error_and_no_answer() {
     assert!(text.contains("kernels.toml"), "{text}");
 }
 
+/// A project folder (`dir/project`) beside a library copy (`dir/kernels`), with a link
+/// `project/linked` to the library; and each way of naming the library's manifest, outside the
+/// project, with what is said of it: an absolute path, a `..` path and a path through the link.
+fn project_and_manifests_outside(dir: &Path) -> (PathBuf, Vec<(String, &'static str)>) {
+    let library = copy_library(dir);
+    let project = dir.join("project");
+    std::fs::create_dir_all(&project).unwrap();
+    std::os::unix::fs::symlink(&library, project.join("linked")).unwrap();
+    let absolute = library.join("kernels.toml").display().to_string();
+    let outside = vec![
+        (absolute, "is absolute"),
+        ("../kernels/kernels.toml".to_owned(), "has a `..` component"),
+        (
+            "linked/kernels.toml".to_owned(),
+            "leads out of the project through a symbolic link",
+        ),
+    ];
+    (project, outside)
+}
+
 /// A project folder beside a library copy (`dir/kernels`): its manifest outside the project,
 /// given as `[tool.kwheel] manifest` = each of an absolute path, a `..` path and a path
 /// through a link leading out. Each is refused naming the setting, with the verification
@@ -192,20 +212,9 @@ fn a_broken_manifest_fails_the_hook_with_the_error_and_no_answer() {
 #[test]
 fn a_manifest_outside_the_project_is_refused_by_kwheel_pep517() {
     let dir = tempfile::tempdir().unwrap();
-    let library = copy_library(dir.path());
-    let project = dir.path().join("project");
-    std::fs::create_dir_all(&project).unwrap();
-    std::os::unix::fs::symlink(&library, project.join("linked")).unwrap();
+    let (project, outside) = project_and_manifests_outside(dir.path());
     let out = dir.path().join("out");
-    let absolute = library.join("kernels.toml").display().to_string();
-    for (manifest, reason) in [
-        (absolute.as_str(), "is absolute"),
-        ("../kernels/kernels.toml", "has a `..` component"),
-        (
-            "linked/kernels.toml",
-            "leads out of the project through a symbolic link",
-        ),
-    ] {
+    for (manifest, reason) in outside {
         for verb in [
             &["build-wheel", "--wheel-directory"][..],
             &["prepare-metadata", "--metadata-directory"],
@@ -216,7 +225,7 @@ fn a_manifest_outside_the_project_is_refused_by_kwheel_pep517() {
                 .arg("pep517")
                 .args(verb)
                 .arg(&out)
-                .args(["--manifest", manifest])
+                .args(["--manifest", manifest.as_str()])
                 .output()
                 .unwrap();
             assert_eq!(output.status.code(), Some(4), "{}", text(&output));
@@ -237,10 +246,7 @@ fn a_manifest_outside_the_project_is_refused_by_kwheel_pep517() {
 #[test]
 fn a_manifest_outside_the_project_is_refused_by_the_python_backend() {
     let dir = tempfile::tempdir().unwrap();
-    let library = copy_library(dir.path());
-    let project = dir.path().join("project");
-    std::fs::create_dir_all(&project).unwrap();
-    std::os::unix::fs::symlink(&library, project.join("linked")).unwrap();
+    let (project, outside) = project_and_manifests_outside(dir.path());
     std::fs::write(project.join("kernels.toml"), "").unwrap();
     let ran = dir.path().join("ran");
     let command = dir.path().join("kwheel-recorder");
@@ -255,16 +261,8 @@ fn a_manifest_outside_the_project_is_refused_by_the_python_backend() {
     )
     .unwrap();
     let backend = testkit::workspace().join("prebuilt/python/kwheel/build.py");
-    let absolute = library.join("kernels.toml").display().to_string();
-    for (manifest, reason) in [
-        (absolute.as_str(), "is absolute"),
-        ("../kernels/kernels.toml", "has a `..` component"),
-        (
-            "linked/kernels.toml",
-            "leads out of the project through a symbolic link",
-        ),
-        ("kernels.toml", ""),
-    ] {
+    let inside = ("kernels.toml".to_owned(), "");
+    for (manifest, reason) in outside.into_iter().chain([inside]) {
         std::fs::write(
             project.join("pyproject.toml"),
             format!("[tool.kwheel]\nmanifest = {manifest:?}\n"),

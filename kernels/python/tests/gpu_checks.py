@@ -1,10 +1,13 @@
-"""What the GPU scripts share: named checks with their details, a JSON report, an exit status.
+"""What the GPU scripts share: their start (the command line, or a skip without a GPU), named
+checks with their details, a JSON report, an exit status.
 
+    arguments = gpu_arguments("gpu_tma", "bundle")   # None: no CUDA device, skipped
     checks = Checks("gpu_tma")
     checks.check("gemm", error < 1e-5, f"diff {error:.2e}")
     return checks.finish(json_path)      # 0 only when every check passed
 """
 
+import argparse
 import json
 
 
@@ -31,3 +34,19 @@ class Checks:
         failed = ", ".join(self.failures)
         print(f"{self.script}: {'FAILED: ' + failed if failed else 'all checks passed'}")
         return 1 if self.failures else 0
+
+
+def gpu_arguments(script, *positional):
+    """Parses the script's command line (the ``positional`` arguments, then ``--json``) and
+    returns it, or ``None`` after printing the script's skip where torch sees no CUDA device."""
+    parser = argparse.ArgumentParser()
+    for name in positional:
+        parser.add_argument(name)
+    parser.add_argument("--json")
+    arguments = parser.parse_args()
+    import torch
+
+    if not torch.cuda.is_available():
+        print(f"{script}: SKIPPED: no CUDA device")
+        return None
+    return arguments

@@ -21,6 +21,7 @@ Exit status 0 only when every check passes.
 """
 
 import argparse
+import collections
 import json
 import os
 import shutil
@@ -85,19 +86,11 @@ def ceil_div(a, b):
     return -(-a // b)
 
 
-class Case:
-    """One launch of one entry, with its inputs, outputs and torch reference."""
-
-    def __init__(self, kernel, entry, shape, grid, block, args, outputs, reference, tolerance):
-        self.kernel = kernel
-        self.entry = entry
-        self.shape = shape
-        self.grid = grid
-        self.block = block
-        self.args = args
-        self.outputs = outputs
-        self.reference = reference
-        self.tolerance = tolerance  # (rtol, atol); (0, 0) means bit-exact
+# One launch of one entry, with its inputs, outputs and torch reference; `tolerance` is
+# (rtol, atol), and (0, 0) means bit-exact.
+Case = collections.namedtuple(
+    "Case", "kernel entry shape grid block args outputs reference tolerance"
+)
 
 
 def make_cases(torch, constants, size):

@@ -23,14 +23,13 @@ torch's own first op, and the host cost per call of a module op against torch's.
 Exit status 0 only when every check passes; without a GPU, it says so and exits 0.
 """
 
-import argparse
 import os
 import statistics
 import subprocess
 import sys
 import time
 
-from gpu_checks import Checks
+from gpu_checks import Checks, gpu_arguments
 
 FIRST_CALL = r"""
 import time, sys
@@ -78,14 +77,11 @@ def references():
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--json")
-    arguments = parser.parse_args()
+    arguments = gpu_arguments("gpu_modules")
+    if arguments is None:
+        return 0
     import torch
 
-    if not torch.cuda.is_available():
-        print("gpu_modules: SKIPPED: no CUDA device")
-        return 0
     checks = Checks("gpu_modules", device=torch.cuda.get_device_name(0), torch=torch.__version__)
     check, results = checks.check, checks.results
 

@@ -28,13 +28,12 @@ docs/real-libraries.md ("A struct-parameter kernel on the GPU"):
 Exit status 0 only when every check passes; without a GPU, it says so and exits 0.
 """
 
-import argparse
 import ctypes
 import statistics
 import sys
 import time
 
-from gpu_checks import Checks
+from gpu_checks import Checks, gpu_arguments
 
 
 class ConvParamsBase(ctypes.Structure):
@@ -128,15 +127,11 @@ def reference(x, weight, bias, silu):
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("bundle")
-    parser.add_argument("--json")
-    arguments = parser.parse_args()
+    arguments = gpu_arguments("gpu_struct", "bundle")
+    if arguments is None:
+        return 0
     import torch
 
-    if not torch.cuda.is_available():
-        print("gpu_struct: SKIPPED: no CUDA device")
-        return 0
     import kwheel
     import kwheel.torch as kt
 

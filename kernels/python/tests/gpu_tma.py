@@ -31,11 +31,10 @@ fetches them into ``~/.cache/kwheel/thirdparty``), with the manifest of docs/rea
 Exit status 0 only when every check passes; without a GPU, it says so and exits 0.
 """
 
-import argparse
 import statistics
 import sys
 
-from gpu_checks import Checks
+from gpu_checks import Checks, gpu_arguments
 
 N = K = 4096
 BLOCK_M = BLOCK_N = 128
@@ -82,15 +81,11 @@ def difference(x, y):
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("bundle")
-    parser.add_argument("--json")
-    arguments = parser.parse_args()
+    arguments = gpu_arguments("gpu_tma", "bundle")
+    if arguments is None:
+        return 0
     import torch
 
-    if not torch.cuda.is_available():
-        print("gpu_tma: SKIPPED: no CUDA device")
-        return 0
     import kwheel
 
     device = torch.device("cuda", 0)

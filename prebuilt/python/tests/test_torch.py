@@ -38,6 +38,14 @@ def run_python(code, **environment):
     return result.returncode, result.stdout, result.stderr
 
 
+def python_output(code, **environment):
+    """The stdout of `code` run as `run_python` runs it, which must succeed."""
+    status, out, err = run_python(code, **environment)
+    if status != 0:
+        raise AssertionError(f"python -c failed with {status}:\n{out}{err}")
+    return out
+
+
 def subprocess_run(code, *arguments):
     result = subprocess.run(
         [sys.executable, "-c", code, *arguments], capture_output=True, text=True, check=False
@@ -88,12 +96,20 @@ def _double_reference(x):
     return x * 2
 
 
+def _define_double(library, schema="double(Tensor x) -> Tensor", kernel="double", **options):
+    """Defines in `library` the op that doubles its input (`_double_shape`, `_double_launch`,
+    `_double_reference` unless `options` give another), with any other `options` of `define`."""
+    options = {"reference": _double_reference, **options}
+    return library.define(
+        schema, kernel=kernel, shape=_double_shape, launch=_double_launch, **options
+    )
+
+
 class ImportWithoutTorch(unittest.TestCase):
     def test_kwheel_never_imports_torch(self):
-        code, out, err = run_python(
+        out = python_output(
             "import sys, kwheel\nprint('torch' in sys.modules, hasattr(kwheel, 'torch'))"
         )
-        self.assertEqual(code, 0, err)
         self.assertEqual(out.split(), ["False", "False"])
 
     def test_kwheel_torch_needs_torch(self):
@@ -111,13 +127,7 @@ class Namespaces(unittest.TestCase):
     def test_the_namespace_is_the_package(self):
         library = kt.Library(StubRegistry("kwheel-test-ns.one"))
         self.assertEqual(library.namespace, "kwheel_test_ns_one")
-        double = library.define(
-            "double(Tensor x) -> Tensor",
-            kernel="double",
-            shape=_double_shape,
-            launch=_double_launch,
-            reference=_double_reference,
-        )
+        double = _define_double(library)
         self.assertIs(double, torch.ops.kwheel_test_ns_one.double.default)
         self.assertEqual(
             str(double._schema), "kwheel_test_ns_one::double(Tensor x) -> Tensor"
@@ -126,8 +136,8 @@ class Namespaces(unittest.TestCase):
     def test_two_libraries_define_the_same_op_name_apart(self):
         first = kt.Library(StubRegistry("kwheel-test-a"))
         second = kt.Library(StubRegistry("kwheel-test-b"))
-        one = first.define("double(Tensor x) -> Tensor", kernel="double", shape=_double_shape, launch=_double_launch, reference=_double_reference)
-        two = second.define("double(Tensor x) -> Tensor", kernel="double", shape=_double_shape, launch=_double_launch, reference=lambda x: x * 3)
+        one = _define_double(first)
+        two = _define_double(second, reference=lambda x: x * 3)
         x = torch.ones(3)
         self.assertEqual(one(x).tolist(), [2.0] * 3)
         self.assertEqual(two(x).tolist(), [3.0] * 3)
@@ -381,13 +391,8 @@ class Registration(unittest.TestCase):
                 return None
 
         library = kt.Library(Answering("kwheel-test-requires"))
-        op = library.define(
-            "twice(Tensor x) -> Tensor",
-            kernel="double",
-            shape=_double_shape,
-            launch=_double_launch,
-            reference=_double_reference,
-            inputs=lambda x: {"count": x.numel()},
+        op = _define_double(
+            library, "twice(Tensor x) -> Tensor", inputs=lambda x: {"count": x.numel()}
         )
         # While tracing, from the index (no device): the op, the kernel, the requirement.
         self.assertEqual(op(torch.empty(2, 4, device="meta")).shape, torch.Size([2, 4]))
@@ -635,8 +640,7 @@ class CompileWrap(unittest.TestCase):
             "except ValueError as error:\n"
             "    print(library.compile_wrap, error)\n"
         )
-        status, out, err = run_python(code, KWHEEL_TEST_PLAIN_ALL_COMPILE_WRAP="disable")
-        self.assertEqual(status, 0, err)
+        out = python_output(code, KWHEEL_TEST_PLAIN_ALL_COMPILE_WRAP="disable")
         self.assertEqual(out.strip(), "False `bad(Tensor x) -> int`: an op returns one or more Tensors")
 
     def test_disable_defines_no_operator(self):
@@ -647,11 +651,9 @@ class CompileWrap(unittest.TestCase):
             "print(op(torch.ones(2), ).tolist())\n"
             "print(hasattr(torch.ops.kwheel_test_plain, 'double'))\n"
         )
-        code_, out, err = run_python(code, KWHEEL_TEST_PLAIN_COMPILE_WRAP="disable")
-        self.assertEqual(code_, 0, err)
+        out = python_output(code, KWHEEL_TEST_PLAIN_COMPILE_WRAP="disable")
         self.assertEqual(out.splitlines(), ["False function double", "[2.0, 2.0]", "False"])
-        code_, out, err = run_python(code)
-        self.assertEqual(code_, 0, err)
+        out = python_output(code)
         self.assertEqual(out.splitlines()[0], "True OpOverload double.default")
         self.assertEqual(out.splitlines()[2], "True")
 
@@ -1088,14 +1090,7 @@ class Fallback(unittest.TestCase):
     def op(self, namespace, fallback):
         registry = StubRegistry(namespace, error=kwheel.NoFitError(self.MESSAGE))
         library = kt.Library(registry)
-        library.define(
-            "double(Tensor x) -> Tensor",
-            kernel="double",
-            shape=_double_shape,
-            launch=_double_launch,
-            reference=_double_reference,
-            fallback=fallback,
-        )
+        _define_double(library, fallback=fallback)
         return library.ops["double"]
 
     def test_no_fit_runs_the_reference_with_one_warning(self):
@@ -1214,14 +1209,7 @@ class Tracing(unittest.TestCase):
         library = kt.Library(
             StubRegistry("kwheel-test-trace-fallback", error=kwheel.NoFitError(message))
         )
-        library.define(
-            "double(Tensor x) -> Tensor",
-            kernel="double_fallback_kernel",
-            shape=_double_shape,
-            launch=_double_launch,
-            reference=_double_reference,
-            fallback=True,
-        )
+        _define_double(library, kernel="double_fallback_kernel", fallback=True)
         op = library.ops["double"]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", kt.FallbackWarning)
@@ -1268,8 +1256,7 @@ class Tracing(unittest.TestCase):
             "print(kt.Library(R()).trace)\n"
         )
         for value, expected in (("1", "True"), ("on", "True"), ("0", "False"), ("", "False")):
-            status, out, err = run_python(code, KWHEEL_TEST_TRACE_ENV_TRACE=value)
-            self.assertEqual(status, 0, err)
+            out = python_output(code, KWHEEL_TEST_TRACE_ENV_TRACE=value)
             self.assertEqual(out.strip(), expected, value)
 
     def test_labels_and_the_variable_come_from_the_runtime(self):
@@ -1282,13 +1269,12 @@ class Tracing(unittest.TestCase):
 
 class WithoutTorch(unittest.TestCase):
     def test_a_trace_range_without_torch_does_nothing(self):
-        code, out, err = run_python(
+        out = python_output(
             "import sys, kwheel\n"
             "with kwheel._trace_range('x'):\n"
             "    pass\n"
             "print('torch' in sys.modules, kwheel.provenance())\n"
         )
-        self.assertEqual(code, 0, err)
         self.assertEqual(out.split(), ["False", "[]"])
 
 

@@ -229,15 +229,6 @@ pub enum FetchError {
         #[source]
         source: std::io::Error,
     },
-    /// A file to upload could not be read.
-    #[error("cannot read `{}`", path.display())]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
     /// The artifact is only in the store, and this build has no networking.
     #[error(
         "{what} is not in the bundle and must come from {url}, but this kwheel was built \

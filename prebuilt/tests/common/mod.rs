@@ -140,29 +140,41 @@ pub fn fixture_bundle(dir: &Path) -> PathBuf {
         variants.sort_by_key(|variant| (variant.cuda, variant.arch));
         kernels.insert(
             name.to_owned(),
-            KernelRecord {
-                inputs,
-                recipe: Some(SourceRecipe {
-                    source: "kernels.cu".to_owned(),
-                    include_dirs: Vec::new(),
-                }),
-                constants: BTreeMap::new(),
-                variants,
-                skipped: Vec::new(),
-            },
+            source_kernel(inputs, "kernels.cu", variants),
         );
     }
+    write_new_index(&root, "kwheel-fixtures", kernels);
+    root
+}
+
+/// The record of a kernel compiled from `source` (a file under `_sources/`), with `variants`
+/// and no skips.
+pub fn source_kernel(inputs: KernelInputs, source: &str, variants: Vec<Variant>) -> KernelRecord {
+    KernelRecord {
+        inputs,
+        recipe: Some(SourceRecipe {
+            source: source.to_owned(),
+            include_dirs: Vec::new(),
+        }),
+        constants: BTreeMap::new(),
+        variants,
+        skipped: Vec::new(),
+    }
+}
+
+/// Writes the index (and its lookup) of a bundle at `root` of `kernels` only, for the library
+/// `package` built against torch `2.13.*`: no store, no dictionary, no modules.
+pub fn write_new_index(root: &Path, package: &str, kernels: BTreeMap<String, KernelRecord>) {
     let index = Index {
         format: INDEX_FORMAT,
         store: None,
-        package: "kwheel-fixtures".to_owned(),
+        package: package.to_owned(),
         torch: "2.13.*".to_owned(),
         dictionary: None,
         kernels,
         modules: Default::default(),
     };
-    write_index(&root, &index);
-    root
+    write_index(root, &index);
 }
 
 /// Options that read nothing from the environment.

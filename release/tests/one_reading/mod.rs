@@ -12,15 +12,7 @@ use super::*;
 /// `_prebuilt/` names that lead out of any folder they are joined to, into `outside`: one
 /// climbing with `..` past the root, one absolute.
 fn escaping_names(outside: &Path) -> Vec<String> {
-    let climbing = format!(
-        "{}{}",
-        "../".repeat(40),
-        outside
-            .join("climbed")
-            .display()
-            .to_string()
-            .trim_start_matches('/')
-    );
+    let climbing = climbing_out_into(outside);
     let absolute = outside.join("absolute").display().to_string();
     vec![
         format!("af3_kernels/_prebuilt/{climbing}"),

@@ -616,13 +616,8 @@ fn a_part_swapped_after_its_check_writes_nothing_outside() {
     let hostile = root.join("hostile.whl");
     let mut files = vec![(
         format!(
-            "af3_kernels_kernels_cu130_sm90/_prebuilt/{}{}",
-            "../".repeat(40),
-            outside
-                .join("climbed")
-                .display()
-                .to_string()
-                .trim_start_matches('/')
+            "af3_kernels_kernels_cu130_sm90/_prebuilt/{}",
+            climbing_out_into(&outside)
         ),
         b"outside".to_vec(),
     )];

@@ -110,6 +110,20 @@ pub(crate) fn entries(bytes: &[u8]) -> Vec<(String, Vec<u8>)> {
         .collect()
 }
 
+/// A relative name that climbs with `..` past any folder it is joined to, into
+/// `outside/climbed`: for an entry of a hostile wheel.
+pub(crate) fn climbing_out_into(outside: &Path) -> String {
+    format!(
+        "{}{}",
+        "../".repeat(40),
+        outside
+            .join("climbed")
+            .display()
+            .to_string()
+            .trim_start_matches('/')
+    )
+}
+
 /// Writes `files` as a wheel at `path` with a RECORD that matches them (`record_name`, last),
 /// as a tool that rewrites a wheel would: `.zst` and `.zdict` entries stored, the rest
 /// deflated.

@@ -169,13 +169,7 @@ fn exportable(
         torch: entry.torch.clone(),
         compiler: entry.compiler.clone(),
         key: entry.key.clone(),
-        artifact: StoredFile {
-            path: artifact_path(&digest),
-            digest,
-            size: cubin.len() as u64,
-            stored_size: stored.len() as u64,
-            dictionary: None,
-        },
+        artifact: StoredFile::artifact(digest, cubin.len() as u64, stored.len() as u64),
         functions: entry.functions.clone(),
     };
     check_variant(&entry.kernel, &record.inputs, torch, &variant)?;

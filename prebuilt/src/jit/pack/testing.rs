@@ -47,10 +47,8 @@ mod fixture {
     use std::path::{Path, PathBuf};
 
     use super::super::{inputs_digest, PackIndex, PackKernel, PACK_FILE, PACK_FORMAT};
-    use crate::bundle::artifact_path;
     use crate::index::{
-        CompilerRecord, Function, Index, KernelInputs, KernelRecord, StoredFile, Variant,
-        INDEX_FORMAT,
+        CompilerRecord, Function, Index, KernelInputs, KernelRecord, Variant, INDEX_FORMAT,
     };
     use crate::key::{sha256_hex, KernelKey, KeyInputs};
     use crate::Bundle;
@@ -94,20 +92,13 @@ mod fixture {
             compiler: &compiler,
         });
         let stored = zstd::encode_all(CUBIN, 19).expect("zstd compresses");
-        let digest = sha256_hex(CUBIN);
         let variant = Variant {
             arch,
             cuda,
             torch: torch.to_owned(),
             compiler,
             key: key.0,
-            artifact: StoredFile {
-                path: artifact_path(&digest),
-                digest,
-                size: CUBIN.len() as u64,
-                stored_size: stored.len() as u64,
-                dictionary: None,
-            },
+            artifact: crate::testing::stored_file(CUBIN, &stored),
             functions: vec![Function {
                 name: "kw_axpy".to_owned(),
                 symbol: "kw_axpy".to_owned(),
