@@ -192,10 +192,10 @@ fn bundle_list_and_dev_coverage_of_the_default_library() {
 }
 
 /// A CI matrix's two shards merged into one bundle, `fetch` of a bundle that holds all it
-/// lists (no store to fetch from), `bundle extract` of it, and the default library's sdist:
-/// what each prints.
+/// lists (no store to fetch from), `bundle extract` of it, `release publish` of it to a store
+/// (twice), and the default library's sdist: what each prints.
 #[test]
-fn shards_merged_fetch_extract_and_sdist() {
+fn shards_merged_fetched_extracted_published_and_an_sdist() {
     if !have_toolchains() {
         return;
     }
@@ -247,6 +247,22 @@ fn shards_merged_fetch_extract_and_sdist() {
         &format!("{root}/cubins"),
     ]);
     settings.bind(|| insta::assert_snapshot!("bundle_extract", extracted));
+    // Its artifacts published to a store, then again (everything already there).
+    let store = testkit::loopback_store::LoopbackStore::start();
+    let mut published = settings.clone();
+    published.add_filter(&testkit::literal_pattern(&store.url()), "[STORE]");
+    published.add_filter(r"\(\d+ bytes\)", "([SIZE] bytes)");
+    for name in ["release_publish", "release_publish_again"] {
+        let text = session(&[
+            "release",
+            "publish",
+            "--to",
+            &store.url(),
+            "--bundle",
+            &merged_dir,
+        ]);
+        published.bind(|| insta::assert_snapshot!(name, text));
+    }
     let sdist = session(&[
         "dev",
         "build-sdist",
