@@ -247,9 +247,9 @@ impl Farm {
             kept_local: counts.kept.clone(),
             stats: FarmStats {
                 by_server,
-                local_stages: after.local_stages - before.local_stages,
-                dist_errors: after.dist_errors - before.dist_errors,
-                cache_hits: after.cache_hits - before.cache_hits,
+                local_stages: after.local_stages.saturating_sub(before.local_stages),
+                dist_errors: after.dist_errors.saturating_sub(before.dist_errors),
+                cache_hits: after.cache_hits.saturating_sub(before.cache_hits),
             },
         })
     }
@@ -319,15 +319,27 @@ impl ToolRunner for Farm {
 /// (`__CUDA_ARCH_FEAT_SM90_ALL`, `__CUDA_ARCH_SPECIFIC__`, `__CUDA_ARCH_FAMILY_SPECIFIC__`),
 /// while with the split spelling it defines them: a unit that insists on them (`#error`
 /// without sm_90a) would fail that step, and sccache fails the whole compile with it.
+///
+/// Only arch-specific (`a`) and family (`f`) targets are spelled again, the ones whose macros
+/// `-E` drops and whose two spellings were shown to plan the same compile; a plain `sm_XY`, and
+/// a compile whose flags already name a code (`-code`, `-gencode`, `--gpu-code`), go as given.
 fn split_arch(arguments: &[OsString]) -> Vec<OsString> {
-    if !arguments.iter().any(|argument| argument == "-cubin") {
+    let names_code = arguments.iter().any(|argument| {
+        argument.to_str().is_some_and(|argument| {
+            ["-code", "-gencode", "--gpu-code", "--generate-code"]
+                .iter()
+                .any(|flag| argument == *flag || argument.starts_with(&format!("{flag}=")))
+        })
+    });
+    if names_code || !arguments.iter().any(|argument| argument == "-cubin") {
         return arguments.to_vec();
     }
     let mut split = Vec::with_capacity(arguments.len() + 1);
     for argument in arguments {
         let real = argument
             .to_str()
-            .and_then(|argument| argument.strip_prefix("-arch=sm_"));
+            .and_then(|argument| argument.strip_prefix("-arch=sm_"))
+            .filter(|real| real.ends_with(['a', 'f']));
         match real {
             Some(real) => {
                 split.push(format!("-arch=compute_{real}").into());
@@ -441,7 +453,7 @@ mod tests {
     #[test]
     fn a_cubin_compile_names_its_virtual_and_real_arch_apart() {
         let args = |list: &[&str]| list.iter().map(OsString::from).collect::<Vec<_>>();
-        for arch in ["90a", "100a", "100f", "90"] {
+        for arch in ["90a", "100a", "100f"] {
             let cubin = args(&[
                 "-cubin",
                 &format!("-arch=sm_{arch}"),
@@ -461,9 +473,19 @@ mod tests {
                 ])
             );
         }
-        // A PTX output (kept here anyway) is left as it is.
+        // A PTX output (kept here anyway) is left as it is, as are a plain arch (no macro to
+        // lose) and a compile whose flags already name a code.
         let ptx = args(&["-ptx", "-arch=compute_90a", "-o", "k.ptx", "k.cu"]);
         assert_eq!(split_arch(&ptx), ptx);
+        let plain = args(&["-cubin", "-arch=sm_90", "-o", "k.cubin", "k.cu"]);
+        assert_eq!(split_arch(&plain), plain);
+        let coded = args(&[
+            "-cubin",
+            "-arch=sm_90a",
+            "-gencode=arch=compute_90a,code=sm_90a",
+            "k.cu",
+        ]);
+        assert_eq!(split_arch(&coded), coded);
     }
 
     #[test]

@@ -138,13 +138,14 @@ pub fn thirdparty_library(name: &str) -> Option<PathBuf> {
 }
 
 /// The pin (`2.11.*`) of the torch whose headers a torch extension compiles with, or `None`
-/// (skipped, with the reason) where there is no torch.
+/// (skipped, with the reason; a failure where toolchains are required, as in CI) where there
+/// is no torch.
 #[cfg(feature = "bundler")]
 pub fn torch_pin() -> Option<String> {
     let torch = match bundler::torch::TorchHeaders::find() {
         Ok(torch) => torch,
         Err(error) => {
-            skipped(&format!("{error}"));
+            missing(&format!("{error} (`ci/setup-torch` installs it)"));
             return None;
         }
     };

@@ -295,6 +295,10 @@ impl BundleSummary {
     }
 }
 
+/// The folder under the build cache that holds what farm builds compiled, apart from what
+/// local builds compiled.
+pub const FARM_CACHE: &str = "farm";
+
 /// Runs `bundle-kernels`.
 pub fn bundle_kernels(options: &BundleOptions) -> Result<BundleSummary, Error> {
     bundle_kernels_shared(options, &SharedBuild::default())
@@ -313,9 +317,18 @@ pub fn bundle_kernels_shared(
     let mut plan = BuildPlan::new(options)?;
     report::announce_skips(&plan);
 
-    let mut cache = BuildCache::new(&options.cache_dir);
+    // A farm build keeps its cubins apart and offers none to the remote cache: where a unit
+    // spells its own path (`__FILE__`, `assert`), the farm's compile names the path the farm
+    // resolved, so its bytes can differ from a local compile of the same key.
+    let mut cache = match options.farm {
+        Some(_) => BuildCache::new(options.cache_dir.join(FARM_CACHE)),
+        None => BuildCache::new(&options.cache_dir),
+    };
     if let Some(remote) = &shared.remote_cache {
         cache = cache.with_remote(Arc::new(RemoteCache::new(remote)?));
+    }
+    if options.farm.is_some() {
+        cache = cache.without_uploads();
     }
     let planned = plan.planned_jobs();
     if let Some(shard) = shared.shard {
