@@ -403,24 +403,18 @@ fn coverage(args: CoverageArgs) -> Result<()> {
     jit_note(&bundle, &report)
 }
 
-/// Opens a bundle directory; when it is not one, says where the bundle probably is.
+/// Opens the bundle at `path` by the one rule every command and `kwheel.find_bundle` use
+/// ([`prebuilt::lookup::bundle_at`]: the folder, else its `_prebuilt/`); when neither is one,
+/// says what a bundle is.
 fn open_bundle(path: &Path) -> Result<prebuilt::Bundle> {
-    prebuilt::lookup::open_bundle(path).map_err(|error| {
-        let nested = path.join("_prebuilt");
-        let hint = if nested.join(prebuilt::lookup::LOOKUP_FILE).is_file()
-            || nested.join("index.json").is_file()
-        {
-            format!(
-                "`{}` holds a bundle in `_prebuilt/`: give `{}`",
-                path.display(),
-                nested.display()
-            )
-        } else {
-            "a bundle is the directory with `index.json` that `kwheel dev bundle-kernels` \
-             writes (default `target/kwheel/_prebuilt`), or a wheel's `<package>/_prebuilt`"
-                .to_owned()
-        };
-        anyhow::Error::new(error).context(format!("`{}` is not a bundle; {hint}", path.display()))
+    let found = prebuilt::lookup::bundle_at(path).unwrap_or_else(|| path.to_owned());
+    prebuilt::lookup::open_bundle(&found).map_err(|error| {
+        anyhow::Error::new(error).context(format!(
+            "`{}` is not a bundle; a bundle is the directory with `index.json` that `kwheel dev \
+             bundle-kernels` writes (default `target/kwheel/_prebuilt`), or a wheel's \
+             `<package>/_prebuilt`",
+            path.display()
+        ))
     })
 }
 
