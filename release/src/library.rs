@@ -372,14 +372,16 @@ pub fn recipe_files(manifest: &Manifest, torch: &str, root: &str) -> Result<Vec<
             for &arch in &manifest.library.archs {
                 // The bundler's words for a target the manifest leaves out, so that tools
                 // reading either index tell a declared skip from a missing cubin alike.
-                let reason = match &spec.arch {
-                    Some(narrowed) if !narrowed.contains(&arch) => {
-                        let list: Vec<String> = narrowed.iter().map(ToString::to_string).collect();
-                        format!("declared: the kernel targets only {}", list.join(", "))
-                    }
-                    _ => RECIPES_ONLY_REASON.to_owned(),
-                };
-                skipped.push(prebuilt::index::Skip { arch, cuda, reason });
+                skipped.push(
+                    match bundler::pipeline::narrowed_away(spec.arch.as_deref(), arch) {
+                        Some(declared) => prebuilt::index::Skip::new(arch, cuda, &declared),
+                        None => prebuilt::index::Skip {
+                            arch,
+                            cuda,
+                            reason: RECIPES_ONLY_REASON.to_owned(),
+                        },
+                    },
+                );
             }
         }
         index.kernels.insert(

@@ -48,7 +48,9 @@ mod plan;
 pub mod report;
 
 pub use outcome::{Built, Failure, Outcome, Provenance, Target, TargetOutcome};
-pub use plan::{plan_kernel, target_key, target_keys, BuildPlan, PlannedKernel, TargetKey};
+pub use plan::{
+    narrowed_away, plan_kernel, target_key, target_keys, BuildPlan, PlannedKernel, TargetKey,
+};
 use plan::{Job, Work};
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -399,14 +399,8 @@ pub(super) fn plan_job(
             list.join(", ")
         )));
     }
-    if let Some(narrowed) = &spec.arch {
-        if !narrowed.contains(&arch) {
-            let list: Vec<String> = narrowed.iter().map(ToString::to_string).collect();
-            return Err(SkipReason::Declared(format!(
-                "the kernel targets only {}",
-                list.join(", ")
-            )));
-        }
+    if let Some(skip) = narrowed_away(spec.arch.as_deref(), arch) {
+        return Err(skip);
     }
     let (compiler, work) = if spec.cubins.is_empty() {
         let toolchain = toolchains
@@ -522,4 +516,19 @@ pub fn target_keys(
         }
     }
     targets
+}
+
+/// The declared skip of `arch` for a kernel whose manifest narrows its archs to `narrowed`
+/// (`arch = [...]`) without it; `None` where it builds for `arch`. The bundler's plan and the
+/// recipes-only index of an sdist's wheel both record it.
+pub fn narrowed_away(narrowed: Option<&[Arch]>, arch: Arch) -> Option<SkipReason> {
+    let narrowed = narrowed?;
+    if narrowed.contains(&arch) {
+        return None;
+    }
+    let list: Vec<String> = narrowed.iter().map(ToString::to_string).collect();
+    Some(SkipReason::Declared(format!(
+        "the kernel targets only {}",
+        list.join(", ")
+    )))
 }
