@@ -357,13 +357,27 @@ fn split_arch(arguments: &[OsString]) -> Vec<OsString> {
 /// it, for the compiles after (so a view in the work folder, removed after each compile, would
 /// be gone for the next one). The view, beside the work folders, is a folder of links to the
 /// toolkit's entries with `bin/nvcc` the real nvcc's file (a hard link, or a copy); made once
-/// per toolkit, under a temporary name and renamed into place.
+/// per toolkit (its place and its nvcc's file), under a temporary name and renamed into place.
 fn nvcc_by_name(work: &Path, program: &Path) -> std::io::Result<PathBuf> {
     let Ok(toolkit) = std::fs::read_link(work.join("cuda")) else {
         return Ok(program.to_owned());
     };
     let nvcc = program.file_name().unwrap_or_default().to_owned();
-    let digest = prebuilt::key::sha256_hex(toolkit.display().to_string().as_bytes());
+    // Named by the toolkit's place and its nvcc's file (inode, size, time): a toolkit
+    // reinstalled in place gets a view of its own, never the old nvcc beside the new tools.
+    let identity = {
+        use std::os::unix::fs::MetadataExt as _;
+        let meta = std::fs::metadata(toolkit.join("bin").join(&nvcc))?;
+        format!(
+            "{}\n{}\n{}\n{}.{}",
+            toolkit.display(),
+            meta.ino(),
+            meta.len(),
+            meta.mtime(),
+            meta.mtime_nsec()
+        )
+    };
+    let digest = prebuilt::key::sha256_hex(identity.as_bytes());
     let base = work.parent().unwrap_or(work);
     let view = base.join(format!("kwheel-farm-toolkit-{}", &digest[..16]));
     let file = view.join("bin").join(&nvcc);

@@ -69,13 +69,19 @@ fn build_both(dir: &Path, library: &Path, only: Option<&str>) -> serde_json::Val
         if let Some(kernels) = only {
             command.args(["--only", kernels]);
         }
+        // Two jobs at a time, what two build servers of this size take at once (more would
+        // leave stages waiting for room, and sccache then runs them here); no remote cache
+        // from the environment or the user's configuration, which would answer the compiles.
         command
             .arg("--manifest")
             .arg(library.join("kernels.toml"))
             .arg("--out")
             .arg(dir.join(out))
             .arg("--cache-dir")
-            .arg(dir.join(format!("{out}-cache")));
+            .arg(dir.join(format!("{out}-cache")))
+            .args(["--jobs", "2"])
+            .env_remove("KWHEEL_REMOTE_CACHE")
+            .env("XDG_CONFIG_HOME", dir.join("no-config"));
         if farm {
             command.arg("--farm");
         }
