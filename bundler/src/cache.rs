@@ -36,8 +36,6 @@ pub fn default_cache_dir() -> PathBuf {
 pub struct BuildCache {
     root: PathBuf,
     remote: Option<Arc<RemoteCache>>,
-    /// Whether what is compiled here goes to the remote cache too (not a farm build's).
-    uploads: bool,
 }
 
 impl BuildCache {
@@ -46,17 +44,6 @@ impl BuildCache {
         BuildCache {
             root: dir.into().join(LAYOUT),
             remote: None,
-            uploads: true,
-        }
-    }
-
-    /// This cache reading its remote cache but never writing it: a farm build's cubins may
-    /// differ from a local build's of the same key (docs/distributed-builds.md), so they are
-    /// not offered to every other build.
-    pub fn without_uploads(self) -> BuildCache {
-        BuildCache {
-            uploads: false,
-            ..self
         }
     }
 
@@ -94,9 +81,6 @@ impl BuildCache {
     /// Shares a compiled cubin with the remote cache, if any; `path` names the output
     /// (`<kernel>/<build>/<arch>.cubin`). A failed upload is a warning.
     pub fn put_remote(&self, key: &str, cubin: &[u8], path: &str, what: &str) {
-        if !self.uploads {
-            return;
-        }
         if let Some(remote) = &self.remote {
             remote.put(key, cubin, path, what);
         }

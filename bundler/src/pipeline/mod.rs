@@ -74,7 +74,7 @@ use crate::compress::{Corpus as _, FileCorpus};
 use crate::error::Error;
 use crate::include::{scan_includes, IncludeGraph, ScanRoots};
 use crate::manifest::{CompilerChoice, KernelSpec, Manifest};
-use crate::remote::{RemoteCache, RemoteStats};
+use crate::remote::{RemoteCache, RemoteCacheOptions, RemoteStats};
 use crate::shard::{write_shard, PlannedJob, Shard, SharedBuild};
 use crate::toolchain::{discover, front_end_for, CompilerId};
 use crate::writer::{write_bundle_streamed, WriteOutcome};
@@ -319,18 +319,20 @@ pub fn bundle_kernels_shared(
     let mut plan = BuildPlan::new(options)?;
     report::announce_skips(&plan);
 
-    // A farm build keeps its cubins apart and offers none to the remote cache: where a unit
-    // spells its own path (`__FILE__`, `assert`), the farm's compile names the path the farm
-    // resolved, so its bytes can differ from a local compile of the same key.
+    // A farm build keeps its cubins apart and reads the remote cache only (as
+    // `--remote-cache-read-only` does): where a unit spells its own path (`__FILE__`,
+    // `assert`), the farm's compile names the path the farm resolved, so its bytes can differ
+    // from a local compile of the same key.
     let mut cache = match options.farm {
         Some(_) => BuildCache::new(options.cache_dir.join(FARM_CACHE)),
         None => BuildCache::new(&options.cache_dir),
     };
     if let Some(remote) = &shared.remote_cache {
-        cache = cache.with_remote(Arc::new(RemoteCache::new(remote)?));
-    }
-    if options.farm.is_some() {
-        cache = cache.without_uploads();
+        let remote = RemoteCacheOptions {
+            upload: remote.upload && options.farm.is_none(),
+            ..remote.clone()
+        };
+        cache = cache.with_remote(Arc::new(RemoteCache::new(&remote)?));
     }
     let planned = plan.planned_jobs();
     if let Some(shard) = shared.shard {
