@@ -36,7 +36,7 @@ pub(crate) fn bundle_kernels(args: BundleKernelsArgs) -> Result<()> {
         let context = format!("bundle-kernels for `{}` failed", options.manifest.display());
         match (&error, args.verbose) {
             (bundler::Error::NoTarget { kernel, skips }, false) => {
-                no_target_summary(&context, kernel, skips, &error)
+                no_target_summary(&context, kernel, skips)
             }
             _ => anyhow::Error::new(error).context(context),
         }
@@ -60,17 +60,17 @@ pub(crate) fn bundle_kernels(args: BundleKernelsArgs) -> Result<()> {
     if let Some(farm) = &summary.farm {
         println!("{farm}");
     }
-    let failed = summary.failed();
+    let failed = summary.failures();
     if !failed.is_empty() {
-        let mut by_kernel: std::collections::BTreeMap<&str, Vec<(String, String)>> =
+        let mut by_kernel: std::collections::BTreeMap<&str, Vec<&bundler::pipeline::Failure>> =
             std::collections::BTreeMap::new();
         let mut full = String::new();
-        for (kernel, build, arch, error) in &failed {
-            by_kernel
-                .entry(kernel)
-                .or_default()
-                .push((format!("{arch} ({build})"), error.clone()));
-            full.push_str(&format!("`{kernel}` {arch} ({build}):\n{error}\n\n"));
+        for (kernel, failure) in &failed {
+            by_kernel.entry(kernel).or_default().push(failure);
+            full.push_str(&format!(
+                "`{kernel}` {}:\n{}\n\n",
+                failure.target, failure.error
+            ));
         }
         let log = if args.verbose {
             None
@@ -78,7 +78,11 @@ pub(crate) fn bundle_kernels(args: BundleKernelsArgs) -> Result<()> {
             report::write_log("bundle-kernels", &full)
         };
         for (kernel, errors) in by_kernel {
-            let groups = report::group_errors(&errors);
+            let parts: Vec<report::TargetError> = errors
+                .iter()
+                .map(|failure| report::TargetError::of(failure))
+                .collect();
+            let groups = report::group_errors(&parts);
             eprint!(
                 "warning: `{kernel}` failed for {} target(s), recorded as unavailable ({} \
                  distinct error(s)):\n{}",
@@ -87,7 +91,7 @@ pub(crate) fn bundle_kernels(args: BundleKernelsArgs) -> Result<()> {
                 if args.verbose {
                     errors
                         .iter()
-                        .map(|(target, error)| format!("  {target}:\n{error}\n"))
+                        .map(|failure| format!("  {}:\n{}\n", failure.target, failure.error))
                         .collect()
                 } else {
                     report::render_groups(&groups, log.as_deref())
@@ -137,23 +141,41 @@ fn no_target_summary(
     skips: &[(
         prebuilt::Arch,
         prebuilt::CudaBuild,
-        prebuilt::index::SkipReason,
+        bundler::pipeline::Outcome,
     )],
-    error: &bundler::Error,
 ) -> anyhow::Error {
-    use prebuilt::index::SkipReason;
-    let errors: Vec<(String, String)> = skips
+    use bundler::pipeline::Outcome;
+    let errors: Vec<report::TargetError> = skips
         .iter()
-        .map(|(arch, cuda, why)| {
-            let why = match why {
-                SkipReason::Failed(words) => words.clone(),
-                other => other.to_index(),
-            };
-            (format!("{arch} ({cuda})"), why)
+        .map(|(arch, cuda, outcome)| match outcome {
+            Outcome::Failed(failure) => report::TargetError::of(failure),
+            other => report::TargetError {
+                target: format!("{arch} ({cuda})"),
+                log: other
+                    .skip_reason()
+                    .map(|why| why.to_index())
+                    .unwrap_or_default(),
+                replayed: false,
+            },
         })
         .collect();
     let groups = report::group_errors(&errors);
-    let log = report::write_log("bundle-kernels", &format!("{context}: {error}\n"));
+    let full: String = skips
+        .iter()
+        .map(|(arch, cuda, outcome)| match outcome {
+            Outcome::Failed(failure) => {
+                format!("`{kernel}` {}:\n{}\n\n", failure.target, failure.error)
+            }
+            other => format!(
+                "`{kernel}` {arch} ({cuda}): {}\n\n",
+                other
+                    .skip_reason()
+                    .map(|why| why.to_index())
+                    .unwrap_or_default()
+            ),
+        })
+        .collect();
+    let log = report::write_log("bundle-kernels", &format!("{context}:\n{full}"));
     CommandFailed::new(
         Failure::Build,
         format!(

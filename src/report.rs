@@ -5,7 +5,6 @@
 //! differ only in the scratch directory the source was copied to (`/tmp/kwheel-<hex>/`), so
 //! logs equal once that is removed are one error.
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -23,37 +22,52 @@ pub(crate) struct ErrorGroup {
     pub(crate) targets: Vec<String>,
     /// The error without its per-target first line, scratch directories removed.
     pub(crate) log: String,
+    /// How many of the targets failed in an earlier build with the same key and were not
+    /// compiled again.
+    pub(crate) replayed: usize,
 }
 
-/// Groups `(target, error)` pairs by their error, in the order each error was first met. A
-/// first line `failed to compile `k` for <target>:` names the target better than the caller's
-/// label (it has the compiler), and is not part of the error.
-pub(crate) fn group_errors(errors: &[(String, String)]) -> Vec<ErrorGroup> {
-    let mut order: Vec<String> = Vec::new();
-    let mut groups: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for (target, error) in errors {
-        let error = without_scratch_dirs(error);
-        let (first, rest) = error.split_once('\n').unwrap_or((&error, ""));
-        let named = first
-            .split_once(" for ")
-            .and_then(|(_, target)| target.strip_suffix(':'))
-            .filter(|_| first.contains("failed to compile"));
-        let (target, log) = match named {
-            Some(named) => (named.to_owned(), rest.trim().to_owned()),
-            None => (target.clone(), error.trim().to_owned()),
-        };
-        if !groups.contains_key(&log) {
-            order.push(log.clone());
+/// One target's failure as the report groups it.
+pub(crate) struct TargetError {
+    /// The target as the failure names it (`sm_90a (cu129, nvrtc 12.9.86)`).
+    pub(crate) target: String,
+    /// What went wrong, without the heading that names the kernel and the target.
+    pub(crate) log: String,
+    /// Whether it was replayed from the build cache rather than compiled now.
+    pub(crate) replayed: bool,
+}
+
+impl TargetError {
+    /// The failure of a target as the build reports it.
+    pub(crate) fn of(failure: &bundler::pipeline::Failure) -> TargetError {
+        TargetError {
+            target: failure.target.clone(),
+            log: failure.log.clone(),
+            replayed: failure.replayed,
         }
-        groups.entry(log).or_default().push(target);
     }
-    order
-        .into_iter()
-        .map(|log| ErrorGroup {
-            targets: groups.remove(&log).unwrap_or_default(),
-            log,
-        })
-        .collect()
+}
+
+/// Groups failures by their log, in the order each log was first met.
+pub(crate) fn group_errors(errors: &[TargetError]) -> Vec<ErrorGroup> {
+    let mut groups: Vec<ErrorGroup> = Vec::new();
+    for error in errors {
+        let log = without_scratch_dirs(&error.log).trim().to_owned();
+        let group = match groups.iter().position(|group| group.log == log) {
+            Some(at) => &mut groups[at],
+            None => {
+                groups.push(ErrorGroup {
+                    targets: Vec::new(),
+                    log,
+                    replayed: 0,
+                });
+                groups.last_mut().expect("just pushed")
+            }
+        };
+        group.targets.push(error.target.clone());
+        group.replayed += usize::from(error.replayed);
+    }
+    groups
 }
 
 /// `text` without the scratch directories compilers were run in (`/tmp/kwheel-<hex>/`).
@@ -89,6 +103,14 @@ pub(crate) fn render_groups(groups: &[ErrorGroup], log: Option<&Path>) -> String
         if lines.len() > shown {
             let _ = writeln!(out, "    … {} more lines", lines.len() - shown);
         }
+    }
+    let replayed: usize = groups.iter().map(|group| group.replayed).sum();
+    if replayed > 0 {
+        let _ = writeln!(
+            out,
+            "  {replayed} of these failed this way in an earlier build with the same key and were \
+             not compiled again (the full log names each record to delete to compile it again)"
+        );
     }
     if let Some(note) = entries_note(groups) {
         let _ = writeln!(out, "  {note}");
@@ -151,16 +173,24 @@ pub(crate) fn write_log(name: &str, text: &str) -> Option<PathBuf> {
 mod tests {
     use super::*;
 
+    fn failed(target: &str, log: &str) -> TargetError {
+        TargetError {
+            target: target.to_owned(),
+            log: log.to_owned(),
+            replayed: false,
+        }
+    }
+
     #[test]
     fn errors_in_the_entry_code_point_at_entries_in_the_manifest() {
         let groups = group_errors(&[
-            (
-                "sm_90a (cu129, nvrtc 12.9.86)".to_owned(),
-                "__nv_name_map(2): error: identifier \"scal\" is undefined\n".to_owned(),
+            failed(
+                "sm_90a (cu129, nvrtc 12.9.86)",
+                "__nv_name_map(2): error: identifier \"scal\" is undefined\n",
             ),
-            (
-                "sm_90a (cu130, nvcc 13.0.88)".to_owned(),
-                "kwheel-entries.cu(5): error: identifier \"scal\" is undefined\n".to_owned(),
+            failed(
+                "sm_90a (cu130, nvcc 13.0.88)",
+                "kwheel-entries.cu(5): error: identifier \"scal\" is undefined\n",
             ),
         ]);
         let text = render_groups(&groups, None);
@@ -168,9 +198,9 @@ mod tests {
             text.contains("`entries` in kernels.toml") && text.contains("does not know `scal`"),
             "{text}"
         );
-        let syntax = group_errors(&[(
-            "sm_90a (cu130, nvcc 13.0.88)".to_owned(),
-            "swiglu/swiglu.cu(40): error: expected a declaration\n".to_owned(),
+        let syntax = group_errors(&[failed(
+            "sm_90a (cu130, nvcc 13.0.88)",
+            "swiglu/swiglu.cu(40): error: expected a declaration\n",
         )]);
         assert!(!render_groups(&syntax, None).contains("entries"));
     }
@@ -185,24 +215,12 @@ mod tests {
             )
         };
         let errors = vec![
-            (
-                "sm_90a (cu129)".to_owned(),
-                format!(
-                    "failed to compile `k` for sm_90a (cu129, nvrtc 12.9.86):\n{}",
-                    log(&format!("{tmp}/kwheel-375704efe3d99801/"))
-                ),
+            failed(
+                "sm_90a (cu129, nvrtc 12.9.86)",
+                &log(&format!("{tmp}/kwheel-375704efe3d99801/")),
             ),
-            (
-                "sm_90a (cu130)".to_owned(),
-                format!(
-                    "failed to compile `k` for sm_90a (cu130, nvcc 13.0.88):\n{}",
-                    log("")
-                ),
-            ),
-            (
-                "sm_100a (cu130)".to_owned(),
-                "the cubin has no entry `k`".to_owned(),
-            ),
+            failed("sm_90a (cu130, nvcc 13.0.88)", &log("")),
+            failed("sm_100a (cu130)", "the cubin has no entry `k`"),
         ];
         let groups = group_errors(&errors);
         assert_eq!(groups.len(), 2, "{groups:?}");

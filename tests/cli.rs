@@ -1359,4 +1359,16 @@ fn one_syntax_error_is_summarized_once_with_every_target_it_hit() {
         8,
         "{verbose}"
     );
+    // Replayed from the build cache, the failures still name their targets with the compiler
+    // that failed them, and are still one group.
+    let replayed = stderr(&bundle(&[]));
+    let replayed = &replayed[replayed.find("error: ").unwrap()..];
+    assert!(replayed.contains("an earlier build"), "{replayed}");
+    assert!(
+        replayed.contains("1 distinct error(s) on 8 target(s)"),
+        "{replayed}"
+    );
+    for build in ["(cu129, nvrtc ", "(cu130, nvcc "] {
+        assert!(replayed.contains(&format!("sm_100a {build}")), "{replayed}");
+    }
 }

@@ -208,11 +208,7 @@ pub enum Error {
     },
     /// A target whose compile failed in an earlier build with the same key: the build cache
     /// keeps the failure, so an unchanged target is not compiled again only to fail again.
-    #[error(
-        "{reason}\n(an earlier build with the same key failed this way and is not repeated; \
-         delete {} to compile it again)",
-        record.display()
-    )]
+    #[error("{}\n{}", kept.reason, Error::replay_note(record))]
     CachedFailure {
         /// The kernel.
         kernel: String,
@@ -222,8 +218,8 @@ pub enum Error {
         build: CudaBuild,
         /// The failure record in the build cache.
         record: PathBuf,
-        /// The failure as that build described it.
-        reason: String,
+        /// The failure as that build kept it.
+        kept: Box<KeptFailure>,
     },
     /// A target was skipped while `--require` was given.
     #[error("`{kernel}` cannot be built for {arch} ({build}): {reason} (--require makes every skip an error)")]
@@ -243,15 +239,18 @@ pub enum Error {
         "`{kernel}` was built for no target of the matrix:\n  {}",
         skips
             .iter()
-            .map(|(arch, cuda, why)| format!("{arch} ({cuda}): {why}"))
+            .map(|(arch, cuda, outcome)| match outcome.skip_reason() {
+                Some(why) => format!("{arch} ({cuda}): {why}"),
+                None => format!("{arch} ({cuda}): built"),
+            })
             .collect::<Vec<_>>()
             .join("\n  ")
     )]
     NoTarget {
         /// The kernel.
         kernel: String,
-        /// Each target, as (arch, CUDA build), with why it has no variant.
-        skips: Vec<(Arch, CudaBuild, prebuilt::index::SkipReason)>,
+        /// Each target, as (arch, CUDA build), with what became of it: skipped or failed.
+        skips: Vec<(Arch, CudaBuild, crate::pipeline::Outcome)>,
     },
     /// A folder of a kernel's `include-dirs` that is not there.
     #[error(
@@ -313,4 +312,28 @@ pub enum Error {
         /// What is wrong, naming the shard and the kernel.
         reason: String,
     },
+}
+
+/// A target's failure as the build cache keeps it for the next build of the same key.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct KeptFailure {
+    /// The error and its causes.
+    pub reason: String,
+    /// The target as the failure named it, with the compiler where one ran
+    /// ([`crate::pipeline::Failure::target`]).
+    pub target: String,
+    /// What went wrong without its heading ([`crate::pipeline::Failure::log`]).
+    pub log: String,
+}
+
+impl Error {
+    /// The note under a failure replayed from the build cache: that it was not run again, and
+    /// how to run it again.
+    pub(crate) fn replay_note(record: &std::path::Path) -> String {
+        format!(
+            "(an earlier build with the same key failed this way and is not repeated; delete {} \
+             to compile it again)",
+            record.display()
+        )
+    }
 }

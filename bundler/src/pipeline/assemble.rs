@@ -29,12 +29,15 @@ pub(super) fn assemble(
         kernels: BTreeMap::new(),
         modules: Default::default(),
     };
-    let mut skipped: BTreeMap<usize, Vec<(Arch, CudaBuild, SkipReason)>> = BTreeMap::new();
+    let mut skipped: BTreeMap<usize, Vec<(Arch, CudaBuild, Outcome)>> = BTreeMap::new();
     for (kernel, arch, build, why) in &plan.skipped {
-        skipped
-            .entry(*kernel)
-            .or_default()
-            .push((*arch, *build, why.clone()));
+        skipped.entry(*kernel).or_default().push((
+            *arch,
+            *build,
+            Outcome::Skipped {
+                reason: why.clone(),
+            },
+        ));
     }
     let mut variants: BTreeMap<usize, Vec<Variant>> = BTreeMap::new();
     let mut cubins = BTreeMap::new();
@@ -59,11 +62,10 @@ pub(super) fn assemble(
                 cubins.insert(built.digest.clone(), cache.entry_path(&job.key));
             }
             outcome => {
-                let why = outcome.skip_reason().expect("no variant");
                 skipped
                     .entry(job.kernel)
                     .or_default()
-                    .push((job.arch, job.build, why));
+                    .push((job.arch, job.build, outcome.clone()));
             }
         }
     }
@@ -76,7 +78,9 @@ pub(super) fn assemble(
         skips.sort_by_key(|(arch, cuda, _)| (*cuda, *arch));
         let records = skips
             .iter()
-            .map(|(arch, cuda, why)| Skip::new(*arch, *cuda, why))
+            .map(|(arch, cuda, outcome)| {
+                Skip::new(*arch, *cuda, &outcome.skip_reason().expect("no variant"))
+            })
             .collect();
         if variants.is_empty() && unbuilt.is_none() {
             unbuilt = Some(Error::NoTarget {

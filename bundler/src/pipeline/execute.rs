@@ -5,6 +5,7 @@
 use super::plan::BuildPlan;
 use super::*;
 
+use crate::error::KeptFailure;
 use rayon::iter::{ParallelBridge as _, ParallelIterator as _};
 
 pub(super) struct Fetched {
@@ -34,11 +35,14 @@ pub(super) fn execute(
                 let described = describe(&error);
                 // A failure kept from an earlier build is recorded as that build recorded it.
                 let (recorded, replayed) = match &error {
-                    Error::CachedFailure { reason, .. } => (index_reason(reason), true),
+                    Error::CachedFailure { kept, .. } => (index_reason(&kept.reason), true),
                     _ => (index_reason(&described), false),
                 };
+                let (target_named, log) = failure_parts(&error, job);
                 Outcome::Failed(Failure {
                     error: described,
+                    target: target_named,
+                    log,
                     recorded,
                     replayed,
                 })
@@ -277,13 +281,13 @@ pub(super) fn run_job(
     let compiles = matches!(job.work, Work::Compile { .. });
     let record = failure_record_path(cache, &job.key);
     if compiles && !cache.entry_path(&job.key).is_file() {
-        if let Some(reason) = read_failure(&record) {
+        if let Some(kept) = read_failure(&record) {
             return Err(Error::CachedFailure {
                 kernel: kernel.name.clone(),
                 arch: job.arch,
                 build: job.build,
                 record,
-                reason,
+                kept: Box::new(kept.kept),
             });
         }
     }
@@ -298,7 +302,18 @@ pub(super) fn run_job(
         }),
         Err(error) => {
             if compiles && is_lasting_failure(&error) {
-                write_failure(&record, &describe(&error));
+                let (target, log) = failure_parts(&error, job);
+                write_failure(
+                    &record,
+                    &FailureRecord {
+                        format: FAILURE_FORMAT,
+                        kept: KeptFailure {
+                            reason: describe(&error),
+                            target,
+                            log,
+                        },
+                    },
+                );
             }
             Err(error)
         }
@@ -314,29 +329,26 @@ pub(super) fn failure_record_path(cache: &BuildCache, key: &str) -> PathBuf {
 #[derive(serde::Serialize, serde::Deserialize)]
 struct FailureRecord {
     format: u32,
-    reason: String,
+    #[serde(flatten)]
+    kept: KeptFailure,
 }
 
 /// Bump when [`FailureRecord`] changes, or when a kept failure may no longer fail with the same
 /// key (a rule the key does not hash, such as how entries resolve or which flags the
 /// nvcc+ptxas route takes, now accepts more); records of another format are ignored.
-const FAILURE_FORMAT: u32 = 2;
+const FAILURE_FORMAT: u32 = 3;
 
-/// The reason a failure record at `path` keeps, if there is a readable one.
-fn read_failure(path: &Path) -> Option<String> {
+/// The failure a record at `path` keeps, if there is a readable one of this format.
+fn read_failure(path: &Path) -> Option<FailureRecord> {
     let bytes = std::fs::read(path).ok()?;
     let record: FailureRecord = serde_json::from_slice(&bytes).ok()?;
-    (record.format == FAILURE_FORMAT).then_some(record.reason)
+    (record.format == FAILURE_FORMAT).then_some(record)
 }
 
 /// Keeps a failure for the next build; a record that cannot be written is a warning (the
 /// target is then compiled again next time).
-fn write_failure(path: &Path, reason: &str) {
-    let record = FailureRecord {
-        format: FAILURE_FORMAT,
-        reason: reason.to_owned(),
-    };
-    let bytes = serde_json::to_vec(&record).expect("a record of strings serializes");
+fn write_failure(path: &Path, record: &FailureRecord) {
+    let bytes = serde_json::to_vec(record).expect("a record of strings serializes");
     if let Err(error) = crate::cache::write_atomically(path, &bytes) {
         tracing::warn!(
             "warning: cannot keep the failure in the build cache ({}); the target is compiled \
@@ -344,6 +356,31 @@ fn write_failure(path: &Path, reason: &str) {
             prebuilt::error_chain(&error)
         );
     }
+}
+
+/// The target a failure names and what went wrong, apart: a compile the compiler rejected
+/// names its compiler and keeps its log; a failure kept from an earlier build is as that build
+/// kept it ([`Failure::replayed`] says so); any other names the job's arch and build and keeps
+/// the whole error.
+fn failure_parts(error: &Error, job: &Job) -> (String, String) {
+    use crate::compiler::CompileError;
+    match error {
+        Error::Compile(compile) => {
+            if let CompileError::Failed {
+                arch,
+                build,
+                compiler,
+                log,
+                ..
+            } = compile.as_ref()
+            {
+                return (format!("{arch} ({build}, {compiler})"), log.clone());
+            }
+        }
+        Error::CachedFailure { kept, .. } => return (kept.target.clone(), kept.log.clone()),
+        _ => {}
+    }
+    (format!("{} ({})", job.arch, job.build), describe(error))
 }
 
 /// The declared entries of a checked cubin whose bodies are stubs on its target (see
@@ -621,18 +658,34 @@ mod tests {
     }
 
     #[test]
-    fn failures_kept_before_plain_entries_and_route_flags_were_accepted_are_not_replayed() {
+    fn failures_kept_in_an_older_format_are_not_replayed() {
         // A record of format 1 may keep a plain C++ entry or an nvcc flag that its rules
-        // refused and that builds with the same key now: it is compiled again, not replayed.
+        // refused and that builds with the same key now; one of format 2 keeps no target or
+        // log apart from its text. Either is compiled again, not replayed.
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("k.failed.json");
-        let old = r#"{"format":1,"reason":"cubin of `gelu` for sm_90a (cu130) has no entry"}"#;
-        std::fs::write(&path, old).unwrap();
-        assert_eq!(read_failure(&path), None);
-        write_failure(&path, "failed to compile `gelu`");
+        for old in [
+            r#"{"format":1,"reason":"cubin of `gelu` for sm_90a (cu130) has no entry"}"#,
+            r#"{"format":2,"reason":"failed to compile `gelu` for sm_90a (cu130, nvcc 13.0):\nx"}"#,
+        ] {
+            std::fs::write(&path, old).unwrap();
+            assert!(read_failure(&path).is_none(), "{old}");
+        }
+        let record = FailureRecord {
+            format: FAILURE_FORMAT,
+            kept: KeptFailure {
+                reason:
+                    "failed to compile `gelu` for sm_90a (cu130, nvcc 13.0.88):\nk.cu(3): error"
+                        .into(),
+                target: "sm_90a (cu130, nvcc 13.0.88)".into(),
+                log: "k.cu(3): error".into(),
+            },
+        };
+        write_failure(&path, &record);
+        let kept = read_failure(&path).expect("a record of this format is read back");
         assert_eq!(
-            read_failure(&path).as_deref(),
-            Some("failed to compile `gelu`")
+            (kept.kept.reason, kept.kept.target, kept.kept.log),
+            (record.kept.reason, record.kept.target, record.kept.log)
         );
     }
 

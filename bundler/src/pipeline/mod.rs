@@ -284,6 +284,17 @@ impl BundleSummary {
             .collect()
     }
 
+    /// Each target whose compile or validation failed, as its kernel and the failure.
+    pub fn failures(&self) -> Vec<(&str, &Failure)> {
+        self.targets
+            .iter()
+            .filter_map(|t| match &t.outcome {
+                Outcome::Failed(failure) => Some((t.target.kernel.as_str(), failure)),
+                _ => None,
+            })
+            .collect()
+    }
+
     fn built(&self, source: impl Fn(Provenance) -> bool) -> Vec<(String, CudaBuild, Arch)> {
         self.targets
             .iter()

@@ -76,6 +76,14 @@ pub enum Provenance {
 pub struct Failure {
     /// The error with its causes and the compiler's whole log.
     pub error: String,
+    /// The target as the failure names it: its arch and CUDA build, with the compiler where
+    /// one ran (`sm_90a (cu129, nvcc+ptxas 13.0.88/12.9.86)`).
+    #[serde(skip)]
+    pub target: String,
+    /// What went wrong, without the heading that names the kernel and the target: the
+    /// compiler's log for a compile the compiler rejected, else the whole error.
+    #[serde(skip)]
+    pub log: String,
     /// The failure as the index records it (bounded: first lines, error lines, the tail).
     #[serde(skip)]
     pub recorded: String,
