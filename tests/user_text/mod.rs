@@ -447,3 +447,47 @@ fn bundle_kernels_reports_every_outcome() {
     json.add_filter(r#""out": "[^"]*""#, r#""out": "[OUT]""#);
     json.bind(|| insta::assert_snapshot!("bundle_kernels_every_outcome_json", out));
 }
+
+/// `release build-kwheel` as the README's Install runs it: the progress it prints around
+/// cargo's own lines (left out: they change with what cargo has to rebuild), the wheel it
+/// verified, and the refusal of a prebuilt module for more than one architecture. The build
+/// shares the tests' cross-build directory, so after the first build of a run it builds nothing.
+#[test]
+fn release_build_kwheel() {
+    if release::runtime::find_cargo_zigbuild().is_none() || release::runtime::find_zig().is_none() {
+        assert!(
+            std::env::var("KWHEEL_REQUIRE_TOOLCHAINS").as_deref() != Ok("1"),
+            "cargo-zigbuild and zig are required (`bash ci/setup-wheel` installs them)"
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("wheels").display().to_string();
+    let target = release::runtime::default_target_dir(&workspace());
+    let mut settings = settings();
+    settings.add_filter(
+        &testkit::literal_pattern(&target.display().to_string()),
+        "[TARGET]",
+    );
+    settings.add_filter(&testkit::literal_pattern(&out), "[OUT]");
+    settings.add_filter(r"\(zig: [^;]+;", "(zig: [ZIG];");
+    settings.add_filter(r"\d+ files, \d+ bytes", "[FILES] files, [BYTES] bytes");
+    // cargo's own lines: what it compiles depends on what the directory holds already.
+    settings.add_filter(
+        r"(?m)^ *(Compiling|Finished|Blocking|Fresh|Locking|Updating|Downloading|Downloaded|Checking|Running|warning:).*\n",
+        "",
+    );
+    let built = session(&["release", "build-kwheel", "--arch", "x86_64", "--out", &out]);
+    settings.bind(|| insta::assert_snapshot!("release_build_kwheel", built));
+    let refused = session(&[
+        "release",
+        "build-kwheel",
+        "--arch",
+        "x86_64,aarch64",
+        "--module",
+        "kwheel.so",
+        "--out",
+        &out,
+    ]);
+    settings.bind(|| insta::assert_snapshot!("release_build_kwheel_two_archs_one_module", refused));
+}
