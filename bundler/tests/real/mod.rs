@@ -598,3 +598,74 @@ fn apex_layer_norm_obeys_maxrregcount_on_cu129_and_cu130_alike() {
     }
     assert_eq!(registers["cu129/sm_90a"], registers["cu130/sm_90a"]);
 }
+
+/// vLLM 0.34's `silu_and_mul` from its sdist (`ci/setup-thirdparty`), its launcher file
+/// unmodified, as a stable-ABI extension module with a registration file in the form of its
+/// `csrc/torch_bindings.cpp`: built cold twice, from two folders with their own caches, to the
+/// same bytes; sm_90a device code only, to bound the time (docs/real-libraries.md builds five
+/// ops for sm_90a and sm_100a).
+#[test]
+fn vllm_silu_and_mul_builds_as_a_stable_abi_module_byte_identical_from_two_folders() {
+    let test = "vllm_silu_and_mul_builds_as_a_stable_abi_module_byte_identical_from_two_folders";
+    let Some(toolchains) = toolchains() else {
+        return;
+    };
+    let Some(vllm) = thirdparty_dir(test, "vllm-0.34.0") else {
+        return;
+    };
+    if bundler::torch::TorchHeaders::find().is_err() {
+        testkit::missing("no torch (`bash ci/setup-torch` installs the pinned one)");
+        return;
+    }
+    let Some(pin) = torch_pin() else {
+        return;
+    };
+    let bindings = "#include \"ops.h\"\n#include <torch/csrc/stable/library.h>\n\
+        STABLE_TORCH_LIBRARY_FRAGMENT(_C, ops) {\n\
+          ops.def(\"silu_and_mul(Tensor! result, Tensor input) -> ()\");\n}\n\
+        STABLE_TORCH_LIBRARY_IMPL(_C, CUDA, ops) {\n\
+          ops.impl(\"silu_and_mul\", TORCH_BOX(&silu_and_mul));\n}\n";
+    let manifest = format!(
+        "[library]\npackage = \"vllm-kernels\"\nversion = \"0.34.0\"\narchs = [\"sm_90a\"]\n\
+         cuda-builds = [\"cu130\"]\ntorch = \"{pin}\"\n\
+         [extensions._C]\nsources = [\"bindings.cpp\", \"csrc/activation_kernels.cu\"]\n\
+         abi = \"stable\"\ninclude-dirs = [\"csrc\"]\n\
+         defines = {{ USE_CUDA = \"1\", TORCH_TARGET_VERSION = \"0x020B000000000000ULL\" }}\n\
+         nvcc-flags = [\"--expt-relaxed-constexpr\", \"--expt-extended-lambda\", \"-O3\"]\n\
+         cxx-flags = [\"-O3\"]\n"
+    );
+    let build = || {
+        let dir = tempfile::tempdir().unwrap();
+        testkit::copy_tree(&vllm.join("csrc"), &dir.path().join("csrc"), &[]);
+        let manifest = write_library(dir.path(), &manifest, &[("bindings.cpp", bindings)]);
+        let opts = options_in(dir.path(), &manifest, of_build(toolchains.clone(), "cu130"));
+        let started = std::time::Instant::now();
+        let summary =
+            bundle_kernels(&opts).unwrap_or_else(|error| panic!("{}", anyhow_like(&error)));
+        eprintln!("vLLM silu_and_mul module: {:?}", started.elapsed());
+        assert_eq!(
+            summary.modules_compiled,
+            [("_C".to_owned(), "cu130".parse().unwrap())]
+        );
+        let record = summary.index.modules["_C"].clone();
+        let variant = &record.variants[0];
+        let bytes = prebuilt::module::read_module(&summary.out, "_C", variant).unwrap();
+        (dir, record, bytes)
+    };
+    let (first_dir, first, bytes) = build();
+    assert_eq!(first.abi, prebuilt::module::Abi::Stable);
+    assert_eq!(&bytes[..4], b"\x7fELF");
+    // The launcher's own file and vLLM's headers are in the module's key.
+    let files = &first.inputs.files;
+    for file in ["csrc/activation_kernels.cu", "csrc/ops.h", "bindings.cpp"] {
+        assert!(files.contains_key(file), "{file} not in {files:?}");
+    }
+    // The registration and the launcher are in the module, and neither folder is.
+    let text = String::from_utf8_lossy(&bytes);
+    assert!(text.contains("silu_and_mul"));
+    assert!(!text.contains(&*first_dir.path().to_string_lossy()));
+    let (second_dir, second, again) = build();
+    assert!(!String::from_utf8_lossy(&again).contains(&*second_dir.path().to_string_lossy()));
+    assert!(bytes == again, "two cold builds differ");
+    assert_eq!(first, second, "same key, same record");
+}
