@@ -143,7 +143,19 @@ fn run(cli: Cli) -> Result<()> {
         Command::Bundle(BundleCommand::Extract { bundle, out }) => {
             let bundle = open_bundle(&bundle)?;
             let written = bundler::writer::extract_bundle(&bundle, &out)?;
-            println!("wrote {} cubins under {}", written.len(), out.display());
+            let modules = written
+                .iter()
+                .filter(|path| path.extension().is_some_and(|e| e == "so"))
+                .count();
+            if modules == 0 {
+                println!("wrote {} cubins under {}", written.len(), out.display());
+            } else {
+                println!(
+                    "wrote {} cubins and {modules} extension module(s) under {}",
+                    written.len() - modules,
+                    out.display()
+                );
+            }
             Ok(())
         }
         Command::Toolchains(args) => toolchains(&args.manifest.resolve()?, args.json),

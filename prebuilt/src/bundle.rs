@@ -292,7 +292,8 @@ impl Bundle {
 
 impl Bundle {
     /// Writes every artifact, verified, as `root/<kernel>/<build>/<arch>.cubin` (`<arch>.ptx`
-    /// for PTX); the paths written, relative to `root`. Kernel names are checked identifiers
+    /// for PTX), and every extension module as `root/modules/<name>/<build>/<cpu>.so`; the
+    /// paths written, relative to `root`. Kernel names are checked identifiers
     /// (one path component each), so nothing lands outside `root`. An artifact that several
     /// variants share is decoded and written once; the other variants' files are hard links
     /// to it (copies where the file system has no links).
@@ -341,9 +342,35 @@ impl Bundle {
                 written.push(relative);
             }
         }
+        for (name, record) in &self.index.modules {
+            let module_dir = KernelName::parse(name).map_err(|source| BundleError::Refused {
+                path: self.root.join(INDEX_FILE),
+                source,
+            })?;
+            for variant in &record.variants {
+                // `modules/<name>/<cuda>/<cpu>.so`: the module as a plain shared library,
+                // its bytes verified against the index's sha256 as the loader reads them.
+                let relative = Path::new(MODULES_DIR)
+                    .join(module_dir.as_str())
+                    .join(variant.cuda.to_string())
+                    .join(format!("{}.so", variant.cpu));
+                let bytes = crate::module::read_module(&self.root, name, variant)?;
+                write_streamed(&root.join(&relative), |file| {
+                    std::io::Write::write_all(file, &bytes).map_err(|source| BundleError::Write {
+                        path: root.join(&relative),
+                        source,
+                    })
+                })?;
+                written.push(relative);
+            }
+        }
         Ok(written)
     }
 }
+
+/// The folder `bundle extract` writes extension modules under, beside the kernels' folders
+/// (a kernel named `modules` writes `.cubin`/`.ptx` files there, never `.so` ones).
+pub const MODULES_DIR: &str = "modules";
 
 /// The file `name` at the top of the bundle at `root`, refused when a symbolic link leads it
 /// out of the bundle (docs/security.md): `index.json`, `kernels.idx`.

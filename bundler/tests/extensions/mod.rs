@@ -223,6 +223,14 @@ fn a_stable_abi_module_is_built_keyed_cached_and_reproducible_from_another_check
     );
     let bytes = prebuilt::module::read_module(&bundle, "_C", variant).unwrap();
     assert_eq!(&bytes[..4], b"\x7fELF");
+    // `bundle extract` writes it as a plain shared library, beside the kernels' cubins.
+    let extracted = dir.path().join("extracted");
+    let written =
+        bundler::writer::extract_bundle(&prebuilt::Bundle::open(&bundle).unwrap(), &extracted)
+            .unwrap();
+    let module = extracted.join(format!("modules/_C/cu130/{}.so", std::env::consts::ARCH));
+    assert!(written.contains(&module), "{written:?}");
+    assert_eq!(std::fs::read(&module).unwrap(), bytes);
     // The library's folder and torch's never appear in the module.
     let text = String::from_utf8_lossy(&bytes);
     assert!(!text.contains(&*dir.path().to_string_lossy()));
