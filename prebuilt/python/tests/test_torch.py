@@ -27,6 +27,8 @@ if HAS_TORCH:
     import torch
 
     import kwheel.torch as kt
+from kwheel import _torch_op as _op
+from kwheel import _torch_plans as _plans
 
 
 def run_python(code, **environment):
@@ -563,7 +565,7 @@ class Declaring(unittest.TestCase):
         for _ in range(2):
             with self.assertRaises(ValueError):
                 library.lookup("late")
-        self.assertFalse(set(vars(bad)) & kt._READ, "nothing of a refused schema is kept")
+        self.assertFalse(set(vars(bad)) & _op._READ, "nothing of a refused schema is kept")
 
     def test_an_attribute_error_inside_a_property_is_not_hidden(self):
         library = kt.Library(StubRegistry("kwheel-test-read-property"))
@@ -712,8 +714,9 @@ def cpu_alignment(test):
     """Plans tell alignments apart up to what a CPU's allocator guarantees (64 bytes, where
     CUDA's places every block at 512): CPU tensors of one shape then share a plan as CUDA
     tensors do."""
-    test.addCleanup(setattr, kt, "_ALIGNMENT", kt._ALIGNMENT)
-    kt._ALIGNMENT = 64
+    for module in (_plans, _op):  # the plan's key (`Op._run`) and the probe read it
+        test.addCleanup(setattr, module, "_ALIGNMENT", module._ALIGNMENT)
+        module._ALIGNMENT = 64
 
 
 class RecordingFunction:
@@ -980,12 +983,12 @@ class PlansNeverGoStale(unittest.TestCase):
     def test_an_address_two_tensors_could_explain_is_its_own_tensors(self):
         # Two tensors as far apart as their stand-ins: the field of `y`'s address fits `x`
         # plus that distance too, which holds only as long as the allocator repeats itself.
-        probe = kt._Probe.__new__(kt._Probe)
+        probe = _plans._Probe.__new__(_plans._Probe)
         size = 64 * 4
-        probe.real = [(1 << 20, size, kt._INPUT, 0), ((1 << 20) + 4096, size, kt._INPUT, 1)]
-        probe.moved = [(3 << 20, size, kt._INPUT, 0), ((3 << 20) + 4096, size, kt._INPUT, 1)]
-        self.assertEqual(probe._address((1 << 20) + 4096 + 8, (3 << 20) + 4096 + 8), (kt._INPUT, 1, 8))
-        self.assertEqual(probe._address(1 << 20, 3 << 20), (kt._INPUT, 0, 0))
+        probe.real = [(1 << 20, size, _plans._INPUT, 0), ((1 << 20) + 4096, size, _plans._INPUT, 1)]
+        probe.moved = [(3 << 20, size, _plans._INPUT, 0), ((3 << 20) + 4096, size, _plans._INPUT, 1)]
+        self.assertEqual(probe._address((1 << 20) + 4096 + 8, (3 << 20) + 4096 + 8), (_plans._INPUT, 1, 8))
+        self.assertEqual(probe._address(1 << 20, 3 << 20), (_plans._INPUT, 0, 0))
         # Past both ends and matching both: no tensor is its own, no plan is kept.
         self.assertIsNone(probe._address((1 << 20) + 8192, (3 << 20) + 8192))
 
@@ -1005,8 +1008,8 @@ class PlansNeverGoStale(unittest.TestCase):
     def test_tensors_too_large_to_place_twice_keep_only_launches_without_addresses(self):
         import struct
 
-        self.addCleanup(setattr, kt, "_PROBE_BYTES", kt._PROBE_BYTES)
-        kt._PROBE_BYTES = 16
+        self.addCleanup(setattr, _plans, "_PROBE_BYTES", _plans._PROBE_BYTES)
+        _plans._PROBE_BYTES = 16
 
         def plain(constants, outputs, x, scale):
             return kt.Launch(1, 4, [outputs[0], x, x.numel(), scale])
@@ -1073,8 +1076,8 @@ class Autograd(unittest.TestCase):
 
     def test_the_light_kernel_is_used_only_on_checked_releases(self):
         release = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
-        self.assertEqual(kt._torch_release(), release)
-        self.assertEqual(kt._torch_release() in kt.LIGHT_AUTOGRAD_TORCH, release == (2, 11))
+        self.assertEqual(_op._torch_release(), release)
+        self.assertEqual(_op._torch_release() in kt.LIGHT_AUTOGRAD_TORCH, release == (2, 11))
 
 
 @unittest.skipUnless(HAS_TORCH, NO_TORCH)
