@@ -432,17 +432,26 @@ fn install_and_select(
     if rows.is_empty() {
         return Err("the installed package lists no kernels".to_owned());
     }
+    // The targets the manifest leaves out, as the bundle's index records them.
+    let bundle = prebuilt::Bundle::open(&options.bundle)
+        .map_err(|error| format!("cannot read the bundle: {}", prebuilt::error_chain(&error)))?;
+    let declared_skip = |name: &str, device: &str, cuda: &str| {
+        bundle.index().kernels.get(name).is_some_and(|kernel| {
+            kernel.skipped.iter().any(|skip| {
+                skip.arch.to_string() == format!("{device}a")
+                    && skip.cuda.to_string() == format!("cu{}", cuda.replace('.', ""))
+                    && matches!(skip.why(), prebuilt::index::SkipReason::Declared(_))
+            })
+        })
+    };
     let mut selected = 0;
     let mut declared = 0;
     let mut failures = Vec::new();
     for (name, device, cuda, chosen, refusals) in &rows {
         if chosen.is_some() {
             selected += 1;
-        } else if refusals.iter().any(|(variant, reason)| {
+        } else if declared_skip(name, device, cuda) {
             // The target this device would load is the one the manifest declares skipped.
-            *variant == format!("cu{}/{device}a", cuda.replace('.', ""))
-                && reason.contains("not built: declared")
-        }) {
             declared += 1;
         } else {
             let reasons: Vec<String> = refusals.iter().map(|(v, r)| format!("{v}: {r}")).collect();
