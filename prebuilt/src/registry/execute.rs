@@ -279,10 +279,12 @@ impl Registry {
                         LoadError::driver(error, "look up an entry of", name, &variant, &device)
                     }
                 })?;
+        let structs = Arc::new(structs.clone());
         let functions = entries
             .iter()
             .enumerate()
             .map(|(index, entry)| Function {
+                structs: Arc::clone(&structs),
                 kernel: name.to_owned(),
                 variant: variant.clone(),
                 device: device.clone(),
@@ -301,7 +303,7 @@ impl Registry {
                 provenance: origin.provenance,
                 location: origin.location,
                 constants: constants.clone(),
-                structs: structs.clone(),
+                structs,
                 functions,
                 module,
             }),

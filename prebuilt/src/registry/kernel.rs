@@ -40,7 +40,7 @@ pub(super) struct KernelInner {
     pub(super) provenance: Provenance,
     pub(super) location: Option<ArtifactLocation>,
     pub(super) constants: BTreeMap<String, Constant>,
-    pub(super) structs: BTreeMap<String, StructLayout>,
+    pub(super) structs: Arc<BTreeMap<String, StructLayout>>,
     pub(super) functions: Vec<Function>,
     pub(super) module: Arc<dyn LoadedModule>,
 }
@@ -285,6 +285,8 @@ pub struct Function {
     pub(super) variant: String,
     pub(super) device: String,
     pub(super) entry: EntryRecord,
+    /// The kernel's struct layouts on the loaded variant, shared by its entries.
+    pub(super) structs: Arc<BTreeMap<String, StructLayout>>,
     pub(super) module: Arc<dyn LoadedModule>,
     pub(super) index: usize,
     /// Shared by every clone: one per entry function the driver loaded.
@@ -327,6 +329,12 @@ impl Function {
     /// The constants the compiler computed for this entry on the loaded variant (`computed`).
     pub fn computed(&self) -> &BTreeMap<String, i64> {
         &self.entry.computed
+    }
+
+    /// The kernel's struct layouts on the loaded variant (`structs`), to check a struct
+    /// argument field by field; empty for a JIT compile.
+    pub fn structs(&self) -> &BTreeMap<String, StructLayout> {
+        &self.structs
     }
 
     /// Each parameter's size in bytes, from the index.
@@ -949,6 +957,7 @@ mod tests {
 
     fn function_on(gpu: &Arc<FakeGpu>) -> Function {
         Function {
+            structs: Default::default(),
             kernel: "attention".into(),
             variant: "cu130/sm_90a".into(),
             device: "device 0 (sm_90, compute 9.0), CUDA build cu130, driver 13.0".into(),
