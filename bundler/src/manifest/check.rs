@@ -546,7 +546,7 @@ fn check_computed(kernel: &KernelSpec) -> Option<String> {
         }
     }
     for (name, fields) in &kernel.structs {
-        let qualified = name.split("::").all(|part| is_identifier(part));
+        let qualified = name.split("::").all(is_identifier);
         if !qualified {
             return Some(format!(
                 "struct `{name}` must be a C++ type name (`Params`, `ns::Params`)"

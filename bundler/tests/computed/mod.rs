@@ -59,7 +59,7 @@ fn computed_constants_and_struct_layouts_are_the_compilers_per_arch_and_build() 
     };
     let (dir, manifest) = fixture_library(&computed_manifest(""));
     bundle_kernels(&options_in(dir.path(), &manifest, toolchains)).unwrap();
-    let bundle = Bundle::open(&dir.path().join("out")).unwrap();
+    let bundle = Bundle::open(dir.path().join("out")).unwrap();
     let record = &bundle.index().kernels["conv_fwd"];
     let cells: BTreeSet<String> = record.variants.iter().map(|v| v.label()).collect();
     assert!(record.skipped.is_empty(), "{:?}", record.skipped);
