@@ -335,6 +335,7 @@ fn scan(root: &Path, path: &str) -> Scanned {
             .functions
             .into_iter()
             .map(|f| Function {
+                computed: Default::default(),
                 name: f.symbol.clone(),
                 symbol: f.symbol,
                 param_sizes: f.param_sizes,
@@ -359,6 +360,7 @@ fn index_of(scanned: &[Scanned]) -> Index {
             .collect();
         name.truncate(120);
         let variant = Variant {
+            structs: Default::default(),
             arch: cubin.arch,
             cuda: "cu130".parse().unwrap(),
             torch: "2.13.*".to_owned(),

@@ -167,6 +167,18 @@ pub enum Error {
         #[source]
         source: prebuilt::cubin::CubinError,
     },
+    /// A cubin lacks a value its compile was to compute (`computed`, `structs`).
+    #[error("cubin of `{kernel}` for {arch} ({build}) lacks a computed value: {detail}")]
+    ComputedMissing {
+        /// The kernel.
+        kernel: String,
+        /// The target architecture.
+        arch: Arch,
+        /// The CUDA build.
+        build: CudaBuild,
+        /// What is missing.
+        detail: String,
+    },
     /// A declared entry point is not in the cubin.
     #[error(
         "cubin of `{kernel}` for {arch} ({build}) has no entry `{entry}` (its entries, as \

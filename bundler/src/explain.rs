@@ -250,6 +250,24 @@ pub fn diff_inputs(old: &KernelInputs, new: &KernelInputs) -> Vec<String> {
         changes.push(format!("preamble: {:?} → {:?}", old.preamble, new.preamble));
     }
     changes.extend(diff_requirements(&old.requires, &new.requires));
+    if old.computed.template != new.computed.template {
+        changes.push(format!(
+            "template: {:?} → {:?}",
+            old.computed.template, new.computed.template
+        ));
+    }
+    if old.computed.constants != new.computed.constants {
+        changes.push(format!(
+            "computed: {:?} → {:?}",
+            old.computed.constants, new.computed.constants
+        ));
+    }
+    if old.computed.structs != new.computed.structs {
+        changes.push(format!(
+            "structs: {:?} → {:?}",
+            old.computed.structs, new.computed.structs
+        ));
+    }
     let archs: BTreeSet<&prebuilt::Arch> = old.targets.keys().chain(new.targets.keys()).collect();
     for arch in archs {
         let (before, after) = (old.targets.get(arch), new.targets.get(arch));

@@ -38,7 +38,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use prebuilt::index::{Constant, Requirement, Requirements, TargetInputs};
+use prebuilt::index::{ComputedInputs, Constant, Requirement, Requirements, TargetInputs};
 use prebuilt::{Arch, CudaBuild};
 use serde::Deserialize;
 
@@ -223,6 +223,17 @@ pub struct KernelSpec {
     /// Conditions the kernel requires of its inputs, over them and its constants.
     #[serde(default)]
     pub requires: Vec<RequirementSpec>,
+    /// The kernel's template parameter list (`typename Ktraits`) that each entry's template
+    /// arguments bind to in `computed` expressions.
+    pub template: Option<String>,
+    /// Constants the compiler computes while building each variant, by name: C++ constant
+    /// expressions (`sizeof(typename Ktraits::SmemStorage)`), per entry when `template` is set.
+    #[serde(default)]
+    pub computed: BTreeMap<String, String>,
+    /// C structs whose layout the compiler reports per arch, with the fields checked at launch
+    /// (`{ ConvParamsBase = ["batch", "dim"] }`).
+    #[serde(default)]
+    pub structs: BTreeMap<String, Vec<String>>,
 }
 
 /// One `requires` entry: `{ when = "dim % BLOCK_M == 0", reason = "..." }`.
@@ -411,6 +422,15 @@ impl Manifest {
             }
         }
         targets
+    }
+
+    /// What a kernel asks the compiler to compute: its `template`, `computed` and `structs`.
+    pub fn computed_of(kernel: &KernelSpec) -> ComputedInputs {
+        ComputedInputs {
+            template: kernel.template.clone().unwrap_or_default(),
+            constants: kernel.computed.clone(),
+            structs: kernel.structs.clone(),
+        }
     }
 
     /// A kernel's preamble: its own, else the library's, else none (empty).

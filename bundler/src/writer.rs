@@ -594,6 +594,7 @@ mod tests {
             .enumerate()
             .map(|(n, (digest, bytes))| {
                 let variant = prebuilt::Variant {
+                    structs: Default::default(),
                     arch: "sm_90a".parse().unwrap(),
                     cuda: "cu130".parse().unwrap(),
                     torch: "2.13.*".to_owned(),

@@ -2105,6 +2105,7 @@ fn an_unknown_entry_lists_the_candidates_as_entries_spell_them() {
          spells them: scale<float, (unsigned int)8, &twice>)"
     );
 }
+mod computed;
 mod extensions;
 mod real;
 mod stubs;

@@ -791,6 +791,7 @@ mod tests {
         let digest = sha256_hex(content);
         let stored = StoredFile::artifact(digest.clone(), content.len() as u64, frame.len() as u64);
         let variant = |cuda: &str| Variant {
+            structs: Default::default(),
             arch: "sm_90a".parse().unwrap(),
             cuda: cuda.parse().unwrap(),
             torch: "2.13.*".to_owned(),

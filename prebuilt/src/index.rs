@@ -109,6 +109,35 @@ pub struct KernelInputs {
     /// `requires`), checked by [`crate::requires`]. Absent when empty.
     #[serde(default, skip_serializing_if = "Requirements::is_empty")]
     pub requires: Requirements,
+    /// The constants the compiler computes and the struct layouts it reports (the manifest's
+    /// `template`, `computed` and `structs`). Absent when empty.
+    #[serde(default, skip_serializing_if = "ComputedInputs::is_empty")]
+    pub computed: ComputedInputs,
+}
+
+/// What a kernel asks the compiler to compute while building each variant
+/// ([`crate::compile::computed`]): constant expressions, per entry when they name the
+/// kernel's template parameters, and the layouts of C structs, per arch.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ComputedInputs {
+    /// The kernel's template parameter list (`typename Ktraits`) that each entry's template
+    /// arguments bind to; empty: every expression is evaluated as written, once.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub template: String,
+    /// Each constant's C++ expression, by name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub constants: BTreeMap<String, String>,
+    /// Each C struct whose layout is checked at launch, with the fields checked, in order.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub structs: BTreeMap<String, Vec<String>>,
+}
+
+impl ComputedInputs {
+    /// Whether nothing is computed.
+    pub fn is_empty(&self) -> bool {
+        self.template.is_empty() && self.constants.is_empty() && self.structs.is_empty()
+    }
 }
 
 /// What a kernel requires of the values it is called with: the names of those values and the
@@ -281,6 +310,34 @@ pub struct Variant {
     pub artifact: StoredFile,
     /// The entry functions in the cubin, in the order of the kernel's entries.
     pub functions: Vec<Function>,
+    /// The layout of each struct the kernel names (`structs`), as this variant's compile
+    /// computed it. Absent when empty.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub structs: BTreeMap<String, StructLayout>,
+}
+
+/// A C struct's layout as the compiler of one variant computed it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StructLayout {
+    /// `sizeof`.
+    pub size: u64,
+    /// `alignof`.
+    pub align: u64,
+    /// The fields the manifest names, in its order.
+    pub fields: Vec<FieldLayout>,
+}
+
+/// One field of a [`StructLayout`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FieldLayout {
+    /// The field's name.
+    pub name: String,
+    /// `offsetof`.
+    pub offset: u64,
+    /// `sizeof` the field.
+    pub size: u64,
 }
 
 impl Variant {
@@ -319,6 +376,10 @@ pub struct Function {
     pub symbol: String,
     /// Each parameter's size in bytes, in order, from the cubin's `.nv.info`.
     pub param_sizes: Vec<u32>,
+    /// The value of each constant the compiler computed for this entry (`computed`). Absent
+    /// when empty.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub computed: BTreeMap<String, i64>,
 }
 
 /// A target of the matrix that has no variant.

@@ -21,6 +21,7 @@
 //! | compiler and its exact version: for nvcc also the host compiler (`gcc --version`), for the `nvcc+ptxas` route also ptxas's version | nvcc and NVRTC, or two patch releases, emit different code; nvcc preprocesses device code with the host compiler and its libstdc++/glibc headers; the assembler writes the machine code |
 //! | preamble, only when there is one (or requirements are) | it is compiled with the source (see below) |
 //! | requirements (`inputs`, then each condition and its reason), only when there are some | a kernel that accepts other shapes is another kernel: a release that changes one is told apart |
+//! | computed inputs (`template`, each constant's name and expression, each struct and its fields), only when there are some | they are compiled into the cubin, and their values ship with it |
 //!
 //! Per-arch values are merged before hashing ([`KernelInputs::for_arch`]): a target is keyed
 //! by what it compiles with, so an arch without a `targets` table keeps the key it had. The
@@ -29,7 +30,9 @@
 //! key with a preamble cannot equal one without. Requirements came later still and follow the
 //! same rule: a kernel that declares some hashes its preamble (empty or not, length-prefixed)
 //! and then them, so the stream of a kernel with requirements never ends where one without
-//! does and no two of the three shapes can be equal. An input added later that is not empty
+//! does and no two of the three shapes can be equal. Computed inputs came last: a kernel that
+//! declares some hashes its preamble and requirements (each length- or count-prefixed, empty or
+//! not) and then them, so again its stream never ends where another shape's does. An input added later that is not empty
 //! for every kernel needs [`KEY_FORMAT`] bumped.
 //!
 //! Paths are stable paths (relative to the manifest's directory or to an include dir), never
@@ -135,10 +138,11 @@ impl KernelKey {
         hasher.bytes(key.compiler.version.as_bytes());
         // Optional, so that a kernel without them keeps its format 2 key (module docs).
         let requires = &inputs.requires;
-        if !inputs.preamble.is_empty() || !requires.is_empty() {
+        if !inputs.preamble.is_empty() || !requires.is_empty() || !inputs.computed.is_empty() {
             hasher.bytes(inputs.preamble.as_bytes());
         }
-        if !requires.is_empty() {
+        let computed = &inputs.computed;
+        if !requires.is_empty() || !computed.is_empty() {
             hasher.strings(&requires.inputs);
             hasher.count(requires.rules.len());
             for rule in &requires.rules {
@@ -150,6 +154,15 @@ impl KernelKey {
                         hasher.bytes(reason.as_bytes());
                     }
                 }
+            }
+        }
+        if !computed.is_empty() {
+            hasher.bytes(computed.template.as_bytes());
+            hasher.pairs(&computed.constants);
+            hasher.count(computed.structs.len());
+            for (name, fields) in &computed.structs {
+                hasher.bytes(name.as_bytes());
+                hasher.strings(fields);
             }
         }
         KernelKey(hasher.finish())
@@ -371,6 +384,48 @@ mod tests {
         assert_ne!(
             key_with(|inputs, _| inputs.preamble = "using namespace a;".into()),
             key_with(|inputs, _| inputs.preamble = "using namespace b;".into()),
+        );
+    }
+
+    #[test]
+    fn computed_inputs_are_in_the_key() {
+        assert_changes("computed constant", |inputs, _| {
+            inputs
+                .computed
+                .constants
+                .insert("smem".into(), "sizeof(int)".into());
+        });
+        assert_changes("template", |inputs, _| {
+            inputs.computed.template = "typename K".into();
+            inputs
+                .computed
+                .constants
+                .insert("smem".into(), "sizeof(K)".into());
+        });
+        assert_changes("struct", |inputs, _| {
+            inputs.computed.structs.insert("P".into(), vec!["a".into()]);
+        });
+        assert_ne!(
+            key_with(|inputs, _| {
+                inputs
+                    .computed
+                    .constants
+                    .insert("smem".into(), "sizeof(int)".into());
+            }),
+            key_with(|inputs, _| {
+                inputs
+                    .computed
+                    .constants
+                    .insert("smem".into(), "sizeof(long)".into());
+            }),
+        );
+        assert_ne!(
+            key_with(|inputs, _| {
+                inputs.computed.structs.insert("P".into(), vec!["a".into()]);
+            }),
+            key_with(|inputs, _| {
+                inputs.computed.structs.insert("P".into(), vec!["b".into()]);
+            }),
         );
     }
 

@@ -88,8 +88,9 @@ pub const LOOKUP_FILE: &str = "kernels.idx";
 /// and every function name whole; format 3 kept the vocabulary in the JSON meta (an open
 /// parsed every family's digest) and wrote each include graph file's folder out; format 4
 /// wrote the first entry of each of a kernel's function sets out in full, most often a copy
-/// of the kernel's own name; format 5 had no requirements in the inputs record.
-pub const LOOKUP_FORMAT: u32 = 6;
+/// of the kernel's own name; format 5 had no requirements in the inputs record; format 6 had
+/// no computed constants (in function sets and inputs) and no struct layouts (in variants).
+pub const LOOKUP_FORMAT: u32 = 7;
 
 const MAGIC: &[u8; 8] = b"KWHEELIX";
 const HEADER_LEN: u64 = 80;
@@ -733,6 +734,7 @@ mod tests {
                     }),
                     constants: BTreeMap::from([("BLOCK".to_owned(), Constant::Integer(n as i64))]),
                     variants: vec![Variant {
+                        structs: Default::default(),
                         arch: "sm_90a".parse().unwrap(),
                         cuda: "cu130".parse().unwrap(),
                         torch: "2.13.*".to_owned(),
@@ -836,6 +838,7 @@ mod tests {
             record.variants[0].functions = names
                 .iter()
                 .map(|name| crate::index::Function {
+                    computed: Default::default(),
                     name: name.clone(),
                     symbol: name.clone(),
                     param_sizes: vec![8, 960],
@@ -890,12 +893,15 @@ mod tests {
     #[test]
     fn another_format_is_refused_naming_the_format_this_reads() {
         let mut bytes = encode(&index(3));
-        bytes[8..12].copy_from_slice(&7u32.to_le_bytes());
+        bytes[8..12].copy_from_slice(&(LOOKUP_FORMAT + 1).to_le_bytes());
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(LOOKUP_FILE);
         std::fs::write(&path, bytes).unwrap();
         let message = Lookup::open(&path).unwrap_err().to_string();
-        assert!(message.contains("format 7"), "{message}");
+        assert!(
+            message.contains(&format!("format {}", LOOKUP_FORMAT + 1)),
+            "{message}"
+        );
         assert!(
             message.contains(&format!("reads format {LOOKUP_FORMAT}")),
             "{message}"
@@ -1361,6 +1367,7 @@ mod tests {
             second.artifact.dictionary = Some(family.clone());
             second.artifact.path = format!("elsewhere/{n}.zst");
             second.functions = vec![crate::index::Function {
+                computed: Default::default(),
                 name: "scale<float>".into(),
                 symbol: "_Z5scaleIfEvPT_".into(),
                 param_sizes: vec![8, 4],
@@ -1382,6 +1389,7 @@ mod tests {
         for (n, record) in index.kernels.values_mut().enumerate() {
             record.skipped[0].reason = reason.into();
             let function = |name: String| crate::index::Function {
+                computed: Default::default(),
                 symbol: name.clone(),
                 name,
                 param_sizes: vec![8],
@@ -1553,6 +1561,7 @@ mod tests {
             .map(|_| {
                 name.push('x');
                 crate::index::Function {
+                    computed: Default::default(),
                     name: name.clone(),
                     symbol: name.clone(),
                     param_sizes: vec![],
@@ -1574,6 +1583,7 @@ mod tests {
         let record = index.kernels.values_mut().next().unwrap();
         let name = "x".repeat(100_000);
         record.variants[0].functions = vec![crate::index::Function {
+            computed: Default::default(),
             name: name.clone(),
             symbol: name,
             param_sizes: vec![],
@@ -1660,11 +1670,18 @@ mod tests {
         let message = error.to_string();
         assert!(message.contains(LOOKUP_FILE), "{message}");
         assert!(message.contains("has format 1"), "{message}");
-        assert!(message.contains("reads format 6"), "{message}");
+        assert!(
+            message.contains(&format!("reads format {LOOKUP_FORMAT}")),
+            "{message}"
+        );
         // A newer one, even one too short for this format's header, is named by its format.
-        bytes[8..12].copy_from_slice(&7u32.to_le_bytes());
+        let newer = LOOKUP_FORMAT + 1;
+        bytes[8..12].copy_from_slice(&newer.to_le_bytes());
         let message = opened(&bytes[..12]).0.unwrap_err().to_string();
-        assert!(message.contains("has format 7"), "{message}");
+        assert!(
+            message.contains(&format!("has format {newer}")),
+            "{message}"
+        );
     }
 
     #[test]
@@ -1891,6 +1908,7 @@ mod tests {
         let mut record = index(1).kernels.into_values().next().unwrap();
         record.recipe = None;
         let empty = crate::index::Function {
+            computed: Default::default(),
             name: String::new(),
             symbol: String::new(),
             param_sizes: vec![],

@@ -27,6 +27,7 @@ pub fn build(text: &str) -> CudaBuild {
 pub fn variant(label: &str) -> Variant {
     let (cuda, target) = label.split_once('/').unwrap();
     Variant {
+        structs: Default::default(),
         arch: arch(target),
         cuda: build(cuda),
         torch: "2.13.*".to_owned(),

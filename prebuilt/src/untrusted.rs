@@ -358,6 +358,28 @@ pub fn check_kernel(name: &str, record: &KernelRecord) -> Result<(), Untrusted> 
         let what = || format!("`{name}` ({})", variant.label());
         check_stored_as(&variant.artifact, MAX_ARTIFACT_SIZE, &what)?;
         Digest::check(&variant.key).map_err(|e| e.of(format!("the key of {}", what())))?;
+        // Values the compiler computed are only ever of what the kernel's inputs declare.
+        let declared = &record.inputs.computed;
+        let undeclared = variant
+            .functions
+            .iter()
+            .flat_map(|function| function.computed.keys())
+            .find(|constant| !declared.constants.contains_key(*constant))
+            .map(|constant| ("computed constant", constant))
+            .or_else(|| {
+                let structs = variant.structs.keys();
+                structs
+                    .into_iter()
+                    .find(|name| !declared.structs.contains_key(*name))
+                    .map(|name| ("struct layout", name))
+            });
+        if let Some((kind, value)) = undeclared {
+            return Err(Untrusted {
+                what: format!("a {kind} of {}", what()),
+                value: value.clone(),
+                reason: "is not among the kernel's declared `computed` inputs".to_owned(),
+            });
+        }
     }
     for (stable, digest) in &record.inputs.files {
         Digest::check(digest)
@@ -506,6 +528,29 @@ pub(crate) fn check_resolved_inside(root: &Path, resolved: &Path) -> std::io::Re
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn computed_values_must_be_declared_by_the_kernels_inputs() {
+        let mut record = crate::testing::record(&["cu130/sm_90a"], &[]);
+        let variant = &mut record.variants[0];
+        variant.key = "0".repeat(64);
+        variant.artifact.digest = "1".repeat(64);
+        variant.artifact.path = crate::bundle::artifact_path(&variant.artifact.digest);
+        variant.functions.push(crate::index::Function {
+            name: "k".into(),
+            symbol: "k".into(),
+            param_sizes: vec![8],
+            computed: BTreeMap::from([("smem".to_owned(), 1024)]),
+        });
+        let refused = check_kernel("k", &record).unwrap_err().to_string();
+        assert!(refused.contains("smem"), "{refused}");
+        record
+            .inputs
+            .computed
+            .constants
+            .insert("smem".into(), "sizeof(S)".into());
+        check_kernel("k", &record).unwrap();
+    }
 
     #[test]
     fn digests_are_64_lowercase_hex_only() {

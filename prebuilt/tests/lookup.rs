@@ -57,7 +57,7 @@ prop_compose! {
             variant.functions = entries
                 .iter()
                 .zip(&params)
-                .map(|(entry, sizes)| Function {
+                .map(|(entry, sizes)| Function { computed: Default::default(),
                     name: entry.clone(),
                     symbol: format!("_Z{}{entry}v", entry.len()),
                     param_sizes: sizes.clone(),

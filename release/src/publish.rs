@@ -329,6 +329,7 @@ mod tests {
 
     fn variant(cuda: &str, arch: &str) -> Variant {
         Variant {
+            structs: Default::default(),
             arch: arch.parse().unwrap(),
             cuda: cuda.parse().unwrap(),
             torch: "2.13.*".into(),

@@ -34,7 +34,7 @@ mod tests;
 
 use std::path::PathBuf;
 
-use prebuilt::compile::{self, CompileFailure, CompileJob, CompilerTool};
+use prebuilt::compile::{self, computed, CompileFailure, CompileJob, CompilerTool};
 use prebuilt::index::CompilerRecord;
 use prebuilt::nvrtc::NvrtcError;
 use prebuilt::target::{Arch, CudaBuild};
@@ -249,6 +249,28 @@ impl CompileError {
             error => error,
         }
     }
+}
+
+/// `error` with a note naming what a failed line of the generated evaluations computes
+/// ([`prebuilt::compile::computed`]): the constant and its entry, or the struct and field.
+pub(crate) fn explain_computed(request: &CompileRequest<'_>, error: CompileError) -> CompileError {
+    let evaluations = request.job.computed;
+    if evaluations.is_empty() {
+        return error;
+    }
+    error.explain_log(|log| {
+        let Some(evaluation) = computed::evaluation_of_error(&log).and_then(|n| evaluations.get(n))
+        else {
+            return log;
+        };
+        format!(
+            "{log}\nnote: `{}` is the kernel's `computed` and `structs` expressions, one line \
+             each; the error is in {} of kernel `{}`\n",
+            computed::COMPUTED_FILE,
+            evaluation.label,
+            request.kernel
+        )
+    })
 }
 
 fn sm_list(archs: &[u32]) -> String {

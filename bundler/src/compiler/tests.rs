@@ -90,6 +90,7 @@ fn request<'a>(
     CompileRequest {
         kernel: "scale_rows",
         job: CompileJob {
+            computed: Default::default(),
             key,
             tree: &fixture.tree,
             source: "scale.cu",
@@ -820,6 +821,7 @@ fn compile_place_sensitive(
     let request = CompileRequest {
         kernel: "k",
         job: CompileJob {
+            computed: Default::default(),
             key,
             tree,
             source: "ops/k.cu",

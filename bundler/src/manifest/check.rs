@@ -185,6 +185,9 @@ impl Manifest {
                     ("torch", kernel.torch == Some(true)),
                     ("preamble", kernel.preamble.is_some()),
                     ("targets", !kernel.targets.is_empty()),
+                    ("template", kernel.template.is_some()),
+                    ("computed", !kernel.computed.is_empty()),
+                    ("structs", !kernel.structs.is_empty()),
                 ];
                 if let Some((key, _)) = compile_only.iter().find(|(_, set)| *set) {
                     return Err(invalid(
@@ -192,6 +195,9 @@ impl Manifest {
                         format!("`{key}` applies to compiled sources, not to `cubins`"),
                     ));
                 }
+            }
+            if let Some(message) = check_computed(kernel) {
+                return Err(invalid(Some(name), message));
             }
             if self.torch_of(kernel) && self.compiler_of(kernel) == CompilerChoice::Nvrtc {
                 return Err(invalid(Some(name), TORCH_NEEDS_NVCC.into()));
@@ -493,4 +499,71 @@ fn is_package_name(text: &str) -> bool {
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
         && text.starts_with(|c: char| c.is_ascii_alphanumeric())
+}
+
+/// What is wrong with a kernel's `template`, `computed` and `structs`, if anything: a constant
+/// must be an identifier that no exported constant or other computed value takes, a
+/// `template` binds only entries that have template arguments, and a struct names its fields.
+fn check_computed(kernel: &KernelSpec) -> Option<String> {
+    if let Some(template) = &kernel.template {
+        if kernel.computed.is_empty() {
+            return Some(
+                "`template` names the parameters `computed` binds, but there is no `computed`"
+                    .into(),
+            );
+        }
+        if template.trim().is_empty() {
+            return Some(
+                "`template` is empty; leave it out to evaluate `computed` as written".into(),
+            );
+        }
+        if let Some(entry) = kernel
+            .entries
+            .iter()
+            .find(|entry| prebuilt::compile::computed::template_arguments(entry).is_none())
+        {
+            return Some(format!(
+                "`template = \"{template}\"` binds each entry's template arguments, but entry \
+                 `{entry}` has none"
+            ));
+        }
+    }
+    for (name, expression) in &kernel.computed {
+        if !is_identifier(name) {
+            return Some(format!("computed constant `{name}` must be a C identifier"));
+        }
+        if kernel.constants.contains_key(name) {
+            return Some(format!(
+                "computed constant `{name}` has the name of an exported constant of the kernel; \
+                 a kernel's constants and computed constants are read by name, so each name \
+                 may be one of them only"
+            ));
+        }
+        if expression.trim().is_empty() || expression.contains('\n') {
+            return Some(format!(
+                "computed constant `{name}` must be a C++ expression on one line"
+            ));
+        }
+    }
+    for (name, fields) in &kernel.structs {
+        let qualified = name.split("::").all(is_identifier);
+        if !qualified {
+            return Some(format!(
+                "struct `{name}` must be a C++ type name (`Params`, `ns::Params`)"
+            ));
+        }
+        if fields.is_empty() {
+            return Some(format!("struct `{name}` names no fields to check"));
+        }
+        if let Some(field) = fields.iter().find(|field| !is_identifier(field)) {
+            return Some(format!(
+                "field `{field}` of struct `{name}` must be a C identifier"
+            ));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        if let Some(field) = fields.iter().find(|field| !seen.insert(field.as_str())) {
+            return Some(format!("struct `{name}` names field `{field}` twice"));
+        }
+    }
+    None
 }

@@ -58,6 +58,7 @@ pub(super) fn assemble(
                         dictionary: None,
                     },
                     functions: built.functions.clone(),
+                    structs: built.structs.clone(),
                 });
                 cubins.insert(built.digest.clone(), cache.entry_path(&job.key));
             }

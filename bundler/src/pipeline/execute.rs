@@ -11,6 +11,7 @@ use rayon::iter::{ParallelBridge as _, ParallelIterator as _};
 pub(super) struct Fetched {
     pub(super) cubin: Vec<u8>,
     pub(super) functions: Vec<Function>,
+    pub(super) structs: BTreeMap<String, StructLayout>,
     pub(super) compiled: bool,
     pub(super) remote: bool,
 }
@@ -97,6 +98,7 @@ pub(super) fn execute(
                     digest: done.digest,
                     size: done.size,
                     functions: done.functions,
+                    structs: done.structs,
                     stub_entries,
                 })
             }
@@ -114,6 +116,7 @@ pub(super) struct Finished {
     pub(super) digest: String,
     pub(super) size: u64,
     pub(super) functions: Vec<Function>,
+    pub(super) structs: BTreeMap<String, StructLayout>,
     pub(super) compiled: bool,
     pub(super) remote: bool,
     /// The declared entries whose bodies are stubs on this target, as (entry, stub).
@@ -297,6 +300,7 @@ pub(super) fn run_job(
             digest: sha256_hex(&built.cubin),
             size: built.cubin.len() as u64,
             functions: built.functions,
+            structs: built.structs,
             compiled: built.compiled,
             remote: built.remote,
         }),
@@ -440,10 +444,11 @@ fn fetch_or_compile(
             .and_then(|bytes| serde_json::from_slice(&bytes).ok())
             .unwrap_or_default();
         match check_cubin(&cubin, job, kernel, &symbols) {
-            Ok(functions) => {
+            Ok((functions, structs)) => {
                 return Ok(Fetched {
                     cubin,
                     functions,
+                    structs,
                     compiled: false,
                     remote: false,
                 })
@@ -463,7 +468,7 @@ fn fetch_or_compile(
                 .get_remote_file(&symbols_key, &what)
                 .and_then(|bytes| serde_json::from_slice(&bytes).ok())
                 .unwrap_or_default();
-            let functions = check_cubin(cubin, job, kernel, &symbols)
+            let (functions, structs) = check_cubin(cubin, job, kernel, &symbols)
                 .map_err(|error| prebuilt::error_chain(&error))?;
             let expected = prebuilt::cubin::identity::ExpectedCubin {
                 arch: job.arch,
@@ -473,14 +478,15 @@ fn fetch_or_compile(
             };
             prebuilt::cubin::identity::check_identity(cubin, &expected)
                 .map_err(|error| error.to_string())?;
-            Ok((functions, symbols))
+            Ok((functions, structs, symbols))
         });
-        if let Some((cubin, (functions, symbols))) = served {
+        if let Some((cubin, (functions, structs, symbols))) = served {
             cache.put(&job.key, &cubin)?;
             put_symbols(cache, &symbols_path, &symbols, None)?;
             return Ok(Fetched {
                 cubin,
                 functions,
+                structs,
                 compiled: false,
                 remote: true,
             });
@@ -523,13 +529,16 @@ fn fetch_or_compile(
                     arch: job.arch,
                     name_expressions: &name_expressions,
                     preamble: &inputs.preamble,
+                    computed: &kernel.computed.evaluations,
                 },
             };
-            let output = compiler.compile(&request).map_err(Box::new)?;
+            let output = compiler
+                .compile(&request)
+                .map_err(|error| Box::new(crate::compiler::explain_computed(&request, error)))?;
             (output.cubin, output.lowered_names)
         }
     };
-    let functions = check_cubin(&cubin, job, kernel, &symbols)?;
+    let (functions, structs) = check_cubin(&cubin, job, kernel, &symbols)?;
     cache.put(&job.key, &cubin)?;
     put_symbols(cache, &symbols_path, &symbols, None)?;
     if compiles {
@@ -540,6 +549,7 @@ fn fetch_or_compile(
     Ok(Fetched {
         cubin,
         functions,
+        structs,
         compiled: true,
         remote: false,
     })
@@ -575,8 +585,28 @@ pub(super) fn put_symbols(
 /// Validates a cubin for its job and maps each declared entry to its symbol and parameters:
 /// the symbol the compiler gave a name expression (`symbols`), else the entry itself, the
 /// mangled symbol that demangles to it, or for a plain name the one kernel of that name
-/// ([`resolve_entries`]).
+/// ([`resolve_entries`]); with the values the compile computed (`computed`, `structs`) read
+/// back from it.
 pub(super) fn check_cubin(
+    cubin: &[u8],
+    job: &Job,
+    kernel: &PlannedKernel,
+    symbols: &BTreeMap<String, String>,
+) -> Result<(Vec<Function>, BTreeMap<String, StructLayout>), Error> {
+    let mut functions = resolve_functions(cubin, job, kernel, symbols)?;
+    let plan = &kernel.computed;
+    let values =
+        read_computed(cubin, plan.evaluations.len()).map_err(|source| Error::ComputedMissing {
+            kernel: kernel.name.clone(),
+            arch: job.arch,
+            build: job.build,
+            detail: source.to_string(),
+        })?;
+    let structs = plan.assign(&values, &mut functions);
+    Ok((functions, structs))
+}
+
+fn resolve_functions(
     cubin: &[u8],
     job: &Job,
     kernel: &PlannedKernel,

@@ -59,11 +59,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use prebuilt::compile::computed::{read_computed, ComputedPlan};
 use prebuilt::compile::{resolve_entries, CompileJob, EntryError};
 use prebuilt::cubin::{stub_entries, StubEntry};
 use prebuilt::index::{
     CompilerRecord, Function, Index, KernelInputs, KernelRecord, Skip, SkipReason, SourceRecipe,
-    StoredFile, Variant, INDEX_FORMAT,
+    StoredFile, StructLayout, Variant, INDEX_FORMAT,
 };
 use prebuilt::key::{sha256_hex, KeyInputs};
 use prebuilt::{Arch, CudaBuild, KernelKey};

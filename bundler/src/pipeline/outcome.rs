@@ -53,6 +53,9 @@ pub struct Built {
     /// Its entries, as the index records them.
     #[serde(skip)]
     pub functions: Vec<Function>,
+    /// The struct layouts its compile computed.
+    #[serde(skip)]
+    pub structs: std::collections::BTreeMap<String, prebuilt::index::StructLayout>,
     /// Entries that are stubs on this target, kept for the kernel's other entries (launching
     /// one there fails), as (entry, what the stub does).
     #[serde(skip_serializing_if = "Vec::is_empty")]

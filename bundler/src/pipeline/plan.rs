@@ -163,6 +163,8 @@ pub struct PlannedKernel {
     pub include_dirs: Vec<PathBuf>,
     /// The torch whose headers and defines it compiles with (`torch = true`).
     pub torch: Option<crate::torch::TorchHeaders>,
+    /// What its compiles evaluate (`computed`, `structs`), decided once from its inputs.
+    pub computed: ComputedPlan,
 }
 
 pub(super) enum Work {
@@ -216,6 +218,7 @@ pub fn plan_kernel(
         preamble: manifest.preamble_of(spec),
         targets: manifest.targets_of(spec),
         requires: Manifest::requirements_of(spec),
+        computed: Manifest::computed_of(spec),
     };
     let torch = if manifest.torch_of(spec) {
         let torch = crate::torch::find_pinned(manifest).map_err(|source| Error::Torch {
@@ -259,6 +262,7 @@ pub fn plan_kernel(
             system_headers: Vec::new(),
             include_dirs: Vec::new(),
             torch: None,
+            computed: ComputedPlan::default(),
         });
     }
     let source = manifest.root.join(&spec.sources[0]);
@@ -314,6 +318,7 @@ pub fn plan_kernel(
         .enumerate()
         .map(|(n, dir)| stable_dir(&manifest.root, dir, n))
         .collect();
+    let computed = ComputedPlan::new(&inputs.computed, &inputs.entries);
     Ok(PlannedKernel {
         name: name.to_owned(),
         graph: Some(graph),
@@ -325,6 +330,7 @@ pub fn plan_kernel(
         system_headers,
         include_dirs,
         torch,
+        computed,
     })
 }
 

@@ -115,6 +115,16 @@ _OPTION_NAMES = ("cluster", "cooperative", "programmatic", "priority")
 _NO_OPTIONS = (None, False, False, None)
 
 
+class Constants(dict):
+    """The kernel's exported constants, as the ``constants`` a launch function gets, with
+    ``computed``: the constants the compiler computed on the loaded variant (the manifest's
+    ``computed``), by entry (``constants.computed["conv<Traits<128>>"]["smem"]``)."""
+
+    def __init__(self, constants, computed):
+        super().__init__(constants)
+        self.computed = computed
+
+
 def ceil_div(numerator, denominator):
     """The number of blocks of ``denominator`` that cover ``numerator``."""
     return -(-numerator // denominator)
@@ -213,7 +223,8 @@ class Library:
         (functional: no aliasing or mutation). ``kernel``: the registry's kernel it launches.
         ``shape(*args)``: a list of ``(shape, dtype)``, one per output, computed from the
         arguments' shapes and dtypes only (it also runs on fake tensors). ``launch(constants,
-        outputs, *args)``: a ``Launch`` from the kernel's exported constants, the allocated
+        outputs, *args)``: a ``Launch`` from the kernel's exported constants (a dict, whose
+        ``computed`` attribute holds the compiler's computed constants by entry), the allocated
         outputs and the arguments (tensors made contiguous). ``reference(*args)``: the same op
         in torch, the implementation for CPU tensors. ``fallback``: run ``reference`` on CUDA,
         with a ``FallbackWarning``, where the kernel has no fitting variant and the JIT is
@@ -368,7 +379,7 @@ class LazyKernel:
             functions[None] = functions[entries[0]]
         self._labels[device] = kernel.trace_label
         self._kernels[device] = kernel
-        return functions, dict(kernel.constants)
+        return functions, Constants(kernel.constants, dict(kernel.computed))
 
     def unsupported_shape_reason(self, device, values):
         """Why the kernel loaded on ``device`` cannot run with ``values`` (its inputs), or

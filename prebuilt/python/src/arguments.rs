@@ -13,7 +13,9 @@
 //! hand over a strided tensor's pointer knowingly. kwheel never imports torch; it only calls
 //! these methods on the objects it is given.
 //!
-//! A struct parameter is checked by its size only: the cubin's `.nv.info` records each
+//! A `ctypes.Structure` whose class names its C struct (`_kwheel_struct_ = "ConvParams"`,
+//! one of the manifest's `structs`) is checked field by field first ([`crate::structs`]).
+//! Otherwise a struct parameter is checked by its size only: the cubin's `.nv.info` records each
 //! parameter's offset and size (and, for a pointer, the alignment of what it points to), not
 //! the parameter's own alignment or its fields, and the index keeps the sizes. A
 //! `ctypes.Structure` laid out like the C struct (the same fields, `_pack_` where the C side
@@ -89,6 +91,7 @@ pub(crate) fn encode(
                     "argument {index} of `{entry}` (kernel `{kernel}`) {why}"
                 ))
             };
+            crate::structs::check_struct_argument(kernel, entry, index, value, function.structs())?;
             let value = classify(value, device).map_err(|error| match error {
                 Refused::Type(what) => PyTypeError::new_err(format!(
                     "argument {index} of `{entry}` (kernel `{kernel}`) is {what}: pass a tensor \

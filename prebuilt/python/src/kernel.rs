@@ -88,6 +88,25 @@ impl Kernel {
         constants_dict(py, self.inner.constants())
     }
 
+    /// The constants the compiler computed on the loaded variant (the manifest's
+    /// `computed`), by entry: `{"conv<Traits<128>>": {"smem": 1024, "threads": 128}}`.
+    #[getter]
+    fn computed<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let dict = PyDict::new(py);
+        for function in self.inner.functions() {
+            dict.set_item(function.name(), function.computed().clone())?;
+        }
+        Ok(dict)
+    }
+
+    /// The layout of each C struct the manifest names (`structs`) on the loaded variant:
+    /// `{"ConvParams": {"size": 40, "align": 8, "fields": [("batch", 0, 4), ...]}}`; a
+    /// `ctypes.Structure` argument with `_kwheel_struct_` is checked against it at launch.
+    #[getter]
+    fn structs<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        crate::structs::structs_dict(py, self.inner.structs())
+    }
+
     /// Why this kernel cannot run with `inputs` (its manifest's `inputs`, by keyword: ints,
     /// torch sizes, bools), or `None`: its first requirement those values break, in words with
     /// the values, over the constants of the variant it loaded.
@@ -240,6 +259,13 @@ impl Function {
     #[getter]
     fn name(&self) -> &str {
         self.inner.name()
+    }
+
+    /// The constants the compiler computed for this entry on the loaded variant
+    /// (`{"smem": 1024, "threads": 128}`).
+    #[getter]
+    fn computed(&self) -> BTreeMap<String, i64> {
+        self.inner.computed().clone()
     }
 
     /// Its symbol in the cubin (mangled for a template).

@@ -29,6 +29,7 @@ mod errors;
 mod kernel;
 mod registry;
 mod requires;
+mod structs;
 mod tensor_map;
 
 use pyo3::prelude::*;
@@ -56,6 +57,7 @@ fn _kwheel(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add("ArgumentError", py.get_type::<ArgumentError>())?;
     module.add_function(wrap_pyfunction!(loaded_kernels, module)?)?;
     module.add_function(wrap_pyfunction!(trace_label, module)?)?;
+    module.add_function(wrap_pyfunction!(structs::check_struct_layout, module)?)?;
     module.add_function(wrap_pyfunction!(trace_variable, module)?)?;
     module.add_function(wrap_pyfunction!(trace_enabled, module)?)?;
     module.add_function(wrap_pyfunction!(tensor_map::encode_tensor_map, module)?)?;

@@ -450,5 +450,57 @@ class NativeLibraries(unittest.TestCase):
             result = subprocess.run([sys.executable, "-c", script, *paths], capture_output=True, text=True)
             self.assertEqual(result.stdout.split(), ["5", "6"], result.stderr)
 
+CONV_PARAMS = {
+    "ConvParams": {
+        "size": 32,
+        "align": 8,
+        "fields": [("batch", 0, 4), ("dim", 4, 4), ("seqlen", 8, 8), ("x_ptr", 16, 8), ("width", 24, 2)],
+    }
+}
+
+
+class StructLayouts(unittest.TestCase):
+    """A ctypes.Structure that names its C struct is checked field by field, without a GPU."""
+
+    def fields(self, swap=False, width=ctypes.c_short):
+        fields = [
+            ("batch", ctypes.c_int),
+            ("dim", ctypes.c_int),
+            ("seqlen", ctypes.c_longlong),
+            ("x_ptr", ctypes.c_void_p),
+            ("width", width),
+        ]
+        if swap:
+            fields[0], fields[1] = fields[1], fields[0]
+        return type("Params", (ctypes.Structure,), {"_kwheel_struct_": "ConvParams", "_fields_": fields})
+
+    def test_a_structure_laid_out_as_compiled_passes(self):
+        kwheel._kwheel.check_struct_layout(self.fields()(), CONV_PARAMS)
+
+    def test_a_moved_field_is_refused_naming_kernel_struct_field_and_offsets(self):
+        with self.assertRaises(kwheel.ArgumentError) as raised:
+            kwheel._kwheel.check_struct_layout(self.fields(swap=True)(), CONV_PARAMS, "conv_fwd", "conv<T>", 1)
+        self.assertEqual(
+            str(raised.exception),
+            "argument 1 of `conv<T>` (kernel `conv_fwd`): field `batch` of struct `ConvParams` is at "
+            "offset 4 with 4 bytes in `Params`, but the kernel was compiled with it at offset 0 with 4 bytes",
+        )
+
+    def test_a_resized_field_is_refused_naming_it(self):
+        with self.assertRaises(kwheel.ArgumentError) as raised:
+            kwheel._kwheel.check_struct_layout(self.fields(width=ctypes.c_int)(), CONV_PARAMS)
+        self.assertIn("field `width` of struct `ConvParams` is at offset 24 with 4 bytes", str(raised.exception))
+
+    def test_a_structure_without_the_attribute_is_left_to_the_size_check(self):
+        plain = type("Plain", (ctypes.Structure,), {"_fields_": [("dim", ctypes.c_int)]})
+        kwheel._kwheel.check_struct_layout(plain(), CONV_PARAMS)
+
+    def test_an_unknown_struct_name_is_refused(self):
+        other = type("Other", (ctypes.Structure,), {"_kwheel_struct_": "Nope", "_fields_": [("a", ctypes.c_int)]})
+        with self.assertRaises(kwheel.ArgumentError) as raised:
+            kwheel._kwheel.check_struct_layout(other(), CONV_PARAMS)
+        self.assertIn("names no such struct (its `structs`: ConvParams)", str(raised.exception))
+
+
 if __name__ == "__main__":
     unittest.main()

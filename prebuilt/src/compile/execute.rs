@@ -16,6 +16,7 @@ use std::ffi::OsString;
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use super::computed::{computed_source, Evaluation};
 use super::ptxas::{lower_ptx_isa, ptx_isa, ptxas_options, UnhonouredFlag};
 use super::work::{absolute, SourceTree, WorkDir};
 use super::{
@@ -127,6 +128,10 @@ pub struct CompileJob<'a> {
     /// nvcc gets it in the generated unit ([`super::entry_probes_source`]), NVRTC after the
     /// source's text ([`super::with_preamble`]).
     pub preamble: &'a str,
+    /// Constant expressions to evaluate, compiled after the entries
+    /// ([`super::computed::computed_source`]); their values are read back from the output
+    /// ([`super::computed::read_computed`]).
+    pub computed: &'a [Evaluation],
 }
 
 impl<'a> CompileJob<'a> {
@@ -330,18 +335,20 @@ fn run_nvcc(
         .join("bin")
         .join(nvcc.file_name().unwrap_or_default());
     let source = in_tree(job.source);
-    let unit = if job.name_expressions.is_empty() && job.preamble.is_empty() {
-        source.clone()
-    } else {
-        let text = entry_probes_source(&source, job.preamble, job.name_expressions);
-        let probes = work.path().join(ENTRY_PROBES_SOURCE);
-        fs::write(&probes, text).map_err(|source| CompileFailure::Io {
-            action: "write the entry probes to",
-            path: probes.clone(),
-            source,
-        })?;
-        PathBuf::from(ENTRY_PROBES_SOURCE)
-    };
+    let unit =
+        if job.name_expressions.is_empty() && job.preamble.is_empty() && job.computed.is_empty() {
+            source.clone()
+        } else {
+            let mut text = entry_probes_source(&source, job.preamble, job.name_expressions);
+            text.push_str(&computed_source(job.computed));
+            let probes = work.path().join(ENTRY_PROBES_SOURCE);
+            fs::write(&probes, text).map_err(|source| CompileFailure::Io {
+                action: "write the entry probes to",
+                path: probes.clone(),
+                source,
+            })?;
+            PathBuf::from(ENTRY_PROBES_SOURCE)
+        };
     let include_dirs: Vec<PathBuf> = job.include_dirs.iter().map(|dir| in_tree(dir)).collect();
     let options = job.options(&include_dirs);
     let ptx_route = assemble.is_some();
@@ -539,7 +546,13 @@ fn run_nvrtc(
     let options = job.options(&include_dirs);
     // Absolute: NVRTC resolves a relative `#line` name against this process's directory.
     let preamble_file = work.path().join(PREAMBLE_FILE).display().to_string();
-    let text = with_preamble(&text, job.preamble, &preamble_file);
+    let mut text = with_preamble(&text, job.preamble, &preamble_file);
+    if !job.computed.is_empty() {
+        if !text.is_empty() && !text.ends_with('\n') {
+            text.push('\n');
+        }
+        text.push_str(&computed_source(job.computed));
+    }
     let name = work.path().join(in_tree(job.source));
     // First, so that a kernel's own `-frandom-seed` comes later and wins.
     let mut arguments = nvrtc_options(&options, &toolkit);

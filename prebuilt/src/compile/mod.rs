@@ -12,9 +12,11 @@
 //! | [`ToolRunner`], [`Local`], [`compile_with`] | where nvcc and ptxas run: here, or handed elsewhere by the bundler (a build farm) |
 //! | [`nvrtc_options`], [`nvcc_arguments`], [`ptxas::ptxas_options`] | the options, in order |
 //! | [`entry_probes_source`], [`read_entry_probes`] | the mangled symbol of each name expression under nvcc |
+//! | [`computed`] | constants the compiler computes per entry and arch, read back from the output |
 //! | [`resolve_entries`] | a cubin's entries as the index records them, validated for the target |
 
 pub mod address_space;
+pub mod computed;
 pub mod execute;
 pub mod layout;
 pub mod lines;
@@ -519,6 +521,7 @@ pub fn resolve_entries(
                 .map(|function| function.param_sizes.clone())
                 .unwrap_or_default(),
             symbol,
+            computed: BTreeMap::new(),
         })
         .collect())
 }

@@ -306,6 +306,7 @@ mod tests {
             .functions
             .into_iter()
             .map(|function| Function {
+                computed: Default::default(),
                 name: function.symbol.clone(),
                 symbol: function.symbol,
                 param_sizes: function.param_sizes,

@@ -57,12 +57,14 @@
 //! cubin), `.address_size 64`, and every declared entry as a `.entry` whose `.param` list gives
 //! the parameter sizes. [`inspect_cubin`] and [`validate_cubin`] take either, by content.
 
+mod globals;
 pub mod identity;
 mod nvinfo;
 mod ptx;
 mod resources;
 mod stub;
 
+pub use globals::read_global_integers;
 use nvinfo::{attributes, parameter_sizes};
 use ptx::inspect_ptx;
 pub use resources::{entry_resources, EntryResources};

@@ -2,6 +2,7 @@
 //! ([`crate::compile::compile`]) run with the compiler the search found.
 
 use super::*;
+use crate::compile::computed::{read_computed, ComputedPlan};
 use crate::compile::{CompileFailure, CompileJob, CompilerTool, SourceTree};
 
 /// Verifies the shipped sources and compiles them: the cubin and its entries.
@@ -42,6 +43,7 @@ pub(super) fn compile(
     // The bundle's key: the bundler compiled under the same one, in the same work folder.
     let key = request.key(&compiler.record());
     let tree = SourceTree::shipped(&sources);
+    let plan = ComputedPlan::new(&inputs.computed, &inputs.entries);
     let job = CompileJob {
         key: &key.0,
         tree: &tree,
@@ -53,6 +55,7 @@ pub(super) fn compile(
         flags: &flags,
         name_expressions: &name_expressions,
         preamble: &inputs.preamble,
+        computed: &plan.evaluations,
     };
     let compiled = crate::compile::compile(&tool, &job).map_err(|failure| match failure {
         CompileFailure::Rejected { log } => JitError::Compile {
@@ -71,7 +74,7 @@ pub(super) fn compile(
         },
     })?;
     let (cubin, lowered_names) = (compiled.cubin, compiled.lowered_names);
-    let functions = resolve_entries(&cubin, request.arch, &inputs.entries, &lowered_names)
+    let mut functions = resolve_entries(&cubin, request.arch, &inputs.entries, &lowered_names)
         .map_err(|error| match error.missing_entry() {
             Err(source) => JitError::InvalidCubin {
                 kernel: kernel.to_owned(),
@@ -89,6 +92,15 @@ pub(super) fn compile(
             },
         })?;
     refuse_stubs(kernel, request.arch, &record, &cubin, &functions)?;
+    let values =
+        read_computed(&cubin, plan.evaluations.len()).map_err(|error| JitError::Compile {
+            kernel: kernel.to_owned(),
+            arch: request.arch,
+            build: request.cuda,
+            compiler: record.clone(),
+            log: error.to_string(),
+        })?;
+    plan.assign(&values, &mut functions);
     Ok((cubin, functions))
 }
 
@@ -151,6 +163,7 @@ mod tests {
         names
             .iter()
             .map(|name| Function {
+                computed: Default::default(),
                 name: (*name).to_owned(),
                 symbol: (*name).to_owned(),
                 param_sizes: vec![8, 8, 4],

@@ -15,7 +15,8 @@
 //! load record    recipe        u8 0 | 1, then source, include-dir count, include dirs
 //!                constants     count, then (name, tag 0 int | 1 float | 2 bool | 3 string, value)
 //!                function sets count, then per set: count, then (name; symbol-is-name
-//!                              u8, [symbol], parameter count, parameter sizes). A set's first
+//!                              u8, [symbol], parameter count, parameter sizes, computed
+//!                              constant count, then (name, zigzag value)). A set's first
 //!                              name is a head, an offset and a length of the kernel's own
 //!                              name, and a tail (head + kernel[offset..][..length] + tail);
 //!                              each next one, the bytes it shares with the one before, then
@@ -23,14 +24,17 @@
 //!                variants      count, then (arch, build, torch, compiler kind, compiler
 //!                              version: vocabulary ids; key, artifact digest: digests; size,
 //!                              stored size; path u8 0 canonical | 1 then the path; family
-//!                              dictionary: 0 none | 1 + vocabulary id; function set id)
+//!                              dictionary: 0 none | 1 + vocabulary id; function set id;
+//!                              struct count, then (name, size, align, field count, then
+//!                              (name, offset, size)))
 //!                skips         count, then (arch, build, reason: vocabulary ids)
 //! inputs record  entries (u8 0: the names of the first variant's functions, in order, as the
 //!                load record has them | 1 then the names), defines (count, then name,
 //!                value), flags, nvcc flags, nvrtc flags,
 //!                C++ standard, preamble, targets (count, then arch, defines, flags, nvcc
 //!                flags, nvrtc flags), requirements (inputs, then count, then (condition,
-//!                reason: u8 0 none | 1 then the reason))
+//!                reason: u8 0 none | 1 then the reason)), computed (template, constants
+//!                as name, expression pairs, then struct count, then (name, fields))
 //! graph record   count, then (folder: 0 none | 1 + vocabulary id, then the rest of the stable
 //!                path after the folder's `/`; digest): the kernel's include graph
 //! ```
@@ -48,9 +52,19 @@ use std::collections::BTreeMap;
 
 use crate::bundle::artifact_path;
 use crate::index::{
-    CompilerRecord, Constant, Function, KernelInputs, KernelRecord, Requirement, Requirements,
-    Skip, SourceRecipe, StoredFile, TargetInputs, Variant,
+    CompilerRecord, ComputedInputs, Constant, FieldLayout, Function, KernelInputs, KernelRecord,
+    Requirement, Requirements, Skip, SourceRecipe, StoredFile, StructLayout, TargetInputs, Variant,
 };
+
+/// A signed value as an unsigned varint's number: 0, -1, 1, -2 → 0, 1, 2, 3.
+fn zigzag(value: i64) -> u64 {
+    ((value << 1) ^ (value >> 63)) as u64
+}
+
+/// The value [`zigzag`] wrote.
+fn unzigzag(number: u64) -> i64 {
+    ((number >> 1) as i64) ^ -((number & 1) as i64)
+}
 
 mod reader;
 mod words;
@@ -253,6 +267,11 @@ pub(super) fn encode_load(kernel: &str, record: &KernelRecord, words: &Vocabular
             for size in &function.param_sizes {
                 out.number(u64::from(*size));
             }
+            out.number(function.computed.len() as u64);
+            for (name, value) in &function.computed {
+                out.text(name);
+                out.number(zigzag(*value));
+            }
         }
     }
     out.number(record.variants.len() as u64);
@@ -283,6 +302,18 @@ pub(super) fn encode_load(kernel: &str, record: &KernelRecord, words: &Vocabular
         }
         let set = sets.iter().position(|set| *set == &variant.functions);
         out.number(set.expect("every variant's set was written") as u64);
+        out.number(variant.structs.len() as u64);
+        for (name, layout) in &variant.structs {
+            out.text(name);
+            out.number(layout.size);
+            out.number(layout.align);
+            out.number(layout.fields.len() as u64);
+            for field in &layout.fields {
+                out.text(&field.name);
+                out.number(field.offset);
+                out.number(field.size);
+            }
+        }
     }
     out.number(record.skipped.len() as u64);
     for skip in &record.skipped {
@@ -329,6 +360,13 @@ pub(super) fn encode_inputs(record: &KernelRecord) -> Vec<u8> {
                 out.text(reason);
             }
         }
+    }
+    out.text(&inputs.computed.template);
+    out.map(&inputs.computed.constants);
+    out.number(inputs.computed.structs.len() as u64);
+    for (name, fields) in &inputs.computed.structs {
+        out.text(name);
+        out.texts(fields);
     }
     out.0
 }
@@ -467,10 +505,22 @@ pub(super) fn decode_load(
                     u32::try_from(size).map_err(|_| format!("has a parameter of {size} bytes"))
                 })
                 .collect::<Read<Vec<u32>>>()?;
+            let mut computed = BTreeMap::new();
+            for _ in 0..input.count()? {
+                input.held(8)?;
+                let constant = input.text()?;
+                if computed
+                    .insert(constant, unzigzag(input.number()?))
+                    .is_some()
+                {
+                    return Err("names a computed constant twice".to_owned());
+                }
+            }
             set.push(Function {
                 name,
                 symbol,
                 param_sizes,
+                computed,
             });
         }
         // What a variant's copy of the set takes: its names, their strings, the parameters.
@@ -536,6 +586,30 @@ pub(super) fn decode_load(
         }
         decoded.charge(*bytes)?;
         let functions = functions.clone();
+        let mut structs = BTreeMap::new();
+        for _ in 0..input.count()? {
+            input.held(std::mem::size_of::<StructLayout>() as u64)?;
+            let name = input.text()?;
+            let size = input.number()?;
+            let align = input.number()?;
+            let mut fields = Vec::new();
+            for _ in 0..input.count()? {
+                input.held(std::mem::size_of::<FieldLayout>() as u64)?;
+                fields.push(FieldLayout {
+                    name: input.text()?,
+                    offset: input.number()?,
+                    size: input.number()?,
+                });
+            }
+            let layout = StructLayout {
+                size,
+                align,
+                fields,
+            };
+            if structs.insert(name, layout).is_some() {
+                return Err("names a struct twice".to_owned());
+            }
+        }
         variants.push(Variant {
             arch,
             cuda,
@@ -550,6 +624,7 @@ pub(super) fn decode_load(
                 dictionary,
             },
             functions,
+            structs,
         });
     }
     let mut skipped = Vec::new();
@@ -605,6 +680,7 @@ pub(super) fn decode_inputs(bytes: &[u8], load: &Load, decoded: &Decoded) -> Rea
         preamble: input.text()?,
         targets: BTreeMap::new(),
         requires: Requirements::default(),
+        computed: ComputedInputs::default(),
     };
     for _ in 0..input.count()? {
         input.held(std::mem::size_of::<TargetInputs>() as u64)?;
@@ -632,6 +708,16 @@ pub(super) fn decode_inputs(bytes: &[u8], load: &Load, decoded: &Decoded) -> Rea
             None
         };
         inputs.requires.rules.push(Requirement { when, reason });
+    }
+    inputs.computed.template = input.text()?;
+    inputs.computed.constants = input.map()?;
+    for _ in 0..input.count()? {
+        input.held(0)?;
+        let name = input.text()?;
+        let fields = input.texts()?;
+        if inputs.computed.structs.insert(name, fields).is_some() {
+            return Err("names a struct twice".to_owned());
+        }
     }
     input.end()?;
     Ok(inputs)

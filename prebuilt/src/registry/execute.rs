@@ -119,7 +119,7 @@ impl Registry {
                         name,
                         &record.constants,
                         &bytes,
-                        entries,
+                        (entries, &variant.structs),
                         origin,
                         ordinal,
                     );
@@ -139,7 +139,7 @@ impl Registry {
             }
         };
         let origin = Origin::prebuilt(&variant, label, reason, location);
-        let entries = &variant.functions;
+        let entries = (&variant.functions[..], &variant.structs);
         self.finish_load(name, &record.constants, &cubin, entries, origin, ordinal)
     }
 
@@ -179,7 +179,7 @@ impl Registry {
             reason,
             location: None,
         };
-        let entries = &entry.variant.functions;
+        let entries = (&entry.variant.functions[..], &entry.variant.structs);
         self.finish_load(name, &record.constants, &cubin, entries, origin, ordinal)
     }
 
@@ -248,7 +248,8 @@ impl Registry {
             location: None,
         };
         let constants = &plan.record.constants;
-        let entries = &output.functions;
+        // A JIT compile reads back its entries' computed constants, not struct layouts.
+        let entries = (&output.functions[..], &BTreeMap::new());
         self.finish_load(name, constants, &output.cubin, entries, origin, ordinal)
     }
 
@@ -259,7 +260,7 @@ impl Registry {
         name: &str,
         constants: &BTreeMap<String, Constant>,
         cubin: &[u8],
-        entries: &[EntryRecord],
+        (entries, structs): (&[EntryRecord], &BTreeMap<String, StructLayout>),
         origin: Origin,
         ordinal: u32,
     ) -> Result<Kernel, LoadError> {
@@ -278,10 +279,12 @@ impl Registry {
                         LoadError::driver(error, "look up an entry of", name, &variant, &device)
                     }
                 })?;
+        let structs = Arc::new(structs.clone());
         let functions = entries
             .iter()
             .enumerate()
             .map(|(index, entry)| Function {
+                structs: Arc::clone(&structs),
                 kernel: name.to_owned(),
                 variant: variant.clone(),
                 device: device.clone(),
@@ -300,6 +303,7 @@ impl Registry {
                 provenance: origin.provenance,
                 location: origin.location,
                 constants: constants.clone(),
+                structs,
                 functions,
                 module,
             }),

@@ -40,6 +40,7 @@ pub(super) struct KernelInner {
     pub(super) provenance: Provenance,
     pub(super) location: Option<ArtifactLocation>,
     pub(super) constants: BTreeMap<String, Constant>,
+    pub(super) structs: Arc<BTreeMap<String, StructLayout>>,
     pub(super) functions: Vec<Function>,
     pub(super) module: Arc<dyn LoadedModule>,
 }
@@ -104,6 +105,12 @@ impl Kernel {
     /// The manifest's exported constants (`BLOCK_SIZE`), so callers never hard-code them.
     pub fn constants(&self) -> &BTreeMap<String, Constant> {
         &self.inner.constants
+    }
+
+    /// The layout of each C struct the manifest names (`structs`), as the loaded variant's
+    /// compile computed it; empty for a JIT compile.
+    pub fn structs(&self) -> &BTreeMap<String, StructLayout> {
+        &self.inner.structs
     }
 
     /// Every entry, in declaration order.
@@ -278,6 +285,8 @@ pub struct Function {
     pub(super) variant: String,
     pub(super) device: String,
     pub(super) entry: EntryRecord,
+    /// The kernel's struct layouts on the loaded variant, shared by its entries.
+    pub(super) structs: Arc<BTreeMap<String, StructLayout>>,
     pub(super) module: Arc<dyn LoadedModule>,
     pub(super) index: usize,
     /// Shared by every clone: one per entry function the driver loaded.
@@ -315,6 +324,17 @@ impl Function {
     /// The symbol in the cubin (mangled for a template).
     pub fn symbol(&self) -> &str {
         &self.entry.symbol
+    }
+
+    /// The constants the compiler computed for this entry on the loaded variant (`computed`).
+    pub fn computed(&self) -> &BTreeMap<String, i64> {
+        &self.entry.computed
+    }
+
+    /// The kernel's struct layouts on the loaded variant (`structs`), to check a struct
+    /// argument field by field; empty for a JIT compile.
+    pub fn structs(&self) -> &BTreeMap<String, StructLayout> {
+        &self.structs
     }
 
     /// Each parameter's size in bytes, from the index.
@@ -738,6 +758,7 @@ mod tests {
 
     fn entry() -> EntryRecord {
         EntryRecord {
+            computed: Default::default(),
             name: "layernorm_bf16".into(),
             symbol: "layernorm_bf16".into(),
             param_sizes: vec![8, 8, 8, 8, 4, 4, 4],
@@ -936,10 +957,12 @@ mod tests {
 
     fn function_on(gpu: &Arc<FakeGpu>) -> Function {
         Function {
+            structs: Default::default(),
             kernel: "attention".into(),
             variant: "cu130/sm_90a".into(),
             device: "device 0 (sm_90, compute 9.0), CUDA build cu130, driver 13.0".into(),
             entry: EntryRecord {
+                computed: Default::default(),
                 name: "attention_fwd".into(),
                 symbol: "attention_fwd".into(),
                 param_sizes: vec![8],

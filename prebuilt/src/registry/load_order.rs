@@ -66,6 +66,7 @@ fn write_bundle(dir: &Path, labels: &[&str], shipped: &[&str]) {
             key: sha256_hex(label.as_bytes()),
             artifact: stored,
             functions: vec![EntryRecord {
+                computed: Default::default(),
                 name: "scale".to_owned(),
                 symbol: "scale".to_owned(),
                 param_sizes: vec![8, 4],

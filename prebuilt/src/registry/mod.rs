@@ -87,8 +87,8 @@ use crate::env::{
 };
 use crate::fetch::{self, obtain_remote, ArtifactStore, FetchError, StoreHandle, StoreOptions};
 use crate::index::{
-    ArtifactLocation, Constant, Function as EntryRecord, Index, KernelRecord, Variant,
-    REFERENCE_INDEX_FORMAT,
+    ArtifactLocation, Constant, Function as EntryRecord, Index, KernelRecord, StructLayout,
+    Variant, REFERENCE_INDEX_FORMAT,
 };
 use crate::jit::pack::{self, PackEntry};
 use crate::jit::{self, compile_cached, CompilerSearch, JitCompiler, JitError, JitRequest};

@@ -114,6 +114,7 @@ pub fn fixture_bundle(dir: &Path) -> PathBuf {
                         entry
                     };
                     Function {
+                        computed: Default::default(),
                         name: entry.to_string(),
                         symbol: symbol.to_owned(),
                         param_sizes: info.function(symbol).unwrap().param_sizes.clone(),

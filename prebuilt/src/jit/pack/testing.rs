@@ -93,6 +93,7 @@ mod fixture {
         });
         let stored = zstd::encode_all(CUBIN, 19).expect("zstd compresses");
         let variant = Variant {
+            structs: Default::default(),
             arch,
             cuda,
             torch: torch.to_owned(),
@@ -100,6 +101,7 @@ mod fixture {
             key: key.0,
             artifact: crate::testing::stored_file(CUBIN, &stored),
             functions: vec![Function {
+                computed: Default::default(),
                 name: "kw_axpy".to_owned(),
                 symbol: "kw_axpy".to_owned(),
                 param_sizes: vec![8, 4, 8],
