@@ -534,6 +534,86 @@ mod tests {
         );
     }
 
+    fn record() -> ModuleRecord {
+        ModuleRecord {
+            abi: Abi::Stable,
+            inputs: crate::index::ModuleInputs {
+                sources: vec!["csrc/ops.cpp".into()],
+                cxx_std: "c++17".into(),
+                ..Default::default()
+            },
+            variants: Vec::new(),
+            skipped: Vec::new(),
+        }
+    }
+
+    fn compilers() -> ModuleCompilers {
+        ModuleCompilers {
+            nvcc: PathBuf::from("/cuda/bin/nvcc"),
+            nvcc_version: "13.0.88".into(),
+            cxx: PathBuf::from("/usr/bin/g++"),
+            cxx_version: "(Debian 12.2.0-14+deb12u1) 12.2.0".into(),
+        }
+    }
+
+    #[test]
+    fn the_key_follows_the_running_torch_and_both_compilers_but_not_the_folders() {
+        let record = record();
+        let request = |torch_version, torch_dir, cache_dir| ModuleJitRequest {
+            bundle_root: Path::new("/site/pkg/_prebuilt"),
+            name: "_C",
+            record: &record,
+            torch_version,
+            torch_dir,
+            cuda: "cu130".parse().unwrap(),
+            cpu: "x86_64",
+            cache_dir,
+        };
+        let base = module_jit_key(
+            &request("2.11.0+cu130", Path::new("/a/torch"), Path::new("/c1")),
+            &compilers(),
+        );
+        // Where torch and the cache live is not an input; torch's version is.
+        assert_eq!(
+            module_jit_key(
+                &request("2.11.0+cu130", Path::new("/b/torch"), Path::new("/c2")),
+                &compilers()
+            ),
+            base
+        );
+        assert_ne!(
+            module_jit_key(
+                &request("2.12.0+cu130", Path::new("/a/torch"), Path::new("/c1")),
+                &compilers()
+            ),
+            base
+        );
+        let mut other = compilers();
+        other.nvcc_version = "13.0.48".into();
+        let at = request("2.11.0+cu130", Path::new("/a/torch"), Path::new("/c1"));
+        assert_ne!(module_jit_key(&at, &other), base);
+        let mut other = compilers();
+        other.cxx_version = "13.2.0".into();
+        assert_ne!(module_jit_key(&at, &other), base);
+    }
+
+    #[test]
+    fn no_nvcc_names_the_build_and_where_it_looked() {
+        let search = CompilerSearch {
+            cuda_home: Some(PathBuf::from("/nowhere/cuda")),
+            path: Some("/nowhere/bin".into()),
+            ..CompilerSearch::default()
+        };
+        let error = find_module_compilers("_C", "cu130".parse().unwrap(), &search).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "cannot build extension module `_C` for cu130: no nvcc of CUDA 13.0; looked in \
+             CUDA_HOME (/nowhere/cuda) and PATH: no nvcc; install the CUDA cu130 compiler \
+             (nvcc) and a host C++ compiler (g++), set CUDA_HOME, or install a torch the \
+             module was built for"
+        );
+    }
+
     #[test]
     fn a_failed_step_keeps_the_tail_of_its_log() {
         let mut command = Command::new("sh");
