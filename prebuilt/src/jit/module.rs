@@ -27,7 +27,7 @@ use super::sources::verify_sources;
 use super::*;
 use crate::bundle::SOURCES_DIR;
 use crate::compile::nvcc_command;
-use crate::index::ModuleRecord;
+use crate::index::{ModuleInputs, ModuleRecord};
 use crate::module::{module_key, Abi, ModuleKeyInputs};
 use crate::untrusted::MAX_ARTIFACT_SIZE;
 
@@ -210,6 +210,7 @@ pub fn build_module_cached(
     compilers: &ModuleCompilers,
     progress: &dyn Fn(&str),
 ) -> Result<ModuleJitOutput, JitError> {
+    check_module_inputs(request.name, &request.record.inputs)?;
     let timeout = lock_timeout_from(|name| std::env::var_os(name))?;
     let key = module_jit_key(request, compilers);
     let label = format!("{}/{}", request.cuda, request.cpu);
@@ -288,6 +289,46 @@ pub fn build_module_cached(
         compiled: true,
         label,
     })
+}
+
+/// Checks what the module's recipe puts on a compiler's command line as the kernel JIT
+/// checks a kernel's ([`check_flags`], [`check_define`]): flags and defines from the list
+/// that cannot name a file, a folder or a program, a C++ standard, and include dirs that stay
+/// under `sources/`. The first refusal, before anything is looked for or run.
+pub fn check_module_inputs(module: &str, inputs: &ModuleInputs) -> Result<(), JitError> {
+    let refused = |refused| JitError::UnsafeInput {
+        kernel: module.to_owned(),
+        refused,
+    };
+    check_flags("nvcc_flags", &inputs.nvcc_flags).map_err(refused)?;
+    check_flags("cxx_flags", &inputs.cxx_flags).map_err(refused)?;
+    for (name, value) in &inputs.defines {
+        check_define(name, Some(value)).map_err(refused)?;
+    }
+    check_flags("cxx_std", &[format!("-std={}", inputs.cxx_std)]).map_err(refused)?;
+    let plain = |dir: &str| {
+        !dir.is_empty()
+            && !dir.starts_with(['/', '-'])
+            && dir.split('/').all(|part| part != "..")
+            && dir
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._-/+".contains(c))
+    };
+    for (stable, dir) in inputs
+        .sources
+        .iter()
+        .map(|source| ("sources", source))
+        .chain(inputs.include_dirs.iter().map(|dir| ("include_dirs", dir)))
+    {
+        if !plain(dir) {
+            return Err(refused(RefusedInput {
+                field: stable,
+                value: dir.escape_debug().to_string(),
+                reason: "which is not a plain relative path inside the bundle's sources".into(),
+            }));
+        }
+    }
+    Ok(())
 }
 
 /// The cached module's bytes when its `.json` names `key` and the `.so` has the size and
@@ -612,6 +653,35 @@ mod tests {
              (nvcc) and a host C++ compiler (g++), set CUDA_HOME, or install a torch the \
              module was built for"
         );
+    }
+
+    #[test]
+    fn a_recipe_that_could_name_a_file_or_a_program_is_refused() {
+        let inputs = |change: fn(&mut ModuleInputs)| {
+            let mut inputs = record().inputs;
+            inputs.include_dirs = vec!["csrc".into()];
+            inputs.cxx_flags = vec!["-O3".into()];
+            change(&mut inputs);
+            check_module_inputs("_C", &inputs).map_err(|error| error.to_string())
+        };
+        assert!(inputs(|_| {}).is_ok());
+        let refused = [
+            inputs(|i| i.cxx_flags.push("-fplugin=/tmp/evil.so".into())),
+            inputs(|i| i.nvcc_flags.push("--compiler-bindir=/tmp".into())),
+            inputs(|i| {
+                i.defines.insert("X".into(), "$(touch /tmp/x)".into());
+            }),
+            inputs(|i| i.include_dirs.push("../../etc".into())),
+            inputs(|i| i.include_dirs.push("/usr/include".into())),
+            inputs(|i| i.sources.push("-o/tmp/x".into())),
+        ];
+        for refusal in refused {
+            let text = refusal.unwrap_err();
+            assert!(
+                text.starts_with("`_C` is not compiled from its shipped sources"),
+                "{text}"
+            );
+        }
     }
 
     #[test]
