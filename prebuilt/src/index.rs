@@ -596,6 +596,11 @@ pub struct ModuleInputs {
     pub cxx_std: String,
     /// The device code's targets.
     pub archs: Vec<Arch>,
+    /// The include directories, relative to the library (the bundle's `sources/` for the
+    /// JIT), in `-I` order; torch's follow them. Not in the key: the include graph (`files`)
+    /// records what they resolved to.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub include_dirs: Vec<String>,
 }
 
 /// One built module.

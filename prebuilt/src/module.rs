@@ -125,11 +125,7 @@ impl fmt::Display for ModuleHost<'_> {
 
 /// No variant of a module fits this process.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "extension module `{module}` has no build for {host}: {}; the JIT fallback does not build \
-     modules yet, so install a torch the module was built for",
-    reasons.join("; ")
-)]
+#[error("extension module `{module}` has no build for {host}: {}", reasons.join("; "))]
 pub struct NoModuleFit {
     /// The module.
     pub module: String,
@@ -213,6 +209,7 @@ mod tests {
             cxx_flags: vec!["-O3".into()],
             cxx_std: "c++17".into(),
             archs: vec!["sm_90a".parse().unwrap()],
+            include_dirs: vec!["csrc".into()],
         }
     }
 
@@ -377,9 +374,7 @@ mod tests {
         assert_eq!(
             refused("2.11.0+cu129", Some("cu129"), "x86_64"),
             "extension module `_C` has no build for torch 2.11.0+cu129 (cu129) on x86_64: \
-             cu130/x86_64 links cu130, not cu129; cu129/x86_64 was not built: no nvcc; the \
-             JIT fallback does not build modules yet, so install a torch the module was built \
-             for"
+             cu130/x86_64 links cu130, not cu129; cu129/x86_64 was not built: no nvcc"
         );
         assert!(refused("2.10.0+cu130", Some("cu130"), "x86_64")
             .contains("cu130/x86_64 serves torch >=2.11"));

@@ -53,6 +53,9 @@ pub struct PlannedModule {
     pub inputs: ModuleInputs,
     /// Include directories (absolute), in `-I` order: the manifest's, then torch's.
     pub include_dirs: Vec<PathBuf>,
+    /// The library's own files of the include graph (not torch's), by stable path: what the
+    /// bundle ships in `sources/` for the JIT fallback to rebuild the module.
+    pub shipped: BTreeMap<String, PathBuf>,
 }
 
 /// The extension's key inputs and include dirs: every translation unit scanned with torch's
@@ -105,12 +108,26 @@ pub fn plan_module(
             .arch
             .clone()
             .unwrap_or_else(|| manifest.library.archs.clone()),
+        include_dirs: dirs.clone(),
     };
+    // torch's headers have bracketed stable names (`[1]/ATen/ATen.h`): the JIT takes them
+    // from the running torch, never from the bundle.
+    let shipped = graph
+        .files()
+        .keys()
+        .filter(|stable| !stable.starts_with('['))
+        .filter_map(|stable| {
+            graph
+                .absolute_path(stable)
+                .map(|path| (stable.clone(), path.to_owned()))
+        })
+        .collect();
     Ok(PlannedModule {
         name: name.to_owned(),
         abi: spec.abi,
         inputs,
         include_dirs,
+        shipped,
     })
 }
 
@@ -145,6 +162,9 @@ pub struct BuiltModules {
     pub files: BTreeMap<String, PathBuf>,
     /// Modules compiled in this run, as (name, build).
     pub compiled: Vec<(String, CudaBuild)>,
+    /// The library's files of every module's include graph, by stable path: shipped in the
+    /// bundle's `sources/` for the JIT fallback (`docs/extensions.md`).
+    pub sources: BTreeMap<String, PathBuf>,
 }
 
 /// Builds every extension of `manifest` for each of its CUDA builds whose toolchain has nvcc,
@@ -194,6 +214,7 @@ pub fn build_modules(
                 }
             };
             let planned = plan_module(manifest, name, spec, &torch, &toolchain.include_dirs)?;
+            built.sources.extend(planned.shipped.clone());
             let served = torch_served(spec.abi, torch_pin).ok_or_else(|| Error::ModuleBuild {
                 module: name.clone(),
                 build,

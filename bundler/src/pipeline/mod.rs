@@ -365,7 +365,7 @@ pub fn bundle_kernels_shared(
         return Err(error);
     }
 
-    let sources: BTreeMap<String, PathBuf> = plan
+    let mut sources: BTreeMap<String, PathBuf> = plan
         .kernels
         .iter()
         .filter_map(|k| k.graph.as_ref())
@@ -384,6 +384,8 @@ pub fn bundle_kernels_shared(
         None => crate::extension::build::build_modules(&plan.manifest, &plan.torch, &cache)?,
     };
     index.modules = modules.records;
+    // A module's own files ship beside the kernels' for the JIT fallback to rebuild it.
+    sources.extend(modules.sources.clone());
     let remote = cache.remote().map(RemoteCache::stats);
     // The cubins stay in the build cache: the writer reads each when it needs it, and checks
     // that it is still the cubin the job validated.

@@ -110,6 +110,10 @@ fn bundle_vocabulary(index: &Index) -> Vocabulary {
         for variant in &record.variants {
             vocabulary.insert(&prebuilt::module::module_path(&variant.artifact.digest));
         }
+        // The module's own files ship for the JIT fallback; torch's (`[1]/…`) do not.
+        for stable in record.inputs.files.keys().filter(|s| !s.starts_with('[')) {
+            vocabulary.insert(&format!("{SOURCES_DIR}/{stable}"));
+        }
     }
     vocabulary
 }

@@ -169,6 +169,12 @@ def _torch():
 
 
 # Extension modules loaded in this process, by (bundle, module): what `provenance()` lists.
+# How each came to be, in `provenance()`'s words.
+_MODULE_REASONS = {
+    "module": "extension module `{module}`, loaded at import",
+    "jit-compiled": "extension module `{module}`, built at import by the JIT fallback",
+    "jit-cache": "extension module `{module}`, read at import from the JIT cache",
+}
 _MODULES = {}
 _MODULES_LOCK = _threading.Lock()
 
@@ -190,9 +196,12 @@ def _load_modules(registry):
             key = (registry.path, name)
             if key in _MODULES:
                 continue
-            data, variant, module_key = registry._bundle.read_module(
+            # No fitting build: the JIT fallback builds one from the shipped sources against
+            # this torch (its folder), unless jit=False or <PACKAGE>_JIT_FALLBACK=0.
+            data, variant, module_key, source = registry._bundle.read_module(
                 name, torch=registry._torch or torch.__version__, cuda=torch_cuda,
-                cpu=platform.machine(),
+                cpu=platform.machine(), torch_dir=_os.path.dirname(torch.__file__),
+                jit=registry._jit,
             )
             _load_native(f"{registry.package}.{name}", data)
             _MODULES[key] = {
@@ -200,7 +209,8 @@ def _load_modules(registry):
                 "bundle": str(registry.path),
                 "module": name,
                 "variant": variant,
-                "source": "prebuilt",
+                "source": "module" if source == "module" else "jit",
+                "how": source,
                 "key": module_key,
             }
 
@@ -272,8 +282,9 @@ def provenance():
     was compiled for; ``reference`` for a fallback), ``source`` (``prebuilt``, ``jit-cache``,
     ``jit-compiled`` or ``fallback``), ``key`` (in full; ``""`` for a fallback), ``reason``,
     ``bundle`` and ``label``, the name of its ranges in profiler and NVTX traces. Extension
-    modules loaded at import follow, with source ``module``, the module's name as ``kernel``,
-    ``variant`` ``cu130/x86_64`` and device -1."""
+    modules loaded at import follow, with source ``module`` (a shipped build) or ``jit`` (built
+    by the JIT fallback, or read from its cache), the module's name as ``kernel``, ``variant``
+    ``cu130/x86_64`` and device -1."""
     listed = _kwheel.loaded_kernels()
     with _MODULES_LOCK:
         # Extension modules: one entry each, `kernel` naming the module, on no device.
@@ -286,10 +297,10 @@ def provenance():
                     "kernel": module,
                     "device": -1,
                     "variant": loaded["variant"],
-                    "source": "module",
+                    "source": loaded["source"],
                     "key": loaded["key"],
-                    "reason": f"extension module `{module}`, loaded at import",
-                    "label": _kwheel.trace_label(module, loaded["variant"], "module", loaded["key"], -1),
+                    "reason": _MODULE_REASONS[loaded["how"]].format(module=module),
+                    "label": _kwheel.trace_label(module, loaded["variant"], loaded["source"], loaded["key"], -1),
                 }
             )
     with _FALLBACKS_LOCK:

@@ -100,11 +100,16 @@ impl Bundle {
 
     /// The shared library of extension module `name` for a process with torch `torch`
     /// (`torch.__version__`), torch's CUDA build `cuda` (`"13.0"`, `"cu130"`; `None` for a
-    /// CPU torch) and CPU `cpu` (`"x86_64"`): `(bytes, variant, key)`, the bytes read once and
-    /// verified against the sha256 the index records, so what is loaded is what was verified.
-    /// Raises `NoFitError` naming the torch and CUDA build and every variant's refusal when no
-    /// build fits.
-    #[pyo3(signature = (name, torch, cuda, cpu))]
+    /// CPU torch) and CPU `cpu` (`"x86_64"`): `(bytes, variant, key, source)`, the bytes read
+    /// once and verified against the sha256 the index records (`source` `"module"`), so what
+    /// is loaded is what was verified. When no build fits and `torch_dir` (the running torch's
+    /// package folder) is given, the JIT fallback builds it from the shipped sources into the
+    /// JIT cache, or reads it from there (`source` `"jit"`; progress on stderr), unless
+    /// `jit=False` or `<PACKAGE>_JIT_FALLBACK=0` forbid it. Raises `NoFitError` naming the
+    /// torch and CUDA build, every variant's refusal and what to install when no build fits
+    /// and none may be built; `KwheelError` when the build fails.
+    #[pyo3(signature = (name, torch, cuda, cpu, torch_dir=None, jit=None))]
+    #[allow(clippy::too_many_arguments)]
     fn read_module<'py>(
         &self,
         py: Python<'py>,
@@ -112,7 +117,9 @@ impl Bundle {
         torch: &str,
         cuda: Option<&str>,
         cpu: &str,
-    ) -> PyResult<(Bound<'py, pyo3::types::PyBytes>, String, String)> {
+        torch_dir: Option<PathBuf>,
+        jit: Option<bool>,
+    ) -> PyResult<(Bound<'py, pyo3::types::PyBytes>, String, String, String)> {
         let record = self.inner.meta().modules.get(name).ok_or_else(|| {
             crate::errors::UnknownKernelError::new_err(format!(
                 "no extension module `{name}` in the bundle at {}",
@@ -123,15 +130,93 @@ impl Bundle {
             .map(|text| parse_cuda_build(text).map_err(value_error))
             .transpose()?;
         let host = prebuilt::module::ModuleHost { torch, cuda, cpu };
-        let variant = prebuilt::module::select_module(name, record, &host)
-            .map_err(|error| no_fit(py, error.to_string(), Vec::new()))?;
-        let bytes = py
-            .detach(|| prebuilt::module::read_module(self.inner.root(), name, variant))
-            .map_err(|error| load_error(py, &LoadError::from(error)))?;
+        let no_fit_error = match prebuilt::module::select_module(name, record, &host) {
+            Ok(variant) => {
+                let bytes = py
+                    .detach(|| prebuilt::module::read_module(self.inner.root(), name, variant))
+                    .map_err(|error| load_error(py, &LoadError::from(error)))?;
+                return Ok((
+                    pyo3::types::PyBytes::new(py, &bytes),
+                    variant.label(),
+                    variant.key.clone(),
+                    "module".to_owned(),
+                ));
+            }
+            Err(error) => error,
+        };
+        let package = &self.inner.meta().package;
+        let variable = prebuilt::env::fallback_variable(package);
+        let policy = match jit {
+            None => JitPolicy::FromEnvironment,
+            Some(true) => JitPolicy::Allowed,
+            Some(false) => JitPolicy::Disabled,
+        };
+        let served: Vec<String> = record
+            .variants
+            .iter()
+            .map(|variant| format!("torch{} ({})", variant.torch, variant.label()))
+            .collect();
+        let install = match served.is_empty() {
+            true => "a torch the module was built for".to_owned(),
+            false => served.join(" or "),
+        };
+        let refuse = |why: String| no_fit(py, format!("{no_fit_error}; {why}"), Vec::new());
+        let (Some(torch_dir), Some(build)) = (torch_dir, cuda) else {
+            return Err(refuse(match cuda {
+                None => format!(
+                    "a CPU-only torch cannot build it (its CUDA units need a CUDA torch); \
+                     install {install}"
+                ),
+                Some(_) => format!(
+                    "the JIT fallback was not asked to build it (no torch folder given); \
+                     install {install}"
+                ),
+            }));
+        };
+        if !policy.allows_compiling(package) {
+            let forbidden_by = match jit {
+                Some(false) => "jit=False".to_owned(),
+                _ => format!("{variable}=0"),
+            };
+            return Err(refuse(format!(
+                "{forbidden_by} forbids building it from its shipped sources (nothing was \
+                 built): install {install}, or allow the JIT"
+            )));
+        }
+        let request = prebuilt::jit::module::ModuleJitRequest {
+            bundle_root: self.inner.root(),
+            name,
+            record,
+            torch_version: torch,
+            torch_dir: &torch_dir,
+            cuda: build,
+            cpu,
+            cache_dir: &prebuilt::jit::default_cache_dir(),
+        };
+        let built = py
+            .detach(|| {
+                let search = prebuilt::jit::CompilerSearch::from_env();
+                let compilers = prebuilt::jit::module::find_module_compilers(name, build, &search)?;
+                // The binding is the runtime's front end: a build takes tens of seconds, and
+                // the person waiting on the import sees why.
+                let progress = |line: &str| eprintln!("kwheel: {package}: {line}");
+                prebuilt::jit::module::build_module_cached(&request, &compilers, &progress)
+            })
+            .map_err(|error| {
+                crate::errors::KwheelError::new_err(format!(
+                    "{no_fit_error}; the JIT fallback could not build it: {}",
+                    crate::errors::chain(&error)
+                ))
+            })?;
+        let source = match built.compiled {
+            true => "jit-compiled",
+            false => "jit-cache",
+        };
         Ok((
-            pyo3::types::PyBytes::new(py, &bytes),
-            variant.label(),
-            variant.key.clone(),
+            pyo3::types::PyBytes::new(py, &built.bytes),
+            built.label,
+            built.key,
+            source.to_owned(),
         ))
     }
 

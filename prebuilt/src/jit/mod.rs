@@ -57,6 +57,7 @@
 
 mod cache;
 mod flags;
+pub mod module;
 pub mod pack;
 mod run;
 mod search;
@@ -311,6 +312,35 @@ pub enum JitError {
         entry: String,
         /// The entry symbols the cubin has.
         found: Vec<String>,
+    },
+    /// No nvcc of the module's CUDA build, or no host compiler, was found.
+    #[error(
+        "cannot build extension module `{module}` for {build}: {missing}; looked in {}; install \
+         the CUDA {build} compiler (nvcc) and a host C++ compiler (g++), set CUDA_HOME, or \
+         install a torch the module was built for",
+        .searched.join("; ")
+    )]
+    NoModuleCompiler {
+        /// The module.
+        module: String,
+        /// torch's CUDA build.
+        build: CudaBuild,
+        /// What is missing (`no nvcc of CUDA 13.0`).
+        missing: String,
+        /// Every place looked at, and what was found there.
+        searched: Vec<String>,
+    },
+    /// A module's compile or link failed; the log's tail says why. Nothing was cached.
+    #[error("building extension module `{module}` ({build}) failed on {step}:\n{log}")]
+    ModuleCompile {
+        /// The module.
+        module: String,
+        /// torch's CUDA build.
+        build: CudaBuild,
+        /// The step: a translation unit or the link.
+        step: String,
+        /// The compiler's output, its last lines.
+        log: String,
     },
     /// The cache directory could not be written.
     #[error("cannot {action} {} in the JIT cache", path.display())]

@@ -1,0 +1,695 @@
+//! The JIT fallback for extension modules: when no shipped build of a module fits the running
+//! torch, CUDA build or CPU, build it from the sources the bundle ships (`sources/`, each file
+//! checked against the index's sha256) with the recipe the bundler used (translation units,
+//! ABI, include dirs, defines, flags, C++ standard, archs), against the running torch's
+//! headers and libraries, and cache the shared library under the user's JIT cache.
+//!
+//! ```text
+//! ${KWHEEL_JIT_CACHE:-${XDG_CACHE_HOME:-~/.cache}/kwheel/jit}/
+//! └── modules-v1/                     layout version (MODULE_CACHE_LAYOUT)
+//!     └── 5a/                         first two hex digits of the key
+//!         ├── 5a0d…e1.so              the module, renamed into place whole
+//!         ├── 5a0d…e1.json            key, digest, size, compilers; renamed into place last
+//!         ├── 5a0d…e1.lock            locked (flock) by the process building the key
+//!         └── .5a0d…e1.so.<pid>.<random>.tmp   a write in progress
+//! ```
+//!
+//! The key is [`module_key`] over the index's inputs, torch's CUDA build, the CPU, the exact
+//! running torch (`==2.11.0+cu130`: its headers and libraries are what the module is built
+//! against) and both compilers with their exact versions. Many processes, killed ones, the lock
+//! and its timeout behave as for kernels ([`super::compile_cached`], `docs/jit.md`).
+
+use std::collections::BTreeMap;
+use std::process::Command;
+
+use super::cache::{lock_entry, lock_timeout_from};
+use super::sources::verify_sources;
+use super::*;
+use crate::bundle::SOURCES_DIR;
+use crate::compile::nvcc_command;
+use crate::index::{ModuleInputs, ModuleRecord};
+use crate::module::{module_key, Abi, ModuleKeyInputs};
+use crate::untrusted::MAX_ARTIFACT_SIZE;
+
+/// The module cache's layout directory. Bump it when the entry format or file names change.
+pub const MODULE_CACHE_LAYOUT: &str = "modules-v1";
+
+/// How many lines of a failed compiler's output an error keeps.
+const LOG_TAIL_LINES: usize = 40;
+
+/// What building one module for this process needs.
+#[derive(Clone, Copy, Debug)]
+pub struct ModuleJitRequest<'a> {
+    /// The bundle directory (its `sources/` holds the module's files).
+    pub bundle_root: &'a Path,
+    /// The module's name.
+    pub name: &'a str,
+    /// Its index record.
+    pub record: &'a ModuleRecord,
+    /// `torch.__version__` (`2.11.0+cu130`).
+    pub torch_version: &'a str,
+    /// The running torch's package folder (`…/site-packages/torch`): headers and libraries.
+    pub torch_dir: &'a Path,
+    /// torch's CUDA build.
+    pub cuda: CudaBuild,
+    /// The CPU architecture (`x86_64`).
+    pub cpu: &'a str,
+    /// The JIT cache directory ([`default_cache_dir`]).
+    pub cache_dir: &'a Path,
+}
+
+/// A module built (or found built) by the JIT.
+#[derive(Clone, Debug)]
+pub struct ModuleJitOutput {
+    /// Its key.
+    pub key: String,
+    /// The shared library's bytes, read once and verified.
+    pub bytes: Vec<u8>,
+    /// Whether this call built it (else another process had).
+    pub compiled: bool,
+    /// What it was built for (`cu130/x86_64`).
+    pub label: String,
+}
+
+/// An nvcc and a host compiler, found and versioned.
+#[derive(Clone, Debug)]
+pub struct ModuleCompilers {
+    /// nvcc.
+    pub nvcc: PathBuf,
+    /// nvcc's exact version (`13.0.88`).
+    pub nvcc_version: String,
+    /// The host C++ compiler (`g++`, as found on `PATH`).
+    pub cxx: PathBuf,
+    /// Its `--version` first line less the program's name, as the bundler records it.
+    pub cxx_version: String,
+}
+
+/// The cache entry's metadata: an entry exists once this is in place.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct ModuleEntry {
+    key: String,
+    module: String,
+    digest: String,
+    size: u64,
+    compilers: Vec<CompilerRecord>,
+}
+
+/// Finds nvcc of CUDA `build` (`CUDA_HOME`, then `PATH`, as the kernel JIT's search) and
+/// `g++` on `PATH`; an error naming every place looked at otherwise.
+pub fn find_module_compilers(
+    module: &str,
+    build: CudaBuild,
+    search: &CompilerSearch,
+) -> Result<ModuleCompilers, JitError> {
+    let mut searched = Vec::new();
+    let mut nvcc = None;
+    for candidate in search.candidates() {
+        if candidate.kind != CompilerKind::Nvcc {
+            continue;
+        }
+        match nvcc_version(&candidate.location) {
+            Ok(version) if CudaBuild::from_version(&version).ok() == Some(build) => {
+                nvcc = Some((candidate.location.clone(), version));
+                break;
+            }
+            Ok(version) => searched.push(format!(
+                "{} ({}): nvcc {version}, not {build}",
+                candidate.location.display(),
+                candidate.origin
+            )),
+            Err(error) => searched.push(format!(
+                "{} ({}): {error}",
+                candidate.location.display(),
+                candidate.origin
+            )),
+        }
+    }
+    if searched.is_empty() && nvcc.is_none() {
+        searched.push(format!(
+            "CUDA_HOME ({}) and PATH: no nvcc",
+            search
+                .cuda_home
+                .as_ref()
+                .map_or_else(|| "unset".to_owned(), |home| home.display().to_string())
+        ));
+    }
+    let Some((nvcc, nvcc_version)) = nvcc else {
+        return Err(JitError::NoModuleCompiler {
+            module: module.to_owned(),
+            build,
+            missing: format!("no nvcc of CUDA {}.{}", build.major, build.minor),
+            searched,
+        });
+    };
+    let cxx = crate::env::programs_on_path("g++", search.path.as_deref())
+        .into_iter()
+        .next()
+        .ok_or_else(|| JitError::NoModuleCompiler {
+            module: module.to_owned(),
+            build,
+            missing: "no host C++ compiler `g++`".into(),
+            searched: vec!["PATH: no g++".into()],
+        })?;
+    let output = Command::new(&cxx).arg("--version").output();
+    let cxx_version = output
+        .ok()
+        .filter(|output| output.status.success())
+        .and_then(|output| {
+            String::from_utf8_lossy(&output.stdout)
+                .lines()
+                .next()
+                .map(|line| line.trim_start_matches("g++").trim().to_owned())
+        })
+        .filter(|line| !line.is_empty())
+        .ok_or_else(|| JitError::NoModuleCompiler {
+            module: module.to_owned(),
+            build,
+            missing: format!("`{} --version` printed no version", cxx.display()),
+            searched: vec![format!("PATH: {}", cxx.display())],
+        })?;
+    Ok(ModuleCompilers {
+        nvcc,
+        nvcc_version,
+        cxx,
+        cxx_version,
+    })
+}
+
+/// The key of `request` built with `compilers` ([`module_key`], the exact torch as its
+/// target).
+pub fn module_jit_key(request: &ModuleJitRequest<'_>, compilers: &ModuleCompilers) -> String {
+    module_key(&ModuleKeyInputs {
+        name: request.name,
+        abi: request.record.abi,
+        inputs: &request.record.inputs,
+        cuda: request.cuda,
+        cpu: request.cpu,
+        torch: &format!("=={}", request.torch_version),
+        compilers: &compiler_records(compilers),
+    })
+}
+
+fn compiler_records(compilers: &ModuleCompilers) -> Vec<CompilerRecord> {
+    vec![
+        CompilerRecord {
+            kind: "nvcc".into(),
+            version: compilers.nvcc_version.clone(),
+        },
+        CompilerRecord {
+            kind: "g++".into(),
+            version: compilers.cxx_version.clone(),
+        },
+    ]
+}
+
+/// The module of `request`: from the JIT cache, else built with `compilers` and cached.
+/// Safe across processes: one builds, the others wait on the key's lock and read its entry.
+/// `progress` hears what a build is doing (it takes tens of seconds).
+pub fn build_module_cached(
+    request: &ModuleJitRequest<'_>,
+    compilers: &ModuleCompilers,
+    progress: &dyn Fn(&str),
+) -> Result<ModuleJitOutput, JitError> {
+    check_module_inputs(request.name, &request.record.inputs)?;
+    let timeout = lock_timeout_from(|name| std::env::var_os(name))?;
+    let key = module_jit_key(request, compilers);
+    let label = format!("{}/{}", request.cuda, request.cpu);
+    let dir = request
+        .cache_dir
+        .join(MODULE_CACHE_LAYOUT)
+        .join(key.get(..2).unwrap_or("00"));
+    let paths = (
+        dir.join(format!("{key}.so")),
+        dir.join(format!("{key}.json")),
+    );
+    let found = |compiled| {
+        read_module_entry(&paths.0, &paths.1, &key).map(|bytes| ModuleJitOutput {
+            key: key.clone(),
+            bytes,
+            compiled,
+            label: label.clone(),
+        })
+    };
+    if let Some(hit) = found(false) {
+        return Ok(hit);
+    }
+    create_module_dirs(request.cache_dir, &dir)?;
+    let lock_path = dir.join(format!("{key}.lock"));
+    let lock = lock_entry(request.name, &lock_path, timeout)?;
+    if let Some(hit) = found(false) {
+        return Ok(hit);
+    }
+    super::cache::remove_leftovers(&dir, &KernelKey(key.clone()));
+    let sources = request.bundle_root.join(SOURCES_DIR);
+    let library_files: BTreeMap<String, String> = request
+        .record
+        .inputs
+        .files
+        .iter()
+        .filter(|(stable, _)| !stable.starts_with('['))
+        .map(|(stable, digest)| (stable.clone(), digest.clone()))
+        .collect();
+    verify_sources(request.name, &sources, &library_files)?;
+    progress(&format!(
+        "building extension module `{}` for torch {} ({label}) from its shipped sources with \
+         nvcc {} and g++ {}",
+        request.name, request.torch_version, compilers.nvcc_version, compilers.cxx_version
+    ));
+    let bytes = compile_module(request, compilers, &sources, progress)?;
+    let digest = sha256_hex(&bytes);
+    let entry = ModuleEntry {
+        key: key.clone(),
+        module: request.name.to_owned(),
+        digest,
+        size: bytes.len() as u64,
+        compilers: compiler_records(compilers),
+    };
+    let mut metadata = serde_json::to_string_pretty(&entry).expect("an entry serializes");
+    metadata.push('\n');
+    let cache_error = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| JitError::Cache {
+            action: "write",
+            path,
+            source,
+        }
+    };
+    write_atomically(&paths.0, &bytes).map_err(cache_error(&paths.0))?;
+    write_atomically(&paths.1, metadata.as_bytes()).map_err(cache_error(&paths.1))?;
+    let _ = fs4::fs_std::FileExt::unlock(&lock);
+    progress(&format!(
+        "built extension module `{}` ({} bytes), cached as {}",
+        request.name,
+        bytes.len(),
+        paths.0.display()
+    ));
+    Ok(ModuleJitOutput {
+        key,
+        bytes,
+        compiled: true,
+        label,
+    })
+}
+
+/// Checks what the module's recipe puts on a compiler's command line as the kernel JIT
+/// checks a kernel's ([`check_flags`], [`check_define`]): flags and defines from the list
+/// that cannot name a file, a folder or a program, a C++ standard, and include dirs that stay
+/// under `sources/`. The first refusal, before anything is looked for or run.
+pub fn check_module_inputs(module: &str, inputs: &ModuleInputs) -> Result<(), JitError> {
+    let refused = |refused| JitError::UnsafeInput {
+        kernel: module.to_owned(),
+        refused,
+    };
+    check_flags("nvcc_flags", &inputs.nvcc_flags).map_err(refused)?;
+    check_flags("cxx_flags", &inputs.cxx_flags).map_err(refused)?;
+    for (name, value) in &inputs.defines {
+        check_define(name, Some(value)).map_err(refused)?;
+    }
+    check_flags("cxx_std", &[format!("-std={}", inputs.cxx_std)]).map_err(refused)?;
+    let plain = |dir: &str| {
+        !dir.is_empty()
+            && !dir.starts_with(['/', '-'])
+            && dir.split('/').all(|part| part != "..")
+            && dir
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._-/+".contains(c))
+    };
+    for (stable, dir) in inputs
+        .sources
+        .iter()
+        .map(|source| ("sources", source))
+        .chain(inputs.include_dirs.iter().map(|dir| ("include_dirs", dir)))
+    {
+        if !plain(dir) {
+            return Err(refused(RefusedInput {
+                field: stable,
+                value: dir.escape_debug().to_string(),
+                reason: "which is not a plain relative path inside the bundle's sources".into(),
+            }));
+        }
+    }
+    Ok(())
+}
+
+/// The cached module's bytes when its `.json` names `key` and the `.so` has the size and
+/// sha256 it records; anything else is a miss.
+fn read_module_entry(library: &Path, metadata: &Path, key: &str) -> Option<Vec<u8>> {
+    let regular = |path: &Path| fs::symlink_metadata(path).ok().is_some_and(|m| m.is_file());
+    if !regular(metadata) || !regular(library) {
+        return None;
+    }
+    let text = crate::untrusted::read_regular_file(metadata, 1 << 20).ok()?;
+    let entry: ModuleEntry = serde_json::from_slice(&text).ok()?;
+    if entry.key != key {
+        return None;
+    }
+    let bytes =
+        crate::untrusted::read_regular_file(library, entry.size.min(MAX_ARTIFACT_SIZE)).ok()?;
+    (bytes.len() as u64 == entry.size && sha256_hex(&bytes) == entry.digest).then_some(bytes)
+}
+
+/// Creates `<cache>/modules-v1/<shard>/`, refusing a link in place of either folder.
+fn create_module_dirs(cache_dir: &Path, shard: &Path) -> Result<(), JitError> {
+    fs::create_dir_all(shard).map_err(|source| JitError::Cache {
+        action: "create",
+        path: shard.to_path_buf(),
+        source,
+    })?;
+    for dir in [&cache_dir.join(MODULE_CACHE_LAYOUT), shard] {
+        let is_dir = fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir());
+        if !is_dir {
+            return Err(JitError::Cache {
+                action: "use",
+                path: dir.to_path_buf(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    "not a folder: the JIT cache never follows a link out of its root; remove it",
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// nvcc's `-gencode` for a target, as the bundler spells it.
+fn gencode(arch: Arch) -> String {
+    let spelled = arch.to_string();
+    match spelled.strip_prefix("sm_") {
+        Some(suffix) => format!("arch=compute_{suffix},code=sm_{suffix}"),
+        None => format!("arch={spelled},code={spelled}"),
+    }
+}
+
+/// Whether `source` is compiled by nvcc.
+fn is_cuda_source(source: &str) -> bool {
+    source.ends_with(".cu")
+}
+
+/// Compiles every translation unit of `request` (in `sources`, on relative paths) and links
+/// the module, as the bundler does (`bundler::extension::build`), in a temporary folder.
+fn compile_module(
+    request: &ModuleJitRequest<'_>,
+    compilers: &ModuleCompilers,
+    sources: &Path,
+    progress: &dyn Fn(&str),
+) -> Result<Vec<u8>, JitError> {
+    let failed = |step: &str, log: String| JitError::ModuleCompile {
+        module: request.name.to_owned(),
+        build: request.cuda,
+        step: step.to_owned(),
+        log,
+    };
+    let scratch =
+        tempfile::tempdir().map_err(|error| failed("a temporary folder", error.to_string()))?;
+    let inputs = &request.record.inputs;
+    let torch_include = request.torch_dir.join("include");
+    let toolkit = compilers
+        .nvcc
+        .parent()
+        .and_then(Path::parent)
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    let toolkit_includes = [toolkit.join("include"), toolkit.join("include/cccl")];
+    let mut common: Vec<String> = vec![format!("-std={}", inputs.cxx_std)];
+    common.extend(
+        inputs
+            .defines
+            .iter()
+            .map(|(name, value)| format!("-D{name}={value}")),
+    );
+    common.extend(inputs.include_dirs.iter().map(|dir| format!("-I{dir}")));
+    common.push(format!("-I{}", torch_include.display()));
+    common.push(format!(
+        "-I{}",
+        torch_include.join("torch/csrc/api/include").display()
+    ));
+    common.extend(
+        toolkit_includes
+            .iter()
+            .filter(|dir| dir.is_dir())
+            .map(|dir| format!("-I{}", dir.display())),
+    );
+    let jobs: Vec<(String, Command)> = inputs
+        .sources
+        .iter()
+        .enumerate()
+        .map(|(n, source)| {
+            let object = scratch.path().join(format!("{n}.o"));
+            let mut command = if is_cuda_source(source) {
+                let mut command = nvcc_command(&compilers.nvcc);
+                command.arg("-c").args(&common);
+                for flag in ["-fPIC", "-O2"] {
+                    command.arg("-Xcompiler").arg(flag);
+                }
+                for arch in &inputs.archs {
+                    command.arg("-gencode").arg(gencode(*arch));
+                }
+                command.args(&inputs.nvcc_flags).args(
+                    inputs
+                        .cxx_flags
+                        .iter()
+                        .flat_map(|flag| ["-Xcompiler", flag]),
+                );
+                command
+            } else {
+                let mut command = Command::new(&compilers.cxx);
+                command
+                    .args(["-c", "-fPIC", "-O2"])
+                    .args(&common)
+                    .args(&inputs.cxx_flags);
+                command
+            };
+            command
+                .arg(source)
+                .arg("-o")
+                .arg(&object)
+                .current_dir(sources);
+            (source.clone(), command)
+        })
+        .collect();
+    let results: Vec<Result<(), (String, String)>> = std::thread::scope(|scope| {
+        let running: Vec<_> = jobs
+            .into_iter()
+            .map(|(source, mut command)| {
+                progress(&format!("compiling {source}"));
+                scope.spawn(move || run_step(&mut command).map_err(|log| (source, log)))
+            })
+            .collect();
+        running
+            .into_iter()
+            .map(|job| {
+                job.join()
+                    .unwrap_or_else(|_| Err(("a unit".into(), "the thread panicked".into())))
+            })
+            .collect()
+    });
+    for result in results {
+        result.map_err(|(source, log)| failed(&source, log))?;
+    }
+    progress("linking");
+    let output = scratch.path().join(format!("{}.so", request.name));
+    let torch_lib = request.torch_dir.join("lib");
+    let mut link = Command::new(&compilers.cxx);
+    link.args(["-shared", "-s"])
+        .arg("-o")
+        .arg(&output)
+        .args((0..inputs.sources.len()).map(|n| scratch.path().join(format!("{n}.o"))))
+        .arg(format!("-L{}", torch_lib.display()))
+        .args(["-Wl,--as-needed", "-lc10", "-ltorch_cpu"]);
+    if request.record.abi == Abi::Torch {
+        link.arg("-ltorch");
+    }
+    if inputs.sources.iter().any(|source| is_cuda_source(source)) {
+        let runtime = cuda_runtime(&toolkit.join("lib")).ok_or_else(|| {
+            failed(
+                "the link",
+                format!(
+                    "no CUDA runtime (`libcudart.so.*`) in {}",
+                    toolkit.join("lib").display()
+                ),
+            )
+        })?;
+        link.args(["-lc10_cuda", "-ltorch_cuda"])
+            .arg(format!("-L{}", toolkit.join("lib").display()))
+            .arg(format!("-l:{runtime}"));
+    }
+    link.current_dir(scratch.path());
+    run_step(&mut link).map_err(|log| failed("the link", log))?;
+    let bytes = fs::read(&output).map_err(|error| failed("the link", error.to_string()))?;
+    // e_type (offset 16), little-endian: 3 is a shared library (ET_DYN).
+    if bytes.len() < 20 || &bytes[..4] != b"\x7fELF" || bytes[16] != 3 {
+        return Err(failed("the link", "it wrote no shared library".into()));
+    }
+    Ok(bytes)
+}
+
+/// The newest `libcudart.so.N` in `lib`.
+fn cuda_runtime(lib: &Path) -> Option<String> {
+    let mut names: Vec<String> = fs::read_dir(lib)
+        .ok()?
+        .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+        .filter(|name| {
+            name.strip_prefix("libcudart.so.")
+                .is_some_and(|major| major.chars().all(|c| c.is_ascii_digit()))
+        })
+        .collect();
+    names.sort();
+    names.pop()
+}
+
+/// Runs one step; on failure the command and the last [`LOG_TAIL_LINES`] lines of its output.
+fn run_step(command: &mut Command) -> Result<(), String> {
+    let program = command.get_program().to_string_lossy().into_owned();
+    let output = command
+        .output()
+        .map_err(|error| format!("cannot run `{program}`: {error}"))?;
+    if output.status.success() {
+        return Ok(());
+    }
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let lines: Vec<&str> = text.lines().collect();
+    let tail = lines[lines.len().saturating_sub(LOG_TAIL_LINES)..].join("\n");
+    Err(format!(
+        "`{program}` exited with {}:\n{tail}",
+        output.status
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gencode_is_the_bundlers() {
+        assert_eq!(
+            gencode("sm_90a".parse().unwrap()),
+            "arch=compute_90a,code=sm_90a"
+        );
+        assert_eq!(
+            gencode("compute_90".parse().unwrap()),
+            "arch=compute_90,code=compute_90"
+        );
+    }
+
+    fn record() -> ModuleRecord {
+        ModuleRecord {
+            abi: Abi::Stable,
+            inputs: crate::index::ModuleInputs {
+                sources: vec!["csrc/ops.cpp".into()],
+                cxx_std: "c++17".into(),
+                ..Default::default()
+            },
+            variants: Vec::new(),
+            skipped: Vec::new(),
+        }
+    }
+
+    fn compilers() -> ModuleCompilers {
+        ModuleCompilers {
+            nvcc: PathBuf::from("/cuda/bin/nvcc"),
+            nvcc_version: "13.0.88".into(),
+            cxx: PathBuf::from("/usr/bin/g++"),
+            cxx_version: "(Debian 12.2.0-14+deb12u1) 12.2.0".into(),
+        }
+    }
+
+    #[test]
+    fn the_key_follows_the_running_torch_and_both_compilers_but_not_the_folders() {
+        let record = record();
+        let request = |torch_version, torch_dir, cache_dir| ModuleJitRequest {
+            bundle_root: Path::new("/site/pkg/_prebuilt"),
+            name: "_C",
+            record: &record,
+            torch_version,
+            torch_dir,
+            cuda: "cu130".parse().unwrap(),
+            cpu: "x86_64",
+            cache_dir,
+        };
+        let base = module_jit_key(
+            &request("2.11.0+cu130", Path::new("/a/torch"), Path::new("/c1")),
+            &compilers(),
+        );
+        // Where torch and the cache live is not an input; torch's version is.
+        assert_eq!(
+            module_jit_key(
+                &request("2.11.0+cu130", Path::new("/b/torch"), Path::new("/c2")),
+                &compilers()
+            ),
+            base
+        );
+        assert_ne!(
+            module_jit_key(
+                &request("2.12.0+cu130", Path::new("/a/torch"), Path::new("/c1")),
+                &compilers()
+            ),
+            base
+        );
+        let mut other = compilers();
+        other.nvcc_version = "13.0.48".into();
+        let at = request("2.11.0+cu130", Path::new("/a/torch"), Path::new("/c1"));
+        assert_ne!(module_jit_key(&at, &other), base);
+        let mut other = compilers();
+        other.cxx_version = "13.2.0".into();
+        assert_ne!(module_jit_key(&at, &other), base);
+    }
+
+    #[test]
+    fn no_nvcc_names_the_build_and_where_it_looked() {
+        let search = CompilerSearch {
+            cuda_home: Some(PathBuf::from("/nowhere/cuda")),
+            path: Some("/nowhere/bin".into()),
+            ..CompilerSearch::default()
+        };
+        let error = find_module_compilers("_C", "cu130".parse().unwrap(), &search).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "cannot build extension module `_C` for cu130: no nvcc of CUDA 13.0; looked in \
+             CUDA_HOME (/nowhere/cuda) and PATH: no nvcc; install the CUDA cu130 compiler \
+             (nvcc) and a host C++ compiler (g++), set CUDA_HOME, or install a torch the \
+             module was built for"
+        );
+    }
+
+    #[test]
+    fn a_recipe_that_could_name_a_file_or_a_program_is_refused() {
+        let inputs = |change: fn(&mut ModuleInputs)| {
+            let mut inputs = record().inputs;
+            inputs.include_dirs = vec!["csrc".into()];
+            inputs.cxx_flags = vec!["-O3".into()];
+            change(&mut inputs);
+            check_module_inputs("_C", &inputs).map_err(|error| error.to_string())
+        };
+        assert!(inputs(|_| {}).is_ok());
+        let refused = [
+            inputs(|i| i.cxx_flags.push("-fplugin=/tmp/evil.so".into())),
+            inputs(|i| i.nvcc_flags.push("--compiler-bindir=/tmp".into())),
+            inputs(|i| {
+                i.defines.insert("X".into(), "$(touch /tmp/x)".into());
+            }),
+            inputs(|i| i.include_dirs.push("../../etc".into())),
+            inputs(|i| i.include_dirs.push("/usr/include".into())),
+            inputs(|i| i.sources.push("-o/tmp/x".into())),
+        ];
+        for refusal in refused {
+            let text = refusal.unwrap_err();
+            assert!(
+                text.starts_with("`_C` is not compiled from its shipped sources"),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_failed_step_keeps_the_tail_of_its_log() {
+        let mut command = Command::new("sh");
+        command.args(["-c", "seq 1 100; exit 3"]);
+        let log = run_step(&mut command).unwrap_err();
+        assert!(log.contains("exit status: 3"), "{log}");
+        assert!(log.ends_with("\n100") && !log.contains("\n60\n"), "{log}");
+    }
+}
