@@ -135,26 +135,18 @@ pub(crate) fn bundle_kernels(args: BundleKernelsArgs) -> Result<()> {
 
 /// A kernel that built for no target, said once per distinct error with the targets it hit and
 /// the first lines of each; the whole text goes to a log file (or the terminal with --verbose).
-fn no_target_summary(
-    context: &str,
-    kernel: &str,
-    skips: &[(
-        prebuilt::Arch,
-        prebuilt::CudaBuild,
-        bundler::pipeline::Outcome,
-    )],
-) -> anyhow::Error {
-    use bundler::pipeline::Outcome;
+fn no_target_summary(context: &str, kernel: &str, skips: &[bundler::Unbuilt]) -> anyhow::Error {
     let errors: Vec<report::TargetError> = skips
         .iter()
-        .map(|(arch, cuda, outcome)| match outcome {
-            Outcome::Failed(failure) => report::TargetError::of(failure),
-            other => report::TargetError {
-                target: format!("{arch} ({cuda})"),
-                log: other
-                    .skip_reason()
-                    .map(|why| why.to_index())
-                    .unwrap_or_default(),
+        .map(|unbuilt| match &unbuilt.failure {
+            Some((failure, replayed)) => report::TargetError {
+                target: failure.target.clone(),
+                log: failure.log.clone(),
+                replayed: *replayed,
+            },
+            None => report::TargetError {
+                target: format!("{} ({})", unbuilt.arch, unbuilt.cuda),
+                log: unbuilt.reason.to_index(),
                 replayed: false,
             },
         })
@@ -162,16 +154,13 @@ fn no_target_summary(
     let groups = report::group_errors(&errors);
     let full: String = skips
         .iter()
-        .map(|(arch, cuda, outcome)| match outcome {
-            Outcome::Failed(failure) => {
-                format!("`{kernel}` {}:\n{}\n\n", failure.target, failure.error)
-            }
-            other => format!(
-                "`{kernel}` {arch} ({cuda}): {}\n\n",
-                other
-                    .skip_reason()
-                    .map(|why| why.to_index())
-                    .unwrap_or_default()
+        .map(|unbuilt| match &unbuilt.failure {
+            Some((failure, _)) => format!("`{kernel}` {}:\n{}\n\n", failure.target, failure.reason),
+            None => format!(
+                "`{kernel}` {} ({}): {}\n\n",
+                unbuilt.arch,
+                unbuilt.cuda,
+                unbuilt.reason.to_index()
             ),
         })
         .collect();

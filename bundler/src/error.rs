@@ -251,18 +251,15 @@ pub enum Error {
         "`{kernel}` was built for no target of the matrix:\n  {}",
         skips
             .iter()
-            .map(|(arch, cuda, outcome)| match outcome.skip_reason() {
-                Some(why) => format!("{arch} ({cuda}): {why}"),
-                None => format!("{arch} ({cuda}): built"),
-            })
+            .map(|unbuilt| format!("{} ({}): {}", unbuilt.arch, unbuilt.cuda, unbuilt.reason))
             .collect::<Vec<_>>()
             .join("\n  ")
     )]
     NoTarget {
         /// The kernel.
         kernel: String,
-        /// Each target, as (arch, CUDA build), with what became of it: skipped or failed.
-        skips: Vec<(Arch, CudaBuild, crate::pipeline::Outcome)>,
+        /// Each target, with why it has no variant.
+        skips: Vec<Unbuilt>,
     },
     /// A folder of a kernel's `include-dirs` that is not there.
     #[error(
@@ -331,11 +328,24 @@ pub enum Error {
 pub struct KeptFailure {
     /// The error and its causes.
     pub reason: String,
-    /// The target as the failure named it, with the compiler where one ran
-    /// ([`crate::pipeline::Failure::target`]).
+    /// The target as the failure named it, with the compiler where one ran.
     pub target: String,
-    /// What went wrong without its heading ([`crate::pipeline::Failure::log`]).
+    /// What went wrong, without the heading that names the kernel and the target.
     pub log: String,
+}
+
+/// A target of a kernel that has no variant, and why: a skip, or a failure with its parts.
+#[derive(Debug, Clone)]
+pub struct Unbuilt {
+    /// The architecture.
+    pub arch: Arch,
+    /// The CUDA build.
+    pub cuda: CudaBuild,
+    /// Why, as the index records it.
+    pub reason: prebuilt::index::SkipReason,
+    /// For a failed compile or validation: its whole error, the target with the compiler and
+    /// the log apart, and whether it was replayed from the build cache.
+    pub failure: Option<(KeptFailure, bool)>,
 }
 
 impl Error {

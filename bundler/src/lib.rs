@@ -43,7 +43,7 @@ pub mod writer;
 
 mod error;
 
-pub use error::{Error, KeptFailure};
+pub use error::{Error, KeptFailure, Unbuilt};
 pub use manifest::Manifest;
 pub use pipeline::{
     bundle_kernels, bundle_kernels_shared, BuildPlan, BuildToolchain, BundleOptions, BundleSummary,

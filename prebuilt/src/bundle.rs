@@ -354,7 +354,13 @@ impl Bundle {
                     .join(module_dir.as_str())
                     .join(variant.cuda.to_string())
                     .join(format!("{}.so", variant.cpu));
-                let bytes = crate::module::read_module(&self.root, name, variant)?;
+                let bytes = read_stored(
+                    &self.root,
+                    &variant.artifact,
+                    FrameDictionary::None,
+                    name,
+                    &variant.label(),
+                )?;
                 write_streamed(&root.join(&relative), |file| {
                     std::io::Write::write_all(file, &bytes).map_err(|source| BundleError::Write {
                         path: root.join(&relative),

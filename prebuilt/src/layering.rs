@@ -566,12 +566,14 @@ fn no_module_imports_one_that_imports_it_back() {
 #[test]
 fn no_module_of_the_python_package_imports_one_that_imports_it_back() {
     let package = python_package();
-    // The package was read: its modules, its extension, and the imports of `kwheel.torch`.
-    assert!(["__init__", "build", "torch"]
+    // The package was read: its modules, its extension, and the imports of `kwheel.torch`
+    // and of its ops' module.
+    assert!(["__init__", "build", "torch", "_torch_op"]
         .iter()
         .all(|module| package.modules.contains_key(*module)));
     assert!(package.native.contains("_kwheel"));
-    assert!(package.imports()["torch"].contains("__init__"));
+    assert!(package.imports()["torch"].contains("_torch_op"));
+    assert!(package.imports()["_torch_op"].contains("__init__"));
     let circles = package.circles();
     assert!(circles.is_empty(), "import circles: {circles:?}");
 }

@@ -86,7 +86,25 @@ pub(super) fn assemble(
         if variants.is_empty() && unbuilt.is_none() {
             unbuilt = Some(Error::NoTarget {
                 kernel: kernel.name.clone(),
-                skips,
+                skips: skips
+                    .iter()
+                    .map(|(arch, cuda, outcome)| crate::error::Unbuilt {
+                        arch: *arch,
+                        cuda: *cuda,
+                        reason: outcome.skip_reason().expect("no variant"),
+                        failure: match outcome {
+                            Outcome::Failed(failure) => Some((
+                                crate::error::KeptFailure {
+                                    reason: failure.error.clone(),
+                                    target: failure.target.clone(),
+                                    log: failure.log.clone(),
+                                },
+                                failure.replayed,
+                            )),
+                            _ => None,
+                        },
+                    })
+                    .collect(),
             });
         }
         index.kernels.insert(
