@@ -379,7 +379,7 @@ class LazyKernel:
             functions[None] = functions[entries[0]]
         self._labels[device] = kernel.trace_label
         self._kernels[device] = kernel
-        return functions, Constants(kernel.constants, dict(kernel.computed))
+        return functions, Constants(kernel.constants, dict(getattr(kernel, "computed", {})))
 
     def unsupported_shape_reason(self, device, values):
         """Why the kernel loaded on ``device`` cannot run with ``values`` (its inputs), or
