@@ -269,6 +269,27 @@ pub fn find_pinned(manifest: &crate::Manifest) -> Result<TorchHeaders, TorchErro
     Ok(torch)
 }
 
+/// The folder of `Python.h` of the `python3` on `PATH`, which a classic-ABI module's `<torch/extension.h>` includes; `None` without one.
+/// The module must not call the Python C API (the wheel audit refuses one that does), so any
+/// Python 3's headers serve: they are followed, not hashed. Asked once per process.
+pub fn python_include_dir() -> Option<PathBuf> {
+    static DIR: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let output = std::process::Command::new("python3")
+            .args([
+                "-c",
+                "import sysconfig; print(sysconfig.get_paths()['include'])",
+            ])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .ok()
+            .filter(|output| output.status.success())?;
+        let dir = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
+        dir.join("Python.h").is_file().then_some(dir)
+    })
+    .clone()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

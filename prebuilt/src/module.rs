@@ -62,6 +62,10 @@ pub fn module_key(key: &ModuleKeyInputs<'_>) -> String {
     let mut hasher = KeyHasher::new(MODULE_KEY_FORMAT);
     hasher.bytes(key.name.as_bytes());
     hasher.bytes(key.abi.to_string().as_bytes());
+    if key.abi == Abi::Torch {
+        // What `<torch/extension.h>` reads is kwheel's, not the graph's.
+        hasher.bytes(CLASSIC_EXTENSION_H.as_bytes());
+    }
     let inputs = key.inputs;
     hasher.strings(&inputs.sources);
     hasher.pairs(&inputs.files);
@@ -80,6 +84,25 @@ pub fn module_key(key: &ModuleKeyInputs<'_>) -> String {
         hasher.bytes(compiler.version.as_bytes());
     }
     hasher.finish()
+}
+
+/// What a classic-ABI module's `#include <torch/extension.h>` reads: torch's C++ API
+/// without its Python half (`<torch/python.h>`, pybind11, `Python.h`). A module serves every
+/// Python its wheel's `py3-none` tag names; pybind11's headers alone leave a module needing
+/// symbols of the Python it was built with (`_PyThreadState_UncheckedGet`, gone in 3.13), so
+/// the bundler and the module JIT put this header first on the include path. A source that
+/// calls pybind11 itself still gets Python's headers, and the wheel audit refuses the module.
+pub const CLASSIC_EXTENSION_H: &str = "// kwheel: <torch/extension.h> without its Python half.
+#pragma once
+#include <torch/all.h>
+#include <torch/library.h>
+";
+
+/// Writes [`CLASSIC_EXTENSION_H`] as `torch/extension.h` under `dir`, the folder to put first
+/// on a classic-ABI module's include path.
+pub fn write_classic_extension_h(dir: &std::path::Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir.join("torch"))?;
+    std::fs::write(dir.join("torch/extension.h"), CLASSIC_EXTENSION_H)
 }
 
 /// The stored path of a module with this digest: `artifacts/<2 hex>/<digest>.so.zst`.

@@ -116,13 +116,39 @@ pub fn module_platform_tag(cpu: &str, path: &str, bytes: &[u8]) -> Result<String
 /// Audits an extension module against `policy` with torch's and CUDA's libraries external:
 /// the module links them by name and finds them in the process (torch loaded them first).
 pub fn audit_module(policy: &Policy, path: &str, bytes: &[u8]) -> Vec<Violation> {
-    audit_elf(policy, path, bytes)
+    let mut violations: Vec<Violation> = audit_elf(policy, path, bytes)
         .into_iter()
         .filter(|violation| {
             !matches!(&violation.kind, ViolationKind::Library { library }
                 if is_torch_or_cuda_library(library))
         })
-        .collect()
+        .collect();
+    // A module serves every Python of its wheel's tag (`py3-none`): one that calls the Python
+    // C API (pybind11, `Python.h`'s functions) would bind to the Python it was built with.
+    if let Ok(elf) = inspect_host_elf(bytes) {
+        let python: Vec<&String> = elf
+            .undefined
+            .iter()
+            .filter(|symbol| is_python_api(symbol))
+            .collect();
+        if let Some(first) = python.first() {
+            violations.push(Violation {
+                file: path.to_owned(),
+                policy: policy.name.clone(),
+                kind: ViolationKind::PythonApi {
+                    symbol: (*first).clone(),
+                    more: python.len() - 1,
+                },
+            });
+        }
+    }
+    violations
+}
+
+/// A symbol of the Python C API (`PyLong_FromLong`, `_Py_Dealloc`, `PyExc_TypeError`).
+fn is_python_api(symbol: &str) -> bool {
+    let name = symbol.strip_prefix('_').unwrap_or(symbol);
+    name.starts_with("Py") && name[2..].starts_with(|c: char| c.is_ascii_uppercase() || c == '_')
 }
 
 fn vendored_policy(name: &str, architecture: &'static str, machine: u16) -> Policy {
@@ -288,6 +314,13 @@ pub enum ViolationKind {
         /// The library.
         library: String,
     },
+    /// An extension module that calls the Python C API.
+    PythonApi {
+        /// The first such symbol (`PyLong_FromLong`).
+        symbol: String,
+        /// How many more there are.
+        more: usize,
+    },
     /// Host code in a wheel tagged platform-independent.
     HostCode,
     /// An ELF file whose headers cannot be read.
@@ -320,6 +353,18 @@ impl Violation {
             } => format!("needs {version} (from {library}), which {policy} does not allow"),
             ViolationKind::Symbol { symbol, library } => {
                 format!("uses `{symbol}` of {library}, which {policy} does not allow")
+            }
+            ViolationKind::PythonApi { symbol, more } => {
+                let more = match more {
+                    0 => String::new(),
+                    n => format!(" and {n} more"),
+                };
+                format!(
+                    "calls the Python C API (`{symbol}`{more}), which binds it to the Python it \
+                     was built with: an extension module registers its ops with \
+                     `TORCH_LIBRARY` or `STABLE_TORCH_LIBRARY` and must not call pybind11 or \
+                     `Python.h`'s functions"
+                )
             }
             ViolationKind::HostCode => {
                 format!("is host code, but the wheel is tagged `{policy}` (platform-independent)")
@@ -563,6 +608,27 @@ mod tests {
                 .to_string()
             })
             .collect()
+    }
+
+    #[test]
+    fn python_c_api_symbols_are_told_from_others() {
+        for symbol in [
+            "PyLong_FromLong",
+            "_Py_Dealloc",
+            "PyExc_TypeError",
+            "_PyObject_New",
+        ] {
+            assert!(is_python_api(symbol), "{symbol}");
+        }
+        for symbol in [
+            "Python",
+            "Pyramid_init",
+            "_ZN3c106detail",
+            "py_helper",
+            "Py",
+        ] {
+            assert!(!is_python_api(symbol), "{symbol}");
+        }
     }
 
     #[test]

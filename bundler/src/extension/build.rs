@@ -53,6 +53,9 @@ pub struct PlannedModule {
     pub inputs: ModuleInputs,
     /// Include directories (absolute), in `-I` order: the manifest's, then torch's.
     pub include_dirs: Vec<PathBuf>,
+    /// System include directories (`-isystem`), followed but not hashed: Python's headers
+    /// for a classic-ABI module (`<torch/extension.h>` includes `Python.h`).
+    pub system_dirs: Vec<PathBuf>,
     /// The library's own files of the include graph (not torch's), by stable path: what the
     /// bundle ships in `sources/` for the JIT fallback to rebuild the module.
     pub shipped: BTreeMap<String, PathBuf>,
@@ -71,14 +74,25 @@ pub fn plan_module(
         .include_dirs
         .as_ref()
         .unwrap_or(&manifest.library.include_dirs);
-    let mut include_dirs: Vec<PathBuf> = dirs.iter().map(|dir| manifest.root.join(dir)).collect();
+    // The compilers run in the library's folder: a relative `--manifest` must not leave its
+    // include dirs relative to the caller's folder.
+    let root = manifest
+        .root
+        .canonicalize()
+        .unwrap_or_else(|_| manifest.root.clone());
+    let mut include_dirs: Vec<PathBuf> = dirs.iter().map(|dir| root.join(dir)).collect();
     include_dirs.extend(torch.include_dirs.iter().cloned());
+    let system_dirs: Vec<PathBuf> = match spec.abi {
+        Abi::Torch => crate::torch::python_include_dir().into_iter().collect(),
+        Abi::Stable => Vec::new(),
+    };
     let roots = ScanRoots {
         root: manifest.root.clone(),
         include_dirs: include_dirs.clone(),
         external_dirs: external_dirs
             .iter()
             .cloned()
+            .chain(system_dirs.iter().cloned())
             .chain(crate::toolchain::host_include_dirs().compiler)
             .collect(),
     };
@@ -91,14 +105,26 @@ pub fn plan_module(
         kernel: format!("extension {name}"),
         source,
     })?;
-    let mut defines = manifest.library.defines.clone();
+    // A classic-ABI module builds as `cpp_extension` builds it: with the defines and nvcc
+    // flags its torch passes (`TORCH_API_INCLUDE_EXTENSION_H`, `--expt-relaxed-constexpr`,
+    // `__CUDA_NO_HALF_OPERATORS__`…) under the library's own.
+    let (mut defines, torch_nvcc_flags) = match spec.abi {
+        Abi::Torch => (torch.defines_for(name), torch.nvcc_flags.clone()),
+        Abi::Stable => (BTreeMap::new(), Vec::new()),
+    };
+    defines.extend(manifest.library.defines.clone());
     defines.extend(spec.defines.clone());
     defines.insert("TORCH_EXTENSION_NAME".into(), name.to_owned());
     let inputs = ModuleInputs {
         sources: spec.sources.clone(),
         files: graph.files().clone(),
         defines,
-        nvcc_flags: [&manifest.library.nvcc_flags[..], &spec.nvcc_flags].concat(),
+        nvcc_flags: [
+            &torch_nvcc_flags[..],
+            &manifest.library.nvcc_flags[..],
+            &spec.nvcc_flags,
+        ]
+        .concat(),
         cxx_flags: spec.cxx_flags.clone(),
         cxx_std: spec
             .cxx_std
@@ -127,6 +153,7 @@ pub fn plan_module(
         abi: spec.abi,
         inputs,
         include_dirs,
+        system_dirs,
         shipped,
     })
 }
@@ -349,6 +376,12 @@ fn compile_module(
     ];
     let inputs = &planned.inputs;
     let mut common: Vec<String> = vec![format!("-std={}", inputs.cxx_std)];
+    if planned.abi == Abi::Torch {
+        let shim = scratch.path().join("torch-shim");
+        prebuilt::module::write_classic_extension_h(&shim)
+            .map_err(|error| fail(format!("cannot write {}: {error}", shim.display())))?;
+        common.push(format!("-I{}", shim.display()));
+    }
     common.extend(
         inputs
             .defines
@@ -362,6 +395,10 @@ fn compile_module(
             .chain(&toolchain.include_dirs)
             .map(|dir| format!("-I{}", dir.display())),
     );
+    for dir in &planned.system_dirs {
+        common.push("-isystem".into());
+        common.push(dir.display().to_string());
+    }
     let nvcc = toolchain.nvcc.as_ref().expect("a toolchain with nvcc");
     let jobs: Vec<(String, Command)> = inputs
         .sources

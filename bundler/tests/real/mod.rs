@@ -669,3 +669,92 @@ fn vllm_silu_and_mul_builds_as_a_stable_abi_module_byte_identical_from_two_folde
     assert!(bytes == again, "two cold builds differ");
     assert_eq!(first, second, "same key, same record");
 }
+
+/// GPTQModel 7.7's fast Hadamard transform from its sdist (`ci/setup-thirdparty`): a classic
+/// `TORCH_LIBRARY` extension whose two files (`hadamard.cpp`, which includes
+/// `<torch/extension.h>`, and `fast_hadamard_transform_cuda.cu`) build unmodified as an
+/// `abi = "torch"` module, as `cpp_extension` builds them (its defines and nvcc flags), from a
+/// manifest named by a relative path; sm_90a only, to bound the time (docs/real-libraries.md
+/// builds sm_90a and sm_100a and runs it on a GPU).
+#[test]
+fn gptqmodels_hadamard_builds_as_a_classic_module_that_needs_no_python() {
+    let test = "gptqmodels_hadamard_builds_as_a_classic_module_that_needs_no_python";
+    let Some(toolchains) = toolchains() else {
+        return;
+    };
+    let Some(hadamard) = thirdparty_dir(test, "gptqmodel-7.7.0") else {
+        return;
+    };
+    if bundler::torch::TorchHeaders::find().is_err() {
+        testkit::missing("no torch (`bash ci/setup-torch` installs the pinned one)");
+        return;
+    }
+    let Some(pin) = torch_pin() else {
+        return;
+    };
+    let manifest = format!(
+        "[library]\npackage = \"gptq-hadamard\"\nversion = \"7.7.0\"\narchs = [\"sm_90a\"]\n\
+         cuda-builds = [\"cu130\"]\ntorch = \"{pin}\"\n\
+         [extensions._C]\n\
+         sources = [\"hadamard/hadamard.cpp\", \"hadamard/fast_hadamard_transform_cuda.cu\"]\n\
+         abi = \"torch\"\ninclude-dirs = [\"hadamard\"]\ndefines = {{ ENABLE_BF16 = \"1\" }}\n\
+         nvcc-flags = [\"-O3\", \"-lineinfo\"]\ncxx-flags = [\"-O3\"]\n"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    testkit::copy_tree(
+        &hadamard.join("hadamard"),
+        &dir.path().join("hadamard"),
+        &[],
+    );
+    let manifest = write_library(dir.path(), &manifest, &[]);
+    let mut opts = options_in(dir.path(), &manifest, of_build(toolchains, "cu130"));
+    // The manifest by a relative path, as `--manifest lib/kernels.toml` gives it: the
+    // compilers run in the library's folder, so its include dirs must not stay relative.
+    let relative = pathdiff(&manifest, &std::env::current_dir().unwrap());
+    opts.manifest = relative;
+    let started = std::time::Instant::now();
+    let summary = bundle_kernels(&opts).unwrap_or_else(|error| panic!("{}", anyhow_like(&error)));
+    eprintln!("GPTQModel hadamard module: {:?}", started.elapsed());
+    let record = summary.index.modules["_C"].clone();
+    assert_eq!(record.abi, prebuilt::module::Abi::Torch);
+    // cpp_extension's defines and flags, under the library's own.
+    let inputs = &record.inputs;
+    assert_eq!(inputs.defines["TORCH_API_INCLUDE_EXTENSION_H"], "1");
+    assert_eq!(inputs.defines["ENABLE_BF16"], "1");
+    assert!(inputs
+        .nvcc_flags
+        .iter()
+        .any(|f| f == "--expt-relaxed-constexpr"));
+    assert!(inputs.files.contains_key("hadamard/hadamard.cpp"));
+    let variant = &record.variants[0];
+    assert!(variant.torch.starts_with("=="), "{}", variant.torch);
+    let bytes = prebuilt::module::read_module(&summary.out, "_C", variant).unwrap();
+    let text = String::from_utf8_lossy(&bytes);
+    assert!(text.contains("gptqmodel_hadamard"));
+    // `<torch/extension.h>` was read without its Python half: pybind11's headers would leave
+    // the module needing this Python's symbols (`_PyThreadState_UncheckedGet`, gone in 3.13).
+    for symbol in [
+        "_PyThreadState_UncheckedGet",
+        "PyInstanceMethod_Type",
+        "_Py_Dealloc",
+    ] {
+        assert!(
+            !text.contains(symbol),
+            "the module needs Python's `{symbol}`"
+        );
+    }
+    assert!(!text.contains(&*dir.path().to_string_lossy()));
+}
+
+/// `path` relative to `base` (both absolute), through `..` where needed.
+fn pathdiff(path: &std::path::Path, base: &std::path::Path) -> std::path::PathBuf {
+    let path: Vec<_> = path.components().collect();
+    let base: Vec<_> = base.components().collect();
+    let common = path.iter().zip(&base).take_while(|(a, b)| a == b).count();
+    let mut relative = std::path::PathBuf::new();
+    for _ in common..base.len() {
+        relative.push("..");
+    }
+    relative.extend(&path[common..]);
+    relative
+}

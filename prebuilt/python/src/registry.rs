@@ -183,6 +183,15 @@ impl Bundle {
                  built): install {install}, or allow the JIT"
             )));
         }
+        // `<torch/extension.h>` includes `Python.h`: a classic-ABI module compiles with the
+        // running Python's headers, where it has them.
+        let python_include: Option<PathBuf> = py
+            .import("sysconfig")
+            .and_then(|sysconfig| sysconfig.call_method0("get_paths"))
+            .and_then(|paths| paths.get_item("include"))
+            .and_then(|include| include.extract())
+            .ok()
+            .filter(|dir: &PathBuf| dir.join("Python.h").is_file());
         let request = prebuilt::jit::module::ModuleJitRequest {
             bundle_root: self.inner.root(),
             name,
@@ -190,6 +199,7 @@ impl Bundle {
             torch_version: torch,
             torch_dir: &torch_dir,
             cuda: build,
+            python_include: python_include.as_deref(),
             cpu,
             cache_dir: &prebuilt::jit::default_cache_dir(),
         };

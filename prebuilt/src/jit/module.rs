@@ -52,6 +52,9 @@ pub struct ModuleJitRequest<'a> {
     pub torch_dir: &'a Path,
     /// torch's CUDA build.
     pub cuda: CudaBuild,
+    /// The running Python's `Python.h` folder, which a classic-ABI module's
+    /// `<torch/extension.h>` includes (`None` where it has no headers).
+    pub python_include: Option<&'a Path>,
     /// The CPU architecture (`x86_64`).
     pub cpu: &'a str,
     /// The JIT cache directory ([`default_cache_dir`]).
@@ -411,6 +414,12 @@ fn compile_module(
         .unwrap_or_default();
     let toolkit_includes = [toolkit.join("include"), toolkit.join("include/cccl")];
     let mut common: Vec<String> = vec![format!("-std={}", inputs.cxx_std)];
+    if request.record.abi == Abi::Torch {
+        let shim = scratch.path().join("torch-shim");
+        crate::module::write_classic_extension_h(&shim)
+            .map_err(|error| failed("a temporary folder", error.to_string()))?;
+        common.push(format!("-I{}", shim.display()));
+    }
     common.extend(
         inputs
             .defines
@@ -429,6 +438,10 @@ fn compile_module(
             .filter(|dir| dir.is_dir())
             .map(|dir| format!("-I{}", dir.display())),
     );
+    if let (Abi::Torch, Some(python)) = (request.record.abi, request.python_include) {
+        common.push("-isystem".into());
+        common.push(python.display().to_string());
+    }
     let jobs: Vec<(String, Command)> = inputs
         .sources
         .iter()
@@ -607,6 +620,7 @@ mod tests {
             torch_version,
             torch_dir,
             cuda: "cu130".parse().unwrap(),
+            python_include: None,
             cpu: "x86_64",
             cache_dir,
         };
