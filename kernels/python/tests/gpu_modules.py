@@ -129,7 +129,11 @@ def main():
 
     x = torch.randn(1000, device="cuda")
     y = torch.randn(1000, device="cuda")
-    check("kwtest_axpby_cuda", torch.equal(torch.ops.kwtest.axpby(x, y, 2.5), 2.5 * x + y), "2.5 * x + y")
+    # nvcc contracts `a * x + y` to one FMA (one rounding); torch's `2.5 * x + y` rounds twice.
+    got = torch.ops.kwtest.axpby(x, y, 2.5).double()
+    expected = 2.5 * x.double() + y.double()
+    error = float(((got - expected).abs() / (expected.abs() + 1)).max())
+    check("kwtest_axpby_cuda", error <= 2 ** -23, f"2.5 * x + y in float64, largest relative error {error:.1e}")
 
     def block(x, weight):
         hidden = torch.empty(x.shape[0], x.shape[1] // 2, device=x.device, dtype=x.dtype)
