@@ -150,6 +150,42 @@ fn computed_constants_and_struct_layouts_are_the_compilers_per_arch_and_build() 
     );
 }
 
+/// The JIT (the cu130 nvcc, on the bundle's shipped sources) records the struct layouts and
+/// computed constants the bundler did for the same target, caches them, and reads them back.
+#[test]
+fn the_jit_records_the_same_struct_layouts_and_constants_as_the_bundler() {
+    let Some(toolchains) = toolchains() else {
+        return;
+    };
+    let cu130: Vec<_> = of_build(toolchains, "cu130");
+    let (dir, manifest) = fixture_library(&computed_manifest("arch = [\"sm_90a\"]\n"));
+    bundle_kernels(&options_in(dir.path(), &manifest, cu130)).unwrap();
+    let bundle = Bundle::open(dir.path().join("out")).unwrap();
+    let record = &bundle.index().kernels["conv_fwd"];
+    let shipped = &record.variants[0];
+    let compiler = prebuilt::jit::JitCompiler::nvcc_at(&cu130_nvcc()).unwrap();
+    let request = prebuilt::jit::JitRequest {
+        bundle_root: bundle.root(),
+        kernel: "conv_fwd",
+        record,
+        torch: &bundle.index().torch,
+        arch: shipped.arch,
+        cuda: shipped.cuda,
+    };
+    let cache = dir.path().join("jit-cache");
+    let built = prebuilt::jit::compile_cached(&request, &compiler, &cache).unwrap();
+    assert!(built.compiled);
+    assert_eq!(built.structs, shipped.structs);
+    assert_eq!(built.structs["ConvParams"].fields.len(), 5);
+    let computed = |functions: &[prebuilt::index::Function]| -> Vec<_> {
+        functions.iter().map(|f| f.computed.clone()).collect()
+    };
+    assert_eq!(computed(&built.functions), computed(&shipped.functions));
+    let again = prebuilt::jit::compile_cached(&request, &compiler, &cache).unwrap();
+    assert!(!again.compiled);
+    assert_eq!(again.structs, shipped.structs);
+}
+
 #[test]
 fn a_bad_computed_expression_is_a_compile_error_naming_kernel_constant_and_entry() {
     let Some(toolchains) = toolchains() else {

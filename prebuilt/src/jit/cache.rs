@@ -62,6 +62,10 @@ pub(super) struct CacheEntry {
     pub(super) digest: String,
     pub(super) size: u64,
     pub(super) functions: Vec<Function>,
+    /// The layouts of the structs the kernel declares (`[kernels.<name>] structs`), as the
+    /// compiler computed them; absent for a kernel that declares none.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub(super) structs: BTreeMap<String, StructLayout>,
 }
 
 /// Whether a complete entry for `key` is in the cache (without verifying its cubin).
@@ -130,7 +134,7 @@ pub fn compile_cached(
         let sources = request.bundle_root.join(SOURCES_DIR);
         check_source_tree(request.kernel, &sources, recipe)?;
     }
-    let (cubin, functions) = compile(request, compiler)?;
+    let (cubin, functions, structs) = compile(request, compiler)?;
     let entry = CacheEntry {
         format: ENTRY_FORMAT,
         kernel: request.kernel.to_owned(),
@@ -142,6 +146,7 @@ pub fn compile_cached(
         digest: sha256_hex(&cubin),
         size: cubin.len() as u64,
         functions: functions.clone(),
+        structs: structs.clone(),
     };
     let mut metadata = serde_json::to_string_pretty(&entry).expect("a cache entry serializes");
     metadata.push('\n');
@@ -154,6 +159,7 @@ pub fn compile_cached(
         key,
         cubin,
         functions,
+        structs,
         compiled: true,
         path: paths.cubin,
     })
@@ -288,10 +294,19 @@ pub(super) fn read_entry(
     }
     let symbols: Vec<&str> = entry.functions.iter().map(|f| f.symbol.as_str()).collect();
     validate_cubin(&cubin, request.arch, &symbols).ok()?;
+    // An entry that lacks a layout of a struct the kernel declares is not this kernel's.
+    let declared = &request.record.inputs.computed.structs;
+    if declared
+        .keys()
+        .any(|name| !entry.structs.contains_key(name))
+    {
+        return None;
+    }
     Some(JitOutput {
         key: key.clone(),
         cubin,
         functions: entry.functions,
+        structs: entry.structs,
         compiled: false,
         path: paths.cubin.clone(),
     })
@@ -456,6 +471,7 @@ mod tests {
             digest: sha256_hex(b"another cubin"),
             size: cubin.len() as u64,
             functions: Vec::new(),
+            structs: BTreeMap::new(),
         };
         fs::write(&paths.metadata, serde_json::to_vec(&entry).unwrap()).unwrap();
         fs::write(&paths.cubin, &cubin).unwrap();

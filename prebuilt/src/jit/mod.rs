@@ -94,7 +94,7 @@ use crate::compile::{
 use crate::cubin::{validate_cubin, CubinError};
 use crate::device::DriverVersion;
 use crate::env::{JIT_CACHE_ENV, JIT_LOCK_TIMEOUT_ENV, NVRTC_ENV};
-use crate::index::{CompilerRecord, Function, KernelRecord, SourceRecipe};
+use crate::index::{CompilerRecord, Function, KernelRecord, SourceRecipe, StructLayout};
 use crate::key::{sha256_hex, KernelKey, KeyInputs};
 use crate::nvrtc::{self, NvrtcError, NvrtcLibrary};
 use crate::{error_chain, Arch, CudaBuild};
@@ -558,6 +558,8 @@ pub struct JitOutput {
     pub cubin: Vec<u8>,
     /// The kernel's entries, in declaration order, with symbols and parameter sizes.
     pub functions: Vec<Function>,
+    /// The layouts of the structs the kernel declares, as the compiler computed them.
+    pub structs: BTreeMap<String, StructLayout>,
     /// `true` when this call compiled it, `false` when it came from the cache.
     pub compiled: bool,
     /// The cached cubin's path.

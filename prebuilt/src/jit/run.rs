@@ -5,11 +5,15 @@ use super::*;
 use crate::compile::computed::{read_computed, ComputedPlan};
 use crate::compile::{CompileFailure, CompileJob, CompilerTool, SourceTree};
 
-/// Verifies the shipped sources and compiles them: the cubin and its entries.
+/// What one JIT compile made: the cubin, its entries (with their computed constants) and the
+/// layouts of the structs the kernel declares.
+pub(super) type Compiled = (Vec<u8>, Vec<Function>, BTreeMap<String, StructLayout>);
+
+/// Verifies the shipped sources and compiles them: the cubin, its entries and its structs.
 pub(super) fn compile(
     request: &JitRequest<'_>,
     compiler: &JitCompiler,
-) -> Result<(Vec<u8>, Vec<Function>), JitError> {
+) -> Result<Compiled, JitError> {
     let kernel = request.kernel;
     let recipe = request
         .record
@@ -100,8 +104,8 @@ pub(super) fn compile(
             compiler: record.clone(),
             log: error.to_string(),
         })?;
-    plan.assign(&values, &mut functions);
-    Ok((cubin, functions))
+    let structs = plan.assign(&values, &mut functions);
+    Ok((cubin, functions, structs))
 }
 
 /// The bundler's rule ([`crate::cubin::stub_entries`]): a cubin whose every entry only

@@ -248,8 +248,7 @@ impl Registry {
             location: None,
         };
         let constants = &plan.record.constants;
-        // A JIT compile reads back its entries' computed constants, not struct layouts.
-        let entries = (&output.functions[..], &BTreeMap::new());
+        let entries = (&output.functions[..], &output.structs);
         self.finish_load(name, constants, &output.cubin, entries, origin, ordinal)
     }
 

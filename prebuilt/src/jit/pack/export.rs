@@ -171,7 +171,7 @@ fn exportable(
         key: entry.key.clone(),
         artifact: StoredFile::artifact(digest, cubin.len() as u64, stored.len() as u64),
         functions: entry.functions.clone(),
-        structs: BTreeMap::new(),
+        structs: entry.structs.clone(),
     };
     check_variant(&entry.kernel, &record.inputs, torch, &variant)?;
     if record
