@@ -5,6 +5,7 @@ mod bundling;
 mod cli;
 mod exit;
 mod pep517;
+mod progress;
 mod report;
 
 use std::path::Path;
@@ -207,7 +208,7 @@ fn build_wheel(args: BuildWheelArgs) -> Result<()> {
         ship_sources: !args.no_sources,
         cache_dir: args.cache.resolve(),
         jobs: default_jobs(args.jobs),
-        progress: !args.quiet,
+        progress: progress::shown_unless(args.quiet),
         ship: args
             .ship
             .as_deref()

@@ -27,7 +27,7 @@ fn options(
         only: Vec::new(),
         require: false,
         torch: None,
-        progress: false,
+        progress: None,
         toolchains: Some(toolchains),
         farm: None,
     }

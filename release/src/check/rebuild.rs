@@ -126,7 +126,7 @@ fn rebuild(
         only: only.into_iter().collect(),
         require: false,
         torch: Some(torch.to_owned()),
-        progress: false,
+        progress: None,
         toolchains: Some(toolchains),
         // The sample is rebuilt here, never on a farm: it checks what a farm built.
         farm: None,
@@ -193,7 +193,7 @@ mod tests {
             only: vec!["swiglu".into()],
             require: false,
             torch: None,
-            progress: false,
+            progress: None,
             toolchains: Some(toolchains.to_vec()),
             farm: None,
         })
