@@ -89,7 +89,12 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Release(ReleaseCommand::BuildKwheel(args)) => build_kwheel(args),
         Command::Dev(DevCommand::MergeBundles(args)) => {
-            let summary = bundler::merge_shards(&args.shards, &args.out, default_jobs(args.jobs))?;
+            let summary = bundler::merge_shards(
+                &args.shards,
+                &args.out,
+                default_jobs(args.jobs),
+                &*progress::on_a_terminal(),
+            )?;
             println!(
                 "merged {} shards: {} kernels; bundle {} {}",
                 summary.shards,

@@ -15,6 +15,16 @@ pub(crate) fn shown_unless(quiet: bool) -> Option<Arc<dyn bundler::Progress>> {
     (!quiet).then(|| Arc::new(Terminal::default()) as Arc<dyn bundler::Progress>)
 }
 
+/// The observer of a command without `--quiet`, which shows progress only on a terminal
+/// (a merge is seconds of work, not worth lines in a log).
+pub(crate) fn on_a_terminal() -> Box<dyn bundler::Progress> {
+    if std::io::stderr().is_terminal() {
+        Box::new(Terminal::default())
+    } else {
+        Box::new(bundler::progress::Silent)
+    }
+}
+
 /// Each piece of work's [`Progress`] from its `Start` to its `Finish`.
 #[derive(Default)]
 pub(crate) struct Terminal {

@@ -58,7 +58,7 @@ use prebuilt::lookup::LOOKUP_FILE;
 use rayon::prelude::*;
 
 use crate::error::Error;
-use crate::progress::{Event, Progress, Silent};
+use crate::progress::{Event, Progress};
 
 mod output;
 mod vocabulary;
@@ -100,6 +100,7 @@ pub fn write_bundle(
     cubins: &BTreeMap<String, Vec<u8>>,
     sources: &BTreeMap<String, PathBuf>,
     jobs: usize,
+    progress: &dyn Progress,
 ) -> Result<(Index, WriteOutcome), Error> {
     let corpus: Vec<(&str, &[u8])> = cubins
         .iter()
@@ -109,7 +110,7 @@ pub fn write_bundle(
         sources,
         modules: &BTreeMap::new(),
     };
-    write_bundle_streamed(out, index, &corpus, files, jobs, &Silent)
+    write_bundle_streamed(out, index, &corpus, files, jobs, progress)
 }
 
 /// [`write_bundle`] of cubins read from `corpus` (by digest) as they are needed, with its
@@ -661,7 +662,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let index = index_of(&cubins);
         let one = dir.path().join("one");
-        write_bundle(&one, index.clone(), &cubins, &BTreeMap::new(), 1).unwrap();
+        write_bundle(
+            &one,
+            index.clone(),
+            &cubins,
+            &BTreeMap::new(),
+            1,
+            &crate::progress::Silent,
+        )
+        .unwrap();
         let files = crate::compress::FileCorpus::new(
             cubins
                 .iter()

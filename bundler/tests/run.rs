@@ -1080,6 +1080,7 @@ fn jobs_run_in_parallel_up_to_the_limit_and_hit_the_cache_after() {
 // the server `.ci/run` starts (nginx with WebDAV `PUT`), named by `KWHEEL_TEST_STORE`, and is
 // skipped without it unless `KWHEEL_REQUIRE_STORE=1`.
 
+use bundler::progress::Silent;
 use bundler::remote::RemoteCacheOptions;
 use bundler::shard::{merge_shards, Shard, SharedBuild};
 use testkit::loopback_store::{Fault, LoopbackStore};
@@ -1221,6 +1222,7 @@ fn fake_shards_merge_into_the_single_build_and_bad_sets_are_refused() {
         &[dirs[2].clone(), dirs[0].clone(), dirs[1].clone()],
         &out,
         2,
+        &Silent,
     )
     .unwrap();
     assert_eq!(merged.shards, 3);
@@ -1229,12 +1231,13 @@ fn fake_shards_merge_into_the_single_build_and_bad_sets_are_refused() {
         testkit::tree::bytes(&single.out)
     );
 
-    let error = merge_shards(&dirs[..2], &library.dir.path().join("bad"), 2).unwrap_err();
+    let error = merge_shards(&dirs[..2], &library.dir.path().join("bad"), 2, &Silent).unwrap_err();
     assert_eq!(error.to_string(), "cannot merge shards: shard 3/3 missing");
     let error = merge_shards(
         &[dirs[0].clone(), dirs[0].clone(), dirs[1].clone()],
         &library.dir.path().join("bad"),
         2,
+        &Silent,
     )
     .unwrap_err();
     assert!(error.to_string().contains("are both shard 1/3"), "{error}");
@@ -1268,7 +1271,7 @@ fn real_shards_merge_into_the_single_machine_bundle_byte_for_byte() {
         shards.push(out);
     }
     let out = dir.path().join("_prebuilt");
-    merge_shards(&shards, &out, 2).unwrap();
+    merge_shards(&shards, &out, 2, &Silent).unwrap();
     let (merged, single) = (
         testkit::tree::bytes(&out),
         testkit::tree::bytes(&single.out),

@@ -287,7 +287,15 @@ mod tests {
             .map(|stable| (stable.clone(), bundle.join("sources").join(stable)))
             .collect();
         let forged = dir.path().join("forged");
-        bundler::writer::write_bundle(&forged, index, &cubins, &sources, 2).unwrap();
+        bundler::writer::write_bundle(
+            &forged,
+            index,
+            &cubins,
+            &sources,
+            2,
+            &bundler::progress::Silent,
+        )
+        .unwrap();
 
         let failed = gate(&forged, &toolchains, 2);
         assert_eq!(failed.status, GateStatus::Fail, "{failed:?}");
