@@ -1183,6 +1183,52 @@ fn assert_cache_holds_only(cache: &Path, cubin: &[u8]) {
     }
 }
 
+/// What an observer hears of a build, one line per event (a step's detail left out).
+#[derive(Default)]
+struct Heard(Mutex<Vec<String>>);
+
+impl bundler::Progress for Heard {
+    fn event(&self, event: bundler::Event<'_>) {
+        let line = match event {
+            bundler::Event::Start { steps, stage } => format!("start {stage} ({steps} steps)"),
+            bundler::Event::Stage(stage) => format!("stage {stage}"),
+            bundler::Event::Detail(_) => return,
+            bundler::Event::Position(done) => format!("position {done}"),
+            bundler::Event::Step => "step".to_owned(),
+            bundler::Event::Finish => "finish".to_owned(),
+        };
+        self.0.lock().unwrap().push(line);
+    }
+}
+
+/// The progress of a build goes to the observer in the options, and only there: the compile
+/// jobs, one step each, then the writer's cubins, each piece of work started and finished.
+#[test]
+fn progress_is_told_to_the_callers_observer() {
+    let library = fake_library(3);
+    let heard = Arc::new(Heard::default());
+    let options = BundleOptions {
+        progress: Some(heard.clone()),
+        ..library.options("observed")
+    };
+    bundle_kernels(&options).unwrap();
+    let heard = heard.0.lock().unwrap().clone();
+    assert_eq!(
+        heard[..5],
+        ["start targets (3 steps)", "step", "step", "step", "finish"],
+        "{heard:?}"
+    );
+    assert_eq!(heard[5], "start sketching cubins (1 steps)", "{heard:?}");
+    assert_eq!(heard.last().unwrap(), "finish", "{heard:?}");
+    assert_eq!(
+        heard
+            .iter()
+            .filter(|line| line.starts_with("start"))
+            .count(),
+        2
+    );
+}
+
 #[test]
 fn shard_specs_are_checked() {
     assert_eq!(
