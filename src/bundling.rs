@@ -20,7 +20,7 @@ pub(crate) fn bundle_kernels(args: BundleKernelsArgs) -> Result<()> {
         },
         require: args.require || std::env::var_os("KWHEEL_REQUIRE").is_some_and(|v| v == "1"),
         torch: args.torch,
-        progress: !args.quiet,
+        progress: crate::progress::shown_unless(args.quiet),
         toolchains: None,
         farm: args.farm.then(farm),
     };

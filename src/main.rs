@@ -5,6 +5,7 @@ mod bundling;
 mod cli;
 mod exit;
 mod pep517;
+mod progress;
 mod report;
 
 use std::path::Path;
@@ -88,7 +89,12 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Release(ReleaseCommand::BuildKwheel(args)) => build_kwheel(args),
         Command::Dev(DevCommand::MergeBundles(args)) => {
-            let summary = bundler::merge_shards(&args.shards, &args.out, default_jobs(args.jobs))?;
+            let summary = bundler::merge_shards(
+                &args.shards,
+                &args.out,
+                default_jobs(args.jobs),
+                &*progress::on_a_terminal(),
+            )?;
             println!(
                 "merged {} shards: {} kernels; bundle {} {}",
                 summary.shards,
@@ -207,7 +213,7 @@ fn build_wheel(args: BuildWheelArgs) -> Result<()> {
         ship_sources: !args.no_sources,
         cache_dir: args.cache.resolve(),
         jobs: default_jobs(args.jobs),
-        progress: !args.quiet,
+        progress: progress::shown_unless(args.quiet),
         ship: args
             .ship
             .as_deref()

@@ -114,7 +114,7 @@ impl Bench {
             only: Vec::new(),
             require: false,
             torch: None,
-            progress: false,
+            progress: None,
             toolchains: self.toolchains.as_ref().ok().cloned(),
             farm: None,
         }

@@ -19,6 +19,7 @@
 //! | [`torch`] | torch's include dirs and defines for `torch = true` kernels |
 //! | [`extension`] | extension modules: `[extensions.*]`, their key, compile and link |
 //! | [`farm`] | compile actions on a build farm (sccache-dist) through the compile executor's runner seam |
+//! | [`progress`] | long work's progress as events to the caller's observer (this crate draws nothing) |
 //!
 //! The bundle format itself belongs to `prebuilt`; this crate only writes it.
 #![deny(missing_docs)]
@@ -34,7 +35,7 @@ pub mod extension;
 pub mod farm;
 pub mod manifest;
 pub mod pipeline;
-mod progress;
+pub mod progress;
 pub mod remote;
 pub mod shard;
 pub mod shard_file;
@@ -48,5 +49,6 @@ pub use manifest::Manifest;
 pub use pipeline::{
     bundle_kernels, bundle_kernels_shared, BuildPlan, BuildToolchain, BundleOptions, BundleSummary,
 };
+pub use progress::{Event, Progress};
 pub use remote::{RemoteCache, RemoteCacheOptions};
 pub use shard::{merge_shards, Shard, SharedBuild};

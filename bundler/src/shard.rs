@@ -103,8 +103,13 @@ pub struct MergeSummary {
 
 /// Merges the shard directories `shards` (`1/N` … `N/N` of one plan, in any order) into the
 /// bundle `out`, byte-identical to the bundle one machine builds with the same inputs.
-/// `jobs` is the number of compression threads.
-pub fn merge_shards(shards: &[PathBuf], out: &Path, jobs: usize) -> Result<MergeSummary, Error> {
+/// `jobs` is the number of compression threads; `progress` hears of the cubins written.
+pub fn merge_shards(
+    shards: &[PathBuf],
+    out: &Path,
+    jobs: usize,
+    progress: &dyn crate::progress::Progress,
+) -> Result<MergeSummary, Error> {
     let merge_error = |shard: Option<&Path>, reason: String| Error::Merge {
         shard: shard.map(Path::to_path_buf),
         reason,
@@ -327,7 +332,7 @@ pub fn merge_shards(shards: &[PathBuf], out: &Path, jobs: usize) -> Result<Merge
             sources.insert(stable.clone(), path);
         }
     }
-    let (index, written) = write_bundle(out, index, &cubins, &sources, jobs)?;
+    let (index, written) = write_bundle(out, index, &cubins, &sources, jobs, progress)?;
     Ok(MergeSummary {
         out: out.to_owned(),
         index,

@@ -6,7 +6,7 @@
 //! smaller; the index is sorted JSON; nothing records a time or a host path. A small library
 //! (up to 1,024 cubins and 64 MiB) is weighed exactly in memory; a larger one is streamed
 //! from its files ([`write_bundle_from`]): only sketches and compressed frames are held, and
-//! a progress bar shows each stage on a terminal.
+//! the caller's [`crate::progress::Progress`] hears of each stage.
 //!
 //! # The output folder
 //!
@@ -58,6 +58,7 @@ use prebuilt::lookup::LOOKUP_FILE;
 use rayon::prelude::*;
 
 use crate::error::Error;
+use crate::progress::{Event, Progress};
 
 mod output;
 mod vocabulary;
@@ -99,42 +100,44 @@ pub fn write_bundle(
     cubins: &BTreeMap<String, Vec<u8>>,
     sources: &BTreeMap<String, PathBuf>,
     jobs: usize,
+    progress: &dyn Progress,
 ) -> Result<(Index, WriteOutcome), Error> {
     let corpus: Vec<(&str, &[u8])> = cubins
         .iter()
         .map(|(digest, bytes)| (digest.as_str(), bytes.as_slice()))
         .collect();
-    let shown = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let files = BundleFiles {
         sources,
         modules: &BTreeMap::new(),
     };
-    write_bundle_streamed(out, index, &corpus, files, jobs, shown)
+    write_bundle_streamed(out, index, &corpus, files, jobs, progress)
 }
 
 /// [`write_bundle`] of cubins read from `corpus` (by digest) as they are needed, with its
-/// progress shown when `progress` (a bar on a terminal, else a line at each tenth of a long
-/// stage): what `dev bundle-kernels` writes from its build cache, in bounded memory.
+/// its progress told to `progress` (the cubins sketched, then compressed): what `dev bundle-kernels` writes from its build cache, in bounded memory.
 pub fn write_bundle_streamed(
     out: &Path,
     index: Index,
     corpus: &dyn Corpus,
     files: BundleFiles<'_>,
     jobs: usize,
-    progress: bool,
+    progress: &dyn Progress,
 ) -> Result<(Index, WriteOutcome), Error> {
-    let bar = crate::progress::Progress::new(corpus.count(), progress, "sketching cubins");
-    let progress = |stage: Stage, done: usize, _of: usize| {
+    progress.event(Event::Start {
+        steps: corpus.count() as u64,
+        stage: "sketching cubins",
+    });
+    let tell = |stage: Stage, done: usize, _of: usize| {
         if done == 1 {
-            bar.set_message(match stage {
+            progress.event(Event::Stage(match stage {
                 Stage::Sketch => "sketching cubins",
                 Stage::Compress => "compressing cubins",
-            });
+            }));
         }
-        bar.set_position(done as u64);
+        progress.event(Event::Position(done as u64));
     };
-    let written = write_bundle_from(out, index, corpus, files, jobs, &progress);
-    bar.finish_and_clear();
+    let written = write_bundle_from(out, index, corpus, files, jobs, &tell);
+    progress.event(Event::Finish);
     written
 }
 
@@ -659,7 +662,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let index = index_of(&cubins);
         let one = dir.path().join("one");
-        write_bundle(&one, index.clone(), &cubins, &BTreeMap::new(), 1).unwrap();
+        write_bundle(
+            &one,
+            index.clone(),
+            &cubins,
+            &BTreeMap::new(),
+            1,
+            &crate::progress::Silent,
+        )
+        .unwrap();
         let files = crate::compress::FileCorpus::new(
             cubins
                 .iter()

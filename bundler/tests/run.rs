@@ -27,7 +27,7 @@ fn options(
         only: Vec::new(),
         require: false,
         torch: None,
-        progress: false,
+        progress: None,
         toolchains: Some(toolchains),
         farm: None,
     }
@@ -1080,6 +1080,7 @@ fn jobs_run_in_parallel_up_to_the_limit_and_hit_the_cache_after() {
 // the server `.ci/run` starts (nginx with WebDAV `PUT`), named by `KWHEEL_TEST_STORE`, and is
 // skipped without it unless `KWHEEL_REQUIRE_STORE=1`.
 
+use bundler::progress::Silent;
 use bundler::remote::RemoteCacheOptions;
 use bundler::shard::{merge_shards, Shard, SharedBuild};
 use testkit::loopback_store::{Fault, LoopbackStore};
@@ -1182,6 +1183,52 @@ fn assert_cache_holds_only(cache: &Path, cubin: &[u8]) {
     }
 }
 
+/// What an observer hears of a build, one line per event (a step's detail left out).
+#[derive(Default)]
+struct Heard(Mutex<Vec<String>>);
+
+impl bundler::Progress for Heard {
+    fn event(&self, event: bundler::Event<'_>) {
+        let line = match event {
+            bundler::Event::Start { steps, stage } => format!("start {stage} ({steps} steps)"),
+            bundler::Event::Stage(stage) => format!("stage {stage}"),
+            bundler::Event::Detail(_) => return,
+            bundler::Event::Position(done) => format!("position {done}"),
+            bundler::Event::Step => "step".to_owned(),
+            bundler::Event::Finish => "finish".to_owned(),
+        };
+        self.0.lock().unwrap().push(line);
+    }
+}
+
+/// The progress of a build goes to the observer in the options, and only there: the compile
+/// jobs, one step each, then the writer's cubins, each piece of work started and finished.
+#[test]
+fn progress_is_told_to_the_callers_observer() {
+    let library = fake_library(3);
+    let heard = Arc::new(Heard::default());
+    let options = BundleOptions {
+        progress: Some(heard.clone()),
+        ..library.options("observed")
+    };
+    bundle_kernels(&options).unwrap();
+    let heard = heard.0.lock().unwrap().clone();
+    assert_eq!(
+        heard[..5],
+        ["start targets (3 steps)", "step", "step", "step", "finish"],
+        "{heard:?}"
+    );
+    assert_eq!(heard[5], "start sketching cubins (1 steps)", "{heard:?}");
+    assert_eq!(heard.last().unwrap(), "finish", "{heard:?}");
+    assert_eq!(
+        heard
+            .iter()
+            .filter(|line| line.starts_with("start"))
+            .count(),
+        2
+    );
+}
+
 #[test]
 fn shard_specs_are_checked() {
     assert_eq!(
@@ -1221,6 +1268,7 @@ fn fake_shards_merge_into_the_single_build_and_bad_sets_are_refused() {
         &[dirs[2].clone(), dirs[0].clone(), dirs[1].clone()],
         &out,
         2,
+        &Silent,
     )
     .unwrap();
     assert_eq!(merged.shards, 3);
@@ -1229,12 +1277,13 @@ fn fake_shards_merge_into_the_single_build_and_bad_sets_are_refused() {
         testkit::tree::bytes(&single.out)
     );
 
-    let error = merge_shards(&dirs[..2], &library.dir.path().join("bad"), 2).unwrap_err();
+    let error = merge_shards(&dirs[..2], &library.dir.path().join("bad"), 2, &Silent).unwrap_err();
     assert_eq!(error.to_string(), "cannot merge shards: shard 3/3 missing");
     let error = merge_shards(
         &[dirs[0].clone(), dirs[0].clone(), dirs[1].clone()],
         &library.dir.path().join("bad"),
         2,
+        &Silent,
     )
     .unwrap_err();
     assert!(error.to_string().contains("are both shard 1/3"), "{error}");
@@ -1268,7 +1317,7 @@ fn real_shards_merge_into_the_single_machine_bundle_byte_for_byte() {
         shards.push(out);
     }
     let out = dir.path().join("_prebuilt");
-    merge_shards(&shards, &out, 2).unwrap();
+    merge_shards(&shards, &out, 2, &Silent).unwrap();
     let (merged, single) = (
         testkit::tree::bytes(&out),
         testkit::tree::bytes(&single.out),

@@ -89,8 +89,9 @@ pub struct LibraryWheelOptions {
     pub cache_dir: PathBuf,
     /// Parallel compile jobs, used only when the bundle must be built.
     pub jobs: usize,
-    /// Print what happens (bundling first) and a progress bar on a terminal.
-    pub progress: bool,
+    /// Who hears of the bundling's progress, when there is no bundle yet; with `None` the
+    /// build also says nothing of bundling first.
+    pub progress: Option<std::sync::Arc<dyn bundler::Progress>>,
     /// The toolchains to bundle and check keys with; `None` discovers the manifest's builds.
     pub toolchains: Option<Vec<BuildToolchain>>,
     /// Ship only these variants' artifacts (a slim wheel); `None` ships all.
@@ -118,7 +119,7 @@ impl LibraryWheelOptions {
             ship_sources: true,
             cache_dir: bundler::cache::default_cache_dir(),
             jobs: std::thread::available_parallelism().map_or(1, |n| n.get()),
-            progress: false,
+            progress: None,
             toolchains: None,
             ship: None,
             store: None,
@@ -193,7 +194,7 @@ pub fn build_library_wheel(options: &LibraryWheelOptions) -> Result<BuiltWheel, 
         )?;
         None
     } else {
-        if options.progress {
+        if options.progress.is_some() {
             tracing::info!(
                 "no bundle at `{}`: bundling the kernels of `{}` first",
                 options.bundle.display(),
@@ -203,7 +204,7 @@ pub fn build_library_wheel(options: &LibraryWheelOptions) -> Result<BuiltWheel, 
         Some(bundler::bundle_kernels(&BundleOptions {
             jobs: options.jobs,
             torch: options.torch.clone(),
-            progress: options.progress,
+            progress: options.progress.clone(),
             toolchains: options.toolchains.clone(),
             ..BundleOptions::new(&options.manifest, &options.bundle, &options.cache_dir)
         })?)

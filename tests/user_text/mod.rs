@@ -278,6 +278,15 @@ fn shards_merged_fetched_extracted_published_and_an_sdist() {
     let mut sized = settings.clone();
     sized.add_filter(r"\(\d+ files, \d+ bytes\)", "([FILES] files, [SIZE] bytes)");
     sized.bind(|| insta::assert_snapshot!("dev_build_sdist", sdist));
+    // `wheel verify` of that sdist: what it holds and the kernels its sources plan.
+    let built = std::fs::read_dir(format!("{root}/sdist"))
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .find(|path| path.to_string_lossy().ends_with(".tar.gz"))
+        .unwrap();
+    let verified = session(&["wheel", "verify", &built.display().to_string()]);
+    sized.add_filter(r"\d+ files, \d+ kernels", "[FILES] files, [N] kernels");
+    sized.bind(|| insta::assert_snapshot!("wheel_verify_of_an_sdist", verified));
 }
 
 /// What a newcomer reads in the first steps on the default library: the toolchains found,
@@ -490,4 +499,239 @@ fn release_build_kwheel() {
         &out,
     ]);
     settings.bind(|| insta::assert_snapshot!("release_build_kwheel_two_archs_one_module", refused));
+}
+
+/// [`session`] run in `dir` (a relative path a command prints, such as its log's, stays in
+/// `dir`).
+fn session_in(dir: &Path, args: &[&str]) -> String {
+    let output = kwheel_in(dir, args);
+    let code = output.status.code().unwrap_or(-1);
+    let text = text(&output);
+    assert!(!text.contains("panicked"), "{text}");
+    format!("$ kwheel {}\nexit code: {code}\n{text}", args.join(" "))
+}
+
+/// Refusals of input that needs nothing built: warm packs that are no pack or of another
+/// format, sdists that are no gzip or lack their files, and a `release check` whose bundle
+/// is missing (`--no-rebuild`), as text and as `--json`.
+#[test]
+fn refusals_of_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let mut settings = settings();
+    settings.add_filter(
+        &testkit::literal_pattern(&root.display().to_string()),
+        "[ROOT]",
+    );
+    let write = |relative: &str, bytes: &[u8]| {
+        let path = root.join(relative);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, bytes).unwrap();
+    };
+    std::fs::create_dir(root.join("no-pack")).unwrap();
+    write("not-a-pack/pack.json", b"{}");
+    write(
+        "newer-pack/pack.json",
+        br#"{"format":99,"package":"af3-kernels","torch":"2.13.*","kernels":{}}"#,
+    );
+    let cases = [
+        ("jit_import_of_a_folder_without_a_pack", "no-pack"),
+        ("jit_import_of_a_pack_json_that_is_no_pack", "not-a-pack"),
+        ("jit_import_of_a_newer_pack_format", "newer-pack"),
+    ];
+    for (name, pack) in cases {
+        let text = session_in(root, &["jit", "import", pack]);
+        settings.bind(|| insta::assert_snapshot!(name, text));
+    }
+
+    // An sdist that is no gzip, and one holding only a README.
+    write("broken-1.0.tar.gz", b"not gzip");
+    write("sdist/demo-1.0/README", b"demo\n");
+    let tar = std::process::Command::new("tar")
+        .args(["-czf", "demo-1.0.tar.gz", "-C", "sdist", "demo-1.0"])
+        .current_dir(root)
+        .output()
+        .unwrap();
+    assert!(tar.status.success(), "{}", text(&tar));
+    for (name, sdist) in [
+        (
+            "wheel_verify_of_an_sdist_that_is_no_gzip",
+            "broken-1.0.tar.gz",
+        ),
+        (
+            "wheel_verify_of_an_sdist_without_its_files",
+            "demo-1.0.tar.gz",
+        ),
+    ] {
+        let text = session_in(root, &["wheel", "verify", sdist]);
+        settings.bind(|| insta::assert_snapshot!(name, text));
+    }
+
+    // `release check` of a library without a bundle, told not to build one.
+    let library = copy_library(root);
+    let manifest = library.join("kernels.toml").display().to_string();
+    let check = [
+        "release",
+        "check",
+        "--skip",
+        "gpu",
+        "--no-rebuild",
+        "--manifest",
+        &manifest,
+        "--bundle",
+        "bundle",
+        "--wheels",
+        "wheels",
+        "--cache-dir",
+        "cache",
+    ];
+    let text = session_in(root, &check);
+    settings.bind(|| insta::assert_snapshot!("release_check_with_failed_gates", text));
+    let json = session_in(root, &[&check[..], &["--json"]].concat());
+    settings.bind(|| insta::assert_snapshot!("release_check_with_failed_gates_json", json));
+}
+
+/// What a user reads from commands on bundles of the default library's kernels (from the
+/// warm build cache) when something is off: `dev coverage`'s refusals, `jit import` of a pack
+/// that does not fit the bundle, `release diff` of two bundles, `dev build-wheel`'s hint on a
+/// stale bundle, and `dev bundle-kernels`' `--require` error and its "built for no target"
+/// error.
+#[test]
+fn refusals_and_reports_on_a_bundle() {
+    if !have_toolchains() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let mut settings = settings();
+    settings.add_filter(
+        &testkit::literal_pattern(&root.display().to_string()),
+        "[ROOT]",
+    );
+    // Bundles of `swiglu`, and of `swiglu` and `sigmoid_gate`, from the warm build cache.
+    let swiglu = root.join("swiglu").display().to_string();
+    let both = root.join("both").display().to_string();
+    for (only, out) in [("swiglu", &swiglu), ("swiglu,sigmoid_gate", &both)] {
+        let built = session(&[
+            "dev",
+            "bundle-kernels",
+            "--quiet",
+            "--only",
+            only,
+            "--out",
+            out,
+        ]);
+        assert!(built.contains("exit code: 0"), "{built}");
+    }
+    let bundle = swiglu.clone();
+
+    // `dev coverage`: a CUDA build the bundle lacks, a device nothing loads on, a fleet with
+    // an unknown device.
+    let cases: [(&str, &[&str]); 3] = [
+        (
+            "dev_coverage_refuses_a_cuda_build_the_bundle_lacks",
+            &["--device", "sm_90", "--cuda", "12.8"],
+        ),
+        (
+            "dev_coverage_of_a_device_nothing_loads_on",
+            &["--device", "8.6", "--cuda", "12.9"],
+        ),
+        (
+            "dev_coverage_refuses_an_unknown_fleet_device",
+            &["--fleet", "H100,Foo", "--cuda", "13.0"],
+        ),
+    ];
+    for (name, args) in cases {
+        let text = session(&[&["dev", "coverage", &bundle][..], args].concat());
+        settings.bind(|| insta::assert_snapshot!(name, text));
+    }
+
+    // `jit import` into the bundle of a pack of another package, and of one compiled from
+    // other sources.
+    let pack = |name: &str, json: &str| {
+        std::fs::create_dir(root.join(name)).unwrap();
+        std::fs::write(root.join(name).join("pack.json"), json).unwrap();
+    };
+    pack(
+        "other-package",
+        r#"{"format":1,"package":"other-kernels","torch":"2.13.*","kernels":{}}"#,
+    );
+    pack(
+        "other-sources",
+        r#"{"format":1,"package":"af3-kernels","torch":"2.13.*","kernels":{"swiglu":{"inputs":"0000","variants":[]}}}"#,
+    );
+    for (name, pack) in [
+        ("jit_import_of_another_packages_pack", "other-package"),
+        ("jit_import_of_a_pack_from_other_sources", "other-sources"),
+    ] {
+        let text = session_in(
+            root,
+            &[
+                "jit",
+                "import",
+                pack,
+                "--package",
+                &bundle,
+                "--jit-cache",
+                "jit",
+            ],
+        );
+        settings.bind(|| insta::assert_snapshot!(name, text));
+    }
+
+    // `release diff`: the `swiglu` bundle against one that adds `sigmoid_gate`, and a bundle
+    // against itself.
+    let diff = session(&["release", "diff", &swiglu, &both]);
+    settings.bind(|| insta::assert_snapshot!("release_diff", diff));
+    let same = session(&["release", "diff", &both, &both]);
+    settings.bind(|| insta::assert_snapshot!("release_diff_of_a_bundle_and_itself", same));
+
+    // `dev build-wheel` of the whole library from the `swiglu` bundle: stale, with a hint.
+    let stale = session(&[
+        "dev",
+        "build-wheel",
+        "--bundle",
+        &swiglu,
+        "--out",
+        &format!("{root}/wheels", root = root.display()),
+    ]);
+    settings.bind(|| insta::assert_snapshot!("dev_build_wheel_stale_bundle_hint", stale));
+
+    // `dev bundle-kernels --require` of a kernel that skips targets, and a kernel narrowed to
+    // an arch the library does not build: built for no target.
+    let required = session(&[
+        "dev",
+        "bundle-kernels",
+        "--quiet",
+        "--require",
+        "--only",
+        "wgmma_matmul_bf16",
+        "--out",
+        &format!("{}/required", root.display()),
+    ]);
+    settings.bind(|| insta::assert_snapshot!("bundle_kernels_require", required));
+    let library = copy_library(&root.join("narrowed"));
+    let manifest = library.join("kernels.toml");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    assert!(text.contains("\narch = [\"sm_90a\"]\n"), "{text}");
+    std::fs::write(
+        &manifest,
+        text.replace("\narch = [\"sm_90a\"]\n", "\narch = [\"sm_80\"]\n"),
+    )
+    .unwrap();
+    let no_target = session_in(
+        root,
+        &[
+            "dev",
+            "bundle-kernels",
+            "--quiet",
+            "--only",
+            "wgmma_matmul_bf16",
+            "--manifest",
+            &manifest.display().to_string(),
+            "--out",
+            "no-target",
+        ],
+    );
+    settings.bind(|| insta::assert_snapshot!("bundle_kernels_built_for_no_target", no_target));
 }

@@ -6,6 +6,7 @@ use super::plan::BuildPlan;
 use super::*;
 
 use crate::error::KeptFailure;
+use crate::progress::Event;
 use rayon::iter::{ParallelBridge as _, ParallelIterator as _};
 
 pub(super) struct Fetched {
@@ -132,7 +133,11 @@ pub(super) fn run_jobs(
     cache: &BuildCache,
     options: &BundleOptions,
 ) -> Result<Vec<Result<Finished, Error>>, Error> {
-    let bar = crate::progress::Progress::new(jobs.len(), options.progress, "targets");
+    let progress = crate::progress::observer(&options.progress);
+    progress.event(Event::Start {
+        steps: jobs.len() as u64,
+        stage: "targets",
+    });
     let stop = AtomicBool::new(false);
     // `par_bridge` hands the jobs out one at a time in plan order, so a stop leaves only later
     // jobs unstarted; each result goes back to its job's place.
@@ -146,19 +151,22 @@ pub(super) fn run_jobs(
                         return (n, None);
                     }
                     let kernel = &kernels[job.kernel];
-                    bar.set_detail(format!("{} {} {}", kernel.name, job.build, job.arch));
+                    progress.event(Event::Detail(&format!(
+                        "{} {} {}",
+                        kernel.name, job.build, job.arch
+                    )));
                     let result = run_job(job, kernel, cache);
                     if let Err(error) = &result {
                         if options.require || !is_target_failure(error) {
                             stop.store(true, Ordering::Relaxed);
                         }
                     }
-                    bar.inc();
+                    progress.event(Event::Step);
                     (n, Some(result))
                 })
                 .collect()
         });
-    bar.finish_and_clear();
+    progress.event(Event::Finish);
     results.sort_unstable_by_key(|(n, _)| *n);
     let results: Vec<Option<Result<Finished, Error>>> =
         results.into_iter().map(|(_, result)| result).collect();

@@ -18,8 +18,8 @@
 //! | the writer | the index and the cubins | the bundle, swapped in atomically, or a shard |
 //!
 //! Nothing here writes to stdout or stderr: what a user should see on the way (a skipped
-//! target, a stub kept) is a `tracing` event, the progress bar is drawn by `indicatif`, and
-//! the summary is the caller's to render ([`report`]).
+//! target, a stub kept) is a `tracing` event, progress goes to the caller's
+//! [`crate::progress::Progress`] observer, and the summary is the caller's to render ([`report`]).
 //!
 //! Compile jobs run on `jobs` threads and every target is attempted. A target a toolchain
 //! cannot build, that a kernel narrows away with `arch = [...]` or `cuda-builds = [...]`, or
@@ -190,8 +190,8 @@ pub struct BundleOptions {
     pub require: bool,
     /// Override the manifest's torch pin.
     pub torch: Option<String>,
-    /// Show a progress bar on a terminal.
-    pub progress: bool,
+    /// Who hears of the compile jobs' and the writer's progress; `None`: nobody.
+    pub progress: Option<Arc<dyn crate::progress::Progress>>,
     /// The toolchains to use; `None` discovers the manifest's CUDA builds.
     pub toolchains: Option<Vec<BuildToolchain>>,
     /// A build farm to run the discovered toolchains' nvcc and `ptxas` compiles on
@@ -201,7 +201,7 @@ pub struct BundleOptions {
 
 impl BundleOptions {
     /// The whole manifest bundled into `out` with the cache at `cache_dir`: one job per core,
-    /// every kernel, skips allowed, the manifest's torch pin and CUDA builds, no progress bar.
+    /// every kernel, skips allowed, the manifest's torch pin and CUDA builds, no progress observer.
     pub fn new(manifest: &Path, out: &Path, cache_dir: &Path) -> BundleOptions {
         BundleOptions {
             manifest: manifest.to_owned(),
@@ -211,7 +211,7 @@ impl BundleOptions {
             only: Vec::new(),
             require: false,
             torch: None,
-            progress: false,
+            progress: None,
             toolchains: None,
             farm: None,
         }
@@ -408,7 +408,7 @@ pub fn bundle_kernels_shared(
                 modules: &modules.files,
             },
             options.jobs,
-            options.progress,
+            crate::progress::observer(&options.progress),
         )?,
     };
     let mut targets: Vec<TargetOutcome> = plan

@@ -126,7 +126,7 @@ fn rebuild(
         only: only.into_iter().collect(),
         require: false,
         torch: Some(torch.to_owned()),
-        progress: false,
+        progress: None,
         toolchains: Some(toolchains),
         // The sample is rebuilt here, never on a farm: it checks what a farm built.
         farm: None,
@@ -193,7 +193,7 @@ mod tests {
             only: vec!["swiglu".into()],
             require: false,
             torch: None,
-            progress: false,
+            progress: None,
             toolchains: Some(toolchains.to_vec()),
             farm: None,
         })
@@ -287,7 +287,15 @@ mod tests {
             .map(|stable| (stable.clone(), bundle.join("sources").join(stable)))
             .collect();
         let forged = dir.path().join("forged");
-        bundler::writer::write_bundle(&forged, index, &cubins, &sources, 2).unwrap();
+        bundler::writer::write_bundle(
+            &forged,
+            index,
+            &cubins,
+            &sources,
+            2,
+            &bundler::progress::Silent,
+        )
+        .unwrap();
 
         let failed = gate(&forged, &toolchains, 2);
         assert_eq!(failed.status, GateStatus::Fail, "{failed:?}");

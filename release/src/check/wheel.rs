@@ -33,7 +33,7 @@ pub(super) fn check_reproducible(run: &mut Run, options: &CheckOptions) -> Optio
             ship_sources: true,
             cache_dir: options.cache_dir.clone(),
             jobs: options.jobs,
-            progress: false,
+            progress: None,
             toolchains: options.toolchains.clone(),
             ship: None,
             store: None,

@@ -37,7 +37,7 @@ fn bundle(manifest: &Path, out: &Path, cache: &Path) {
         only: KERNELS.iter().map(|k| (*k).to_owned()).collect(),
         require: false,
         torch: None,
-        progress: false,
+        progress: None,
         toolchains: toolchains(),
         farm: None,
     })

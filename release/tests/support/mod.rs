@@ -31,7 +31,7 @@ pub(crate) fn options(
         out: out.to_owned(),
         cache_dir: cache.to_owned(),
         jobs: 2,
-        progress: false,
+        progress: None,
         toolchains: toolchains(),
         ..LibraryWheelOptions::new(manifest)
     }
