@@ -131,9 +131,10 @@ pub enum PackError {
     },
     /// An entry that is not what the package's sources compile to.
     #[error(
-        "the warm pack {} is refused: its `{kernel}` ({variant}) {reason}; export it again \
+        "the warm pack {} is refused: its `{kernel}`{} {reason}; export it again \
          from a machine with this release of the package, or remove it",
-        path.display()
+        path.display(),
+        if variant.is_empty() { String::new() } else { format!(" ({variant})") }
     )]
     Entry {
         /// The `pack.json`.
