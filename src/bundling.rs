@@ -146,7 +146,7 @@ fn no_target_summary(context: &str, kernel: &str, skips: &[bundler::Unbuilt]) ->
             },
             None => report::TargetError {
                 target: format!("{} ({})", unbuilt.arch, unbuilt.cuda),
-                log: unbuilt.reason.to_index(),
+                log: unbuilt.reason.to_string(),
                 replayed: false,
             },
         })
@@ -160,7 +160,7 @@ fn no_target_summary(context: &str, kernel: &str, skips: &[bundler::Unbuilt]) ->
                 "`{kernel}` {} ({}): {}\n\n",
                 unbuilt.arch,
                 unbuilt.cuda,
-                unbuilt.reason.to_index()
+                unbuilt.reason.to_string()
             ),
         })
         .collect();
