@@ -158,15 +158,16 @@ pub enum BundleError {
     },
     /// The loader's index was written by a newer or older format.
     #[error(
-        "loader index `{}` has format {found}; this kwheel reads formats {} to {reads}: install the kwheel the bundle was built with, or rebuild the bundle",
-        path.display(),
-        crate::lookup::OLDEST_LOOKUP_FORMAT
+        "loader index `{}` has format {found}; this kwheel reads formats {oldest} to {reads}: install the kwheel the bundle was built with, or rebuild the bundle",
+        path.display()
     )]
     UnsupportedLookup {
         /// The file.
         path: PathBuf,
         /// The format found.
         found: u32,
+        /// The oldest format this reader reads.
+        oldest: u32,
         /// The newest format this reader reads.
         reads: u32,
     },
@@ -1024,7 +1025,7 @@ mod tests {
         std::fs::write(root.join(INDEX_FILE), index.to_json()).unwrap();
         let message = crate::error_chain(&Bundle::open(&root).unwrap_err());
         assert!(
-            message.contains("has format 6, this kwheel reads formats 1 to 5"),
+            message.contains("has format 7, this kwheel reads formats 1 to 6"),
             "{message}"
         );
     }

@@ -396,6 +396,7 @@ impl Lookup {
             return Err(BundleError::UnsupportedLookup {
                 path: path.to_owned(),
                 found: format,
+                oldest: OLDEST_LOOKUP_FORMAT,
                 reads: LOOKUP_FORMAT,
             });
         }
@@ -1014,6 +1015,7 @@ mod tests {
             graph_table.extend_from_slice(&0u32.to_le_bytes());
         }
         assemble(
+            LOOKUP_FORMAT,
             &meta,
             &codec::Vocabulary::of(std::iter::empty()).encode(),
             &table,
@@ -1420,7 +1422,10 @@ mod tests {
         let mut index = index(4);
         index.format = index.required_format();
         assert_eq!(index.format, INDEX_FORMAT);
-        assert!(!index.to_json().contains(r#""kind""#));
+        let json = index.to_json();
+        for kind in SkipKind::ALL {
+            assert!(!json.contains(&format!(r#""kind": "{kind}""#)), "{json}");
+        }
         let bytes = encode(&index);
         assert_eq!(bytes[8..12], OLDEST_LOOKUP_FORMAT.to_le_bytes());
         assert_eq!(
@@ -1989,7 +1994,7 @@ mod tests {
         for id in 0..graphs {
             file.graph(&codec::encode_graph(&graph(id), &words));
         }
-        file.assemble(&meta, &words.encode())
+        file.assemble(LOOKUP_FORMAT, &meta, &words.encode())
     }
 
     /// Round 3, case 5: a 3.2 MB file whose include graphs thousands of kernels name was
@@ -2110,6 +2115,7 @@ mod tests {
         graph_table.extend_from_slice(&0u32.to_le_bytes());
         let records = [&load[..], &inputs, &graph].concat();
         let bytes = assemble(
+            LOOKUP_FORMAT,
             &meta,
             &words.encode(),
             &table,

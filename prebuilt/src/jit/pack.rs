@@ -237,10 +237,8 @@ pub fn check_variant(
             inputs.entries
         ));
     }
-    if !matches!(
-        variant.compiler.compiler_kind(),
-        Some(CompilerKind::Nvrtc | CompilerKind::Nvcc)
-    ) {
+    let compiler = variant.compiler.compiler_kind();
+    if !matches!(compiler, Some(CompilerKind::Nvrtc | CompilerKind::Nvcc)) {
         return Err(format!(
             "names the compiler `{}`: a pack holds only what NVRTC or nvcc compiled",
             variant.compiler
