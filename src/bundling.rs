@@ -158,9 +158,7 @@ fn no_target_summary(context: &str, kernel: &str, skips: &[bundler::Unbuilt]) ->
             Some((failure, _)) => format!("`{kernel}` {}:\n{}\n\n", failure.target, failure.reason),
             None => format!(
                 "`{kernel}` {} ({}): {}\n\n",
-                unbuilt.arch,
-                unbuilt.cuda,
-                unbuilt.reason.to_string()
+                unbuilt.arch, unbuilt.cuda, unbuilt.reason
             ),
         })
         .collect();
