@@ -222,7 +222,7 @@ fn cutlass_example_48_builds_for_hopper_and_its_blackwell_build_is_a_recorded_st
     let record = &index.kernels["hopper_gemm"];
     let built: Vec<String> = record.variants.iter().map(|v| v.label()).collect();
     assert_eq!(built, ["cu130/sm_90a"], "{:?}", record.skipped);
-    let skips: Vec<(String, &str)> = record
+    let skips: Vec<(String, prebuilt::index::SkipKind)> = record
         .skipped
         .iter()
         .map(|skip| (format!("{}/{}", skip.cuda, skip.arch), skip.kind))
