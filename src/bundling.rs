@@ -146,7 +146,7 @@ fn no_target_summary(context: &str, kernel: &str, skips: &[bundler::Unbuilt]) ->
             },
             None => report::TargetError {
                 target: format!("{} ({})", unbuilt.arch, unbuilt.cuda),
-                log: unbuilt.reason.to_index(),
+                log: unbuilt.reason.to_string(),
                 replayed: false,
             },
         })
@@ -158,9 +158,7 @@ fn no_target_summary(context: &str, kernel: &str, skips: &[bundler::Unbuilt]) ->
             Some((failure, _)) => format!("`{kernel}` {}:\n{}\n\n", failure.target, failure.reason),
             None => format!(
                 "`{kernel}` {} ({}): {}\n\n",
-                unbuilt.arch,
-                unbuilt.cuda,
-                unbuilt.reason.to_index()
+                unbuilt.arch, unbuilt.cuda, unbuilt.reason
             ),
         })
         .collect();

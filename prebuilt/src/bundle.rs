@@ -37,7 +37,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::cache::ArtifactCache;
 use crate::index::{
-    ArtifactLocation, Index, StoredFile, Variant, INDEX_FORMAT, REQUIRES_INDEX_FORMAT,
+    ArtifactLocation, Index, StoredFile, Variant, INDEX_FORMAT, SKIP_KIND_INDEX_FORMAT,
 };
 use crate::key::sha256_hex;
 use crate::target::Arch;
@@ -138,7 +138,7 @@ pub enum BundleError {
     },
     /// The index was written by a newer or older format.
     #[error(
-        "bundle index `{}` has format {found}, this kwheel reads formats {INDEX_FORMAT} to {REQUIRES_INDEX_FORMAT}: rebuild the bundle with this version",
+        "bundle index `{}` has format {found}, this kwheel reads formats {INDEX_FORMAT} to {SKIP_KIND_INDEX_FORMAT}: rebuild the bundle with this version",
         path.display()
     )]
     UnsupportedFormat {
@@ -158,7 +158,7 @@ pub enum BundleError {
     },
     /// The loader's index was written by a newer or older format.
     #[error(
-        "loader index `{}` has format {found}; this kwheel reads format {reads}: install the kwheel the bundle was built with, or rebuild the bundle",
+        "loader index `{}` has format {found}; this kwheel reads formats {oldest} to {reads}: install the kwheel the bundle was built with, or rebuild the bundle",
         path.display()
     )]
     UnsupportedLookup {
@@ -166,7 +166,9 @@ pub enum BundleError {
         path: PathBuf,
         /// The format found.
         found: u32,
-        /// The format this reader reads.
+        /// The oldest format this reader reads.
+        oldest: u32,
+        /// The newest format this reader reads.
         reads: u32,
     },
     /// An artifact's stored bytes do not decompress.
@@ -415,17 +417,24 @@ pub fn parse_index(path: &Path, bytes: &[u8]) -> Result<Index, BundleError> {
             path: path.to_owned(),
             source,
         })?;
-    if !(INDEX_FORMAT..=REQUIRES_INDEX_FORMAT).contains(&format.format) {
+    if !(INDEX_FORMAT..=SKIP_KIND_INDEX_FORMAT).contains(&format.format) {
         return Err(BundleError::UnsupportedFormat {
             path: path.to_owned(),
             found: format.format,
         });
     }
-    let index: Index =
-        serde_json::from_slice(bytes).map_err(|source| BundleError::InvalidIndex {
-            path: path.to_owned(),
-            source,
-        })?;
+    let invalid = |source| BundleError::InvalidIndex {
+        path: path.to_owned(),
+        source,
+    };
+    let index: Index = if format.format < SKIP_KIND_INDEX_FORMAT {
+        // Its skips have no `kind`: give each the one its reason was written with.
+        let mut index: serde_json::Value = serde_json::from_slice(bytes).map_err(invalid)?;
+        crate::index::kind_legacy_skips(&mut index);
+        serde_json::from_value(index).map_err(invalid)?
+    } else {
+        serde_json::from_slice(bytes).map_err(invalid)?
+    };
     check_index(&index).map_err(refused)?;
     Ok(index)
 }
@@ -1012,11 +1021,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let root = shared_bundle(dir.path(), 1, b"cubin bytes");
         let mut index = read_index(&root).unwrap();
-        index.format = REQUIRES_INDEX_FORMAT + 1;
+        index.format = SKIP_KIND_INDEX_FORMAT + 1;
         std::fs::write(root.join(INDEX_FILE), index.to_json()).unwrap();
         let message = crate::error_chain(&Bundle::open(&root).unwrap_err());
         assert!(
-            message.contains("has format 6, this kwheel reads formats 1 to 5"),
+            message.contains("has format 7, this kwheel reads formats 1 to 6"),
             "{message}"
         );
     }

@@ -11,6 +11,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::{Arch, CudaBuild};
 
+mod skip;
+pub(crate) use skip::kind_legacy_skips;
+pub use skip::{Skip, SkipKind, SkipReason};
+
 /// Version of the index layout. Bump it when a field changes meaning or a required field is
 /// added; readers refuse an index whose format they do not know.
 pub const INDEX_FORMAT: u32 = 1;
@@ -32,6 +36,13 @@ pub const REFERENCE_INDEX_FORMAT: u32 = 4;
 /// would refuse the field it does not know (and could not check what callers pass), so it is
 /// told by the format instead. Whatever else the index records may be there too.
 pub const REQUIRES_INDEX_FORMAT: u32 = 5;
+/// The index format of a bundle with a skipped target: each [`Skip`] names its [`SkipKind`]
+/// (`kind`), which a reader of format 5 would refuse as a field it does not know, so it is
+/// told by the format instead. A skip of an older index has no `kind`: its reason's first
+/// words give it ([`SkipKind::of_legacy_reason`]), as the writers of those formats put them.
+/// Whatever else the index records may be there too; an index without skips keeps its
+/// format and its bytes.
+pub const SKIP_KIND_INDEX_FORMAT: u32 = 6;
 
 /// The whole index of a bundle (`index.json`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -224,12 +235,12 @@ impl KernelInputs {
         !self.nvcc_flags.is_empty() || self.targets.values().any(|t| !t.nvcc_flags.is_empty())
     }
 
-    /// The flags a compiler of `kind` (`nvcc`, `nvcc+ptxas`, `nvrtc`) gets: `flags`, then its own.
-    pub fn flags_for(&self, kind: &str) -> Vec<String> {
-        let own = match kind {
-            "nvrtc" => &self.nvrtc_flags,
-            kind if kind.starts_with("nvcc") => &self.nvcc_flags,
-            _ => return self.flags.clone(),
+    /// The flags `compiler` (nvcc, the `nvcc+ptxas` route, NVRTC) gets: `flags`, then its own.
+    pub fn flags_for(&self, compiler: &CompilerRecord) -> Vec<String> {
+        let own = match compiler.compiler_kind() {
+            Some(CompilerKind::Nvrtc) => &self.nvrtc_flags,
+            Some(CompilerKind::Nvcc | CompilerKind::NvccPtxas) => &self.nvcc_flags,
+            Some(CompilerKind::Precompiled) | None => return self.flags.clone(),
         };
         self.flags.iter().chain(own).cloned().collect()
     }
@@ -274,10 +285,77 @@ impl std::fmt::Display for Constant {
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CompilerRecord {
-    /// `nvcc`, `nvrtc`, or `cubin` for a precompiled cubin taken as it is.
+    /// `nvcc`, `nvrtc`, `nvcc+ptxas`, or `cubin` for a precompiled cubin taken as it is; a
+    /// module's host compiler by its own name. Kept as the text written, which keys hash
+    /// ([`crate::key`], [`crate::module`]); decisions read [`CompilerRecord::compiler_kind`].
     pub kind: String,
     /// The compiler's exact version (`13.0.88`); empty for a precompiled cubin.
     pub version: String,
+}
+
+/// Which compiler built a cubin; its text (`nvcc`, `nvrtc`, `nvcc+ptxas`, `cubin`) is the
+/// index's `compiler.kind`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CompilerKind {
+    /// The `nvcc` driver, run as a process.
+    Nvcc,
+    /// NVRTC, the runtime compiler library, loaded into this process.
+    Nvrtc,
+    /// A newer toolkit's nvcc emitting PTX, assembled by this build's own `ptxas`: how a build
+    /// whose packages carry `ptxas` but no nvcc (CUDA 12.9) compiles code with host parts. The
+    /// bundler's route only; the JIT runs NVRTC or nvcc.
+    #[serde(rename = "nvcc+ptxas")]
+    NvccPtxas,
+    /// No compiler: a precompiled cubin the manifest lists, taken as it is.
+    #[serde(rename = "cubin")]
+    Precompiled,
+}
+
+impl CompilerKind {
+    /// The index's spelling: `nvcc`, `nvrtc`, `nvcc+ptxas`, `cubin`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CompilerKind::Nvcc => "nvcc",
+            CompilerKind::Nvrtc => "nvrtc",
+            CompilerKind::NvccPtxas => "nvcc+ptxas",
+            CompilerKind::Precompiled => "cubin",
+        }
+    }
+
+    /// The kind an index spells `text`, if it is one.
+    pub fn parse(text: &str) -> Option<CompilerKind> {
+        [
+            CompilerKind::Nvcc,
+            CompilerKind::Nvrtc,
+            CompilerKind::NvccPtxas,
+            CompilerKind::Precompiled,
+        ]
+        .into_iter()
+        .find(|kind| kind.as_str() == text)
+    }
+
+    /// The index's record of this compiler at `version`.
+    pub fn record(self, version: &str) -> CompilerRecord {
+        CompilerRecord {
+            kind: self.as_str().to_owned(),
+            version: version.to_owned(),
+        }
+    }
+}
+
+impl fmt::Display for CompilerKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl CompilerRecord {
+    /// The compiler [`CompilerRecord::kind`] names; `None` for a kind that is not one of
+    /// kwheel's CUDA compilers (a module's host compiler).
+    pub fn compiler_kind(&self) -> Option<CompilerKind> {
+        CompilerKind::parse(&self.kind)
+    }
 }
 
 impl std::fmt::Display for CompilerRecord {
@@ -382,123 +460,6 @@ pub struct Function {
     pub computed: BTreeMap<String, i64>,
 }
 
-/// A target of the matrix that has no variant.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Skip {
-    /// The architecture.
-    pub arch: Arch,
-    /// The CUDA build.
-    pub cuda: CudaBuild,
-    /// Why it was not built.
-    pub reason: String,
-}
-
-/// Why a target of the matrix has no variant, as one type for the bundler, the release check
-/// and the CLI. The index keeps it as text ([`Skip::reason`]): [`SkipReason::to_index`] writes
-/// that text and [`Skip::why`] is the one reader of it.
-///
-/// | kind | index text | what it means |
-/// | --- | --- | --- |
-/// | [`SkipReason::Declared`] | `declared: …` | the manifest leaves the target out (`arch`, `cuda-builds`) |
-/// | [`SkipReason::Unsupported`] | anything else | the toolchains at hand cannot build it (`nvrtc 12.9 cannot target sm_100a`) |
-/// | [`SkipReason::Stub`] | `stub: …` | it compiled, but every entry is a stub on that target |
-/// | [`SkipReason::Failed`] | `failed: …` | its compile or validation failed; the compiler's log, bounded |
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum SkipReason {
-    /// The manifest leaves the target out of the kernel; the words after `declared: `.
-    Declared(String),
-    /// The toolchains cannot build the target; the whole reason.
-    Unsupported(String),
-    /// Every entry compiled for the target is a stub; the words after `stub: `.
-    Stub(String),
-    /// The compile or its validation failed; the words after `failed: `.
-    Failed(String),
-}
-
-impl SkipReason {
-    const DECLARED: &'static str = "declared: ";
-    const STUB: &'static str = "stub: ";
-    const FAILED: &'static str = "failed: ";
-
-    /// The reason an index keeps as `text`.
-    pub fn from_index(text: &str) -> SkipReason {
-        if let Some(rest) = text.strip_prefix(Self::DECLARED) {
-            SkipReason::Declared(rest.to_owned())
-        } else if let Some(rest) = text.strip_prefix(Self::STUB) {
-            SkipReason::Stub(rest.to_owned())
-        } else if let Some(rest) = text.strip_prefix(Self::FAILED) {
-            SkipReason::Failed(rest.to_owned())
-        } else {
-            SkipReason::Unsupported(text.to_owned())
-        }
-    }
-
-    /// The text the index keeps: the kind's prefix and the words.
-    pub fn to_index(&self) -> String {
-        match self {
-            SkipReason::Declared(words) => format!("{}{words}", Self::DECLARED),
-            SkipReason::Stub(words) => format!("{}{words}", Self::STUB),
-            SkipReason::Failed(words) => format!("{}{words}", Self::FAILED),
-            SkipReason::Unsupported(words) => words.clone(),
-        }
-    }
-
-    /// The kind's name: `declared`, `unsupported`, `stub`, `failed`.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            SkipReason::Declared(_) => "declared",
-            SkipReason::Unsupported(_) => "unsupported",
-            SkipReason::Stub(_) => "stub",
-            SkipReason::Failed(_) => "failed",
-        }
-    }
-
-    /// The words without the kind's prefix.
-    pub fn words(&self) -> &str {
-        match self {
-            SkipReason::Declared(words)
-            | SkipReason::Unsupported(words)
-            | SkipReason::Stub(words)
-            | SkipReason::Failed(words) => words,
-        }
-    }
-}
-
-impl Serialize for SkipReason {
-    /// As a build report shows it: `{"kind": "stub", "reason": "<the words>"}`.
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeMap as _;
-        let mut map = serializer.serialize_map(Some(2))?;
-        map.serialize_entry("kind", self.kind())?;
-        map.serialize_entry("reason", self.words())?;
-        map.end()
-    }
-}
-
-impl std::fmt::Display for SkipReason {
-    /// As the index keeps it.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.to_index())
-    }
-}
-
-impl Skip {
-    /// A skip of `arch` with `build` for `why`, its reason as the index keeps it.
-    pub fn new(arch: Arch, cuda: CudaBuild, why: &SkipReason) -> Skip {
-        Skip {
-            arch,
-            cuda,
-            reason: why.to_index(),
-        }
-    }
-
-    /// Why the target was skipped, read from the index's text.
-    pub fn why(&self) -> SkipReason {
-        SkipReason::from_index(&self.reason)
-    }
-}
-
 impl Index {
     /// Records `store` (or none), and the format that goes with the index's contents.
     pub fn set_store(&mut self, store: Option<String>) {
@@ -506,8 +467,9 @@ impl Index {
         self.format = self.required_format();
     }
 
-    /// The oldest format whose readers can read this index: [`REQUIRES_INDEX_FORMAT`] when a
-    /// kernel declares requirements, [`REFERENCE_INDEX_FORMAT`] when an
+    /// The oldest format whose readers can read this index: [`SKIP_KIND_INDEX_FORMAT`] when a
+    /// kernel has a skipped target, [`REQUIRES_INDEX_FORMAT`] when a kernel declares
+    /// requirements, [`REFERENCE_INDEX_FORMAT`] when an
     /// artifact's prefix is another artifact, [`FAMILY_INDEX_FORMAT`] when it is a dictionary,
     /// [`STORE_INDEX_FORMAT`] with a store, else [`INDEX_FORMAT`], so an index without the newer features stays readable by older
     /// readers byte for byte.
@@ -517,6 +479,12 @@ impl Index {
             artifacts().map(|v| v.artifact.digest.as_str()).collect();
         let prefixes = || artifacts().filter_map(|v| v.artifact.dictionary.as_deref());
         if self
+            .kernels
+            .values()
+            .any(|record| !record.skipped.is_empty())
+        {
+            SKIP_KIND_INDEX_FORMAT
+        } else if self
             .kernels
             .values()
             .any(|record| !record.inputs.requires.is_empty())

@@ -129,7 +129,7 @@ impl KernelKey {
         hasher.strings(&inputs.entries);
         hasher.pairs(&inputs.files);
         hasher.pairs(&inputs.defines);
-        hasher.strings(&inputs.flags_for(&key.compiler.kind));
+        hasher.strings(&inputs.flags_for(key.compiler));
         hasher.bytes(inputs.cxx_std.as_bytes());
         hasher.bytes(key.arch.to_string().as_bytes());
         hasher.bytes(key.cuda.to_string().as_bytes());

@@ -10,7 +10,8 @@
 //! ```text
 //! offset  size  field
 //!      0     8  magic  "KWHEELIX"
-//!      8     4  format (LOOKUP_FORMAT, little-endian like every number here)
+//!      8     4  format (LOOKUP_FORMAT with skips, else OLDEST_LOOKUP_FORMAT; little-endian
+//!                      like every number here)
 //!     12     4  kernel count N
 //!     16     8  meta offset    ─┐ JSON: package, torch, store, dictionary, index format,
 //!     24     8  meta length    ─┘       CUDA builds; right after it, the records' vocabulary
@@ -82,15 +83,22 @@ use table::{check_table, Layout, LazyTable, Sections, Span};
 
 /// File name of the loader's index inside a bundle.
 pub const LOOKUP_FILE: &str = "kernels.idx";
-/// The format this reader reads and this writer writes. Bump it when the layout changes.
-/// Format 1 held each kernel's records as JSON, key inputs included, once per kernel; format 2
+/// The newest format this reader reads and this writer writes. Bump it when the layout
+/// changes. A file of this format differs from one of [`OLDEST_LOOKUP_FORMAT`] only in its
+/// skips, which name their kind ([`crate::index::SkipKind`]): a file without skips is written
+/// in the older format, byte for byte what it was, and a file with skips is refused by older
+/// readers by its format. Format 1 held each kernel's records as JSON, key inputs included, once per kernel; format 2
 /// wrote each skipped target's reason out, each kernel's entries in its inputs record again,
 /// and every function name whole; format 3 kept the vocabulary in the JSON meta (an open
 /// parsed every family's digest) and wrote each include graph file's folder out; format 4
 /// wrote the first entry of each of a kernel's function sets out in full, most often a copy
 /// of the kernel's own name; format 5 had no requirements in the inputs record; format 6 had
-/// no computed constants (in function sets and inputs) and no struct layouts (in variants).
-pub const LOOKUP_FORMAT: u32 = 7;
+/// no computed constants (in function sets and inputs) and no struct layouts (in variants);
+/// format 7 (still written for a file without skips) had no kind in its skips, which its
+/// reasons' first words give ([`crate::index::SkipKind`]).
+pub const LOOKUP_FORMAT: u32 = 8;
+/// The oldest format this reader reads: the format of a file without skips.
+pub const OLDEST_LOOKUP_FORMAT: u32 = 7;
 
 const MAGIC: &[u8; 8] = b"KWHEELIX";
 const HEADER_LEN: u64 = 80;
@@ -180,7 +188,16 @@ pub fn encode(index: &Index) -> Vec<u8> {
     for graph in graphs {
         file.graph(&codec::encode_graph(graph, &words));
     }
-    file.assemble(&meta, &words.encode())
+    let skips = index
+        .kernels
+        .values()
+        .any(|record| !record.skipped.is_empty());
+    let format = if skips {
+        LOOKUP_FORMAT
+    } else {
+        OLDEST_LOOKUP_FORMAT
+    };
+    file.assemble(format, &meta, &words.encode())
 }
 
 /// The tables and sections of a file being written, a kernel and then a graph at a time.
@@ -216,8 +233,9 @@ impl Writing {
         self.records.extend_from_slice(bytes);
     }
 
-    fn assemble(self, meta: &[u8], words: &[u8]) -> Vec<u8> {
+    fn assemble(self, format: u32, meta: &[u8], words: &[u8]) -> Vec<u8> {
         assemble(
+            format,
             meta,
             words,
             &self.table,
@@ -230,6 +248,7 @@ impl Writing {
 
 /// The file of these sections, with a header that locates them and counts the tables' entries.
 fn assemble(
+    format: u32,
     meta: &[u8],
     words: &[u8],
     table: &[u8],
@@ -247,7 +266,7 @@ fn assemble(
     let length = records_offset + records.len() as u64;
     let mut out = Vec::with_capacity(length as usize);
     out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&LOOKUP_FORMAT.to_le_bytes());
+    out.extend_from_slice(&format.to_le_bytes());
     out.extend_from_slice(&(count as u32).to_le_bytes());
     for field in [
         meta_offset,
@@ -277,6 +296,8 @@ pub struct Lookup {
     layout: Layout,
     meta: Meta,
     words: codec::Words,
+    /// Whether the skips of its load records name their kind (a file of [`LOOKUP_FORMAT`]).
+    skip_kinds: bool,
     /// The whole table, read and checked once something needs every entry.
     whole: OnceLock<Tables>,
 }
@@ -371,10 +392,11 @@ impl Lookup {
             ));
         }
         let format = u32::from_le_bytes(header[8..12].try_into().unwrap());
-        if format != LOOKUP_FORMAT {
+        if !(OLDEST_LOOKUP_FORMAT..=LOOKUP_FORMAT).contains(&format) {
             return Err(BundleError::UnsupportedLookup {
                 path: path.to_owned(),
                 found: format,
+                oldest: OLDEST_LOOKUP_FORMAT,
                 reads: LOOKUP_FORMAT,
             });
         }
@@ -463,6 +485,7 @@ impl Lookup {
             layout,
             meta,
             words,
+            skip_kinds: format == LOOKUP_FORMAT,
             whole: OnceLock::new(),
         })
     }
@@ -612,7 +635,7 @@ impl Lookup {
         inputs: Option<(&[u8], BTreeMap<String, String>)>,
         decoded: &Decoded,
     ) -> Result<KernelRecord, BundleError> {
-        let load = codec::decode_load(kernel, load, &self.words, decoded)
+        let load = codec::decode_load(kernel, load, &self.words, self.skip_kinds, decoded)
             .map_err(|reason| self.bad_record(kernel, "load", reason))?;
         let inputs = match inputs {
             None => KernelInputs::default(),
@@ -714,7 +737,9 @@ mod tests {
     use super::*;
     use crate::bundle::read_index;
     use crate::index::Variant;
-    use crate::index::{CompilerRecord, Constant, Skip, SourceRecipe, INDEX_FORMAT};
+    use crate::index::{
+        CompilerRecord, Constant, Skip, SkipKind, SkipReason, SourceRecipe, INDEX_FORMAT,
+    };
 
     /// An index of `count` kernels `k00000`…, each with one variant and a few inputs.
     fn index(count: usize) -> Index {
@@ -871,8 +896,8 @@ mod tests {
             load.len()
         );
         let decoded = Decoded::new(MAX_RECORD_DECODED, "one kernel's records");
-        assert!(codec::decode_load(kernel, &load, &words_read, &decoded).is_ok());
-        let error = codec::decode_load("k00000_Gemm", &load, &words_read, &decoded)
+        assert!(codec::decode_load(kernel, &load, &words_read, true, &decoded).is_ok());
+        let error = codec::decode_load("k00000_Gemm", &load, &words_read, true, &decoded)
             .err()
             .unwrap();
         assert!(
@@ -903,7 +928,9 @@ mod tests {
             "{message}"
         );
         assert!(
-            message.contains(&format!("reads format {LOOKUP_FORMAT}")),
+            message.contains(&format!(
+                "reads formats {OLDEST_LOOKUP_FORMAT} to {LOOKUP_FORMAT}"
+            )),
             "{message}"
         );
     }
@@ -988,6 +1015,7 @@ mod tests {
             graph_table.extend_from_slice(&0u32.to_le_bytes());
         }
         assemble(
+            LOOKUP_FORMAT,
             &meta,
             &codec::Vocabulary::of(std::iter::empty()).encode(),
             &table,
@@ -1330,6 +1358,144 @@ mod tests {
         assert_eq!(catalog.names().unwrap().len(), 5);
     }
 
+    /// `index(4)` with one skip of each kind, each with words that start like another
+    /// kind's (or like none), in the format that goes with it.
+    fn index_with_every_skip_kind() -> Index {
+        let mut index = index(4);
+        let skips = [
+            (SkipKind::Declared, "stub: words that open like a stub's"),
+            (
+                SkipKind::Unsupported,
+                "declared: words that open like a declared one's",
+            ),
+            (SkipKind::Stub, "failed: words that open like a failure's"),
+            (SkipKind::Failed, "words that open like nothing"),
+        ];
+        for (record, (kind, reason)) in index.kernels.values_mut().zip(skips) {
+            record.skipped.push(Skip {
+                arch: "sm_90a".parse().unwrap(),
+                cuda: "cu129".parse().unwrap(),
+                kind,
+                reason: reason.to_owned(),
+            });
+        }
+        index.format = index.required_format();
+        index
+    }
+
+    #[test]
+    fn a_skip_of_each_kind_reads_back_its_kind_from_index_json_and_kernels_idx() {
+        let index = index_with_every_skip_kind();
+        assert_eq!(index.format, crate::index::SKIP_KIND_INDEX_FORMAT);
+        let json = index.to_json();
+        assert!(json.contains(r#""kind": "declared""#), "{json}");
+        let path = Path::new("index.json");
+        let parsed = crate::bundle::parse_index(path, json.as_bytes()).unwrap();
+        assert_eq!(parsed, index);
+        let bytes = encode(&index);
+        assert_eq!(bytes[8..12], LOOKUP_FORMAT.to_le_bytes());
+        let lookup = Lookup::from_bytes(Path::new(LOOKUP_FILE), bytes).unwrap();
+        assert_eq!(lookup.index().unwrap(), index);
+        for (name, record) in &index.kernels {
+            let found = lookup.record(name).unwrap().unwrap();
+            assert_eq!(found.skipped, record.skipped, "{name}");
+        }
+        // The kind decides, never the words: words that open like a stub's are declared.
+        for read in [&parsed, &lookup.index().unwrap()] {
+            let skip = &read.kernels["k00000"].skipped[0];
+            assert_eq!(skip.kind, SkipKind::Declared);
+            assert_eq!(
+                skip.why(),
+                SkipReason::Declared("stub: words that open like a stub's".into())
+            );
+            let kinds: Vec<SkipKind> = read
+                .kernels
+                .values()
+                .map(|record| record.skipped[0].kind)
+                .collect();
+            assert_eq!(kinds, SkipKind::ALL);
+        }
+    }
+
+    #[test]
+    fn an_index_without_skips_keeps_the_formats_and_bytes_it_had() {
+        let mut index = index(4);
+        index.format = index.required_format();
+        assert_eq!(index.format, INDEX_FORMAT);
+        let json = index.to_json();
+        for kind in SkipKind::ALL {
+            assert!(!json.contains(&format!(r#""kind": "{kind}""#)), "{json}");
+        }
+        let bytes = encode(&index);
+        assert_eq!(bytes[8..12], OLDEST_LOOKUP_FORMAT.to_le_bytes());
+        assert_eq!(
+            Lookup::from_bytes(Path::new(LOOKUP_FILE), bytes)
+                .unwrap()
+                .index()
+                .unwrap(),
+            index
+        );
+    }
+
+    #[test]
+    fn a_skip_written_before_skips_had_a_kind_reads_it_from_its_reasons_first_words() {
+        let written = [
+            (
+                "declared: the kernel targets only sm_100a",
+                SkipKind::Declared,
+            ),
+            ("stub: every entry is a stub", SkipKind::Stub),
+            ("failed: failed to compile `k`", SkipKind::Failed),
+            ("nvrtc 12.9 cannot target sm_100a", SkipKind::Unsupported),
+        ];
+        let mut index = index(4);
+        for (record, (reason, kind)) in index.kernels.values_mut().zip(written) {
+            record.skipped.push(Skip {
+                arch: "sm_90a".parse().unwrap(),
+                cuda: "cu129".parse().unwrap(),
+                kind,
+                reason: reason.to_owned(),
+            });
+        }
+        // An index.json of format 5, whose skips have no `kind`.
+        index.format = crate::index::REQUIRES_INDEX_FORMAT;
+        let mut json = serde_json::to_value(&index).unwrap();
+        for record in json["kernels"].as_object_mut().unwrap().values_mut() {
+            for skip in record["skipped"].as_array_mut().unwrap() {
+                skip.as_object_mut().unwrap().remove("kind").unwrap();
+            }
+        }
+        let text = serde_json::to_vec(&json).unwrap();
+        let parsed = crate::bundle::parse_index(Path::new("index.json"), &text).unwrap();
+        assert_eq!(parsed, index);
+        // In the format it is written now, such an index must name its kinds.
+        json["format"] = crate::index::SKIP_KIND_INDEX_FORMAT.into();
+        let text = serde_json::to_vec(&json).unwrap();
+        let error = crate::bundle::parse_index(Path::new("index.json"), &text).unwrap_err();
+        assert!(
+            crate::error_chain(&error).contains("missing field `kind`"),
+            "{}",
+            crate::error_chain(&error)
+        );
+        // A load record of kernels.idx format 7: each skip ends at its reason.
+        let vocabulary = codec::Vocabulary::of(index.kernels.values());
+        let words = codec::Words::read(vocabulary.encode()).unwrap();
+        for (name, record) in &index.kernels {
+            let mut load = codec::encode_load(name, record, &vocabulary);
+            assert_eq!(load.pop(), Some(codec_kind_number(record.skipped[0].kind)));
+            let decoded = Decoded::new(MAX_RECORD_DECODED, "one kernel's records");
+            let read = codec::decode_load(name, &load, &words, false, &decoded).unwrap();
+            assert_eq!(read.skipped, record.skipped, "{name}");
+            // The same bytes read as format 8 are cut short.
+            assert!(codec::decode_load(name, &load, &words, true, &decoded).is_err());
+        }
+    }
+
+    /// The byte a load record writes a skip's kind as.
+    fn codec_kind_number(kind: SkipKind) -> u8 {
+        SkipKind::ALL.iter().position(|each| *each == kind).unwrap() as u8
+    }
+
     /// An index with every kind of field set, whose kernels share include graphs in groups.
     fn rich_index(count: usize, graphs: usize) -> Index {
         let mut index = index(count);
@@ -1376,6 +1542,7 @@ mod tests {
             record.skipped.push(Skip {
                 arch: "sm_90a".parse().unwrap(),
                 cuda: "cu129".parse().unwrap(),
+                kind: SkipKind::Unsupported,
                 reason: format!("no toolchain for kernel {n}"),
             });
         }
@@ -1501,6 +1668,7 @@ mod tests {
         let skip = Skip {
             arch: "sm_90a".parse().unwrap(),
             cuda: "cu129".parse().unwrap(),
+            kind: SkipKind::Unsupported,
             reason: folder.clone(),
         };
         record.skipped = vec![skip; 2000];
@@ -1671,7 +1839,9 @@ mod tests {
         assert!(message.contains(LOOKUP_FILE), "{message}");
         assert!(message.contains("has format 1"), "{message}");
         assert!(
-            message.contains(&format!("reads format {LOOKUP_FORMAT}")),
+            message.contains(&format!(
+                "reads formats {OLDEST_LOOKUP_FORMAT} to {LOOKUP_FORMAT}"
+            )),
             "{message}"
         );
         // A newer one, even one too short for this format's header, is named by its format.
@@ -1824,7 +1994,7 @@ mod tests {
         for id in 0..graphs {
             file.graph(&codec::encode_graph(&graph(id), &words));
         }
-        file.assemble(&meta, &words.encode())
+        file.assemble(LOOKUP_FORMAT, &meta, &words.encode())
     }
 
     /// Round 3, case 5: a 3.2 MB file whose include graphs thousands of kernels name was
@@ -1945,6 +2115,7 @@ mod tests {
         graph_table.extend_from_slice(&0u32.to_le_bytes());
         let records = [&load[..], &inputs, &graph].concat();
         let bytes = assemble(
+            LOOKUP_FORMAT,
             &meta,
             &words.encode(),
             &table,

@@ -60,6 +60,7 @@ pub fn record(variants: &[&str], skipped: &[(&str, &str)]) -> KernelRecord {
                 Skip {
                     arch: arch(target),
                     cuda: build(cuda),
+                    kind: crate::index::SkipKind::Unsupported,
                     reason: (*reason).to_owned(),
                 }
             })

@@ -379,6 +379,7 @@ pub fn recipe_files(manifest: &Manifest, torch: &str, root: &str) -> Result<Vec<
                         None => prebuilt::index::Skip {
                             arch,
                             cuda,
+                            kind: prebuilt::index::SkipKind::Unsupported,
                             reason: RECIPES_ONLY_REASON.to_owned(),
                         },
                     },
@@ -396,6 +397,7 @@ pub fn recipe_files(manifest: &Manifest, torch: &str, root: &str) -> Result<Vec<
             },
         );
     }
+    index.format = index.required_format();
     let mut files = vec![WheelFile::from_bytes(
         format!("{root}/{LOOKUP_FILE}"),
         encode(&index),

@@ -4,7 +4,9 @@
 
 use std::path::Path;
 
-use prebuilt::lookup::{encode, read_bundle_index, Catalog, Lookup, LOOKUP_FILE, LOOKUP_FORMAT};
+use prebuilt::lookup::{
+    encode, read_bundle_index, Catalog, Lookup, LOOKUP_FILE, LOOKUP_FORMAT, OLDEST_LOOKUP_FORMAT,
+};
 
 use crate::support::*;
 
@@ -82,7 +84,9 @@ fn kernels_idx_of_another_format_is_refused_naming_the_file_and_both_formats() {
             "{message}"
         );
         assert!(
-            message.contains(&format!("reads format {LOOKUP_FORMAT}")),
+            message.contains(&format!(
+                "reads formats {OLDEST_LOOKUP_FORMAT} to {LOOKUP_FORMAT}"
+            )),
             "{message}"
         );
     }

@@ -60,7 +60,7 @@ pub(super) fn execute(
                         kernel: target.kernel,
                         arch: job.arch,
                         build: job.build,
-                        reason: reason.to_index(),
+                        reason: reason.to_string(),
                     });
                 }
                 tracing::info!("skipping {target}: {reason}");
@@ -523,7 +523,7 @@ fn fetch_or_compile(
                 .collect();
             // What this arch compiles with: the key's and the JIT's merge.
             let inputs = kernel.inputs.for_arch(job.arch);
-            let flags = inputs.flags_for(&job.compiler.kind);
+            let flags = inputs.flags_for(&job.compiler);
             let request = CompileRequest {
                 kernel: &kernel.name,
                 job: CompileJob {

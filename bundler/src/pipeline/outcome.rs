@@ -1,6 +1,6 @@
 //! What became of each target of the matrix: the typed result that execution returns, the
 //! index is assembled from, and the report renders. Nothing here is parsed back from text; the
-//! index's reason text is written from a [`SkipReason`] in one place.
+//! index's skip (its kind, and its reason text) is written from a [`SkipReason`] in one place.
 
 use prebuilt::index::{Function, SkipReason};
 use prebuilt::{Arch, CudaBuild};

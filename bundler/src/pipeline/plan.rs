@@ -95,7 +95,7 @@ impl BuildPlan {
                                 kernel: kernel.name.clone(),
                                 arch,
                                 build,
-                                reason: why.to_index(),
+                                reason: why.to_string(),
                             });
                         }
                         Err(why) => skipped.push((index, arch, build, why)),

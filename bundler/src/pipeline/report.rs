@@ -103,7 +103,7 @@ fn declared_lines<'a>(
     let declared: Vec<(usize, Arch, CudaBuild, String)> = skipped
         .iter()
         .filter(|(.., why)| matches!(why, SkipReason::Declared(_)))
-        .map(|(index, arch, build, why)| (*index, *arch, *build, why.to_index()))
+        .map(|(index, arch, build, why)| (*index, *arch, *build, why.to_string()))
         .collect();
     if declared.len() <= LISTED {
         return declared

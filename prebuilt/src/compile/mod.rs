@@ -32,77 +32,18 @@ pub use work::SourceTree;
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
-use std::fmt;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use serde::{Deserialize, Serialize};
-
 use crate::cubin::{inspect_cubin, validate_cubin, CubinError};
+pub use crate::index::CompilerKind;
 use crate::index::{CompilerRecord, Function};
 use crate::target::Arch;
-
-/// Which compiler built a cubin; its text (`nvcc`, `nvrtc`, `nvcc+ptxas`, `cubin`) is the
-/// index's `compiler.kind`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum CompilerKind {
-    /// The `nvcc` driver, run as a process.
-    Nvcc,
-    /// NVRTC, the runtime compiler library, loaded into this process.
-    Nvrtc,
-    /// A newer toolkit's nvcc emitting PTX, assembled by this build's own `ptxas`: how a build
-    /// whose packages carry `ptxas` but no nvcc (CUDA 12.9) compiles code with host parts. The
-    /// bundler's route only; the JIT runs NVRTC or nvcc.
-    #[serde(rename = "nvcc+ptxas")]
-    NvccPtxas,
-    /// No compiler: a precompiled cubin the manifest lists, taken as it is.
-    #[serde(rename = "cubin")]
-    Precompiled,
-}
-
-impl CompilerKind {
-    /// The index's spelling: `nvcc`, `nvrtc`, `nvcc+ptxas`, `cubin`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CompilerKind::Nvcc => "nvcc",
-            CompilerKind::Nvrtc => "nvrtc",
-            CompilerKind::NvccPtxas => "nvcc+ptxas",
-            CompilerKind::Precompiled => "cubin",
-        }
-    }
-
-    /// The kind an index spells `text`, if it is one.
-    pub fn parse(text: &str) -> Option<CompilerKind> {
-        [
-            CompilerKind::Nvcc,
-            CompilerKind::Nvrtc,
-            CompilerKind::NvccPtxas,
-            CompilerKind::Precompiled,
-        ]
-        .into_iter()
-        .find(|kind| kind.as_str() == text)
-    }
-
-    /// The index's record of this compiler at `version`.
-    pub fn record(self, version: &str) -> CompilerRecord {
-        CompilerRecord {
-            kind: self.as_str().to_owned(),
-            version: version.to_owned(),
-        }
-    }
-}
 
 /// The record of a precompiled cubin: kind `cubin`, no version.
 pub fn precompiled_record() -> CompilerRecord {
     CompilerKind::Precompiled.record("")
-}
-
-impl fmt::Display for CompilerKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
 }
 
 /// nvcc, or the host compiler it runs, could not tell its version.

@@ -142,7 +142,9 @@ pub fn check_identity(
         }
     }
     let compiler = expected.compiler;
-    if compiler.kind == "cubin" || compiler.version.is_empty() {
+    if compiler.compiler_kind() == Some(crate::index::CompilerKind::Precompiled)
+        || compiler.version.is_empty()
+    {
         return Ok(info);
     }
     let toolkit = match artifact_toolkit(bytes)? {

@@ -42,7 +42,7 @@ use std::io::Write as _;
 use super::*;
 use crate::bundle::{artifact_path, decompress_bounded, read_inside, Bundle, BundleError};
 use crate::cubin::identity::{check_identity, ExpectedCubin};
-use crate::index::{KernelInputs, Variant};
+use crate::index::{CompilerKind, KernelInputs, Variant};
 use crate::untrusted::{check_stored, ArtifactPath, KernelName, MAX_ARTIFACT_SIZE};
 
 /// The pack's index file.
@@ -238,7 +238,8 @@ pub fn check_variant(
             inputs.entries
         ));
     }
-    if !matches!(variant.compiler.kind.as_str(), "nvrtc" | "nvcc") {
+    let compiler = variant.compiler.compiler_kind();
+    if !matches!(compiler, Some(CompilerKind::Nvrtc | CompilerKind::Nvcc)) {
         return Err(format!(
             "names the compiler `{}`: a pack holds only what NVRTC or nvcc compiled",
             variant.compiler

@@ -27,7 +27,7 @@ pub(super) fn compile(
     // What this arch compiles with: the same merge as the key and the bundler (`for_arch`).
     let inputs = &request.record.inputs.for_arch(request.arch);
     let record = compiler.record();
-    let flags = inputs.flags_for(&record.kind);
+    let flags = inputs.flags_for(&record);
     let record = record.to_string();
     let name_expressions: Vec<String> = inputs
         .entries

@@ -27,7 +27,10 @@
 //!                              dictionary: 0 none | 1 + vocabulary id; function set id;
 //!                              struct count, then (name, size, align, field count, then
 //!                              (name, offset, size)))
-//!                skips         count, then (arch, build, reason: vocabulary ids)
+//!                skips         count, then (arch, build, reason: vocabulary ids; kind: 0
+//!                              declared | 1 unsupported | 2 stub | 3 failed), the kind
+//!                              only in a file of `LOOKUP_FORMAT` (format 7 has none: the
+//!                              reason's first words give it)
 //! inputs record  entries (u8 0: the names of the first variant's functions, in order, as the
 //!                load record has them | 1 then the names), defines (count, then name,
 //!                value), flags, nvcc flags, nvrtc flags,
@@ -53,7 +56,8 @@ use std::collections::BTreeMap;
 use crate::bundle::artifact_path;
 use crate::index::{
     CompilerRecord, ComputedInputs, Constant, FieldLayout, Function, KernelInputs, KernelRecord,
-    Requirement, Requirements, Skip, SourceRecipe, StoredFile, StructLayout, TargetInputs, Variant,
+    Requirement, Requirements, Skip, SkipKind, SourceRecipe, StoredFile, StructLayout,
+    TargetInputs, Variant,
 };
 
 /// A signed value as an unsigned varint's number: 0, -1, 1, -2 → 0, 1, 2, 3.
@@ -320,6 +324,7 @@ pub(super) fn encode_load(kernel: &str, record: &KernelRecord, words: &Vocabular
         out.number(words.id(&skip.arch.to_string()));
         out.number(words.id(&skip.cuda.to_string()));
         out.number(words.id(&skip.reason));
+        out.number(skip_kind_number(skip.kind));
     }
     out.0
 }
@@ -407,11 +412,13 @@ fn hex_on_stack(raw: &[u8]) -> [u8; 64] {
     text
 }
 
-/// Reads the load record of kernel `kernel`.
+/// Reads the load record of kernel `kernel`; its skips name their kind when `skip_kinds` (a
+/// file of [`super::LOOKUP_FORMAT`]).
 pub(super) fn decode_load(
     kernel: &str,
     bytes: &[u8],
     words: &Words,
+    skip_kinds: bool,
     decoded: &Decoded,
 ) -> Read<Load> {
     let budget = names_budget(bytes);
@@ -630,10 +637,25 @@ pub(super) fn decode_load(
     let mut skipped = Vec::new();
     for _ in 0..input.count()? {
         input.held(std::mem::size_of::<Skip>() as u64)?;
+        let arch = input.parsed(words)?;
+        let cuda = input.parsed(words)?;
+        let reason = input.word(words)?.into_owned();
+        let kind = match skip_kinds {
+            true => {
+                let number = input.number()?;
+                *usize::try_from(number)
+                    .ok()
+                    .and_then(|at| SkipKind::ALL.get(at))
+                    .ok_or_else(|| format!("names skip kind {number}, which is not one"))?
+            }
+            // Format 7 wrote no kind: its writers put it in the reason's first words.
+            false => SkipKind::of_legacy_reason(&reason),
+        };
         skipped.push(Skip {
-            arch: input.parsed(words)?,
-            cuda: input.parsed(words)?,
-            reason: input.word(words)?.into_owned(),
+            arch,
+            cuda,
+            kind,
+            reason,
         });
     }
     input.end()?;
@@ -643,6 +665,14 @@ pub(super) fn decode_load(
         variants,
         skipped,
     })
+}
+
+/// The number a load record writes `kind` as: its place in [`SkipKind::ALL`].
+fn skip_kind_number(kind: SkipKind) -> u64 {
+    SkipKind::ALL
+        .iter()
+        .position(|each| *each == kind)
+        .expect("every kind is listed") as u64
 }
 
 /// The names of the first variant's functions, in order: what an inputs record's entries

@@ -81,7 +81,10 @@ fn sample(bundle: &Bundle, count: usize) -> Vec<(String, Variant)> {
             record
                 .variants
                 .iter()
-                .filter(|variant| variant.compiler.kind != "cubin")
+                .filter(|variant| {
+                    variant.compiler.compiler_kind()
+                        != Some(prebuilt::index::CompilerKind::Precompiled)
+                })
                 .map(move |variant| (name.clone(), variant.clone()))
         })
         .collect();

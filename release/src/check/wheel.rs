@@ -440,7 +440,7 @@ fn install_and_select(
             kernel.skipped.iter().any(|skip| {
                 skip.arch.to_string() == format!("{device}a")
                     && skip.cuda.to_string() == format!("cu{}", cuda.replace('.', ""))
-                    && matches!(skip.why(), prebuilt::index::SkipReason::Declared(_))
+                    && skip.kind == prebuilt::index::SkipKind::Declared
             })
         })
     };
