@@ -685,6 +685,10 @@ fn refusals_and_reports_on_a_bundle() {
     settings.bind(|| insta::assert_snapshot!("release_diff", diff));
     let same = session(&["release", "diff", &both, &both]);
     settings.bind(|| insta::assert_snapshot!("release_diff_of_a_bundle_and_itself", same));
+    let fleet = session(&["release", "diff", &swiglu, &both, "--fleet", "H100,B200"]);
+    settings.bind(|| insta::assert_snapshot!("release_diff_fleet", fleet));
+    let json = session(&["release", "diff", &swiglu, &both, "--json"]);
+    settings.bind(|| insta::assert_snapshot!("release_diff_json", json));
 
     // `dev build-wheel` of the whole library from the `swiglu` bundle: stale, with a hint.
     let stale = session(&[
