@@ -129,6 +129,17 @@ pub enum Error {
         /// What failed, with the compiler's log.
         reason: String,
     },
+    /// An extension module's compile or link failed.
+    #[error("failed to build extension module `{module}` for {build}")]
+    ModuleCompile {
+        /// The module.
+        module: String,
+        /// The CUDA build.
+        build: CudaBuild,
+        /// The step that failed, with the tail of its log.
+        #[source]
+        source: Box<prebuilt::module::ModuleCompileError>,
+    },
     /// `--only` or `explain` named a kernel the manifest does not have.
     #[error("no kernel `{name}` in `{}` (it has: {})", manifest.display(), known.join(", "))]
     UnknownKernel {

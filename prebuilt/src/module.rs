@@ -5,6 +5,7 @@
 //! The index records them in [`crate::Index::modules`] (and the loader's `kernels.idx` in its
 //! meta); each variant's artifact is the zstd-compressed `.so`, named by the sha256 of the
 //! uncompressed bytes ([`module_path`]). See `docs/extensions.md` and `docs/bundle-format.md`.
+//! Building one, for the bundler and the module JIT alike, is [`compile`]'s.
 //!
 //! The module key is sha256 over length-prefixed fields, in this order:
 //!
@@ -24,6 +25,8 @@
 //!
 //! Stable paths only, no timestamps: moving a checkout keeps the key.
 
+pub mod compile;
+
 use std::fmt;
 use std::path::Path;
 
@@ -33,6 +36,7 @@ pub use crate::index::{Abi, ModuleInputs, ModuleRecord, ModuleSkip, ModuleVarian
 use crate::key::KeyHasher;
 use crate::select::TorchPin;
 use crate::CudaBuild;
+pub use compile::{build_module, ModuleCompileError, ModuleRecipe, ModuleStep};
 
 /// Version of the module key's definition. Bump it whenever an input is added, removed or
 /// encoded differently.

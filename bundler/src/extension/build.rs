@@ -7,13 +7,9 @@
 //!                                                                  └no─► nvcc / g++ -c ─► g++ -shared ─► check ─► cache
 //! ```
 //!
-//! Reproducible byte for byte from any checkout: the compilers run in the library's folder on
-//! relative paths, `-ffile-prefix-map` turns the library's and torch's folders into `.` and
-//! `torch` (the registration macros expand `__FILE__`), `-frandom-seed` and cudafe's
-//! `--orig_src_path_name` take the source's stable path (nvcc otherwise names internal symbols
-//! after its absolute path and a temporary file), and the link strips the symbol table, which
-//! held nvcc's temporary file names. torch's and CUDA's libraries are linked by name, with no
-//! run path: the process that loads the module has loaded them already (torch has).
+//! The compile and link are [`prebuilt::module::compile`]'s, the recipe the module JIT runs
+//! too: reproducible byte for byte from any checkout (`-ffile-prefix-map`, `-frandom-seed`,
+//! cudafe's `--orig_src_path_name`, a stripped symbol table), every unit in its own thread.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -21,21 +17,17 @@ use std::process::Command;
 
 use prebuilt::index::{CompilerRecord, StoredFile};
 use prebuilt::module::{
-    module_key, torch_served, Abi, ModuleInputs, ModuleKeyInputs, ModuleRecord, ModuleSkip,
-    ModuleVariant,
+    module_key, torch_served, Abi, ModuleInputs, ModuleKeyInputs, ModuleRecipe, ModuleRecord,
+    ModuleSkip, ModuleVariant,
 };
-use prebuilt::{Arch, ArchKind, CudaBuild};
+use prebuilt::CudaBuild;
 
 use crate::cache::{write_atomically, BuildCache};
 use crate::error::Error;
 use crate::include::{scan_includes, ScanRoots};
-use crate::manifest::{is_cuda_source, ExtensionSpec, Manifest};
-use crate::toolchain::{discover, nvcc_command, Toolchain};
+use crate::manifest::{ExtensionSpec, Manifest};
+use crate::toolchain::{discover, Toolchain};
 use crate::torch::TorchHeaders;
-
-/// The flags every unit is compiled with, before the manifest's: position-independent code
-/// for a shared library, optimised as `cpp_extension` builds by default.
-const BASE_FLAGS: [&str; 2] = ["-fPIC", "-O2"];
 
 /// The CPU architecture modules are built for: this machine's (no cross compiler is used).
 pub fn host_cpu() -> &'static str {
@@ -339,240 +331,51 @@ fn host_cxx_version() -> Result<String, String> {
         .ok_or_else(|| "`g++ --version` printed no version".to_owned())
 }
 
-/// nvcc's `-gencode` for a target: SASS for `sm_90a`/`sm_100f`/`sm_90`, PTX for `compute_90`.
-fn gencode(arch: Arch) -> String {
-    let spelled = arch.to_string();
-    match arch.kind {
-        ArchKind::Ptx => format!("arch={spelled},code={spelled}"),
-        _ => {
-            let suffix = spelled.trim_start_matches("sm_");
-            format!("arch=compute_{suffix},code=sm_{suffix}")
-        }
-    }
-}
-
-/// Compiles and links `planned` in a temporary folder; the module's bytes.
+/// Compiles and links `planned` with the CUDA build's nvcc and `g++`
+/// ([`prebuilt::module::compile`]); the module's bytes.
 fn compile_module(
     manifest: &Manifest,
     planned: &PlannedModule,
     torch: &TorchHeaders,
     toolchain: &Toolchain,
 ) -> Result<Vec<u8>, Error> {
-    let fail = |reason: String| Error::ModuleBuild {
+    let fail = |source| Error::ModuleCompile {
         module: planned.name.clone(),
         build: toolchain.build,
-        reason,
+        source: Box::new(source),
     };
-    let scratch =
-        tempfile::tempdir().map_err(|error| fail(format!("no temporary folder: {error}")))?;
-    let root = manifest
-        .root
-        .canonicalize()
-        .unwrap_or_else(|_| manifest.root.clone());
-    let torch_root = torch.package.parent().unwrap_or(&torch.package).to_owned();
-    let prefix_maps = [
-        format!("-ffile-prefix-map={}=.", root.display()),
-        format!("-ffile-prefix-map={}=torch", torch_root.display()),
-    ];
     let inputs = &planned.inputs;
-    let mut common: Vec<String> = vec![format!("-std={}", inputs.cxx_std)];
-    if planned.abi == Abi::Torch {
-        let shim = scratch.path().join("torch-shim");
-        prebuilt::module::write_classic_extension_h(&shim)
-            .map_err(|error| fail(format!("cannot write {}: {error}", shim.display())))?;
-        common.push(format!("-I{}", shim.display()));
-    }
-    common.extend(
-        inputs
-            .defines
-            .iter()
-            .map(|(name, value)| format!("-D{name}={value}")),
-    );
-    common.extend(
-        planned
+    let recipe = ModuleRecipe {
+        name: planned.name.clone(),
+        abi: planned.abi,
+        folder: manifest
+            .root
+            .canonicalize()
+            .unwrap_or_else(|_| manifest.root.clone()),
+        sources: inputs.sources.clone(),
+        include_dirs: planned.include_dirs.clone(),
+        toolkit_include_dirs: toolchain.include_dirs.clone(),
+        system_dirs: planned.system_dirs.clone(),
+        defines: inputs.defines.clone(),
+        nvcc_flags: inputs.nvcc_flags.clone(),
+        cxx_flags: inputs.cxx_flags.clone(),
+        cxx_std: inputs.cxx_std.clone(),
+        archs: inputs.archs.clone(),
+        torch_package: torch.package.clone(),
+        // The runtime sits in the `lib` folder beside one of the toolkit's include folders.
+        cuda_lib_dirs: toolchain
             .include_dirs
             .iter()
-            .chain(&toolchain.include_dirs)
-            .map(|dir| format!("-I{}", dir.display())),
-    );
-    for dir in &planned.system_dirs {
-        common.push("-isystem".into());
-        common.push(dir.display().to_string());
-    }
-    let nvcc = toolchain.nvcc.as_ref().expect("a toolchain with nvcc");
-    let jobs: Vec<(String, Command)> = inputs
-        .sources
-        .iter()
-        .enumerate()
-        .map(|(n, source)| {
-            let object = scratch.path().join(format!("{n}.o"));
-            let mut command = if is_cuda_source(source) {
-                let mut command = nvcc_command(nvcc);
-                command.arg("-c").args(&common);
-                let host_flags = BASE_FLAGS
-                    .iter()
-                    .copied()
-                    .chain(prefix_maps.iter().map(String::as_str));
-                for flag in host_flags {
-                    command.arg("-Xcompiler").arg(flag);
-                }
-                for arch in &inputs.archs {
-                    command.arg("-gencode").arg(gencode(*arch));
-                }
-                command
-                    .arg(format!("-frandom-seed={source}"))
-                    .arg("-Xcudafe")
-                    .arg(format!("--orig_src_path_name={source}"))
-                    .args(&inputs.nvcc_flags)
-                    .args(
-                        inputs
-                            .cxx_flags
-                            .iter()
-                            .flat_map(|flag| ["-Xcompiler", flag]),
-                    );
-                command
-            } else {
-                let mut command = Command::new("g++");
-                command
-                    .arg("-c")
-                    .args(BASE_FLAGS)
-                    .args(&prefix_maps)
-                    .arg(format!("-frandom-seed={source}"))
-                    .args(&common)
-                    .args(&inputs.cxx_flags);
-                command
-            };
-            command
-                .arg(source)
-                .arg("-o")
-                .arg(&object)
-                .current_dir(&root);
-            (source.clone(), command)
-        })
-        .collect();
-    let results: Vec<Result<(), String>> = std::thread::scope(|scope| {
-        let running: Vec<_> = jobs
-            .into_iter()
-            .map(|(source, mut command)| scope.spawn(move || run(&mut command, &source)))
-            .collect();
-        running
-            .into_iter()
-            .map(|job| {
-                job.join()
-                    .unwrap_or_else(|_| Err("the compile thread panicked".into()))
-            })
-            .collect()
-    });
-    for result in results {
-        result.map_err(&fail)?;
-    }
-    let output = scratch.path().join(format!("{}.so", planned.name));
-    let mut link = Command::new("g++");
-    link.args(["-shared", "-s"])
-        .arg("-o")
-        .arg(&output)
-        .args((0..inputs.sources.len()).map(|n| scratch.path().join(format!("{n}.o"))))
-        .arg(format!("-L{}", torch.package.join("lib").display()))
-        .args(["-Wl,--as-needed", "-lc10", "-ltorch_cpu"]);
-    if planned.abi == Abi::Torch {
-        link.arg("-ltorch");
-    }
-    if inputs.sources.iter().any(|source| is_cuda_source(source)) {
-        let runtime = cuda_runtime(toolchain).ok_or_else(|| {
-            fail(format!(
-                "no CUDA runtime (`libcudart.so.*`) beside the {} toolkit's headers",
-                toolchain.build
-            ))
-        })?;
-        link.arg(format!("-L{}", torch.package.join("lib").display()))
-            .arg("-lc10_cuda")
-            .arg("-ltorch_cuda")
-            .arg(format!("-L{}", runtime.0.display()))
-            .arg(format!("-l:{}", runtime.1));
-    }
-    link.current_dir(scratch.path());
-    run(&mut link, "the link").map_err(fail)?;
-    std::fs::read(&output).map_err(|source| Error::Read {
-        path: output,
-        source,
-    })
-}
-
-/// The CUDA runtime's folder and file name (`libcudart.so.13`) for `toolchain`, found in the
-/// `lib` folder beside one of its include folders.
-fn cuda_runtime(toolchain: &Toolchain) -> Option<(PathBuf, String)> {
-    toolchain.include_dirs.iter().find_map(|include| {
-        let lib = include.parent()?.join("lib");
-        let mut names: Vec<String> = std::fs::read_dir(&lib)
-            .ok()?
-            .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
-            .filter(|name| {
-                name.strip_prefix("libcudart.so.")
-                    .is_some_and(|major| major.chars().all(|c| c.is_ascii_digit()))
-            })
-            .collect();
-        names.sort();
-        Some((lib, names.pop()?))
-    })
-}
-
-/// Runs a compile or link step; its log on failure, naming `what`.
-fn run(command: &mut Command, what: &str) -> Result<(), String> {
-    let output = command.output().map_err(|error| {
-        format!(
-            "cannot run `{}` for {what}: {error}",
-            command.get_program().to_string_lossy()
-        )
-    })?;
-    if output.status.success() {
-        return Ok(());
-    }
-    Err(format!(
-        "`{}` failed on {what} ({}):\n{}{}",
-        command.get_program().to_string_lossy(),
-        output.status,
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    ))
+            .filter_map(|include| Some(include.parent()?.join("lib")))
+            .collect(),
+        nvcc: toolchain.nvcc.clone().expect("a toolchain with nvcc"),
+        cxx: PathBuf::from("g++"),
+    };
+    prebuilt::module::build_module(&recipe, &|_| {}).map_err(fail)
 }
 
 /// Checks that `bytes` are a shared library: an ELF file of type `ET_DYN` for this CPU.
 /// (What it needs of glibc and libstdc++ is the wheel audit's to judge.)
 pub fn check_module(bytes: &[u8]) -> Result<(), String> {
-    if bytes.len() < 20 || &bytes[..4] != b"\x7fELF" {
-        return Err("the link wrote no ELF file".into());
-    }
-    // e_type (offset 16), little-endian: 3 is ET_DYN.
-    if bytes[5] != 1 || u16::from_le_bytes([bytes[16], bytes[17]]) != 3 {
-        return Err("the link wrote no little-endian shared library (ET_DYN)".into());
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn gencode_spells_sass_and_ptx_targets() {
-        let arch = |text: &str| text.parse::<Arch>().unwrap();
-        assert_eq!(gencode(arch("sm_90a")), "arch=compute_90a,code=sm_90a");
-        assert_eq!(gencode(arch("sm_100f")), "arch=compute_100f,code=sm_100f");
-        assert_eq!(
-            gencode(arch("compute_90")),
-            "arch=compute_90,code=compute_90"
-        );
-    }
-
-    #[test]
-    fn only_a_shared_library_is_a_module() {
-        assert!(check_module(b"not an elf at all!!!").is_err());
-        let mut elf = vec![0u8; 64];
-        elf[..4].copy_from_slice(b"\x7fELF");
-        elf[5] = 1;
-        elf[16] = 2; // ET_EXEC
-        assert!(check_module(&elf).is_err());
-        elf[16] = 3;
-        assert_eq!(check_module(&elf), Ok(()));
-    }
+    prebuilt::module::compile::check_shared_library(bytes)
 }

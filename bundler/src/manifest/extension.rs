@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::path::{Component, Path};
 
+pub use prebuilt::module::compile::is_cuda_source;
 use prebuilt::module::Abi;
 use prebuilt::{Arch, CudaBuild};
 use serde::Deserialize;
@@ -38,11 +39,6 @@ pub struct ExtensionSpec {
 
 /// The endings of an extension's translation units.
 pub const EXTENSION_SOURCES: &[&str] = &[".cu", ".cpp", ".cc", ".cxx"];
-
-/// Whether `source` is compiled by nvcc (else by the host compiler).
-pub fn is_cuda_source(source: &str) -> bool {
-    source.ends_with(".cu")
-}
 
 /// The first fault of extension `name`, as the message a manifest error carries: its name, its
 /// sources, its flags, defines, archs and CUDA builds against the library's.

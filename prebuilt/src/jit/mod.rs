@@ -330,17 +330,17 @@ pub enum JitError {
         /// Every place looked at, and what was found there.
         searched: Vec<String>,
     },
-    /// A module's compile or link failed; the log's tail says why. Nothing was cached.
-    #[error("building extension module `{module}` ({build}) failed on {step}:\n{log}")]
+    /// A module's compile or link failed; the error names the step and keeps its log's tail.
+    /// Nothing was cached.
+    #[error("building extension module `{module}` ({build}) failed")]
     ModuleCompile {
         /// The module.
         module: String,
         /// torch's CUDA build.
         build: CudaBuild,
-        /// The step: a translation unit or the link.
-        step: String,
-        /// The compiler's output, its last lines.
-        log: String,
+        /// The step that failed, with the tail of its log.
+        #[source]
+        source: Box<crate::module::ModuleCompileError>,
     },
     /// The cache directory could not be written.
     #[error("cannot {action} {} in the JIT cache", path.display())]

@@ -26,16 +26,12 @@ use super::cache::{lock_entry, lock_timeout_from};
 use super::sources::verify_sources;
 use super::*;
 use crate::bundle::SOURCES_DIR;
-use crate::compile::nvcc_command;
 use crate::index::{ModuleInputs, ModuleRecord};
-use crate::module::{module_key, Abi, ModuleKeyInputs};
+use crate::module::{build_module, module_key, Abi, ModuleKeyInputs, ModuleRecipe};
 use crate::untrusted::MAX_ARTIFACT_SIZE;
 
 /// The module cache's layout directory. Bump it when the entry format or file names change.
 pub const MODULE_CACHE_LAYOUT: &str = "modules-v1";
-
-/// How many lines of a failed compiler's output an error keeps.
-const LOG_TAIL_LINES: usize = 40;
 
 /// What building one module for this process needs.
 #[derive(Clone, Copy, Debug)]
@@ -374,36 +370,14 @@ fn create_module_dirs(cache_dir: &Path, shard: &Path) -> Result<(), JitError> {
     Ok(())
 }
 
-/// nvcc's `-gencode` for a target, as the bundler spells it.
-fn gencode(arch: Arch) -> String {
-    let spelled = arch.to_string();
-    match spelled.strip_prefix("sm_") {
-        Some(suffix) => format!("arch=compute_{suffix},code=sm_{suffix}"),
-        None => format!("arch={spelled},code={spelled}"),
-    }
-}
-
-/// Whether `source` is compiled by nvcc.
-fn is_cuda_source(source: &str) -> bool {
-    source.ends_with(".cu")
-}
-
 /// Compiles every translation unit of `request` (in `sources`, on relative paths) and links
-/// the module, as the bundler does (`bundler::extension::build`), in a temporary folder.
+/// the module with the bundler's recipe ([`crate::module::compile`]).
 fn compile_module(
     request: &ModuleJitRequest<'_>,
     compilers: &ModuleCompilers,
     sources: &Path,
     progress: &dyn Fn(&str),
 ) -> Result<Vec<u8>, JitError> {
-    let failed = |step: &str, log: String| JitError::ModuleCompile {
-        module: request.name.to_owned(),
-        build: request.cuda,
-        step: step.to_owned(),
-        log,
-    };
-    let scratch =
-        tempfile::tempdir().map_err(|error| failed("a temporary folder", error.to_string()))?;
     let inputs = &request.record.inputs;
     let torch_include = request.torch_dir.join("include");
     let toolkit = compilers
@@ -412,181 +386,52 @@ fn compile_module(
         .and_then(Path::parent)
         .map(Path::to_path_buf)
         .unwrap_or_default();
-    let toolkit_includes = [toolkit.join("include"), toolkit.join("include/cccl")];
-    let mut common: Vec<String> = vec![format!("-std={}", inputs.cxx_std)];
-    if request.record.abi == Abi::Torch {
-        let shim = scratch.path().join("torch-shim");
-        crate::module::write_classic_extension_h(&shim)
-            .map_err(|error| failed("a temporary folder", error.to_string()))?;
-        common.push(format!("-I{}", shim.display()));
-    }
-    common.extend(
-        inputs
-            .defines
+    let recipe = ModuleRecipe {
+        name: request.name.to_owned(),
+        abi: request.record.abi,
+        folder: sources.to_path_buf(),
+        sources: inputs.sources.clone(),
+        include_dirs: inputs
+            .include_dirs
             .iter()
-            .map(|(name, value)| format!("-D{name}={value}")),
-    );
-    common.extend(inputs.include_dirs.iter().map(|dir| format!("-I{dir}")));
-    common.push(format!("-I{}", torch_include.display()));
-    common.push(format!(
-        "-I{}",
-        torch_include.join("torch/csrc/api/include").display()
-    ));
-    common.extend(
-        toolkit_includes
-            .iter()
+            .map(PathBuf::from)
+            .chain([
+                torch_include.clone(),
+                torch_include.join("torch/csrc/api/include"),
+            ])
+            .collect(),
+        toolkit_include_dirs: [toolkit.join("include"), toolkit.join("include/cccl")]
+            .into_iter()
             .filter(|dir| dir.is_dir())
-            .map(|dir| format!("-I{}", dir.display())),
-    );
-    if let (Abi::Torch, Some(python)) = (request.record.abi, request.python_include) {
-        common.push("-isystem".into());
-        common.push(python.display().to_string());
-    }
-    let jobs: Vec<(String, Command)> = inputs
-        .sources
-        .iter()
-        .enumerate()
-        .map(|(n, source)| {
-            let object = scratch.path().join(format!("{n}.o"));
-            let mut command = if is_cuda_source(source) {
-                let mut command = nvcc_command(&compilers.nvcc);
-                command.arg("-c").args(&common);
-                for flag in ["-fPIC", "-O2"] {
-                    command.arg("-Xcompiler").arg(flag);
-                }
-                for arch in &inputs.archs {
-                    command.arg("-gencode").arg(gencode(*arch));
-                }
-                command.args(&inputs.nvcc_flags).args(
-                    inputs
-                        .cxx_flags
-                        .iter()
-                        .flat_map(|flag| ["-Xcompiler", flag]),
-                );
-                command
-            } else {
-                let mut command = Command::new(&compilers.cxx);
-                command
-                    .args(["-c", "-fPIC", "-O2"])
-                    .args(&common)
-                    .args(&inputs.cxx_flags);
-                command
-            };
-            command
-                .arg(source)
-                .arg("-o")
-                .arg(&object)
-                .current_dir(sources);
-            (source.clone(), command)
-        })
-        .collect();
-    let results: Vec<Result<(), (String, String)>> = std::thread::scope(|scope| {
-        let running: Vec<_> = jobs
-            .into_iter()
-            .map(|(source, mut command)| {
-                progress(&format!("compiling {source}"));
-                scope.spawn(move || run_step(&mut command).map_err(|log| (source, log)))
-            })
-            .collect();
-        running
-            .into_iter()
-            .map(|job| {
-                job.join()
-                    .unwrap_or_else(|_| Err(("a unit".into(), "the thread panicked".into())))
-            })
-            .collect()
-    });
-    for result in results {
-        result.map_err(|(source, log)| failed(&source, log))?;
-    }
-    progress("linking");
-    let output = scratch.path().join(format!("{}.so", request.name));
-    let torch_lib = request.torch_dir.join("lib");
-    let mut link = Command::new(&compilers.cxx);
-    link.args(["-shared", "-s"])
-        .arg("-o")
-        .arg(&output)
-        .args((0..inputs.sources.len()).map(|n| scratch.path().join(format!("{n}.o"))))
-        .arg(format!("-L{}", torch_lib.display()))
-        .args(["-Wl,--as-needed", "-lc10", "-ltorch_cpu"]);
-    if request.record.abi == Abi::Torch {
-        link.arg("-ltorch");
-    }
-    if inputs.sources.iter().any(|source| is_cuda_source(source)) {
-        let runtime = cuda_runtime(&toolkit.join("lib")).ok_or_else(|| {
-            failed(
-                "the link",
-                format!(
-                    "no CUDA runtime (`libcudart.so.*`) in {}",
-                    toolkit.join("lib").display()
-                ),
-            )
-        })?;
-        link.args(["-lc10_cuda", "-ltorch_cuda"])
-            .arg(format!("-L{}", toolkit.join("lib").display()))
-            .arg(format!("-l:{runtime}"));
-    }
-    link.current_dir(scratch.path());
-    run_step(&mut link).map_err(|log| failed("the link", log))?;
-    let bytes = fs::read(&output).map_err(|error| failed("the link", error.to_string()))?;
-    // e_type (offset 16), little-endian: 3 is a shared library (ET_DYN).
-    if bytes.len() < 20 || &bytes[..4] != b"\x7fELF" || bytes[16] != 3 {
-        return Err(failed("the link", "it wrote no shared library".into()));
-    }
-    Ok(bytes)
-}
-
-/// The newest `libcudart.so.N` in `lib`.
-fn cuda_runtime(lib: &Path) -> Option<String> {
-    let mut names: Vec<String> = fs::read_dir(lib)
-        .ok()?
-        .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
-        .filter(|name| {
-            name.strip_prefix("libcudart.so.")
-                .is_some_and(|major| major.chars().all(|c| c.is_ascii_digit()))
-        })
-        .collect();
-    names.sort();
-    names.pop()
-}
-
-/// Runs one step; on failure the command and the last [`LOG_TAIL_LINES`] lines of its output.
-fn run_step(command: &mut Command) -> Result<(), String> {
-    let program = command.get_program().to_string_lossy().into_owned();
-    let output = command
-        .output()
-        .map_err(|error| format!("cannot run `{program}`: {error}"))?;
-    if output.status.success() {
-        return Ok(());
-    }
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let lines: Vec<&str> = text.lines().collect();
-    let tail = lines[lines.len().saturating_sub(LOG_TAIL_LINES)..].join("\n");
-    Err(format!(
-        "`{program}` exited with {}:\n{tail}",
-        output.status
-    ))
+            .collect(),
+        system_dirs: match request.record.abi {
+            Abi::Torch => request
+                .python_include
+                .map(Path::to_path_buf)
+                .into_iter()
+                .collect(),
+            Abi::Stable => Vec::new(),
+        },
+        defines: inputs.defines.clone(),
+        nvcc_flags: inputs.nvcc_flags.clone(),
+        cxx_flags: inputs.cxx_flags.clone(),
+        cxx_std: inputs.cxx_std.clone(),
+        archs: inputs.archs.clone(),
+        torch_package: request.torch_dir.to_path_buf(),
+        cuda_lib_dirs: vec![toolkit.join("lib")],
+        nvcc: compilers.nvcc.clone(),
+        cxx: compilers.cxx.clone(),
+    };
+    build_module(&recipe, progress).map_err(|source| JitError::ModuleCompile {
+        module: request.name.to_owned(),
+        build: request.cuda,
+        source: Box::new(source),
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn gencode_is_the_bundlers() {
-        assert_eq!(
-            gencode("sm_90a".parse().unwrap()),
-            "arch=compute_90a,code=sm_90a"
-        );
-        assert_eq!(
-            gencode("compute_90".parse().unwrap()),
-            "arch=compute_90,code=compute_90"
-        );
-    }
 
     fn record() -> ModuleRecord {
         ModuleRecord {
@@ -696,14 +541,5 @@ mod tests {
                 "{text}"
             );
         }
-    }
-
-    #[test]
-    fn a_failed_step_keeps_the_tail_of_its_log() {
-        let mut command = Command::new("sh");
-        command.args(["-c", "seq 1 100; exit 3"]);
-        let log = run_step(&mut command).unwrap_err();
-        assert!(log.contains("exit status: 3"), "{log}");
-        assert!(log.ends_with("\n100") && !log.contains("\n60\n"), "{log}");
     }
 }

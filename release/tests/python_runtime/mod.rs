@@ -797,20 +797,22 @@ print(json.dumps({
 }))
 "#;
 
-/// The issue's CPU criterion: a library whose op is a LibTorch stable-ABI extension module
-/// (`testkit/fixtures/stable_module`: a CPU implementation and a CUDA one) goes through
-/// `bundle-kernels` and `build-wheel`, installs with `pip --target`, and next to the pinned
-/// torch `torch.ops.kwtest.axpby` equals torch's own `a * x + y` right after `import
-/// kwtest_ops`, loaded from the verified bytes without initialising CUDA.
-#[test]
-fn a_stable_abi_module_op_runs_on_cpu_right_after_import() {
-    let Some(runtime) = runtime() else { return };
-    let Some(torch) = torch_site() else { return };
-    let root = scratch("stable-module");
-    // The runtime alone: the default library's wheel is not needed here.
-    let Some(python) = fresh_venv(&root.join("venv")) else {
-        return;
-    };
+/// The stable-ABI fixture's wheel and a venv to install it in.
+struct StableModuleWheel {
+    /// The venv's Python, with the runtime wheel alone installed.
+    python: PathBuf,
+    /// The fixture's copy the wheel was built from.
+    library: PathBuf,
+    /// The library's wheel.
+    built: BuiltWheel,
+}
+
+/// `testkit/fixtures/stable_module` copied to `<root>/library` and built into its wheel (its
+/// bundle in `<root>/_prebuilt`), and a fresh venv in `<root>/venv` with the runtime wheel
+/// alone (the default library's wheel is not needed); `None` (skipped) without a Python that
+/// makes a venv.
+fn stable_module_wheel(runtime: &Runtime, root: &Path) -> Option<StableModuleWheel> {
+    let python = fresh_venv(&root.join("venv"))?;
     pip_install(
         &python,
         &["--no-deps".as_ref(), runtime.built.path.as_os_str()],
@@ -828,6 +830,31 @@ fn a_stable_abi_module_op_runs_on_cpu_right_after_import() {
         &root.join("cache"),
     ))
     .unwrap_or_else(|error| panic!("the module library's wheel builds: {}", chain(&error)));
+    Some(StableModuleWheel {
+        python,
+        library,
+        built,
+    })
+}
+
+/// The issue's CPU criterion: a library whose op is a LibTorch stable-ABI extension module
+/// (`testkit/fixtures/stable_module`: a CPU implementation and a CUDA one) goes through
+/// `bundle-kernels` and `build-wheel`, installs with `pip --target`, and next to the pinned
+/// torch `torch.ops.kwtest.axpby` equals torch's own `a * x + y` right after `import
+/// kwtest_ops`, loaded from the verified bytes without initialising CUDA.
+#[test]
+fn a_stable_abi_module_op_runs_on_cpu_right_after_import() {
+    let Some(runtime) = runtime() else { return };
+    let Some(torch) = torch_site() else { return };
+    let root = scratch("stable-module");
+    let Some(StableModuleWheel {
+        python,
+        library,
+        built,
+    }) = stable_module_wheel(runtime, &root)
+    else {
+        return;
+    };
     // A module built with this machine's g++ 12 needs GLIBC_2.32 (docs/extensions.md).
     assert_eq!(
         built.filename.to_string(),

@@ -86,27 +86,10 @@ fn a_module_with_no_fitting_build_is_built_once_by_the_jit_fallback() {
     };
     let cuda_home = nvcc.parent().unwrap().parent().unwrap().to_path_buf();
     let root = scratch("module-jit");
-    let Some(python) = fresh_venv(&root.join("venv")) else {
+    let Some(StableModuleWheel { python, built, .. }) = stable_module_wheel(runtime, &root) else {
         return;
     };
-    pip_install(
-        &python,
-        &["--no-deps".as_ref(), runtime.built.path.as_os_str()],
-    );
-    let library = root.join("library");
-    testkit::copy_tree(
-        &workspace().join("testkit/fixtures/stable_module"),
-        &library,
-        &[],
-    );
     let bundle = root.join("_prebuilt");
-    let built = build_library_wheel(&options(
-        &library.join("kernels.toml"),
-        &bundle,
-        &root.join("wheels"),
-        &root.join("cache"),
-    ))
-    .unwrap_or_else(|error| panic!("the module library's wheel builds: {}", chain(&error)));
     let names: Vec<String> = entries(&std::fs::read(&built.path).unwrap())
         .into_iter()
         .map(|(name, _)| name)
