@@ -17,6 +17,11 @@ fn session(args: &[&str]) -> String {
     format!("$ kwheel {}\nexit code: {code}\n{text}", args.join(" "))
 }
 
+/// A temporary folder for a test that needs the toolchains; `None` (said) without them.
+fn folder_with_toolchains() -> Option<tempfile::TempDir> {
+    have_toolchains().then(|| tempfile::tempdir().unwrap())
+}
+
 /// The kit's filters, plus the table columns of this binary that change with every build.
 fn settings() -> insta::Settings {
     let mut settings = insta::Settings::clone_current();
@@ -137,10 +142,9 @@ fn default_bundle(dir: &Path) -> PathBuf {
 
 #[test]
 fn bundle_list_and_dev_coverage_of_the_default_library() {
-    if !have_toolchains() {
+    let Some(dir) = folder_with_toolchains() else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    };
     let bundle = default_bundle(dir.path()).display().to_string();
     let settings = settings();
     let list = session(&["bundle", "list", &bundle]);
@@ -196,10 +200,9 @@ fn bundle_list_and_dev_coverage_of_the_default_library() {
 /// (twice), and the default library's sdist: what each prints.
 #[test]
 fn shards_merged_fetched_extracted_published_and_an_sdist() {
-    if !have_toolchains() {
+    let Some(dir) = folder_with_toolchains() else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    };
     let root = dir.path().display().to_string();
     let mut settings = settings();
     settings.add_filter(&testkit::literal_pattern(&root), "[ROOT]");
@@ -279,14 +282,19 @@ fn shards_merged_fetched_extracted_published_and_an_sdist() {
     sized.add_filter(r"\(\d+ files, \d+ bytes\)", "([FILES] files, [SIZE] bytes)");
     sized.bind(|| insta::assert_snapshot!("dev_build_sdist", sdist));
     // `wheel verify` of that sdist: what it holds and the kernels its sources plan.
-    let built = std::fs::read_dir(format!("{root}/sdist"))
-        .unwrap()
-        .map(|entry| entry.unwrap().path())
-        .find(|path| path.to_string_lossy().ends_with(".tar.gz"))
-        .unwrap();
-    let verified = session(&["wheel", "verify", &built.display().to_string()]);
+    let built = file_ending_in(Path::new(&format!("{root}/sdist")), ".tar.gz");
+    let verified = session(&["wheel", "verify", &built]);
     sized.add_filter(r"\d+ files, \d+ kernels", "[FILES] files, [N] kernels");
     sized.bind(|| insta::assert_snapshot!("wheel_verify_of_an_sdist", verified));
+}
+
+/// The path of the one file in `dir` whose name ends in `suffix` (`.whl`, `.tar.gz`).
+fn file_ending_in(dir: &Path, suffix: &str) -> String {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().path().display().to_string())
+        .find(|path| path.ends_with(suffix))
+        .unwrap_or_else(|| panic!("no file ending in {suffix} in {}", dir.display()))
 }
 
 /// What a newcomer reads in the first steps on the default library: the toolchains found,
@@ -295,10 +303,9 @@ fn shards_merged_fetched_extracted_published_and_an_sdist() {
 /// are the snapshot.
 #[test]
 fn toolchains_build_wheel_and_wheel_verify_of_the_default_library() {
-    if !have_toolchains() {
+    let Some(dir) = folder_with_toolchains() else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    };
     let bundle = default_bundle(dir.path());
     let mut settings = settings();
     settings.add_filter(r"(nvrtc|nvcc) \d+\.\d+\.\d+", "$1 [VERSION]");
@@ -313,12 +320,7 @@ fn toolchains_build_wheel_and_wheel_verify_of_the_default_library() {
     let (bundle, wheels) = (bundle.display().to_string(), wheels.display().to_string());
     let built = session(&["dev", "build-wheel", "--bundle", &bundle, "--out", &wheels]);
     settings.bind(|| insta::assert_snapshot!("dev_build_wheel", built));
-    let wheel = std::fs::read_dir(&wheels)
-        .unwrap()
-        .map(|entry| entry.unwrap().path())
-        .find(|path| path.extension().is_some_and(|e| e == "whl"))
-        .unwrap();
-    let wheel = wheel.display().to_string();
+    let wheel = file_ending_in(Path::new(&wheels), ".whl");
     let verified = session(&["wheel", "verify", &wheel]);
     settings.bind(|| insta::assert_snapshot!("wheel_verify", verified));
 }
@@ -329,10 +331,9 @@ fn toolchains_build_wheel_and_wheel_verify_of_the_default_library() {
 /// of one build are snapshots; the build cache is its own, so every target compiles.
 #[test]
 fn bundle_kernels_reports_every_outcome() {
-    if !have_toolchains() {
+    let Some(dir) = folder_with_toolchains() else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    };
     let library = dir.path().join("library");
     std::fs::create_dir_all(&library).unwrap();
     let kernel = |name: &str, body: &str| {
@@ -598,10 +599,9 @@ fn refusals_of_bad_input() {
 /// error.
 #[test]
 fn refusals_and_reports_on_a_bundle() {
-    if !have_toolchains() {
+    let Some(dir) = folder_with_toolchains() else {
         return;
-    }
-    let dir = tempfile::tempdir().unwrap();
+    };
     let root = dir.path();
     let mut settings = settings();
     settings.add_filter(

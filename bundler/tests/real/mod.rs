@@ -600,6 +600,22 @@ fn apex_layer_norm_obeys_maxrregcount_on_cu129_and_cu130_alike() {
     assert_eq!(registers["cu129/sm_90a"], registers["cu130/sm_90a"]);
 }
 
+/// What a real library's module test needs: the toolchains, the library's sources as
+/// `ci/setup-thirdparty` fetched them (folder `name`) and the pinned torch's pin; `None`,
+/// said, where one is missing.
+fn module_test_inputs(
+    test: &str,
+    name: &str,
+) -> Option<(Vec<BuildToolchain>, std::path::PathBuf, String)> {
+    let toolchains = toolchains()?;
+    let sources = thirdparty_dir(test, name)?;
+    if bundler::torch::TorchHeaders::find().is_err() {
+        testkit::missing("no torch (`bash ci/setup-torch` installs the pinned one)");
+        return None;
+    }
+    Some((toolchains, sources, torch_pin()?))
+}
+
 /// vLLM 0.34's `silu_and_mul` from its sdist (`ci/setup-thirdparty`), its launcher file
 /// unmodified, as a stable-ABI extension module with a registration file in the form of its
 /// `csrc/torch_bindings.cpp`: built cold twice, from two folders with their own caches, to the
@@ -608,17 +624,7 @@ fn apex_layer_norm_obeys_maxrregcount_on_cu129_and_cu130_alike() {
 #[test]
 fn vllm_silu_and_mul_builds_as_a_stable_abi_module_byte_identical_from_two_folders() {
     let test = "vllm_silu_and_mul_builds_as_a_stable_abi_module_byte_identical_from_two_folders";
-    let Some(toolchains) = toolchains() else {
-        return;
-    };
-    let Some(vllm) = thirdparty_dir(test, "vllm-0.34.0") else {
-        return;
-    };
-    if bundler::torch::TorchHeaders::find().is_err() {
-        testkit::missing("no torch (`bash ci/setup-torch` installs the pinned one)");
-        return;
-    }
-    let Some(pin) = torch_pin() else {
+    let Some((toolchains, vllm, pin)) = module_test_inputs(test, "vllm-0.34.0") else {
         return;
     };
     let bindings = "#include \"ops.h\"\n#include <torch/csrc/stable/library.h>\n\
@@ -680,17 +686,7 @@ fn vllm_silu_and_mul_builds_as_a_stable_abi_module_byte_identical_from_two_folde
 #[test]
 fn gptqmodels_hadamard_builds_as_a_classic_module_that_needs_no_python() {
     let test = "gptqmodels_hadamard_builds_as_a_classic_module_that_needs_no_python";
-    let Some(toolchains) = toolchains() else {
-        return;
-    };
-    let Some(hadamard) = thirdparty_dir(test, "gptqmodel-7.7.0") else {
-        return;
-    };
-    if bundler::torch::TorchHeaders::find().is_err() {
-        testkit::missing("no torch (`bash ci/setup-torch` installs the pinned one)");
-        return;
-    }
-    let Some(pin) = torch_pin() else {
+    let Some((toolchains, hadamard, pin)) = module_test_inputs(test, "gptqmodel-7.7.0") else {
         return;
     };
     let manifest = format!(

@@ -9,6 +9,8 @@ checks with their details, a JSON report, an exit status.
 
 import argparse
 import json
+import subprocess
+import sys
 
 
 class Checks:
@@ -50,3 +52,16 @@ def gpu_arguments(script, *positional):
         print(f"{script}: SKIPPED: no CUDA device")
         return None
     return arguments
+
+
+def check_import_registers_without_cuda(checks, packages, ops):
+    """Checks, in a fresh process, that importing ``packages`` registers every op of ``ops``
+    (``"namespace.name"``) and leaves CUDA uninitialised (a forked worker must still work)."""
+    has = ", ".join(f"hasattr(torch.ops.{op.rsplit('.', 1)[0]}, {op.rsplit('.', 1)[1]!r})" for op in ops)
+    probe = subprocess.run(
+        [sys.executable, "-c",
+         f"import torch, {', '.join(packages)}; print(torch.cuda.is_initialized(), {has})"],
+        capture_output=True, text=True)
+    checks.check("import_registers_without_cuda",
+                 probe.stdout.split() == ["False"] + ["True"] * len(ops),
+                 (probe.stdout + probe.stderr).strip()[-400:])

@@ -33,7 +33,7 @@ import subprocess
 import sys
 import time
 
-from gpu_checks import Checks, gpu_arguments
+from gpu_checks import Checks, check_import_registers_without_cuda, gpu_arguments
 
 # One fresh process: import or load one build and time its first call.
 FIRST_CALL = r"""
@@ -73,13 +73,8 @@ def main():
     checks = Checks("gpu_classic", device=torch.cuda.get_device_name(0), torch=torch.__version__)
     check, results = checks.check, checks.results
 
-    probe = subprocess.run(
-        [sys.executable, "-c",
-         "import torch, gptq_hadamard; print(torch.cuda.is_initialized(), "
-         "hasattr(torch.ops.gptqmodel_hadamard, 'fast_hadamard_transform'))"],
-        capture_output=True, text=True)
-    check("import_registers_without_cuda", probe.stdout.split() == ["False", "True"],
-          (probe.stdout + probe.stderr).strip()[-400:])
+    check_import_registers_without_cuda(
+        checks, ["gptq_hadamard"], ["gptqmodel_hadamard.fast_hadamard_transform"])
 
     import gptq_hadamard  # noqa: F401
 

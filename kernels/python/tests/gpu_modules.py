@@ -29,7 +29,7 @@ import subprocess
 import sys
 import time
 
-from gpu_checks import Checks, gpu_arguments
+from gpu_checks import Checks, check_import_registers_without_cuda, gpu_arguments
 
 FIRST_CALL = r"""
 import time, sys
@@ -85,15 +85,8 @@ def main():
     checks = Checks("gpu_modules", device=torch.cuda.get_device_name(0), torch=torch.__version__)
     check, results = checks.check, checks.results
 
-    # The import loads the module and must not start CUDA (a forked worker must still work).
-    probe = subprocess.run(
-        [sys.executable, "-c",
-         "import torch, vllm_kernels, kwtest_ops; "
-         "print(torch.cuda.is_initialized(), hasattr(torch.ops._C, 'silu_and_mul'), "
-         "hasattr(torch.ops.kwtest, 'axpby'))"],
-        capture_output=True, text=True)
-    check("import_registers_without_cuda", probe.stdout.split() == ["False", "True", "True"],
-          (probe.stdout + probe.stderr).strip()[-400:])
+    check_import_registers_without_cuda(
+        checks, ["vllm_kernels", "kwtest_ops"], ["_C.silu_and_mul", "kwtest.axpby"])
 
     import vllm_kernels  # noqa: F401
     import kwtest_ops  # noqa: F401

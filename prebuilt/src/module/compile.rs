@@ -468,85 +468,84 @@ mod tests {
         dir
     }
 
+    /// What every unit of the test recipe is compiled with: its defines, then its include
+    /// dirs (the library's, torch's, the toolkit's, then Python's as a system dir).
+    const DEFINES_AND_INCLUDES: [&str; 7] = [
+        "-DTORCH_EXTENSION_NAME=_C",
+        "-DUSE_CUDA=1",
+        "-I/lib/csrc",
+        "-I/site/torch/include",
+        "-I/cuda/include",
+        "-isystem",
+        "/py/include",
+    ];
+
+    /// Unit `n` of the recipe for `abi` (scratch folder `/tmp/s`), checked to run in the
+    /// library's folder: its source, its program and its arguments.
+    fn unit(abi: Abi, n: usize) -> (String, String, Vec<String>) {
+        let lib = cuda_lib();
+        let commands = module_commands(&recipe(abi, lib.path()), Path::new("/tmp/s")).unwrap();
+        let (source, command) = &commands.units[n];
+        assert_eq!(command.get_current_dir(), Some(Path::new("/lib")));
+        let program = command.get_program().to_string_lossy().into_owned();
+        (source.clone(), program, args(command))
+    }
+
     #[test]
     fn a_cpp_unit_is_compiled_by_the_host_compiler_reproducibly_in_the_folder() {
-        let lib = cuda_lib();
-        let commands =
-            module_commands(&recipe(Abi::Torch, lib.path()), Path::new("/tmp/s")).unwrap();
-        let (source, command) = &commands.units[0];
+        let (source, program, args) = unit(Abi::Torch, 0);
         assert_eq!(source, "ops.cpp");
-        assert_eq!(command.get_program(), "/usr/bin/g++");
-        assert_eq!(command.get_current_dir(), Some(Path::new("/lib")));
-        assert_eq!(
-            args(command),
-            [
-                "-c",
-                "-fPIC",
-                "-O2",
-                "-ffile-prefix-map=/lib=.",
-                "-ffile-prefix-map=/site=torch",
-                "-frandom-seed=ops.cpp",
-                "-std=c++17",
-                "-I/tmp/s/torch-shim",
-                "-DTORCH_EXTENSION_NAME=_C",
-                "-DUSE_CUDA=1",
-                "-I/lib/csrc",
-                "-I/site/torch/include",
-                "-I/cuda/include",
-                "-isystem",
-                "/py/include",
-                "-O3",
-                "ops.cpp",
-                "-o",
-                "/tmp/s/0.o",
-            ]
-        );
+        assert_eq!(program, "/usr/bin/g++");
+        let head = [
+            "-c",
+            "-fPIC",
+            "-O2",
+            "-ffile-prefix-map=/lib=.",
+            "-ffile-prefix-map=/site=torch",
+            "-frandom-seed=ops.cpp",
+            "-std=c++17",
+            "-I/tmp/s/torch-shim",
+        ];
+        let tail = ["-O3", "ops.cpp", "-o", "/tmp/s/0.o"];
+        assert_eq!(args, [&head[..], &DEFINES_AND_INCLUDES, &tail].concat());
     }
 
     #[test]
     fn a_cu_unit_is_compiled_by_nvcc_for_every_arch_reproducibly_in_the_folder() {
-        let lib = cuda_lib();
-        let commands =
-            module_commands(&recipe(Abi::Stable, lib.path()), Path::new("/tmp/s")).unwrap();
-        let (source, command) = &commands.units[1];
+        let (source, program, args) = unit(Abi::Stable, 1);
         assert_eq!(source, "csrc/kernels.cu");
-        assert_eq!(command.get_program(), "/cuda/bin/nvcc");
-        assert_eq!(command.get_current_dir(), Some(Path::new("/lib")));
+        assert_eq!(program, "/cuda/bin/nvcc");
         // A stable module has no `<torch/extension.h>` shim.
         assert_eq!(
-            args(command),
+            args,
             [
-                "-c",
-                "-std=c++17",
-                "-DTORCH_EXTENSION_NAME=_C",
-                "-DUSE_CUDA=1",
-                "-I/lib/csrc",
-                "-I/site/torch/include",
-                "-I/cuda/include",
-                "-isystem",
-                "/py/include",
-                "-Xcompiler",
-                "-fPIC",
-                "-Xcompiler",
-                "-O2",
-                "-Xcompiler",
-                "-ffile-prefix-map=/lib=.",
-                "-Xcompiler",
-                "-ffile-prefix-map=/site=torch",
-                "-gencode",
-                "arch=compute_90a,code=sm_90a",
-                "-gencode",
-                "arch=compute_90,code=compute_90",
-                "-frandom-seed=csrc/kernels.cu",
-                "-Xcudafe",
-                "--orig_src_path_name=csrc/kernels.cu",
-                "--expt-relaxed-constexpr",
-                "-Xcompiler",
-                "-O3",
-                "csrc/kernels.cu",
-                "-o",
-                "/tmp/s/1.o",
+                &["-c", "-std=c++17"][..],
+                &DEFINES_AND_INCLUDES,
+                &[
+                    "-Xcompiler",
+                    "-fPIC",
+                    "-Xcompiler",
+                    "-O2",
+                    "-Xcompiler",
+                    "-ffile-prefix-map=/lib=.",
+                    "-Xcompiler",
+                    "-ffile-prefix-map=/site=torch",
+                    "-gencode",
+                    "arch=compute_90a,code=sm_90a",
+                    "-gencode",
+                    "arch=compute_90,code=compute_90",
+                    "-frandom-seed=csrc/kernels.cu",
+                    "-Xcudafe",
+                    "--orig_src_path_name=csrc/kernels.cu",
+                    "--expt-relaxed-constexpr",
+                    "-Xcompiler",
+                    "-O3",
+                    "csrc/kernels.cu",
+                    "-o",
+                    "/tmp/s/1.o",
+                ],
             ]
+            .concat()
         );
     }
 

@@ -424,6 +424,21 @@ fn fresh_venv(dir: &Path) -> Option<PathBuf> {
     }
 }
 
+/// Installs `wheel` without its dependencies into `target` (`pip install --target`), as a
+/// user without a virtual environment does; returns `target`.
+fn install_into(python: &Path, target: &Path, wheel: &Path) -> PathBuf {
+    pip_install(
+        python,
+        &[
+            "--no-deps".as_ref(),
+            "--target".as_ref(),
+            target.as_os_str(),
+            wheel.as_os_str(),
+        ],
+    );
+    target.to_path_buf()
+}
+
 /// `python -m pip install --no-index --disable-pip-version-check <args>`, which must pass.
 fn pip_install(python: &Path, args: &[&std::ffi::OsStr]) -> String {
     let output = python_command(python)
@@ -905,16 +920,7 @@ fn a_stable_abi_module_op_runs_on_cpu_right_after_import() {
         "{report}"
     );
 
-    let target = root.join("site");
-    pip_install(
-        &python,
-        &[
-            "--no-deps".as_ref(),
-            "--target".as_ref(),
-            target.as_os_str(),
-            built.path.as_os_str(),
-        ],
-    );
+    let target = install_into(&python, &root.join("site"), &built.path);
     let path = std::env::join_paths([&target, &torch]).unwrap();
     let output = python_command(&python)
         .env("PYTHONPATH", path)

@@ -103,16 +103,7 @@ fn a_module_with_no_fitting_build_is_built_once_by_the_jit_fallback() {
         !names.iter().any(|name| name.contains("/sources/[")),
         "{names:?}"
     );
-    let target = root.join("site");
-    pip_install(
-        &python,
-        &[
-            "--no-deps".as_ref(),
-            "--target".as_ref(),
-            target.as_os_str(),
-            built.path.as_os_str(),
-        ],
-    );
+    let target = install_into(&python, &root.join("site"), &built.path);
     std::fs::write(
         target.join("kwtest_ops/_prebuilt/kernels.idx"),
         index_for_a_newer_torch(&bundle),
