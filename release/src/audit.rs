@@ -113,36 +113,22 @@ pub fn module_platform_tag(cpu: &str, path: &str, bytes: &[u8]) -> Result<String
     Err(last)
 }
 
-/// Audits an extension module against `policy` with torch's and CUDA's libraries external:
-/// the module links them by name and finds them in the process (torch loaded them first).
+/// Audits an extension module against `policy` with torch's and CUDA's libraries external
+/// (the module links them by name and finds them in the process: torch loaded them first),
+/// and refuses one that calls the Python C API.
 pub fn audit_module(policy: &Policy, path: &str, bytes: &[u8]) -> Vec<Violation> {
-    let mut violations: Vec<Violation> = audit_elf(policy, path, bytes)
-        .into_iter()
-        .filter(|violation| {
-            !matches!(&violation.kind, ViolationKind::Library { library }
-                if is_torch_or_cuda_library(library))
-        })
-        .collect();
-    // A module serves every Python of its wheel's tag (`py3-none`): one that calls the Python
-    // C API (pybind11, `Python.h`'s functions) would bind to the Python it was built with.
-    if let Ok(elf) = inspect_host_elf(bytes) {
-        let python: Vec<&String> = elf
-            .undefined
-            .iter()
-            .filter(|symbol| is_python_api(symbol))
-            .collect();
-        if let Some(first) = python.first() {
-            violations.push(Violation {
-                file: path.to_owned(),
-                policy: policy.name.clone(),
-                kind: ViolationKind::PythonApi {
-                    symbol: (*first).clone(),
-                    more: python.len() - 1,
-                },
-            });
-        }
-    }
-    violations
+    audit_host(policy, path, bytes, true)
+}
+
+/// A module serves every Python of its wheel's tag (`py3-none`): one that calls the Python C
+/// API (pybind11, `Python.h`'s functions) would bind to the Python it was built with.
+fn python_api(elf: &HostElf) -> Option<ViolationKind> {
+    let mut python = elf.undefined.iter().filter(|symbol| is_python_api(symbol));
+    let first = python.next()?;
+    Some(ViolationKind::PythonApi {
+        symbol: first.clone(),
+        more: python.count(),
+    })
 }
 
 /// A symbol of the Python C API (`PyLong_FromLong`, `_Py_Dealloc`, `PyExc_TypeError`).
@@ -408,6 +394,12 @@ pub fn audit_file(target: &AuditTarget, path: &str, bytes: &[u8]) -> FileAudit {
 
 /// Audits a host ELF file against `policy`; `path` names it in the violations. A cubin passes.
 pub fn audit_elf(policy: &Policy, path: &str, bytes: &[u8]) -> Vec<Violation> {
+    audit_host(policy, path, bytes, false)
+}
+
+/// [`audit_elf`], and for an extension `module` ([`audit_module`]) the module's rules on the
+/// same read of its headers: torch's and CUDA's libraries allowed, the Python C API not.
+fn audit_host(policy: &Policy, path: &str, bytes: &[u8], module: bool) -> Vec<Violation> {
     if prebuilt::cubin::is_cubin(bytes) {
         return Vec::new();
     }
@@ -441,10 +433,17 @@ pub fn audit_elf(policy: &Policy, path: &str, bytes: &[u8]) -> Vec<Violation> {
         })];
     }
     match inspect_host_elf(bytes) {
-        Ok(elf) => check_host_elf(policy, &elf)
-            .into_iter()
-            .map(violation)
-            .collect(),
+        Ok(elf) => {
+            let mut found = check_host_elf(policy, &elf);
+            if module {
+                found.retain(|kind| {
+                    !matches!(kind, ViolationKind::Library { library }
+                        if is_torch_or_cuda_library(library))
+                });
+                found.extend(python_api(&elf));
+            }
+            found.into_iter().map(violation).collect()
+        }
         Err(error) => vec![violation(ViolationKind::Malformed {
             message: error.to_string(),
         })],

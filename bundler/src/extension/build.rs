@@ -43,6 +43,8 @@ pub struct PlannedModule {
     pub abi: Abi,
     /// Its key inputs common to every variant.
     pub inputs: ModuleInputs,
+    /// The library's folder, absolute: the compilers run there, on the sources' relative paths.
+    pub folder: PathBuf,
     /// Include directories (absolute), in `-I` order: the manifest's, then torch's.
     pub include_dirs: Vec<PathBuf>,
     /// System include directories (`-isystem`), followed but not hashed: Python's headers
@@ -68,11 +70,11 @@ pub fn plan_module(
         .unwrap_or(&manifest.library.include_dirs);
     // The compilers run in the library's folder: a relative `--manifest` must not leave its
     // include dirs relative to the caller's folder.
-    let root = manifest
+    let folder = manifest
         .root
         .canonicalize()
         .unwrap_or_else(|_| manifest.root.clone());
-    let mut include_dirs: Vec<PathBuf> = dirs.iter().map(|dir| root.join(dir)).collect();
+    let mut include_dirs: Vec<PathBuf> = dirs.iter().map(|dir| folder.join(dir)).collect();
     include_dirs.extend(torch.include_dirs.iter().cloned());
     let system_dirs: Vec<PathBuf> = match spec.abi {
         Abi::Torch => crate::torch::python_include_dir().into_iter().collect(),
@@ -144,6 +146,7 @@ pub fn plan_module(
         name: name.to_owned(),
         abi: spec.abi,
         inputs,
+        folder,
         include_dirs,
         system_dirs,
         shipped,
@@ -269,7 +272,7 @@ pub fn build_modules(
             let bytes = match std::fs::read(&path) {
                 Ok(bytes) if check_module(&bytes).is_ok() => bytes,
                 _ => {
-                    let bytes = compile_module(manifest, &planned, &torch, toolchain)?;
+                    let bytes = compile_module(&planned, &torch, toolchain)?;
                     check_module(&bytes).map_err(|reason| Error::ModuleBuild {
                         module: name.clone(),
                         build,
@@ -334,7 +337,6 @@ fn host_cxx_version() -> Result<String, String> {
 /// Compiles and links `planned` with the CUDA build's nvcc and `g++`
 /// ([`prebuilt::module::compile`]); the module's bytes.
 fn compile_module(
-    manifest: &Manifest,
     planned: &PlannedModule,
     torch: &TorchHeaders,
     toolchain: &Toolchain,
@@ -348,10 +350,7 @@ fn compile_module(
     let recipe = ModuleRecipe {
         name: planned.name.clone(),
         abi: planned.abi,
-        folder: manifest
-            .root
-            .canonicalize()
-            .unwrap_or_else(|_| manifest.root.clone()),
+        folder: planned.folder.clone(),
         sources: inputs.sources.clone(),
         include_dirs: planned.include_dirs.clone(),
         toolkit_include_dirs: toolchain.include_dirs.clone(),
