@@ -418,7 +418,7 @@ fn compile_module(
         cxx_std: inputs.cxx_std.clone(),
         archs: inputs.archs.clone(),
         torch_package: request.torch_dir.to_path_buf(),
-        cuda_lib_dirs: vec![toolkit.join("lib")],
+        cuda_lib_dirs: cuda_lib_dirs(&toolkit, request.torch_dir),
         nvcc: compilers.nvcc.clone(),
         cxx: compilers.cxx.clone(),
     };
@@ -427,6 +427,28 @@ fn compile_module(
         build: request.cuda,
         source: Box::new(source),
     })
+}
+
+/// Where the module JIT looks for the CUDA runtime to link: the toolkit nvcc came from (a
+/// system install keeps it in `lib64/`, or under `targets/<cpu>-linux/lib`; a pip toolchain
+/// in `lib/`), then the runtime torch's own CUDA wheels installed beside it
+/// (`site-packages/nvidia/cu13/lib`, `nvidia/cuda_runtime/lib`). The module links it by name
+/// only, so any copy of the same major version serves.
+fn cuda_lib_dirs(toolkit: &Path, torch_dir: &Path) -> Vec<PathBuf> {
+    let target = format!("targets/{}-linux/lib", std::env::consts::ARCH);
+    let mut dirs: Vec<PathBuf> = ["lib64", "lib", target.as_str()]
+        .iter()
+        .map(|dir| toolkit.join(dir))
+        .collect();
+    if let Some(site) = torch_dir.parent() {
+        let nvidia = site.join("nvidia");
+        dirs.extend(
+            ["cu13/lib", "cuda_runtime/lib"]
+                .iter()
+                .map(|dir| nvidia.join(dir)),
+        );
+    }
+    dirs
 }
 
 #[cfg(test)]
@@ -495,6 +517,29 @@ mod tests {
         let mut other = compilers();
         other.cxx_version = "13.2.0".into();
         assert_ne!(module_jit_key(&at, &other), base);
+    }
+
+    /// A system CUDA install (`/usr/local/cuda`) keeps its runtime in `lib64/`: the JIT looked
+    /// in `lib/` only and could not link a module on a GPU machine with such an nvcc.
+    #[test]
+    fn the_cuda_runtime_of_a_system_install_or_of_torchs_wheels_is_found() {
+        let root = tempfile::tempdir().unwrap();
+        let toolkit = root.path().join("cuda");
+        let site = root.path().join("site");
+        std::fs::create_dir_all(toolkit.join("lib64")).unwrap();
+        std::fs::create_dir_all(site.join("torch")).unwrap();
+        std::fs::create_dir_all(site.join("nvidia/cu13/lib")).unwrap();
+        std::fs::write(site.join("nvidia/cu13/lib/libcudart.so.13"), b"").unwrap();
+        let dirs = cuda_lib_dirs(&toolkit, &site.join("torch"));
+        assert_eq!(
+            crate::module::compile::find_cuda_runtime(&dirs),
+            Some(site.join("nvidia/cu13/lib/libcudart.so.13"))
+        );
+        std::fs::write(toolkit.join("lib64/libcudart.so.13"), b"").unwrap();
+        assert_eq!(
+            crate::module::compile::find_cuda_runtime(&dirs),
+            Some(toolkit.join("lib64/libcudart.so.13"))
+        );
     }
 
     #[test]
