@@ -83,6 +83,25 @@ pub enum TorchError {
         /// The pin.
         pin: String,
     },
+    /// The torch found is older than an extension's `torch-target`.
+    #[error(
+        "the torch at {} ({found_by}) is {version}, older than extension `{extension}`'s \
+         `torch-target = \"{target}\"`: its stable headers lack what that torch offers; point \
+         {TORCH_ENV} at torch {target} or newer",
+        package.display()
+    )]
+    OlderThanTarget {
+        /// The torch package folder.
+        package: PathBuf,
+        /// How it was found.
+        found_by: String,
+        /// Its version.
+        version: String,
+        /// The extension.
+        extension: String,
+        /// Its `torch-target`.
+        target: String,
+    },
     /// A file does not say what kwheel reads from it.
     #[error("{} does not {what}", path.display())]
     Unreadable {
@@ -265,6 +284,42 @@ pub fn find_pinned(manifest: &crate::Manifest) -> Result<TorchHeaders, TorchErro
             version: torch.version,
             pin: manifest.library.torch.clone(),
         });
+    }
+    Ok(torch)
+}
+
+/// The torch every extension module of `manifest` builds against: one the pin allows, or,
+/// when every extension names a `torch-target` (stable ABI), any torch at least as new as
+/// each target, whose stable headers then serve the older torch too.
+pub fn find_for_modules(manifest: &crate::Manifest) -> Result<TorchHeaders, TorchError> {
+    let targets: Vec<(&String, &String)> = manifest
+        .extensions
+        .iter()
+        .filter_map(|(name, spec)| spec.torch_target.as_ref().map(|target| (name, target)))
+        .collect();
+    if targets.len() < manifest.extensions.len() {
+        return find_pinned(manifest);
+    }
+    let torch = TorchHeaders::find()?;
+    let found = prebuilt::module::torch_target_version(
+        &torch
+            .version
+            .split('.')
+            .take(2)
+            .collect::<Vec<_>>()
+            .join("."),
+    );
+    for (name, target) in targets {
+        let wanted = prebuilt::module::torch_target_version(target);
+        if found.is_none() || found < wanted {
+            return Err(TorchError::OlderThanTarget {
+                package: torch.package,
+                found_by: torch.found_by,
+                version: torch.version,
+                extension: name.clone(),
+                target: target.clone(),
+            });
+        }
     }
     Ok(torch)
 }

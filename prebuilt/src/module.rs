@@ -130,6 +130,28 @@ pub fn torch_served(abi: Abi, pin: &str) -> Option<String> {
     })
 }
 
+/// A stable-ABI module's `torch-target` (`2.11`) as (major, minor); `None` unless it is
+/// exactly two dotted numbers.
+pub fn torch_target_version(text: &str) -> Option<(u32, u32)> {
+    let (major, minor) = text.split_once('.')?;
+    let number = |part: &str| {
+        (!part.is_empty() && part.chars().all(|c| c.is_ascii_digit()))
+            .then(|| part.parse::<u32>().ok())
+            .flatten()
+    };
+    Some((number(major)?, number(minor)?))
+}
+
+/// The value of `TORCH_TARGET_VERSION` for torch `major.minor`, as torch's
+/// `torch/csrc/stable/version.h` encodes it (`0x020b000000000000` for 2.11): the stable
+/// headers then offer only what that torch has, and the module asks for that ABI at load.
+pub fn torch_target_define((major, minor): (u32, u32)) -> String {
+    format!(
+        "0x{:016x}",
+        (u64::from(major) << 56) | (u64::from(minor) << 48)
+    )
+}
+
 /// What a process offers a module: its torch, torch's CUDA build, its CPU.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ModuleHost<'a> {
@@ -348,6 +370,12 @@ mod tests {
             torch_served(Abi::Torch, "2.11.*").as_deref(),
             Some("==2.11.*")
         );
+        assert_eq!(torch_target_version("2.11"), Some((2, 11)));
+        for text in ["2", "2.11.0", "2.x", ".11", "2.", "v2.11", "2.+1"] {
+            assert_eq!(torch_target_version(text), None, "{text}");
+        }
+        assert_eq!(torch_target_define((2, 11)), "0x020b000000000000");
+        assert_eq!(torch_target_define((2, 9)), "0x0209000000000000");
         assert_eq!(torch_served(Abi::Torch, "*"), None);
         assert_eq!(torch_served(Abi::Stable, ">=2.9,<3"), None);
     }

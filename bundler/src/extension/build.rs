@@ -109,6 +109,16 @@ pub fn plan_module(
     defines.extend(manifest.library.defines.clone());
     defines.extend(spec.defines.clone());
     defines.insert("TORCH_EXTENSION_NAME".into(), name.to_owned());
+    if let Some(version) = spec
+        .torch_target
+        .as_deref()
+        .and_then(prebuilt::module::torch_target_version)
+    {
+        defines.insert(
+            "TORCH_TARGET_VERSION".into(),
+            prebuilt::module::torch_target_define(version),
+        );
+    }
     let inputs = ModuleInputs {
         sources: spec.sources.clone(),
         files: graph.files().clone(),
@@ -153,10 +163,11 @@ pub fn plan_module(
     })
 }
 
-/// The torch the manifest's pin allows (`KWHEEL_TORCH`, else the default folder), whose
-/// headers and libraries every module builds against.
+/// The torch every module builds against, with its headers and libraries (`KWHEEL_TORCH`,
+/// else the default folder): one the manifest's pin allows, or one at least as new as the
+/// `torch-target` of each extension when all of them name one.
 pub fn module_torch(manifest: &Manifest) -> Result<TorchHeaders, Error> {
-    crate::torch::find_pinned(manifest).map_err(|source| Error::ModuleTorch {
+    crate::torch::find_for_modules(manifest).map_err(|source| Error::ModuleTorch {
         module: manifest
             .extensions
             .keys()
@@ -237,7 +248,11 @@ pub fn build_modules(
             };
             let planned = plan_module(manifest, name, spec, &torch, &toolchain.include_dirs)?;
             built.sources.extend(planned.shipped.clone());
-            let served = torch_served(spec.abi, torch_pin).ok_or_else(|| Error::ModuleBuild {
+            let served = match &spec.torch_target {
+                Some(target) => Some(format!(">={target}")),
+                None => torch_served(spec.abi, torch_pin),
+            };
+            let served = served.ok_or_else(|| Error::ModuleBuild {
                 module: name.clone(),
                 build,
                 reason: format!(

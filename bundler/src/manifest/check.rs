@@ -34,6 +34,7 @@ impl Manifest {
                 extension,
                 &library.archs,
                 &library.cuda_builds,
+                &library.torch,
                 &self.kernels,
             ) {
                 let needle = format!("[extensions.{name}]");

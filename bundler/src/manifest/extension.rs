@@ -35,6 +35,10 @@ pub struct ExtensionSpec {
     pub cuda_builds: Option<Vec<CudaBuild>>,
     /// Overrides the library's C++ standard.
     pub cxx_std: Option<String>,
+    /// For `abi = "stable"`: the lowest torch the module serves (`2.11`). It is built with
+    /// `TORCH_TARGET_VERSION` set to that version, against any torch at hand at least as new,
+    /// and serves every torch from it on; without it, the lowest version of the pin.
+    pub torch_target: Option<String>,
 }
 
 /// The endings of an extension's translation units.
@@ -47,6 +51,7 @@ pub fn check_extension(
     spec: &ExtensionSpec,
     library_archs: &[Arch],
     library_builds: &[CudaBuild],
+    library_torch: &str,
     kernels: &BTreeMap<String, super::KernelSpec>,
 ) -> Option<String> {
     if !super::is_identifier(name) {
@@ -122,6 +127,27 @@ pub fn check_extension(
         if let Some(build) = builds.iter().find(|build| !library_builds.contains(build)) {
             return Some(format!(
                 "`cuda-builds` names {build}, which is not one of the library's `cuda-builds`"
+            ));
+        }
+    }
+    if let Some(target) = &spec.torch_target {
+        if spec.abi != Abi::Stable {
+            return Some(format!(
+                "`torch-target = \"{target}\"` is for `abi = \"stable\"` only: a classic \
+                 module serves the torch minor it was built against"
+            ));
+        }
+        let Some(version) = prebuilt::module::torch_target_version(target) else {
+            return Some(format!(
+                "`torch-target = \"{target}\"` must be a torch version `MAJOR.MINOR` (`2.11`)"
+            ));
+        };
+        let pin = prebuilt::module::torch_served(Abi::Stable, library_torch)
+            .and_then(|served| prebuilt::module::torch_target_version(&served[2..]));
+        if pin.is_some_and(|pin| version > pin) {
+            return Some(format!(
+                "`torch-target = \"{target}\"` is newer than the library's torch pin \
+                 `{library_torch}`: the module must serve the torch the library pins"
             ));
         }
     }

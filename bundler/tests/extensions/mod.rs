@@ -60,6 +60,18 @@ fn extension_tables_are_checked_when_the_manifest_is_read_naming_the_extension_a
             "sources = [\"a.cu\"]\nabi = \"stable\"\ncuda-builds = [\"cu128\"]",
             "`cuda-builds` names cu128, which is not one of the library's `cuda-builds`",
         ),
+        (
+            "sources = [\"a.cpp\"]\nabi = \"torch\"\ntorch-target = \"2.11\"",
+            "`torch-target = \"2.11\"` is for `abi = \"stable\"` only",
+        ),
+        (
+            "sources = [\"a.cpp\"]\nabi = \"stable\"\ntorch-target = \"2.11.0\"",
+            "`torch-target = \"2.11.0\"` must be a torch version `MAJOR.MINOR` (`2.11`)",
+        ),
+        (
+            "sources = [\"a.cpp\"]\nabi = \"stable\"\ntorch-target = \"2.14\"",
+            "`torch-target = \"2.14\"` is newer than the library's torch pin `2.13.*`",
+        ),
     ];
     for (body, expected) in cases {
         let (path, loaded) = load_manifest(&with_extension(body));

@@ -101,9 +101,18 @@ def open(package_or_path, *, cuda=None, torch=None, jit=None, device=None):
     the environment; ``jit=True``/``False`` overrides ``<PACKAGE>_JIT_FALLBACK``.
     """
     registry = Registry(find_bundle(package_or_path), cuda=cuda, torch=torch, jit=jit, device=device)
-    if registry._bundle.modules:
+    # A module's ops live in torch.ops: without an importable torch there is nothing to call
+    # them through, and the package's cubins still load (docs/extensions.md).
+    if registry._bundle.modules and _torch_importable():
         _load_modules(registry)
     return registry
+
+
+def _torch_importable():
+    """Whether this interpreter has torch (imported, or importable), without importing it."""
+    import importlib.util
+
+    return "torch" in _sys.modules or importlib.util.find_spec("torch") is not None
 
 
 def find_bundle(package_or_path):
