@@ -15,6 +15,7 @@
 //! A cache may also have a [`RemoteCache`] behind it, shared by many machines: asked when
 //! the local cache misses, told about every cubin compiled (see [`crate::remote`]).
 
+use prebuilt::untrusted::Unreadable;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -102,7 +103,7 @@ impl BuildCache {
         match std::fs::read(&path) {
             Ok(bytes) => Ok(Some(bytes)),
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(source) => Err(Error::Read { path, source }),
+            Err(source) => Err(Error::Read(Unreadable { path, source })),
         }
     }
 

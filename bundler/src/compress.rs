@@ -40,6 +40,7 @@
 //! ([`Dictionary::digest`]); see [`prebuilt::bundle::read_prefix`]. The numbers on production
 //! cubins come from `cargo bench -p bundler --bench production` and `--bench compression`.
 
+use prebuilt::untrusted::Unreadable;
 use std::borrow::Cow;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
@@ -163,9 +164,11 @@ impl Corpus for FileCorpus {
     }
     fn read(&self, index: usize) -> Result<Cow<'_, [u8]>, Error> {
         let (key, path) = &self.entries[index];
-        let bytes = std::fs::read(path).map_err(|source| Error::Read {
-            path: path.clone(),
-            source,
+        let bytes = std::fs::read(path).map_err(|source| {
+            Error::Read(Unreadable {
+                path: path.clone(),
+                source,
+            })
         })?;
         if self.verified {
             let actual = prebuilt::key::sha256_hex(&bytes);
@@ -1036,7 +1039,7 @@ mod tests {
         let files = FileCorpus::new(vec![("a".repeat(64), missing.clone())]);
         let error = plan_corpus(&files, &Settings::exact(3, 1), &|_, _, _| {}).unwrap_err();
         assert!(
-            matches!(&error, Error::Read { path, .. } if *path == missing),
+            matches!(&error, Error::Read(Unreadable { path, .. }) if *path == missing),
             "{error}"
         );
     }

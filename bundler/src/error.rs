@@ -10,14 +10,8 @@ use crate::{compiler, include, toolchain, torch};
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A file could not be read.
-    #[error("cannot read `{}`", path.display())]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Read(#[from] prebuilt::untrusted::Unreadable),
     /// A file read twice in one run (a build cache entry the writer streams) is no longer
     /// what it was when it was validated.
     #[error(

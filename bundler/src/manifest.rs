@@ -35,6 +35,7 @@
 //! Paths are relative to the manifest's directory. The field reference is in
 //! `docs/manifest.md`.
 
+use prebuilt::untrusted::Unreadable;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -305,9 +306,11 @@ struct ManifestFile {
 impl Manifest {
     /// Reads and checks the manifest at `path`.
     pub fn load(path: &Path) -> Result<Manifest, Error> {
-        let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
-            path: path.to_owned(),
-            source,
+        let text = std::fs::read_to_string(path).map_err(|source| {
+            Error::Read(Unreadable {
+                path: path.to_owned(),
+                source,
+            })
         })?;
         Self::parse(path, &text)
     }

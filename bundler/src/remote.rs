@@ -39,6 +39,7 @@
 //!
 //! The bearer token, if the server wants one, is `KWHEEL_STORE_TOKEN`.
 
+use prebuilt::untrusted::Unreadable;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -132,7 +133,7 @@ pub fn resolve_remote_cache(
         Err(error) if error.kind() == std::io::ErrorKind::NotFound && config.is_none() => {
             return Ok(None)
         }
-        Err(source) => return Err(Error::Read { path, source }),
+        Err(source) => return Err(Error::Read(Unreadable { path, source })),
     };
     let file: ConfigFile = toml::from_str(&text).map_err(|error| Error::Config {
         path: path.clone(),

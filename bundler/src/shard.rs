@@ -33,6 +33,7 @@
 //! kind, toolkit release and version); then it writes the bundle with the same writer a
 //! single build uses.
 
+use prebuilt::untrusted::Unreadable;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -227,10 +228,10 @@ pub fn merge_shards(
                     ));
                 }
                 let cubin = read_regular_file(&path, variant.artifact.size).map_err(|source| {
-                    Error::Read {
+                    Error::Read(Unreadable {
                         path: path.clone(),
                         source,
-                    }
+                    })
                 })?;
                 let actual = sha256_hex(&cubin);
                 if actual != variant.artifact.digest || cubin.len() as u64 != variant.artifact.size
@@ -314,11 +315,12 @@ pub fn merge_shards(
                     ),
                 ));
             }
-            let bytes =
-                read_regular_file(&path, MAX_SOURCE_SIZE).map_err(|source| Error::Read {
+            let bytes = read_regular_file(&path, MAX_SOURCE_SIZE).map_err(|source| {
+                Error::Read(Unreadable {
                     path: path.clone(),
                     source,
-                })?;
+                })
+            })?;
             if sha256_hex(&bytes) != *digest {
                 return Err(merge_error(
                     Some(first_dir),

@@ -7,6 +7,7 @@
 //! | [`CUBINS_DIR`] | `cubins/xx/<digest>.cubin`, raw |
 //! | [`check_shard_file`] | every name, digest, path and size in a `shard.json`, as a merge reads it |
 
+use prebuilt::untrusted::Unreadable;
 use std::collections::BTreeSet;
 use std::fmt;
 use std::path::Path;
@@ -140,9 +141,11 @@ pub(crate) fn shard_files(dir: &Path) -> Result<Vec<String>, Error> {
 
 pub(crate) fn read_shard(dir: &Path) -> Result<ShardFile, Error> {
     let path = dir.join(SHARD_FILE);
-    let bytes = read_regular_file(&path, MAX_INDEX_SIZE).map_err(|source| Error::Read {
-        path: path.clone(),
-        source,
+    let bytes = read_regular_file(&path, MAX_INDEX_SIZE).map_err(|source| {
+        Error::Read(Unreadable {
+            path: path.clone(),
+            source,
+        })
     })?;
     parse_shard(dir, &bytes)
 }

@@ -35,6 +35,7 @@
 //! files included) or a bundle (shard) by the reading above; any other is left as it is, with
 //! a warning naming it and the entry kwheel did not write.
 
+use prebuilt::untrusted::Unreadable;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -242,9 +243,11 @@ fn write_modules(
         for variant in &mut record.variants {
             let artifact = &mut variant.artifact;
             let file = &modules[&artifact.digest];
-            let bytes = std::fs::read(file).map_err(|source| Error::Read {
-                path: file.clone(),
-                source,
+            let bytes = std::fs::read(file).map_err(|source| {
+                Error::Read(Unreadable {
+                    path: file.clone(),
+                    source,
+                })
             })?;
             let actual = sha256_hex(&bytes);
             if actual != artifact.digest {
@@ -268,10 +271,7 @@ fn write_modules(
 /// shard both carry them.
 pub(crate) fn write_sources(root: &Path, sources: &BTreeMap<String, PathBuf>) -> Result<(), Error> {
     for (stable, path) in sources {
-        let bytes = std::fs::read(path).map_err(|source| Error::Read {
-            path: path.clone(),
-            source,
-        })?;
+        let bytes = std::fs::read(path).map_err(Unreadable::at(path))?;
         crate::cache::write_atomically(&root.join(SOURCES_DIR).join(stable), &bytes)?;
     }
     Ok(())
@@ -516,10 +516,7 @@ pub fn extract_bundle(bundle: &prebuilt::Bundle, out: &Path) -> Result<Vec<PathB
         for relative in &relatives {
             let path = root.join(relative);
             let size = std::fs::symlink_metadata(&path)
-                .map_err(|source| Error::Read {
-                    path: path.clone(),
-                    source,
-                })?
+                .map_err(Unreadable::at(&path))?
                 .len();
             marker.push_str(&format!("{size} {}\n", relative.display()));
             written.push(out.join(relative));

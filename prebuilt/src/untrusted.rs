@@ -14,7 +14,8 @@
 //! for what it is (not a regular file, over a cap, a link out of its folder) is an
 //! [`std::io::Error`] holding a [`RefusedFile`], so callers that report I/O still can, and the
 //! CLI tells it apart from a failure to read ([`is_refusal`]): a refusal is a verification
-//! failure, exit code 4.
+//! failure, exit code 4. [`Unreadable`] is the one failure to read a file that the bundler's and
+//! the release machinery's errors carry.
 //! `docs/security.md` gives the threat model and the caps.
 
 use std::collections::BTreeMap;
@@ -23,6 +24,25 @@ use std::io::Read as _;
 use std::path::{Path, PathBuf};
 
 use crate::index::{Index, KernelRecord, StoredFile};
+
+/// A file that could not be read (or was refused: [`is_refusal`] tells which), with its path.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot read `{}`", path.display())]
+pub struct Unreadable {
+    /// The file.
+    pub path: PathBuf,
+    /// The cause.
+    #[source]
+    pub source: std::io::Error,
+}
+
+impl Unreadable {
+    /// The failure to read `path`, as `map_err` takes it: `.map_err(Unreadable::at(&path))?`.
+    pub fn at(path: &Path) -> impl FnOnce(std::io::Error) -> Unreadable {
+        let path = path.to_owned();
+        move |source| Unreadable { path, source }
+    }
+}
 
 /// Little-endian fields of bytes from outside (a wheel's zip records, a cubin's line table),
 /// each read bounds-checked: `None` where the field runs past the end.

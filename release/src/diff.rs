@@ -11,6 +11,10 @@
 //! | `removed` | only the old release has a variant (the new one has none, or skipped it) |
 //! | `unchanged` | the same key and the same cubin |
 //! | `rebuilt` | another key (the row says why, as `dev explain --against` would), or the same key with other bytes |
+//! | `skipped` | neither release has a variant, and the kernel is in one release only: a new kernel's skipped target, or a removed kernel's |
+//!
+//! A side without a variant where its kernel skips the target carries that skip, with its
+//! kind (`declared`, `unsupported`, `stub`, `failed`).
 //!
 //! For cubins on both sides, the facts each entry asks of the GPU are compared
 //! ([`prebuilt::cubin::EntryResources`]: registers, register cap, stack frame, static shared
@@ -31,7 +35,7 @@ use prebuilt::bundle::INDEX_FILE;
 use prebuilt::coverage::{fleet_coverage, FleetDevice};
 use prebuilt::cubin::{entry_resources, EntryResources};
 use prebuilt::device::DeviceQuery;
-use prebuilt::index::{Index, KernelRecord, Variant};
+use prebuilt::index::{Index, KernelRecord, SkipReason, Variant};
 use prebuilt::lookup::LOOKUP_FILE;
 use prebuilt::parts::PART_FILE;
 use prebuilt::Bundle;
@@ -171,6 +175,9 @@ pub enum Change {
     Rebuilt,
     /// The same key and the same cubin.
     Unchanged,
+    /// No variant on either side, and the kernel (or module) is in one release only: a new
+    /// one's skipped target, or a removed one's.
+    Skipped,
 }
 
 impl fmt::Display for Change {
@@ -180,6 +187,7 @@ impl fmt::Display for Change {
             Change::Removed => "removed",
             Change::Rebuilt => "rebuilt",
             Change::Unchanged => "unchanged",
+            Change::Skipped => "skipped",
         })
     }
 }
@@ -226,6 +234,10 @@ pub struct Row {
     pub old: Option<Side>,
     /// The new variant, if any.
     pub new: Option<Side>,
+    /// Why the old release skips the target, where its kernel does.
+    pub old_skip: Option<SkipReason>,
+    /// Why the new release skips the target, where its kernel does.
+    pub new_skip: Option<SkipReason>,
 }
 
 /// A device of the fleet that loaded a kernel in the old release and loads another target,
@@ -301,9 +313,12 @@ pub fn diff_releases(
                     r.skipped
                         .iter()
                         .find(|s| format!("{}/{}", s.cuda, s.arch) == target)
-                        .map(|s| first_line(&s.reason))
+                        .map(|s| s.why())
                 })
             };
+            let (old_skip, new_skip) = (skip(old_record), skip(new_record));
+            let reason =
+                |skip: &Option<SkipReason>| skip.as_ref().map(|skip| first_line(&skip.to_string()));
             let (old_variant, new_variant) = (
                 find_variant(old_record, &target),
                 find_variant(new_record, &target),
@@ -322,7 +337,7 @@ pub fn diff_releases(
             let mut why = Vec::new();
             let change = match (&old_side, &new_side) {
                 (None, Some(_)) => {
-                    match (old_record, skip(old_record)) {
+                    match (old_record, reason(&old_skip)) {
                         (None, _) => why.push("a new kernel".to_owned()),
                         (_, Some(reason)) => why.push(format!("was skipped: {reason}")),
                         _ => why.push("a new target".to_owned()),
@@ -330,7 +345,7 @@ pub fn diff_releases(
                     Change::Added
                 }
                 (Some(_), None) => {
-                    match (new_record, skip(new_record)) {
+                    match (new_record, reason(&new_skip)) {
                         (None, _) => why.push("the kernel is gone".to_owned()),
                         (_, Some(reason)) => why.push(format!("now skipped: {reason}")),
                         _ => why.push("the target is no longer built".to_owned()),
@@ -351,9 +366,19 @@ pub fn diff_releases(
                         Change::Rebuilt
                     }
                 }
+                // A target of a kernel that one release has and skips there.
+                (None, None) if old_record.is_none() || new_record.is_none() => {
+                    let (whose, skip) = match (&old_skip, &new_skip) {
+                        (None, Some(skip)) => ("a new kernel", skip),
+                        (Some(skip), None) => ("the kernel is gone", skip),
+                        _ => continue,
+                    };
+                    why.push(skipped_why(whose, skip));
+                    Change::Skipped
+                }
                 // Skipped on both sides: no row unless the reason changed.
                 (None, None) => {
-                    let (old_reason, new_reason) = (skip(old_record), skip(new_record));
+                    let (old_reason, new_reason) = (reason(&old_skip), reason(&new_skip));
                     if old_reason == new_reason {
                         continue;
                     }
@@ -379,6 +404,8 @@ pub fn diff_releases(
                     && requirements_gained(old_record, new_record),
                 old: old_side,
                 new: new_side,
+                old_skip,
+                new_skip,
             };
             compare_resources(&mut row);
             rows.push(row);
@@ -569,6 +596,16 @@ fn first_line(text: &str) -> String {
     text.lines().next().unwrap_or_default().to_owned()
 }
 
+/// The why of a [`Change::Skipped`] row: whose target it is (`a new kernel`) and the skip,
+/// with its kind (`a new kernel, skipped (declared): the kernel targets only sm_90a`).
+fn skipped_why(whose: &str, skip: &SkipReason) -> String {
+    format!(
+        "{whose}, skipped ({}): {}",
+        skip.kind(),
+        first_line(skip.words())
+    )
+}
+
 impl ReleaseDiff {
     /// The rows that are not `unchanged`.
     pub fn changed(&self) -> impl Iterator<Item = &Row> {
@@ -591,6 +628,7 @@ impl fmt::Display for ReleaseDiff {
             Change::Removed,
             Change::Rebuilt,
             Change::Unchanged,
+            Change::Skipped,
         ]
         .iter()
         .map(|change| format!("{} {change}", counts.get(change).copied().unwrap_or(0)))

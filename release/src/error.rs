@@ -49,14 +49,8 @@ impl StaleKernel {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A file could not be read.
-    #[error("cannot read `{}`", path.display())]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Read(#[from] prebuilt::untrusted::Unreadable),
     /// A file could not be written.
     #[error("cannot write `{}`", path.display())]
     Write {

@@ -29,6 +29,7 @@
 //! ship for. The audit of both policies still runs, so a host ELF slipped into the package
 //! fails the build (see `docs/wheel-format.md`).
 
+use prebuilt::untrusted::Unreadable;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
@@ -656,10 +657,7 @@ pub(crate) fn write_verified_wheel(
         }
     };
     let size = std::fs::metadata(&path)
-        .map_err(|source| Error::Read {
-            path: path.clone(),
-            source,
-        })?
+        .map_err(Unreadable::at(&path))?
         .len();
     Ok(BuiltWheel {
         path,

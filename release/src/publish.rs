@@ -19,6 +19,7 @@
 //! the filter names, and an index that still lists every variant with its digest and records
 //! the store: publish the full bundle before releasing the slim wheel.
 
+use prebuilt::untrusted::Unreadable;
 use std::collections::BTreeSet;
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -261,9 +262,11 @@ pub fn publish(options: &PublishOptions) -> Result<PublishReport, Error> {
         }
     }
     for wheel in &options.wheels {
-        let bytes = std::fs::read(wheel).map_err(|source| Error::Read {
-            path: wheel.clone(),
-            source,
+        let bytes = std::fs::read(wheel).map_err(|source| {
+            Error::Read(Unreadable {
+                path: wheel.clone(),
+                source,
+            })
         })?;
         let digest = sha256_hex(&bytes);
         if !seen.insert(digest.clone()) {

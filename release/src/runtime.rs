@@ -32,6 +32,7 @@
 //! | `${XDG_CACHE_HOME}/kwheel/zig/ziglang/zig`, then `~/.cache/kwheel/zig/ziglang/zig` | the file exists (`ci/setup-wheel` puts `ziglang` there) |
 //! | `python3 -m ziglang`, then `zig` on `PATH` | otherwise, as `cargo zigbuild` searches (`pip install ziglang`) |
 
+use prebuilt::untrusted::Unreadable;
 use std::ffi::OsString;
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -591,13 +592,13 @@ fn package_files(dir: &Path) -> Result<Vec<WheelFile>, Error> {
         .map(|(relative, path)| WheelFile::from_disk(format!("{PACKAGE_DIR}/{relative}"), path))
         .collect::<Result<Vec<_>, _>>()?;
     if !files.iter().any(|file| file.path == "kwheel/__init__.py") {
-        return Err(Error::Read {
+        return Err(Error::Read(Unreadable {
             path: dir.join("__init__.py"),
             source: std::io::Error::new(
                 std::io::ErrorKind::NotFound,
                 "the kwheel package has no __init__.py",
             ),
-        });
+        }));
     }
     Ok(files)
 }

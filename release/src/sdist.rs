@@ -33,6 +33,7 @@
 //! ([`crate::Error::OutsideRoot`]). Modes are normalised as pip-built wheels do: 0644, 0755
 //! for a file its owner may execute; the sdist itself is written 0644.
 
+use prebuilt::untrusted::Unreadable;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::io::Write as _;
@@ -158,13 +159,17 @@ pub fn build_sdist(options: &SdistOptions) -> Result<Sdist, Error> {
         .ok_or_else(|| refuse("the manifest's file name is not valid UTF-8".to_owned()))?;
     files.insert(manifest_name, manifest.path.clone());
     files.insert(PYPROJECT.to_owned(), pyproject);
-    for entry in std::fs::read_dir(&root).map_err(|source| Error::Read {
-        path: root.clone(),
-        source,
-    })? {
-        let entry = entry.map_err(|source| Error::Read {
+    for entry in std::fs::read_dir(&root).map_err(|source| {
+        Error::Read(Unreadable {
             path: root.clone(),
             source,
+        })
+    })? {
+        let entry = entry.map_err(|source| {
+            Error::Read(Unreadable {
+                path: root.clone(),
+                source,
+            })
         })?;
         let name = entry.file_name().to_string_lossy().into_owned();
         let upper = name.to_ascii_uppercase();
@@ -236,9 +241,11 @@ pub fn build_sdist(options: &SdistOptions) -> Result<Sdist, Error> {
         (metadata.to_text().into_bytes(), false),
     );
     for (relative, path) in &files {
-        let bytes = std::fs::read(path).map_err(|source| Error::Read {
-            path: path.clone(),
-            source,
+        let bytes = std::fs::read(path).map_err(|source| {
+            Error::Read(Unreadable {
+                path: path.clone(),
+                source,
+            })
         })?;
         entries.insert(relative.clone(), (bytes, is_executable(path)));
     }
@@ -282,22 +289,28 @@ pub fn build_sdist(options: &SdistOptions) -> Result<Sdist, Error> {
 /// Opens the sdist at `path` only if it is a regular file itself: a symbolic link, a FIFO
 /// (whose open would block) or a device (`/dev/zero`, endless) is refused before any read.
 fn open_sdist(path: &Path) -> Result<std::fs::File, Error> {
-    let refuse = |reason: &str| Error::Read {
-        path: path.to_owned(),
-        source: std::io::Error::new(std::io::ErrorKind::InvalidInput, reason.to_owned()),
+    let refuse = |reason: &str| {
+        Error::Read(Unreadable {
+            path: path.to_owned(),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, reason.to_owned()),
+        })
     };
-    let metadata = std::fs::symlink_metadata(path).map_err(|source| Error::Read {
-        path: path.to_owned(),
-        source,
+    let metadata = std::fs::symlink_metadata(path).map_err(|source| {
+        Error::Read(Unreadable {
+            path: path.to_owned(),
+            source,
+        })
     })?;
     if metadata.file_type().is_symlink() {
         return Err(refuse(
             "is a symbolic link: give the sdist itself, not a link to it",
         ));
     }
-    prebuilt::untrusted::open_regular_file(path).map_err(|source| Error::Read {
-        path: path.to_owned(),
-        source,
+    prebuilt::untrusted::open_regular_file(path).map_err(|source| {
+        Error::Read(Unreadable {
+            path: path.to_owned(),
+            source,
+        })
     })
 }
 
@@ -401,13 +414,13 @@ pub fn verify_sdist(path: &Path) -> Result<Sdist, Error> {
     let file = open_sdist(path)?;
     let size = file.metadata().map_or(0, |metadata| metadata.len());
     if size > MAX_SDIST_SIZE {
-        return Err(Error::Read {
+        return Err(Error::Read(Unreadable {
             path: path.to_owned(),
             source: std::io::Error::new(
                 std::io::ErrorKind::InvalidData,
                 format!("{size} bytes, over the {MAX_SDIST_SIZE}-byte cap on an sdist"),
             ),
-        });
+        }));
     }
     let scratch = tempfile::tempdir().map_err(|source| Error::Write {
         path: std::env::temp_dir(),

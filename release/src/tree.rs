@@ -2,6 +2,7 @@
 //! directory (symlinks followed, a loop refused), each with its `/`-separated path relative to
 //! that directory, sorted by that path so archives come out in the same order on every machine.
 
+use prebuilt::untrusted::Unreadable;
 use std::path::{Path, PathBuf};
 
 use crate::Error;
@@ -19,9 +20,11 @@ pub(crate) fn files_under(
         .into_iter()
         .filter_entry(|entry| entry.depth() == 0 || keep(&entry.file_name().to_string_lossy()));
     for entry in walk {
-        let entry = entry.map_err(|error| Error::Read {
-            path: error.path().unwrap_or(dir).to_owned(),
-            source: error.into(),
+        let entry = entry.map_err(|error| {
+            Error::Read(Unreadable {
+                path: error.path().unwrap_or(dir).to_owned(),
+                source: error.into(),
+            })
         })?;
         if entry.file_type().is_dir() {
             continue;
@@ -92,7 +95,7 @@ mod tests {
         let missing = dir.path().join("missing");
         let error = files_under(&missing, |_| true).unwrap_err();
         assert!(
-            matches!(&error, Error::Read { path, .. } if path == &missing),
+            matches!(&error, Error::Read(Unreadable { path, .. }) if path == &missing),
             "{error:?}"
         );
         // A link that leads back up is a loop, refused rather than followed for ever.
@@ -100,7 +103,7 @@ mod tests {
         std::os::unix::fs::symlink(dir.path(), dir.path().join("tree/up")).unwrap();
         let error = files_under(dir.path(), |_| true).unwrap_err();
         assert!(
-            matches!(&error, Error::Read { path, .. } if path == &dir.path().join("tree/up")),
+            matches!(&error, Error::Read(Unreadable { path, .. }) if path == &dir.path().join("tree/up")),
             "{error:?}"
         );
     }

@@ -10,7 +10,13 @@ use super::*;
 
 /// Runs `kwheel args` and renders what a user sees: the command, its exit code, its output.
 fn session(args: &[&str]) -> String {
-    let output = kwheel().args(args).output().unwrap();
+    transcript(kwheel(), args)
+}
+
+/// Runs `command` (a `kwheel` with its folder and environment) with `args`, rendered as
+/// [`session`] renders it.
+fn transcript(mut command: Command, args: &[&str]) -> String {
+    let output = command.args(args).output().unwrap();
     let code = output.status.code().unwrap_or(-1);
     let text = text(&output);
     assert!(!text.contains("panicked"), "{text}");
@@ -266,6 +272,33 @@ fn shards_merged_fetched_extracted_published_and_an_sdist() {
         ]);
         published.bind(|| insta::assert_snapshot!(name, text));
     }
+    // A copy of the bundle that names the store and holds no artifacts: `fetch` downloads what
+    // an H200 loads into an empty cache, then finds it there; a store that lost them fails it.
+    let slim = format!("{root}/slim");
+    copy_tree(Path::new(&merged_dir), Path::new(&slim), &["artifacts"]);
+    let index_path = Path::new(&slim).join("index.json");
+    let mut index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&index_path).unwrap()).unwrap();
+    index["store"] = store.url().into();
+    std::fs::write(&index_path, serde_json::to_vec_pretty(&index).unwrap()).unwrap();
+    let fetch = |cache: &str| {
+        let mut command = kwheel();
+        command.env("KWHEEL_ARTIFACT_CACHE", format!("{root}/{cache}"));
+        transcript(
+            command,
+            &["fetch", &slim, "--device", "H200", "--cuda", "13.0"],
+        )
+    };
+    for name in [
+        "fetch_downloads_from_the_store",
+        "fetch_finds_the_download_cached",
+    ] {
+        let text = fetch("artifact-cache");
+        published.bind(|| insta::assert_snapshot!(name, text));
+    }
+    store.fail_always(Some(testkit::loopback_store::Fault::Status(404)));
+    let text = fetch("another-artifact-cache");
+    published.bind(|| insta::assert_snapshot!("fetch_from_a_store_without_the_artifacts", text));
     let sdist = session(&[
         "dev",
         "build-sdist",
@@ -592,6 +625,131 @@ fn refusals_of_bad_input() {
     settings.bind(|| insta::assert_snapshot!("release_check_with_failed_gates_json", json));
 }
 
+/// Bundles the default library's kernels `only` (comma-separated) into `out`, from the warm
+/// build cache.
+fn bundle_only(only: &str, out: &str) {
+    let built = session(&[
+        "dev",
+        "bundle-kernels",
+        "--quiet",
+        "--only",
+        only,
+        "--out",
+        out,
+    ]);
+    assert!(built.contains("exit code: 0"), "{built}");
+}
+
+/// A stand-in for sccache's client on a farm of one server (`127.0.0.1:10501`): it runs each
+/// compile it is handed here and counts it, in `$SCCACHE_DIR/compiles`, as a stage of that
+/// server; `--dist-status` names a scheduler, `--show-stats` gives the counts as sccache's JSON.
+const FARM_OF_ONE: &str = r#"#!/bin/sh
+count="$SCCACHE_DIR/compiles"
+case "$1" in
+--dist-status) echo '{"SchedulerStatus":["http://127.0.0.1:10600/",{"num_servers":1}]}' ;;
+--show-stats)
+  n=$(cat "$count" 2>/dev/null || echo 0)
+  printf '{"stats":{"compilations":%s,"non_cacheable_compilations":0,"dist_errors":0,"dist_compiles":{"127.0.0.1:10501":%s},"cache_hits":{"counts":{}}}}\n' "$n" "$n" ;;
+*)
+  echo $(( $(cat "$count" 2>/dev/null || echo 0) + 1 )) > "$count"
+  exec "$@" ;;
+esac
+"#;
+
+/// `dev bundle-kernels` of one kernel through a build farm (an sccache stand-in,
+/// [`FARM_OF_ONE`]) and a remote cache (the loopback store) from an empty build cache (a farm
+/// build uploads nothing), from another empty one with the remote cache only (it uploads),
+/// and from a third (the remote cache serves every cubin): the farm's lines and the remote
+/// cache's, as a user reads them.
+#[test]
+fn bundle_kernels_through_a_farm_and_a_remote_cache() {
+    let Some(dir) = folder_with_toolchains() else {
+        return;
+    };
+    let root = dir.path();
+    std::fs::create_dir_all(root.join("library")).unwrap();
+    std::fs::write(
+        root.join("library/scale.cu"),
+        "extern \"C\" __global__ void scale(float* out, int n) {\n  if (threadIdx.x < n) \
+         out[threadIdx.x] *= 2.0f;\n}\n",
+    )
+    .unwrap();
+    std::fs::write(
+        root.join("library/kernels.toml"),
+        "[library]\npackage = \"farmed\"\narchs = [\"sm_90a\", \"sm_100a\", \"compute_90\"]\n\
+         cuda-builds = [\"cu130\"]\ntorch = \"2.13.*\"\n\n[kernels.scale]\nsources = \
+         [\"scale.cu\"]\nentries = [\"scale\"]\n",
+    )
+    .unwrap();
+    let sccache = root.join("sccache");
+    std::fs::write(&sccache, FARM_OF_ONE).unwrap();
+    std::fs::set_permissions(
+        &sccache,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    std::fs::create_dir(root.join("farm-state")).unwrap();
+    let store = testkit::loopback_store::LoopbackStore::start();
+    let build = |cache: &str, farm: bool| {
+        let mut command = kwheel();
+        command
+            .current_dir(root)
+            .env_remove("RUST_LOG")
+            .env_remove("KWHEEL_REMOTE_CACHE")
+            .env("XDG_CONFIG_HOME", root.join("no-config"))
+            .env("KWHEEL_SCCACHE", &sccache)
+            .env("SCCACHE_DIR", root.join("farm-state"));
+        let url = store.url();
+        let mut args = vec![
+            "dev",
+            "bundle-kernels",
+            "--quiet",
+            "--manifest",
+            "library/kernels.toml",
+            "--out",
+            "bundle",
+            "--cache-dir",
+            cache,
+            "--remote-cache",
+        ];
+        args.push(&url);
+        if farm {
+            args.push("--farm");
+        }
+        transcript(command, &args)
+    };
+    let mut settings = settings();
+    settings.add_filter(&testkit::literal_pattern(&store.url()), "[STORE]");
+    let farmed = build("cache", true);
+    settings.bind(|| insta::assert_snapshot!("bundle_kernels_through_a_farm", farmed));
+    let remote = build("another-cache", false);
+    settings.bind(|| insta::assert_snapshot!("bundle_kernels_into_a_remote_cache", remote));
+    let served = build("a-third-cache", false);
+    settings.bind(|| insta::assert_snapshot!("bundle_kernels_from_a_remote_cache", served));
+}
+
+/// `release diff` of a bundle against one that adds a kernel the manifest keeps to one arch,
+/// both ways and as `--json`: the new kernel's skipped targets once read as `unchanged`; they
+/// are `skipped`, with the kind of the skip.
+#[test]
+fn release_diff_of_a_new_kernels_skipped_targets_says_skipped_not_unchanged() {
+    let Some(dir) = folder_with_toolchains() else {
+        return;
+    };
+    let settings = settings();
+    let swiglu = dir.path().join("swiglu").display().to_string();
+    let with_wgmma = dir.path().join("with-wgmma").display().to_string();
+    bundle_only("swiglu", &swiglu);
+    bundle_only("swiglu,wgmma_matmul_bf16", &with_wgmma);
+    let added = session(&["release", "diff", &swiglu, &with_wgmma]);
+    settings.bind(|| insta::assert_snapshot!("release_diff_of_a_new_kernel_with_skips", added));
+    let removed = session(&["release", "diff", &with_wgmma, &swiglu]);
+    settings
+        .bind(|| insta::assert_snapshot!("release_diff_of_a_removed_kernel_with_skips", removed));
+    let json = session(&["release", "diff", &swiglu, &with_wgmma, "--json"]);
+    settings.bind(|| insta::assert_snapshot!("release_diff_of_a_new_kernel_with_skips_json", json));
+}
+
 /// What a user reads from commands on bundles of the default library's kernels (from the
 /// warm build cache) when something is off: `dev coverage`'s refusals, `jit import` of a pack
 /// that does not fit the bundle, `release diff` of two bundles, `dev build-wheel`'s hint on a
@@ -611,18 +769,8 @@ fn refusals_and_reports_on_a_bundle() {
     // Bundles of `swiglu`, and of `swiglu` and `sigmoid_gate`, from the warm build cache.
     let swiglu = root.join("swiglu").display().to_string();
     let both = root.join("both").display().to_string();
-    for (only, out) in [("swiglu", &swiglu), ("swiglu,sigmoid_gate", &both)] {
-        let built = session(&[
-            "dev",
-            "bundle-kernels",
-            "--quiet",
-            "--only",
-            only,
-            "--out",
-            out,
-        ]);
-        assert!(built.contains("exit code: 0"), "{built}");
-    }
+    bundle_only("swiglu", &swiglu);
+    bundle_only("swiglu,sigmoid_gate", &both);
     let bundle = swiglu.clone();
 
     // `dev coverage`: a CUDA build the bundle lacks, a device nothing loads on, a fleet with

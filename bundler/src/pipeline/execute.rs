@@ -4,6 +4,7 @@
 
 use super::plan::BuildPlan;
 use super::*;
+use prebuilt::untrusted::Unreadable;
 
 use crate::error::KeptFailure;
 use crate::progress::Event;
@@ -502,9 +503,11 @@ fn fetch_or_compile(
     }
     let (cubin, symbols) = match &job.work {
         Work::Precompiled { path } => {
-            let cubin = std::fs::read(path).map_err(|source| Error::Read {
-                path: path.clone(),
-                source,
+            let cubin = std::fs::read(path).map_err(|source| {
+                Error::Read(Unreadable {
+                    path: path.clone(),
+                    source,
+                })
             })?;
             (cubin, BTreeMap::new())
         }
@@ -750,9 +753,9 @@ mod tests {
         assert!(is_lasting_failure(&failed("k.cu(3): error: nope\n")));
         // A compiler killed mid-way prints no error.
         assert!(!is_lasting_failure(&failed("")));
-        assert!(!is_lasting_failure(&Error::Read {
+        assert!(!is_lasting_failure(&Error::Read(Unreadable {
             path: "k.cu".into(),
             source: std::io::Error::other("gone"),
-        }));
+        })));
     }
 }

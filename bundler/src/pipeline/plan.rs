@@ -4,6 +4,7 @@
 use super::outcome::Target;
 use super::*;
 use prebuilt::compile::{precompiled_record, SourceTree};
+use prebuilt::untrusted::Unreadable;
 
 /// What a build does, decided before anything compiles: the kernels asked for with their key
 /// inputs, one job per target to compile or take from a cache, and the targets skipped with
@@ -251,7 +252,8 @@ pub fn plan_kernel(
         inputs.targets.clear();
         for cubin in &spec.cubins {
             let path = manifest.root.join(&cubin.path);
-            let bytes = std::fs::read(&path).map_err(|source| Error::Read { path, source })?;
+            let bytes =
+                std::fs::read(&path).map_err(|source| Error::Read(Unreadable { path, source }))?;
             inputs.files.insert(cubin.path.clone(), sha256_hex(&bytes));
         }
         return Ok(PlannedKernel {
@@ -268,9 +270,11 @@ pub fn plan_kernel(
     let source = manifest.root.join(&spec.sources[0]);
     // Before the scan: `<torch/extension.h>` would fail there on `Python.h`, naming nothing
     // the maintainer can act on.
-    let text = std::fs::read_to_string(&source).map_err(|error| Error::Read {
-        path: source.clone(),
-        source: error,
+    let text = std::fs::read_to_string(&source).map_err(|error| {
+        Error::Read(Unreadable {
+            path: source.clone(),
+            source: error,
+        })
     })?;
     if let Some(what) = crate::extension::host_code_in(&text) {
         return Err(Error::HostCodeInKernel {

@@ -2,6 +2,7 @@
 //! swap that puts a finished bundle in its place whole.
 
 use super::*;
+use prebuilt::untrusted::Unreadable;
 
 /// Fills a new directory through `fill` in a hidden sibling of `out`, then swaps it into
 /// place (see the module docs): `out` must be absent, empty, or hold exactly what kwheel
@@ -239,10 +240,10 @@ fn check_replaceable(out: &Path, replaceable: Replaceable) -> Result<(), Error> 
         Ok(metadata) => metadata,
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(source) => {
-            return Err(Error::Read {
+            return Err(Error::Read(Unreadable {
                 path: out.to_owned(),
                 source,
-            })
+            }))
         }
     };
     if metadata.file_type().is_symlink() {
@@ -253,9 +254,11 @@ fn check_replaceable(out: &Path, replaceable: Replaceable) -> Result<(), Error> 
     if !metadata.is_dir() {
         return Err(refuse("it is not a folder".into()));
     }
-    let read_error = |source| Error::Read {
-        path: out.to_owned(),
-        source,
+    let read_error = |source| {
+        Error::Read(Unreadable {
+            path: out.to_owned(),
+            source,
+        })
     };
     let mut names = std::fs::read_dir(out)
         .map_err(read_error)?

@@ -1,5 +1,6 @@
 //! The extension modules of two releases, module by module and target (`cu130/x86_64`) by
-//! target: added, removed, rebuilt (with the key inputs that changed) or unchanged.
+//! target: added, removed, rebuilt (with the key inputs that changed), unchanged, or skipped
+//! (a new or removed module's skipped target).
 
 use std::collections::BTreeSet;
 
@@ -124,6 +125,15 @@ pub(super) fn module_rows(old: &Index, new: &Index) -> Vec<ModuleRow> {
                         }
                     }
                     Change::Rebuilt
+                }
+                // A target of a module that one release has and skips there.
+                (None, None) if old_record.is_none() || new_record.is_none() => {
+                    why.push(match (skip(old_record), skip(new_record)) {
+                        (None, Some(reason)) => format!("a new module, skipped: {reason}"),
+                        (Some(reason), None) => format!("the module is gone, skipped: {reason}"),
+                        _ => continue,
+                    });
+                    Change::Skipped
                 }
                 (None, None) => {
                     let (before, after) = (skip(old_record), skip(new_record));
@@ -268,6 +278,47 @@ mod tests {
             variants,
             skipped: Vec::new(),
         }
+    }
+
+    /// A module one release has and skips on a target once read as `unchanged` there.
+    #[test]
+    fn a_new_or_removed_modules_skipped_target_is_skipped_not_unchanged() {
+        let mut skipping = record(&[], vec![variant("cu130", "k1", "d1")]);
+        skipping.skipped.push(ModuleSkip {
+            cuda: "cu129".parse().unwrap(),
+            cpu: "x86_64".into(),
+            reason: "no nvcc for cu129\nmore".into(),
+        });
+        let (without, with) = (index(Vec::new()), index(vec![("_new", skipping)]));
+        let rows = |old: &Index, new: &Index| -> Vec<(String, Change, String)> {
+            module_rows(old, new)
+                .into_iter()
+                .map(|row| (row.target, row.change, row.why.join("; ")))
+                .collect()
+        };
+        let row = |target: &str, change, why: &str| (target.to_owned(), change, why.to_owned());
+        assert_eq!(
+            rows(&without, &with),
+            [
+                row(
+                    "cu129/x86_64",
+                    Change::Skipped,
+                    "a new module, skipped: no nvcc for cu129"
+                ),
+                row("cu130/x86_64", Change::Added, "a new module"),
+            ]
+        );
+        assert_eq!(
+            rows(&with, &without),
+            [
+                row(
+                    "cu129/x86_64",
+                    Change::Skipped,
+                    "the module is gone, skipped: no nvcc for cu129"
+                ),
+                row("cu130/x86_64", Change::Removed, "the module is gone"),
+            ]
+        );
     }
 
     #[test]

@@ -13,6 +13,7 @@
 //! wheel folder) changes nothing that is used. Tests prove it through [`after_check`], which
 //! runs between the check and the use.
 
+use prebuilt::untrusted::Unreadable;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -116,9 +117,11 @@ impl VerifiedWheel {
 }
 
 fn open_wheel(path: &Path, keep_parts: bool) -> Result<VerifiedWheel, Error> {
-    let bytes = read_wheel_file(path, MAX_WHEEL_SIZE).map_err(|source| Error::Read {
-        path: path.to_owned(),
-        source,
+    let bytes = read_wheel_file(path, MAX_WHEEL_SIZE).map_err(|source| {
+        Error::Read(Unreadable {
+            path: path.to_owned(),
+            source,
+        })
     })?;
     let (report, files, parts) = verify_contents(path, &bytes, Reading::Main { keep_parts });
     drop(bytes);

@@ -37,6 +37,7 @@ mod dist_info;
 mod filename;
 pub mod parts;
 
+use prebuilt::untrusted::Unreadable;
 use std::io::{BufWriter, Write as _};
 use std::path::{Path, PathBuf};
 
@@ -113,9 +114,11 @@ impl WheelFile {
         disk: impl Into<PathBuf>,
     ) -> Result<WheelFile, Error> {
         let disk = disk.into();
-        let metadata = std::fs::metadata(&disk).map_err(|source| Error::Read {
-            path: disk.clone(),
-            source,
+        let metadata = std::fs::metadata(&disk).map_err(|source| {
+            Error::Read(Unreadable {
+                path: disk.clone(),
+                source,
+            })
         })?;
         Ok(WheelFile {
             path: path.into(),
@@ -127,14 +130,12 @@ impl WheelFile {
     fn read(&self) -> Result<std::borrow::Cow<'_, [u8]>, Error> {
         match &self.contents {
             Contents::Bytes(bytes) => Ok(bytes.into()),
-            Contents::Disk(path) => {
-                std::fs::read(path)
-                    .map(Into::into)
-                    .map_err(|source| Error::Read {
-                        path: path.clone(),
-                        source,
-                    })
-            }
+            Contents::Disk(path) => std::fs::read(path).map(Into::into).map_err(|source| {
+                Error::Read(Unreadable {
+                    path: path.clone(),
+                    source,
+                })
+            }),
         }
     }
 
@@ -409,9 +410,11 @@ pub fn warm_pack_files(
 /// folder's name (`af3_kernels-0.1.0.dist-info`).
 pub fn unpack_dist_info(wheel: &Path, into: &Path) -> Result<String, Error> {
     use std::io::Read as _;
-    let read_error = |source| Error::Read {
-        path: wheel.to_owned(),
-        source,
+    let read_error = |source| {
+        Error::Read(Unreadable {
+            path: wheel.to_owned(),
+            source,
+        })
     };
     let name = wheel.file_name().unwrap_or_default().to_string_lossy();
     let dist_info = WheelFilename::parse(&name)?.dist_info();

@@ -17,6 +17,7 @@
 //! Each wheel of the set is written by [`super::write_wheel`], so it is byte-identical on a
 //! rebuild; the assignment reads only the index and the files' sizes.
 
+use prebuilt::untrusted::Unreadable;
 use std::collections::{BTreeMap, BTreeSet};
 
 use prebuilt::bundle::{artifact_path, dictionary_path, ARTIFACTS_DIR, DICTIONARIES_DIR};
@@ -385,9 +386,11 @@ fn file_size(file: &WheelFile) -> Result<u64, Error> {
         Contents::Bytes(bytes) => Ok(bytes.len() as u64),
         Contents::Disk(path) => std::fs::metadata(path)
             .map(|metadata| metadata.len())
-            .map_err(|source| Error::Read {
-                path: path.clone(),
-                source,
+            .map_err(|source| {
+                Error::Read(Unreadable {
+                    path: path.clone(),
+                    source,
+                })
             }),
     }
 }

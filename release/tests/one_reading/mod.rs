@@ -4,6 +4,7 @@
 //! `_prebuilt/` names climb out with `..` or are absolute, and show that nothing is written
 //! outside the command's own folder and that what is used is what was verified.
 
+use prebuilt::untrusted::Unreadable;
 use release::diff::{diff_releases, Release};
 use release::verify::{after_check, AfterCheck, VerifiedWheel};
 
@@ -197,7 +198,7 @@ fn a_wheel_that_is_a_link_or_a_fifo_is_refused_without_being_read() {
         (&fifo, "not a regular file"),
     ] {
         let error = verify_wheel(path).unwrap_err();
-        let Error::Read { source, .. } = &error else {
+        let Error::Read(Unreadable { source, .. }) = &error else {
             panic!("{error:?}");
         };
         assert!(prebuilt::untrusted::is_refusal(source), "{error:?}");
