@@ -11,10 +11,15 @@
 //! | `KWHEEL_JIT_LOCK_TIMEOUT` | seconds the JIT waits for another process compiling the same key ([`crate::jit`]) |
 //! | `KWHEEL_NVRTC`, `KWHEEL_SITE_PACKAGES` | where the JIT looks for NVRTC and toolchain wheels |
 //! | `KWHEEL_STORE_TOKEN` | the bearer token sent to stores |
+//! | `CUDA_VISIBLE_DEVICES` | which NVML devices are the process's CUDA ordinals, as torch reads it ([`crate::nvml`]) |
 //! | `PATH` | where a program (nvcc, zig, a cargo subcommand) is found ([`programs_on_path`]) |
 //!
 //! Every per-package switch starts with the same prefix, spelled by one rule
 //! ([`package_prefix`]).
+
+/// The devices CUDA shows the process, by index or UUID: read (as torch reads it) to map
+/// NVML's devices to CUDA ordinals without initialising CUDA ([`crate::nvml`]).
+pub const CUDA_VISIBLE_DEVICES_ENV: &str = "CUDA_VISIBLE_DEVICES";
 
 /// The package name as an environment-variable prefix: `af3-kernels` → `AF3_KERNELS`.
 pub fn package_prefix(package: &str) -> String {

@@ -24,12 +24,13 @@
 //! | 3 | [`select`] | which variant fits a device, as a pure function, and why the others do not |
 //! | 3 | [`compile`] | the one compile recipe the bundler and the JIT share |
 //! | 5 | [`coverage`] | selection over a whole bundle, for one device or a fleet |
-//! | 5 | [`driver`], [`nvrtc`] | the CUDA driver (cudarc) and NVRTC (from an explicit path) |
+//! | 5 | [`module_coverage`] | whether a module's archs cover a device, and its `status()` |
+//! | 5 | [`driver`], [`nvrtc`], [`nvml`] | the CUDA driver (cudarc), NVRTC (from an explicit path), NVML (devices without a CUDA context) |
 //! | 5 | [`fetch`] | the store client (read-only in the runtime), fetching and prefetching |
 //! | 6 | [`jit`] | the JIT fallback: compiler search, its cache, one compile |
 //! | 7 | [`registry`] | the runtime: status, load in order (wheel, cache, store, JIT), launch |
 //!
-//! Foreign calls live in [`driver`] and [`nvrtc`] only. It does not build bundles (that is the
+//! Foreign calls live in [`driver`], [`nvrtc`] and [`nvml`] only. It does not build bundles (that is the
 //! `bundler` crate) and does not write wheels (the `release` crate). It stays small: no
 //! command-line parsing, no network unless the cargo feature `fetch` asks for it, and no
 //! uploads unless `upload` does (the build tools'; the runtime never writes to a store).
@@ -51,6 +52,8 @@ pub mod key;
 mod layering;
 pub mod lookup;
 pub mod module;
+pub mod module_coverage;
+pub mod nvml;
 pub mod nvrtc;
 pub mod parts;
 pub mod registry;

@@ -12,7 +12,9 @@ a CUDA torch, with no compiler in reach. Two packages:
 
 Checks, each against a torch reference: ``torch.ops._C.silu_and_mul``, ``gelu_and_mul``,
 ``gelu_tanh_and_mul``, ``rms_norm`` and ``fused_add_rms_norm`` in bf16, fp16 and fp32 right
-after ``import vllm_kernels`` (CUDA not initialised by the import); a block of these ops under
+after ``import vllm_kernels`` (CUDA not initialised by the import); ``status()`` of each
+module right after the import says it is available and its fatbin covers the device, whose
+capability NVML reads as 9.0, and neither the import nor ``status()`` initialises CUDA; a block of these ops under
 ``torch.compile(fullgraph=True)`` is one graph with no break; the same block captured in a
 CUDA graph and replayed on new data; ``torch.ops.kwtest.axpby`` on CUDA tensors. Then, in
 fresh processes, the first call through a module (import + load + first call) against
@@ -23,6 +25,7 @@ torch's own first op, and the host cost per call of a module op against torch's.
 Exit status 0 only when every check passes; without a GPU, it says so and exits 0.
 """
 
+import json
 import os
 import statistics
 import subprocess
@@ -30,6 +33,25 @@ import sys
 import time
 
 from gpu_checks import Checks, check_import_registers_without_cuda, gpu_arguments
+
+# In a fresh process: what `status()` says of each module right after the import, the GPU as
+# NVML reads it, and whether either initialised CUDA. A ModuleArchWarning is an error here.
+STATUS = r"""
+import json, warnings
+import kwheel
+warnings.simplefilter("error", kwheel.ModuleArchWarning)
+import torch, kwtest_ops, vllm_kernels
+after_import = torch.cuda.is_initialized()
+devices, why = kwheel._kwheel.visible_devices()
+status = {package: kwheel.open(package).status() for package in ("kwtest_ops", "vllm_kernels")}
+print(json.dumps({
+    "after_import": after_import,
+    "after_status": torch.cuda.is_initialized(),
+    "nvml": [(d["ordinal"], d["name"], list(d["capability"])) for d in devices or []],
+    "why": why,
+    "status": status,
+}))
+"""
 
 FIRST_CALL = r"""
 import time, sys
@@ -87,6 +109,28 @@ def main():
 
     check_import_registers_without_cuda(
         checks, ["vllm_kernels", "kwtest_ops"], ["_C.silu_and_mul", "kwtest.axpby"])
+
+    probe = subprocess.run([sys.executable, "-c", STATUS], capture_output=True, text=True)
+    try:
+        seen = json.loads(probe.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        seen = None
+    detail = (probe.stdout + probe.stderr).strip()[-600:]
+    check("status_without_cuda", seen is not None and seen["after_import"] is False
+          and seen["after_status"] is False, detail)
+    nvml = (seen or {}).get("nvml") or []
+    check("nvml_reads_capability_9_0", bool(nvml) and nvml[0][2] == [9, 0],
+          f"NVML: {nvml or (seen or {}).get('why')}")
+    kwtest = ((seen or {}).get("status") or {}).get("kwtest_ops", {}).get("_C (module)", "")
+    check("status_kwtest_module_covers_sm_90",
+          kwtest.startswith("available: module cu130/") and "its fatbin covers sm_90 (sm_90a) on cuda:0" in kwtest,
+          kwtest or detail)
+    vllm = ((seen or {}).get("status") or {}).get("vllm_kernels", {})
+    modules = {name: text for name, text in vllm.items() if name.endswith(" (module)")}
+    check("status_vllm_modules_available",
+          bool(modules) and all(text.startswith("available: ") and "its fatbin covers sm_90" in text
+                                for text in modules.values()),
+          json.dumps(modules or vllm)[:600])
 
     import vllm_kernels  # noqa: F401
     import kwtest_ops  # noqa: F401

@@ -9,6 +9,7 @@ A kernel library ships its cubins in ``<package>/_prebuilt/`` and opens them fro
 Its users then ask what loads here and launch kernels on torch tensors::
 
     _registry.status()                       # {"layernorm_bf16": "available: prebuilt ...", ...}
+                                             # and {"_C (module)": "available: module ..."}
     layernorm = _registry.load("layernorm_bf16")
     block = layernorm.constants["BLOCK_SIZE"]
     layernorm.launch(rows, block, [out, x, gamma, beta, rows, cols, 1e-5])
@@ -45,6 +46,7 @@ import os as _os
 import site as _site
 import sys as _sys
 import threading as _threading
+import warnings as _warnings
 
 from . import _kwheel
 from ._kwheel import (
@@ -68,6 +70,7 @@ __all__ = [
     "Function",
     "Kernel",
     "KwheelError",
+    "ModuleArchWarning",
     "NoFitError",
     "NoGpuError",
     "Provenance",
@@ -89,6 +92,13 @@ INDEX_FILE = "index.json"
 # What marks a bundle: the loader's index, all a wheel ships (a bundle directory that
 # `dev bundle-kernels` writes has `index.json` beside it).
 LOOKUP_FILE = "kernels.idx"
+
+
+class ModuleArchWarning(UserWarning):
+    """An extension module loaded at import has no device code for a visible GPU: its CUDA ops
+    would fail there with CUDA's bare "no kernel image is available". Read from NVML, without
+    initialising CUDA; ``warnings.simplefilter("error", kwheel.ModuleArchWarning)`` makes it an
+    error."""
 
 
 def open(package_or_path, *, cuda=None, torch=None, jit=None, device=None):
@@ -194,7 +204,8 @@ def _load_modules(registry):
     sha256 and loaded from a sealed memory file, so what runs is what was verified, never a
     path read again. Registration (``STABLE_TORCH_LIBRARY``, ``TORCH_LIBRARY``) runs as the
     library loads, so ``torch.ops.<namespace>.<op>`` works from here on. CUDA is not
-    initialised. A module is torch code: this imports torch (docs/extensions.md)."""
+    initialised: a visible GPU (read from NVML) that a module's archs do not cover gets a
+    ``ModuleArchWarning``. A module is torch code: this imports torch (docs/extensions.md)."""
     import platform
 
     import torch
@@ -213,6 +224,10 @@ def _load_modules(registry):
                 jit=registry._jit,
             )
             _load_native(f"{registry.package}.{name}", data)
+            # NVML, not CUDA: a forked DataLoader worker must still be able to initialise it.
+            warning = _kwheel.module_device_warning(registry._bundle, name, variant)
+            if warning is not None:
+                _warnings.warn(f"{registry.package}: {warning}", ModuleArchWarning, stacklevel=3)
             _MODULES[key] = {
                 "package": registry.package,
                 "bundle": str(registry.path),
@@ -508,18 +523,70 @@ class Registry:
         return _kwheel.trace_variable(self.package)
 
     def status(self, device=None):
-        """Every kernel and whether it loads on ``device`` (an ordinal; ``None``: the
-        registry's own), as text (``available: prebuilt cu130/sm_90a: ...`` or
-        ``unavailable: <why>``). Never compiles."""
-        return self.runtime().status(_ordinal(device))
+        """Every kernel and extension module and whether it loads on ``device`` (an ordinal;
+        ``None``: the registry's own), as text (``available: prebuilt cu130/sm_90a: ...`` or
+        ``unavailable: <why>``). A module is listed as ``"<module> (module)"`` (as ``kwheel
+        bundle list`` shows it): ``available: module cu130/x86_64: loaded at import (...); its
+        fatbin covers sm_90 (sm_90a) on cuda:0 (...)``. Never compiles; a module's device is
+        read from NVML unless CUDA is already initialised, so this never initialises CUDA for
+        one."""
+        ordinal = _ordinal(device)
+        statuses = self.runtime().status(ordinal)
+        for name in self._bundle.modules:
+            statuses[_module_entry(name)] = self._module_status(name, ordinal)[1]
+        return statuses
 
     def is_available(self, name, device=None):
-        """Whether kernel ``name`` loads on ``device``."""
-        return self.runtime().is_available(name, _ordinal(device))
+        """Whether kernel ``name`` (or extension module ``name``, or ``"<name> (module)"``)
+        loads on ``device``."""
+        return self.unavailable_reason(name, device) is None
 
     def unavailable_reason(self, name, device=None):
-        """Why kernel ``name`` does not load on ``device``, or None when it does."""
+        """Why kernel ``name`` (or extension module ``name``, or ``"<name> (module)"``) does
+        not load on ``device``, or None when it does."""
+        module = self._module_named(name)
+        if module is not None:
+            available, text = self._module_status(module, _ordinal(device))
+            return None if available else text.removeprefix("unavailable: ")
         return self.runtime().unavailable_reason(name, _ordinal(device))
+
+    def _module_named(self, name):
+        """The extension module ``name`` names (itself or ``"<module> (module)"``), or None: a
+        kernel's name wins over a module's."""
+        modules = self._bundle.modules
+        if not modules:
+            return None
+        if name.endswith(_MODULE_SUFFIX) and name[: -len(_MODULE_SUFFIX)] in modules:
+            return name[: -len(_MODULE_SUFFIX)]
+        if name in modules and name not in self._bundle.kernels:
+            return name
+        return None
+
+    def _module_status(self, name, ordinal):
+        """``(available, text)`` of extension module ``name`` on device ``ordinal`` (``None``:
+        the registry's own)."""
+        import platform
+
+        if ordinal is None:
+            ordinal = self.runtime().device
+        with _MODULES_LOCK:
+            loaded = _MODULES.get((self.path, name))
+        torch = _torch()
+        version = cuda = None
+        if torch is not None:
+            version = self._torch or getattr(torch, "__version__", None)
+            cuda = self._cuda or getattr(getattr(torch, "version", None), "cuda", None)
+        seen, unseen = _module_device(ordinal)
+        return _kwheel.module_status_text(
+            self._bundle,
+            name,
+            loaded=None if loaded is None else (loaded["variant"], loaded["how"]),
+            torch=None if version is None else str(version),
+            cuda=None if cuda is None else str(cuda),
+            cpu=platform.machine(),
+            device=seen,
+            unseen=unseen,
+        )
 
     def load(self, name, device=None):
         """Kernel ``name``, loaded in ``device``'s primary context (PyTorch's), selected for
@@ -538,6 +605,41 @@ class Registry:
 
     def __repr__(self):
         return f"kwheel.Registry({str(self.path)!r}, package={self.package!r})"
+
+
+# How `status()` names an extension module: as `kwheel bundle list` does, apart from kernels.
+_MODULE_SUFFIX = " (module)"
+
+
+def _module_entry(name):
+    """``"_C (module)"``: a module's key in ``status()``."""
+    return f"{name}{_MODULE_SUFFIX}"
+
+
+def _module_device(ordinal):
+    """``((ordinal, name, (major, minor)), None)`` for device ``ordinal``, else ``(None,
+    why)``: from torch where this process has initialised CUDA, else from NVML, which needs no
+    CUDA context (a forked worker can still initialise CUDA after it)."""
+    torch = _torch()
+    torch_cuda = getattr(torch, "cuda", None) if torch is not None else None
+    try:
+        initialised = torch_cuda is not None and torch_cuda.is_initialized()
+    except Exception:  # a torch without CUDA
+        initialised = False
+    if initialised:
+        try:
+            name = torch_cuda.get_device_name(ordinal)
+            capability = tuple(torch_cuda.get_device_capability(ordinal))
+        except Exception as error:  # an ordinal past the device count
+            return None, f"torch cannot read cuda:{ordinal}: {error}"
+        return (ordinal, name, capability), None
+    devices, why = _kwheel.visible_devices()
+    if devices is None:
+        return None, why
+    for found in devices:
+        if found["ordinal"] == ordinal:
+            return (ordinal, found["name"], tuple(found["capability"])), None
+    return None, f"NVML shows {len(devices)} visible device(s), no cuda:{ordinal}"
 
 
 def _ordinal(device):

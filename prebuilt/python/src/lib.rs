@@ -13,6 +13,7 @@
 //! | [`Selection`], [`Provenance`] | what a dry run chose; where a loaded cubin came from | |
 //! | `loaded_kernels()`, `trace_label()`, `trace_variable()`, `trace_enabled()` | every kernel loaded in the process, per device; the trace range names (docs/provenance.md) | never |
 //! | `encode_tensor_map()` | a TMA descriptor for a `CUtensorMap` parameter (`kwheel.tensor_map`) | no context; the driver encodes it |
+//! | `visible_devices()`, `module_status_text()`, `module_device_warning()` | the GPUs NVML shows, and what they mean for an extension module: its `status()`, the import's warning (`prebuilt::nvml`, `prebuilt::module_coverage`) | never: NVML, no CUDA context |
 //! | `bundle_at()`, `holds_bundle()` | the bundle-finder rule `kwheel.find_bundle` shares with the CLI (`prebuilt::lookup::bundle_at`) | never |
 //! | `KwheelError` and its subclasses | `prebuilt::LoadError` and friends, message with every cause | |
 //!
@@ -25,6 +26,7 @@
 #![deny(missing_docs)]
 
 mod arguments;
+mod devices;
 mod errors;
 mod kernel;
 mod registry;
@@ -63,6 +65,9 @@ fn _kwheel(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(tensor_map::encode_tensor_map, module)?)?;
     module.add_function(wrap_pyfunction!(bundle_at, module)?)?;
     module.add_function(wrap_pyfunction!(holds_bundle, module)?)?;
+    module.add_function(wrap_pyfunction!(devices::visible_devices, module)?)?;
+    module.add_function(wrap_pyfunction!(devices::module_status_text, module)?)?;
+    module.add_function(wrap_pyfunction!(devices::module_device_warning, module)?)?;
     Ok(())
 }
 

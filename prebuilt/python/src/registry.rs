@@ -23,6 +23,11 @@ pub struct Bundle {
 }
 
 impl Bundle {
+    /// The bundle's loader index.
+    pub(crate) fn catalog(&self) -> &Catalog {
+        &self.inner
+    }
+
     /// A simulated device for `select` and `fetch`: the arguments as Python gives them, with
     /// the defaults those methods document.
     fn simulated(
@@ -192,6 +197,8 @@ impl Bundle {
             .and_then(|include| include.extract())
             .ok()
             .filter(|dir: &PathBuf| dir.join("Python.h").is_file());
+        // The declared archs that run on the visible GPUs, read from NVML (no CUDA context).
+        let archs = py.detach(|| prebuilt::jit::module::visible_jit_archs(record));
         let request = prebuilt::jit::module::ModuleJitRequest {
             bundle_root: self.inner.root(),
             name,
@@ -202,6 +209,7 @@ impl Bundle {
             python_include: python_include.as_deref(),
             cpu,
             cache_dir: &prebuilt::jit::default_cache_dir(),
+            archs: &archs,
         };
         let built = py
             .detach(|| {

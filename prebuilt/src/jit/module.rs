@@ -28,6 +28,7 @@ use super::*;
 use crate::bundle::SOURCES_DIR;
 use crate::index::{ModuleInputs, ModuleRecord};
 use crate::module::{build_module, module_key, Abi, ModuleKeyInputs, ModuleRecipe};
+use crate::module_coverage::{jit_archs, visible_module_devices, JitArchs};
 use crate::untrusted::MAX_ARTIFACT_SIZE;
 
 /// The module cache's layout directory. Bump it when the entry format or file names change.
@@ -55,6 +56,10 @@ pub struct ModuleJitRequest<'a> {
     pub cpu: &'a str,
     /// The JIT cache directory ([`default_cache_dir`]).
     pub cache_dir: &'a Path,
+    /// The archs to build for: the declared ones that run on the visible devices, else all
+    /// of them ([`crate::module_coverage::jit_archs`]). In the key, so two arch sets are two
+    /// entries.
+    pub archs: &'a JitArchs,
 }
 
 /// A module built (or found built) by the JIT.
@@ -174,18 +179,34 @@ pub fn find_module_compilers(
     })
 }
 
+/// The archs to build `record` for on this machine: [`jit_archs`] over the visible GPUs as
+/// NVML reads them, without a CUDA context (all the declared ones where NVML cannot say).
+pub fn visible_jit_archs(record: &ModuleRecord) -> JitArchs {
+    let devices = visible_module_devices();
+    jit_archs(record, devices.as_deref().map_err(String::as_str))
+}
+
 /// The key of `request` built with `compilers` ([`module_key`], the exact torch as its
-/// target).
+/// target, the archs it builds for in place of the declared ones: all of them give the
+/// shipped recipe's key inputs, a subset another key).
 pub fn module_jit_key(request: &ModuleJitRequest<'_>, compilers: &ModuleCompilers) -> String {
     module_key(&ModuleKeyInputs {
         name: request.name,
         abi: request.record.abi,
-        inputs: &request.record.inputs,
+        inputs: &built_inputs(request),
         cuda: request.cuda,
         cpu: request.cpu,
         torch: &format!("=={}", request.torch_version),
         compilers: &compiler_records(compilers),
     })
+}
+
+/// The index's inputs with the archs `request` builds for.
+fn built_inputs(request: &ModuleJitRequest<'_>) -> ModuleInputs {
+    ModuleInputs {
+        archs: request.archs.archs().to_vec(),
+        ..request.record.inputs.clone()
+    }
 }
 
 fn compiler_records(compilers: &ModuleCompilers) -> Vec<CompilerRecord> {
@@ -251,8 +272,12 @@ pub fn build_module_cached(
     verify_sources(request.name, &sources, &library_files)?;
     progress(&format!(
         "building extension module `{}` for torch {} ({label}) from its shipped sources with \
-         nvcc {} and g++ {}",
-        request.name, request.torch_version, compilers.nvcc_version, compilers.cxx_version
+         nvcc {} and g++ {}, {}",
+        request.name,
+        request.torch_version,
+        compilers.nvcc_version,
+        compilers.cxx_version,
+        request.archs
     ));
     let bytes = compile_module(request, compilers, &sources, progress)?;
     let digest = sha256_hex(&bytes);
@@ -416,7 +441,7 @@ fn compile_module(
         nvcc_flags: inputs.nvcc_flags.clone(),
         cxx_flags: inputs.cxx_flags.clone(),
         cxx_std: inputs.cxx_std.clone(),
-        archs: inputs.archs.clone(),
+        archs: request.archs.archs().to_vec(),
         torch_package: request.torch_dir.to_path_buf(),
         cuda_lib_dirs: cuda_lib_dirs(&toolkit, request.torch_dir),
         nvcc: compilers.nvcc.clone(),
@@ -480,6 +505,10 @@ mod tests {
     #[test]
     fn the_key_follows_the_running_torch_and_both_compilers_but_not_the_folders() {
         let record = record();
+        let archs = JitArchs::Declared {
+            archs: Vec::new(),
+            why: "NVML could not be loaded".into(),
+        };
         let request = |torch_version, torch_dir, cache_dir| ModuleJitRequest {
             bundle_root: Path::new("/site/pkg/_prebuilt"),
             name: "_C",
@@ -490,6 +519,7 @@ mod tests {
             python_include: None,
             cpu: "x86_64",
             cache_dir,
+            archs: &archs,
         };
         let base = module_jit_key(
             &request("2.11.0+cu130", Path::new("/a/torch"), Path::new("/c1")),
@@ -540,6 +570,53 @@ mod tests {
             crate::module::compile::find_cuda_runtime(&dirs),
             Some(toolkit.join("lib64/libcudart.so.13"))
         );
+    }
+
+    #[test]
+    fn the_archs_built_for_are_in_the_key() {
+        let mut record = record();
+        record.inputs.archs = ["sm_90a", "sm_100a"]
+            .map(|arch| arch.parse().unwrap())
+            .to_vec();
+        let key = |archs: &JitArchs| {
+            module_jit_key(
+                &ModuleJitRequest {
+                    bundle_root: Path::new("/site/pkg/_prebuilt"),
+                    name: "_C",
+                    record: &record,
+                    torch_version: "2.11.0+cu130",
+                    torch_dir: Path::new("/a/torch"),
+                    cuda: "cu130".parse().unwrap(),
+                    python_include: None,
+                    cpu: "x86_64",
+                    cache_dir: Path::new("/c1"),
+                    archs,
+                },
+                &compilers(),
+            )
+        };
+        let declared = JitArchs::Declared {
+            archs: record.inputs.archs.clone(),
+            why: "NVML could not be loaded".into(),
+        };
+        let hopper = JitArchs::Fitting {
+            archs: vec!["sm_90a".parse().unwrap()],
+            devices: vec!["cuda:0 (NVIDIA H100 80GB HBM3, compute capability 9.0)".into()],
+        };
+        let blackwell = JitArchs::Fitting {
+            archs: vec!["sm_100a".parse().unwrap()],
+            devices: vec!["cuda:0 (NVIDIA B200, compute capability 10.0)".into()],
+        };
+        let keys = [key(&declared), key(&hopper), key(&blackwell)];
+        assert_ne!(keys[0], keys[1]);
+        assert_ne!(keys[0], keys[2]);
+        assert_ne!(keys[1], keys[2]);
+        // Why the archs were chosen is not an input: the same archs are the same entry.
+        let both = JitArchs::Fitting {
+            archs: record.inputs.archs.clone(),
+            devices: vec!["cuda:0".into(), "cuda:1".into()],
+        };
+        assert_eq!(key(&both), keys[0]);
     }
 
     #[test]

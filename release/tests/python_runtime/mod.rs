@@ -803,9 +803,15 @@ try:
     checked = None
 except RuntimeError as error:
     checked = str(error).splitlines()[0]
+status = again.status()
 print(json.dumps({
     "equal": torch.equal(out, 2.5 * x + y),
     "cuda_initialised": torch.cuda.is_initialized(),
+    "torch": torch.__version__,
+    "status": status,
+    "available": [again.is_available("_C"), again.is_available("_C (module)")],
+    "reason": again.unavailable_reason("_C (module)"),
+    "cuda_initialised_after_status": torch.cuda.is_initialized(),
     "modules": [(p["kernel"], p["variant"], p["source"]) for p in kwheel.provenance()],
     "refusal": refusal,
     "checked": checked,
@@ -934,6 +940,28 @@ fn a_stable_abi_module_op_runs_on_cpu_right_after_import() {
         serde_json::from_str(String::from_utf8_lossy(&output.stdout).trim()).unwrap();
     assert_eq!(report["equal"], true, "{report}");
     assert_eq!(report["cuda_initialised"], false, "{report}");
+    // `status()` lists the module beside the kernels, under the name `bundle list` gives it;
+    // on this machine (no NVIDIA driver) NVML cannot say which GPU there is, so the module is
+    // available (its CPU op runs) and its archs are named as unchecked. Asking initialises
+    // nothing.
+    let status = report["status"]["_C (module)"].as_str().unwrap_or_default();
+    assert!(
+        status.starts_with(&format!(
+            "available: module cu130/{arch}: loaded at import (torch {torch}); the device was \
+             not checked against its archs (sm_90a, sm_100a): NVML (libnvidia-ml.so.1) could \
+             not be loaded: no NVIDIA driver here",
+            arch = std::env::consts::ARCH,
+            torch = report["torch"].as_str().unwrap_or_default(),
+        )),
+        "{report}"
+    );
+    assert_eq!(
+        report["available"],
+        serde_json::json!([true, true]),
+        "{report}"
+    );
+    assert_eq!(report["reason"], serde_json::Value::Null, "{report}");
+    assert_eq!(report["cuda_initialised_after_status"], false, "{report}");
     assert_eq!(
         report["modules"],
         serde_json::json!([["_C", format!("cu130/{}", std::env::consts::ARCH), "module"]])
