@@ -282,8 +282,8 @@ mod tests {
         };
         assert_eq!(
             list_bundle(&index),
-            "kernel       build  arch    compiler        size  stored  key           skipped because\n\
-             _C (module)  cu130  x86_64  nvcc 13.0.88   68960   13409  kkkkkkkkkkkk\n\
+            "kernel       build  arch    compiler       size  stored  key           skipped because\n\
+             _C (module)  cu130  x86_64  nvcc 13.0.88  68960   13409  kkkkkkkkkkkk\n\
              \n\
              device code of the extension modules:\n  \
              _C cu130/x86_64 compute_90: 2 kernels in 1 image, 0 stubs\n  \
