@@ -123,6 +123,18 @@ pub enum Error {
         /// What failed, with the compiler's log.
         reason: String,
     },
+    /// An extension module's fatbin lacks a declared target, or holds a cubin or PTX that does
+    /// not read as one (`docs/extensions.md`).
+    #[error("extension module `{module}` for {build}: its device code is not what it declares")]
+    ModuleDeviceCode {
+        /// The module.
+        module: String,
+        /// The CUDA build.
+        build: CudaBuild,
+        /// What is wrong, naming the target.
+        #[source]
+        source: Box<prebuilt::module::fatbin::FatbinError>,
+    },
     /// An extension module's compile or link failed.
     #[error("failed to build extension module `{module}` for {build}")]
     ModuleCompile {

@@ -588,6 +588,62 @@ pub struct ModuleVariant {
     pub key: String,
     /// The compressed shared library.
     pub artifact: StoredFile,
+    /// What its fatbin holds for each target: the declared archs, and any other the fatbin
+    /// carries (`docs/extensions.md`). Absent in indexes written before it was recorded.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub device_code: BTreeMap<Arch, ModuleDeviceCode>,
+}
+
+/// What a module's fatbin holds for one target, read from its cubins (or PTX) when the module
+/// was built: the facts `release diff` compares between two builds of a module.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModuleDeviceCode {
+    /// Its images in the fatbin: one per translation unit with device code.
+    pub images: u32,
+    /// Kernel entries over those images.
+    pub kernels: u32,
+    /// The entries whose bodies only report and abort on this target (libraries guard
+    /// arch-specific kernels with `#if __CUDA_ARCH__`), by symbol, sorted. Not an error.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stubs: Vec<String>,
+    /// The most registers per thread of any entry (cubins only: PTX has none yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_registers: Option<u32>,
+    /// The largest stack frame per thread of any entry, in bytes (spills show here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_stack_bytes: Option<u32>,
+    /// The most static shared memory of any entry, in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_static_shared_bytes: Option<u64>,
+}
+
+impl fmt::Display for ModuleDeviceCode {
+    /// `147 kernels in 1 image, 2 stubs, up to 255 registers, 24-byte stack, 1024 bytes of
+    /// static shared memory`; stub names are listed where they are.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let plural = |count: u32| if count == 1 { "" } else { "s" };
+        write!(
+            f,
+            "{} kernel{} in {} image{}, {} stub{}",
+            self.kernels,
+            plural(self.kernels),
+            self.images,
+            plural(self.images),
+            self.stubs.len(),
+            plural(self.stubs.len().try_into().unwrap_or(u32::MAX)),
+        )?;
+        if let Some(registers) = self.max_registers {
+            write!(f, ", up to {registers} registers")?;
+        }
+        if let Some(stack) = self.max_stack_bytes {
+            write!(f, ", {stack}-byte stack")?;
+        }
+        if let Some(shared) = self.max_static_shared_bytes {
+            write!(f, ", {shared} bytes of static shared memory")?;
+        }
+        Ok(())
+    }
 }
 
 impl ModuleVariant {

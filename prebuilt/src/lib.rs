@@ -15,7 +15,7 @@
 //! | 2 | [`index`] | the bundle index: kernels, variants, skips, constants, where an artifact is |
 //! | 2 | [`requires`] | what a kernel requires of its inputs: the condition language, its checks, the one evaluator |
 //! | 2 | [`key`] | the versioned kernel key over the include graph and the target |
-//! | 5 | [`module`] | extension modules: their records, key, choice for a torch, verified read |
+//! | 5 | [`module`] | extension modules: their records, key, choice for a torch, verified read, the device code of their fatbin |
 //! | 2 | [`untrusted`] | names, paths, digests and sizes read from outside, checked, and the caps |
 //! | 2 | [`cubin`] | cubin and PTX facts: SM number, kind, entry symbols, parameter sizes |
 //! | 3 | [`cache`] | the user's cache directories, the one atomic writer, the artifact cache |

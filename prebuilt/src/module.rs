@@ -26,13 +26,16 @@
 //! Stable paths only, no timestamps: moving a checkout keeps the key.
 
 pub mod compile;
+pub mod fatbin;
 
 use std::fmt;
 use std::path::Path;
 
 use crate::bundle::{read_stored, BundleError, FrameDictionary, ARTIFACTS_DIR};
 use crate::index::CompilerRecord;
-pub use crate::index::{Abi, ModuleInputs, ModuleRecord, ModuleSkip, ModuleVariant};
+pub use crate::index::{
+    Abi, ModuleDeviceCode, ModuleInputs, ModuleRecord, ModuleSkip, ModuleVariant,
+};
 use crate::key::KeyHasher;
 use crate::select::TorchPin;
 use crate::CudaBuild;
@@ -394,6 +397,7 @@ mod tests {
                 stored_size: 1,
                 dictionary: None,
             },
+            device_code: BTreeMap::new(),
         };
         ModuleRecord {
             abi: Abi::Stable,

@@ -668,23 +668,28 @@ impl fmt::Display for ReleaseDiff {
         let modules: Vec<&ModuleRow> = self
             .modules
             .iter()
-            .filter(|row| row.change != Change::Unchanged || !row.why.is_empty())
+            .filter(|row| {
+                row.change != Change::Unchanged
+                    || !row.why.is_empty()
+                    || !row.device_code.is_empty()
+            })
             .collect();
         if !self.modules.is_empty() {
             writeln!(f, "\n## Extension modules\n")?;
             if modules.is_empty() {
                 writeln!(f, "No module target changed ({}).", self.modules.len())?;
             } else {
-                writeln!(f, "| module | target | change | why |")?;
-                writeln!(f, "| --- | --- | --- | --- |")?;
+                writeln!(f, "| module | target | change | why | device code |")?;
+                writeln!(f, "| --- | --- | --- | --- | --- |")?;
                 for row in modules {
                     writeln!(
                         f,
-                        "| `{}` | {} | {} | {} |",
+                        "| `{}` | {} | {} | {} | {} |",
                         row.module,
                         row.target,
                         row.change,
-                        escape(&row.why.join("; "))
+                        escape(&row.why.join("; ")),
+                        escape(&row.device_code.join("; "))
                     )?;
                 }
             }

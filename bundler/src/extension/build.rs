@@ -7,6 +7,10 @@
 //!                                                                  └no─► nvcc / g++ -c ─► g++ -shared ─► check ─► cache
 //! ```
 //!
+//! Every module built or found in the cache then has its fatbin read: each declared arch must
+//! have its cubin (or PTX) and each must read as one, or the build of that module fails; what
+//! each arch holds (kernels, stubs, registers) goes to the variant's record.
+//!
 //! The compile and link are [`prebuilt::module::compile`]'s, the recipe the module JIT runs
 //! too: reproducible byte for byte from any checkout (`-ffile-prefix-map`, `-frandom-seed`,
 //! cudafe's `--orig_src_path_name`, a stripped symbol table), every unit in its own thread.
@@ -16,11 +20,12 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use prebuilt::index::{CompilerRecord, StoredFile};
+use prebuilt::module::fatbin::{module_device_code, FatbinError};
 use prebuilt::module::{
-    module_key, torch_served, Abi, ModuleInputs, ModuleKeyInputs, ModuleRecipe, ModuleRecord,
-    ModuleSkip, ModuleVariant,
+    module_key, torch_served, Abi, ModuleDeviceCode, ModuleInputs, ModuleKeyInputs, ModuleRecipe,
+    ModuleRecord, ModuleSkip, ModuleVariant,
 };
-use prebuilt::CudaBuild;
+use prebuilt::{Arch, CudaBuild};
 
 use crate::cache::{write_atomically, BuildCache};
 use crate::error::Error;
@@ -298,6 +303,13 @@ pub fn build_modules(
                     bytes
                 }
             };
+            let device_code = read_device_code(&bytes, &planned.inputs).map_err(|source| {
+                Error::ModuleDeviceCode {
+                    module: name.clone(),
+                    build,
+                    source: Box::new(source),
+                }
+            })?;
             let digest = prebuilt::key::sha256_hex(&bytes);
             built.files.insert(digest.clone(), path);
             variants.push(ModuleVariant {
@@ -313,6 +325,7 @@ pub fn build_modules(
                     stored_size: 0,
                     dictionary: None,
                 },
+                device_code,
             });
             record.get_or_insert_with(|| ModuleRecord {
                 abi: spec.abi,
@@ -386,6 +399,22 @@ fn compile_module(
         cxx: PathBuf::from("g++"),
     };
     prebuilt::module::build_module(&recipe, &|_| {}).map_err(fail)
+}
+
+/// What a built module's fatbin holds for each target, checked against the targets its
+/// inputs declare ([`prebuilt::module::fatbin::module_device_code`]). A module without a `.cu`
+/// unit has no device code to declare.
+pub fn read_device_code(
+    bytes: &[u8],
+    inputs: &ModuleInputs,
+) -> Result<BTreeMap<Arch, ModuleDeviceCode>, FatbinError> {
+    let has_device_code = inputs.sources.iter().any(|source| source.ends_with(".cu"));
+    let archs = if has_device_code {
+        &inputs.archs[..]
+    } else {
+        &[]
+    };
+    module_device_code(bytes, archs)
 }
 
 /// Checks that `bytes` are a shared library: an ELF file of type `ET_DYN` for this CPU.

@@ -662,6 +662,22 @@ fn vllm_silu_and_mul_builds_as_a_stable_abi_module_byte_identical_from_two_folde
     let (first_dir, first, bytes) = build();
     assert_eq!(first.abi, prebuilt::module::Abi::Stable);
     assert_eq!(&bytes[..4], b"\x7fELF");
+    // Its fatbin holds one sm_90a cubin with the unit's kernels; some are stubs there
+    // (recorded, not refused), most are real.
+    let device_code = &first.variants[0].device_code;
+    let sm_90a: prebuilt::Arch = "sm_90a".parse().unwrap();
+    assert_eq!(device_code.keys().collect::<Vec<_>>(), [&sm_90a]);
+    let code = &device_code[&sm_90a];
+    eprintln!(
+        "vLLM silu_and_mul module, sm_90a: {code}; stubs: {:?}",
+        code.stubs
+    );
+    assert_eq!(code.images, 1, "{code}");
+    assert!(
+        code.kernels > 0 && code.stubs.len() * 2 < code.kernels as usize,
+        "{code}"
+    );
+    assert!(code.max_registers.is_some(), "{code}");
     // The launcher's own file and vLLM's headers are in the module's key.
     let files = &first.inputs.files;
     for file in ["csrc/activation_kernels.cu", "csrc/ops.h", "bindings.cpp"] {
@@ -725,6 +741,13 @@ fn gptqmodels_hadamard_builds_as_a_classic_module_that_needs_no_python() {
     assert!(inputs.files.contains_key("hadamard/hadamard.cpp"));
     let variant = &record.variants[0];
     assert!(variant.torch.starts_with("=="), "{}", variant.torch);
+    // The `.cu` unit's sm_90a cubin, read from the module's fatbin: one kernel per
+    // instantiation of the transform, each real on sm_90a.
+    let sm_90a: prebuilt::Arch = "sm_90a".parse().unwrap();
+    let code = &variant.device_code[&sm_90a];
+    eprintln!("GPTQModel hadamard module, sm_90a: {code}");
+    assert_eq!(variant.device_code.len(), 1);
+    assert!(code.kernels > 100 && code.stubs.is_empty(), "{code}");
     let bytes = prebuilt::module::read_module(&summary.out, "_C", variant).unwrap();
     let text = String::from_utf8_lossy(&bytes);
     assert!(text.contains("gptqmodel_hadamard"));

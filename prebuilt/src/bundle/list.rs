@@ -169,14 +169,40 @@ pub fn list_bundle(index: &Index) -> String {
             rows.push([a, b, c, dash(), dash(), dash(), dash(), skip.reason.clone()]);
         }
     }
+    let mut out = render_table(&rows);
+    // What each module's fatbin holds, by build and target, under the table.
+    let mut device_code = Vec::new();
+    for (name, record) in &index.modules {
+        for variant in &record.variants {
+            for (arch, code) in &variant.device_code {
+                let mut line = format!("  {name} {} {arch}: {code}", variant.label());
+                if !code.stubs.is_empty() {
+                    let _ = write!(line, " ({})", crate::untrusted::listed_names(&code.stubs));
+                }
+                device_code.push(line);
+            }
+        }
+    }
+    if !device_code.is_empty() {
+        out.push_str("\ndevice code of the extension modules:\n");
+        for line in device_code {
+            out.push_str(&line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// `rows` as columns, the first row the header; sizes aligned right.
+fn render_table(rows: &[[String; 8]]) -> String {
     let mut widths = [0usize; 8];
-    for row in &rows {
+    for row in rows {
         for (width, cell) in widths.iter_mut().zip(row) {
             *width = (*width).max(cell.chars().count());
         }
     }
     let mut out = String::new();
-    for row in &rows {
+    for row in rows {
         let mut line = String::new();
         for (n, (cell, width)) in row.iter().zip(widths).enumerate() {
             if n > 0 {
@@ -192,4 +218,79 @@ pub fn list_bundle(index: &Index) -> String {
         out.push('\n');
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::index::{
+        Abi, CompilerRecord, ModuleDeviceCode, ModuleInputs, ModuleRecord, ModuleVariant,
+        StoredFile, INDEX_FORMAT,
+    };
+
+    #[test]
+    fn modules_list_their_device_code_by_arch_under_the_table() {
+        let code = |kernels, stubs: &[&str], registers| ModuleDeviceCode {
+            images: 1,
+            kernels,
+            stubs: stubs.iter().map(|stub| (*stub).to_owned()).collect(),
+            max_registers: registers,
+            max_stack_bytes: registers.map(|_| 0),
+            max_static_shared_bytes: registers.map(|_| 0),
+        };
+        let variant = ModuleVariant {
+            cuda: "cu130".parse().unwrap(),
+            cpu: "x86_64".into(),
+            torch: ">=2.11".into(),
+            compilers: vec![CompilerRecord {
+                kind: "nvcc".into(),
+                version: "13.0.88".into(),
+            }],
+            key: "k".repeat(64),
+            artifact: StoredFile {
+                digest: "d".repeat(64),
+                size: 68960,
+                path: String::new(),
+                stored_size: 13409,
+                dictionary: None,
+            },
+            device_code: BTreeMap::from([
+                ("sm_90a".parse().unwrap(), code(1, &[], Some(16))),
+                (
+                    "sm_100a".parse().unwrap(),
+                    code(2, &["only90_trap"], Some(40)),
+                ),
+                ("compute_90".parse().unwrap(), code(2, &[], None)),
+            ]),
+        };
+        let index = Index {
+            format: INDEX_FORMAT,
+            store: None,
+            package: "lib".into(),
+            torch: "2.11.*".into(),
+            dictionary: None,
+            kernels: BTreeMap::new(),
+            modules: BTreeMap::from([(
+                "_C".to_owned(),
+                ModuleRecord {
+                    abi: Abi::Stable,
+                    inputs: ModuleInputs::default(),
+                    variants: vec![variant],
+                    skipped: Vec::new(),
+                },
+            )]),
+        };
+        assert_eq!(
+            list_bundle(&index),
+            "kernel       build  arch    compiler       size  stored  key           skipped because\n\
+             _C (module)  cu130  x86_64  nvcc 13.0.88  68960   13409  kkkkkkkkkkkk\n\
+             \n\
+             device code of the extension modules:\n  \
+             _C cu130/x86_64 compute_90: 2 kernels in 1 image, 0 stubs\n  \
+             _C cu130/x86_64 sm_90a: 1 kernel in 1 image, 0 stubs, up to 16 registers, 0-byte \
+             stack, 0 bytes of static shared memory\n  \
+             _C cu130/x86_64 sm_100a: 2 kernels in 1 image, 1 stub, up to 40 registers, 0-byte \
+             stack, 0 bytes of static shared memory (`only90_trap`)\n"
+        );
+    }
 }

@@ -500,7 +500,7 @@ struct Inspection {
 /// `read` run on `bytes` 8-byte aligned: `object` reads ELF structures in place and needs them
 /// so, and bytes from `include_bytes!` or a slice into a larger buffer may not be. The bytes
 /// themselves where they are aligned, else an aligned copy.
-fn with_aligned<T>(bytes: &[u8], read: impl FnOnce(&[u8]) -> T) -> T {
+pub(crate) fn with_aligned<T>(bytes: &[u8], read: impl FnOnce(&[u8]) -> T) -> T {
     if bytes.as_ptr().align_offset(8) == 0 {
         return read(bytes);
     }

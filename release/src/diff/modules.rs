@@ -1,12 +1,16 @@
 //! The extension modules of two releases, module by module and target (`cu130/x86_64`) by
 //! target: added, removed, rebuilt (with the key inputs that changed), unchanged, or skipped
-//! (a new or removed module's skipped target).
+//! (a new or removed module's skipped target), and what changed in each target's device code
+//! (kernels, stubs, registers, stack: the index's [`prebuilt::index::ModuleDeviceCode`], read
+//! from the fatbin when the module was built).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use prebuilt::index::{Index, ModuleInputs, ModuleRecord, ModuleVariant};
+use prebuilt::index::{Index, ModuleDeviceCode, ModuleInputs, ModuleRecord, ModuleVariant};
+use prebuilt::Arch;
 
 use super::Change;
 
@@ -38,6 +42,10 @@ pub struct ModuleRow {
     pub old: Option<ModuleSide>,
     /// The new variant, if any.
     pub new: Option<ModuleSide>,
+    /// What changed in its fatbin, one line per arch: `sm_90a: kernels 147 → 150, stubs
+    /// 0 → 2`. Empty where either side was recorded before fatbins were read.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub device_code: Vec<String>,
 }
 
 /// Every module × target either index has, built or skipped, sorted; targets skipped alike
@@ -148,6 +156,10 @@ pub(super) fn module_rows(old: &Index, new: &Index) -> Vec<ModuleRow> {
                     Change::Unchanged
                 }
             };
+            let device_code = match (old_variant, new_variant) {
+                (Some(a), Some(b)) => device_code_changes(&a.device_code, &b.device_code),
+                _ => Vec::new(),
+            };
             rows.push(ModuleRow {
                 module: module.clone(),
                 target,
@@ -155,10 +167,81 @@ pub(super) fn module_rows(old: &Index, new: &Index) -> Vec<ModuleRow> {
                 why,
                 old: old_variant.map(side),
                 new: new_variant.map(side),
+                device_code,
             });
         }
     }
     rows
+}
+
+/// What differs between two records of a module variant's fatbin, one line per arch that
+/// changed; nothing where a side has no record (an index from before they were kept).
+fn device_code_changes(
+    old: &BTreeMap<Arch, ModuleDeviceCode>,
+    new: &BTreeMap<Arch, ModuleDeviceCode>,
+) -> Vec<String> {
+    if old.is_empty() || new.is_empty() {
+        return Vec::new();
+    }
+    let archs: BTreeSet<&Arch> = old.keys().chain(new.keys()).collect();
+    let mut lines = Vec::new();
+    for arch in archs {
+        let (a, b) = match (old.get(arch), new.get(arch)) {
+            (Some(a), Some(b)) => (a, b),
+            (None, Some(b)) => {
+                lines.push(format!("{arch}: added ({b})"));
+                continue;
+            }
+            (Some(_), None) => {
+                lines.push(format!("{arch}: gone"));
+                continue;
+            }
+            (None, None) => continue,
+        };
+        let show = |value: Option<u32>| value.map_or_else(|| "-".to_owned(), |v| v.to_string());
+        let mut changes = Vec::new();
+        if a.kernels != b.kernels {
+            changes.push(format!("kernels {} → {}", a.kernels, b.kernels));
+        }
+        if a.stubs != b.stubs {
+            let mut change = format!("stubs {} → {}", a.stubs.len(), b.stubs.len());
+            let added: Vec<&String> = b.stubs.iter().filter(|s| !a.stubs.contains(s)).collect();
+            if !added.is_empty() {
+                let _ = write!(
+                    change,
+                    " (new: {})",
+                    prebuilt::untrusted::listed_names(&added)
+                );
+            }
+            changes.push(change);
+        }
+        if a.max_registers != b.max_registers {
+            changes.push(format!(
+                "max registers {} → {}",
+                show(a.max_registers),
+                show(b.max_registers)
+            ));
+        }
+        if a.max_stack_bytes != b.max_stack_bytes {
+            changes.push(format!(
+                "max stack {} → {} bytes",
+                show(a.max_stack_bytes),
+                show(b.max_stack_bytes)
+            ));
+        }
+        if a.max_static_shared_bytes != b.max_static_shared_bytes {
+            let show = |v: Option<u64>| v.map_or_else(|| "-".to_owned(), |v| v.to_string());
+            changes.push(format!(
+                "max static shared {} → {} bytes",
+                show(a.max_static_shared_bytes),
+                show(b.max_static_shared_bytes)
+            ));
+        }
+        if !changes.is_empty() {
+            lines.push(format!("{arch}: {}", changes.join(", ")));
+        }
+    }
+    lines
 }
 
 /// The key inputs of a module that differ between two releases, one line each.
@@ -245,6 +328,7 @@ mod tests {
                 stored_size: 0,
                 dictionary: None,
             },
+            device_code: BTreeMap::new(),
         }
     }
 
@@ -402,8 +486,9 @@ mod tests {
         let markdown = diff.to_string();
         assert!(
             markdown.contains(
-                "## Extension modules\n\n| module | target | change | why |\n| --- | --- | --- \
-                 | --- |\n| `_C` | cu129/x86_64 | removed | now skipped: no nvcc for cu129 |"
+                "## Extension modules\n\n| module | target | change | why | device code |\n| \
+                 --- | --- | --- | --- | --- |\n| `_C` | cu129/x86_64 | removed | now skipped: no \
+                 nvcc for cu129 |  |"
             ),
             "{markdown}"
         );
@@ -411,5 +496,47 @@ mod tests {
         assert!(module_rows(&new, &new)
             .iter()
             .all(|row| row.change == Change::Unchanged && row.why.is_empty()));
+    }
+
+    #[test]
+    fn device_code_is_compared_arch_by_arch() {
+        let code = |kernels: u32, stubs: &[&str], registers: u32| ModuleDeviceCode {
+            images: 1,
+            kernels,
+            stubs: stubs.iter().map(|stub| (*stub).to_owned()).collect(),
+            max_registers: Some(registers),
+            max_stack_bytes: Some(24),
+            max_static_shared_bytes: Some(1024),
+        };
+        let arch = |name: &str| name.parse::<Arch>().unwrap();
+        let mut before = variant("cu130", "k1", "d1");
+        before.device_code = BTreeMap::from([
+            (arch("sm_90a"), code(147, &[], 128)),
+            (arch("sm_100a"), code(147, &[], 255)),
+        ]);
+        let mut after = variant("cu130", "k2", "d2");
+        after.device_code = BTreeMap::from([
+            (arch("sm_90a"), code(150, &["only100_trap"], 255)),
+            (arch("sm_120a"), code(3, &[], 64)),
+        ]);
+        let old = index(vec![("_C", record(&[("csrc/ops.cu", "a")], vec![before]))]);
+        let new = index(vec![("_C", record(&[("csrc/ops.cu", "b")], vec![after]))]);
+        let rows = module_rows(&old, &new);
+        assert_eq!(
+            rows[0].device_code,
+            [
+                "sm_90a: kernels 147 → 150, stubs 0 → 1 (new: `only100_trap`), max registers \
+                 128 → 255",
+                "sm_100a: gone",
+                "sm_120a: added (3 kernels in 1 image, 0 stubs, up to 64 registers, 24-byte \
+                 stack, 1024 bytes of static shared memory)",
+            ]
+        );
+        // An index written before fatbins were read compares nothing.
+        let unrecorded = index(vec![(
+            "_C",
+            record(&[("csrc/ops.cu", "a")], vec![variant("cu130", "k1", "d1")]),
+        )]);
+        assert!(module_rows(&unrecorded, &new)[0].device_code.is_empty());
     }
 }
