@@ -427,6 +427,7 @@ mod tests {
                     stored_size: 1,
                     dictionary: None,
                 },
+                device_code: Default::default(),
             }],
             skipped: vec![ModuleSkip {
                 cuda: "cu129".parse().unwrap(),
