@@ -175,6 +175,57 @@ fn module_tools() -> bool {
     true
 }
 
+/// `torch-target`: a library that pins a newer torch (`2.13.*`) than the one at hand (2.11)
+/// builds its stable-ABI module with `TORCH_TARGET_VERSION` for 2.11, serving every torch from
+/// 2.11 on; without it the torch at hand is refused against the pin, and a target newer than
+/// that torch is refused naming the extension.
+#[test]
+fn torch_target_builds_a_stable_module_for_a_newer_pin_with_the_torch_at_hand() {
+    if !module_tools() {
+        return;
+    }
+    let found = bundler::torch::TorchHeaders::find().unwrap().version;
+    if !found.starts_with("2.11.") {
+        testkit::missing(&format!("torch {found} at hand, the test wants 2.11"));
+        return;
+    }
+    let (dir, manifest) = stable_module_library();
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    let narrowed = text
+        .replace("torch = \"2.11.*\"", "torch = \"2.13.*\"")
+        .replace("archs = [\"sm_90a\", \"sm_100a\"]", "archs = [\"sm_90a\"]")
+        .replace(
+            "cuda-builds = [\"cu129\", \"cu130\"]",
+            "cuda-builds = [\"cu130\"]",
+        );
+    let build = |extra: &str| {
+        std::fs::write(&manifest, format!("{narrowed}{extra}")).unwrap();
+        let options = BundleOptions::new(
+            &manifest,
+            &dir.path().join("out"),
+            &dir.path().join("cache"),
+        );
+        bundle_kernels(&options)
+    };
+    let error = testkit::error_chain(&build("").unwrap_err());
+    assert!(
+        error.contains("which the manifest's torch pin `2.13.*` does not allow"),
+        "{error}"
+    );
+    let error = testkit::error_chain(&build("torch-target = \"2.12\"\n").unwrap_err());
+    assert!(
+        error.contains("older than extension `_C`'s `torch-target = \"2.12\"`"),
+        "{error}"
+    );
+    let summary = build("torch-target = \"2.11\"\n").unwrap();
+    let record = &summary.index.modules["_C"];
+    assert_eq!(record.variants[0].torch, ">=2.11");
+    assert_eq!(
+        record.inputs.defines["TORCH_TARGET_VERSION"],
+        "0x020b000000000000"
+    );
+}
+
 /// A stable-ABI module built by `bundle-kernels`: one cu130 module for this CPU that serves
 /// torch from the pin's minor on, with sm_90a and sm_100a device code inside; cu129 recorded
 /// as a skip saying why; the same bytes from a second checkout with its own cache; a second
