@@ -26,7 +26,7 @@
 //! (`cu130/x86_64`), with the key inputs that changed ([`modules`]).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt::{self, Write as _};
+use std::fmt;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
@@ -44,7 +44,10 @@ use crate::verify::VerifiedWheel;
 use crate::Error;
 
 mod modules;
+mod policy;
+
 pub use modules::{ModuleRow, ModuleSide};
+pub use policy::{describe_breaches, Breaches, DiffPolicy};
 
 /// A release opened for comparison: its bundle, and the scratch folder a wheel's bundle was
 /// unpacked into (removed on drop).
@@ -727,94 +730,4 @@ fn escape(text: &str) -> String {
         }
     }
     out
-}
-
-/// A release gate on a diff: the manifest's `[release]` table
-/// ([`bundler::manifest::ReleasePolicy`]); an absent field allows the change.
-pub type DiffPolicy = bundler::manifest::ReleasePolicy;
-
-/// What a policy finds wrong with a diff.
-pub trait Breaches {
-    /// The rows and coverage changes that break the policy, one line each; empty: it holds.
-    fn breaches(&self, diff: &ReleaseDiff) -> Vec<String>;
-}
-
-impl Breaches for DiffPolicy {
-    fn breaches(&self, diff: &ReleaseDiff) -> Vec<String> {
-        let mut breaches = Vec::new();
-        for row in &diff.rows {
-            let at = format!("`{}` {}", row.kernel, row.target);
-            if let (Some(limit), Some(increase)) =
-                (self.max_register_increase, row.register_increase)
-            {
-                if increase > i64::from(limit) {
-                    breaches.push(format!(
-                        "{at}: registers +{increase}, over max-register-increase = {limit}"
-                    ));
-                }
-            }
-            if self.allow_spills == Some(false) && row.new_stack {
-                breaches.push(format!(
-                    "{at}: a new stack frame (local memory or spills), and allow-spills = false"
-                ));
-            }
-            if self.allow_removed == Some(false) && row.change == Change::Removed {
-                breaches.push(format!(
-                    "{at}: removed ({}), and allow-removed = false",
-                    row.why.join("; ")
-                ));
-            }
-            if self.allow_abi_break == Some(false) && row.abi_break {
-                breaches.push(format!(
-                    "{at}: the entry parameters changed, and allow-abi-break = false"
-                ));
-            }
-            if self.allow_requirement_change == Some(false) && row.requirements_changed {
-                let changes: Vec<&String> = row
-                    .why
-                    .iter()
-                    .filter(|why| why.starts_with("requires:") || why.starts_with("inputs:"))
-                    .collect();
-                breaches.push(format!(
-                    "{at}: the kernel's requirements changed ({}), and allow-requirement-change \
-                     = false",
-                    changes
-                        .iter()
-                        .map(|change| change.as_str())
-                        .collect::<Vec<_>>()
-                        .join("; ")
-                ));
-            }
-        }
-        if self.allow_removed == Some(false) {
-            for row in diff.modules.iter().filter(|r| r.change == Change::Removed) {
-                breaches.push(format!(
-                    "module `{}` {}: removed ({}), and allow-removed = false",
-                    row.module,
-                    row.target,
-                    row.why.join("; ")
-                ));
-            }
-        }
-        if self.allow_coverage_loss == Some(false) {
-            for change in diff.coverage.iter().filter(|c| c.is_loss()) {
-                breaches.push(format!(
-                    "`{}` on {}: loaded {} and now nothing, and allow-coverage-loss = false",
-                    change.kernel,
-                    change.device,
-                    change.old.as_deref().unwrap_or("-")
-                ));
-            }
-        }
-        breaches
-    }
-}
-
-/// Writes `breaches` as the gate's message.
-pub fn describe_breaches(breaches: &[String]) -> String {
-    let mut text = String::new();
-    for breach in breaches {
-        let _ = writeln!(text, "  - {breach}");
-    }
-    text
 }
