@@ -641,17 +641,20 @@ fn bundle_only(only: &str, out: &str) {
 }
 
 /// A stand-in for sccache's client on a farm of one server (`127.0.0.1:10501`): it runs each
-/// compile it is handed here and counts it, in `$SCCACHE_DIR/compiles`, as a stage of that
-/// server; `--dist-status` names a scheduler, `--show-stats` gives the counts as sccache's JSON.
+/// compile it is handed here and counts it, one line each in `$SCCACHE_DIR/compiles`, as a
+/// stage of that server; `--dist-status` names a scheduler, `--show-stats` gives the counts as
+/// sccache's JSON. Compiles run in parallel: each appends its own line (one small `O_APPEND`
+/// write) rather than reading and rewriting a number, which lost a count when two raced.
 const FARM_OF_ONE: &str = r#"#!/bin/sh
 count="$SCCACHE_DIR/compiles"
 case "$1" in
 --dist-status) echo '{"SchedulerStatus":["http://127.0.0.1:10600/",{"num_servers":1}]}' ;;
 --show-stats)
-  n=$(cat "$count" 2>/dev/null || echo 0)
+  n=0
+  if [ -f "$count" ]; then n=$(wc -l < "$count" | tr -d ' '); fi
   printf '{"stats":{"compilations":%s,"non_cacheable_compilations":0,"dist_errors":0,"dist_compiles":{"127.0.0.1:10501":%s},"cache_hits":{"counts":{}}}}\n' "$n" "$n" ;;
 *)
-  echo $(( $(cat "$count" 2>/dev/null || echo 0) + 1 )) > "$count"
+  echo compile >> "$count"
   exec "$@" ;;
 esac
 "#;
