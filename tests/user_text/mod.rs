@@ -23,6 +23,22 @@ fn transcript(mut command: Command, args: &[&str]) -> String {
     format!("$ kwheel {}\nexit code: {code}\n{text}", args.join(" "))
 }
 
+/// [`session`] of a command whose `--json` answer is one line of JSON: the answer
+/// pretty-printed (its keys sorted), so that each field is a line of the snapshot.
+fn json_session(args: &[&str]) -> String {
+    let output = kwheel().args(args).output().unwrap();
+    let code = output.status.code().unwrap_or(-1);
+    let answer: serde_json::Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|error| panic!("{error}: {}", text(&output)));
+    let stderr = stderr(&output);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    format!(
+        "$ kwheel {}\nexit code: {code}\n{}\n{stderr}",
+        args.join(" "),
+        serde_json::to_string_pretty(&answer).unwrap()
+    )
+}
+
 /// A temporary folder for a test that needs the toolchains; `None` (said) without them.
 fn folder_with_toolchains() -> Option<tempfile::TempDir> {
     have_toolchains().then(|| tempfile::tempdir().unwrap())
@@ -158,7 +174,13 @@ fn bundle_list_and_dev_coverage_of_the_default_library() {
     let mut columns = settings.clone();
     columns.add_filter(r" {2,}", "  ");
     columns.bind(|| insta::assert_snapshot!("bundle_list", list));
-    // `--json`: every kernel with what the manifest declares it requires, as the index has it.
+    // `--json`, whole: the sizes filtered as the table's columns are.
+    let list_json = session(&["bundle", "list", "--json", &bundle]);
+    let mut sized = settings.clone();
+    sized.add_filter(r#""size": \d+"#, r#""size": [SIZE]"#);
+    sized.add_filter(r#""stored_size": \d+"#, r#""stored_size": [STORED]"#);
+    sized.bind(|| insta::assert_snapshot!("bundle_list_json", list_json));
+    // Every kernel with what the manifest declares it requires, as the index has it.
     let json = kwheel()
         .args(["bundle", "list", "--json", &bundle])
         .output()
@@ -189,6 +211,11 @@ fn bundle_list_and_dev_coverage_of_the_default_library() {
         "dev", "coverage", &bundle, "--device", "sm_100", "--cuda", "13.0", "--driver", "580.65",
     ]);
     settings.bind(|| insta::assert_snapshot!("dev_coverage_b200", coverage));
+    let coverage_json = session(&[
+        "dev", "coverage", &bundle, "--device", "sm_100", "--cuda", "13.0", "--driver", "580.65",
+        "--json",
+    ]);
+    settings.bind(|| insta::assert_snapshot!("dev_coverage_b200_json", coverage_json));
     let fleet = session(&[
         "dev",
         "coverage",
@@ -199,6 +226,17 @@ fn bundle_list_and_dev_coverage_of_the_default_library() {
         "13.0",
     ]);
     settings.bind(|| insta::assert_snapshot!("dev_coverage_fleet", fleet));
+    let fleet_json = session(&[
+        "dev",
+        "coverage",
+        &bundle,
+        "--fleet",
+        "H200,B200,B300,Thor,GB10,next=13.0",
+        "--cuda",
+        "13.0",
+        "--json",
+    ]);
+    settings.bind(|| insta::assert_snapshot!("dev_coverage_fleet_json", fleet_json));
 }
 
 /// A CI matrix's two shards merged into one bundle, `fetch` of a bundle that holds all it
@@ -314,6 +352,21 @@ fn shards_merged_fetched_extracted_published_and_an_sdist() {
     let mut sized = settings.clone();
     sized.add_filter(r"\(\d+ files, \d+ bytes\)", "([FILES] files, [SIZE] bytes)");
     sized.bind(|| insta::assert_snapshot!("dev_build_sdist", sdist));
+    let sdist_json = json_session(&[
+        "dev",
+        "build-sdist",
+        "--manifest",
+        &workspace()
+            .join("kernels/kernels.toml")
+            .display()
+            .to_string(),
+        "--out",
+        &format!("{root}/sdist-json"),
+        "--json",
+    ]);
+    let mut counted = settings.clone();
+    counted.add_filter(r#""(size|files)": \d+"#, r#""$1": [N]"#);
+    counted.bind(|| insta::assert_snapshot!("dev_build_sdist_json", sdist_json));
     // `wheel verify` of that sdist: what it holds and the kernels its sources plan.
     let built = file_ending_in(Path::new(&format!("{root}/sdist")), ".tar.gz");
     let verified = session(&["wheel", "verify", &built]);
@@ -349,10 +402,26 @@ fn toolchains_build_wheel_and_wheel_verify_of_the_default_library() {
     settings.add_filter(r#""(size|files)": \d+"#, r#""$1": [N]"#);
     let toolchains = session(&["toolchains"]);
     settings.bind(|| insta::assert_snapshot!("toolchains", toolchains));
+    // The targets a toolchain lists are its version's, as `(targets [SMS])` is in the text.
+    let mut targets = settings.clone();
+    targets.add_filter(r#""targets": \[[^\]]*\]"#, r#""targets": [SMS]"#);
+    let toolchains_json = json_session(&["toolchains", "--json"]);
+    targets.bind(|| insta::assert_snapshot!("toolchains_json", toolchains_json));
     let wheels = dir.path().join("wheels");
     let (bundle, wheels) = (bundle.display().to_string(), wheels.display().to_string());
     let built = session(&["dev", "build-wheel", "--bundle", &bundle, "--out", &wheels]);
     settings.bind(|| insta::assert_snapshot!("dev_build_wheel", built));
+    let wheels_json = dir.path().join("wheels-json").display().to_string();
+    let built_json = json_session(&[
+        "dev",
+        "build-wheel",
+        "--bundle",
+        &bundle,
+        "--out",
+        &wheels_json,
+        "--json",
+    ]);
+    settings.bind(|| insta::assert_snapshot!("dev_build_wheel_json", built_json));
     let wheel = file_ending_in(Path::new(&wheels), ".whl");
     let verified = session(&["wheel", "verify", &wheel]);
     settings.bind(|| insta::assert_snapshot!("wheel_verify", verified));
