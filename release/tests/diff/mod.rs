@@ -164,7 +164,7 @@ fn release_diff_shows_exactly_the_edited_kernels_with_why_and_registers() {
         [
             "# <scratch>/old-bundle → <scratch>/new-bundle",
             "",
-            "24 kernel targets: 0 added, 0 removed, 16 rebuilt, 8 unchanged"
+            "24 kernel targets: 0 added, 0 removed, 16 rebuilt, 8 unchanged, 0 skipped"
         ],
         "{text}"
     );
