@@ -337,14 +337,15 @@ fn shards_merged_fetched_extracted_published_and_an_sdist() {
     store.fail_always(Some(testkit::loopback_store::Fault::Status(404)));
     let text = fetch("another-artifact-cache");
     published.bind(|| insta::assert_snapshot!("fetch_from_a_store_without_the_artifacts", text));
+    let manifest = workspace()
+        .join("kernels/kernels.toml")
+        .display()
+        .to_string();
     let sdist = session(&[
         "dev",
         "build-sdist",
         "--manifest",
-        &workspace()
-            .join("kernels/kernels.toml")
-            .display()
-            .to_string(),
+        &manifest,
         "--out",
         &format!("{root}/sdist"),
     ]);
@@ -356,10 +357,7 @@ fn shards_merged_fetched_extracted_published_and_an_sdist() {
         "dev",
         "build-sdist",
         "--manifest",
-        &workspace()
-            .join("kernels/kernels.toml")
-            .display()
-            .to_string(),
+        &manifest,
         "--out",
         &format!("{root}/sdist-json"),
         "--json",
