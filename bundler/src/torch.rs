@@ -301,14 +301,7 @@ pub fn find_for_modules(manifest: &crate::Manifest) -> Result<TorchHeaders, Torc
         return find_pinned(manifest);
     }
     let torch = TorchHeaders::find()?;
-    let found = prebuilt::module::torch_target_version(
-        &torch
-            .version
-            .split('.')
-            .take(2)
-            .collect::<Vec<_>>()
-            .join("."),
-    );
+    let found = prebuilt::module::torch_minor(&torch.version);
     for (name, target) in targets {
         let wanted = prebuilt::module::torch_target_version(target);
         if found.is_none() || found < wanted {

@@ -123,14 +123,22 @@ pub fn module_path(digest: &str) -> String {
 /// pin's minor only (`2.11.*` → `==2.11.*`). `None` when the pin names no version to start
 /// from (`*`, `>=2.9,<3` where the ABI needs one minor).
 pub fn torch_served(abi: Abi, pin: &str) -> Option<String> {
-    let text = pin.trim().trim_start_matches("==").trim();
-    let mut parts = text.split('.');
-    let major: u32 = parts.next()?.parse().ok()?;
-    let minor: u32 = parts.next()?.trim_end_matches('*').parse().ok()?;
+    let (major, minor) = torch_minor(pin)?;
     Some(match abi {
         Abi::Stable => format!(">={major}.{minor}"),
         Abi::Torch => format!("=={major}.{minor}.*"),
     })
+}
+
+/// The (major, minor) a torch pin or version starts from: `2.11.*`, `==2.11.*`, `2.11` and
+/// `2.11.0+cu130` are all (2, 11); `None` for a pin that names no one version (`*`,
+/// `>=2.9,<3`).
+pub fn torch_minor(text: &str) -> Option<(u32, u32)> {
+    let text = text.trim().trim_start_matches("==").trim();
+    let mut parts = text.split('.');
+    let major: u32 = parts.next()?.parse().ok()?;
+    let minor: u32 = parts.next()?.trim_end_matches('*').parse().ok()?;
+    Some((major, minor))
 }
 
 /// A stable-ABI module's `torch-target` (`2.11`) as (major, minor); `None` unless it is
@@ -373,6 +381,9 @@ mod tests {
             torch_served(Abi::Torch, "2.11.*").as_deref(),
             Some("==2.11.*")
         );
+        assert_eq!(torch_minor("2.11.0+cu130"), Some((2, 11)));
+        assert_eq!(torch_minor("==2.13.*"), Some((2, 13)));
+        assert_eq!(torch_minor(">=2.9,<3"), None);
         assert_eq!(torch_target_version("2.11"), Some((2, 11)));
         for text in ["2", "2.11.0", "2.x", ".11", "2.", "v2.11", "2.+1"] {
             assert_eq!(torch_target_version(text), None, "{text}");

@@ -17,7 +17,7 @@
 
 use std::fmt;
 
-use crate::index::ModuleRecord;
+use crate::index::{ModuleInputs, ModuleRecord};
 use crate::module::compile::is_cuda_source;
 use crate::module::{select_module, ModuleHost};
 use crate::select::runs_on;
@@ -63,13 +63,9 @@ pub fn visible_module_devices() -> Result<Vec<ModuleDevice>, String> {
         .map_err(|error| crate::error_chain(&error))
 }
 
-/// Whether the module of `record` has device code at all (a CUDA translation unit).
-pub fn has_device_code(record: &ModuleRecord) -> bool {
-    record
-        .inputs
-        .sources
-        .iter()
-        .any(|source| is_cuda_source(source))
+/// Whether a module of these inputs has device code at all (a CUDA translation unit).
+pub fn has_device_code(inputs: &ModuleInputs) -> bool {
+    inputs.sources.iter().any(|source| is_cuda_source(source))
 }
 
 /// The declared archs whose image runs on a device of `capability`, in declared order.
@@ -84,7 +80,7 @@ pub fn covering_archs(archs: &[Arch], capability: (u32, u32)) -> Vec<Arch> {
 /// Whether the module of `record` can run its device code on a device of `capability`: it has
 /// none, or one of its declared archs runs there.
 pub fn module_covers(record: &ModuleRecord, capability: (u32, u32)) -> bool {
-    !has_device_code(record) || !covering_archs(&record.inputs.archs, capability).is_empty()
+    !has_device_code(&record.inputs) || !covering_archs(&record.inputs.archs, capability).is_empty()
 }
 
 /// `sm_90a, sm_100a`.
@@ -270,7 +266,7 @@ pub fn module_status(
     };
     let loaded = format!("{} (torch {torch})", source.how());
     let variant = format!("{} {variant}", source.provenance());
-    if !has_device_code(record) {
+    if !has_device_code(&record.inputs) {
         return ModuleStatus::Available {
             variant,
             reason: format!("{loaded}; it has no device code"),
@@ -365,7 +361,7 @@ pub fn jit_archs(record: &ModuleRecord, devices: Result<&[ModuleDevice], &str>) 
         archs: declared.clone(),
         why,
     };
-    if !has_device_code(record) {
+    if !has_device_code(&record.inputs) {
         return declared_with("it has no device code".to_owned());
     }
     let devices = match devices {

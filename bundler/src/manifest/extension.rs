@@ -142,9 +142,7 @@ pub fn check_extension(
                 "`torch-target = \"{target}\"` must be a torch version `MAJOR.MINOR` (`2.11`)"
             ));
         };
-        let pin = prebuilt::module::torch_served(Abi::Stable, library_torch)
-            .and_then(|served| prebuilt::module::torch_target_version(&served[2..]));
-        if pin.is_some_and(|pin| version > pin) {
+        if prebuilt::module::torch_minor(library_torch).is_some_and(|pin| version > pin) {
             return Some(format!(
                 "`torch-target = \"{target}\"` is newer than the library's torch pin \
                  `{library_torch}`: the module must serve the torch the library pins"
