@@ -253,11 +253,9 @@ pub fn build_modules(
             };
             let planned = plan_module(manifest, name, spec, &torch, &toolchain.include_dirs)?;
             built.sources.extend(planned.shipped.clone());
-            let served = match &spec.torch_target {
-                Some(target) => Some(format!(">={target}")),
-                None => torch_served(spec.abi, torch_pin),
-            };
-            let served = served.ok_or_else(|| Error::ModuleBuild {
+            // A `torch-target` (stable ABI only) is where the module's range starts.
+            let from = spec.torch_target.as_deref().unwrap_or(torch_pin);
+            let served = torch_served(spec.abi, from).ok_or_else(|| Error::ModuleBuild {
                 module: name.clone(),
                 build,
                 reason: format!(
@@ -375,6 +373,7 @@ fn compile_module(
         source: Box::new(source),
     };
     let inputs = &planned.inputs;
+    let nvcc = toolchain.nvcc.as_deref().expect("a toolchain with nvcc");
     let recipe = ModuleRecipe {
         name: planned.name.clone(),
         abi: planned.abi,
@@ -389,13 +388,8 @@ fn compile_module(
         cxx_std: inputs.cxx_std.clone(),
         archs: inputs.archs.clone(),
         torch_package: torch.package.clone(),
-        // The runtime sits in the `lib` folder beside one of the toolkit's include folders.
-        cuda_lib_dirs: toolchain
-            .include_dirs
-            .iter()
-            .filter_map(|include| Some(include.parent()?.join("lib")))
-            .collect(),
-        nvcc: toolchain.nvcc.clone().expect("a toolchain with nvcc"),
+        cuda_lib_dirs: prebuilt::module::compile::cuda_runtime_dirs(nvcc, &torch.package),
+        nvcc: nvcc.to_path_buf(),
         cxx: PathBuf::from("g++"),
     };
     prebuilt::module::build_module(&recipe, &|_| {}).map_err(fail)
@@ -408,8 +402,7 @@ pub fn read_device_code(
     bytes: &[u8],
     inputs: &ModuleInputs,
 ) -> Result<BTreeMap<Arch, ModuleDeviceCode>, FatbinError> {
-    let has_device_code = inputs.sources.iter().any(|source| source.ends_with(".cu"));
-    let archs = if has_device_code {
+    let archs = if prebuilt::module_coverage::has_device_code(inputs) {
         &inputs.archs[..]
     } else {
         &[]

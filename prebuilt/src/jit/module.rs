@@ -27,6 +27,7 @@ use super::sources::verify_sources;
 use super::*;
 use crate::bundle::SOURCES_DIR;
 use crate::index::{ModuleInputs, ModuleRecord};
+use crate::module::compile::cuda_runtime_dirs;
 use crate::module::{build_module, module_key, Abi, ModuleKeyInputs, ModuleRecipe};
 use crate::module_coverage::{jit_archs, visible_module_devices, JitArchs};
 use crate::untrusted::MAX_ARTIFACT_SIZE;
@@ -443,7 +444,7 @@ fn compile_module(
         cxx_std: inputs.cxx_std.clone(),
         archs: request.archs.archs().to_vec(),
         torch_package: request.torch_dir.to_path_buf(),
-        cuda_lib_dirs: cuda_lib_dirs(&toolkit, request.torch_dir),
+        cuda_lib_dirs: cuda_runtime_dirs(&compilers.nvcc, request.torch_dir),
         nvcc: compilers.nvcc.clone(),
         cxx: compilers.cxx.clone(),
     };
@@ -452,28 +453,6 @@ fn compile_module(
         build: request.cuda,
         source: Box::new(source),
     })
-}
-
-/// Where the module JIT looks for the CUDA runtime to link: the toolkit nvcc came from (a
-/// system install keeps it in `lib64/`, or under `targets/<cpu>-linux/lib`; a pip toolchain
-/// in `lib/`), then the runtime torch's own CUDA wheels installed beside it
-/// (`site-packages/nvidia/cu13/lib`, `nvidia/cuda_runtime/lib`). The module links it by name
-/// only, so any copy of the same major version serves.
-fn cuda_lib_dirs(toolkit: &Path, torch_dir: &Path) -> Vec<PathBuf> {
-    let target = format!("targets/{}-linux/lib", std::env::consts::ARCH);
-    let mut dirs: Vec<PathBuf> = ["lib64", "lib", target.as_str()]
-        .iter()
-        .map(|dir| toolkit.join(dir))
-        .collect();
-    if let Some(site) = torch_dir.parent() {
-        let nvidia = site.join("nvidia");
-        dirs.extend(
-            ["cu13/lib", "cuda_runtime/lib"]
-                .iter()
-                .map(|dir| nvidia.join(dir)),
-        );
-    }
-    dirs
 }
 
 #[cfg(test)]
@@ -560,7 +539,7 @@ mod tests {
         std::fs::create_dir_all(site.join("torch")).unwrap();
         std::fs::create_dir_all(site.join("nvidia/cu13/lib")).unwrap();
         std::fs::write(site.join("nvidia/cu13/lib/libcudart.so.13"), b"").unwrap();
-        let dirs = cuda_lib_dirs(&toolkit, &site.join("torch"));
+        let dirs = cuda_runtime_dirs(&toolkit.join("bin/nvcc"), &site.join("torch"));
         assert_eq!(
             crate::module::compile::find_cuda_runtime(&dirs),
             Some(site.join("nvidia/cu13/lib/libcudart.so.13"))

@@ -198,6 +198,32 @@ pub fn is_cuda_source(source: &str) -> bool {
     source.ends_with(".cu")
 }
 
+/// Where a module's CUDA runtime is looked for, in order ([`ModuleRecipe::cuda_lib_dirs`]):
+/// the toolkit `nvcc` comes from (a system install keeps it in `lib64/` or
+/// `targets/<cpu>-linux/lib`, the registry's toolkit wheels in `lib/`), then the CUDA wheels
+/// installed beside torch (`site-packages/nvidia/cu13/lib`, `nvidia/cuda_runtime/lib`). The
+/// module links it by name only, so any copy of the same major version serves.
+pub fn cuda_runtime_dirs(nvcc: &Path, torch_package: &Path) -> Vec<PathBuf> {
+    let toolkit = nvcc
+        .parent()
+        .and_then(Path::parent)
+        .unwrap_or(Path::new(""));
+    let target = format!("targets/{}-linux/lib", std::env::consts::ARCH);
+    let mut dirs: Vec<PathBuf> = ["lib64", "lib", target.as_str()]
+        .iter()
+        .map(|dir| toolkit.join(dir))
+        .collect();
+    if let Some(site) = torch_package.parent() {
+        let nvidia = site.join("nvidia");
+        dirs.extend(
+            ["cu13/lib", "cuda_runtime/lib"]
+                .iter()
+                .map(|dir| nvidia.join(dir)),
+        );
+    }
+    dirs
+}
+
 /// The newest CUDA runtime (`libcudart.so.13`) of the first folder in `dirs` that has one.
 pub fn find_cuda_runtime(dirs: &[PathBuf]) -> Option<PathBuf> {
     dirs.iter().find_map(|lib| {
