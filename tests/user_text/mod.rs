@@ -207,36 +207,24 @@ fn bundle_list_and_dev_coverage_of_the_default_library() {
         );
         assert!(!listed["variants"].as_array().unwrap().is_empty(), "{name}");
     }
-    let coverage = session(&[
-        "dev", "coverage", &bundle, "--device", "sm_100", "--cuda", "13.0", "--driver", "580.65",
-    ]);
-    settings.bind(|| insta::assert_snapshot!("dev_coverage_b200", coverage));
-    let coverage_json = session(&[
-        "dev", "coverage", &bundle, "--device", "sm_100", "--cuda", "13.0", "--driver", "580.65",
-        "--json",
-    ]);
-    settings.bind(|| insta::assert_snapshot!("dev_coverage_b200_json", coverage_json));
-    let fleet = session(&[
-        "dev",
-        "coverage",
-        &bundle,
+    // Each coverage query as text and as `--json`.
+    let device: &[&str] = &["--device", "sm_100", "--cuda", "13.0", "--driver", "580.65"];
+    let fleet: &[&str] = &[
         "--fleet",
         "H200,B200,B300,Thor,GB10,next=13.0",
         "--cuda",
         "13.0",
-    ]);
-    settings.bind(|| insta::assert_snapshot!("dev_coverage_fleet", fleet));
-    let fleet_json = session(&[
-        "dev",
-        "coverage",
-        &bundle,
-        "--fleet",
-        "H200,B200,B300,Thor,GB10,next=13.0",
-        "--cuda",
-        "13.0",
-        "--json",
-    ]);
-    settings.bind(|| insta::assert_snapshot!("dev_coverage_fleet_json", fleet_json));
+    ];
+    for (name, query) in [("dev_coverage_b200", device), ("dev_coverage_fleet", fleet)] {
+        let args: Vec<&str> = ["dev", "coverage", &bundle]
+            .into_iter()
+            .chain(query.iter().copied())
+            .collect();
+        let text = session(&args);
+        settings.bind(|| insta::assert_snapshot!(name, text));
+        let json = session(&[&args[..], &["--json"]].concat());
+        settings.bind(|| insta::assert_snapshot!(format!("{name}_json"), json));
+    }
 }
 
 /// A CI matrix's two shards merged into one bundle, `fetch` of a bundle that holds all it

@@ -532,8 +532,12 @@ class Registry:
         one."""
         ordinal = _ordinal(device)
         statuses = self.runtime().status(ordinal)
-        for name in self._bundle.modules:
-            statuses[_module_entry(name)] = self._module_status(name, ordinal)[1]
+        if self._bundle.modules:
+            # The device is read once (NVML, or torch), for every module.
+            ordinal = self.runtime().device if ordinal is None else ordinal
+            sight = _module_device(ordinal)
+            for name in self._bundle.modules:
+                statuses[_module_entry(name)] = self._module_status(name, ordinal, sight)[1]
         return statuses
 
     def is_available(self, name, device=None):
@@ -562,9 +566,10 @@ class Registry:
             return name
         return None
 
-    def _module_status(self, name, ordinal):
+    def _module_status(self, name, ordinal, sight=None):
         """``(available, text)`` of extension module ``name`` on device ``ordinal`` (``None``:
-        the registry's own)."""
+        the registry's own); ``sight``: that device as ``_module_device`` read it, when the
+        caller has."""
         import platform
 
         if ordinal is None:
@@ -576,7 +581,7 @@ class Registry:
         if torch is not None:
             version = self._torch or getattr(torch, "__version__", None)
             cuda = self._cuda or getattr(getattr(torch, "version", None), "cuda", None)
-        seen, unseen = _module_device(ordinal)
+        seen, unseen = sight if sight is not None else _module_device(ordinal)
         return _kwheel.module_status_text(
             self._bundle,
             name,
