@@ -290,7 +290,7 @@ pub fn build_modules(
             let bytes = match std::fs::read(&path) {
                 Ok(bytes) if check_module(&bytes).is_ok() => bytes,
                 _ => {
-                    let bytes = compile_module(&planned, &torch, toolchain)?;
+                    let bytes = compile_module(&planned, &key, &torch, toolchain)?;
                     check_module(&bytes).map_err(|reason| Error::ModuleBuild {
                         module: name.clone(),
                         build,
@@ -364,6 +364,7 @@ fn host_cxx_version() -> Result<String, String> {
 /// ([`prebuilt::module::compile`]); the module's bytes.
 fn compile_module(
     planned: &PlannedModule,
+    key: &str,
     torch: &TorchHeaders,
     toolchain: &Toolchain,
 ) -> Result<Vec<u8>, Error> {
@@ -376,6 +377,7 @@ fn compile_module(
     let nvcc = toolchain.nvcc.as_deref().expect("a toolchain with nvcc");
     let recipe = ModuleRecipe {
         name: planned.name.clone(),
+        key: key.to_owned(),
         abi: planned.abi,
         folder: planned.folder.clone(),
         sources: inputs.sources.clone(),

@@ -622,8 +622,9 @@ fn module_test_inputs(
 /// same bytes; sm_90a device code only, to bound the time (docs/real-libraries.md builds five
 /// ops for sm_90a and sm_100a).
 #[test]
-fn vllm_silu_and_mul_builds_as_a_stable_abi_module_byte_identical_from_two_folders() {
-    let test = "vllm_silu_and_mul_builds_as_a_stable_abi_module_byte_identical_from_two_folders";
+fn vllm_silu_and_mul_builds_as_a_stable_abi_module_with_line_tables_byte_identical_from_two_folders(
+) {
+    let test = "vllm_silu_and_mul_builds_as_a_stable_abi_module_with_line_tables_byte_identical_from_two_folders";
     let Some((toolchains, vllm, pin)) = module_test_inputs(test, "vllm-0.34.0") else {
         return;
     };
@@ -638,7 +639,7 @@ fn vllm_silu_and_mul_builds_as_a_stable_abi_module_byte_identical_from_two_folde
          [extensions._C]\nsources = [\"bindings.cpp\", \"csrc/activation_kernels.cu\"]\n\
          abi = \"stable\"\ninclude-dirs = [\"csrc\"]\n\
          defines = {{ USE_CUDA = \"1\", TORCH_TARGET_VERSION = \"0x020B000000000000ULL\" }}\n\
-         nvcc-flags = [\"--expt-relaxed-constexpr\", \"--expt-extended-lambda\", \"-O3\"]\n\
+         nvcc-flags = [\"--expt-relaxed-constexpr\", \"--expt-extended-lambda\", \"-O3\", \"-lineinfo\"]\n\
          cxx-flags = [\"-O3\"]\n"
     );
     let build = || {
@@ -687,6 +688,23 @@ fn vllm_silu_and_mul_builds_as_a_stable_abi_module_byte_identical_from_two_folde
     let text = String::from_utf8_lossy(&bytes);
     assert!(text.contains("silu_and_mul"));
     assert!(!text.contains(&*first_dir.path().to_string_lossy()));
+    // `-lineinfo`: the cubin's line tables name the files under the key's work folder, never
+    // the checkout, and with no file's time (the two checkouts' files have other times).
+    let section = prebuilt::module::fatbin::fatbin_section(&bytes)
+        .unwrap()
+        .unwrap();
+    let entries = prebuilt::module::fatbin::fatbin_entries(section).unwrap();
+    let cubin = entries
+        .iter()
+        .find(|entry| entry.kind == prebuilt::module::fatbin::EntryKind::Cubin)
+        .unwrap()
+        .payload()
+        .unwrap();
+    let times = prebuilt::compile::lines::file_times(&cubin);
+    assert!(!times.is_empty(), "no line table");
+    assert!(times.iter().all(|&time| time == 0), "{times:?}");
+    assert!(String::from_utf8_lossy(&cubin).contains("/tmp/kwheel-"));
+    std::thread::sleep(std::time::Duration::from_secs(1));
     let (second_dir, second, again) = build();
     assert!(!String::from_utf8_lossy(&again).contains(&*second_dir.path().to_string_lossy()));
     assert!(bytes == again, "two cold builds differ");

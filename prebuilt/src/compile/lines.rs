@@ -28,14 +28,20 @@ pub const LINE_TABLES: [&str; 2] = [".debug_line", ".nv.merc.debug_line"];
 /// `cubin` with every file time in its line tables set to 0; anything that is not an ELF with
 /// one of [`LINE_TABLES`] (PTX, a cubin built without line info) is returned as it is.
 pub fn without_file_times(mut cubin: Vec<u8>) -> Vec<u8> {
-    for (start, end) in line_table_ranges(&cubin) {
+    clear_file_times(&mut cubin);
+    cubin
+}
+
+/// [`without_file_times`] in place: for a cubin that sits inside other bytes (a module's
+/// fatbin), whose size must not change.
+pub fn clear_file_times(cubin: &mut [u8]) {
+    for (start, end) in line_table_ranges(cubin) {
         for (offset, length) in file_time_fields(&cubin[start..end]) {
             let time = &mut cubin[start + offset..start + offset + length];
             time.fill(0x80);
             time[length - 1] = 0;
         }
     }
-    cubin
 }
 
 /// The file range of each of [`LINE_TABLES`] that the cubin has, in that order.

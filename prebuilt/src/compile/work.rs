@@ -59,7 +59,7 @@ impl SourceTree {
 }
 
 /// A work folder in use: removed, and its lock released, when dropped.
-pub(super) struct WorkDir {
+pub(crate) struct WorkDir {
     path: PathBuf,
     lock: File,
 }
@@ -67,7 +67,7 @@ pub(super) struct WorkDir {
 impl WorkDir {
     /// Takes the folder of `key`, waiting while another compile of the same key has it, and
     /// lays out `tree` under `src/`.
-    pub(super) fn create(key: &str, tree: &SourceTree) -> Result<WorkDir, CompileFailure> {
+    pub(crate) fn create(key: &str, tree: &SourceTree) -> Result<WorkDir, CompileFailure> {
         let name: String = key.chars().take(16).collect();
         let path = Path::new(WORK_ROOT).join(format!("kwheel-{name}"));
         let lock_path = path.with_extension("lock");
@@ -146,7 +146,7 @@ impl WorkDir {
     }
 
     /// A link at `at` (inside this folder) to `target`.
-    pub(super) fn link(&self, target: &Path, at: &Path) -> Result<(), CompileFailure> {
+    pub(crate) fn link(&self, target: &Path, at: &Path) -> Result<(), CompileFailure> {
         if let Some(parent) = at.parent() {
             fs::create_dir_all(parent).map_err(|source| CompileFailure::Io {
                 action: "create",
@@ -162,7 +162,7 @@ impl WorkDir {
     }
 
     /// The folder.
-    pub(super) fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 }
@@ -189,7 +189,7 @@ fn lock_timeout() -> std::time::Duration {
 pub const DEFAULT_LOCK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// A path that does not depend on the working directory.
-pub(super) fn absolute(path: &Path) -> PathBuf {
+pub(crate) fn absolute(path: &Path) -> PathBuf {
     std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
 }
 

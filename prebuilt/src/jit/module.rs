@@ -280,7 +280,7 @@ pub fn build_module_cached(
         compilers.cxx_version,
         request.archs
     ));
-    let bytes = compile_module(request, compilers, &sources, progress)?;
+    let bytes = compile_module(request, &key, compilers, &sources, progress)?;
     let digest = sha256_hex(&bytes);
     let entry = ModuleEntry {
         key: key.clone(),
@@ -400,6 +400,7 @@ fn create_module_dirs(cache_dir: &Path, shard: &Path) -> Result<(), JitError> {
 /// the module with the bundler's recipe ([`crate::module::compile`]).
 fn compile_module(
     request: &ModuleJitRequest<'_>,
+    key: &str,
     compilers: &ModuleCompilers,
     sources: &Path,
     progress: &dyn Fn(&str),
@@ -414,6 +415,7 @@ fn compile_module(
         .unwrap_or_default();
     let recipe = ModuleRecipe {
         name: request.name.to_owned(),
+        key: key.to_owned(),
         abi: request.record.abi,
         folder: sources.to_path_buf(),
         sources: inputs.sources.clone(),

@@ -25,8 +25,10 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use super::fatbin::clear_line_table_times;
 use super::{write_classic_extension_h, Abi};
 use crate::compile::nvcc_command;
+use crate::compile::work::{absolute, SourceTree, WorkDir, WORK_ROOT};
 use crate::{Arch, ArchKind};
 
 /// The flags every unit's host code is compiled with, before the recipe's: position-independent
@@ -45,6 +47,9 @@ const SHIM_DIR: &str = "torch-shim";
 pub struct ModuleRecipe {
     /// The module's name (`_C`): the library's file is `<name>.so`.
     pub name: String,
+    /// The module's key: it names the work folder the compilers run in
+    /// (`/tmp/kwheel-<first 16 hex digits>`), whose path line tables record.
+    pub key: String,
     /// Its ABI: a classic module gets kwheel's `<torch/extension.h>` first on its include path
     /// and links `libtorch` too.
     pub abi: Abi,
@@ -342,6 +347,7 @@ pub fn module_commands(
     let torch_lib = recipe.torch_package.join("lib");
     let mut link = Command::new(&recipe.cxx);
     link.args(["-shared", "-s"])
+        .arg(build_id(&recipe.key))
         .arg("-o")
         .arg(&output)
         .args((0..recipe.sources.len()).map(object))
@@ -386,11 +392,18 @@ pub fn build_module(
         write_classic_extension_h(&shim)
             .map_err(|source| ModuleCompileError::Scratch { path: shim, source })?;
     }
+    let work = WorkDir::create(&recipe.key, &source_tree(recipe)).map_err(|failure| {
+        ModuleCompileError::Scratch {
+            path: Path::new(WORK_ROOT).to_path_buf(),
+            source: std::io::Error::other(failure.to_string()),
+        }
+    })?;
+    let in_work = in_work_folder(recipe, &work)?;
     let ModuleCommands {
         units,
         mut link,
         output,
-    } = module_commands(recipe, scratch.path())?;
+    } = module_commands(&in_work, scratch.path())?;
     let results: Vec<Result<(), ModuleCompileError>> = std::thread::scope(|scope| {
         let running: Vec<_> = units
             .into_iter()
@@ -411,9 +424,140 @@ pub fn build_module(
         path: output.clone(),
         reason,
     };
-    let bytes = std::fs::read(&output).map_err(|error| no_library(error.to_string()))?;
+    let mut bytes = std::fs::read(&output).map_err(|error| no_library(error.to_string()))?;
     check_shared_library(&bytes).map_err(no_library)?;
+    clear_line_table_times(&mut bytes).map_err(|error| no_library(error.to_string()))?;
     Ok(bytes)
+}
+
+/// The link's build id: the module's key (its first 40 hex digits), not the linker's hash of
+/// its output, which it takes before [`clear_line_table_times`] clears the file times.
+fn build_id(key: &str) -> String {
+    let digits: String = key
+        .chars()
+        .take_while(char::is_ascii_hexdigit)
+        .take(40)
+        .collect();
+    if digits.len() < 2 || digits.len() % 2 == 1 {
+        return "-Wl,--build-id=none".to_owned();
+    }
+    format!("-Wl,--build-id=0x{digits}")
+}
+
+/// Whether nvcc's flags ask for line tables in the device code (`-lineinfo`, `-G`).
+pub fn asks_for_line_tables(nvcc_flags: &[String]) -> bool {
+    nvcc_flags.iter().any(|flag| {
+        matches!(
+            flag.as_str(),
+            "-lineinfo" | "--generate-line-info" | "-G" | "--device-debug"
+        )
+    })
+}
+
+/// The library's files as the work folder lays them out under `src/`: the recipe's folder,
+/// and each include dir that is neither in it nor in torch's or the toolkit's folders as
+/// `src/[n]`.
+fn source_tree(recipe: &ModuleRecipe) -> SourceTree {
+    let roots = Roots::of(recipe);
+    SourceTree {
+        root: roots.folder.clone(),
+        outside: recipe
+            .include_dirs
+            .iter()
+            .chain(&recipe.toolkit_include_dirs)
+            .map(|dir| absolute(dir))
+            .filter(|dir| roots.inside(dir).is_none())
+            .enumerate()
+            .collect(),
+    }
+}
+
+/// The folders a module's build reads from, each reached through a link in the work folder.
+struct Roots {
+    folder: PathBuf,
+    toolkit: PathBuf,
+    torch: PathBuf,
+}
+
+impl Roots {
+    fn of(recipe: &ModuleRecipe) -> Roots {
+        let torch = absolute(&recipe.torch_package);
+        Roots {
+            folder: absolute(&recipe.folder),
+            toolkit: toolkit_root(&recipe.nvcc),
+            torch: torch.parent().map_or(torch.clone(), Path::to_path_buf),
+        }
+    }
+
+    /// `dir` inside the work folder (`src/…`, `cuda/…`, `torch/…`), when it is under one of
+    /// the roots; the library's folder first, then the toolkit's (which may sit in torch's).
+    fn inside(&self, dir: &Path) -> Option<PathBuf> {
+        [
+            (&self.folder, "src"),
+            (&self.toolkit, "cuda"),
+            (&self.torch, "torch"),
+        ]
+        .into_iter()
+        .filter(|(root, _)| !root.as_os_str().is_empty())
+        .find_map(|(root, at)| Some(Path::new(at).join(dir.strip_prefix(root).ok()?)))
+    }
+}
+
+/// The toolkit nvcc runs from: its `bin/..`.
+fn toolkit_root(nvcc: &Path) -> PathBuf {
+    absolute(nvcc)
+        .parent()
+        .and_then(Path::parent)
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
+}
+
+/// `recipe` as it runs in `work`: the compilers in `work/src` (the library's folder), nvcc
+/// through `work/cuda` (the toolkit), torch's headers through `work/torch`, so that the
+/// folders line tables name (absolute from the compiler's folder, whatever `-I` says) are the
+/// same from any checkout. With line tables asked for, the fatbin is left uncompressed, so
+/// that their file times can be cleared afterwards ([`clear_line_table_times`]).
+fn in_work_folder(
+    recipe: &ModuleRecipe,
+    work: &WorkDir,
+) -> Result<ModuleRecipe, ModuleCompileError> {
+    let roots = Roots::of(recipe);
+    let link_failed = |failure: crate::compile::CompileFailure| ModuleCompileError::Scratch {
+        path: work.path().to_path_buf(),
+        source: std::io::Error::other(failure.to_string()),
+    };
+    work.link(&roots.toolkit, &work.path().join("cuda"))
+        .map_err(link_failed)?;
+    work.link(&roots.torch, &work.path().join("torch"))
+        .map_err(link_failed)?;
+    let tree = source_tree(recipe);
+    let place = |dir: &PathBuf| {
+        let dir = absolute(dir);
+        let inside = roots.inside(&dir).or_else(|| {
+            let (n, _) = tree.outside.iter().find(|(_, outside)| *outside == dir)?;
+            Some(Path::new("src").join(format!("[{n}]")))
+        });
+        inside.map_or(dir, |inside| work.path().join(inside))
+    };
+    let mut nvcc_flags = recipe.nvcc_flags.clone();
+    if asks_for_line_tables(&nvcc_flags) {
+        nvcc_flags.push("--no-compress".into());
+    }
+    Ok(ModuleRecipe {
+        folder: work.path().join("src"),
+        include_dirs: recipe.include_dirs.iter().map(place).collect(),
+        toolkit_include_dirs: recipe.toolkit_include_dirs.iter().map(place).collect(),
+        torch_package: work
+            .path()
+            .join("torch")
+            .join(recipe.torch_package.file_name().unwrap_or_default()),
+        nvcc: work
+            .path()
+            .join("cuda/bin")
+            .join(recipe.nvcc.file_name().unwrap_or_default()),
+        nvcc_flags,
+        ..recipe.clone()
+    })
 }
 
 /// Runs one step; on failure its exit status and the last [`LOG_TAIL_LINES`] lines of its
@@ -454,6 +598,7 @@ mod tests {
     fn recipe(abi: Abi, cuda_lib: &Path) -> ModuleRecipe {
         ModuleRecipe {
             name: "_C".into(),
+            key: "0123456789abcdef0123".into(),
             abi,
             folder: PathBuf::from("/lib"),
             sources: vec!["ops.cpp".into(), "csrc/kernels.cu".into()],
@@ -515,6 +660,74 @@ mod tests {
         assert_eq!(command.get_current_dir(), Some(Path::new("/lib")));
         let program = command.get_program().to_string_lossy().into_owned();
         (source.clone(), program, args(command))
+    }
+
+    /// The compilers see every folder through the work folder (`/tmp/kwheel-<key>`): the
+    /// library under `src/`, an include dir outside it as `src/[n]`, the toolkit under `cuda/`
+    /// (even inside torch's folder), torch under `torch/`; line tables leave the fatbin
+    /// uncompressed.
+    #[test]
+    fn a_module_compiles_in_the_work_folder_of_its_key_whatever_the_checkout() {
+        let root = tempfile::tempdir().unwrap();
+        let at = |path: &str| {
+            let path = root.path().join(path);
+            std::fs::create_dir_all(&path).unwrap();
+            path
+        };
+        let (lib, outside, site, toolkit) = (
+            at("checkout/lib"),
+            at("vendored/include"),
+            at("site"),
+            at("site/nvidia/cu13"),
+        );
+        std::fs::write(lib.join("ops.cpp"), b"").unwrap();
+        let key = format!("{:016x}aa", std::process::id() as u64 * 7919);
+        let recipe = ModuleRecipe {
+            key: key.clone(),
+            folder: lib.clone(),
+            include_dirs: vec![
+                lib.join("csrc"),
+                outside.clone(),
+                site.join("torch/include"),
+            ],
+            toolkit_include_dirs: vec![toolkit.join("include")],
+            torch_package: site.join("torch"),
+            nvcc: toolkit.join("bin/nvcc"),
+            nvcc_flags: vec!["-lineinfo".into()],
+            ..recipe(Abi::Stable, root.path())
+        };
+        let work = WorkDir::create(&key, &source_tree(&recipe)).unwrap();
+        let placed = in_work_folder(&recipe, &work).unwrap();
+        let w = work.path();
+        assert_eq!(
+            w,
+            Path::new(WORK_ROOT).join(format!("kwheel-{}", &key[..16]))
+        );
+        assert_eq!(placed.folder, w.join("src"));
+        assert_eq!(
+            placed.include_dirs,
+            [
+                w.join("src/csrc"),
+                w.join("src/[0]"),
+                w.join("torch/torch/include")
+            ]
+        );
+        assert_eq!(placed.toolkit_include_dirs, [w.join("cuda/include")]);
+        assert_eq!(placed.torch_package, w.join("torch/torch"));
+        assert_eq!(placed.nvcc, w.join("cuda/bin/nvcc"));
+        assert_eq!(placed.nvcc_flags, ["-lineinfo", "--no-compress"]);
+        for (link, target) in [
+            ("src/ops.cpp", lib.join("ops.cpp")),
+            ("src/[0]", outside),
+            ("cuda", toolkit),
+            ("torch", site),
+        ] {
+            assert_eq!(std::fs::read_link(w.join(link)).unwrap(), target, "{link}");
+        }
+        let path = w.to_owned();
+        drop(work);
+        assert!(!path.exists());
+        let _ = std::fs::remove_file(path.with_extension("lock"));
     }
 
     #[test]
@@ -588,6 +801,7 @@ mod tests {
             [
                 "-shared".to_owned(),
                 "-s".into(),
+                "-Wl,--build-id=0x0123456789abcdef0123".into(),
                 "-o".into(),
                 "/tmp/s/_C.so".into(),
                 "/tmp/s/0.o".into(),

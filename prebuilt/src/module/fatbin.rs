@@ -277,6 +277,34 @@ pub fn fatbin_section(module: &[u8]) -> Result<Option<&[u8]>, FatbinError> {
     Ok(Some(bytes))
 }
 
+/// Sets to 0, in place, every file time in the line tables of `module`'s uncompressed cubins
+/// ([`crate::compile::lines::clear_file_times`]), so that a module built with `-lineinfo` or
+/// `-G` names no file's modification time. Sizes do not change, so nothing else moves. A
+/// compressed entry is left as it is: the module build passes `--no-compress` whenever it asks
+/// for line tables.
+pub fn clear_line_table_times(module: &mut [u8]) -> Result<(), FatbinError> {
+    let base = module.as_ptr() as usize;
+    let cubins: Vec<std::ops::Range<usize>> = match fatbin_section(module)? {
+        None => return Ok(()),
+        Some(section) => fatbin_entries(section)?
+            .iter()
+            .filter(|entry| entry.kind == EntryKind::Cubin)
+            .filter(|entry| entry.compression == Compression::None)
+            .map(|entry| {
+                let start = entry.stored.as_ptr() as usize - base;
+                start..start + entry.stored.len()
+            })
+            .collect(),
+    };
+    for range in cubins {
+        // A copy, so the ELF reader sees the cubin at an aligned address.
+        let mut cubin = module[range.clone()].to_vec();
+        crate::compile::lines::clear_file_times(&mut cubin);
+        module[range].copy_from_slice(&cubin);
+    }
+    Ok(())
+}
+
 /// Every entry of every container of a `.nv_fatbin` section, in order, payloads as stored.
 /// Zero bytes between containers are padding.
 pub fn fatbin_entries(section: &[u8]) -> Result<Vec<FatbinEntry<'_>>, FatbinError> {
