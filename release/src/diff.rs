@@ -230,9 +230,14 @@ pub struct Row {
     /// Whether a new-side entry has a stack frame the old one did not (local memory or
     /// spills).
     pub new_stack: bool,
-    /// Whether the kernel's requirements gained a condition (or changed one, or its inputs)
-    /// on a target both sides built: callers may now be refused shapes they passed before.
-    pub requirements_changed: bool,
+    /// How the kernel's requirements changed on a target both sides built, when they gained
+    /// a condition (or changed one, or their inputs): callers may now be refused shapes they
+    /// passed before. Empty otherwise; the JSON says `requirements_changed: true|false`.
+    #[serde(
+        rename = "requirements_changed",
+        serialize_with = "serialize_not_empty"
+    )]
+    pub requirement_changes: Vec<String>,
     /// The old variant, if any.
     pub old: Option<Side>,
     /// The new variant, if any.
@@ -402,9 +407,11 @@ pub fn diff_releases(
                 register_increase: None,
                 abi_break: false,
                 new_stack: false,
-                requirements_changed: old_side.is_some()
-                    && new_side.is_some()
-                    && requirements_gained(old_record, new_record),
+                requirement_changes: if old_side.is_some() && new_side.is_some() {
+                    requirement_changes(old_record, new_record)
+                } else {
+                    Vec::new()
+                },
                 old: old_side,
                 new: new_side,
                 old_skip,
@@ -581,14 +588,27 @@ fn coverage_changes(
     changes
 }
 
-/// Whether the new record's requirements have a condition the old one's do not, or other
-/// inputs: [`bundler::explain::diff_requirements`] words each change.
-fn requirements_gained(old: Option<&KernelRecord>, new: Option<&KernelRecord>) -> bool {
+/// Each change of the requirements ([`bundler::explain::diff_requirements`]'s words) when the
+/// new record's have a condition the old one's do not, or other inputs; else none.
+fn requirement_changes(old: Option<&KernelRecord>, new: Option<&KernelRecord>) -> Vec<String> {
     let (Some(old), Some(new)) = (old, new) else {
-        return false;
+        return Vec::new();
     };
     let (before, after) = (&old.inputs.requires, &new.inputs.requires);
-    before.inputs != after.inputs || after.rules.iter().any(|rule| !before.rules.contains(rule))
+    let gained = before.inputs != after.inputs
+        || after.rules.iter().any(|rule| !before.rules.contains(rule));
+    if !gained {
+        return Vec::new();
+    }
+    bundler::explain::diff_requirements(before, after)
+}
+
+/// A list as whether it has anything.
+fn serialize_not_empty<S: serde::Serializer>(
+    list: &[String],
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serializer.serialize_bool(!list.is_empty())
 }
 
 fn find_variant<'r>(record: Option<&'r KernelRecord>, target: &str) -> Option<&'r Variant> {
@@ -654,7 +674,7 @@ impl fmt::Display for ReleaseDiff {
                 if row.abi_break {
                     resources.insert_str(0, "**ABI break** ");
                 }
-                if row.requirements_changed {
+                if !row.requirement_changes.is_empty() {
                     resources.insert_str(0, "**requirements changed** ");
                 }
                 writeln!(

@@ -369,8 +369,8 @@ pub fn build_python_module(
 }
 
 /// Runs `cargo zigbuild --release` for `packages` and `arch` in `target_dir`. Cargo's output
-/// goes to stderr when `progress` is set, under a heading; otherwise its end is part of the
-/// error.
+/// is reported line by line when `progress` is set, under a heading; otherwise its end is part
+/// of the error.
 fn zigbuild(
     workspace: &Path,
     target_dir: &Path,
@@ -533,12 +533,12 @@ fn find_cargo_subcommand(name: &str) -> Option<PathBuf> {
         .or_else(|| prebuilt::env::program_on_path(name))
 }
 
-/// Runs a build command; a failure carries the end of its output.
+/// Runs a build command; a failure carries the end of its output. With `progress`, each line
+/// it prints is also a diagnostic (`tracing`) as it comes, so the caller decides where it goes.
 fn run(mut command: Command, progress: bool) -> Result<(), Error> {
     let shown = describe(&command);
     let output = if progress {
-        command.stdout(Stdio::inherit()).stderr(Stdio::inherit());
-        command.status().map(|status| (status, String::new()))
+        run_reporting_lines(&mut command)
     } else {
         command.output().map(|output| {
             let mut text = String::from_utf8_lossy(&output.stdout).into_owned();
@@ -559,6 +559,42 @@ fn run(mut command: Command, progress: bool) -> Result<(), Error> {
         outcome: format!("failed ({status})"),
         output: last_lines(&text, 40),
     })
+}
+
+/// Runs `command` with its stdout and stderr read line by line, each line reported as it
+/// comes; its exit status and everything it printed (stdout's lines, then stderr's).
+fn run_reporting_lines(
+    command: &mut Command,
+) -> std::io::Result<(std::process::ExitStatus, String)> {
+    use std::io::BufRead as _;
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let report = |stream: Box<dyn std::io::Read + Send>| {
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            for line in std::io::BufReader::new(stream)
+                .lines()
+                .map_while(Result::ok)
+            {
+                tracing::info!("{line}");
+                text.push_str(&line);
+                text.push('\n');
+            }
+            text
+        })
+    };
+    let stdout = child.stdout.take().map(|out| report(Box::new(out)));
+    let stderr = child.stderr.take().map(|err| report(Box::new(err)));
+    let status = child.wait()?;
+    let text = [stdout, stderr]
+        .into_iter()
+        .flatten()
+        .map(|reader| reader.join().unwrap_or_default())
+        .collect();
+    Ok((status, text))
 }
 
 fn describe(command: &Command) -> String {

@@ -45,20 +45,11 @@ impl Breaches for DiffPolicy {
                     "{at}: the entry parameters changed, and allow-abi-break = false"
                 ));
             }
-            if self.allow_requirement_change == Some(false) && row.requirements_changed {
-                let changes: Vec<&String> = row
-                    .why
-                    .iter()
-                    .filter(|why| why.starts_with("requires:") || why.starts_with("inputs:"))
-                    .collect();
+            if self.allow_requirement_change == Some(false) && !row.requirement_changes.is_empty() {
                 breaches.push(format!(
                     "{at}: the kernel's requirements changed ({}), and allow-requirement-change \
                      = false",
-                    changes
-                        .iter()
-                        .map(|change| change.as_str())
-                        .collect::<Vec<_>>()
-                        .join("; ")
+                    row.requirement_changes.join("; ")
                 ));
             }
         }

@@ -296,7 +296,7 @@ fn a_changed_requirement_shows_in_release_diff_and_fails_the_gate_under_the_poli
     assert_eq!(changed, ["swiglu"].into(), "{diff}");
     for row in diff.rows.iter().filter(|row| row.kernel == "swiglu") {
         assert_eq!(row.change, Change::Rebuilt, "{diff}");
-        assert!(row.requirements_changed, "{diff}");
+        assert_eq!(row.requirement_changes, row.why, "{diff}");
         assert_eq!(
             row.why,
             [
