@@ -49,6 +49,35 @@ pub fn failure(output: &Output, code: i32) -> String {
     text
 }
 
+/// What a user reads of a command: its exit code and its output (stdout, then stderr).
+pub fn rendered(output: &Output) -> String {
+    format!(
+        "exit code: {}\n{}",
+        output.status.code().unwrap_or(-1),
+        text(output)
+    )
+}
+
+/// The kit's snapshot filters, with `root` (a test's own folder) as `[ROOT]` first, so that a
+/// path under it keeps its tail.
+pub fn snapshot_settings(root: &Path) -> insta::Settings {
+    let mut settings = insta::Settings::clone_current();
+    settings.add_filter(
+        &testkit::literal_pattern(&root.display().to_string()),
+        "[ROOT]",
+    );
+    for (pattern, replacement) in testkit::snapshot_filters() {
+        settings.add_filter(&pattern, replacement);
+    }
+    // A bundle's artifact is sharded by its digest's first two hex digits.
+    settings.add_filter(
+        r"artifacts/[0-9a-f]{2}/\[SHA256\]",
+        "artifacts/[SHARD]/[SHA256]",
+    );
+    settings.set_prepend_module_to_snapshot(false);
+    settings
+}
+
 /// What a command that must fail (with any exit code) printed; it must not have panicked.
 pub fn failed(output: &Output) -> String {
     let text = text(output);

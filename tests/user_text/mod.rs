@@ -26,7 +26,12 @@ fn transcript(mut command: Command, args: &[&str]) -> String {
 /// [`session`] of a command whose `--json` answer is one line of JSON: the answer
 /// pretty-printed (its keys sorted), so that each field is a line of the snapshot.
 fn json_session(args: &[&str]) -> String {
-    let output = kwheel().args(args).output().unwrap();
+    json_transcript(kwheel(), args)
+}
+
+/// [`json_session`] of `command` (a `kwheel` with its folder and environment) with `args`.
+fn json_transcript(mut command: Command, args: &[&str]) -> String {
+    let output = command.args(args).output().unwrap();
     let code = output.status.code().unwrap_or(-1);
     let answer: serde_json::Value = serde_json::from_slice(&output.stdout)
         .unwrap_or_else(|error| panic!("{error}: {}", text(&output)));
@@ -229,7 +234,8 @@ fn bundle_list_and_dev_coverage_of_the_default_library() {
 
 /// A CI matrix's two shards merged into one bundle, `fetch` of a bundle that holds all it
 /// lists (no store to fetch from), `bundle extract` of it, `release publish` of it to a store
-/// (twice), and the default library's sdist: what each prints.
+/// (twice), and the default library's sdist: what each prints. `fetch` and `release publish`
+/// also as `--json`, whole.
 #[test]
 fn shards_merged_fetched_extracted_published_and_an_sdist() {
     let Some(dir) = folder_with_toolchains() else {
@@ -274,6 +280,16 @@ fn shards_merged_fetched_extracted_published_and_an_sdist() {
     settings.bind(|| insta::assert_snapshot!("dev_merge_bundles", merged));
     let fetched = session(&["fetch", &merged_dir, "--device", "H200", "--cuda", "13.0"]);
     settings.bind(|| insta::assert_snapshot!("fetch_of_a_whole_bundle", fetched));
+    let fetched_json = json_session(&[
+        "fetch",
+        &merged_dir,
+        "--device",
+        "H200",
+        "--cuda",
+        "13.0",
+        "--json",
+    ]);
+    settings.bind(|| insta::assert_snapshot!("fetch_of_a_whole_bundle_json", fetched_json));
     let extracted = session(&[
         "bundle",
         "extract",
@@ -287,6 +303,7 @@ fn shards_merged_fetched_extracted_published_and_an_sdist() {
     let mut published = settings.clone();
     published.add_filter(&testkit::literal_pattern(&store.url()), "[STORE]");
     published.add_filter(r"\(\d+ bytes\)", "([SIZE] bytes)");
+    published.add_filter(r#""bytes": \d+"#, r#""bytes": [SIZE]"#);
     for name in ["release_publish", "release_publish_again"] {
         let text = session(&[
             "release",
@@ -298,6 +315,23 @@ fn shards_merged_fetched_extracted_published_and_an_sdist() {
         ]);
         published.bind(|| insta::assert_snapshot!(name, text));
     }
+    // `--json` to another store: every object uploaded, then every one already there.
+    let json_store = testkit::loopback_store::LoopbackStore::start();
+    let mut published_json = settings.clone();
+    published_json.add_filter(&testkit::literal_pattern(&json_store.url()), "[STORE]");
+    published_json.add_filter(r#""size": \d+"#, r#""size": [SIZE]"#);
+    for name in ["release_publish_json", "release_publish_again_json"] {
+        let json = json_session(&[
+            "release",
+            "publish",
+            "--to",
+            &json_store.url(),
+            "--bundle",
+            &merged_dir,
+            "--json",
+        ]);
+        published_json.bind(|| insta::assert_snapshot!(name, json));
+    }
     // A copy of the bundle that names the store and holds no artifacts: `fetch` downloads what
     // an H200 loads into an empty cache, then finds it there; a store that lost them fails it.
     let slim = format!("{root}/slim");
@@ -307,12 +341,17 @@ fn shards_merged_fetched_extracted_published_and_an_sdist() {
         serde_json::from_slice(&std::fs::read(&index_path).unwrap()).unwrap();
     index["store"] = store.url().into();
     std::fs::write(&index_path, serde_json::to_vec_pretty(&index).unwrap()).unwrap();
-    let fetch = |cache: &str| {
+    let fetch_command = |cache: &str| {
         let mut command = kwheel();
         command.env("KWHEEL_ARTIFACT_CACHE", format!("{root}/{cache}"));
-        transcript(
-            command,
-            &["fetch", &slim, "--device", "H200", "--cuda", "13.0"],
+        command
+    };
+    let fetch_args = ["fetch", &slim, "--device", "H200", "--cuda", "13.0"];
+    let fetch = |cache: &str| transcript(fetch_command(cache), &fetch_args);
+    let fetch_json = |cache: &str| {
+        json_transcript(
+            fetch_command(cache),
+            &[&fetch_args[..], &["--json"]].concat(),
         )
     };
     for name in [
@@ -322,9 +361,19 @@ fn shards_merged_fetched_extracted_published_and_an_sdist() {
         let text = fetch("artifact-cache");
         published.bind(|| insta::assert_snapshot!(name, text));
     }
+    for name in [
+        "fetch_downloads_from_the_store_json",
+        "fetch_finds_the_download_cached_json",
+    ] {
+        let json = fetch_json("artifact-cache-json");
+        published.bind(|| insta::assert_snapshot!(name, json));
+    }
     store.fail_always(Some(testkit::loopback_store::Fault::Status(404)));
     let text = fetch("another-artifact-cache");
     published.bind(|| insta::assert_snapshot!("fetch_from_a_store_without_the_artifacts", text));
+    let json = fetch_json("a-third-artifact-cache");
+    published
+        .bind(|| insta::assert_snapshot!("fetch_from_a_store_without_the_artifacts_json", json));
     let manifest = workspace()
         .join("kernels/kernels.toml")
         .display()

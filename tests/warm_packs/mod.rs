@@ -135,11 +135,13 @@ fn machine_a() -> Option<Machines> {
     let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(report["entries"], serde_json::json!(["swiglu cu129/sm_89"]));
     assert_eq!(report["skipped"], serde_json::json!([]));
+    let settings = snapshot_settings(&root);
+    settings.bind(|| insta::assert_snapshot!("jit_export_json", rendered(&output)));
     // The same export as a user reads it.
     let again = jit_export(&bundle, &root.join("pack-text"), &a_cache)
         .output()
         .unwrap();
-    snapshot_settings(&root).bind(|| insta::assert_snapshot!("jit_export", rendered(&again)));
+    settings.bind(|| insta::assert_snapshot!("jit_export", rendered(&again)));
     Some(Machines {
         _dir: dir,
         root,
@@ -255,27 +257,32 @@ fn a_jit_only_kernel_exported_on_one_machine_loads_from_the_pack_on_another_with
     snapshots.bind(|| insta::assert_snapshot!("jit_import_again", rendered(&again)));
 }
 
-/// What a user reads of a command: its exit code and its output.
-fn rendered(output: &std::process::Output) -> String {
-    format!(
-        "exit code: {}\n{}",
-        output.status.code().unwrap_or(-1),
-        text(output)
-    )
-}
-
-/// The kit's snapshot filters, and the test's own folder as `[ROOT]`.
-fn snapshot_settings(root: &Path) -> insta::Settings {
-    let mut settings = insta::Settings::clone_current();
-    settings.add_filter(
-        &testkit::literal_pattern(&root.display().to_string()),
-        "[ROOT]",
-    );
-    for (pattern, replacement) in testkit::snapshot_filters() {
-        settings.add_filter(&pattern, replacement);
-    }
-    settings.set_prepend_module_to_snapshot(false);
-    settings
+/// `kwheel jit import --json` on a machine without the pack, then again: the whole report,
+/// `already` false and then true, the installed folder under the machine's own cache.
+#[test]
+fn jit_import_json_reports_the_installed_pack_and_then_that_it_was_already_there() {
+    let Some(machines) = machine_a() else { return };
+    let b = machines.root.join("b");
+    let import = || {
+        on_machine_b(&b)
+            .arg("import")
+            .arg(&machines.pack)
+            .arg("--package")
+            .arg(&machines.bundle)
+            .arg("--json")
+            .output()
+            .unwrap()
+    };
+    let snapshots = snapshot_settings(&machines.root);
+    let first = import();
+    assert!(first.status.success(), "{}", text(&first));
+    let report: serde_json::Value = serde_json::from_slice(&first.stdout).unwrap();
+    assert_eq!(report["already"], false, "{report}");
+    snapshots.bind(|| insta::assert_snapshot!("jit_import_json", rendered(&first)));
+    let again = import();
+    let report: serde_json::Value = serde_json::from_slice(&again.stdout).unwrap();
+    assert_eq!(report["already"], true, "{report}");
+    snapshots.bind(|| insta::assert_snapshot!("jit_import_again_json", rendered(&again)));
 }
 
 /// A copy of the pack with `edit` applied to its files.
