@@ -95,9 +95,10 @@ pub(crate) struct JitImportArgs {
 pub(crate) enum DevCommand {
     /// Compile every kernel × arch × CUDA build that the cache lacks and write the bundle.
     BundleKernels(BundleKernelsArgs),
-    /// Print a kernel's include tree and every input of its key.
+    /// Print a kernel's or an extension module's include tree and every input of its key.
     Explain(ExplainArgs),
-    /// Show, per kernel, which variant of a bundle would load on a given device, and why.
+    /// Show, per kernel and extension module, which variant of a bundle would load on a given
+    /// device, and why.
     Coverage(CoverageArgs),
     /// Write the kernel library's manylinux wheel with its bundle (bundling first if needed).
     BuildWheel(BuildWheelArgs),
@@ -424,8 +425,8 @@ pub(crate) struct FetchArgs {
 
 #[derive(Args)]
 pub(crate) struct ExplainArgs {
-    /// The kernel.
-    pub(crate) kernel: String,
+    /// The kernel, or the extension module (`[extensions.<name>]`).
+    pub(crate) name: String,
     #[command(flatten)]
     pub(crate) manifest: ManifestArg,
     /// Compare with this index (a bundle directory or its index.json).

@@ -160,7 +160,9 @@ fn release_failure(error: &release::Error) -> Option<Failure> {
 fn bundler_failure(error: &bundler::Error) -> Option<Failure> {
     use bundler::Error;
     match error {
-        Error::UnknownKernel { .. } | Error::MissingIncludeDir { .. } => Some(Failure::NotFound),
+        Error::UnknownKernel { .. }
+        | Error::UnknownName { .. }
+        | Error::MissingIncludeDir { .. } => Some(Failure::NotFound),
         Error::Compile(_)
         | Error::InvalidCubin { .. }
         | Error::MissingEntry { .. }

@@ -67,9 +67,9 @@ fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Dev(DevCommand::BundleKernels(args)) => bundling::bundle_kernels(args),
         Command::Dev(DevCommand::Explain(args)) => {
-            let explanation = bundler::explain::explain(
+            let explanation = bundler::explain::explain_kernel_or_module(
                 &args.manifest.resolve()?,
-                &args.kernel,
+                &args.name,
                 args.torch.as_deref(),
                 args.against.as_deref(),
             )?;

@@ -156,6 +156,23 @@ pub enum Error {
         /// The kernels it has.
         known: Vec<String>,
     },
+    /// `explain` named neither a kernel nor an extension module of the manifest.
+    #[error(
+        "no kernel or extension module `{name}` in `{}` (kernels: {}; extension modules: {})",
+        manifest.display(),
+        or_none(kernels),
+        or_none(modules)
+    )]
+    UnknownName {
+        /// The name asked for.
+        name: String,
+        /// The manifest.
+        manifest: PathBuf,
+        /// The kernels it has.
+        kernels: Vec<String>,
+        /// The extension modules it has.
+        modules: Vec<String>,
+    },
     /// A kernel's include graph could not be scanned.
     #[error("cannot scan the includes of `{kernel}`")]
     Scan {
@@ -374,5 +391,13 @@ impl Error {
              to compile it again)",
             record.display()
         )
+    }
+}
+
+/// `a, b`, or `none`.
+fn or_none(names: &[String]) -> String {
+    match names.is_empty() {
+        true => "none".to_owned(),
+        false => names.join(", "),
     }
 }

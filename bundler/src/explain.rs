@@ -1,4 +1,5 @@
-//! `dev explain`: what goes into a kernel's key, and which input changed since an index.
+//! `dev explain`: what goes into a kernel's or an extension module's key, and which input
+//! changed since an index.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::{self, Write};
@@ -13,6 +14,54 @@ use crate::manifest::Manifest;
 use crate::pipeline::{plan_kernel, target_keys, BuildToolchain};
 
 pub use crate::pipeline::TargetKey;
+
+mod module;
+
+pub use module::{
+    diff_module_inputs, explain_module, module_changes_since, ModuleExplanation, ModuleTargetKey,
+};
+
+/// What `dev explain` explains: a kernel, or an extension module.
+#[derive(Debug)]
+pub enum Explained {
+    /// A kernel (`[kernels.<name>]`).
+    Kernel(Explanation),
+    /// An extension module (`[extensions.<name>]`).
+    Module(ModuleExplanation),
+}
+
+impl fmt::Display for Explained {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Explained::Kernel(explanation) => explanation.fmt(f),
+            Explained::Module(explanation) => explanation.fmt(f),
+        }
+    }
+}
+
+/// Explains `name` of the manifest at `manifest_path`, a kernel or an extension module
+/// (kernels and modules share no name), optionally against an index.
+pub fn explain_kernel_or_module(
+    manifest_path: &Path,
+    name: &str,
+    torch: Option<&str>,
+    against: Option<&Path>,
+) -> Result<Explained, Error> {
+    let manifest = Manifest::load(manifest_path)?;
+    if manifest.kernels.contains_key(name) {
+        return explain(manifest_path, name, torch, against).map(Explained::Kernel);
+    }
+    if !manifest.extensions.contains_key(name) {
+        return Err(Error::UnknownName {
+            name: name.to_owned(),
+            manifest: manifest.path.clone(),
+            kernels: manifest.kernels.keys().cloned().collect(),
+            modules: manifest.extensions.keys().cloned().collect(),
+        });
+    }
+    let torch = torch.unwrap_or(&manifest.library.torch).to_owned();
+    explain_module(&manifest, name, &torch, against).map(Explained::Module)
+}
 
 /// Everything `dev explain` prints about one kernel.
 #[derive(Debug)]

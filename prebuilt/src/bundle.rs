@@ -58,7 +58,9 @@ pub(crate) use frames::read_prefix_from;
 use frames::{decompress_declared, new_context, with_kept_context, ZSTD_DICTIONARY_MAGIC};
 pub use frames::{read_inside, read_prefix};
 mod list;
-pub use list::{list_bundle, BundleListing};
+pub use list::{
+    list_bundle, BundleListing, ModuleListing, ModuleSkipListing, ModuleVariantListing,
+};
 mod reads;
 use reads::{link_atomically, Reads, Reuse};
 mod stream;

@@ -12,6 +12,7 @@ use crate::bundle::Bundle;
 use crate::cache::ArtifactCache;
 use crate::device::{DeviceError, DeviceQuery};
 use crate::index::{ArtifactLocation, Index, KernelRecord};
+use crate::module_coverage::{module_coverage, ModuleCoverage};
 use crate::select::evaluate;
 
 /// `dev coverage`: per kernel, what would load and why, or why nothing would.
@@ -27,6 +28,10 @@ pub struct CoverageReport {
     pub torch: Option<String>,
     /// Every kernel of the index, by name.
     pub kernels: BTreeMap<String, KernelCoverage>,
+    /// Every extension module of the index, as `<name> (module)` (the name `bundle list` and
+    /// `status()` use), for this machine's CPU: whether its fatbin runs on the device.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub modules: BTreeMap<String, ModuleCoverage>,
 }
 
 /// One kernel's line of a [`CoverageReport`].
@@ -66,12 +71,29 @@ pub fn coverage_with(
             )
         })
         .collect();
+    // Modules are built for the CPU that runs the bundler, and chosen at import by the CPU
+    // that runs the process: this machine's.
+    let modules = index
+        .modules
+        .iter()
+        .map(|(name, record)| {
+            let coverage = module_coverage(
+                record,
+                query.capability,
+                query.cuda,
+                std::env::consts::ARCH,
+                query.torch.as_deref(),
+            );
+            (format!("{name} (module)"), coverage)
+        })
+        .collect();
     CoverageReport {
         device: query.device(),
         cuda: query.cuda.to_string(),
         driver: query.driver.to_string(),
         torch: query.torch.clone(),
         kernels,
+        modules,
     }
 }
 
@@ -113,9 +135,20 @@ fn nothing_fits(record: &KernelRecord) -> String {
     }
 }
 
+/// A row of the `dev coverage` table: a kernel's or a module's.
+struct Row<'a> {
+    name: &'a str,
+    loads: &'a str,
+    /// Where its cubin is (`-` when not known).
+    place: String,
+    reason: &'a str,
+    /// Under a row that loads nothing: each refusal, on its own line.
+    refusals: Vec<String>,
+}
+
 impl fmt::Display for CoverageReport {
     /// A header naming the query, an aligned table (kernel, loads, why), and the refusals
-    /// under every kernel that loads nothing.
+    /// under every kernel that loads nothing; the extension modules after the kernels.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let torch = self.torch.as_deref().unwrap_or("not checked");
         writeln!(
@@ -123,69 +156,77 @@ impl fmt::Display for CoverageReport {
             "device {}, CUDA build {}, driver {}, torch {torch}",
             self.device, self.cuda, self.driver
         )?;
-        fn loads(coverage: &KernelCoverage) -> &str {
-            coverage.loads.as_deref().unwrap_or("none")
-        }
-        let width = |text: &str| text.chars().count();
-        let kernel_width = self
-            .kernels
-            .keys()
-            .map(|name| width(name))
-            .chain([width("kernel")])
-            .max()
-            .unwrap_or(0);
-        let loads_width = self
-            .kernels
-            .values()
-            .map(|coverage| width(loads(coverage)))
-            .chain([width("loads")])
-            .max()
-            .unwrap_or(0);
         // The `where` column only for reports made on a bundle on disk.
         let locations = self.kernels.values().any(|k| k.location.is_some());
-        let where_width = if locations {
-            self.kernels
-                .values()
-                .map(|k| k.location.map_or(1, |l| width(&l.to_string())))
-                .chain([width("where")])
+        // Each kernel's row, then each module's.
+        let mut rows: Vec<Row<'_>> = Vec::new();
+        for (name, coverage) in &self.kernels {
+            let refusals = match coverage.loads {
+                Some(_) => Vec::new(),
+                None => coverage
+                    .refusals
+                    .iter()
+                    .map(|(variant, reason)| format!("{variant}: {reason}"))
+                    .collect(),
+            };
+            rows.push(Row {
+                name,
+                loads: coverage.loads.as_deref().unwrap_or("none"),
+                place: coverage
+                    .location
+                    .map_or_else(|| "-".to_owned(), |location| location.to_string()),
+                reason: &coverage.reason,
+                refusals,
+            });
+        }
+        for (name, coverage) in &self.modules {
+            rows.push(Row {
+                name,
+                loads: coverage.loads.as_deref().unwrap_or("none"),
+                place: "-".to_owned(),
+                reason: &coverage.reason,
+                refusals: coverage.refusals.clone(),
+            });
+        }
+        let width = |text: &str| text.chars().count();
+        let column = |header: &str, cell: &dyn Fn(&Row<'_>) -> usize| {
+            rows.iter()
+                .map(cell)
+                .chain([width(header)])
                 .max()
                 .unwrap_or(0)
-                + 2
-        } else {
-            0
         };
-        let place = |coverage: &KernelCoverage| -> String {
-            if !locations {
-                return String::new();
-            }
-            let text = coverage
-                .location
-                .map_or_else(|| "-".to_owned(), |location| location.to_string());
-            format!("{text:width$}", width = where_width)
-        };
+        let kernel_width = column("kernel", &|row| width(row.name));
+        let loads_width = column("loads", &|row| width(row.loads));
+        let where_width = column("where", &|row| width(&row.place)) + 2;
         writeln!(f)?;
-        let header = if locations {
-            format!("{:where_width$}", "where")
-        } else {
-            String::new()
+        let header = match locations {
+            true => format!("{:where_width$}", "where"),
+            false => String::new(),
         };
         write!(
             f,
             "{:kernel_width$}  {:loads_width$}  {header}why",
             "kernel", "loads"
         )?;
-        for (name, coverage) in &self.kernels {
+        for Row {
+            name,
+            loads,
+            place,
+            reason,
+            refusals,
+        } in &rows
+        {
+            let place = match locations {
+                true => format!("{place:where_width$}"),
+                false => String::new(),
+            };
             write!(
                 f,
-                "\n{name:kernel_width$}  {:loads_width$}  {}{}",
-                loads(coverage),
-                place(coverage),
-                coverage.reason
+                "\n{name:kernel_width$}  {loads:loads_width$}  {place}{reason}"
             )?;
-            if coverage.loads.is_none() {
-                for (variant, reason) in &coverage.refusals {
-                    write!(f, "\n  {variant}: {reason}")?;
-                }
+            for refusal in refusals {
+                write!(f, "\n  {refusal}")?;
             }
         }
         writeln!(f)
@@ -328,12 +369,24 @@ impl fmt::Display for FleetReport {
         }
         writeln!(f, "\n")?;
         let width = |text: &str| text.chars().count();
+        // The kernels, then the modules (`<name> (module)`).
         let kernels: Vec<&String> = self
             .devices
             .first()
-            .map(|entry| entry.report.kernels.keys().collect())
+            .map(|entry| {
+                let report = &entry.report;
+                report.kernels.keys().chain(report.modules.keys()).collect()
+            })
             .unwrap_or_default();
         let cell = |entry: &FleetEntry, kernel: &str| -> String {
+            // A module's cell: the archs of its fatbin that run there (`any`: no device code).
+            if let Some(module) = entry.report.modules.get(kernel) {
+                return match (&module.loads, &module.covering[..]) {
+                    (None, _) => "none".to_owned(),
+                    (Some(_), []) => "any".to_owned(),
+                    (Some(_), covering) => crate::module_coverage::arch_list(covering),
+                };
+            }
             match entry
                 .report
                 .kernels
@@ -401,7 +454,16 @@ impl fmt::Display for FleetReport {
             "\nsm_XYa: arch-specific cubin (exactly X.Y); sm_XYf: family cubin (X.Y and later X.z); \
              sm_XY: plain cubin (X.Y and later X.z);\ncompute_XY: PTX the driver compiles on \
              first load; none: nothing fits (`dev coverage --device` says why)"
-        )
+        )?;
+        let modules = self.devices.iter().any(|e| !e.report.modules.is_empty());
+        if modules {
+            writeln!(
+                f,
+                "a module's cell: the archs of its fatbin that run there; any: a module without \
+                 device code"
+            )?;
+        }
+        Ok(())
     }
 }
 

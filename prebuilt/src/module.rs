@@ -203,17 +203,37 @@ pub fn select_module<'r>(
     record: &'r ModuleRecord,
     host: &ModuleHost<'_>,
 ) -> Result<&'r ModuleVariant, NoModuleFit> {
+    select_module_where(record, host.cpu, host.cuda, Some(host.torch)).map_err(|reasons| {
+        NoModuleFit {
+            module: name.to_owned(),
+            host: host.to_string(),
+            reasons,
+        }
+    })
+}
+
+/// [`select_module`]'s rule, with the torch check left out where `torch` is `None` (`dev
+/// coverage` without `--torch`): the variant of this CUDA build and CPU whose torch range
+/// holds `torch`; else why none fits, one reason per variant and skipped target.
+pub fn select_module_where<'r>(
+    record: &'r ModuleRecord,
+    cpu: &str,
+    cuda: Option<CudaBuild>,
+    torch: Option<&str>,
+) -> Result<&'r ModuleVariant, Vec<String>> {
     let mut reasons = Vec::new();
     for variant in &record.variants {
         let label = variant.label();
-        let reason = if variant.cpu != host.cpu {
+        let reason = if variant.cpu != cpu {
             format!("{label} is for {} CPUs", variant.cpu)
-        } else if host.cuda != Some(variant.cuda) {
-            match host.cuda {
+        } else if cuda != Some(variant.cuda) {
+            match cuda {
                 Some(cuda) => format!("{label} links {}, not {cuda}", variant.cuda),
                 None => format!("{label} needs a {} torch, not a CPU-only one", variant.cuda),
             }
-        } else if !TorchPin::parse(&variant.torch).is_ok_and(|pin| pin.matches(host.torch)) {
+        } else if torch.is_some_and(|torch| {
+            !TorchPin::parse(&variant.torch).is_ok_and(|pin| pin.matches(torch))
+        }) {
             format!("{label} serves torch {}", variant.torch)
         } else {
             return Ok(variant);
@@ -229,11 +249,7 @@ pub fn select_module<'r>(
     if reasons.is_empty() {
         reasons.push("the bundle holds no build of it".into());
     }
-    Err(NoModuleFit {
-        module: name.to_owned(),
-        host: host.to_string(),
-        reasons,
-    })
+    Err(reasons)
 }
 
 /// Reads module `name`'s `variant` from the bundle at `root`: its stored file checked,

@@ -17,9 +17,11 @@
 
 use std::fmt;
 
+use serde::{Deserialize, Serialize};
+
 use crate::index::{ModuleInputs, ModuleRecord};
 use crate::module::compile::is_cuda_source;
-use crate::module::{select_module, ModuleHost};
+use crate::module::{select_module, select_module_where, ModuleHost};
 use crate::select::runs_on;
 use crate::target::Arch;
 
@@ -125,6 +127,96 @@ pub fn uncovered_warning(
         uncovered.join(" or "),
         arch_list(&record.inputs.archs)
     ))
+}
+
+/// A module's line of a `dev coverage` report: the build that the runtime's CUDA build, torch
+/// and CPU load, and whether the fatbin recorded for it (`ModuleVariant::device_code`) holds an
+/// image that runs on the device.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModuleCoverage {
+    /// The label of the build that loads and whose device code runs there (`cu130/x86_64`);
+    /// `None` when no build fits or its fatbin has nothing for the device.
+    pub loads: Option<String>,
+    /// The archs of that build's fatbin that run on the device, in order; empty for a module
+    /// without device code, or when nothing loads.
+    pub covering: Vec<Arch>,
+    /// Why it runs there, or why not.
+    pub reason: String,
+    /// When no build fits: each build and skipped target, and why it does not fit.
+    pub refusals: Vec<String>,
+}
+
+/// [`ModuleCoverage`] of `record` for a device of `capability` in a process whose torch has
+/// CUDA build `cuda` and runs on `cpu`; `torch` `None` leaves the torch range unchecked. The
+/// build is chosen by [`select_module_where`], the import's rule.
+pub fn module_coverage(
+    record: &ModuleRecord,
+    capability: (u32, u32),
+    cuda: crate::CudaBuild,
+    cpu: &str,
+    torch: Option<&str>,
+) -> ModuleCoverage {
+    let variant = match select_module_where(record, cpu, Some(cuda), torch) {
+        Ok(variant) => variant,
+        Err(refusals) => {
+            return ModuleCoverage {
+                loads: None,
+                covering: Vec::new(),
+                reason: match torch {
+                    Some(torch) => {
+                        format!("nothing fits: no build for {cuda}, torch {torch}, {cpu}")
+                    }
+                    None => format!("nothing fits: no build for {cuda}, {cpu}"),
+                },
+                refusals,
+            }
+        }
+    };
+    let label = variant.label();
+    let (major, minor) = capability;
+    let fits = |covering: Vec<Arch>, reason: String| ModuleCoverage {
+        loads: Some(label.clone()),
+        covering,
+        reason,
+        refusals: Vec::new(),
+    };
+    if !has_device_code(&record.inputs) {
+        return fits(
+            Vec::new(),
+            "it has no device code: it fits every GPU".to_owned(),
+        );
+    }
+    // What the fatbin holds, as the bundler read it; an index written before fatbins were
+    // read has only the declared archs, which the bundler checked the fatbin held.
+    let (fatbin, source): (Vec<Arch>, &str) = match variant.device_code.is_empty() {
+        false => (
+            variant.device_code.keys().copied().collect(),
+            "its fatbin holds",
+        ),
+        true => (
+            record.inputs.archs.clone(),
+            "its fatbin was not read when bundled; it declares",
+        ),
+    };
+    let covering = covering_archs(&fatbin, capability);
+    if covering.is_empty() {
+        return ModuleCoverage {
+            loads: None,
+            covering,
+            reason: format!(
+                "{label}: {source} {}, none of which runs on {major}.{minor}: its CUDA ops \
+                 fail there with \"no kernel image is available\"",
+                arch_list(&fatbin)
+            ),
+            refusals: Vec::new(),
+        };
+    }
+    let reason = format!(
+        "{source} {}; {} runs on {major}.{minor}",
+        arch_list(&fatbin),
+        arch_list(&covering)
+    );
+    fits(covering, reason)
 }
 
 /// How a module came into this process.

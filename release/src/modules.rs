@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 
 use bundler::extension::build::{module_torch, plan_module, toolkit_include_dirs};
 use bundler::Manifest;
-use prebuilt::module::{read_module, ModuleInputs};
+use prebuilt::module::read_module;
 use prebuilt::{Bundle, Index};
 
 use crate::audit::module_platform_tag;
@@ -42,7 +42,7 @@ pub fn stale_modules(manifest: &Manifest, index: &Index) -> Result<Vec<StaleKern
             let build = record.variants.first().map(|variant| variant.cuda);
             let external = build.map(toolkit_include_dirs).unwrap_or_default();
             let planned = plan_module(manifest, name, spec, torch, &external)?;
-            let mut changes = input_changes(&record.inputs, &planned.inputs);
+            let mut changes = bundler::explain::diff_module_inputs(&record.inputs, &planned.inputs);
             if record.abi != planned.abi {
                 changes.push(format!("abi: {} → {}", record.abi, planned.abi));
             }
@@ -50,26 +50,6 @@ pub fn stale_modules(manifest: &Manifest, index: &Index) -> Result<Vec<StaleKern
         },
         "an extension module no longer in the manifest",
     )
-}
-
-/// One line per input of a module that differs between `old` (the index's) and `new`.
-fn input_changes(old: &ModuleInputs, new: &ModuleInputs) -> Vec<String> {
-    let mut changes = bundler::explain::diff_files_and_defines(
-        (&old.files, &old.defines),
-        (&new.files, &new.defines),
-    );
-    changes.extend(bundler::explain::diff_lists(&[
-        ("sources", &old.sources, &new.sources),
-        ("nvcc-flags", &old.nvcc_flags, &new.nvcc_flags),
-        ("cxx-flags", &old.cxx_flags, &new.cxx_flags),
-    ]));
-    if old.cxx_std != new.cxx_std {
-        changes.push(format!("cxx-std: {} → {}", old.cxx_std, new.cxx_std));
-    }
-    if old.archs != new.archs {
-        changes.push(format!("arch: {:?} → {:?}", old.archs, new.archs));
-    }
-    changes
 }
 
 /// The platform tag of a wheel that ships `bundle`'s modules, or `None` when it has none.

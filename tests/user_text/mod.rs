@@ -8,6 +8,8 @@
 
 use super::*;
 
+mod modules;
+
 /// Runs `kwheel args` and renders what a user sees: the command, its exit code, its output.
 fn session(args: &[&str]) -> String {
     transcript(kwheel(), args)

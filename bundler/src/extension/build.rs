@@ -29,7 +29,7 @@ use prebuilt::{Arch, CudaBuild};
 
 use crate::cache::{write_atomically, BuildCache};
 use crate::error::Error;
-use crate::include::{scan_includes, ScanRoots};
+use crate::include::{scan_includes, IncludeGraph, ScanRoots};
 use crate::manifest::{ExtensionSpec, Manifest};
 use crate::toolchain::{discover, Toolchain};
 use crate::torch::TorchHeaders;
@@ -58,6 +58,8 @@ pub struct PlannedModule {
     /// The library's own files of the include graph (not torch's), by stable path: what the
     /// bundle ships in `sources/` for the JIT fallback to rebuild the module.
     pub shipped: BTreeMap<String, PathBuf>,
+    /// The include graph of every translation unit, as scanned (`dev explain` renders it).
+    pub graph: IncludeGraph,
 }
 
 /// The extension's key inputs and include dirs: every translation unit scanned with torch's
@@ -165,6 +167,7 @@ pub fn plan_module(
         include_dirs,
         system_dirs,
         shipped,
+        graph,
     })
 }
 
@@ -189,6 +192,88 @@ pub fn toolkit_include_dirs(build: CudaBuild) -> Vec<PathBuf> {
     discover(build)
         .map(|toolchain| toolchain.include_dirs)
         .unwrap_or_default()
+}
+
+/// The toolchain that builds modules for `build`: one with an nvcc front end; else why not,
+/// the reason its skip records.
+pub fn module_toolchain(build: CudaBuild) -> Result<Toolchain, String> {
+    discover(build)
+        .map_err(|error| prebuilt::error_chain(&error))
+        .and_then(|toolchain| match toolchain.nvcc {
+            Some(_) => Ok(toolchain),
+            None => Err(format!(
+                "the {build} toolchain has no nvcc front end (its wheels carry NVRTC and ptxas \
+                 only), and a module's host half needs one (docs/extensions.md)"
+            )),
+        })
+}
+
+/// One variant of a module planned for a CUDA build: everything its key is computed from,
+/// and the key.
+#[derive(Clone, Debug)]
+pub struct PlannedVariant {
+    /// The module's inputs, include graph and include dirs.
+    pub planned: PlannedModule,
+    /// The torch versions it serves ([`ModuleVariant::torch`]).
+    pub torch: String,
+    /// Its compilers with their exact versions: the build's nvcc, the host `g++`.
+    pub compilers: Vec<CompilerRecord>,
+    /// Its key ([`prebuilt::module::module_key`]).
+    pub key: String,
+}
+
+/// Plans module `name` for `toolchain`'s CUDA build on this machine's CPU, against `torch`
+/// under the pin `torch_pin`, and computes its key: what [`build_modules`] builds and what
+/// `dev explain` shows.
+pub fn plan_variant(
+    manifest: &Manifest,
+    name: &str,
+    spec: &ExtensionSpec,
+    torch: &TorchHeaders,
+    torch_pin: &str,
+    toolchain: &Toolchain,
+) -> Result<PlannedVariant, Error> {
+    let build = toolchain.build;
+    let planned = plan_module(manifest, name, spec, torch, &toolchain.include_dirs)?;
+    // A `torch-target` (stable ABI only) is where the module's range starts.
+    let from = spec.torch_target.as_deref().unwrap_or(torch_pin);
+    let served = torch_served(spec.abi, from).ok_or_else(|| Error::ModuleBuild {
+        module: name.to_owned(),
+        build,
+        reason: format!(
+            "the torch pin `{torch_pin}` names no version to build the module for; pin a minor \
+             (`2.11.*`)"
+        ),
+    })?;
+    let compilers = vec![
+        CompilerRecord {
+            kind: "nvcc".into(),
+            version: toolchain.compiler.version.clone(),
+        },
+        CompilerRecord {
+            kind: "g++".into(),
+            version: host_cxx_version().map_err(|reason| Error::ModuleBuild {
+                module: name.to_owned(),
+                build,
+                reason,
+            })?,
+        },
+    ];
+    let key = module_key(&ModuleKeyInputs {
+        name,
+        abi: spec.abi,
+        inputs: &planned.inputs,
+        cuda: build,
+        cpu: host_cpu(),
+        torch: &served,
+        compilers: &compilers,
+    });
+    Ok(PlannedVariant {
+        planned,
+        torch: served,
+        compilers,
+        key,
+    })
 }
 
 /// What [`build_modules`] made: the index's records and the built files by digest.
@@ -228,18 +313,9 @@ pub fn build_modules(
         let mut variants = Vec::new();
         let mut skipped = Vec::new();
         for &build in builds {
-            let toolchain = toolchains.entry(build).or_insert_with(|| {
-                discover(build)
-                    .map_err(|error| prebuilt::error_chain(&error))
-                    .and_then(|toolchain| match toolchain.nvcc {
-                        Some(_) => Ok(toolchain),
-                        None => Err(format!(
-                            "the {build} toolchain has no nvcc front end (its wheels carry \
-                             NVRTC and ptxas only), and a module's host half needs one \
-                             (docs/extensions.md)"
-                        )),
-                    })
-            });
+            let toolchain = toolchains
+                .entry(build)
+                .or_insert_with(|| module_toolchain(build));
             let toolchain = match toolchain {
                 Ok(toolchain) => toolchain,
                 Err(reason) => {
@@ -251,41 +327,13 @@ pub fn build_modules(
                     continue;
                 }
             };
-            let planned = plan_module(manifest, name, spec, &torch, &toolchain.include_dirs)?;
+            let PlannedVariant {
+                planned,
+                torch: served,
+                compilers,
+                key,
+            } = plan_variant(manifest, name, spec, &torch, torch_pin, toolchain)?;
             built.sources.extend(planned.shipped.clone());
-            // A `torch-target` (stable ABI only) is where the module's range starts.
-            let from = spec.torch_target.as_deref().unwrap_or(torch_pin);
-            let served = torch_served(spec.abi, from).ok_or_else(|| Error::ModuleBuild {
-                module: name.clone(),
-                build,
-                reason: format!(
-                    "the torch pin `{torch_pin}` names no version to build the module for; \
-                     pin a minor (`2.11.*`)"
-                ),
-            })?;
-            let compilers = vec![
-                CompilerRecord {
-                    kind: "nvcc".into(),
-                    version: toolchain.compiler.version.clone(),
-                },
-                CompilerRecord {
-                    kind: "g++".into(),
-                    version: host_cxx_version().map_err(|reason| Error::ModuleBuild {
-                        module: name.clone(),
-                        build,
-                        reason,
-                    })?,
-                },
-            ];
-            let key = module_key(&ModuleKeyInputs {
-                name,
-                abi: spec.abi,
-                inputs: &planned.inputs,
-                cuda: build,
-                cpu: host_cpu(),
-                torch: &served,
-                compilers: &compilers,
-            });
             let path = cache.module_path(&key);
             let bytes = match std::fs::read(&path) {
                 Ok(bytes) if check_module(&bytes).is_ok() => bytes,

@@ -5,9 +5,11 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::index::{Constant, Index, Requirement};
+use crate::index::{Abi, Constant, Index, ModuleDeviceCode, Requirement};
+use crate::target::Arch;
 
-/// What `bundle list --json` prints: every kernel, with what a caller reads of it.
+/// What `bundle list --json` prints: every kernel, with what a caller reads of it, and every
+/// extension module with its builds and what each one's fatbin holds.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct BundleListing {
     /// The kernel library's package.
@@ -16,6 +18,55 @@ pub struct BundleListing {
     pub torch: String,
     /// Every kernel, by name.
     pub kernels: BTreeMap<String, KernelListing>,
+    /// Every extension module, as `<name> (module)` (the table's name for it).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub modules: BTreeMap<String, ModuleListing>,
+}
+
+/// One extension module of a [`BundleListing`].
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ModuleListing {
+    /// Its ABI: `stable` or `torch`.
+    pub abi: Abi,
+    /// Its declared archs (the device code inside).
+    pub archs: Vec<Arch>,
+    /// Its builds: CUDA build, CPU, torch range, compilers, sizes, key, device code.
+    pub variants: Vec<ModuleVariantListing>,
+    /// The builds not made, and why.
+    pub skipped: Vec<ModuleSkipListing>,
+}
+
+/// A row of [`ModuleListing::variants`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ModuleVariantListing {
+    /// `cu130`.
+    pub build: String,
+    /// `x86_64`.
+    pub cpu: String,
+    /// The torch versions it serves (`>=2.11`).
+    pub torch: String,
+    /// `nvcc 13.0.88`, then the host compiler.
+    pub compilers: Vec<String>,
+    /// The shared library's size.
+    pub size: u64,
+    /// Its stored (compressed) size.
+    pub stored_size: u64,
+    /// Its key, in full.
+    pub key: String,
+    /// What its fatbin holds for each arch, as the bundler read it (empty for a module without
+    /// device code, or one bundled before fatbins were read).
+    pub device_code: BTreeMap<Arch, ModuleDeviceCode>,
+}
+
+/// A row of [`ModuleListing::skipped`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ModuleSkipListing {
+    /// `cu129`.
+    pub build: String,
+    /// `x86_64`.
+    pub cpu: String,
+    /// Why it was not built.
+    pub reason: String,
 }
 
 /// One kernel of a [`BundleListing`].
@@ -99,10 +150,47 @@ impl BundleListing {
                 (name.clone(), listing)
             })
             .collect();
+        let modules = index
+            .modules
+            .iter()
+            .map(|(name, record)| {
+                let variants = record
+                    .variants
+                    .iter()
+                    .map(|variant| ModuleVariantListing {
+                        build: variant.cuda.to_string(),
+                        cpu: variant.cpu.clone(),
+                        torch: variant.torch.clone(),
+                        compilers: variant.compilers.iter().map(ToString::to_string).collect(),
+                        size: variant.artifact.size,
+                        stored_size: variant.artifact.stored_size,
+                        key: variant.key.clone(),
+                        device_code: variant.device_code.clone(),
+                    })
+                    .collect();
+                let skipped = record
+                    .skipped
+                    .iter()
+                    .map(|skip| ModuleSkipListing {
+                        build: skip.cuda.to_string(),
+                        cpu: skip.cpu.clone(),
+                        reason: skip.reason.clone(),
+                    })
+                    .collect();
+                let listing = ModuleListing {
+                    abi: record.abi,
+                    archs: record.inputs.archs.clone(),
+                    variants,
+                    skipped,
+                };
+                (format!("{name} (module)"), listing)
+            })
+            .collect();
         BundleListing {
             package: index.package.clone(),
             torch: index.torch.clone(),
             kernels,
+            modules,
         }
     }
 }
