@@ -92,6 +92,13 @@ const SETUP_BUILDS: [&str; 2] = ["cu129", "cu130"];
 /// NVIDIA pip wheels of that CUDA version into the folder it was looked up in.
 fn install_hint(build: CudaBuild, dir: &std::path::Path) -> String {
     let variable = toolchain_env_var(build);
+    if std::env::var_os(&variable).is_some_and(|value| !value.is_empty()) {
+        return format!(
+            "that folder is what {variable} says; point it at a CUDA {} toolkit, or unset it to \
+             use the one `ci/setup` installs",
+            build.version()
+        );
+    }
     if SETUP_BUILDS.contains(&build.to_string().as_str()) {
         return format!("run `ci/setup` to install it, or set {variable} to a CUDA toolkit");
     }

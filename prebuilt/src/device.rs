@@ -268,11 +268,12 @@ pub fn default_build(builds: &[CudaBuild], driver: Option<DriverVersion>) -> Cud
 /// A CUDA build as a user spells it: `cu129`, `12.9` or `12.9.1`.
 pub fn parse_cuda_build(text: &str) -> Result<CudaBuild, ParseTargetError> {
     let text = text.trim();
-    if text.starts_with("cu") {
+    let parsed = if text.starts_with("cu") {
         text.parse()
     } else {
         CudaBuild::from_version(text)
-    }
+    };
+    parsed.map_err(|error| error.expecting("a CUDA build: `12.9` or `cu129`, `13.0` or `cu130`"))
 }
 
 #[cfg(test)]

@@ -105,6 +105,13 @@ pub struct ParseTargetError {
     expected: &'static str,
 }
 
+impl ParseTargetError {
+    /// The same error, saying `expected` is what was expected.
+    pub(crate) fn expecting(self, expected: &'static str) -> ParseTargetError {
+        ParseTargetError { expected, ..self }
+    }
+}
+
 impl FromStr for Arch {
     type Err = ParseTargetError;
 

@@ -202,7 +202,7 @@ pub(super) fn check_bundle(
                             allowed += 1;
                         }
                         SkipReason::Failed(why) => {
-                            failed.push(format!("`{name}` {build}/{arch} ({why})"));
+                            failed.push((format!("`{name}` {build}/{arch}"), why));
                         }
                         _ => skips += 1,
                     },
@@ -214,13 +214,18 @@ pub(super) fn check_bundle(
     }
     let cells =
         manifest.kernels.len() * manifest.library.cuda_builds.len() * manifest.library.archs.len();
-    if !failed.is_empty() {
+    if let Some((first, why)) = failed.first() {
+        // The same error usually fails every target of a kernel: its log is shown once.
+        let targets: Vec<&str> = failed.iter().map(|(target, _)| target.as_str()).collect();
         run.fail(
             "bundle",
             format!(
-                "{} target(s) failed to compile: {}",
-                failed.len(),
-                failed.join(", ")
+                "{} failed to compile: {}; the error of {first}: {why}",
+                match failed.len() {
+                    1 => "1 target".to_owned(),
+                    n => format!("{n} targets"),
+                },
+                targets.join(", "),
             ),
             "fix the build (`kwheel dev bundle-kernels` prints each error), or allow a target \
              to fail by name in the manifest's `[release] allow-failed` (`kernel` or \
