@@ -515,17 +515,25 @@ impl fmt::Display for Explanation {
                 }
             }
         }
-        if let Some(changes) = &self.changes {
-            if changes.is_empty() {
-                writeln!(out, "\nunchanged since the index")?;
-            } else {
-                writeln!(out, "\nchanged since the index:")?;
-                for change in changes {
-                    writeln!(out, "  {change}")?;
-                }
-            }
-        }
+        write_changes(&mut out, self.changes.as_deref())?;
         f.write_str(&out)
+    }
+}
+
+/// What changed since the index, one line each, after a blank line; nothing without an
+/// index to compare with.
+fn write_changes(out: &mut String, changes: Option<&[String]>) -> std::fmt::Result {
+    use std::fmt::Write as _;
+    match changes {
+        None => Ok(()),
+        Some([]) => writeln!(out, "\nunchanged since the index"),
+        Some(changes) => {
+            writeln!(out, "\nchanged since the index:")?;
+            for change in changes {
+                writeln!(out, "  {change}")?;
+            }
+            Ok(())
+        }
     }
 }
 

@@ -42,8 +42,9 @@ use crate::CudaBuild;
 pub use compile::{build_module, ModuleCompileError, ModuleRecipe, ModuleStep};
 
 /// Version of the module key's definition. Bump it whenever an input is added, removed or
-/// encoded differently.
-pub const MODULE_KEY_FORMAT: u64 = 1;
+/// encoded differently, or the recipe ([`compile`]) builds other bytes from the same inputs
+/// (2: the key's work folder, the key as build id, glibc 2.28 symbols).
+pub const MODULE_KEY_FORMAT: u64 = 2;
 
 /// Everything a module variant's key is computed from.
 #[derive(Clone, Copy, Debug)]

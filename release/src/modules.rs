@@ -4,9 +4,9 @@
 //! A wheel without modules holds no host code and keeps [`crate::library::PLATFORM_TAG`]
 //! (both CPU architectures, glibc 2.28). A wheel with modules is tagged for the CPUs its
 //! modules are built for, with the newest manylinux policy any of them needs
-//! ([`crate::audit::module_platform_tag`]): a module built with this machine's g++ 12 needs
-//! `GLIBC_2.32` (`__libc_single_threaded`, from libstdc++'s headers), so `manylinux_2_34`, the
-//! next policy auditwheel knows. See `docs/extensions.md`.
+//! ([`crate::audit::module_platform_tag`]): `manylinux_2_28` for a module kwheel built
+//! (`prebuilt::module::compile` keeps its glibc symbols at 2.28), a newer one for a module
+//! whose own code calls newer glibc functions. See `docs/extensions.md`.
 
 use std::collections::BTreeSet;
 

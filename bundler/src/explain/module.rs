@@ -12,6 +12,7 @@ use prebuilt::index::{CompilerRecord, Index};
 use prebuilt::module::{Abi, ModuleInputs, MODULE_KEY_FORMAT};
 use prebuilt::CudaBuild;
 
+use super::write_changes;
 use crate::error::Error;
 use crate::extension::build::{
     host_cpu, module_toolchain, module_torch, plan_module, plan_variant, PlannedVariant,
@@ -323,16 +324,7 @@ impl fmt::Display for ModuleExplanation {
                 Err(reason) => writeln!(out, "  {label}  no key: {reason}")?,
             }
         }
-        if let Some(changes) = &self.changes {
-            if changes.is_empty() {
-                writeln!(out, "\nunchanged since the index")?;
-            } else {
-                writeln!(out, "\nchanged since the index:")?;
-                for change in changes {
-                    writeln!(out, "  {change}")?;
-                }
-            }
-        }
+        write_changes(&mut out, self.changes.as_deref())?;
         f.write_str(&out)
     }
 }

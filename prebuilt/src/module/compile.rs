@@ -38,6 +38,29 @@ pub const BASE_FLAGS: [&str; 2] = ["-fPIC", "-O2"];
 /// How many lines of a failed step's output an error keeps.
 pub const LOG_TAIL_LINES: usize = 40;
 
+/// The header every unit's host code is compiled with first (`-include`), in the build's
+/// temporary folder: it keeps a module's glibc symbols at 2.28, the glibc of torch's own
+/// wheels (`manylinux_2_28`), whatever glibc the build machine has ([`GLIBC_2_28_TEXT`]).
+const GLIBC_2_28_HEADER: &str = "kwheel-glibc-2.28.h";
+
+/// What [`GLIBC_2_28_HEADER`] says. libstdc++'s headers (GCC 11 and later) read glibc 2.32's
+/// `__libc_single_threaded` wherever `<sys/single_threaded.h>` exists, to skip atomic
+/// reference counts in a process with one thread; here it is a hidden variable of the module
+/// that says "not single-threaded", so the counts are always atomic, as with an older glibc.
+/// And `pthread_once`, which `std::call_once` calls, moved into libc in glibc 2.34 under a new
+/// version: the module binds the version every glibc since 2.2.5 has. Device code is left
+/// alone.
+const GLIBC_2_28_TEXT: &str = "\
+/* Written by kwheel: glibc symbols no newer than 2.28 (manylinux_2_28). */
+#if defined(__cplusplus) && !defined(__CUDA_ARCH__)
+#define __libc_single_threaded kwheel_libc_single_threaded
+extern \"C\" {
+__attribute__((weak, visibility(\"hidden\"))) char kwheel_libc_single_threaded = 0;
+}
+__asm__(\".symver pthread_once,pthread_once@GLIBC_2.2.5\");
+#endif
+";
+
 /// The folder under the build's temporary folder that holds the classic-ABI
 /// `<torch/extension.h>` ([`write_classic_extension_h`]).
 const SHIM_DIR: &str = "torch-shim";
@@ -272,6 +295,7 @@ pub fn module_commands(
         format!("-ffile-prefix-map={}=.", recipe.folder.display()),
         format!("-ffile-prefix-map={}=torch", torch_root.display()),
     ];
+    let glibc = scratch.join(GLIBC_2_28_HEADER).display().to_string();
     let mut common: Vec<String> = vec![format!("-std={}", recipe.cxx_std)];
     if recipe.abi == Abi::Torch {
         common.push(format!("-I{}", scratch.join(SHIM_DIR).display()));
@@ -306,6 +330,7 @@ pub fn module_commands(
                     .iter()
                     .copied()
                     .chain(prefix_maps.iter().map(String::as_str))
+                    .chain(["-include", &glibc])
                 {
                     command.arg("-Xcompiler").arg(flag);
                 }
@@ -330,6 +355,7 @@ pub fn module_commands(
                     .arg("-c")
                     .args(BASE_FLAGS)
                     .args(&prefix_maps)
+                    .args(["-include", &glibc])
                     .arg(format!("-frandom-seed={source}"))
                     .args(&common)
                     .args(&recipe.cxx_flags);
@@ -385,6 +411,11 @@ pub fn build_module(
 ) -> Result<Vec<u8>, ModuleCompileError> {
     let scratch = tempfile::tempdir().map_err(|source| ModuleCompileError::Scratch {
         path: std::env::temp_dir(),
+        source,
+    })?;
+    let glibc = scratch.path().join(GLIBC_2_28_HEADER);
+    std::fs::write(&glibc, GLIBC_2_28_TEXT).map_err(|source| ModuleCompileError::Scratch {
+        path: glibc,
         source,
     })?;
     if recipe.abi == Abi::Torch {
@@ -741,6 +772,8 @@ mod tests {
             "-O2",
             "-ffile-prefix-map=/lib=.",
             "-ffile-prefix-map=/site=torch",
+            "-include",
+            "/tmp/s/kwheel-glibc-2.28.h",
             "-frandom-seed=ops.cpp",
             "-std=c++17",
             "-I/tmp/s/torch-shim",
@@ -769,6 +802,10 @@ mod tests {
                     "-ffile-prefix-map=/lib=.",
                     "-Xcompiler",
                     "-ffile-prefix-map=/site=torch",
+                    "-Xcompiler",
+                    "-include",
+                    "-Xcompiler",
+                    "/tmp/s/kwheel-glibc-2.28.h",
                     "-gencode",
                     "arch=compute_90a,code=sm_90a",
                     "-gencode",

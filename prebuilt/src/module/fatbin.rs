@@ -553,6 +553,24 @@ pub fn module_device_code(
 mod tests {
     use super::*;
 
+    /// The fuzz target's seeds are fatbins this reader reads: an uncompressed container with
+    /// a cubin and a PTX, and the same cubin zstd-compressed.
+    #[test]
+    fn the_fuzz_seeds_read_as_fatbins() {
+        let corpus = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus");
+        let cubin = std::fs::read(corpus.join("cubin/nvcc130_sm_90a.cubin")).unwrap();
+        for (seed, kinds) in [
+            ("uncompressed", vec![EntryKind::Cubin, EntryKind::Ptx]),
+            ("zstd", vec![EntryKind::Cubin]),
+        ] {
+            let bytes = std::fs::read(corpus.join("fatbin").join(seed)).unwrap();
+            let entries = fatbin_entries(&bytes).unwrap();
+            let read: Vec<EntryKind> = entries.iter().map(|entry| entry.kind).collect();
+            assert_eq!(read, kinds, "{seed}");
+            assert_eq!(entries[0].payload().unwrap().as_ref(), &cubin[..], "{seed}");
+        }
+    }
+
     use proptest::prelude::*;
 
     const STUB_SM90A: &[u8] = include_bytes!("../../tests/fixtures/stub/nvcc130_sm_90a.cubin");

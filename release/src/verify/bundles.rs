@@ -235,7 +235,8 @@ fn check_modules(report: &mut VerifyReport, scratch: &Path, root: &str, bundle: 
                 report.problem(
                     &file,
                     format!(
-                        "{what} is built for {}, but no platform tag of the wheel ({}) names                          that CPU: an installer would put it where it cannot load",
+                        "{what} is built for {}, but no platform tag of the wheel ({}) names that CPU: \
+                         an installer would put it where it cannot load",
                         variant.cpu,
                         tags.join(", ")
                     ),
