@@ -342,6 +342,21 @@ pub enum JitError {
         #[source]
         source: Box<crate::module::ModuleCompileError>,
     },
+    /// A module was built, but its fatbin does not hold the device code its recipe asks for
+    /// (a cubin of each arch it was built for, read as a cubin of that SM). Nothing was cached.
+    #[error(
+        "building extension module `{module}` ({build}) gave a module whose device code is not \
+         what it was built for"
+    )]
+    ModuleDeviceCode {
+        /// The module.
+        module: String,
+        /// torch's CUDA build.
+        build: CudaBuild,
+        /// What the fatbin lacks or what in it does not read.
+        #[source]
+        source: Box<crate::module::fatbin::FatbinError>,
+    },
     /// The cache directory could not be written.
     #[error("cannot {action} {} in the JIT cache", path.display())]
     Cache {

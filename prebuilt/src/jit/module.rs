@@ -28,8 +28,9 @@ use super::*;
 use crate::bundle::SOURCES_DIR;
 use crate::index::{ModuleInputs, ModuleRecord};
 use crate::module::compile::cuda_runtime_dirs;
+use crate::module::fatbin::module_device_code;
 use crate::module::{build_module, module_key, Abi, ModuleKeyInputs, ModuleRecipe};
-use crate::module_coverage::{jit_archs, visible_module_devices, JitArchs};
+use crate::module_coverage::{has_device_code, jit_archs, visible_module_devices, JitArchs};
 use crate::untrusted::MAX_ARTIFACT_SIZE;
 
 /// The module cache's layout directory. Bump it when the entry format or file names change.
@@ -450,11 +451,21 @@ fn compile_module(
         nvcc: compilers.nvcc.clone(),
         cxx: compilers.cxx.clone(),
     };
-    build_module(&recipe, progress).map_err(|source| JitError::ModuleCompile {
+    let bytes = build_module(&recipe, progress).map_err(|source| JitError::ModuleCompile {
         module: request.name.to_owned(),
         build: request.cuda,
         source: Box::new(source),
-    })
+    })?;
+    // Checked as the bundler checks a module it ships: a cubin of each arch built for (PTX
+    // for `compute_XX`), each read as a cubin of its SM.
+    if has_device_code(inputs) {
+        module_device_code(&bytes, &recipe.archs).map_err(|source| JitError::ModuleDeviceCode {
+            module: request.name.to_owned(),
+            build: request.cuda,
+            source: Box::new(source),
+        })?;
+    }
+    Ok(bytes)
 }
 
 #[cfg(test)]

@@ -462,7 +462,7 @@ pub fn build_module(
 }
 
 /// The link's build id: the module's key (its first 40 hex digits), not the linker's hash of
-/// its output, which it takes before [`clear_line_table_times`] clears the file times.
+/// its output, which it takes before [`clear_line_table_times`] clears any file times.
 fn build_id(key: &str) -> String {
     let digits: String = key
         .chars()
@@ -473,16 +473,6 @@ fn build_id(key: &str) -> String {
         return "-Wl,--build-id=none".to_owned();
     }
     format!("-Wl,--build-id=0x{digits}")
-}
-
-/// Whether nvcc's flags ask for line tables in the device code (`-lineinfo`, `-G`).
-pub fn asks_for_line_tables(nvcc_flags: &[String]) -> bool {
-    nvcc_flags.iter().any(|flag| {
-        matches!(
-            flag.as_str(),
-            "-lineinfo" | "--generate-line-info" | "-G" | "--device-debug"
-        )
-    })
 }
 
 /// The library's files as the work folder lays them out under `src/`: the recipe's folder,
@@ -546,8 +536,7 @@ fn toolkit_root(nvcc: &Path) -> PathBuf {
 /// `recipe` as it runs in `work`: the compilers in `work/src` (the library's folder), nvcc
 /// through `work/cuda` (the toolkit), torch's headers through `work/torch`, so that the
 /// folders line tables name (absolute from the compiler's folder, whatever `-I` says) are the
-/// same from any checkout. With line tables asked for, the fatbin is left uncompressed, so
-/// that their file times can be cleared afterwards ([`clear_line_table_times`]).
+/// same from any checkout.
 fn in_work_folder(
     recipe: &ModuleRecipe,
     work: &WorkDir,
@@ -570,10 +559,6 @@ fn in_work_folder(
         });
         inside.map_or(dir, |inside| work.path().join(inside))
     };
-    let mut nvcc_flags = recipe.nvcc_flags.clone();
-    if asks_for_line_tables(&nvcc_flags) {
-        nvcc_flags.push("--no-compress".into());
-    }
     Ok(ModuleRecipe {
         folder: work.path().join("src"),
         include_dirs: recipe.include_dirs.iter().map(place).collect(),
@@ -586,7 +571,6 @@ fn in_work_folder(
             .path()
             .join("cuda/bin")
             .join(recipe.nvcc.file_name().unwrap_or_default()),
-        nvcc_flags,
         ..recipe.clone()
     })
 }
@@ -695,8 +679,7 @@ mod tests {
 
     /// The compilers see every folder through the work folder (`/tmp/kwheel-<key>`): the
     /// library under `src/`, an include dir outside it as `src/[n]`, the toolkit under `cuda/`
-    /// (even inside torch's folder), torch under `torch/`; line tables leave the fatbin
-    /// uncompressed.
+    /// (even inside torch's folder), torch under `torch/`.
     #[test]
     fn a_module_compiles_in_the_work_folder_of_its_key_whatever_the_checkout() {
         let root = tempfile::tempdir().unwrap();
@@ -746,7 +729,7 @@ mod tests {
         assert_eq!(placed.toolkit_include_dirs, [w.join("cuda/include")]);
         assert_eq!(placed.torch_package, w.join("torch/torch"));
         assert_eq!(placed.nvcc, w.join("cuda/bin/nvcc"));
-        assert_eq!(placed.nvcc_flags, ["-lineinfo", "--no-compress"]);
+        assert_eq!(placed.nvcc_flags, ["-lineinfo"]);
         for (link, target) in [
             ("src/ops.cpp", lib.join("ops.cpp")),
             ("src/[0]", outside),

@@ -278,10 +278,10 @@ pub fn fatbin_section(module: &[u8]) -> Result<Option<&[u8]>, FatbinError> {
 }
 
 /// Sets to 0, in place, every file time in the line tables of `module`'s uncompressed cubins
-/// ([`crate::compile::lines::clear_file_times`]), so that a module built with `-lineinfo` or
-/// `-G` names no file's modification time. Sizes do not change, so nothing else moves. A
-/// compressed entry is left as it is: the module build passes `--no-compress` whenever it asks
-/// for line tables.
+/// ([`crate::compile::lines::clear_file_times`]), as a kernel's cubin has them cleared. Sizes do
+/// not change, so nothing else moves. A compressed entry (nvcc's default) is left as it is;
+/// in those nvcc 13 writes for a `-c` compile with `-lineinfo`, every file time is already 0
+/// (vLLM's module, checked by its real-library test).
 pub fn clear_line_table_times(module: &mut [u8]) -> Result<(), FatbinError> {
     let base = module.as_ptr() as usize;
     let cubins: Vec<std::ops::Range<usize>> = match fatbin_section(module)? {
