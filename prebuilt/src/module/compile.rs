@@ -47,9 +47,9 @@ const GLIBC_2_28_HEADER: &str = "kwheel-glibc-2.28.h";
 /// `__libc_single_threaded` wherever `<sys/single_threaded.h>` exists, to skip atomic
 /// reference counts in a process with one thread; here it is a hidden variable of the module
 /// that says "not single-threaded", so the counts are always atomic, as with an older glibc.
-/// And `pthread_once`, which `std::call_once` calls, moved into libc in glibc 2.34 under a new
-/// version: the module binds the version every glibc since 2.2.5 has. Device code is left
-/// alone.
+/// And functions that newer glibcs version anew bind their first version (`GLIBC_2.2.5` on
+/// x86_64, `GLIBC_2.17` on aarch64): `pthread_once`, which `std::call_once` calls (moved into
+/// libc in 2.34), and `exp`, `exp2`, `log`, `log2`, `pow` (2.29). Device code is left alone.
 const GLIBC_2_28_TEXT: &str = "\
 /* Written by kwheel: glibc symbols no newer than 2.28 (manylinux_2_28). */
 #if defined(__cplusplus) && !defined(__CUDA_ARCH__)
@@ -57,7 +57,19 @@ const GLIBC_2_28_TEXT: &str = "\
 extern \"C\" {
 __attribute__((weak, visibility(\"hidden\"))) char kwheel_libc_single_threaded = 0;
 }
-__asm__(\".symver pthread_once,pthread_once@GLIBC_2.2.5\");
+#if defined(__x86_64__)
+#define KWHEEL_GLIBC_FIRST \"GLIBC_2.2.5\"
+#elif defined(__aarch64__)
+#define KWHEEL_GLIBC_FIRST \"GLIBC_2.17\"
+#endif
+#ifdef KWHEEL_GLIBC_FIRST
+__asm__(\".symver pthread_once,pthread_once@\" KWHEEL_GLIBC_FIRST);
+__asm__(\".symver exp,exp@\" KWHEEL_GLIBC_FIRST);
+__asm__(\".symver exp2,exp2@\" KWHEEL_GLIBC_FIRST);
+__asm__(\".symver log,log@\" KWHEEL_GLIBC_FIRST);
+__asm__(\".symver log2,log2@\" KWHEEL_GLIBC_FIRST);
+__asm__(\".symver pow,pow@\" KWHEEL_GLIBC_FIRST);
+#endif
 #endif
 ";
 
