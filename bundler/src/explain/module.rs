@@ -12,7 +12,6 @@ use prebuilt::index::{CompilerRecord, Index};
 use prebuilt::module::{Abi, ModuleInputs, MODULE_KEY_FORMAT};
 use prebuilt::CudaBuild;
 
-use super::write_changes;
 use crate::error::Error;
 use crate::extension::build::{
     host_cpu, module_toolchain, module_torch, plan_module, plan_variant, PlannedVariant,
@@ -20,7 +19,7 @@ use crate::extension::build::{
 use crate::manifest::Manifest;
 use crate::torch::TorchHeaders;
 
-use super::{diff_files_and_defines, diff_lists};
+use super::{diff_files_and_defines, diff_lists, write_changes};
 
 /// Everything `dev explain` prints about one extension module.
 #[derive(Debug)]

@@ -321,19 +321,7 @@ fn run_nvcc(
     assemble: Option<(&Path, (u32, u32), &[String])>,
     runner: &dyn ToolRunner,
 ) -> Result<Compiled, CompileFailure> {
-    // nvcc runs through a link in the work folder, so the toolkit headers it names in line
-    // tables are `…/cuda/include/…` wherever the toolkit is.
-    let toolkit_root = absolute(nvcc)
-        .parent()
-        .and_then(Path::parent)
-        .map(Path::to_path_buf)
-        .unwrap_or_default();
-    work.link(&toolkit_root, &work.path().join("cuda"))?;
-    let program = work
-        .path()
-        .join("cuda")
-        .join("bin")
-        .join(nvcc.file_name().unwrap_or_default());
+    let program = work.link_toolkit(nvcc)?;
     let source = in_tree(job.source);
     let unit =
         if job.name_expressions.is_empty() && job.preamble.is_empty() && job.computed.is_empty() {

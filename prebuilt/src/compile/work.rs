@@ -161,6 +161,18 @@ impl WorkDir {
         })
     }
 
+    /// Links the toolkit `nvcc` runs from ([`toolkit_root`]) at `cuda/` in this folder, and
+    /// gives nvcc's path through that link: run from there, the toolkit headers it names in
+    /// line tables are `…/cuda/include/…` wherever the toolkit is.
+    pub(crate) fn link_toolkit(&self, nvcc: &Path) -> Result<PathBuf, CompileFailure> {
+        self.link(&toolkit_root(nvcc), &self.path.join("cuda"))?;
+        Ok(self
+            .path
+            .join("cuda")
+            .join("bin")
+            .join(nvcc.file_name().unwrap_or_default()))
+    }
+
     /// The folder.
     pub(crate) fn path(&self) -> &Path {
         &self.path
@@ -187,6 +199,15 @@ fn lock_timeout() -> std::time::Duration {
 /// How long a compile waits for the work folder of its key when no timeout is set: longer
 /// than any real compile.
 pub const DEFAULT_LOCK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// The toolkit nvcc runs from: its `bin/..`.
+pub(crate) fn toolkit_root(nvcc: &Path) -> PathBuf {
+    absolute(nvcc)
+        .parent()
+        .and_then(Path::parent)
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
+}
 
 /// A path that does not depend on the working directory.
 pub(crate) fn absolute(path: &Path) -> PathBuf {

@@ -408,12 +408,7 @@ fn compile_module(
 ) -> Result<Vec<u8>, JitError> {
     let inputs = &request.record.inputs;
     let torch_include = request.torch_dir.join("include");
-    let toolkit = compilers
-        .nvcc
-        .parent()
-        .and_then(Path::parent)
-        .map(Path::to_path_buf)
-        .unwrap_or_default();
+    let toolkit = crate::compile::work::toolkit_root(&compilers.nvcc);
     let recipe = ModuleRecipe {
         name: request.name.to_owned(),
         key: key.to_owned(),

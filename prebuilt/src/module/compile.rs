@@ -28,7 +28,7 @@ use std::process::Command;
 use super::fatbin::clear_line_table_times;
 use super::{write_classic_extension_h, Abi};
 use crate::compile::nvcc_command;
-use crate::compile::work::{absolute, SourceTree, WorkDir, WORK_ROOT};
+use crate::compile::work::{absolute, toolkit_root, SourceTree, WorkDir, WORK_ROOT};
 use crate::{Arch, ArchKind};
 
 /// The flags every unit's host code is compiled with, before the recipe's: position-independent
@@ -244,10 +244,7 @@ pub fn is_cuda_source(source: &str) -> bool {
 /// installed beside torch (`site-packages/nvidia/cu13/lib`, `nvidia/cuda_runtime/lib`). The
 /// module links it by name only, so any copy of the same major version serves.
 pub fn cuda_runtime_dirs(nvcc: &Path, torch_package: &Path) -> Vec<PathBuf> {
-    let toolkit = nvcc
-        .parent()
-        .and_then(Path::parent)
-        .unwrap_or(Path::new(""));
+    let toolkit = toolkit_root(nvcc);
     let target = format!("targets/{}-linux/lib", std::env::consts::ARCH);
     let mut dirs: Vec<PathBuf> = ["lib64", "lib", target.as_str()]
         .iter()
@@ -435,13 +432,10 @@ pub fn build_module(
         write_classic_extension_h(&shim)
             .map_err(|source| ModuleCompileError::Scratch { path: shim, source })?;
     }
-    let work = WorkDir::create(&recipe.key, &source_tree(recipe)).map_err(|failure| {
-        ModuleCompileError::Scratch {
-            path: Path::new(WORK_ROOT).to_path_buf(),
-            source: std::io::Error::other(failure.to_string()),
-        }
-    })?;
-    let in_work = in_work_folder(recipe, &work)?;
+    let tree = source_tree(recipe);
+    let work = WorkDir::create(&recipe.key, &tree)
+        .map_err(|failure| work_failure(Path::new(WORK_ROOT), failure))?;
+    let in_work = in_work_folder(recipe, &tree, &work)?;
     let ModuleCommands {
         units,
         mut link,
@@ -536,33 +530,28 @@ impl Roots {
     }
 }
 
-/// The toolkit nvcc runs from: its `bin/..`.
-fn toolkit_root(nvcc: &Path) -> PathBuf {
-    absolute(nvcc)
-        .parent()
-        .and_then(Path::parent)
-        .map(Path::to_path_buf)
-        .unwrap_or_default()
+/// A failure to prepare the work folder at `path`, as a module build's error.
+fn work_failure(path: &Path, failure: crate::compile::CompileFailure) -> ModuleCompileError {
+    ModuleCompileError::Scratch {
+        path: path.to_path_buf(),
+        source: std::io::Error::other(failure.to_string()),
+    }
 }
 
 /// `recipe` as it runs in `work`: the compilers in `work/src` (the library's folder), nvcc
 /// through `work/cuda` (the toolkit), torch's headers through `work/torch`, so that the
 /// folders line tables name (absolute from the compiler's folder, whatever `-I` says) are the
-/// same from any checkout.
+/// same from any checkout. `tree` is what [`WorkDir::create`] laid out ([`source_tree`]).
 fn in_work_folder(
     recipe: &ModuleRecipe,
+    tree: &SourceTree,
     work: &WorkDir,
 ) -> Result<ModuleRecipe, ModuleCompileError> {
     let roots = Roots::of(recipe);
-    let link_failed = |failure: crate::compile::CompileFailure| ModuleCompileError::Scratch {
-        path: work.path().to_path_buf(),
-        source: std::io::Error::other(failure.to_string()),
-    };
-    work.link(&roots.toolkit, &work.path().join("cuda"))
-        .map_err(link_failed)?;
+    let failed = |failure| work_failure(work.path(), failure);
+    let nvcc = work.link_toolkit(&recipe.nvcc).map_err(failed)?;
     work.link(&roots.torch, &work.path().join("torch"))
-        .map_err(link_failed)?;
-    let tree = source_tree(recipe);
+        .map_err(failed)?;
     let place = |dir: &PathBuf| {
         let dir = absolute(dir);
         let inside = roots.inside(&dir).or_else(|| {
@@ -579,10 +568,7 @@ fn in_work_folder(
             .path()
             .join("torch")
             .join(recipe.torch_package.file_name().unwrap_or_default()),
-        nvcc: work
-            .path()
-            .join("cuda/bin")
-            .join(recipe.nvcc.file_name().unwrap_or_default()),
+        nvcc,
         ..recipe.clone()
     })
 }
@@ -722,8 +708,9 @@ mod tests {
             nvcc_flags: vec!["-lineinfo".into()],
             ..recipe(Abi::Stable, root.path())
         };
-        let work = WorkDir::create(&key, &source_tree(&recipe)).unwrap();
-        let placed = in_work_folder(&recipe, &work).unwrap();
+        let tree = source_tree(&recipe);
+        let work = WorkDir::create(&key, &tree).unwrap();
+        let placed = in_work_folder(&recipe, &tree, &work).unwrap();
         let w = work.path();
         assert_eq!(
             w,
