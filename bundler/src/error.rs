@@ -113,6 +113,16 @@ pub enum Error {
         #[source]
         source: Box<torch::TorchError>,
     },
+    /// No host compiler for a CPU's modules (this machine's `g++`, or `KWHEEL_CXX_<CPU>`).
+    #[error("cannot build extension module `{module}` for {cpu}: {reason}")]
+    ModuleCompiler {
+        /// The module.
+        module: String,
+        /// The CPU.
+        cpu: String,
+        /// Why.
+        reason: String,
+    },
     /// An extension module failed to compile, link or check.
     #[error("failed to build extension module `{module}` for {build}: {reason}")]
     ModuleBuild {

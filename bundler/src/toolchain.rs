@@ -14,7 +14,7 @@
 //! last `nvrtcVersion`). Probing an NVRTC toolchain loads its libnvrtc into this process (see
 //! [`crate::nvrtc`] for why a process holds only one).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
 
@@ -294,34 +294,48 @@ type ProbeFailure = (String, Box<dyn std::error::Error + Send + Sync>);
 /// nvcc preprocesses device code with this compiler, so the include scanner follows headers
 /// there (see [`crate::include`] and docs/key.md). Asked once per process; empty without `gcc`.
 pub fn host_include_dirs() -> HostIncludeDirs {
-    static DIRS: std::sync::OnceLock<HostIncludeDirs> = std::sync::OnceLock::new();
-    DIRS.get_or_init(|| {
-        let ask = |args: &[&str]| {
-            nvcc_command(Path::new("gcc"))
-                .args(args)
-                .stdin(std::process::Stdio::null())
-                .output()
-                .ok()
-        };
-        let Some(search) = ask(&["-x", "c++", "-E", "-v", "-o", "/dev/null", "/dev/null"]) else {
-            return HostIncludeDirs::default();
-        };
-        let stdout = |output: Option<std::process::Output>| {
-            output
-                .map(|output| String::from_utf8_lossy(&output.stdout).trim().to_owned())
-                .unwrap_or_default()
-        };
-        let facts = HostCompilerFacts {
-            triplet: stdout(ask(&["-dumpmachine"])),
-            internal: PathBuf::from(stdout(ask(&["-print-file-name=include"]))),
-            sysroot: PathBuf::from(stdout(ask(&["-print-sysroot"]))),
-        };
-        HostIncludeDirs::classify(
-            parse_search_list(&String::from_utf8_lossy(&search.stderr)),
-            &facts,
-        )
-    })
-    .clone()
+    compiler_include_dirs(Path::new("gcc"))
+}
+
+/// [`host_include_dirs`] of any gcc-like compiler (`aarch64-linux-gnu-g++` for modules of
+/// another CPU), asked once per compiler and process; empty where it cannot be run.
+pub fn compiler_include_dirs(compiler: &Path) -> HostIncludeDirs {
+    static DIRS: std::sync::Mutex<BTreeMap<PathBuf, HostIncludeDirs>> =
+        std::sync::Mutex::new(BTreeMap::new());
+    let mut known = DIRS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    known
+        .entry(compiler.to_owned())
+        .or_insert_with(|| ask_include_dirs(compiler))
+        .clone()
+}
+
+fn ask_include_dirs(compiler: &Path) -> HostIncludeDirs {
+    let ask = |args: &[&str]| {
+        nvcc_command(compiler)
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .ok()
+    };
+    let Some(search) = ask(&["-x", "c++", "-E", "-v", "-o", "/dev/null", "/dev/null"]) else {
+        return HostIncludeDirs::default();
+    };
+    let stdout = |output: Option<std::process::Output>| {
+        output
+            .map(|output| String::from_utf8_lossy(&output.stdout).trim().to_owned())
+            .unwrap_or_default()
+    };
+    let facts = HostCompilerFacts {
+        triplet: stdout(ask(&["-dumpmachine"])),
+        internal: PathBuf::from(stdout(ask(&["-print-file-name=include"]))),
+        sysroot: PathBuf::from(stdout(ask(&["-print-sysroot"]))),
+    };
+    HostIncludeDirs::classify(
+        parse_search_list(&String::from_utf8_lossy(&search.stderr)),
+        &facts,
+    )
 }
 
 /// The host compiler's search dirs, in its order, split by who owns the headers in them.
@@ -352,12 +366,18 @@ impl HostIncludeDirs {
     /// own when it lies under gcc's internal folder (the parent of its `include`), is a
     /// libstdc++ folder (a `c++` component: `/usr/include/c++/12`,
     /// `/usr/include/x86_64-linux-gnu/c++/12`), or is the C library's `<sysroot>/usr/include`
-    /// or `<sysroot>/usr/include/<triplet>`. Every other is a library dir.
+    /// or `<sysroot>/usr/include/<triplet>`, or a cross compiler's C library
+    /// (`<prefix>/<triplet>/include` beside its `<prefix>/lib/gcc-cross/<triplet>/<N>`). Every
+    /// other is a library dir.
     pub fn classify(dirs: Vec<PathBuf>, facts: &HostCompilerFacts) -> HostIncludeDirs {
         let internal = facts
             .internal
             .parent()
             .filter(|parent| facts.internal.is_absolute() && parent.components().count() > 2);
+        let tool_include = internal
+            .and_then(|internal| internal.ancestors().nth(4))
+            .filter(|_| !facts.triplet.is_empty())
+            .map(|prefix| normalized(&prefix.join(&facts.triplet).join("include")));
         let usr_include = Path::new("/")
             .join(facts.sysroot.strip_prefix("/").unwrap_or(&facts.sysroot))
             .join("usr/include");
@@ -366,7 +386,8 @@ impl HostIncludeDirs {
         for dir in dirs {
             let own = internal.is_some_and(|internal| dir.starts_with(internal))
                 || dir.components().any(|c| c.as_os_str() == "c++")
-                || libc.contains(&dir);
+                || libc.contains(&dir)
+                || tool_include.as_ref() == Some(&normalized(&dir));
             if own {
                 out.compiler.push(dir);
             } else {
@@ -385,6 +406,22 @@ impl HostIncludeDirs {
             .cloned()
             .collect()
     }
+}
+
+/// `path` with its `..` and `.` resolved against the folders before them (gcc prints its
+/// search dirs as `<bin>/../lib/gcc-cross/…/../../../../<triplet>/include`).
+fn normalized(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for component in path.components() {
+        match component {
+            std::path::Component::ParentDir => {
+                out.pop();
+            }
+            std::path::Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    out
 }
 
 /// The directories between `#include <...> search starts here:` and `End of search list.`

@@ -21,6 +21,48 @@ use std::path::{Path, PathBuf};
 /// The variable that names the torch to take headers from.
 pub const TORCH_ENV: &str = "KWHEEL_TORCH";
 
+/// Where a torch for one CPU is looked for: a variable, else a folder of kwheel's cache, and
+/// the script that installs one there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TorchPlace {
+    /// The variable that names it.
+    pub variable: &'static str,
+    /// Its folder under `${XDG_CACHE_HOME:-~/.cache}/kwheel`.
+    pub folder: &'static str,
+    /// The script that installs it there.
+    pub setup: &'static str,
+}
+
+impl TorchPlace {
+    /// How a torch was found here: by the variable, or as the default folder.
+    pub fn found_by(&self, named: bool) -> &'static str {
+        match named {
+            true => self.variable,
+            false => "the default folder",
+        }
+    }
+
+    /// The torch of this machine's CPU: `KWHEEL_TORCH`, `kwheel/torch`.
+    pub const HOST: TorchPlace = TorchPlace {
+        variable: TORCH_ENV,
+        folder: "torch",
+        setup: "ci/setup-torch",
+    };
+    /// The torch aarch64 modules build against on another machine: `KWHEEL_TORCH_AARCH64`,
+    /// `kwheel/torch-aarch64`.
+    pub const AARCH64: TorchPlace = TorchPlace {
+        variable: "KWHEEL_TORCH_AARCH64",
+        folder: "torch-aarch64",
+        setup: "ci/setup-aarch64",
+    };
+    /// The torch x86_64 modules build against on another machine.
+    pub const X86_64: TorchPlace = TorchPlace {
+        variable: "KWHEEL_TORCH_X86_64",
+        folder: "torch-x86_64",
+        setup: "ci/setup-torch",
+    };
+}
+
 /// The defines and include dirs of one torch installation.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TorchHeaders {
@@ -45,16 +87,18 @@ pub struct TorchHeaders {
 pub enum TorchError {
     /// Nothing that looks like a torch installation is there.
     #[error(
-        "no torch at {} ({found_by}): set {TORCH_ENV} to a site-packages folder that holds \
+        "no torch at {} ({}): set {} to a site-packages folder that holds \
          `torch/`, or to the `torch` package folder, of the torch the manifest pins (its \
          `include/` and `utils/cpp_extension.py` are read), or install one there with \
-         `bash ci/setup-torch`", path.display()
+         `bash {}`", path.display(), place.found_by(*named), place.variable, place.setup
     )]
     NotFound {
         /// Where it was looked for.
         path: PathBuf,
-        /// How that place was chosen.
-        found_by: String,
+        /// Whether its variable named it (else it is the default folder).
+        named: bool,
+        /// Where it was looked for: [`TorchPlace::HOST`], or another CPU's.
+        place: &'static TorchPlace,
     },
     /// A file of the installation could not be read.
     #[error("cannot read {} of the torch at {}", path.display(), package.display())]
@@ -69,15 +113,17 @@ pub enum TorchError {
     },
     /// The torch found is not one the manifest's pin allows.
     #[error(
-        "the torch at {} ({found_by}) is {version}, which the manifest's torch pin `{pin}` does \
-         not allow: point {TORCH_ENV} at the torch the library is released for",
-        package.display()
+        "the torch at {} ({}) is {version}, which the manifest's torch pin `{pin}` does \
+         not allow: point {} at the torch the library is released for",
+        package.display(), place.found_by(*named), place.variable
     )]
     Pin {
+        /// Where it was looked for.
+        place: &'static TorchPlace,
         /// The torch package folder.
         package: PathBuf,
-        /// How it was found.
-        found_by: String,
+        /// Whether its variable named it (else it is the default folder).
+        named: bool,
         /// Its version.
         version: String,
         /// The pin.
@@ -85,16 +131,18 @@ pub enum TorchError {
     },
     /// The torch found is older than an extension's `torch-target`.
     #[error(
-        "the torch at {} ({found_by}) is {version}, older than extension `{extension}`'s \
+        "the torch at {} ({}) is {version}, older than extension `{extension}`'s \
          `torch-target = \"{target}\"`: its stable headers lack what that torch offers; point \
-         {TORCH_ENV} at torch {target} or newer",
-        package.display()
+         {} at torch {target} or newer",
+        package.display(), place.found_by(*named), place.variable
     )]
     OlderThanTarget {
+        /// Where it was looked for.
+        place: &'static TorchPlace,
         /// The torch package folder.
         package: PathBuf,
-        /// How it was found.
-        found_by: String,
+        /// Whether its variable named it (else it is the default folder).
+        named: bool,
         /// Its version.
         version: String,
         /// The extension.
@@ -120,12 +168,17 @@ impl TorchHeaders {
 
     /// [`Self::find`] with the environment read through `env`.
     pub fn find_from(env: impl Fn(&str) -> Option<OsString>) -> Result<TorchHeaders, TorchError> {
-        let given = env(TORCH_ENV).filter(|value| !value.is_empty());
-        let found_by = match given {
-            Some(_) => TORCH_ENV.to_owned(),
-            None => "the default folder".to_owned(),
-        };
-        let dir = prebuilt::cache::cache_dir_from(&env, TORCH_ENV, "torch");
+        Self::find_where(env, &TorchPlace::HOST)
+    }
+
+    /// The torch `place` names through `env`: its variable, else its default folder.
+    pub fn find_where(
+        env: impl Fn(&str) -> Option<OsString>,
+        place: &'static TorchPlace,
+    ) -> Result<TorchHeaders, TorchError> {
+        let given = env(place.variable).filter(|value| !value.is_empty());
+        let found_by = place.found_by(given.is_some()).to_owned();
+        let dir = prebuilt::cache::cache_dir_from(&env, place.variable, place.folder);
         // A site-packages folder holds `torch/`; the package folder holds `include/` itself.
         let package = [dir.join("torch"), dir.clone()]
             .into_iter()
@@ -134,7 +187,8 @@ impl TorchHeaders {
             })
             .ok_or(TorchError::NotFound {
                 path: dir,
-                found_by: found_by.clone(),
+                named: given.is_some(),
+                place,
             })?;
         Self::at(&package, found_by)
     }
@@ -276,11 +330,20 @@ fn compiled_with_cxx11_abi(text: &str) -> Option<bool> {
 
 /// The torch `KWHEEL_TORCH` (or the default folder) holds, which the manifest's pin must allow.
 pub fn find_pinned(manifest: &crate::Manifest) -> Result<TorchHeaders, TorchError> {
-    let torch = TorchHeaders::find()?;
+    pinned(manifest, TorchHeaders::find()?, &TorchPlace::HOST)
+}
+
+/// `torch` (found at `place`) when the manifest's pin allows it.
+fn pinned(
+    manifest: &crate::Manifest,
+    torch: TorchHeaders,
+    place: &'static TorchPlace,
+) -> Result<TorchHeaders, TorchError> {
     if !prebuilt::select::torch_matches(&manifest.library.torch, &torch.version) {
         return Err(TorchError::Pin {
+            place,
             package: torch.package,
-            found_by: torch.found_by,
+            named: torch.found_by == place.variable,
             version: torch.version,
             pin: manifest.library.torch.clone(),
         });
@@ -292,22 +355,32 @@ pub fn find_pinned(manifest: &crate::Manifest) -> Result<TorchHeaders, TorchErro
 /// when every extension names a `torch-target` (stable ABI), any torch at least as new as
 /// each target, whose stable headers then serve the older torch too.
 pub fn find_for_modules(manifest: &crate::Manifest) -> Result<TorchHeaders, TorchError> {
+    serves_modules(manifest, TorchHeaders::find()?, &TorchPlace::HOST)
+}
+
+/// `torch` (found at `place`) when it can build every extension module of `manifest`:
+/// [`find_for_modules`]'s checks on a torch found elsewhere.
+pub fn serves_modules(
+    manifest: &crate::Manifest,
+    torch: TorchHeaders,
+    place: &'static TorchPlace,
+) -> Result<TorchHeaders, TorchError> {
     let targets: Vec<(&String, &String)> = manifest
         .extensions
         .iter()
         .filter_map(|(name, spec)| spec.torch_target.as_ref().map(|target| (name, target)))
         .collect();
     if targets.len() < manifest.extensions.len() {
-        return find_pinned(manifest);
+        return pinned(manifest, torch, place);
     }
-    let torch = TorchHeaders::find()?;
     let found = prebuilt::module::torch_minor(&torch.version);
     for (name, target) in targets {
         let wanted = prebuilt::module::torch_target_version(target);
         if found.is_none() || found < wanted {
             return Err(TorchError::OlderThanTarget {
+                place,
                 package: torch.package,
-                found_by: torch.found_by,
+                named: torch.found_by == place.variable,
                 version: torch.version,
                 extension: name.clone(),
                 target: target.clone(),

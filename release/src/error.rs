@@ -118,6 +118,15 @@ pub enum Error {
         /// Each target with why it was not built.
         reasons: Vec<String>,
     },
+    /// The extension modules have no CPU architecture in common, so no wheel holds them all.
+    #[error(
+        "the extension modules share no CPU architecture: {}; give them a common one in `cpus`",
+        modules.join("; ")
+    )]
+    ModulesShareNoCpu {
+        /// Each module with the CPUs it is built for.
+        modules: Vec<String>,
+    },
     /// An extension module keeps to no manylinux policy kwheel knows.
     #[error(
         "extension module `{module}` ({variant}) fails the manylinux audit:{}",

@@ -10,7 +10,7 @@
 
 use std::collections::BTreeSet;
 
-use bundler::extension::build::{module_torch, plan_module, toolkit_include_dirs};
+use bundler::extension::build::{module_host, plan_module, toolkit_include_dirs};
 use bundler::Manifest;
 use prebuilt::module::read_module;
 use prebuilt::{Bundle, Index};
@@ -25,9 +25,9 @@ pub fn stale_modules(manifest: &Manifest, index: &Index) -> Result<Vec<StaleKern
     if manifest.extensions.is_empty() && index.modules.is_empty() {
         return Ok(Vec::new());
     }
-    let torch = match manifest.extensions.is_empty() {
+    let host = match manifest.extensions.is_empty() {
         true => None,
-        false => Some(module_torch(manifest)?),
+        false => Some(module_host(manifest)?),
     };
     StaleKernel::of_each(
         &manifest.extensions,
@@ -38,10 +38,10 @@ pub fn stale_modules(manifest: &Manifest, index: &Index) -> Result<Vec<StaleKern
                     "an extension module of the manifest that the bundle lacks".into(),
                 ]);
             };
-            let torch = torch.as_ref().expect("found for the manifest's extensions");
+            let host = host.as_ref().expect("found for the manifest's extensions");
             let build = record.variants.first().map(|variant| variant.cuda);
             let external = build.map(toolkit_include_dirs).unwrap_or_default();
-            let planned = plan_module(manifest, name, spec, torch, &external)?;
+            let planned = plan_module(manifest, name, spec, host, &external)?;
             let mut changes = bundler::explain::diff_module_inputs(&record.inputs, &planned.inputs);
             if record.abi != planned.abi {
                 changes.push(format!("abi: {} → {}", record.abi, planned.abi));
@@ -87,8 +87,37 @@ pub fn modules_platform_tag(bundle: &Bundle) -> Result<Option<String>, Error> {
             tags.insert((variant.cpu.clone(), glibc_of(&tag), tag));
         }
     }
+    // The wheel is for the CPUs every module has a build for.
+    let shared: BTreeSet<&String> = tags.iter().map(|(cpu, _, _)| cpu).collect();
+    let shared: Vec<String> = shared
+        .into_iter()
+        .filter(|cpu| {
+            modules
+                .values()
+                .all(|record| record.variants.iter().any(|variant| &variant.cpu == *cpu))
+        })
+        .cloned()
+        .collect();
+    if shared.is_empty() {
+        return Err(Error::ModulesShareNoCpu {
+            modules: modules
+                .iter()
+                .map(|(name, record)| {
+                    let cpus: BTreeSet<&str> =
+                        record.variants.iter().map(|v| v.cpu.as_str()).collect();
+                    format!(
+                        "{name}: {}",
+                        cpus.into_iter().collect::<Vec<_>>().join(", ")
+                    )
+                })
+                .collect(),
+        });
+    }
     let mut newest: Vec<(String, (u32, u32), String)> = Vec::new();
     for (cpu, glibc, tag) in tags {
+        if !shared.contains(&cpu) {
+            continue;
+        }
         match newest.iter_mut().find(|(known, _, _)| *known == cpu) {
             Some(entry) if entry.1 < glibc => *entry = (cpu, glibc, tag),
             Some(_) => {}

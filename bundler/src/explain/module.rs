@@ -14,7 +14,7 @@ use prebuilt::CudaBuild;
 
 use crate::error::Error;
 use crate::extension::build::{
-    host_cpu, module_toolchain, module_torch, plan_module, plan_variant, PlannedVariant,
+    host_cpu, module_host, module_toolchain, plan_module, plan_variant, PlannedVariant,
 };
 use crate::manifest::Manifest;
 use crate::torch::TorchHeaders;
@@ -66,7 +66,7 @@ pub fn explain_module(
     against: Option<&Path>,
 ) -> Result<ModuleExplanation, Error> {
     let spec = &manifest.extensions[name];
-    let torch = module_torch(manifest)?;
+    let host = module_host(manifest)?;
     let builds = spec
         .cuda_builds
         .as_deref()
@@ -81,7 +81,7 @@ pub fn explain_module(
                     torch: served,
                     compilers,
                     key,
-                } = plan_variant(manifest, name, spec, &torch, torch_pin, &toolchain)?;
+                } = plan_variant(manifest, name, spec, &host, torch_pin, &toolchain)?;
                 planned.get_or_insert(plan);
                 Ok((served, compilers, key))
             }
@@ -92,7 +92,7 @@ pub fn explain_module(
     // No build has a toolchain: the inputs are still the manifest's and the sources'.
     let planned = match planned {
         Some(planned) => planned,
-        None => plan_module(manifest, name, spec, &torch, &[])?,
+        None => plan_module(manifest, name, spec, &host, &[])?,
     };
     let changes = match against {
         Some(path) => {
@@ -115,7 +115,7 @@ pub fn explain_module(
         inputs: planned.inputs,
         torch_pin: torch_pin.to_owned(),
         torch_target: spec.torch_target.clone(),
-        torch,
+        torch: host.torch,
         cpu: host_cpu().to_owned(),
         targets,
         changes,

@@ -17,7 +17,6 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::Command;
 
 use prebuilt::index::{CompilerRecord, StoredFile};
 use prebuilt::module::fatbin::{module_device_code, FatbinError};
@@ -27,17 +26,14 @@ use prebuilt::module::{
 };
 use prebuilt::{Arch, CudaBuild};
 
+use super::cpu::{host_target, module_cpus, HostTarget, HostTargetError};
 use crate::cache::{write_atomically, BuildCache};
 use crate::error::Error;
 use crate::include::{scan_includes, IncludeGraph, ScanRoots};
 use crate::manifest::{ExtensionSpec, Manifest};
 use crate::toolchain::{discover, Toolchain};
-use crate::torch::TorchHeaders;
 
-/// The CPU architecture modules are built for: this machine's (no cross compiler is used).
-pub fn host_cpu() -> &'static str {
-    std::env::consts::ARCH
-}
+pub use super::cpu::host_cpu;
 
 /// An extension module planned: its key inputs and what compiling it needs.
 #[derive(Clone, Debug)]
@@ -62,15 +58,17 @@ pub struct PlannedModule {
     pub graph: IncludeGraph,
 }
 
-/// The extension's key inputs and include dirs: every translation unit scanned with torch's
-/// headers as library files (hashed) and the toolkit's and host compiler's as external.
+/// The extension's key inputs and include dirs for `target`'s CPU: every translation unit
+/// scanned with torch's headers as library files (hashed) and the toolkit's and host
+/// compiler's as external.
 pub fn plan_module(
     manifest: &Manifest,
     name: &str,
     spec: &ExtensionSpec,
-    torch: &TorchHeaders,
+    target: &HostTarget,
     external_dirs: &[PathBuf],
 ) -> Result<PlannedModule, Error> {
+    let torch = &target.torch;
     let dirs = spec
         .include_dirs
         .as_ref()
@@ -94,7 +92,7 @@ pub fn plan_module(
             .iter()
             .cloned()
             .chain(system_dirs.iter().cloned())
-            .chain(crate::toolchain::host_include_dirs().compiler)
+            .chain(target.compiler_dirs.iter().cloned())
             .collect(),
     };
     let sources: Vec<PathBuf> = spec
@@ -171,18 +169,29 @@ pub fn plan_module(
     })
 }
 
-/// The torch every module builds against, with its headers and libraries (`KWHEEL_TORCH`,
-/// else the default folder): one the manifest's pin allows, or one at least as new as the
-/// `torch-target` of each extension when all of them name one.
-pub fn module_torch(manifest: &Manifest) -> Result<TorchHeaders, Error> {
-    crate::torch::find_for_modules(manifest).map_err(|source| Error::ModuleTorch {
-        module: manifest
-            .extensions
-            .keys()
-            .next()
-            .cloned()
-            .unwrap_or_default(),
-        source: Box::new(source),
+/// What builds modules for this machine's CPU: its `g++` and the torch every module builds
+/// against, with its headers and libraries (`KWHEEL_TORCH`, else the default folder): one the
+/// manifest's pin allows, or one at least as new as the `torch-target` of each extension when
+/// all of them name one.
+pub fn module_host(manifest: &Manifest) -> Result<HostTarget, Error> {
+    module_target(manifest, host_cpu())
+}
+
+/// [`module_host`] for any CPU ([`host_target`]), its failure as the build's error.
+pub fn module_target(manifest: &Manifest, cpu: &str) -> Result<HostTarget, Error> {
+    let module = manifest
+        .extensions
+        .keys()
+        .next()
+        .cloned()
+        .unwrap_or_default();
+    host_target(manifest, cpu).map_err(|error| match error {
+        HostTargetError::Torch(source) => Error::ModuleTorch { module, source },
+        HostTargetError::Compiler(reason) => Error::ModuleCompiler {
+            module,
+            cpu: cpu.to_owned(),
+            reason,
+        },
     })
 }
 
@@ -222,19 +231,19 @@ pub struct PlannedVariant {
     pub key: String,
 }
 
-/// Plans module `name` for `toolchain`'s CUDA build on this machine's CPU, against `torch`
-/// under the pin `torch_pin`, and computes its key: what [`build_modules`] builds and what
+/// Plans module `name` for `toolchain`'s CUDA build on `target`'s CPU, against its torch under
+/// the pin `torch_pin`, and computes its key: what [`build_modules`] builds and what
 /// `dev explain` shows.
 pub fn plan_variant(
     manifest: &Manifest,
     name: &str,
     spec: &ExtensionSpec,
-    torch: &TorchHeaders,
+    target: &HostTarget,
     torch_pin: &str,
     toolchain: &Toolchain,
 ) -> Result<PlannedVariant, Error> {
     let build = toolchain.build;
-    let planned = plan_module(manifest, name, spec, torch, &toolchain.include_dirs)?;
+    let planned = plan_module(manifest, name, spec, target, &toolchain.include_dirs)?;
     // A `torch-target` (stable ABI only) is where the module's range starts.
     let from = spec.torch_target.as_deref().unwrap_or(torch_pin);
     let served = torch_served(spec.abi, from).ok_or_else(|| Error::ModuleBuild {
@@ -252,11 +261,7 @@ pub fn plan_variant(
         },
         CompilerRecord {
             kind: "g++".into(),
-            version: host_cxx_version().map_err(|reason| Error::ModuleBuild {
-                module: name.to_owned(),
-                build,
-                reason,
-            })?,
+            version: target.cxx_version.clone(),
         },
     ];
     let key = module_key(&ModuleKeyInputs {
@@ -264,7 +269,7 @@ pub fn plan_variant(
         abi: spec.abi,
         inputs: &planned.inputs,
         cuda: build,
-        cpu: host_cpu(),
+        cpu: &target.cpu,
         torch: &served,
         compilers: &compilers,
     });
@@ -302,7 +307,9 @@ pub fn build_modules(
     if manifest.extensions.is_empty() {
         return Ok(built);
     }
-    let torch = module_torch(manifest)?;
+    let host = module_host(manifest)?;
+    let mut targets: BTreeMap<String, Result<HostTarget, String>> = BTreeMap::new();
+    targets.insert(host.cpu.clone(), Ok(host));
     let mut toolchains: BTreeMap<CudaBuild, Result<Toolchain, String>> = BTreeMap::new();
     for (name, spec) in &manifest.extensions {
         let builds = spec
@@ -316,69 +323,74 @@ pub fn build_modules(
             let toolchain = toolchains
                 .entry(build)
                 .or_insert_with(|| module_toolchain(build));
-            let toolchain = match toolchain {
-                Ok(toolchain) => toolchain,
-                Err(reason) => {
-                    skipped.push(ModuleSkip {
-                        cuda: build,
-                        cpu: host_cpu().to_owned(),
-                        reason: reason.clone(),
-                    });
-                    continue;
-                }
-            };
-            let PlannedVariant {
-                planned,
-                torch: served,
-                compilers,
-                key,
-            } = plan_variant(manifest, name, spec, &torch, torch_pin, toolchain)?;
-            built.sources.extend(planned.shipped.clone());
-            let path = cache.module_path(&key);
-            let bytes = match std::fs::read(&path) {
-                Ok(bytes) if check_module(&bytes).is_ok() => bytes,
-                _ => {
-                    let bytes = compile_module(&planned, &key, &torch, toolchain)?;
-                    check_module(&bytes).map_err(|reason| Error::ModuleBuild {
+            for cpu in module_cpus(spec) {
+                let target = targets.entry(cpu.clone()).or_insert_with(|| {
+                    host_target(manifest, &cpu).map_err(|error| error.to_string())
+                });
+                let (toolchain, target) = match (&*toolchain, &*target) {
+                    (Ok(toolchain), Ok(target)) => (toolchain, target),
+                    (Err(reason), _) | (_, Err(reason)) => {
+                        skipped.push(ModuleSkip {
+                            cuda: build,
+                            cpu,
+                            reason: reason.clone(),
+                        });
+                        continue;
+                    }
+                };
+                let PlannedVariant {
+                    planned,
+                    torch: served,
+                    compilers,
+                    key,
+                } = plan_variant(manifest, name, spec, target, torch_pin, toolchain)?;
+                built.sources.extend(planned.shipped.clone());
+                let path = cache.module_path(&key);
+                let bytes = match std::fs::read(&path) {
+                    Ok(bytes) if check_module(&bytes).is_ok() => bytes,
+                    _ => {
+                        let bytes = compile_module(&planned, &key, target, toolchain)?;
+                        check_module(&bytes).map_err(|reason| Error::ModuleBuild {
+                            module: name.clone(),
+                            build,
+                            reason,
+                        })?;
+                        write_atomically(&path, &bytes)?;
+                        built.compiled.push((name.clone(), build));
+                        bytes
+                    }
+                };
+                let device_code = read_device_code(&bytes, &planned.inputs).map_err(|source| {
+                    Error::ModuleDeviceCode {
                         module: name.clone(),
                         build,
-                        reason,
-                    })?;
-                    write_atomically(&path, &bytes)?;
-                    built.compiled.push((name.clone(), build));
-                    bytes
-                }
-            };
-            let device_code = read_device_code(&bytes, &planned.inputs).map_err(|source| {
-                Error::ModuleDeviceCode {
-                    module: name.clone(),
-                    build,
-                    source: Box::new(source),
-                }
-            })?;
-            let digest = prebuilt::key::sha256_hex(&bytes);
-            built.files.insert(digest.clone(), path);
-            variants.push(ModuleVariant {
-                cuda: build,
-                cpu: host_cpu().to_owned(),
-                torch: served,
-                compilers,
-                key,
-                artifact: StoredFile {
-                    digest,
-                    size: bytes.len() as u64,
-                    path: String::new(),
-                    stored_size: 0,
-                    dictionary: None,
-                },
-                device_code,
-            });
-            record.get_or_insert_with(|| ModuleRecord {
-                abi: spec.abi,
-                inputs: planned.inputs.clone(),
-                variants: Vec::new(),
-                skipped: Vec::new(),
-            });
+                        source: Box::new(source),
+                    }
+                })?;
+                let digest = prebuilt::key::sha256_hex(&bytes);
+                built.files.insert(digest.clone(), path);
+                variants.push(ModuleVariant {
+                    cuda: build,
+                    cpu: target.cpu.clone(),
+                    torch: served,
+                    compilers,
+                    key,
+                    artifact: StoredFile {
+                        digest,
+                        size: bytes.len() as u64,
+                        path: String::new(),
+                        stored_size: 0,
+                        dictionary: None,
+                    },
+                    device_code,
+                });
+                record.get_or_insert_with(|| ModuleRecord {
+                    abi: spec.abi,
+                    inputs: planned.inputs.clone(),
+                    variants: Vec::new(),
+                    skipped: Vec::new(),
+                });
+            }
         }
         let mut record = record.unwrap_or_else(|| ModuleRecord {
             abi: spec.abi,
@@ -393,29 +405,15 @@ pub fn build_modules(
     Ok(built)
 }
 
-/// The host C++ compiler's version: its `--version` first line less the program's name
-/// (`(Debian 12.2.0-14+deb12u1) 12.2.0`), the distribution's build included.
-fn host_cxx_version() -> Result<String, String> {
-    let output = Command::new("g++")
-        .arg("--version")
-        .output()
-        .map_err(|error| format!("cannot run the host C++ compiler `g++`: {error}"))?;
-    String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .next()
-        .map(|line| line.trim_start_matches("g++").trim().to_owned())
-        .filter(|line| output.status.success() && !line.is_empty())
-        .ok_or_else(|| "`g++ --version` printed no version".to_owned())
-}
-
 /// Compiles and links `planned` with the CUDA build's nvcc and `g++`
 /// ([`prebuilt::module::compile`]); the module's bytes.
 fn compile_module(
     planned: &PlannedModule,
     key: &str,
-    torch: &TorchHeaders,
+    target: &HostTarget,
     toolchain: &Toolchain,
 ) -> Result<Vec<u8>, Error> {
+    let torch = &target.torch;
     let fail = |source| Error::ModuleCompile {
         module: planned.name.clone(),
         build: toolchain.build,
@@ -438,9 +436,14 @@ fn compile_module(
         cxx_std: inputs.cxx_std.clone(),
         archs: inputs.archs.clone(),
         torch_package: torch.package.clone(),
-        cuda_lib_dirs: prebuilt::module::compile::cuda_runtime_dirs(nvcc, &torch.package),
+        // Another CPU's runtime is the one beside its torch, not the toolkit's own.
+        cuda_lib_dirs: match target.cross {
+            false => prebuilt::module::compile::cuda_runtime_dirs(nvcc, &torch.package),
+            true => prebuilt::module::compile::site_cuda_runtime_dirs(&torch.package),
+        },
         nvcc: nvcc.to_path_buf(),
-        cxx: PathBuf::from("g++"),
+        ccbin: target.cross.then(|| target.cxx.clone()),
+        cxx: target.cxx.clone(),
     };
     prebuilt::module::build_module(&recipe, &|_| {}).map_err(fail)
 }

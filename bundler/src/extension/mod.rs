@@ -21,6 +21,7 @@
 //! What is and is not supported, and why, is in `docs/extensions.md`.
 
 pub mod build;
+pub mod cpu;
 
 /// What in a kernel's source marks it as host code for an extension module: a header or
 /// macro whose code a cubin cannot hold, with what it is.

@@ -33,6 +33,9 @@ pub struct ExtensionSpec {
     pub arch: Option<Vec<Arch>>,
     /// Narrows the library's CUDA builds.
     pub cuda_builds: Option<Vec<CudaBuild>>,
+    /// The CPU architectures of the module's host code (`x86_64`, `aarch64`); both when absent
+    /// ([`crate::extension::cpu`]).
+    pub cpus: Option<Vec<String>>,
     /// Overrides the library's C++ standard.
     pub cxx_std: Option<String>,
     /// For `abi = "stable"`: the lowest torch the module serves (`2.11`). It is built with
@@ -128,6 +131,25 @@ pub fn check_extension(
             return Some(format!(
                 "`cuda-builds` names {build}, which is not one of the library's `cuda-builds`"
             ));
+        }
+    }
+    if let Some(cpus) = &spec.cpus {
+        let known = crate::extension::cpu::MODULE_CPUS;
+        if cpus.is_empty() {
+            return Some("`cpus` must not be empty".into());
+        }
+        if let Some(cpu) = cpus.iter().find(|cpu| !known.contains(&cpu.as_str())) {
+            return Some(format!(
+                "`cpus` names `{cpu}`, which is not a CPU modules are built for ({})",
+                known.join(", ")
+            ));
+        }
+        if let Some((_, cpu)) = cpus
+            .iter()
+            .enumerate()
+            .find(|(n, cpu)| cpus[..*n].contains(cpu))
+        {
+            return Some(format!("`cpus` lists `{cpu}` twice"));
         }
     }
     if let Some(target) = &spec.torch_target {

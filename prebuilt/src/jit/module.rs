@@ -444,6 +444,7 @@ fn compile_module(
         torch_package: request.torch_dir.to_path_buf(),
         cuda_lib_dirs: cuda_runtime_dirs(&compilers.nvcc, request.torch_dir),
         nvcc: compilers.nvcc.clone(),
+        ccbin: None,
         cxx: compilers.cxx.clone(),
     };
     let bytes = build_module(&recipe, progress).map_err(|source| JitError::ModuleCompile {

@@ -118,6 +118,9 @@ pub struct ModuleRecipe {
     pub cuda_lib_dirs: Vec<PathBuf>,
     /// nvcc.
     pub nvcc: PathBuf,
+    /// The host compiler nvcc compiles a `.cu` unit's host half with (`-ccbin`), where it is
+    /// not nvcc's own choice: [`Self::cxx`] when that builds for another CPU.
+    pub ccbin: Option<PathBuf>,
     /// The host C++ compiler, which also links.
     pub cxx: PathBuf,
 }
@@ -250,15 +253,21 @@ pub fn cuda_runtime_dirs(nvcc: &Path, torch_package: &Path) -> Vec<PathBuf> {
         .iter()
         .map(|dir| toolkit.join(dir))
         .collect();
-    if let Some(site) = torch_package.parent() {
-        let nvidia = site.join("nvidia");
-        dirs.extend(
-            ["cu13/lib", "cuda_runtime/lib"]
-                .iter()
-                .map(|dir| nvidia.join(dir)),
-        );
-    }
+    dirs.extend(site_cuda_runtime_dirs(torch_package));
     dirs
+}
+
+/// The folders of the CUDA wheels installed beside torch (`site-packages/nvidia/cu13/lib`,
+/// `nvidia/cuda_runtime/lib`): where a module for another CPU finds that CPU's runtime.
+pub fn site_cuda_runtime_dirs(torch_package: &Path) -> Vec<PathBuf> {
+    let Some(site) = torch_package.parent() else {
+        return Vec::new();
+    };
+    let nvidia = site.join("nvidia");
+    ["cu13/lib", "cuda_runtime/lib"]
+        .iter()
+        .map(|dir| nvidia.join(dir))
+        .collect()
 }
 
 /// The newest CUDA runtime (`libcudart.so.13`) of the first folder in `dirs` that has one.
@@ -334,6 +343,9 @@ pub fn module_commands(
         .map(|(n, source)| {
             let mut command = if is_cuda_source(source) {
                 let mut command = nvcc_command(&recipe.nvcc);
+                if let Some(ccbin) = &recipe.ccbin {
+                    command.arg("-ccbin").arg(ccbin);
+                }
                 command.arg("-c").args(&common);
                 for flag in BASE_FLAGS
                     .iter()
@@ -632,6 +644,7 @@ mod tests {
             torch_package: PathBuf::from("/site/torch"),
             cuda_lib_dirs: vec![PathBuf::from("/nowhere"), cuda_lib.to_owned()],
             nvcc: PathBuf::from("/cuda/bin/nvcc"),
+            ccbin: None,
             cxx: PathBuf::from("/usr/bin/g++"),
         }
     }
