@@ -115,17 +115,28 @@ pub(crate) fn bundle_kernels(args: BundleKernelsArgs) -> Result<()> {
         let variants: usize = modules.values().map(|m| m.variants.len()).sum();
         let skipped: usize = modules.values().map(|m| m.skipped.len()).sum();
         println!(
-            "{} extension modules, {variants} built for a CUDA build: {} compiled, {} from \
+            "{} extension modules, {variants} built (CUDA build × CPU): {} compiled, {} from \
              cache, {skipped} skipped",
             modules.len(),
             summary.modules_compiled.len(),
             variants - summary.modules_compiled.len(),
         );
+        // A reason shared by both CPUs of a CUDA build is said once.
         for (name, record) in modules {
+            let mut said: Vec<(prebuilt::CudaBuild, &str, Vec<&str>)> = Vec::new();
             for skip in &record.skipped {
+                match said
+                    .iter_mut()
+                    .find(|(cuda, reason, _)| *cuda == skip.cuda && *reason == skip.reason)
+                {
+                    Some((_, _, cpus)) => cpus.push(&skip.cpu),
+                    None => said.push((skip.cuda, &skip.reason, vec![&skip.cpu])),
+                }
+            }
+            for (cuda, reason, cpus) in said {
                 println!(
-                    "  skipped `{name}` for {} ({}): {}",
-                    skip.cuda, skip.cpu, skip.reason
+                    "  skipped `{name}` for {cuda} ({}): {reason}",
+                    cpus.join(", ")
                 );
             }
         }

@@ -124,6 +124,12 @@ pub fn modules_platform_tag(bundle: &Bundle) -> Result<Option<String>, Error> {
             None => newest.push((cpu, glibc, tag)),
         }
     }
+    // x86_64 first, as the tag of a wheel without modules has it.
+    newest.sort_by_key(|(cpu, _, _)| {
+        bundler::extension::cpu::MODULE_CPUS
+            .iter()
+            .position(|known| known == cpu)
+    });
     let tags: Vec<String> = newest.into_iter().map(|(_, _, tag)| tag).collect();
     Ok(Some(tags.join(".")))
 }

@@ -492,6 +492,66 @@ class CpuImplementations(unittest.TestCase):
 
 
 @unittest.skipUnless(HAS_TORCH, NO_TORCH)
+class ExtensionModule(unittest.TestCase):
+    """`torch.ops.af3_native.gated_residual`: the library's extension module (a C++ launcher
+    on the stable ABI), registered by `import af3_kernels` from its verified bytes."""
+
+    @staticmethod
+    def reference(x, gate, residual):
+        return (residual.float() + x.float() * torch.sigmoid(gate.float())).to(x.dtype)
+
+    def test_the_import_registers_the_op_without_initialising_cuda(self):
+        code = (
+            "import torch, af3_kernels, kwheel\n"
+            "x = torch.randn(4, 5)\n"
+            "assert torch.equal(torch.ops.af3_native.gated_residual(x, x, x), x + x * torch.sigmoid(x))\n"
+            "assert not torch.cuda.is_initialized()\n"
+            "print([e['source'] for e in kwheel.provenance() if e['kernel'] == '_C'])\n"
+        )
+        self.assertEqual(run_python(code).strip(), "['module']")
+
+    def test_cpu_matches_torch_in_both_dtypes(self):
+        generator = torch.Generator().manual_seed(2)
+        for dtype in (torch.float32, torch.bfloat16):
+            for shape in ((3, 7), (2, 33, 65), (0, 4)):
+                with self.subTest(dtype=dtype, shape=shape):
+                    x, gate, residual = (
+                        (torch.rand(shape, generator=generator) * 8 - 4).to(dtype) for _ in range(3)
+                    )
+                    got = torch.ops.af3_native.gated_residual(x, gate, residual)
+                    self.assertEqual(got.dtype, dtype)
+                    torch.testing.assert_close(got, self.reference(x, gate, residual))
+
+    def test_bad_inputs_are_refused_by_the_launcher(self):
+        op = torch.ops.af3_native.gated_residual
+        x = torch.randn(4, 6)
+        for args, words in (
+            ((x, x.double(), x), "one dtype"),
+            ((x.double(), x.double(), x.double()), "float32 or bfloat16"),
+            ((x, x[:, :3], x), "same number of elements"),
+            ((x.t(), x.t(), x.t()), "contiguous"),
+        ):
+            with self.subTest(words=words):
+                with self.assertRaisesRegex(RuntimeError, words):
+                    op(*args)
+
+    def test_the_meta_implementation_keeps_one_graph(self):
+        op = torch.ops.af3_native.gated_residual
+        meta = op(*(torch.empty(3, 8, device="meta") for _ in range(3)))
+        self.assertEqual((meta.shape, meta.device.type), ((3, 8), "meta"))
+        torch.library.opcheck(op.default, tuple(torch.randn(5, 9) for _ in range(3)))
+
+        def block(x, gate, residual):
+            return ops.sigmoid_gate(op(x, gate, residual), gate)
+
+        args = tuple(torch.randn(8, 16).bfloat16() for _ in range(3))
+        torch._dynamo.reset()
+        explained = torch._dynamo.explain(block)(*args)
+        self.assertEqual((explained.graph_count, explained.graph_break_count), (1, 0))
+        torch._dynamo.reset()
+
+
+@unittest.skipUnless(HAS_TORCH, NO_TORCH)
 class Gradients(unittest.TestCase):
     def test_sigmoid_gate_gradients_come_from_the_backward_op_and_match_autograd(self):
         x, gate = examples()["sigmoid_gate"]

@@ -886,7 +886,7 @@ fn a_stable_abi_module_op_runs_on_cpu_right_after_import() {
     // `pthread_once`).
     assert_eq!(
         built.filename.to_string(),
-        "kwtest_ops-0.1.0-py3-none-manylinux_2_28_aarch64.manylinux_2_28_x86_64.whl"
+        "kwtest_ops-0.1.0-py3-none-manylinux_2_28_x86_64.manylinux_2_28_aarch64.whl"
     );
     let names: Vec<String> = entries(&std::fs::read(&built.path).unwrap())
         .into_iter()

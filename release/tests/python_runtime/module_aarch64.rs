@@ -80,7 +80,7 @@ fn an_aarch64_module_is_built_here_audited_and_runs_under_emulation() {
     // One module per CPU, so the wheel serves both.
     assert_eq!(
         built.filename.to_string(),
-        "kwtest_ops-0.1.0-py3-none-manylinux_2_28_aarch64.manylinux_2_28_x86_64.whl"
+        "kwtest_ops-0.1.0-py3-none-manylinux_2_28_x86_64.manylinux_2_28_aarch64.whl"
     );
     let report = release::verify_wheel(&built.path).unwrap();
     assert_eq!(report.bundles[0].modules, 2, "{report}");
