@@ -88,7 +88,7 @@ fn an_aarch64_module_is_built_here_audited_and_runs_under_emulation() {
 
     // PyPA's auditwheel, on each module as the one file of a wheel: its glibc symbols keep to
     // 2.28 or older, and it needs nothing outside the policy but torch's and CUDA's libraries.
-    let bundle = prebuilt::Bundle::open(&root.join("_prebuilt")).unwrap();
+    let bundle = prebuilt::Bundle::open(root.join("_prebuilt")).unwrap();
     let record = &bundle.index().modules["_C"];
     let mut cpus = Vec::new();
     for variant in &record.variants {
