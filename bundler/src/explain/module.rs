@@ -16,6 +16,7 @@ use crate::error::Error;
 use crate::extension::build::{
     host_cpu, module_host, module_toolchain, plan_module, plan_variant, PlannedVariant,
 };
+use crate::extension::cpu::{host_target, module_cpus, HostTarget};
 use crate::manifest::Manifest;
 use crate::torch::TorchHeaders;
 
@@ -40,19 +41,21 @@ pub struct ModuleExplanation {
     pub torch_target: Option<String>,
     /// The torch whose headers and libraries it builds against.
     pub torch: TorchHeaders,
-    /// The CPU it is built for.
+    /// This machine's CPU, whose plan the inputs and the include tree are.
     pub cpu: String,
-    /// One row per CUDA build.
+    /// One row per CUDA build and CPU.
     pub targets: Vec<ModuleTargetKey>,
     /// With `--against`: the inputs that differ from that index, one line each.
     pub changes: Option<Vec<String>>,
 }
 
-/// A module's key for one CUDA build, or why it has none.
+/// A module's key for one CUDA build and CPU, or why it has none.
 #[derive(Clone, Debug)]
 pub struct ModuleTargetKey {
     /// The CUDA build.
     pub build: CudaBuild,
+    /// The CPU.
+    pub cpu: String,
     /// The torch range it serves, its compilers and its key; or why it is not built.
     pub key: Result<(String, Vec<CompilerRecord>, String), String>,
 }
@@ -71,23 +74,42 @@ pub fn explain_module(
         .cuda_builds
         .as_deref()
         .unwrap_or(&manifest.library.cuda_builds);
+    // Another CPU's compiler and torch, or why it has none (a row says it).
+    let others: Vec<(String, Result<HostTarget, String>)> = module_cpus(spec)
+        .into_iter()
+        .filter(|cpu| cpu != &host.cpu)
+        .map(|cpu| {
+            let target = host_target(manifest, &cpu).map_err(|error| error.to_string());
+            (cpu, target)
+        })
+        .collect();
     let mut planned = None;
     let mut targets = Vec::new();
     for &build in builds {
-        let key = match module_toolchain(build) {
-            Ok(toolchain) => {
-                let PlannedVariant {
-                    planned: plan,
-                    torch: served,
-                    compilers,
-                    key,
-                } = plan_variant(manifest, name, spec, &host, torch_pin, &toolchain)?;
-                planned.get_or_insert(plan);
-                Ok((served, compilers, key))
-            }
-            Err(reason) => Err(reason),
-        };
-        targets.push(ModuleTargetKey { build, key });
+        let toolchain = module_toolchain(build);
+        let cpus = std::iter::once((host.cpu.clone(), Ok(&host))).chain(
+            others
+                .iter()
+                .map(|(cpu, target)| (cpu.clone(), target.as_ref().map_err(Clone::clone))),
+        );
+        for (cpu, target) in cpus {
+            let key = match (&toolchain, target.as_ref()) {
+                (Ok(toolchain), Ok(&target)) => {
+                    let PlannedVariant {
+                        planned: plan,
+                        torch: served,
+                        compilers,
+                        key,
+                    } = plan_variant(manifest, name, spec, target, torch_pin, toolchain)?;
+                    if target.cpu == host.cpu {
+                        planned.get_or_insert(plan);
+                    }
+                    Ok((served, compilers, key))
+                }
+                (Err(reason), _) | (_, Err(reason)) => Err(reason.clone()),
+            };
+            targets.push(ModuleTargetKey { build, cpu, key });
+        }
     }
     // No build has a toolchain: the inputs are still the manifest's and the sources'.
     let planned = match planned {
@@ -166,21 +188,21 @@ pub fn module_changes_since(
         changes.push("key inputs: changed (see `index.json`'s module `inputs`)".into());
     }
     let described = !changes.is_empty();
-    let cpu = host_cpu();
     for target in targets {
         let Ok((served, compilers, key)) = &target.key else {
             continue;
         };
+        let cpu = &target.cpu;
         let label = format!("{}/{cpu}", target.build);
         let old = record
             .variants
             .iter()
-            .find(|v| v.cuda == target.build && v.cpu == cpu);
+            .find(|v| v.cuda == target.build && &v.cpu == cpu);
         let Some(old) = old else {
             let skipped = record
                 .skipped
                 .iter()
-                .any(|s| s.cuda == target.build && s.cpu == cpu);
+                .any(|s| s.cuda == target.build && &s.cpu == cpu);
             if !skipped {
                 changes.push(format!("variant {label}: not in the index"));
             }
@@ -273,7 +295,17 @@ impl fmt::Display for ModuleExplanation {
             false => " (no .cu unit: no device code)",
         };
         writeln!(out, "  archs: {}{device}", archs.join(", "))?;
-        writeln!(out, "  CPU: {}", self.cpu)?;
+        let cpus: BTreeSet<&str> = self.targets.iter().map(|t| t.cpu.as_str()).collect();
+        let others: Vec<&str> = cpus.into_iter().filter(|cpu| *cpu != self.cpu).collect();
+        match others.is_empty() {
+            true => writeln!(out, "  CPU: {}", self.cpu)?,
+            false => writeln!(
+                out,
+                "  CPUs: {} (this machine's: the tree and files above), {}",
+                self.cpu,
+                others.join(", ")
+            )?,
+        }
         match &self.torch_target {
             Some(target) => writeln!(
                 out,
@@ -313,7 +345,7 @@ impl fmt::Display for ModuleExplanation {
         )?;
         writeln!(out, "\ntargets:")?;
         for target in &self.targets {
-            let label = format!("{}/{}", target.build, self.cpu);
+            let label = format!("{}/{}", target.build, target.cpu);
             match &target.key {
                 Ok((served, compilers, key)) => writeln!(
                     out,
