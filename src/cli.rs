@@ -249,7 +249,7 @@ pub(crate) enum BundleCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Write the cubins as plain files: DIR/<kernel>/<build>/<arch>.cubin.
+    /// Write the cubins and modules as plain files: DIR/<kernel>/<build>/<arch>.cubin, DIR/modules/<module>/<build>/<cpu>.so.
     Extract {
         /// The bundle directory.
         bundle: PathBuf,

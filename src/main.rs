@@ -262,7 +262,39 @@ fn build_wheel(args: BuildWheelArgs) -> Result<()> {
         }
         error
     })?;
+    warn_missing_module_cpus(&options.bundle);
     print_written(&built.path, built.files, built.size, args.json)
+}
+
+/// Says, on stderr, which CPU a module of the shipped bundle was not built for and why: the
+/// wheel's tags leave that CPU out, which would otherwise pass unnoticed.
+fn warn_missing_module_cpus(bundle: &Path) {
+    let Ok(bundle) = prebuilt::Bundle::open(bundle) else {
+        return;
+    };
+    for (name, record) in &bundle.index().modules {
+        let mut cpus: Vec<&str> = record.skipped.iter().map(|s| s.cpu.as_str()).collect();
+        cpus.dedup();
+        for cpu in cpus {
+            if record.variants.is_empty() || record.variants.iter().any(|v| v.cpu == cpu) {
+                continue;
+            }
+            // The reason of a CUDA build another CPU has: the one this CPU lacks for itself.
+            let skips = record.skipped.iter().filter(|s| s.cpu == cpu);
+            let Some(skip) = skips
+                .clone()
+                .find(|s| record.variants.iter().any(|v| v.cuda == s.cuda))
+                .or_else(|| skips.clone().next())
+            else {
+                continue;
+            };
+            eprintln!(
+                "warning: extension module `{name}` has no {cpu} build ({}/{cpu}: {}), so the \
+                 wheel is not tagged for {cpu}",
+                skip.cuda, skip.reason
+            );
+        }
+    }
 }
 
 /// A command line for a hint: `program` and every option that has a value, quoted for a POSIX

@@ -128,8 +128,8 @@ pub enum Error {
     ModuleBuild {
         /// The module.
         module: String,
-        /// The CUDA build.
-        build: CudaBuild,
+        /// The CUDA build (and CPU, where there is one: `cu130/aarch64`).
+        build: String,
         /// What failed, with the compiler's log.
         reason: String,
     },
@@ -146,12 +146,14 @@ pub enum Error {
         source: Box<prebuilt::module::fatbin::FatbinError>,
     },
     /// An extension module's compile or link failed.
-    #[error("failed to build extension module `{module}` for {build}")]
+    #[error("failed to build extension module `{module}` for {build}/{cpu}")]
     ModuleCompile {
         /// The module.
         module: String,
         /// The CUDA build.
         build: CudaBuild,
+        /// The CPU.
+        cpu: String,
         /// The step that failed, with the tail of its log.
         #[source]
         source: Box<prebuilt::module::ModuleCompileError>,
@@ -276,6 +278,19 @@ pub enum Error {
         record: PathBuf,
         /// The failure as that build kept it.
         kept: Box<KeptFailure>,
+    },
+    /// An extension module was skipped for a target while `--require` was given.
+    #[error(
+        "extension module `{module}` cannot be built for {target}: {reason} (--require makes \
+         every skip an error)"
+    )]
+    ModuleSkipped {
+        /// The module.
+        module: String,
+        /// The CUDA build and CPU (`cu130/aarch64`).
+        target: String,
+        /// Why it was skipped.
+        reason: String,
     },
     /// A target was skipped while `--require` was given.
     #[error("`{kernel}` cannot be built for {arch} ({build}): {reason} (--require makes every skip an error)")]

@@ -48,8 +48,10 @@ use crate::remote::RemoteCacheOptions;
 pub use crate::shard_file::{
     check_shard_file, PlannedJob, Shard, CUBINS_DIR, MAX_SHARDS, SHARD_FILE, SHARD_FORMAT,
 };
-use crate::shard_file::{cubin_path, read_shard, ShardFile};
-use crate::writer::{stage_directory, write_bundle, write_sources, OutputKind, WriteOutcome};
+use crate::shard_file::{cubin_path, read_shard, shard_module_path, ShardFile};
+use crate::writer::{
+    stage_directory, write_bundle_streamed, write_sources, BundleFiles, OutputKind, WriteOutcome,
+};
 
 /// How a build shares work and results with other machines.
 #[derive(Clone, Debug, Default)]
@@ -68,7 +70,7 @@ pub fn write_shard(
     mut jobs: Vec<PlannedJob>,
     index: &Index,
     cubins: &BTreeMap<String, Vec<u8>>,
-    sources: &BTreeMap<String, PathBuf>,
+    files: BundleFiles<'_>,
 ) -> Result<WriteOutcome, Error> {
     jobs.sort();
     let file = ShardFile {
@@ -83,7 +85,20 @@ pub fn write_shard(
         for (digest, cubin) in cubins {
             crate::cache::write_atomically(&root.join(cubin_path(digest)), cubin)?;
         }
-        write_sources(root, sources)?;
+        // Shard 1's modules, whole, each checked against its digest as read.
+        for (digest, file) in files.modules {
+            let bytes = std::fs::read(file).map_err(Unreadable::at(file))?;
+            let actual = sha256_hex(&bytes);
+            if actual != *digest {
+                return Err(Error::ChangedFile {
+                    path: file.clone(),
+                    expected: digest.clone(),
+                    actual,
+                });
+            }
+            crate::cache::write_atomically(&root.join(shard_module_path(digest)), &bytes)?;
+        }
+        write_sources(root, files.sources)?;
         crate::cache::write_atomically(&root.join(SHARD_FILE), text.as_bytes())
     })?;
     Ok(WriteOutcome::Written)
@@ -295,14 +310,72 @@ pub fn merge_shards(
             .sort_by_key(|variant| (variant.cuda, variant.arch));
     }
 
-    // Sources: every file of every compiled kernel's include graph, checked against the
+    // Extension modules: shard 1's, each a plain file of the shard, read once here to check
+    // that it is the shared library its record names (the writer checks its digest again as
+    // it compresses the bytes it reads).
+    index.modules = first.index.modules.clone();
+    let mut modules = BTreeMap::new();
+    for (name, record) in &index.modules {
+        for variant in &record.variants {
+            let relative = shard_module_path(&variant.artifact.digest);
+            if let Some(link) = link_inside(first_dir, &relative) {
+                return Err(merge_error(
+                    Some(first_dir),
+                    format!(
+                        "extension module `{name}` ({}) in `{}` is reached through the symbolic \
+                         link `{}`: a shard holds its modules as plain files",
+                        variant.label(),
+                        first_dir.display(),
+                        link.display()
+                    ),
+                ));
+            }
+            let path = first_dir.join(&relative);
+            let bytes = read_regular_file(&path, prebuilt::untrusted::MAX_ARTIFACT_SIZE).map_err(
+                |source| {
+                    Error::Read(Unreadable {
+                        path: path.clone(),
+                        source,
+                    })
+                },
+            )?;
+            let actual = sha256_hex(&bytes);
+            let fault = match actual == variant.artifact.digest {
+                false => Some(format!(
+                    "has sha256 {actual}, but the shard's index records {}",
+                    variant.artifact.digest
+                )),
+                true => crate::extension::build::check_module(&bytes, &variant.cpu).err(),
+            };
+            if let Some(fault) = fault {
+                return Err(merge_error(
+                    Some(first_dir),
+                    format!(
+                        "extension module `{name}` ({}) at `{}` {fault}",
+                        variant.label(),
+                        path.display()
+                    ),
+                ));
+            }
+            modules.insert(actual, path);
+        }
+    }
+
+    // Sources: every file of every compiled kernel's include graph, and of every module's
+    // (but torch's headers, which the JIT takes from the running torch), checked against the
     // digest the index records for it.
     let mut sources = BTreeMap::new();
-    for (kernel, record) in &index.kernels {
-        if record.recipe.is_none() {
-            continue;
-        }
-        for (stable, digest) in &record.inputs.files {
+    let kernel_files = index
+        .kernels
+        .iter()
+        .filter(|(_, record)| record.recipe.is_some())
+        .map(|(kernel, record)| (kernel.clone(), &record.inputs.files));
+    let module_files = index
+        .modules
+        .iter()
+        .map(|(name, record)| (format!("extension module {name}"), &record.inputs.files));
+    for (kernel, files) in kernel_files.chain(module_files) {
+        for (stable, digest) in files.iter().filter(|(stable, _)| !stable.starts_with('[')) {
             let path = first_dir.join(SOURCES_DIR).join(stable);
             if let Some(link) = link_inside(first_dir, &format!("{SOURCES_DIR}/{stable}")) {
                 return Err(merge_error(
@@ -334,7 +407,15 @@ pub fn merge_shards(
             sources.insert(stable.clone(), path);
         }
     }
-    let (index, written) = write_bundle(out, index, &cubins, &sources, jobs, progress)?;
+    let corpus: Vec<(&str, &[u8])> = cubins
+        .iter()
+        .map(|(digest, bytes)| (digest.as_str(), bytes.as_slice()))
+        .collect();
+    let files = BundleFiles {
+        sources: &sources,
+        modules: &modules,
+    };
+    let (index, written) = write_bundle_streamed(out, index, &corpus, files, jobs, progress)?;
     Ok(MergeSummary {
         out: out.to_owned(),
         index,
@@ -362,6 +443,8 @@ fn link_inside(dir: &Path, relative: &str) -> Option<PathBuf> {
 /// `index` with no variants: what every shard of one plan has in common.
 fn without_variants(index: &Index) -> Index {
     let mut index = index.clone();
+    // Shard 1 alone builds the extension modules.
+    index.modules = BTreeMap::new();
     for record in index.kernels.values_mut() {
         *record = KernelRecord {
             variants: Vec::new(),

@@ -115,6 +115,12 @@ pub(crate) struct ShardFile {
 
 /// The raw cubin of `digest` inside a shard (a [`prebuilt::untrusted::Digest`] by the time
 /// a shard file is read; any text still gives a path, never a panic).
+/// Where a shard holds an extension module's shared library whole (shard 1 builds the
+/// modules): `modules/<sha256>.so`.
+pub(crate) fn shard_module_path(digest: &str) -> String {
+    format!("modules/{digest}.so")
+}
+
 pub(crate) fn cubin_path(digest: &str) -> String {
     format!(
         "{CUBINS_DIR}/{}/{digest}.cubin",

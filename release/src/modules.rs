@@ -10,7 +10,8 @@
 
 use std::collections::BTreeSet;
 
-use bundler::extension::build::{module_host, plan_module, toolkit_include_dirs};
+use bundler::extension::build::{module_target, plan_module, toolkit_include_dirs};
+use bundler::extension::cpu::module_cpus;
 use bundler::Manifest;
 use prebuilt::module::read_module;
 use prebuilt::{Bundle, Index};
@@ -25,9 +26,11 @@ pub fn stale_modules(manifest: &Manifest, index: &Index) -> Result<Vec<StaleKern
     if manifest.extensions.is_empty() && index.modules.is_empty() {
         return Ok(Vec::new());
     }
-    let host = match manifest.extensions.is_empty() {
-        true => None,
-        false => Some(module_host(manifest)?),
+    // Planned for the first CPU of the first module (this machine's, unless `cpus` leaves it
+    // out): the inputs an index records are that CPU's.
+    let host = match manifest.extensions.values().next() {
+        None => None,
+        Some(spec) => Some(module_target(manifest, &module_cpus(spec)[0])?),
     };
     StaleKernel::of_each(
         &manifest.extensions,
@@ -38,6 +41,17 @@ pub fn stale_modules(manifest: &Manifest, index: &Index) -> Result<Vec<StaleKern
                     "an extension module of the manifest that the bundle lacks".into(),
                 ]);
             };
+            // Built for no target, the record has no inputs to compare: say why instead.
+            if record.variants.is_empty() {
+                return Err(Error::ModuleUnbuilt {
+                    module: name.clone(),
+                    reasons: record
+                        .skipped
+                        .iter()
+                        .map(|skip| format!("{}/{}: {}", skip.cuda, skip.cpu, skip.reason))
+                        .collect(),
+                });
+            }
             let host = host.as_ref().expect("found for the manifest's extensions");
             let build = record.variants.first().map(|variant| variant.cuda);
             let external = build.map(toolkit_include_dirs).unwrap_or_default();

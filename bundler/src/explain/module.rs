@@ -41,7 +41,8 @@ pub struct ModuleExplanation {
     pub torch_target: Option<String>,
     /// The torch whose headers and libraries it builds against.
     pub torch: TorchHeaders,
-    /// This machine's CPU, whose plan the inputs and the include tree are.
+    /// The CPU whose plan the inputs and the include tree are: this machine's, unless the
+    /// module's `cpus` leave it out.
     pub cpu: String,
     /// One row per CUDA build and CPU.
     pub targets: Vec<ModuleTargetKey>,
@@ -69,39 +70,50 @@ pub fn explain_module(
     against: Option<&Path>,
 ) -> Result<ModuleExplanation, Error> {
     let spec = &manifest.extensions[name];
-    let host = module_host(manifest)?;
+    // Each CPU of the module's `cpus`: this machine's must have its compiler and torch (as
+    // the build requires); another's absence is a row saying why.
+    let mut hosts: Vec<(String, Result<HostTarget, String>)> = Vec::new();
+    for cpu in module_cpus(spec) {
+        let target = match cpu == host_cpu() {
+            true => Ok(module_host(manifest)?),
+            false => host_target(manifest, &cpu).map_err(|error| error.to_string()),
+        };
+        hosts.push((cpu, target));
+    }
+    let Some(shown) = hosts
+        .iter()
+        .find_map(|(_, target)| target.as_ref().ok())
+        .cloned()
+    else {
+        let (cpu, reason) = hosts
+            .iter()
+            .find_map(|(cpu, target)| target.as_ref().err().map(|reason| (cpu, reason)))
+            .expect("an extension has at least one CPU");
+        return Err(Error::ModuleCompiler {
+            module: name.to_owned(),
+            cpu: cpu.clone(),
+            reason: reason.clone(),
+        });
+    };
     let builds = spec
         .cuda_builds
         .as_deref()
         .unwrap_or(&manifest.library.cuda_builds);
-    // Another CPU's compiler and torch, or why it has none (a row says it).
-    let others: Vec<(String, Result<HostTarget, String>)> = module_cpus(spec)
-        .into_iter()
-        .filter(|cpu| cpu != &host.cpu)
-        .map(|cpu| {
-            let target = host_target(manifest, &cpu).map_err(|error| error.to_string());
-            (cpu, target)
-        })
-        .collect();
     let mut planned = None;
     let mut targets = Vec::new();
     for &build in builds {
         let toolchain = module_toolchain(build);
-        let cpus = std::iter::once((host.cpu.clone(), Ok(&host))).chain(
-            others
-                .iter()
-                .map(|(cpu, target)| (cpu.clone(), target.as_ref().map_err(Clone::clone))),
-        );
-        for (cpu, target) in cpus {
+        for (cpu, target) in &hosts {
+            let cpu = cpu.clone();
             let key = match (&toolchain, target.as_ref()) {
-                (Ok(toolchain), Ok(&target)) => {
+                (Ok(toolchain), Ok(target)) => {
                     let PlannedVariant {
                         planned: plan,
                         torch: served,
                         compilers,
                         key,
                     } = plan_variant(manifest, name, spec, target, torch_pin, toolchain)?;
-                    if target.cpu == host.cpu {
+                    if target.cpu == shown.cpu {
                         planned.get_or_insert(plan);
                     }
                     Ok((served, compilers, key))
@@ -114,7 +126,7 @@ pub fn explain_module(
     // No build has a toolchain: the inputs are still the manifest's and the sources'.
     let planned = match planned {
         Some(planned) => planned,
-        None => plan_module(manifest, name, spec, &host, &[])?,
+        None => plan_module(manifest, name, spec, &shown, &[])?,
     };
     let changes = match against {
         Some(path) => {
@@ -137,8 +149,8 @@ pub fn explain_module(
         inputs: planned.inputs,
         torch_pin: torch_pin.to_owned(),
         torch_target: spec.torch_target.clone(),
-        torch: host.torch,
-        cpu: host_cpu().to_owned(),
+        torch: shown.torch,
+        cpu: shown.cpu,
         targets,
         changes,
     })
@@ -301,7 +313,7 @@ impl fmt::Display for ModuleExplanation {
             true => writeln!(out, "  CPU: {}", self.cpu)?,
             false => writeln!(
                 out,
-                "  CPUs: {} (this machine's: the tree and files above), {}",
+                "  CPUs: {} (the tree and files above), {}",
                 self.cpu,
                 others.join(", ")
             )?,

@@ -179,20 +179,27 @@ pub fn module_host(manifest: &Manifest) -> Result<HostTarget, Error> {
 
 /// [`module_host`] for any CPU ([`host_target`]), its failure as the build's error.
 pub fn module_target(manifest: &Manifest, cpu: &str) -> Result<HostTarget, Error> {
+    host_target(manifest, cpu).map_err(|error| target_error(manifest, cpu, error))
+}
+
+/// Why `cpu` has no host target, as the build's error.
+fn target_error(manifest: &Manifest, cpu: &str, error: HostTargetError) -> Error {
     let module = manifest
         .extensions
         .keys()
         .next()
         .cloned()
         .unwrap_or_default();
-    host_target(manifest, cpu).map_err(|error| match error {
+    match error {
         HostTargetError::Torch(source) => Error::ModuleTorch { module, source },
-        HostTargetError::Compiler(reason) => Error::ModuleCompiler {
-            module,
-            cpu: cpu.to_owned(),
-            reason,
-        },
-    })
+        error @ (HostTargetError::Compiler(_) | HostTargetError::Named(..)) => {
+            Error::ModuleCompiler {
+                module,
+                cpu: cpu.to_owned(),
+                reason: error.to_string(),
+            }
+        }
+    }
 }
 
 /// The include directories of `build`'s toolkit, which a module's scan follows but does not
@@ -248,7 +255,7 @@ pub fn plan_variant(
     let from = spec.torch_target.as_deref().unwrap_or(torch_pin);
     let served = torch_served(spec.abi, from).ok_or_else(|| Error::ModuleBuild {
         module: name.to_owned(),
-        build,
+        build: build.to_string(),
         reason: format!(
             "the torch pin `{torch_pin}` names no version to build the module for; pin a minor \
              (`2.11.*`)"
@@ -288,8 +295,8 @@ pub struct BuiltModules {
     pub records: BTreeMap<String, ModuleRecord>,
     /// Each module's file in the build cache, by the sha256 of its bytes.
     pub files: BTreeMap<String, PathBuf>,
-    /// Modules compiled in this run, as (name, build).
-    pub compiled: Vec<(String, CudaBuild)>,
+    /// Modules compiled in this run, as (name, build, CPU).
+    pub compiled: Vec<(String, CudaBuild, String)>,
     /// The library's files of every module's include graph, by stable path: shipped in the
     /// bundle's `sources/` for the JIT fallback (`docs/extensions.md`).
     pub sources: BTreeMap<String, PathBuf>,
@@ -307,9 +314,10 @@ pub fn build_modules(
     if manifest.extensions.is_empty() {
         return Ok(built);
     }
-    let host = module_host(manifest)?;
+    // Each CPU's compiler and torch, found when a module first asks for that CPU: this
+    // machine's, or one named outright, must serve (an error); another one merely missing is
+    // a skip with the reason.
     let mut targets: BTreeMap<String, Result<HostTarget, String>> = BTreeMap::new();
-    targets.insert(host.cpu.clone(), Ok(host));
     let mut toolchains: BTreeMap<CudaBuild, Result<Toolchain, String>> = BTreeMap::new();
     for (name, spec) in &manifest.extensions {
         let builds = spec
@@ -324,10 +332,21 @@ pub fn build_modules(
                 .entry(build)
                 .or_insert_with(|| module_toolchain(build));
             for cpu in module_cpus(spec) {
-                let target = targets.entry(cpu.clone()).or_insert_with(|| {
-                    host_target(manifest, &cpu).map_err(|error| error.to_string())
-                });
-                let (toolchain, target) = match (&*toolchain, &*target) {
+                if !targets.contains_key(&cpu) {
+                    let found = match host_target(manifest, &cpu) {
+                        Ok(target) => Ok(target),
+                        Err(error @ HostTargetError::Named(..)) => {
+                            return Err(target_error(manifest, &cpu, error));
+                        }
+                        Err(error) if cpu == host_cpu() => {
+                            return Err(target_error(manifest, &cpu, error));
+                        }
+                        Err(error) => Err(error.to_string()),
+                    };
+                    targets.insert(cpu.clone(), found);
+                }
+                let target = &targets[&cpu];
+                let (toolchain, target) = match (&*toolchain, target) {
                     (Ok(toolchain), Ok(target)) => (toolchain, target),
                     (Err(reason), _) | (_, Err(reason)) => {
                         skipped.push(ModuleSkip {
@@ -347,16 +366,18 @@ pub fn build_modules(
                 built.sources.extend(planned.shipped.clone());
                 let path = cache.module_path(&key);
                 let bytes = match std::fs::read(&path) {
-                    Ok(bytes) if check_module(&bytes).is_ok() => bytes,
+                    Ok(bytes) if check_module(&bytes, &target.cpu).is_ok() => bytes,
                     _ => {
                         let bytes = compile_module(&planned, &key, target, toolchain)?;
-                        check_module(&bytes).map_err(|reason| Error::ModuleBuild {
+                        check_module(&bytes, &target.cpu).map_err(|reason| Error::ModuleBuild {
                             module: name.clone(),
-                            build,
+                            build: format!("{build}/{}", target.cpu),
                             reason,
                         })?;
                         write_atomically(&path, &bytes)?;
-                        built.compiled.push((name.clone(), build));
+                        built
+                            .compiled
+                            .push((name.clone(), build, target.cpu.clone()));
                         bytes
                     }
                 };
@@ -417,6 +438,7 @@ fn compile_module(
     let fail = |source| Error::ModuleCompile {
         module: planned.name.clone(),
         build: toolchain.build,
+        cpu: target.cpu.clone(),
         source: Box::new(source),
     };
     let inputs = &planned.inputs;
@@ -465,6 +487,19 @@ pub fn read_device_code(
 
 /// Checks that `bytes` are a shared library: an ELF file of type `ET_DYN` for this CPU.
 /// (What it needs of glibc and libstdc++ is the wheel audit's to judge.)
-pub fn check_module(bytes: &[u8]) -> Result<(), String> {
-    prebuilt::module::compile::check_shared_library(bytes)
+pub fn check_module(bytes: &[u8], cpu: &str) -> Result<(), String> {
+    prebuilt::module::compile::check_shared_library(bytes)?;
+    // e_machine (offset 18): what the link made must run on the CPU it is shipped for.
+    let machine = match u16::from_le_bytes([bytes[18], bytes[19]]) {
+        62 => "x86_64",
+        183 => "aarch64",
+        _ => "another CPU",
+    };
+    match machine == cpu {
+        true => Ok(()),
+        false => Err(format!(
+            "the link wrote a library for {machine}, not {cpu}: the compiler for {cpu} is \
+             not one"
+        )),
+    }
 }

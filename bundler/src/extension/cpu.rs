@@ -87,6 +87,10 @@ pub enum HostTargetError {
     /// No compiler for it, or one that is not for it.
     #[error("{0}")]
     Compiler(String),
+    /// Another CPU's compiler or torch, named by its variable, cannot serve: an error where
+    /// what is merely missing is a skip.
+    #[error("{0} (named by {1})")]
+    Named(String, String),
 }
 
 /// [`host_target`] with the environment read through `env`.
@@ -96,15 +100,28 @@ pub fn host_target_from(
     env: impl Fn(&str) -> Option<OsString>,
 ) -> Result<HostTarget, HostTargetError> {
     let place = torch_place(cpu);
-    let torch = TorchHeaders::find_where(&env, place)
-        .and_then(|torch| serves_modules(manifest, torch, place))
-        .map_err(Box::new)?;
-    check_torch_cpu(&torch, cpu).map_err(HostTargetError::Compiler)?;
+    let cross = cpu != host_cpu();
     let variable = compiler_variable(cpu);
     let named = env(&variable)
         .filter(|value| !value.is_empty())
         .map(PathBuf::from);
-    let cross = cpu != host_cpu();
+    // Another CPU's torch or compiler named outright that cannot serve is an error.
+    let torch_named = cross && env(place.variable).is_some_and(|value| !value.is_empty());
+    let escalate = |named: bool, variable: &str, error: HostTargetError| match named {
+        true => HostTargetError::Named(error.to_string(), variable.to_owned()),
+        false => error,
+    };
+    let torch = TorchHeaders::find_where(&env, place)
+        .and_then(|torch| serves_modules(manifest, torch, place))
+        .map_err(|error| escalate(torch_named, place.variable, Box::new(error).into()))?;
+    check_torch_cpu(&torch, cpu).map_err(|reason| {
+        escalate(
+            torch_named,
+            place.variable,
+            HostTargetError::Compiler(reason),
+        )
+    })?;
+    let cxx_named = cross && named.is_some();
     let candidates: Vec<PathBuf> = match (named, cross) {
         (Some(path), _) => vec![path],
         (None, false) => vec![PathBuf::from("g++")],
@@ -118,16 +135,27 @@ pub fn host_target_from(
             });
             unpacked
                 .into_iter()
-                .filter(|path| path.is_file())
                 .chain([PathBuf::from(&program)])
                 .collect()
         }
     };
     let mut tried = Vec::new();
     for cxx in candidates {
+        if cxx.components().count() > 1 && !cxx.is_file() {
+            tried.push(format!("no file at {}", cxx.display()));
+            continue;
+        }
         match compiler_version(&cxx) {
-            Ok(cxx_version) => {
-                check_compiler_cpu(&cxx, cpu).map_err(HostTargetError::Compiler)?;
+            Ok(version) => {
+                check_compiler_cpu(&cxx, cpu).map_err(|reason| {
+                    escalate(cxx_named, &variable, HostTargetError::Compiler(reason))
+                })?;
+                // A cross compiler's C library is its sysroot's, not the distribution's: its
+                // version joins the compiler's in the key.
+                let cxx_version = match (cross, c_library_version(&cxx)) {
+                    (true, Some(libc)) => format!("{version}, {libc}"),
+                    _ => version,
+                };
                 let dirs = match cross {
                     false => host_include_dirs(),
                     true => compiler_include_dirs(&cxx),
@@ -149,10 +177,37 @@ pub fn host_target_from(
     } else {
         ""
     };
-    Err(HostTargetError::Compiler(format!(
+    let error = HostTargetError::Compiler(format!(
         "no C++ compiler for {cpu}{how}: {}; name one in {variable}",
         tried.join("; ")
-    )))
+    ));
+    Err(escalate(cxx_named, &variable, error))
+}
+
+/// The C library a compiler compiles against, from its own preprocessor: `glibc 2.36`.
+fn c_library_version(cxx: &Path) -> Option<String> {
+    use std::io::Write as _;
+    let mut child = Command::new(cxx)
+        .args(["-E", "-P", "-x", "c++", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .ok()?;
+    child
+        .stdin
+        .take()?
+        .write_all(b"#include <features.h>\nkwheel_glibc __GLIBC__ __GLIBC_MINOR__\n")
+        .ok()?;
+    let output = child.wait_with_output().ok()?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    let line = text
+        .lines()
+        .find_map(|line| line.strip_prefix("kwheel_glibc "))?;
+    let mut parts = line.split_whitespace();
+    let (major, minor) = (parts.next()?, parts.next()?);
+    let numeric = |part: &str| !part.is_empty() && part.chars().all(|c| c.is_ascii_digit());
+    (numeric(major) && numeric(minor)).then(|| format!("glibc {major}.{minor}"))
 }
 
 /// A compiler's `--version` first line less the program's name: `(Debian 12.2.0-14) 12.2.0`.
@@ -180,6 +235,14 @@ fn check_compiler_cpu(cxx: &Path, cpu: &str) -> Result<(), String> {
         .output()
         .map_err(|error| format!("cannot run `{} -dumpmachine`: {error}", cxx.display()))?;
     let machine = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    if !output.status.success() || machine.is_empty() || machine.contains(char::is_whitespace) {
+        return Err(format!(
+            "`{} -dumpmachine` names no target (`{machine}`): not a gcc-like compiler; name \
+             one for {cpu} in {}",
+            cxx.display(),
+            compiler_variable(cpu)
+        ));
+    }
     let target = machine.split('-').next().unwrap_or_default();
     if target == cpu {
         Ok(())

@@ -228,8 +228,8 @@ pub struct BundleSummary {
     /// Every target of the matrix the run planned (a shard's own), with what became of it,
     /// by kernel, CUDA build and arch.
     pub targets: Vec<TargetOutcome>,
-    /// Extension modules compiled in this run, as (module, build).
-    pub modules_compiled: Vec<(String, CudaBuild)>,
+    /// Extension modules compiled in this run, as (module, build, CPU).
+    pub modules_compiled: Vec<(String, CudaBuild, String)>,
     /// What the remote cache did, when there is one.
     pub remote: Option<RemoteStats>,
     /// The shard built, when this run built one (then `out` is a shard directory and `index`
@@ -377,12 +377,25 @@ pub fn bundle_kernels_shared(
             })
         })
         .collect();
-    // Modules are built after the kernels, on this machine only: a shard carries none
+    // Modules are built after the kernels, on this machine, or by shard 1 of a split build
     // (docs/extensions.md).
     let modules = match shared.shard {
-        Some(_) => crate::extension::build::BuiltModules::default(),
-        None => crate::extension::build::build_modules(&plan.manifest, &plan.torch, &cache)?,
+        Some(shard) if shard.index != 1 => crate::extension::build::BuiltModules::default(),
+        _ => crate::extension::build::build_modules(&plan.manifest, &plan.torch, &cache)?,
     };
+    if options.require {
+        let skip = modules
+            .records
+            .iter()
+            .find_map(|(name, record)| record.skipped.first().map(|skip| (name, skip)));
+        if let Some((name, skip)) = skip {
+            return Err(Error::ModuleSkipped {
+                module: name.clone(),
+                target: format!("{}/{}", skip.cuda, skip.cpu),
+                reason: skip.reason.clone(),
+            });
+        }
+    }
     index.modules = modules.records;
     // A module's own files ship beside the kernels' for the JIT fallback to rebuild it.
     sources.extend(modules.sources.clone());
@@ -396,7 +409,11 @@ pub fn bundle_kernels_shared(
             let cubins = (0..corpus.count())
                 .map(|i| Ok((corpus.key(i).to_owned(), corpus.read(i)?.into_owned())))
                 .collect::<Result<BTreeMap<_, _>, Error>>()?;
-            let written = write_shard(&options.out, shard, planned, &index, &cubins, &sources)?;
+            let files = crate::writer::BundleFiles {
+                sources: &sources,
+                modules: &modules.files,
+            };
+            let written = write_shard(&options.out, shard, planned, &index, &cubins, files)?;
             (index, written)
         }
         None => write_bundle_streamed(

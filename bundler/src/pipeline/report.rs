@@ -43,7 +43,7 @@ pub struct BuildReport<'a> {
     pub counts: BTreeMap<&'static str, usize>,
     /// Every target with its outcome.
     pub targets: &'a [TargetOutcome],
-    /// Extension modules compiled in this run, as `module/cuXYZ`.
+    /// Extension modules compiled in this run, as `module/cuXYZ/cpu`.
     pub modules_compiled: Vec<String>,
     /// What the build farm did, when the build used one (`--farm`).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -85,7 +85,7 @@ impl<'a> BuildReport<'a> {
             modules_compiled: summary
                 .modules_compiled
                 .iter()
-                .map(|(module, build)| format!("{module}/{build}"))
+                .map(|(module, build, cpu)| format!("{module}/{build}/{cpu}"))
                 .collect(),
             farm: summary.farm.as_ref(),
         }

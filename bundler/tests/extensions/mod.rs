@@ -172,6 +172,24 @@ fn module_tools() -> bool {
     if bundler::torch::TorchHeaders::find().is_err() {
         return testkit::missing("no torch (`bash ci/setup-torch` installs the pinned one)");
     }
+    // The other CPU's compiler and torch, as `ci/setup-aarch64` unpacks them.
+    let other = ["x86_64", "aarch64"]
+        .into_iter()
+        .find(|cpu| *cpu != std::env::consts::ARCH)
+        .unwrap();
+    let place = bundler::extension::cpu::torch_place(other);
+    let env = |name: &str| std::env::var_os(name);
+    let cross = bundler::torch::TorchHeaders::find_where(env, place).is_ok()
+        && (env(&bundler::extension::cpu::compiler_variable(other)).is_some()
+            || prebuilt::cache::cache_home().is_ok_and(|home| {
+                home.join(format!("kwheel/cross/{other}/bin/{other}-linux-gnu-g++"))
+                    .is_file()
+            }));
+    if !cross {
+        return testkit::missing(&format!(
+            "no g++ or torch for {other} (`bash ci/setup-aarch64` unpacks them)"
+        ));
+    }
     true
 }
 
@@ -242,23 +260,40 @@ fn a_stable_abi_module_is_built_keyed_cached_and_reproducible_from_another_check
         &dir.path().join("cache"),
     );
     let summary = bundle_kernels(&options).unwrap();
+    // One module per CPU, this machine's first (its plan is the record's inputs).
+    let other = ["x86_64", "aarch64"]
+        .into_iter()
+        .find(|cpu| *cpu != std::env::consts::ARCH)
+        .unwrap();
+    let cu130: prebuilt::CudaBuild = "cu130".parse().unwrap();
     assert_eq!(
         summary.modules_compiled,
-        [("_C".to_owned(), "cu130".parse().unwrap())]
+        [
+            ("_C".to_owned(), cu130, std::env::consts::ARCH.to_owned()),
+            ("_C".to_owned(), cu130, other.to_owned())
+        ]
     );
     let record = &summary.index.modules["_C"];
     assert_eq!(record.abi, prebuilt::module::Abi::Stable);
-    assert_eq!(record.variants.len(), 1);
+    assert_eq!(record.variants.len(), 2);
     let variant = &record.variants[0];
     assert_eq!(variant.label(), format!("cu130/{}", std::env::consts::ARCH));
+    assert_eq!(record.variants[1].label(), format!("cu130/{other}"));
+    assert_ne!(record.variants[1].key, variant.key);
     assert_eq!(variant.torch, ">=2.11");
     assert_eq!(variant.compilers[0].kind, "nvcc");
     assert_eq!(variant.compilers[1].kind, "g++");
-    assert_eq!(record.skipped.len(), 1);
+    // The cross compiler's C library is part of its identity.
     assert!(
-        record.skipped[0]
+        record.variants[1].compilers[1].version.contains("glibc 2."),
+        "{:?}",
+        record.variants[1].compilers
+    );
+    assert_eq!(record.skipped.len(), 2, "cu129 on both CPUs");
+    assert!(
+        record.skipped.iter().all(|skip| skip
             .reason
-            .starts_with("the cu129 toolchain has no nvcc front end"),
+            .starts_with("the cu129 toolchain has no nvcc front end")),
         "{:?}",
         record.skipped
     );
@@ -317,7 +352,7 @@ fn a_stable_abi_module_is_built_keyed_cached_and_reproducible_from_another_check
     let rebuilt = bundle_kernels(&other_options).unwrap();
     assert_eq!(
         rebuilt.modules_compiled.len(),
-        1,
+        2,
         "its own cache: compiled again"
     );
     assert_eq!(
@@ -329,6 +364,6 @@ fn a_stable_abi_module_is_built_keyed_cached_and_reproducible_from_another_check
     let text = std::fs::read_to_string(&header).unwrap();
     std::fs::write(&header, text.replace("differ in size", "differ in length")).unwrap();
     let edited = bundle_kernels(&other_options).unwrap();
-    assert_eq!(edited.modules_compiled.len(), 1);
+    assert_eq!(edited.modules_compiled.len(), 2);
     assert_ne!(edited.index.modules["_C"].variants[0].key, variant.key);
 }

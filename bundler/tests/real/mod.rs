@@ -651,10 +651,20 @@ fn vllm_silu_and_mul_builds_as_a_stable_abi_module_with_line_tables_byte_identic
         let summary =
             bundle_kernels(&opts).unwrap_or_else(|error| panic!("{}", anyhow_like(&error)));
         eprintln!("vLLM silu_and_mul module: {:?}", started.elapsed());
-        assert_eq!(
-            summary.modules_compiled,
-            [("_C".to_owned(), "cu130".parse().unwrap())]
-        );
+        // Built for both CPUs: this machine's first, then the other (docs/extensions.md).
+        let cpus: Vec<&str> = summary
+            .modules_compiled
+            .iter()
+            .map(|(name, build, cpu)| {
+                assert_eq!((name.as_str(), build.to_string()), ("_C", "cu130".into()));
+                cpu.as_str()
+            })
+            .collect();
+        let other = ["x86_64", "aarch64"]
+            .into_iter()
+            .find(|cpu| *cpu != std::env::consts::ARCH)
+            .unwrap();
+        assert_eq!(cpus, [std::env::consts::ARCH, other]);
         let record = summary.index.modules["_C"].clone();
         let variant = &record.variants[0];
         let bytes = prebuilt::module::read_module(&summary.out, "_C", variant).unwrap();
@@ -727,6 +737,7 @@ fn gptqmodels_hadamard_builds_as_a_classic_module_that_needs_no_python() {
         "[library]\npackage = \"gptq-hadamard\"\nversion = \"7.7.0\"\narchs = [\"sm_90a\"]\n\
          cuda-builds = [\"cu130\"]\ntorch = \"{pin}\"\n\
          [extensions._C]\n\
+         cpus = [\"x86_64\"]\n\
          sources = [\"hadamard/hadamard.cpp\", \"hadamard/fast_hadamard_transform_cuda.cu\"]\n\
          abi = \"torch\"\ninclude-dirs = [\"hadamard\"]\ndefines = {{ ENABLE_BF16 = \"1\" }}\n\
          nvcc-flags = [\"-O3\", \"-lineinfo\"]\ncxx-flags = [\"-O3\"]\n"
