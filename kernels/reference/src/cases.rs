@@ -571,8 +571,15 @@ mod tests {
                 .collect()
         };
         let mut kernels: Vec<ManifestKernel> = Vec::new();
+        // Whether the lines read belong to a `[kernels.*]` table (not `[extensions.*]`).
+        let mut in_kernel = false;
         for line in text.lines().map(str::trim) {
+            if line.starts_with('[') && !line.starts_with("[kernels.") {
+                in_kernel = false;
+                continue;
+            }
             if let Some(name) = line.strip_prefix("[kernels.") {
+                in_kernel = true;
                 kernels.push(ManifestKernel {
                     name: name.trim_end_matches(']').to_owned(),
                     sources: Vec::new(),
@@ -581,7 +588,8 @@ mod tests {
                 });
                 continue;
             }
-            let (Some(kernel), Some((key, value))) = (kernels.last_mut(), line.split_once('='))
+            let (true, Some(kernel), Some((key, value))) =
+                (in_kernel, kernels.last_mut(), line.split_once('='))
             else {
                 continue;
             };
