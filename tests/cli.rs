@@ -186,12 +186,22 @@ fn list_extract_and_explain_work_on_a_bundle() {
     let output = bundle_list(&dir.path().join("bundle"));
     let text = stdout(&output);
     assert!(text.starts_with("kernel"), "{text}");
+    // The table, up to the modules' device code below it.
     let rows: Vec<String> = text
         .lines()
+        .take_while(|line| !line.is_empty())
         .map(|line| line.split_whitespace().collect::<Vec<_>>().join(" "))
         .collect();
-    // 6 kernels × 4 targets × 2 builds, wgmma's 2 sm_90a variants, its 6 declared skips.
-    assert_eq!(rows.len(), 1 + 50 + 6, "{text}");
+    // 6 kernels × 4 targets × 2 builds, wgmma's 2 sm_90a variants, its 6 declared skips, and
+    // the extension module for cu130 on both CPUs.
+    assert_eq!(rows.len(), 1 + 50 + 6 + 2, "{text}");
+    for cpu in ["x86_64", "aarch64"] {
+        assert!(
+            rows.iter()
+                .any(|r| r.starts_with(&format!("_C (module) cu130 {cpu} nvcc 13.0."))),
+            "{text}"
+        );
+    }
     assert!(
         rows.iter()
             .any(|r| r.starts_with("layernorm_bf16 cu129 sm_90a nvrtc 12.9.")),

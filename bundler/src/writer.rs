@@ -239,10 +239,19 @@ fn write_modules(
     index: &mut Index,
     modules: &BTreeMap<String, PathBuf>,
 ) -> Result<(), Error> {
-    for record in index.modules.values_mut() {
+    for (name, record) in index.modules.iter_mut() {
         for variant in &mut record.variants {
+            let Some(file) = modules.get(&variant.artifact.digest) else {
+                return Err(Error::ModuleBuild {
+                    module: name.clone(),
+                    build: variant.label(),
+                    reason: format!(
+                        "the bundle's writer was given no file with sha256 {}",
+                        variant.artifact.digest
+                    ),
+                });
+            };
             let artifact = &mut variant.artifact;
-            let file = &modules[&artifact.digest];
             let bytes = std::fs::read(file).map_err(|source| {
                 Error::Read(Unreadable {
                     path: file.clone(),

@@ -6,7 +6,7 @@
 //! | step | rule |
 //! | --- | --- |
 //! | whether to cut | the wheel's files, counted at their uncompressed sizes with each entry's zip and RECORD overhead, do not fit under the limit |
-//! | what moves | every artifact (`_prebuilt/artifacts/…`) and family dictionary (`_prebuilt/dictionaries/…`); the index, loader table, trained dictionary, sources and Python files stay in the main wheel |
+//! | what moves | every cubin artifact (`_prebuilt/artifacts/…`) and family dictionary (`_prebuilt/dictionaries/…`); the index, loader table, trained dictionary, extension modules (the import loads them), sources and Python files stay in the main wheel |
 //! | groups | an artifact goes to the group ([`prebuilt::parts::group_of`]) of the first variant naming it, in index order of the smallest group name: `cu130-sm90`, `cu130-sm100`, `cu129-ptx` |
 //! | families | a frame compressed against a prefix (a family dictionary, or a reference cubin) is of that prefix's family, with the reference itself; a plain frame that is no reference is a family of its own. Families are taken in the order of their prefix's path (a plain frame's own), each reference first among its frames |
 //! | size | a group too big for one file is filled family by family: a family goes whole into the part being filled, else starts a new part; only a family too big for one part is cut, artifact by artifact, a new part starting where the next would cross the limit. Parts are numbered from 1 (`…-cu130-sm90-1`) only then |
@@ -154,9 +154,16 @@ pub fn split_wheel(spec: &WheelSpec, limit: u64) -> Result<Option<WheelSet>, Err
             }
         }
     }
+    // Extension modules stay in the main wheel: the import loads them.
+    let modules: std::collections::BTreeSet<&str> = index
+        .modules
+        .values()
+        .flat_map(|record| &record.variants)
+        .map(|variant| variant.artifact.path.as_str())
+        .collect();
     let moved = |path: &str| {
         path.strip_prefix(&root).is_some_and(|relative| {
-            relative.starts_with(&format!("{ARTIFACTS_DIR}/"))
+            (relative.starts_with(&format!("{ARTIFACTS_DIR}/")) && !modules.contains(relative))
                 || relative.starts_with(&format!("{DICTIONARIES_DIR}/"))
         })
     };
