@@ -41,6 +41,10 @@ use crate::select::TorchPin;
 use crate::CudaBuild;
 pub use compile::{build_module, ModuleCompileError, ModuleRecipe, ModuleStep};
 
+/// The CPU architectures modules are built for when an extension names none (`cpus`), in the
+/// order a wheel's tags list them.
+pub const MODULE_CPUS: [&str; 2] = ["x86_64", "aarch64"];
+
 /// Version of the module key's definition. Bump it whenever an input is added, removed or
 /// encoded differently, or the recipe ([`compile`]) builds other bytes from the same inputs
 /// (2: the key's work folder, the key as build id, glibc 2.28 symbols).

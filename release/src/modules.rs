@@ -140,7 +140,7 @@ pub fn modules_platform_tag(bundle: &Bundle) -> Result<Option<String>, Error> {
     }
     // x86_64 first, as the tag of a wheel without modules has it.
     newest.sort_by_key(|(cpu, _, _)| {
-        bundler::extension::cpu::MODULE_CPUS
+        prebuilt::module::MODULE_CPUS
             .iter()
             .position(|known| known == cpu)
     });

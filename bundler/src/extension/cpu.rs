@@ -19,8 +19,7 @@ use crate::manifest::{ExtensionSpec, Manifest};
 use crate::toolchain::{compiler_include_dirs, host_include_dirs};
 use crate::torch::{serves_modules, TorchHeaders, TorchPlace};
 
-/// The CPU architectures modules are built for when an extension names none (`cpus`).
-pub const MODULE_CPUS: [&str; 2] = ["x86_64", "aarch64"];
+pub use prebuilt::module::MODULE_CPUS;
 
 /// This machine's CPU architecture.
 pub fn host_cpu() -> &'static str {

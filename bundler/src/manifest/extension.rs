@@ -34,7 +34,7 @@ pub struct ExtensionSpec {
     /// Narrows the library's CUDA builds.
     pub cuda_builds: Option<Vec<CudaBuild>>,
     /// The CPU architectures of the module's host code (`x86_64`, `aarch64`); both when absent
-    /// ([`crate::extension::cpu`]).
+    /// (`extension::cpu`).
     pub cpus: Option<Vec<String>>,
     /// Overrides the library's C++ standard.
     pub cxx_std: Option<String>,
@@ -134,7 +134,7 @@ pub fn check_extension(
         }
     }
     if let Some(cpus) = &spec.cpus {
-        let known = crate::extension::cpu::MODULE_CPUS;
+        let known = prebuilt::module::MODULE_CPUS;
         if cpus.is_empty() {
             return Some("`cpus` must not be empty".into());
         }
