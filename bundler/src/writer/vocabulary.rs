@@ -213,6 +213,9 @@ fn shaped_like_extraction(relative: &Path, is_dir: bool) -> bool {
     match (parts.len(), is_dir) {
         (1 | 2, true) => true,
         (3, false) => parts[2].ends_with(".cubin") || parts[2].ends_with(".ptx"),
+        // An extension module: `modules/<module>/<build>/<cpu>.so`.
+        (3, true) => parts[0] == "modules",
+        (4, false) => parts[0] == "modules" && parts[3].ends_with(".so"),
         _ => false,
     }
 }

@@ -210,6 +210,10 @@ def _load_modules(registry):
 
     import torch
 
+    # A `torch` with no file is no installed torch (a stand-in module): nothing to load into.
+    torch_file = getattr(torch, "__file__", None)
+    if not torch_file:
+        return
     torch_cuda = registry._cuda or torch.version.cuda
     with _MODULES_LOCK:
         for name in registry._bundle.modules:
@@ -220,7 +224,7 @@ def _load_modules(registry):
             # this torch (its folder), unless jit=False or <PACKAGE>_JIT_FALLBACK=0.
             data, variant, module_key, source = registry._bundle.read_module(
                 name, torch=registry._torch or torch.__version__, cuda=torch_cuda,
-                cpu=platform.machine(), torch_dir=_os.path.dirname(torch.__file__),
+                cpu=platform.machine(), torch_dir=_os.path.dirname(torch_file),
                 jit=registry._jit,
             )
             _load_native(f"{registry.package}.{name}", data)

@@ -156,9 +156,11 @@ impl Bundle {
             Some(true) => JitPolicy::Allowed,
             Some(false) => JitPolicy::Disabled,
         };
+        // What to install names the builds for this CPU: another CPU's torch would not help.
         let served: Vec<String> = record
             .variants
             .iter()
+            .filter(|variant| variant.cpu == cpu)
             .map(|variant| format!("torch{} ({})", variant.torch, variant.label()))
             .collect();
         let install = match served.is_empty() {

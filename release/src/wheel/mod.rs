@@ -159,9 +159,13 @@ fn is_executable(_: &std::fs::Metadata) -> bool {
     false
 }
 
+/// `libx.so` or a versioned `libx.so.1.2`; not a compressed frame of one (`<sha256>.so.zst`).
 fn is_shared_library(path: &str) -> bool {
     let name = path.rsplit('/').next().unwrap_or(path);
-    name.ends_with(".so") || name.contains(".so.")
+    name.ends_with(".so")
+        || name
+            .split_once(".so.")
+            .is_some_and(|(_, version)| version.chars().all(|c| c.is_ascii_digit() || c == '.'))
 }
 
 /// Everything a wheel is made of.

@@ -168,11 +168,21 @@ fn release_diff_shows_exactly_the_edited_kernels_with_why_and_registers() {
         ],
         "{text}"
     );
+    // 16 kernel rows, and the extension module on both CPUs: its device code includes the
+    // edited `activations.cuh` too.
     assert_eq!(
         text.lines().filter(|line| line.starts_with("| `")).count(),
-        16,
+        16 + 2,
         "{text}"
     );
+    for cpu in ["x86_64", "aarch64"] {
+        assert!(
+            text.contains(&format!(
+                "| `_C` | cu130/{cpu} | rebuilt | include/af3/activations.cuh changed |"
+            )),
+            "{text}"
+        );
+    }
 
     // A policy on the same diff: the register jump breaks a limit under it, and passes one
     // over it.

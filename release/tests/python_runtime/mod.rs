@@ -978,10 +978,12 @@ fn a_stable_abi_module_op_runs_on_cpu_right_after_import() {
     assert_eq!(
         report["refusal"],
         "extension module `_C` has no build for torch 2.10.0+cu130 (cu130) on x86_64: \
-         cu130/x86_64 serves torch >=2.11; cu129/x86_64 was not built: the cu129 toolchain has \
-         no nvcc front end (its wheels carry NVRTC and ptxas only), and a module's host half \
-         needs one (docs/extensions.md); the JIT fallback was not asked to build it (no torch \
-         folder given); install torch>=2.11 (cu130/x86_64)"
+         cu130/x86_64 serves torch >=2.11; cu130/aarch64 is for aarch64 CPUs; cu129/x86_64 was \
+         not built: the cu129 toolchain has no nvcc front end (its wheels carry NVRTC and ptxas \
+         only), and a module's host half needs one (docs/extensions.md); cu129/aarch64 was not \
+         built: the cu129 toolchain has no nvcc front end (its wheels carry NVRTC and ptxas \
+         only), and a module's host half needs one (docs/extensions.md); the JIT fallback was \
+         not asked to build it (no torch folder given); install torch>=2.11 (cu130/x86_64)"
     );
     // The library's own check, from its C++ launcher, reaches Python as torch's error, its
     // `__FILE__` relative to the library (never the build machine's folder).

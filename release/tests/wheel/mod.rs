@@ -281,7 +281,31 @@ fn torch_override_pins_requires_dist_and_the_bundle() {
 #[test]
 fn a_library_without_torch_requires_none() {
     let Some(shared) = shared() else { return };
-    let (built, metadata) = wheel_pinned(shared, "no-torch", "none");
+    // The default library less its extension module, which is built against torch (a
+    // manifest with both is refused with `torch = "none"`).
+    let root = scratch("no-torch");
+    let library = root.join("library");
+    testkit::copy_tree(&workspace().join("kernels"), &library, &["target"]);
+    let manifest = library.join("kernels.toml");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    let cut = text
+        .find("\n[extensions._C]")
+        .expect("the default library has a module");
+    std::fs::write(&manifest, &text[..cut]).unwrap();
+    let built = build_library_wheel(&LibraryWheelOptions {
+        torch: Some("none".into()),
+        ..options(
+            &manifest,
+            &root.join("_prebuilt"),
+            &root.join("wheels"),
+            &shared.cache,
+        )
+    })
+    .unwrap();
+    let metadata = entry(
+        &std::fs::read(&built.path).unwrap(),
+        &format!("{DIST_INFO}/METADATA"),
+    );
     let index = &built.bundled.as_ref().unwrap().index;
     assert_eq!(index.torch, "none");
     assert!(!metadata.contains("torch"), "{metadata}");
