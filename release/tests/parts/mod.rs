@@ -14,12 +14,44 @@ use super::*;
 /// and the artifacts need several parts.
 const LIMIT: u64 = 160 << 10;
 
+/// The default library less its extension module, and its bundle, built once from the shared
+/// cache: `(manifest, bundle)`. These tests cut cubins into parts; a module stays in the main
+/// wheel (the import loads it), which the few tens of KiB some limits here allow would not hold.
+fn cubin_library(shared: &Shared) -> &'static (PathBuf, PathBuf) {
+    static LIBRARY: std::sync::OnceLock<(PathBuf, PathBuf)> = std::sync::OnceLock::new();
+    LIBRARY.get_or_init(|| {
+        let root = scratch("parts-library");
+        let library = root.join("library");
+        testkit::copy_tree(&workspace().join("kernels"), &library, &["target"]);
+        let manifest = library.join("kernels.toml");
+        let text = std::fs::read_to_string(&manifest).unwrap();
+        let cut = text
+            .find("\n[extensions._C]")
+            .expect("the default library has a module");
+        std::fs::write(&manifest, &text[..cut]).unwrap();
+        let bundle = root.join("_prebuilt");
+        build_library_wheel(&options(
+            &manifest,
+            &bundle,
+            &root.join("wheels"),
+            &shared.cache,
+        ))
+        .unwrap_or_else(|error| panic!("the cubin library builds: {}", chain(&error)));
+        (manifest, bundle)
+    })
+}
+
 /// The default library's wheel set at `limit`, built into `out` from the shared bundle.
 fn build_set(shared: &Shared, out: &Path, limit: u64, ship_sources: bool) -> BuiltWheel {
     build_library_wheel(&LibraryWheelOptions {
         max_file_size: Some(limit),
         ship_sources,
-        ..options(&default_manifest(), &shared.bundle, out, &shared.cache)
+        ..options(
+            &cubin_library(shared).0,
+            &cubin_library(shared).1,
+            out,
+            &shared.cache,
+        )
     })
     .unwrap_or_else(|error| panic!("the set builds: {}", chain(&error)))
 }
@@ -200,7 +232,7 @@ fn a_wheel_over_the_limit_is_cut_into_pinned_parts_by_build_and_gpu_generation()
     assert_eq!(index.parts.len(), built.parts.len());
 
     // Every artifact of the index is in exactly one part.
-    let bundle = prebuilt::Bundle::open(&shared.bundle).unwrap();
+    let bundle = prebuilt::Bundle::open(&cubin_library(shared).1).unwrap();
     let mut holders: BTreeMap<&str, usize> = BTreeMap::new();
     for part in &index.parts {
         for file in part.files.iter().filter(|f| f.starts_with("artifacts/")) {
@@ -219,7 +251,7 @@ fn a_wheel_over_the_limit_is_cut_into_pinned_parts_by_build_and_gpu_generation()
     let set = report.set.as_ref().unwrap();
     assert_eq!(set.parts.len(), built.parts.len());
     let verified: usize = set.parts.iter().map(|part| part.variants).sum();
-    assert_eq!(verified, every_variant(&shared.bundle).len());
+    assert_eq!(verified, every_variant(&cubin_library(shared).1).len());
 }
 
 #[test]
@@ -279,7 +311,7 @@ fn pip_installs_the_set_with_target_and_the_loader_reads_every_variant_from_its_
     // Selection for sm_90, sm_100, sm_103 and sm_120 (PTX) under both builds reaches every
     // variant the bundle has, each read from its part and verified before the device saw it.
     let every = every_variant(&bundle);
-    assert_eq!(every.len(), every_variant(&shared.bundle).len());
+    assert_eq!(every.len(), every_variant(&cubin_library(shared).1).len());
     assert_eq!(load_everywhere(&bundle, &[]), every);
 }
 
@@ -454,13 +486,16 @@ fn a_group_cut_into_parts_keeps_each_reference_family_in_one_part() {
     assert!(cut.len() >= 2, "{cut:?}");
 
     // Each family whole in one part, so nothing is copied: the set holds every artifact once.
-    let families = reference_families(&shared.bundle);
+    let families = reference_families(&cubin_library(shared).1);
     assert!(families.len() >= 8, "{families:?}");
     for (reference, parts) in parts_of_families(&index, &families) {
         assert_eq!(parts.len(), 1, "the family of `{reference}` in {parts:?}");
     }
     assert!(index.parts.iter().all(|part| part.prefixes.is_empty()));
-    assert_eq!(artifact_files(&built), distinct_artifacts(&shared.bundle));
+    assert_eq!(
+        artifact_files(&built),
+        distinct_artifacts(&cubin_library(shared).1)
+    );
 }
 
 #[test]
@@ -472,7 +507,7 @@ fn a_family_too_big_for_one_part_is_cut_with_its_reference_copied_into_each_part
     let limit = 32 << 10;
     let built = build_set(shared, &root.join("wheels"), limit, false);
     let index = parts_index(&built);
-    let families = reference_families(&shared.bundle);
+    let families = reference_families(&cubin_library(shared).1);
     let spans = parts_of_families(&index, &families);
 
     // A family cut across parts has its reference in one and a copy in each other; a family
@@ -501,7 +536,7 @@ fn a_family_too_big_for_one_part_is_cut_with_its_reference_copied_into_each_part
     assert!(!whole.is_empty(), "the PTX families fit: {spans:?}");
     assert_eq!(
         artifact_files(&built),
-        distinct_artifacts(&shared.bundle) + copies
+        distinct_artifacts(&cubin_library(shared).1) + copies
     );
 
     // Each part decodes alone: every variant loads from the installed set.
@@ -595,7 +630,7 @@ fn release_diff_reads_a_registry_sized_main_wheel_with_its_parts() {
     let diff = release::diff::diff_releases(
         &release::diff::Release::open(&built.path)
             .unwrap_or_else(|error| panic!("{}", chain(&error))),
-        &release::diff::Release::open(&shared.bundle).unwrap(),
+        &release::diff::Release::open(&cubin_library(shared).1).unwrap(),
         None,
     )
     .unwrap();
@@ -635,7 +670,7 @@ fn a_part_swapped_after_its_check_writes_nothing_outside() {
     assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
     let diff = release::diff::diff_releases(
         &opened.unwrap_or_else(|error| panic!("{}", chain(&error))),
-        &release::diff::Release::open(&shared.bundle).unwrap(),
+        &release::diff::Release::open(&cubin_library(shared).1).unwrap(),
         None,
     )
     .unwrap();
