@@ -489,12 +489,8 @@ pub fn read_device_code(
 /// (What it needs of glibc and libstdc++ is the wheel audit's to judge.)
 pub fn check_module(bytes: &[u8], cpu: &str) -> Result<(), String> {
     prebuilt::module::compile::check_shared_library(bytes)?;
-    // e_machine (offset 18): what the link made must run on the CPU it is shipped for.
-    let machine = match u16::from_le_bytes([bytes[18], bytes[19]]) {
-        62 => "x86_64",
-        183 => "aarch64",
-        _ => "another CPU",
-    };
+    // What the link made must run on the CPU it is shipped for.
+    let machine = prebuilt::module::compile::elf_cpu(bytes);
     match machine == cpu {
         true => Ok(()),
         false => Err(format!(

@@ -215,16 +215,9 @@ pub fn compiler_version(cxx: &Path) -> Result<String, String> {
         .arg("--version")
         .output()
         .map_err(|error| format!("cannot run `{}`: {error}", cxx.display()))?;
-    let text = String::from_utf8_lossy(&output.stdout);
-    let line = text.lines().next().unwrap_or_default().trim();
-    let version = match line.split_once(' ') {
-        Some((_, rest)) if !line.starts_with('(') => rest.trim(),
-        _ => line,
-    };
-    if !output.status.success() || version.is_empty() {
-        return Err(format!("`{} --version` printed no version", cxx.display()));
-    }
-    Ok(version.to_owned())
+    prebuilt::module::compile::compiler_version_line(&String::from_utf8_lossy(&output.stdout))
+        .filter(|_| output.status.success())
+        .ok_or_else(|| format!("`{} --version` printed no version", cxx.display()))
 }
 
 /// The GNU triplet's CPU a compiler targets (`-dumpmachine`) must be `cpu`.
@@ -264,11 +257,7 @@ fn check_torch_cpu(torch: &TorchHeaders, cpu: &str) -> Result<(), String> {
         // A torch of headers only (some tests' fixtures) links nothing either way.
         return Ok(());
     }
-    let found = match u16::from_le_bytes([header[18], header[19]]) {
-        62 => "x86_64",
-        183 => "aarch64",
-        _ => "another CPU",
-    };
+    let found = prebuilt::module::compile::elf_cpu(&header);
     if found == cpu {
         return Ok(());
     }

@@ -161,12 +161,8 @@ pub fn find_module_compilers(
         .ok()
         .filter(|output| output.status.success())
         .and_then(|output| {
-            String::from_utf8_lossy(&output.stdout)
-                .lines()
-                .next()
-                .map(|line| line.trim_start_matches("g++").trim().to_owned())
+            crate::module::compile::compiler_version_line(&String::from_utf8_lossy(&output.stdout))
         })
-        .filter(|line| !line.is_empty())
         .ok_or_else(|| JitError::NoModuleCompiler {
             module: module.to_owned(),
             build,

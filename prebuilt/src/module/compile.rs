@@ -286,6 +286,33 @@ pub fn find_cuda_runtime(dirs: &[PathBuf]) -> Option<PathBuf> {
     })
 }
 
+/// The CPU an ELF file's code is for, from its header's `e_machine` (offset 18, little-endian):
+/// `x86_64`, `aarch64`, or "another CPU" (a short or foreign header included).
+pub fn elf_cpu(bytes: &[u8]) -> &'static str {
+    match bytes
+        .get(18..20)
+        .map(|machine| u16::from_le_bytes([machine[0], machine[1]]))
+    {
+        Some(62) => "x86_64",
+        Some(183) => "aarch64",
+        _ => "another CPU",
+    }
+}
+
+/// A compiler's version from the first line of its `--version`, less the program's name:
+/// `g++ (Debian 12.2.0-14+deb12u1) 12.2.0` and `aarch64-linux-gnu-g++-12 (Debian 12.2.0-14)
+/// 12.2.0` give `(Debian …) 12.2.0`. The bundler and the module JIT key modules by it alike.
+pub fn compiler_version_line(stdout: &str) -> Option<String> {
+    let line = stdout.lines().next()?.trim();
+    let version = match (line.starts_with('('), line.split_once(' ')) {
+        (true, _) => line,
+        (false, Some((_, rest))) => rest.trim(),
+        // The program's name alone.
+        (false, None) => "",
+    };
+    (!version.is_empty()).then(|| version.to_owned())
+}
+
 /// Checks that `bytes` are a shared library: a little-endian ELF file of type `ET_DYN`.
 /// (What it needs of glibc and libstdc++ is the wheel audit's to judge.)
 pub fn check_shared_library(bytes: &[u8]) -> Result<(), String> {
@@ -880,6 +907,35 @@ mod tests {
             gencode(arch("compute_90")),
             "arch=compute_90,code=compute_90"
         );
+    }
+
+    #[test]
+    fn a_compiler_version_is_its_first_line_less_the_programs_name() {
+        for (stdout, version) in [
+            (
+                "g++ (Debian 12.2.0-14+deb12u1) 12.2.0\nCopyright",
+                "(Debian 12.2.0-14+deb12u1) 12.2.0",
+            ),
+            (
+                "aarch64-linux-gnu-g++-12 (Debian 12.2.0-14) 12.2.0\n",
+                "(Debian 12.2.0-14) 12.2.0",
+            ),
+            ("(GCC) 13.2.0", "(GCC) 13.2.0"),
+        ] {
+            assert_eq!(compiler_version_line(stdout).as_deref(), Some(version));
+        }
+        assert_eq!(compiler_version_line(""), None);
+        assert_eq!(compiler_version_line("g++ \n"), None);
+    }
+
+    #[test]
+    fn the_cpu_of_an_elf_file_is_read_from_its_machine() {
+        let mut header = [0u8; 20];
+        for (machine, cpu) in [(62u16, "x86_64"), (183, "aarch64"), (190, "another CPU")] {
+            header[18..20].copy_from_slice(&machine.to_le_bytes());
+            assert_eq!(elf_cpu(&header), cpu);
+        }
+        assert_eq!(elf_cpu(&header[..10]), "another CPU");
     }
 
     #[test]

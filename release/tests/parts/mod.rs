@@ -21,14 +21,7 @@ fn cubin_library(shared: &Shared) -> &'static (PathBuf, PathBuf) {
     static LIBRARY: std::sync::OnceLock<(PathBuf, PathBuf)> = std::sync::OnceLock::new();
     LIBRARY.get_or_init(|| {
         let root = scratch("parts-library");
-        let library = root.join("library");
-        testkit::copy_tree(&workspace().join("kernels"), &library, &["target"]);
-        let manifest = library.join("kernels.toml");
-        let text = std::fs::read_to_string(&manifest).unwrap();
-        let cut = text
-            .find("\n[extensions._C]")
-            .expect("the default library has a module");
-        std::fs::write(&manifest, &text[..cut]).unwrap();
+        let manifest = library_without_module(&root);
         let bundle = root.join("_prebuilt");
         build_library_wheel(&options(
             &manifest,

@@ -833,16 +833,10 @@ struct StableModuleWheel {
     built: BuiltWheel,
 }
 
-/// `testkit/fixtures/stable_module` copied to `<root>/library` and built into its wheel (its
-/// bundle in `<root>/_prebuilt`), and a fresh venv in `<root>/venv` with the runtime wheel
-/// alone (the default library's wheel is not needed); `None` (skipped) without a Python that
-/// makes a venv.
-fn stable_module_wheel(runtime: &Runtime, root: &Path) -> Option<StableModuleWheel> {
-    let python = fresh_venv(&root.join("venv"))?;
-    pip_install(
-        &python,
-        &["--no-deps".as_ref(), runtime.built.path.as_os_str()],
-    );
+/// `testkit/fixtures/stable_module` copied to `<root>/library` and built into its wheel in
+/// `<root>/wheels` (its bundle in `<root>/_prebuilt`, its build cache `<root>/cache`): the
+/// copy's folder and the wheel.
+fn build_stable_module(root: &Path) -> (PathBuf, BuiltWheel) {
     let library = root.join("library");
     testkit::copy_tree(
         &workspace().join("testkit/fixtures/stable_module"),
@@ -856,6 +850,19 @@ fn stable_module_wheel(runtime: &Runtime, root: &Path) -> Option<StableModuleWhe
         &root.join("cache"),
     ))
     .unwrap_or_else(|error| panic!("the module library's wheel builds: {}", chain(&error)));
+    (library, built)
+}
+
+/// [`build_stable_module`] in `root`, and a fresh venv in `<root>/venv` with the runtime wheel
+/// alone (the default library's wheel is not needed); `None` (skipped) without a Python that
+/// makes a venv.
+fn stable_module_wheel(runtime: &Runtime, root: &Path) -> Option<StableModuleWheel> {
+    let python = fresh_venv(&root.join("venv"))?;
+    pip_install(
+        &python,
+        &["--no-deps".as_ref(), runtime.built.path.as_os_str()],
+    );
+    let (library, built) = build_stable_module(root);
     Some(StableModuleWheel {
         python,
         library,

@@ -64,19 +64,7 @@ fn an_aarch64_module_is_built_here_audited_and_runs_under_emulation() {
         return;
     };
     let root = scratch("aarch64-module");
-    let library = root.join("library");
-    testkit::copy_tree(
-        &workspace().join("testkit/fixtures/stable_module"),
-        &library,
-        &[],
-    );
-    let built = build_library_wheel(&options(
-        &library.join("kernels.toml"),
-        &root.join("_prebuilt"),
-        &root.join("wheels"),
-        &root.join("cache"),
-    ))
-    .unwrap_or_else(|error| panic!("the module library's wheel builds: {}", chain(&error)));
+    let (_, built) = build_stable_module(&root);
     // One module per CPU, so the wheel serves both.
     assert_eq!(
         built.filename.to_string(),

@@ -76,6 +76,21 @@ pub(crate) fn shared() -> Option<&'static Shared> {
         .as_ref()
 }
 
+/// The default library less its extension module, copied to `<root>/library`: its manifest.
+/// For tests of what a module would get in the way of (a torch-free pin, parts small enough
+/// that a main wheel with modules would not fit).
+pub(crate) fn library_without_module(root: &Path) -> PathBuf {
+    let library = root.join("library");
+    testkit::copy_tree(&workspace().join("kernels"), &library, &["target"]);
+    let manifest = library.join("kernels.toml");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    let cut = text
+        .find("\n[extensions._C]")
+        .expect("the default library has a module");
+    std::fs::write(&manifest, &text[..cut]).unwrap();
+    manifest
+}
+
 /// Everything a command printed, stdout first.
 pub(crate) fn output_text(output: &std::process::Output) -> String {
     format!(
